@@ -1,0 +1,522 @@
+//! `LockClient`: acquisition, waiting, and the operator calls.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{
+    backend::{Acquire, AcquireRequest, Backend, Stats},
+    backoff::Backoff,
+    error::{Error, Result},
+    guard::{GuardConfig, GuardHandle, LockGuard},
+    metrics as m,
+    types::{validate_ttl, LockInfo, LockKey, Owner},
+};
+
+/// Default lease length when neither the request nor the client sets one
+/// (the same 30 s as Redisson's watchdog).
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Default bound on one backend call made outside a wait deadline.
+const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `kind` label.
+const MAX_KIND_LEN: usize = 64;
+/// Largest `data` payload, serialized.
+const MAX_DATA_LEN: usize = 64 * 1024;
+/// Backoff while waiting without wake-ups: starts at 5 ms, caps at 1 s.
+const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// How conservatively a guard believes in its lease (invariant I5).
+///
+/// After a grant or renewal sent at monotonic instant `t_sent`, the guard
+/// considers itself valid until
+/// `t_sent + ttl × (1 − drift) − min(ttl / 10, max_margin)`.
+/// Because `t_sent` is taken *before* the request leaves, and the backend
+/// starts its lease only when the request arrives, the guard's belief ends
+/// before the backend's lease does, even if the two clocks run at rates that
+/// differ by up to `drift`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClockPolicy {
+    /// Largest relative rate difference between the client's and the
+    /// backend's clocks (default 1%).
+    pub drift: f64,
+    /// Upper bound of the safety margin subtracted from every lease (default
+    /// 500 ms); the margin is a tenth of the TTL below that. It covers timer
+    /// latency between the deadline and the moment the application reacts.
+    pub max_margin: Duration,
+}
+
+impl Default for ClockPolicy {
+    fn default() -> Self {
+        Self {
+            drift: 0.01,
+            max_margin: Duration::from_millis(500),
+        }
+    }
+}
+
+impl ClockPolicy {
+    /// How long after `t_sent` a lease of `ttl` is trusted locally.
+    pub fn valid_for(&self, ttl: Duration) -> Duration {
+        let drift = if self.drift.is_finite() {
+            self.drift.clamp(0.0, 0.5)
+        } else {
+            0.5
+        };
+        let margin = (ttl / 10).min(self.max_margin);
+        ttl.mul_f64(1.0 - drift).saturating_sub(margin)
+    }
+}
+
+/// Builds a [`LockClient`] with non-default settings.
+#[derive(Debug)]
+pub struct LockClientBuilder {
+    backend: Arc<dyn Backend>,
+    owner: Option<Owner>,
+    ttl: Duration,
+    clock: ClockPolicy,
+    op_timeout: Duration,
+}
+
+impl LockClientBuilder {
+    /// The owner every lock of this client is taken as (default:
+    /// [`Owner::generate`]).
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Default lease length (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How conservatively guards trust their leases.
+    pub fn clock_policy(mut self, clock: ClockPolicy) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Bound on one backend call that no wait deadline bounds (default 10 s).
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Validates the settings.
+    pub fn build(self) -> Result<LockClient> {
+        validate_ttl(self.ttl)?;
+        if self.op_timeout.is_zero() {
+            return Err(Error::InvalidArgument("op_timeout must be positive".into()));
+        }
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                backend: self.backend,
+                owner: self.owner.unwrap_or_else(Owner::generate),
+                ttl: self.ttl,
+                clock: self.clock,
+                op_timeout: self.op_timeout,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct ClientInner {
+    backend: Arc<dyn Backend>,
+    owner: Owner,
+    ttl: Duration,
+    clock: ClockPolicy,
+    op_timeout: Duration,
+}
+
+/// Takes locks on one backend as one owner. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    inner: Arc<ClientInner>,
+}
+
+impl LockClient {
+    /// A client with a generated owner and default settings.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::builder(backend)
+            .build()
+            .expect("the default settings are valid")
+    }
+
+    /// A client with settings of your choice.
+    pub fn builder(backend: Arc<dyn Backend>) -> LockClientBuilder {
+        LockClientBuilder {
+            backend,
+            owner: None,
+            ttl: DEFAULT_TTL,
+            clock: ClockPolicy::default(),
+            op_timeout: DEFAULT_OP_TIMEOUT,
+        }
+    }
+
+    /// The owner this client's locks are taken as.
+    pub fn owner(&self) -> &Owner {
+        &self.inner.owner
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Starts building an acquisition of `key`.
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
+        LockRequest {
+            client: self,
+            key: key.into(),
+            owner: None,
+            ttl: None,
+            wait: Duration::ZERO,
+            kind: None,
+            data: None,
+            renew_every: None,
+            auto_renew: true,
+        }
+    }
+
+    /// One attempt with default settings: `Ok(None)` when someone else holds
+    /// `key`.
+    pub async fn try_lock(&self, key: impl Into<String>) -> Result<Option<LockGuard>> {
+        self.lock(key).try_acquire().await
+    }
+
+    /// Runs `f` while holding `key` (default settings, no waiting). When the
+    /// lock is lost, `f`'s future is dropped at its next await point and the
+    /// result is [`Error::LockLost`]. See [`LockRequest::run`].
+    pub async fn with_lock<F, Fut, T>(&self, key: impl Into<String>, f: F) -> Result<T>
+    where
+        F: FnOnce(GuardHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.lock(key).run(f).await
+    }
+
+    /// The current lease on `key`, if any.
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>> {
+        self.inner.backend.inspect(&LockKey::new(key)?).await
+    }
+
+    /// Current leases whose key starts with `prefix`.
+    pub async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        self.inner.backend.list(prefix).await
+    }
+
+    /// Operator statistics.
+    pub async fn stats(&self) -> Result<Stats> {
+        self.inner.backend.stats().await
+    }
+
+    /// Deletes expired lease records.
+    pub async fn cleanup(&self) -> Result<u64> {
+        self.inner.backend.cleanup_expired().await
+    }
+
+    /// Removes whatever lease `key` has, whoever holds it.
+    pub async fn force_release(&self, key: &str) -> Result<Option<LockInfo>> {
+        self.inner.backend.force_release(&LockKey::new(key)?).await
+    }
+
+    /// Releases every lease held by `owner`.
+    pub async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        self.inner.backend.release_all(owner).await
+    }
+}
+
+/// An acquisition being built: `client.lock("key").ttl(..).wait(..).acquire()`.
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until acquired"]
+pub struct LockRequest<'a> {
+    client: &'a LockClient,
+    key: String,
+    owner: Option<Owner>,
+    ttl: Option<Duration>,
+    wait: Duration,
+    kind: Option<String>,
+    data: Option<serde_json::Value>,
+    renew_every: Option<Duration>,
+    auto_renew: bool,
+}
+
+impl LockRequest<'_> {
+    /// Lease length; renewal extends it by this much each time.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long to wait for a held lock (default: not at all).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Take this lock as `owner` instead of the client's owner.
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// A label stored with the lease (`workflow`, `node`, `resource`, …).
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// JSON metadata stored with the lease (at most 64 KiB serialized).
+    pub fn data(mut self, data: serde_json::Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    /// Renewal period (default: a third of the TTL). Must be shorter than the
+    /// time the guard trusts a lease ([`ClockPolicy::valid_for`]).
+    pub fn renew_every(mut self, period: Duration) -> Self {
+        self.renew_every = Some(period);
+        self
+    }
+
+    /// Whether the guard renews in the background (default `true`). Without
+    /// renewal the guard still signals loss at its local deadline.
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
+        self
+    }
+
+    fn validate(&self) -> Result<(AcquireRequest, GuardConfig)> {
+        let inner = &self.client.inner;
+        let key = LockKey::new(self.key.as_str())?;
+        let ttl = validate_ttl(self.ttl.unwrap_or(inner.ttl))?;
+        if let Some(kind) = &self.kind {
+            if kind.is_empty() || kind.len() > MAX_KIND_LEN || kind.chars().any(char::is_control) {
+                return Err(Error::InvalidArgument(format!(
+                    "kind must be 1–{MAX_KIND_LEN} bytes without control characters"
+                )));
+            }
+        }
+        if let Some(data) = &self.data {
+            let len = serde_json::to_vec(data)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?
+                .len();
+            if len > MAX_DATA_LEN {
+                return Err(Error::InvalidArgument(format!(
+                    "lock data is {len} bytes serialized; the limit is {MAX_DATA_LEN}"
+                )));
+            }
+        }
+        let trusted = inner.clock.valid_for(ttl);
+        let renew_every = match (self.auto_renew, self.renew_every) {
+            (false, _) => None,
+            (true, None) => Some(ttl / 3),
+            (true, Some(p)) if p.is_zero() || p >= trusted => {
+                return Err(Error::InvalidArgument(format!(
+                    "renew_every {p:?} must be positive and shorter than {trusted:?}, \
+                     the time a {ttl:?} lease is trusted locally"
+                )))
+            }
+            (true, Some(p)) => Some(p),
+        };
+        let request = AcquireRequest {
+            key,
+            owner: self.owner.clone().unwrap_or_else(|| inner.owner.clone()),
+            ttl,
+            kind: self.kind.clone(),
+            data: self.data.clone(),
+        };
+        let config = GuardConfig {
+            renew_every,
+            clock: inner.clock,
+            op_timeout: inner.op_timeout,
+        };
+        Ok((request, config))
+    }
+
+    /// Acquires the lock, waiting up to [`wait`](Self::wait) for it.
+    ///
+    /// While waiting, the client uses the backend's release wake-ups when it
+    /// has them and otherwise backs off with full jitter (5 ms doubling to
+    /// 1 s), never sleeping past the current holder's expiry or the deadline.
+    /// Returns [`Error::Timeout`] when the deadline passes.
+    pub async fn acquire(self) -> Result<LockGuard> {
+        let (request, config) = self.validate()?;
+        let span = tracing::debug_span!(
+            "fencelock.acquire",
+            key = %request.key,
+            owner = %request.owner,
+            backend = self.client.inner.backend.name(),
+        );
+        acquire_loop(&self.client.inner, request, config, self.wait)
+            .instrument(span)
+            .await
+    }
+
+    /// One attempt, no waiting: `Ok(None)` when someone else holds the key.
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>> {
+        match self.wait(Duration::ZERO).acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires the lock, runs `f` with a handle to the guard, and releases.
+    ///
+    /// If the lock is lost while `f` runs, `f`'s future is dropped (cancelled
+    /// at its next await point) and the result is [`Error::LockLost`]. When `f`
+    /// finishes while the lock is still valid, its value is returned even if
+    /// the release that follows fails (the failure is logged; the lease then
+    /// ends by expiry).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use fencelock_core::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock_core::Error> {
+    /// let client = LockClient::new(Arc::new(MemoryBackend::new()));
+    /// let token = client
+    ///     .lock("nightly-report")
+    ///     .run(|guard| async move { guard.token() })
+    ///     .await?;
+    /// assert!(token.get() > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run<F, Fut, T>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(GuardHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let work = f(guard.handle());
+        tokio::pin!(work);
+        tokio::select! {
+            biased;
+            reason = guard.lost() => Err(Error::LockLost {
+                key: guard.key().clone(),
+                token: guard.token(),
+                reason,
+            }),
+            value = &mut work => {
+                guard.check()?;
+                if let Err(e) = guard.release().await {
+                    tracing::warn!(error = %e, "release after with_lock failed; the lease will expire");
+                }
+                Ok(value)
+            }
+        }
+    }
+}
+
+async fn acquire_loop(
+    client: &ClientInner,
+    request: AcquireRequest,
+    config: GuardConfig,
+    wait: Duration,
+) -> Result<LockGuard> {
+    let backend = &client.backend;
+    let name = backend.name();
+    let started = Instant::now();
+    let deadline = started + wait;
+    // Subscribe before the first try so that a release between a failed try
+    // and the wait that follows is still seen.
+    let mut wakeups = if wait.is_zero() || !backend.capabilities().wakeups {
+        None
+    } else {
+        match backend.subscribe(&request.key).await {
+            Ok(sub) => sub,
+            Err(e) => {
+                tracing::debug!(error = %e, "no wake-ups; waiting with backoff");
+                None
+            }
+        }
+    };
+    let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
+    loop {
+        ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
+        let t_sent = Instant::now();
+        let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(&request)).await;
+        let holder = match attempt {
+            Ok(Ok(Acquire::Granted(grant))) => {
+                ::metrics::counter!(m::ACQUIRE_SUCCESSES, "backend" => name).increment(1);
+                ::metrics::histogram!(m::WAIT_SECONDS, "backend" => name)
+                    .record(started.elapsed().as_secs_f64());
+                tracing::debug!(token = %grant.token, ttl = ?grant.ttl, "acquired");
+                return Ok(LockGuard::start(
+                    backend.clone(),
+                    request,
+                    grant,
+                    t_sent,
+                    config,
+                ));
+            }
+            Ok(Ok(Acquire::Held(holder))) => holder,
+            Ok(Err(e)) if e.is_transient() && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "transient error while acquiring; retrying");
+                None
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_elapsed) if Instant::now() < deadline => None,
+            Err(_elapsed) => {
+                return Err(crate::BackendError::message(
+                    name,
+                    true,
+                    format!("acquire did not answer within {:?}", client.op_timeout),
+                )
+                .into())
+            }
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
+            return Err(Error::Timeout {
+                key: request.key,
+                waited: wait,
+            });
+        }
+        let mut pause = backoff.next_pause().min(deadline - now);
+        if let Some(holder) = holder {
+            // The holder's lease ends on its own: no point sleeping past that.
+            pause = pause.min(holder.expires_in + Duration::from_millis(1));
+        }
+        match wakeups.as_mut() {
+            Some(sub) => {
+                tokio::select! {
+                    alive = sub.woken() => if !alive {
+                        tracing::debug!("wake-up source ended; waiting with backoff");
+                        wakeups = None;
+                    } else {
+                        backoff.reset();
+                    },
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+            None => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trusted_time_is_shorter_than_the_lease() {
+        let p = ClockPolicy::default();
+        for ms in [1, 10, 100, 3_000, 30_000, 600_000] {
+            let ttl = Duration::from_millis(ms);
+            let trusted = p.valid_for(ttl);
+            assert!(trusted < ttl, "{ttl:?}");
+            assert!(trusted >= ttl.mul_f64(0.85), "{ttl:?} -> {trusted:?}");
+        }
+        assert_eq!(
+            p.valid_for(Duration::from_secs(30)),
+            Duration::from_millis(29_200)
+        );
+    }
+}

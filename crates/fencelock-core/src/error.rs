@@ -1,0 +1,213 @@
+//! One error type for the whole library.
+//!
+//! Backends never return their driver's error directly: each backend maps its
+//! driver errors in one place into a [`BackendError`], which records whether
+//! retrying could help. That classification is what the renewal task and the
+//! waiting loop act on.
+
+use std::{error::Error as StdError, fmt, time::Duration};
+
+use crate::types::{FencingToken, LockKey, Owner};
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a guard stopped holding its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The backend answered that this (owner, token) no longer holds the key:
+    /// the lease expired and was taken over, or someone force-released it.
+    Refused,
+    /// No renewal was confirmed before the conservative local deadline (I5), so
+    /// the lease may end on the backend at any moment.
+    Deadline,
+}
+
+impl LossReason {
+    /// A short label, also used as the `reason` label of the loss metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Refused => "refused",
+            LossReason::Deadline => "deadline",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossReason::Refused => "the backend no longer has this lease",
+            LossReason::Deadline => "no renewal was confirmed before the local deadline",
+        })
+    }
+}
+
+/// Everything that can go wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock was not acquired before the wait deadline.
+    #[error("lock {key} was not acquired within {}", humantime::format_duration(*.waited))]
+    Timeout {
+        /// The contended key.
+        key: LockKey,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The guard's lease is gone (or may be gone): stop acting on its behalf.
+    #[error("lock {key} (token {token}) was lost: {reason}")]
+    LockLost {
+        /// The key.
+        key: LockKey,
+        /// The token the lost guard held.
+        token: FencingToken,
+        /// Why.
+        reason: LossReason,
+    },
+    /// Renew or release of a lease this (owner, token) does not hold.
+    #[error("lock {key} is not held by owner {owner} with token {token}")]
+    NotHeld {
+        /// The key.
+        key: LockKey,
+        /// The owner that asked.
+        owner: Owner,
+        /// The token that was presented.
+        token: FencingToken,
+    },
+    /// A fence refused a token lower than one it has already admitted (I7).
+    #[error("stale fencing token {presented} for resource {resource}: token {current} has been admitted")]
+    Stale {
+        /// The fenced resource.
+        resource: String,
+        /// The token that was refused.
+        presented: FencingToken,
+        /// The highest token the fence has admitted.
+        current: FencingToken,
+    },
+    /// The key (or fenced resource name) breaks the naming rule.
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+    /// The owner breaks the naming rule.
+    #[error("invalid owner: {0}")]
+    InvalidOwner(String),
+    /// The TTL is zero, negative, unparsable or absurdly long.
+    #[error("invalid TTL: {0}")]
+    InvalidTtl(String),
+    /// A fencing token that is not an unsigned 64-bit integer.
+    #[error("invalid token: {0}")]
+    InvalidToken(String),
+    /// Any other bad argument (a wait, a renewal period, lock data…).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A connection URL that cannot be used. The message never contains a password.
+    #[error("invalid URL: {0}")]
+    InvalidUrl(String),
+    /// The backend cannot do this (e.g. a scheme whose cargo feature is off).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl Error {
+    /// Whether trying again later could succeed: a timeout, or a backend error
+    /// its backend classified as transient (connection lost, busy, failover).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Backend(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// A failure inside a backend, classified once by the backend that saw it.
+pub struct BackendError {
+    backend: &'static str,
+    transient: bool,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl BackendError {
+    /// A failure that may pass: connection refused or reset, server busy or
+    /// restarting, leader election.
+    pub fn transient(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            backend,
+            transient: true,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A failure that retrying will not fix: permissions, a broken schema,
+    /// a corrupt database.
+    pub fn permanent(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            backend,
+            transient: false,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A failure described by a message alone (e.g. a reply of the wrong shape).
+    pub fn message(backend: &'static str, transient: bool, message: impl Into<String>) -> Self {
+        Self {
+            backend,
+            transient,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Whether retrying could help.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    /// The backend's name (`sqlite`, `postgres`, …).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("backend", &self.backend)
+            .field("transient", &self.transient)
+            .field("message", &self.message)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} backend: {}", self.backend, self.message)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

@@ -1,0 +1,313 @@
+//! The vocabulary of DESIGN §2: keys, owners, tokens and what a backend reports
+//! about a lease.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Longest key, owner or fenced-resource name, in bytes of UTF-8.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Longest lease a backend will grant. A lease is renewed while its holder
+/// lives, so a TTL only bounds how long a *crashed* holder blocks others; a week
+/// is already far past any sane value and anything longer is a unit mistake.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A fencing token: issued with every grant, strictly greater than every token
+/// issued for the same key before (invariant I2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The raw value, e.g. to store in a fenced column.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for FencingToken {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        s.trim()
+            .parse::<u64>()
+            .map(FencingToken)
+            .map_err(|_| Error::InvalidToken(format!("{s:?} is not an unsigned 64-bit integer")))
+    }
+}
+
+/// Checks the shared rule for names (keys, owners, fenced resources):
+/// 1–255 bytes of UTF-8 without NUL or other control characters.
+fn validate_name(what: &str, s: &str) -> std::result::Result<(), String> {
+    if s.is_empty() {
+        return Err(format!("{what} must not be empty"));
+    }
+    if s.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "{what} is {} bytes long; the limit is {MAX_NAME_LEN}",
+            s.len()
+        ));
+    }
+    if let Some((i, c)) = s.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(format!(
+            "{what} contains the control character U+{:04X} at byte {i}",
+            c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a fenced resource's name with the same rule as a [`LockKey`].
+pub(crate) fn validate_resource(resource: &str) -> Result<()> {
+    validate_name("resource name", resource).map_err(Error::InvalidKey)
+}
+
+/// The name of a lock, e.g. `workflow:123`: 1–255 bytes of UTF-8 with no NUL
+/// or control characters.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct LockKey(String);
+
+impl LockKey {
+    /// Validates `key`.
+    ///
+    /// ```
+    /// use fencelock_core::LockKey;
+    /// assert!(LockKey::new("workflow:123").is_ok());
+    /// assert!(LockKey::new("").is_err());
+    /// assert!(LockKey::new("a\0b").is_err());
+    /// ```
+    pub fn new(key: impl Into<String>) -> Result<Self> {
+        let key = key.into();
+        validate_name("lock key", &key).map_err(Error::InvalidKey)?;
+        Ok(Self(key))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for LockKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        LockKey::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for LockKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for LockKey {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        LockKey::new(s)
+    }
+}
+
+/// Who holds a lock. The default, [`Owner::generate`], is unique per process
+/// start, so two runs of the same program never share an identity.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Owner(String);
+
+impl Owner {
+    /// Validates an owner name (same rule as keys).
+    pub fn new(owner: impl Into<String>) -> Result<Self> {
+        let owner = owner.into();
+        validate_name("owner", &owner).map_err(Error::InvalidOwner)?;
+        Ok(Self(owner))
+    }
+
+    /// `hostname:pid:random`: the host and process for people reading a lock
+    /// table, the random part so that a restarted process with a recycled pid
+    /// is a different owner.
+    pub fn generate() -> Self {
+        let host = hostname::get()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .filter(|h| validate_name("host", h).is_ok() && h.len() <= 200)
+            .unwrap_or_else(|| "unknown-host".to_owned());
+        let nonce: u32 = rand::thread_rng().gen();
+        Self(format!("{host}:{}:{nonce:08x}", std::process::id()))
+    }
+
+    /// The owner as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Owner {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Owner::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Owner {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Owner::new(s)
+    }
+}
+
+/// Rejects TTLs a backend must never be asked for: zero, below a millisecond
+/// (every backend stores milliseconds or coarser) and above [`MAX_TTL`].
+pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::InvalidTtl(format!(
+            "{ttl:?} is shorter than the 1ms minimum"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::InvalidTtl(format!(
+            "{} is longer than the {} maximum",
+            humantime::format_duration(ttl),
+            humantime::format_duration(MAX_TTL)
+        )));
+    }
+    Ok(ttl)
+}
+
+/// Parses a human duration such as `500ms`, `30s`, `5m` or `1h 30m`.
+///
+/// Negative, empty and unit-less values are refused with a message naming the
+/// accepted forms; the caller decides which error variant it becomes.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(fencelock_core::parse_duration("500ms").unwrap(), Duration::from_millis(500));
+/// assert!(fencelock_core::parse_duration("-5s").is_err());
+/// ```
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{s:?} is negative"));
+    }
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m ({e})"))
+}
+
+/// What a backend reports about a lease. Times come from the backend's clock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The lock's key.
+    pub key: LockKey,
+    /// The holder.
+    pub owner: Owner,
+    /// The holder's fencing token.
+    pub token: FencingToken,
+    /// Optional label, e.g. `workflow`, `node` or `resource`.
+    pub kind: Option<String>,
+    /// Optional JSON metadata stored with the lease.
+    pub data: Option<serde_json::Value>,
+    /// When this lease was granted (backend clock; renewals keep it).
+    pub acquired_at: DateTime<Utc>,
+    /// When this lease ends unless renewed (backend clock).
+    pub expires_at: DateTime<Utc>,
+    /// `expires_at - now` measured on the backend's clock when it answered, so
+    /// that readers need not compare their own clock with the backend's.
+    #[serde(with = "duration_ms")]
+    pub expires_in: Duration,
+}
+
+mod duration_ms {
+    //! Durations in JSON as integer milliseconds (`expires_in_ms` style).
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_naming_rule() {
+        assert!(LockKey::new("a").is_ok());
+        assert!(LockKey::new("é".repeat(127)).is_ok()); // 254 bytes
+        assert!(matches!(
+            LockKey::new("x".repeat(256)),
+            Err(Error::InvalidKey(_))
+        ));
+        assert!(LockKey::new("x".repeat(255)).is_ok());
+        for bad in ["", "a\0b", "tab\there", "line\n", "del\u{7f}", "c1\u{85}"] {
+            assert!(
+                matches!(LockKey::new(bad), Err(Error::InvalidKey(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn generated_owners_are_valid_and_distinct() {
+        let a = Owner::generate();
+        let b = Owner::generate();
+        assert!(Owner::new(a.as_str()).is_ok());
+        assert_ne!(a, b);
+        assert!(a.as_str().contains(&format!(":{}:", std::process::id())));
+    }
+
+    #[test]
+    fn ttls_are_bounded() {
+        assert!(validate_ttl(Duration::ZERO).is_err());
+        assert!(validate_ttl(Duration::from_micros(999)).is_err());
+        assert!(validate_ttl(Duration::from_millis(1)).is_ok());
+        assert!(validate_ttl(MAX_TTL).is_ok());
+        assert!(validate_ttl(MAX_TTL + Duration::from_secs(1)).is_err());
+        assert!(validate_ttl(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "-5s", "five", "10", "1e9999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tokens_parse() {
+        assert_eq!("42".parse::<FencingToken>().ok(), Some(FencingToken(42)));
+        assert!("-1".parse::<FencingToken>().is_err());
+        assert!("x".parse::<FencingToken>().is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! I7: a fence admits t iff t ≥ the highest admitted, then remembers the max.
+
+use std::sync::Arc;
+
+use fencelock_core::{Error, Fence, FencingToken};
+use tokio::sync::Mutex;
+
+use super::{ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use crate::suite::{Store, TestResult};
+
+async fn fence_of(store: &dyn Store) -> TestResult<Arc<dyn Fence>> {
+    store
+        .fence()
+        .await?
+        .ok_or_else(|| "this store has no fence".into())
+}
+
+/// Equal and higher tokens pass; lower ones are `Stale` with both tokens;
+/// resources are independent; bad resource names are typed errors.
+pub async fn i7_fence_rule(store: &dyn Store) -> TestResult {
+    let fence = fence_of(store).await?;
+    ensure!(
+        fence.highest("orders").await?.is_none(),
+        "a fresh resource has a token"
+    );
+    fence.admit("orders", FencingToken(5)).await?;
+    fence.admit("orders", FencingToken(5)).await?; // the same holder writes twice
+    fence.admit("orders", FencingToken(7)).await?;
+    match fence.admit("orders", FencingToken(6)).await {
+        Err(Error::Stale {
+            resource,
+            presented,
+            current,
+        }) => ensure!(
+            resource == "orders" && presented == FencingToken(6) && current == FencingToken(7),
+            "Stale reported {resource} {presented} {current}"
+        ),
+        other => return Err(format!("token 6 after 7 gave {other:?}").into()),
+    }
+    ensure!(
+        fence.highest("orders").await? == Some(FencingToken(7)),
+        "highest changed after a refusal"
+    );
+    fence.admit("invoices", FencingToken(1)).await?;
+    ensure!(
+        fence.highest("orders").await? == Some(FencingToken(7)),
+        "resources are not independent"
+    );
+    fence.admit("big", FencingToken(u64::MAX)).await?;
+    ensure!(
+        fence.highest("big").await? == Some(FencingToken(u64::MAX)),
+        "u64::MAX did not round-trip"
+    );
+    for bad in ["", "a\0b"] {
+        let r = fence.admit(bad, FencingToken(1)).await;
+        ensure!(
+            matches!(r, Err(Error::InvalidKey(_))),
+            "resource {bad:?} gave {r:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The lost-update scenario of DESIGN §5, played out with real grants: A
+/// holds, pauses past its lease; B takes over, admits its token, reads; A
+/// wakes and tries to write; B writes. Because B admitted before reading,
+/// A's write is refused and B's update is not lost.
+pub async fn i7_admit_before_read_prevents_lost_update(store: &dyn Store) -> TestResult {
+    let backend = store.connect().await?;
+    let fence = fence_of(store).await?;
+    let k = key("counter-lock");
+    let counter = Arc::new(Mutex::new(0u64));
+    let write = |fence: Arc<dyn Fence>,
+                 counter: Arc<Mutex<u64>>,
+                 token: FencingToken,
+                 value: u64| async move {
+        fence.admit("counter", token).await?;
+        *counter.lock().await = value;
+        Ok::<(), Error>(())
+    };
+    // A: acquire, admit, read 0 ... then pause past its lease.
+    let a = grant(&*backend, &k, &owner("a"), SHORT_TTL).await?;
+    fence.admit("counter", a.token).await?;
+    let a_read = *counter.lock().await;
+    wait_out(&*backend, &k, &a).await?;
+    // B: acquire, admit *before* reading, read.
+    let b = grant(&*backend, &k, &owner("b"), LONG_TTL).await?;
+    fence.admit("counter", b.token).await?;
+    let b_read = *counter.lock().await;
+    // A wakes up and writes its stale increment: refused.
+    let a_write = write(
+        Arc::clone(&fence),
+        Arc::clone(&counter),
+        a.token,
+        a_read + 1,
+    )
+    .await;
+    ensure!(
+        matches!(a_write, Err(Error::Stale { .. })),
+        "the stale holder's write was admitted: {a_write:?}"
+    );
+    // B writes its increment: admitted, and nothing was lost.
+    write(
+        Arc::clone(&fence),
+        Arc::clone(&counter),
+        b.token,
+        b_read + 1,
+    )
+    .await?;
+    ensure!(
+        *counter.lock().await == 1,
+        "counter is {}",
+        *counter.lock().await
+    );
+    Ok(())
+}
+
+/// Concurrent admits from many tasks leave the maximum, and every admitted
+/// token was at least the maximum admitted before it.
+pub async fn i7_concurrent_admits_keep_the_maximum(store: &dyn Store) -> TestResult {
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let fence = fence_of(store).await?;
+        // A scrambled order, so higher tokens do not simply arrive last.
+        let token = FencingToken((i * 7919) % 32 + 1);
+        tasks.push(tokio::spawn(async move {
+            match fence.admit("shared", token).await {
+                Ok(()) => Ok(Some(token)),
+                Err(Error::Stale { current, .. }) if current > token => Ok(None),
+                Err(e) => Err(e),
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await??.is_some());
+    }
+    let fence = fence_of(store).await?;
+    ensure!(
+        fence.highest("shared").await? == Some(FencingToken(32)),
+        "highest is {:?}",
+        fence.highest("shared").await?
+    );
+    ensure!(admitted >= 1, "nothing was admitted");
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! Bad input gives typed errors, never a panic; odd but valid input works.
+
+use std::time::Duration;
+
+use fencelock_core::{parse_duration, Error, LockClient, LockKey, MAX_TTL};
+
+use super::{ensure, grant, owner, LONG_TTL};
+use crate::suite::{Store, TestResult};
+
+/// Empty, 256-byte and control-character keys are `InvalidKey` everywhere a
+/// key is accepted.
+pub async fn bad_keys_are_typed_errors(store: &dyn Store) -> TestResult {
+    let client = LockClient::new(store.connect().await?);
+    let long = "k".repeat(256);
+    for bad in ["", long.as_str(), "nul\0key", "new\nline", "esc\u{1b}"] {
+        let r = client.lock(bad).acquire().await;
+        ensure!(
+            matches!(r, Err(Error::InvalidKey(_))),
+            "acquire({bad:?}) = {r:?}"
+        );
+        let r = client.inspect(bad).await;
+        ensure!(
+            matches!(r, Err(Error::InvalidKey(_))),
+            "inspect({bad:?}) = {r:?}"
+        );
+        let r = client.force_release(bad).await;
+        ensure!(
+            matches!(r, Err(Error::InvalidKey(_))),
+            "force_release({bad:?}) = {r:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Zero, sub-millisecond and absurd TTLs are `InvalidTtl`; negative and
+/// unit-less durations do not parse.
+pub async fn bad_ttls_are_typed_errors(store: &dyn Store) -> TestResult {
+    let client = LockClient::new(store.connect().await?);
+    for bad in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        MAX_TTL + Duration::from_secs(1),
+        Duration::MAX,
+    ] {
+        let r = client.lock("ttl").ttl(bad).acquire().await;
+        ensure!(
+            matches!(r, Err(Error::InvalidTtl(_))),
+            "ttl {bad:?} gave {r:?}"
+        );
+    }
+    for bad in ["-5s", "-1ms", "", "abc", "10"] {
+        ensure!(parse_duration(bad).is_err(), "{bad:?} parsed");
+    }
+    let r = client
+        .lock("ttl")
+        .ttl(Duration::from_secs(3))
+        .renew_every(Duration::from_secs(5))
+        .acquire()
+        .await;
+    ensure!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "renew_every past the TTL gave {r:?}"
+    );
+    ensure!(
+        client.inspect("ttl").await?.is_none(),
+        "a refused request left a lease"
+    );
+    Ok(())
+}
+
+/// Keys with quotes, SQL and glob metacharacters, unicode and the maximum
+/// length are stored and returned exactly.
+pub async fn odd_but_valid_keys_round_trip(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let long = "ü".repeat(127) + "x"; // 255 bytes
+    let names = [
+        "quote'\"`; DROP TABLE locks; --",
+        "glob*?[a-z]{x}%_\\",
+        "emoji 🔒 lock",
+        "spaces and\u{a0}nbsp",
+        "{braces}:hash-tag",
+        long.as_str(),
+    ];
+    for name in names {
+        let k = LockKey::new(name)?;
+        let g = grant(&*b, &k, &owner("odd"), LONG_TTL).await?;
+        let info = b
+            .inspect(&k)
+            .await?
+            .ok_or_else(|| format!("{name:?} not found"))?;
+        ensure!(
+            info.key.as_str() == name && info.token == g.token,
+            "{name:?} came back as {info:?}"
+        );
+        ensure!(
+            b.list(Some(name)).await?.len() == 1,
+            "list by the exact key {name:?}"
+        );
+    }
+    Ok(())
+}

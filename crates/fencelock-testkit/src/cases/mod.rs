@@ -1,0 +1,171 @@
+//! The conformance cases. Each takes a fresh [`Store`] and returns an error
+//! describing the first violated expectation.
+//!
+//! Cases never assert wall-clock figures. Where they must wait for a lease to
+//! end they wait for the TTL the backend *granted* (etcd rounds small TTLs
+//! up), then poll with a bound.
+
+mod admin;
+mod exclusion;
+mod fence;
+mod guard;
+mod input;
+mod ownership;
+mod tokens;
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{Acquire, AcquireRequest, Backend, Grant, LockKey, Owner};
+use futures_util::future::BoxFuture;
+
+use crate::suite::{Needs, Store, TestResult};
+
+/// One conformance case.
+pub struct Case {
+    /// `module::function`, e.g. `exclusion::i1_race_on_free_key`.
+    pub name: &'static str,
+    /// Capabilities it needs.
+    pub needs: Needs,
+    /// The case.
+    pub run: for<'a> fn(&'a dyn Store) -> BoxFuture<'a, TestResult>,
+}
+
+macro_rules! case {
+    ($module:ident :: $f:ident) => {
+        case!(
+            $module::$f,
+            Needs {
+                restart: false,
+                fence: false
+            }
+        )
+    };
+    ($module:ident :: $f:ident, $needs:expr) => {
+        Case {
+            name: concat!(stringify!($module), "::", stringify!($f)),
+            needs: $needs,
+            run: |store| Box::pin($module::$f(store)),
+        }
+    };
+}
+
+const RESTART: Needs = Needs {
+    restart: true,
+    fence: false,
+};
+const FENCE: Needs = Needs {
+    restart: false,
+    fence: true,
+};
+
+/// Every case, in the order they are listed.
+pub static CASES: &[Case] = &[
+    case!(exclusion::i1_race_on_free_key),
+    case!(exclusion::i1_race_on_expired_key),
+    case!(exclusion::held_key_refuses_everyone),
+    case!(tokens::i2_grow_across_release),
+    case!(tokens::i2_grow_across_expiry_and_takeover),
+    case!(tokens::i2_grow_across_cleanup),
+    case!(tokens::i2_grow_across_reconnect),
+    case!(tokens::i2_grow_across_restart, RESTART),
+    case!(tokens::renewal_keeps_token),
+    case!(ownership::i3_stranger_cannot_renew_or_release),
+    case!(ownership::i3_stale_holder_cannot_touch_successor),
+    case!(ownership::release_after_expiry_is_not_held),
+    case!(ownership::i4_i6_expiry_needs_no_cleanup),
+    case!(admin::inspect_reports_the_lease),
+    case!(admin::list_filters_by_literal_prefix),
+    case!(admin::stats_count_kinds_owners_and_expired),
+    case!(admin::release_all_releases_only_that_owner),
+    case!(admin::force_release_removes_any_holder),
+    case!(admin::waiter_gets_lock_after_release),
+    case!(admin::wait_times_out_while_held),
+    case!(input::bad_keys_are_typed_errors),
+    case!(input::bad_ttls_are_typed_errors),
+    case!(input::odd_but_valid_keys_round_trip),
+    case!(guard::renewal_outlives_the_ttl),
+    case!(guard::force_release_is_noticed_as_loss),
+    case!(guard::with_lock_cancels_closure_on_loss),
+    case!(guard::dropped_guard_releases_in_background),
+    case!(guard::restart_keeps_or_loses_lock_honestly, RESTART),
+    case!(fence::i7_fence_rule, FENCE),
+    case!(fence::i7_admit_before_read_prevents_lost_update, FENCE),
+    case!(fence::i7_concurrent_admits_keep_the_maximum, FENCE),
+];
+
+/// Fails the case with a formatted message unless `cond` holds.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!("{} (at {}:{})", format!($($msg)+), file!(), line!()).into());
+        }
+    };
+}
+pub(crate) use ensure;
+
+/// A lease long enough never to expire during a case.
+pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+/// A lease a case waits out. Backends may grant more (etcd: about 2 s).
+pub(crate) const SHORT_TTL: Duration = Duration::from_millis(400);
+
+pub(crate) fn key(name: &str) -> LockKey {
+    LockKey::new(name).expect("case keys are valid")
+}
+
+pub(crate) fn owner(name: &str) -> Owner {
+    Owner::new(name).expect("case owners are valid")
+}
+
+pub(crate) fn request(key: &LockKey, owner: &Owner, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        key: key.clone(),
+        owner: owner.clone(),
+        ttl,
+        kind: None,
+        data: None,
+    }
+}
+
+/// `try_acquire` that must be granted.
+pub(crate) async fn grant(
+    backend: &dyn Backend,
+    key: &LockKey,
+    owner: &Owner,
+    ttl: Duration,
+) -> TestResult<Grant> {
+    match backend.try_acquire(&request(key, owner, ttl)).await? {
+        Acquire::Granted(grant) => Ok(grant),
+        Acquire::Held(holder) => {
+            Err(format!("{key} should be free for {owner}, but is held: {holder:?}").into())
+        }
+    }
+}
+
+/// Waits until the lease granted as `grant` has ended on the backend: first
+/// the granted TTL, then polling `inspect` for at most a few seconds.
+pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant) -> TestResult {
+    tokio::time::sleep(grant.ttl).await;
+    let bound = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match backend.inspect(key).await? {
+            Some(lease) if lease.token == grant.token => {}
+            _ => return Ok(()),
+        }
+        ensure!(
+            tokio::time::Instant::now() < bound,
+            "lease {} on {key} outlived its {:?} TTL by more than 5 s",
+            grant.token,
+            grant.ttl
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` connections to `store`, to spread racers over.
+pub(crate) async fn connections(store: &dyn Store, n: usize) -> TestResult<Vec<Arc<dyn Backend>>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(store.connect().await?);
+    }
+    Ok(conns)
+}

@@ -1,0 +1,194 @@
+//! I2: every grant's token is above every token issued for the key before.
+
+use std::time::Duration;
+
+use fencelock_core::FencingToken;
+
+use super::{ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use crate::suite::{Store, TestResult};
+
+fn strictly_increasing(tokens: &[FencingToken]) -> bool {
+    tokens.windows(2).all(|w| w[0] < w[1])
+}
+
+/// acquire/release cycles by alternating owners.
+pub async fn i2_grow_across_release(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let k = key("i2-release");
+    let mut tokens = Vec::new();
+    for i in 0..20 {
+        let o = owner(&format!("owner-{}", i % 3));
+        let g = grant(&*b, &k, &o, LONG_TTL).await?;
+        tokens.push(g.token);
+        ensure!(
+            b.release(&k, &o, g.token).await?,
+            "release of a held lease returned false"
+        );
+    }
+    ensure!(
+        strictly_increasing(&tokens),
+        "tokens did not strictly grow: {tokens:?}"
+    );
+    Ok(())
+}
+
+/// acquire, let it expire, acquire again (a takeover by another owner and a
+/// re-acquire by the same owner).
+pub async fn i2_grow_across_expiry_and_takeover(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let k = key("i2-expiry");
+    let a = owner("a");
+    let first = grant(&*b, &k, &a, SHORT_TTL).await?;
+    wait_out(&*b, &k, &first).await?;
+    let second = grant(&*b, &k, &owner("b"), SHORT_TTL).await?;
+    wait_out(&*b, &k, &second).await?;
+    let third = grant(&*b, &k, &a, LONG_TTL).await?;
+    let tokens = [first.token, second.token, third.token];
+    ensure!(
+        strictly_increasing(&tokens),
+        "tokens did not strictly grow: {tokens:?}"
+    );
+    Ok(())
+}
+
+/// Released and expired records deleted by cleanup do not take their token
+/// history with them.
+pub async fn i2_grow_across_cleanup(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let (released, expired) = (key("i2-cleanup-released"), key("i2-cleanup-expired"));
+    let o = owner("cleaner");
+    let g1 = grant(&*b, &released, &o, LONG_TTL).await?;
+    ensure!(b.release(&released, &o, g1.token).await?, "release failed");
+    let g2 = grant(&*b, &expired, &o, SHORT_TTL).await?;
+    wait_out(&*b, &expired, &g2).await?;
+    b.cleanup_expired().await?;
+    ensure!(
+        b.stats().await?.expired_not_cleaned == 0,
+        "cleanup left expired records"
+    );
+    let after_released = grant(&*b, &released, &owner("next"), LONG_TTL).await?;
+    let after_expired = grant(&*b, &expired, &owner("next"), LONG_TTL).await?;
+    ensure!(
+        after_released.token > g1.token,
+        "after cleanup: {} <= {}",
+        after_released.token,
+        g1.token
+    );
+    ensure!(
+        after_expired.token > g2.token,
+        "after cleanup: {} <= {}",
+        after_expired.token,
+        g2.token
+    );
+    Ok(())
+}
+
+/// A new connection (a new process, for file-backed stores) continues the
+/// token sequence.
+pub async fn i2_grow_across_reconnect(store: &dyn Store) -> TestResult {
+    let k = key("i2-reconnect");
+    let o = owner("o");
+    let before = {
+        let b = store.connect().await?;
+        let g = grant(&*b, &k, &o, LONG_TTL).await?;
+        ensure!(b.release(&k, &o, g.token).await?, "release failed");
+        g.token
+    };
+    let b = store.connect().await?;
+    let after = grant(&*b, &k, &o, LONG_TTL).await?;
+    ensure!(
+        after.token > before,
+        "after reconnect: {} <= {before}",
+        after.token
+    );
+    Ok(())
+}
+
+/// A restart of the server (or a reopen of the file) keeps tokens growing,
+/// for a released key and for one whose lease was live at the restart.
+pub async fn i2_grow_across_restart(store: &dyn Store) -> TestResult {
+    let (free, live) = (key("i2-restart-free"), key("i2-restart-live"));
+    let o = owner("o");
+    let (t_free, t_live, live_ttl) = {
+        let b = store.connect().await?;
+        let g = grant(&*b, &free, &o, LONG_TTL).await?;
+        ensure!(b.release(&free, &o, g.token).await?, "release failed");
+        let live_grant = grant(&*b, &live, &o, SHORT_TTL).await?;
+        (g.token, live_grant.token, live_grant.ttl)
+    };
+    store.restart().await?;
+    let b = store.connect().await?;
+    let after_free = retry_grant(&*b, &free, LONG_TTL, Duration::from_secs(30)).await?;
+    ensure!(
+        after_free > t_free,
+        "after restart: {after_free} <= {t_free}"
+    );
+    // The live lease may or may not have survived the restart, depending on
+    // the backend's durability; once it is gone, the next token is higher.
+    let after_live = retry_grant(&*b, &live, LONG_TTL, live_ttl + Duration::from_secs(30)).await?;
+    ensure!(
+        after_live > t_live,
+        "after restart: {after_live} <= {t_live}"
+    );
+    Ok(())
+}
+
+/// Retries a grant through transient errors (reconnects) and held answers.
+async fn retry_grant(
+    b: &dyn fencelock_core::Backend,
+    k: &fencelock_core::LockKey,
+    ttl: Duration,
+    bound: Duration,
+) -> TestResult<FencingToken> {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let last = match b
+            .try_acquire(&super::request(k, &owner("after-restart"), ttl))
+            .await
+        {
+            Ok(fencelock_core::Acquire::Granted(g)) => return Ok(g.token),
+            Ok(held) => format!("{held:?}"),
+            Err(e) if e.is_transient() => e.to_string(),
+            Err(e) => return Err(e.into()),
+        };
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no grant on {k} within {bound:?} of the restart; last answer: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Renewal extends the lease and keeps the token.
+pub async fn renewal_keeps_token(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let k = key("renew");
+    let o = owner("o");
+    let g = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let mut last_expiry = g.expires_at;
+    for _ in 0..3 {
+        let r = b.renew(&k, &o, g.token, LONG_TTL).await?;
+        ensure!(
+            r.token == g.token,
+            "renewal changed the token: {} -> {}",
+            g.token,
+            r.token
+        );
+        ensure!(
+            r.expires_at >= last_expiry,
+            "renewal moved expiry backwards"
+        );
+        last_expiry = r.expires_at;
+    }
+    // Past the original short TTL, the renewed lease still holds.
+    tokio::time::sleep(g.ttl + Duration::from_millis(100)).await;
+    let lease = b
+        .inspect(&k)
+        .await?
+        .ok_or("the renewed lease expired with its first TTL")?;
+    ensure!(
+        lease.token == g.token && lease.owner == o,
+        "inspect shows {lease:?}"
+    );
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Fault injection at the [`Backend`] seam: a wrapper that passes calls
+//! through, fails them as transient errors, or leaves them hanging, switched
+//! at run time. Guard tests use it with the memory backend and a paused
+//! tokio clock to reproduce an unreachable backend deterministically.
+
+use std::{
+    sync::{
+        atomic::{AtomicU8, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, FencingToken, Grant, LockInfo,
+    LockKey, Owner, Result, Stats, WakeSubscription,
+};
+
+/// How the wrapped backend behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    /// Calls go through.
+    None = 0,
+    /// Calls fail at once with a transient error (connection refused).
+    Refuse = 1,
+    /// Calls never answer (a blackholed network).
+    Hang = 2,
+}
+
+/// A backend whose calls can be made to fail or hang.
+#[derive(Debug)]
+pub struct FaultyBackend {
+    inner: Arc<dyn Backend>,
+    fault: AtomicU8,
+    renew_calls: AtomicUsize,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`, initially healthy.
+    pub fn new(inner: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            fault: AtomicU8::new(Fault::None as u8),
+            renew_calls: AtomicUsize::new(0),
+        })
+    }
+
+    /// Switches the fault.
+    pub fn set(&self, fault: Fault) {
+        self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// How many `renew` calls reached this wrapper (faulty or not).
+    pub fn renew_calls(&self) -> usize {
+        self.renew_calls.load(Ordering::SeqCst)
+    }
+
+    async fn gate(&self) -> Result<()> {
+        match self.fault.load(Ordering::SeqCst) {
+            1 => Err(BackendError::message("faulty", true, "injected: connection refused").into()),
+            2 => {
+                // Far longer than any test runs; dropped by the caller's deadline.
+                tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
+                Err(BackendError::message("faulty", true, "injected: hang").into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for FaultyBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.gate().await?;
+        self.inner.try_acquire(request).await
+    }
+    async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        self.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.gate().await?;
+        self.inner.renew(key, owner, token, ttl).await
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+        self.gate().await?;
+        self.inner.release(key, owner, token).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.gate().await?;
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        self.gate().await?;
+        self.inner.list(prefix).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.gate().await?;
+        self.inner.force_release(key).await
+    }
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        self.gate().await?;
+        self.inner.release_all(owner).await
+    }
+    async fn cleanup_expired(&self) -> Result<u64> {
+        self.gate().await?;
+        self.inner.cleanup_expired().await
+    }
+    async fn stats(&self) -> Result<Stats> {
+        self.gate().await?;
+        self.inner.stats().await
+    }
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        self.gate().await?;
+        self.inner.subscribe(key).await
+    }
+}

@@ -1,0 +1,19 @@
+//! fencelock's test kit.
+//!
+//! - [`suite`]: the one conformance suite. Every backend runs the same cases
+//!   (DESIGN §3 I1–I7, admin calls, bad input, guard behaviour) by calling
+//!   [`suite::run`] from a `harness = false` test binary; cases that need a
+//!   capability the backend lacks are reported as ignored, never as passed.
+//! - [`servers`]: throwaway real servers started from the binaries on `PATH`,
+//!   on random loopback ports with temporary data directories, so tests can
+//!   kill, pause and restart them.
+//! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
+//!   calls fail or hang, for guard behaviour under an unreachable backend.
+
+pub mod cases;
+pub mod fault;
+pub mod servers;
+pub mod suite;
+
+pub use async_trait::async_trait;
+pub use suite::{run, Needs, Store, StoreFactory, TestResult};

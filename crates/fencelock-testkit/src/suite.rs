@@ -1,0 +1,115 @@
+//! The conformance harness: one isolated store per case, cases selected by
+//! what the backend can do, reported through libtest-mimic so that each case
+//! is its own test (`cargo test -p fencelock-sqlite -- i1_` runs a subset).
+
+use std::{process::ExitCode, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fencelock_core::{Backend, Fence};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::cases::{Case, CASES};
+
+/// Errors in test plumbing (starting servers, connecting).
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// One isolated lock store, private to one case: a SQLite file, a table on a
+/// shared server, a key prefix, or a whole server of its own.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// A new connection to this store. Backends from one store share locks,
+    /// like two processes pointed at the same URL.
+    async fn connect(&self) -> TestResult<Arc<dyn Backend>>;
+
+    /// A fence kept in this store, if the backend ships one.
+    async fn fence(&self) -> TestResult<Option<Arc<dyn Fence>>> {
+        Ok(None)
+    }
+
+    /// Stops and restarts the store's server (or closes and reopens the
+    /// database file), keeping whatever the backend's durability keeps.
+    /// Connections made before may fail for a while afterwards.
+    async fn restart(&self) -> TestResult {
+        Err("this store cannot be restarted".into())
+    }
+}
+
+/// Makes stores for one backend.
+#[async_trait]
+pub trait StoreFactory: Send + Sync + 'static {
+    /// The backend's name, prefixed to every case name.
+    fn name(&self) -> &'static str;
+
+    /// Whether [`Store::restart`] works (cases that need it are ignored
+    /// otherwise).
+    fn can_restart(&self) -> bool;
+
+    /// Whether [`Store::fence`] returns a fence.
+    fn has_fence(&self) -> bool;
+
+    /// A fresh, empty store for one case. With `dedicated`, the store gets a
+    /// server process of its own, so the case may restart it without
+    /// disturbing other cases.
+    async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>>;
+}
+
+/// What a case needs from the backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Needs {
+    /// [`Store::restart`].
+    pub restart: bool,
+    /// [`Store::fence`].
+    pub fence: bool,
+}
+
+/// Upper bound on one case; a case that hangs fails instead of stalling CI.
+const CASE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Runs every conformance case against `factory`, honouring the usual test
+/// arguments (filters, `--list`, `--test-threads`). Call it from the `main`
+/// of a `harness = false` test binary and return its exit code.
+pub fn run(factory: impl StoreFactory) -> ExitCode {
+    init_tracing();
+    let args = Arguments::from_args();
+    let factory: Arc<dyn StoreFactory> = Arc::new(factory);
+    let trials = CASES
+        .iter()
+        .map(|case| trial(Arc::clone(&factory), case))
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn trial(factory: Arc<dyn StoreFactory>, case: &'static Case) -> Trial {
+    let name = format!("{}::{}", factory.name(), case.name);
+    let unsupported = (case.needs.restart && !factory.can_restart())
+        || (case.needs.fence && !factory.has_fence());
+    Trial::test(name, move || run_case(&*factory, case)).with_ignored_flag(unsupported)
+}
+
+fn run_case(factory: &dyn StoreFactory, case: &'static Case) -> Result<(), Failed> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    runtime.block_on(async {
+        let store = factory
+            .store(case.needs.restart)
+            .await
+            .map_err(|e| format!("could not set up a {} store: {e}", factory.name()))?;
+        match tokio::time::timeout(CASE_TIMEOUT, (case.run)(&*store)).await {
+            Ok(result) => result.map_err(|e| Failed::from(e.to_string())),
+            Err(_) => Err(Failed::from(format!(
+                "case did not finish within {CASE_TIMEOUT:?}"
+            ))),
+        }
+    })
+}
+
+fn init_tracing() {
+    // `RUST_LOG=fencelock=debug cargo test …` shows what the library did.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

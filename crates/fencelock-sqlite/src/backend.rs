@@ -1,0 +1,476 @@
+//! `SqliteBackend`: the Backend operations as SQLite statements.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Mutex, OnceLock, PoisonError},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
+    Owner, Result, Stats, WakeHub, WakeSubscription,
+};
+use rusqlite::{
+    named_params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior,
+};
+
+use crate::{
+    clock::HostClock,
+    connection::{Db, SqliteOptions},
+    error,
+};
+
+/// A lease is live iff it was taken during this boot, has not reached its
+/// end on the boot-time clock, and was not renewed "in the future" (which
+/// only a restarted clock can produce). Every statement that decides on a
+/// lease uses this one condition, with `:boot` and `:now` bound.
+const LIVE: &str = "(boot_id = :boot AND expires_mono_us > :now AND renewed_mono_us <= :now)";
+
+const COLUMNS: &str =
+    "key, owner, token, kind, data, acquired_at_ms, expires_at_ms, acquired_mono_us, expires_mono_us";
+
+/// A row of `fencelock_locks`, before validation.
+struct RawLease {
+    key: String,
+    owner: String,
+    token: i64,
+    kind: Option<String>,
+    data: Option<String>,
+    acquired_at_ms: i64,
+    expires_at_ms: i64,
+    acquired_mono_us: i64,
+    expires_mono_us: i64,
+}
+
+impl RawLease {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            key: row.get(0)?,
+            owner: row.get(1)?,
+            token: row.get(2)?,
+            kind: row.get(3)?,
+            data: row.get(4)?,
+            acquired_at_ms: row.get(5)?,
+            expires_at_ms: row.get(6)?,
+            acquired_mono_us: row.get(7)?,
+            expires_mono_us: row.get(8)?,
+        })
+    }
+
+    fn held_for(&self, now_us: i64) -> Duration {
+        micros(now_us - self.acquired_mono_us)
+    }
+
+    fn into_info(self, now_us: i64) -> Result<LockInfo> {
+        let corrupt =
+            |what: &str, e: &dyn std::fmt::Display| error::corrupt(format!("{what}: {e}"));
+        Ok(LockInfo {
+            expires_in: micros(self.expires_mono_us - now_us),
+            key: LockKey::new(self.key).map_err(|e| corrupt("key", &e))?,
+            owner: Owner::new(self.owner).map_err(|e| corrupt("owner", &e))?,
+            token: FencingToken(u64::try_from(self.token).map_err(|e| corrupt("token", &e))?),
+            kind: self.kind,
+            data: self
+                .data
+                .map(|d| serde_json::from_str(&d))
+                .transpose()
+                .map_err(|e| corrupt("data", &e))?,
+            acquired_at: wall(self.acquired_at_ms),
+            expires_at: wall(self.expires_at_ms),
+        })
+    }
+}
+
+fn micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+fn wall(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+/// Wall-clock milliseconds, stored for display only; no lease decision reads
+/// them (I4).
+fn wall_now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn ttl_us(ttl: Duration) -> i64 {
+    // validate_ttl caps TTLs at a week, far inside i64 microseconds.
+    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Waiters of every backend in this process that opened the same file share
+/// one hub, so a release by one client wakes the waiters of another at once.
+fn hub_for(path: &Path) -> WakeHub {
+    static HUBS: OnceLock<Mutex<HashMap<PathBuf, WakeHub>>> = OnceLock::new();
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    HUBS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(canonical)
+        .or_default()
+        .clone()
+}
+
+/// Locks in a SQLite file. Each value holds one connection; clones share it.
+#[derive(Clone, Debug)]
+pub struct SqliteBackend {
+    db: Db,
+    clock: HostClock,
+    wakeups: WakeHub,
+}
+
+impl SqliteBackend {
+    /// Opens (and if needed creates) the lock database.
+    pub async fn open(options: SqliteOptions) -> Result<Self> {
+        let db = Db::open(&options).await?;
+        Ok(Self {
+            db,
+            clock: HostClock::new(),
+            wakeups: hub_for(options.path()),
+        })
+    }
+
+    /// Opens the lock database at `path` with default options.
+    pub async fn open_path(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open(SqliteOptions::new(path.as_ref())).await
+    }
+
+    /// Runs `f` in an IMMEDIATE transaction with the clock read *after* the
+    /// write lock was taken, so the time a decision uses is the time it is
+    /// made, however long the busy wait was.
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>, Now) -> Result<T> + Send + 'static,
+    {
+        let clock = self.clock.clone();
+        self.db
+            .call(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(error::map)?;
+                let now = Now::read(&clock)?;
+                let value = f(&tx, now)?;
+                tx.commit().map_err(error::map)?;
+                Ok(value)
+            })
+            .await
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Now) -> Result<T> + Send + 'static,
+    {
+        let clock = self.clock.clone();
+        self.db
+            .call(move |conn| {
+                let now = Now::read(&clock)?;
+                f(conn, now)
+            })
+            .await
+    }
+}
+
+/// The backend clock at one instant.
+#[derive(Clone, Copy)]
+struct Now {
+    boot: &'static str,
+    us: i64,
+}
+
+impl Now {
+    fn read(clock: &HostClock) -> Result<Self> {
+        Ok(Self {
+            boot: clock.boot_id(),
+            us: clock.now_us().map_err(error::clock)?,
+        })
+    }
+}
+
+fn live_lease(conn: &Connection, key: &str, now: Now) -> Result<Option<RawLease>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM fencelock_locks WHERE key = :key AND {LIVE}"),
+        named_params! {":key": key, ":boot": now.boot, ":now": now.us},
+        RawLease::from_row,
+    )
+    .optional()
+    .map_err(error::map)
+}
+
+fn live_leases(conn: &Connection, now: Now) -> Result<Vec<RawLease>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM fencelock_locks WHERE {LIVE} ORDER BY key"
+        ))
+        .map_err(error::map)?;
+    let rows = stmt
+        .query_map(
+            named_params! {":boot": now.boot, ":now": now.us},
+            RawLease::from_row,
+        )
+        .map_err(error::map)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(error::map)
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            wakeups: true,
+            persistent: true,
+        }
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let request = request.clone();
+        self.write(move |tx, now| {
+            if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
+                return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
+            }
+            let token: i64 = tx
+                .query_row(
+                    "UPDATE fencelock_counter SET last_token = last_token + 1 WHERE id = 1 \
+                     RETURNING last_token",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(error::map)?;
+            let wall_now = wall_now_ms();
+            let data = request.data.as_ref().map(|d| d.to_string());
+            tx.execute(
+                "INSERT INTO fencelock_locks (key, owner, token, kind, data, acquired_at_ms, \
+                     expires_at_ms, boot_id, acquired_mono_us, renewed_mono_us, expires_mono_us) \
+                 VALUES (:key, :owner, :token, :kind, :data, :wall, :wall_exp, :boot, :now, :now, \
+                     :now + :ttl) \
+                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+                     kind = excluded.kind, data = excluded.data, \
+                     acquired_at_ms = excluded.acquired_at_ms, expires_at_ms = excluded.expires_at_ms, \
+                     boot_id = excluded.boot_id, acquired_mono_us = excluded.acquired_mono_us, \
+                     renewed_mono_us = excluded.renewed_mono_us, \
+                     expires_mono_us = excluded.expires_mono_us",
+                named_params! {
+                    ":key": request.key.as_str(), ":owner": request.owner.as_str(), ":token": token,
+                    ":kind": request.kind, ":data": data, ":wall": wall_now,
+                    ":wall_exp": wall_now + ttl_ms(request.ttl), ":boot": now.boot, ":now": now.us,
+                    ":ttl": ttl_us(request.ttl),
+                },
+            )
+            .map_err(error::map)?;
+            Ok(Acquire::Granted(Grant {
+                token: FencingToken(u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?),
+                ttl: request.ttl,
+                expires_at: wall(wall_now + ttl_ms(request.ttl)),
+            }))
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        let (k, o) = (key.clone(), owner.clone());
+        let Ok(db_token) = i64::try_from(token.0) else {
+            return Err(Error::NotHeld {
+                key: k,
+                owner: o,
+                token,
+            });
+        };
+        let renewed = self
+            .write(move |tx, now| {
+                let expires_ms = wall_now_ms() + ttl_ms(ttl);
+                let changed = tx
+                    .execute(
+                        &format!(
+                            "UPDATE fencelock_locks SET renewed_mono_us = :now, \
+                             expires_mono_us = :now + :ttl, expires_at_ms = :wall_exp \
+                             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+                        ),
+                        named_params! {
+                            ":now": now.us, ":ttl": ttl_us(ttl), ":wall_exp": expires_ms,
+                            ":key": k.as_str(), ":owner": o.as_str(), ":token": db_token, ":boot": now.boot,
+                        },
+                    )
+                    .map_err(error::map)?;
+                Ok((changed == 1).then_some(expires_ms))
+            })
+            .await?;
+        match renewed {
+            Some(expires_ms) => Ok(Grant {
+                token,
+                ttl,
+                expires_at: wall(expires_ms),
+            }),
+            None => Err(Error::NotHeld {
+                key: key.clone(),
+                owner: owner.clone(),
+                token,
+            }),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+        let Ok(db_token) = i64::try_from(token.0) else {
+            return Ok(false);
+        };
+        let (k, o) = (key.clone(), owner.clone());
+        let released = self
+            .write(move |tx, now| {
+                let n = tx
+                    .execute(
+                        &format!(
+                            "DELETE FROM fencelock_locks \
+                             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+                        ),
+                        named_params! {
+                            ":key": k.as_str(), ":owner": o.as_str(), ":token": db_token,
+                            ":boot": now.boot, ":now": now.us,
+                        },
+                    )
+                    .map_err(error::map)?;
+                Ok(n == 1)
+            })
+            .await?;
+        if released {
+            self.wakeups.notify(key.as_str());
+        }
+        Ok(released)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let k = key.clone();
+        self.read(move |conn, now| {
+            live_lease(conn, k.as_str(), now)?
+                .map(|l| l.into_info(now.us))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        let prefix = prefix.unwrap_or("").to_owned();
+        self.read(move |conn, now| {
+            // substr() compares the prefix literally: no LIKE/GLOB wildcards.
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM fencelock_locks \
+                     WHERE substr(key, 1, length(:prefix)) = :prefix AND {LIVE} ORDER BY key"
+                ))
+                .map_err(error::map)?;
+            let rows = stmt
+                .query_map(
+                    named_params! {":prefix": prefix, ":boot": now.boot, ":now": now.us},
+                    RawLease::from_row,
+                )
+                .map_err(error::map)?;
+            rows.map(|r| r.map_err(error::map).and_then(|l| l.into_info(now.us)))
+                .collect()
+        })
+        .await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let k = key.clone();
+        let removed = self
+            .write(move |tx, now| {
+                let Some(lease) = live_lease(tx, k.as_str(), now)? else {
+                    return Ok(None);
+                };
+                tx.execute("DELETE FROM fencelock_locks WHERE key = ?1", [k.as_str()])
+                    .map_err(error::map)?;
+                lease.into_info(now.us).map(Some)
+            })
+            .await?;
+        if removed.is_some() {
+            self.wakeups.notify(key.as_str());
+        }
+        Ok(removed)
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let o = owner.clone();
+        let released: Vec<String> = self
+            .write(move |tx, now| {
+                let mut stmt = tx
+                    .prepare(&format!(
+                        "DELETE FROM fencelock_locks WHERE owner = :owner AND {LIVE} RETURNING key"
+                    ))
+                    .map_err(error::map)?;
+                let keys = stmt
+                    .query_map(
+                        named_params! {":owner": o.as_str(), ":boot": now.boot, ":now": now.us},
+                        |r| r.get(0),
+                    )
+                    .map_err(error::map)?
+                    .collect::<rusqlite::Result<Vec<String>>>()
+                    .map_err(error::map)?;
+                Ok(keys)
+            })
+            .await?;
+        for key in &released {
+            self.wakeups.notify(key);
+        }
+        Ok(released.len() as u64)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        self.write(|tx, now| {
+            let n = tx
+                .execute(
+                    &format!("DELETE FROM fencelock_locks WHERE NOT {LIVE}"),
+                    named_params! {":boot": now.boot, ":now": now.us},
+                )
+                .map_err(error::map)?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        self.read(|conn, now| {
+            let expired: i64 = conn
+                .query_row(
+                    &format!("SELECT count(*) FROM fencelock_locks WHERE NOT {LIVE}"),
+                    named_params! {":boot": now.boot, ":now": now.us},
+                    |r| r.get(0),
+                )
+                .map_err(error::map)?;
+            let mut leases = Vec::new();
+            for raw in live_leases(conn, now)? {
+                let held_for = raw.held_for(now.us);
+                leases.push((raw.into_info(now.us)?, held_for));
+            }
+            Ok(Stats::from_leases(
+                leases.iter().map(|(info, held)| (info, *held)),
+                u64::try_from(expired).unwrap_or(0),
+            ))
+        })
+        .await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        Ok(Some(self.wakeups.subscribe(key.as_str())))
+    }
+}

@@ -1,0 +1,237 @@
+//! Opening a lock database: URL options, pragmas, schema, and running
+//! blocking SQLite calls off the async runtime.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use fencelock_core::{parse_duration, Error, Result};
+use rusqlite::Connection;
+
+use crate::error;
+
+/// Everything fencelock keeps in the database. `IF NOT EXISTS` makes it
+/// idempotent, and running it in an IMMEDIATE transaction makes concurrent
+/// first starts of several processes wait for each other instead of failing.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fencelock_locks (
+    key              TEXT PRIMARY KEY,
+    owner            TEXT NOT NULL,
+    token            INTEGER NOT NULL,
+    kind             TEXT,
+    data             TEXT,
+    -- Wall-clock times, for people reading the table only.
+    acquired_at_ms   INTEGER NOT NULL,
+    expires_at_ms    INTEGER NOT NULL,
+    -- The lease itself, on the host's boot-time clock (see clock.rs).
+    boot_id          TEXT NOT NULL,
+    acquired_mono_us INTEGER NOT NULL,
+    renewed_mono_us  INTEGER NOT NULL,
+    expires_mono_us  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fencelock_locks_owner ON fencelock_locks (owner);
+CREATE INDEX IF NOT EXISTS fencelock_locks_expiry ON fencelock_locks (expires_mono_us);
+-- One counter for all keys: a token above every token ever issued is above
+-- every token issued for any one key, and deleting lease rows cannot lower it.
+CREATE TABLE IF NOT EXISTS fencelock_counter (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    last_token INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO fencelock_counter (id, last_token) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS fencelock_fences (
+    resource TEXT PRIMARY KEY,
+    -- Zero-padded to 20 digits so that text order is numeric order for the
+    -- whole u64 range (SQLite integers stop at i64::MAX).
+    token    TEXT NOT NULL
+) WITHOUT ROWID;
+";
+
+/// How hard SQLite syncs commits to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synchronous {
+    /// fsync on every commit (default): a grant survives power loss.
+    Full,
+    /// WAL's NORMAL: survives process crashes; the last commits before a
+    /// power loss may roll back. All holders of a SQLite lock live on the
+    /// same host and die with it, but a fence elsewhere may have seen a
+    /// token that is then issued again — use `Full` when fences matter.
+    Normal,
+}
+
+/// Where and how to open a lock database.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    path: PathBuf,
+    busy_timeout: Duration,
+    synchronous: Synchronous,
+}
+
+impl SqliteOptions {
+    /// A database file at `path` (created if missing; its directory must exist).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            busy_timeout: Duration::from_secs(5),
+            synchronous: Synchronous::Full,
+        }
+    }
+
+    /// Parses `sqlite://PATH[?busy_timeout=5s&synchronous=full|normal]`.
+    ///
+    /// `sqlite:///var/lib/app/locks.db` is an absolute path,
+    /// `sqlite://locks.db` a relative one.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url
+            .strip_prefix("sqlite://")
+            .ok_or_else(|| Error::InvalidUrl(format!("{url:?} does not start with sqlite://")))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() {
+            return Err(Error::InvalidUrl(
+                "sqlite:// needs a file path, e.g. sqlite:///var/lib/app/locks.db".into(),
+            ));
+        }
+        let mut options = Self::new(path);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "busy_timeout" => {
+                    options.busy_timeout = parse_duration(value)
+                        .map_err(|e| Error::InvalidUrl(format!("busy_timeout: {e}")))?;
+                }
+                "synchronous" => {
+                    options.synchronous = match value.to_ascii_lowercase().as_str() {
+                        "full" => Synchronous::Full,
+                        "normal" => Synchronous::Normal,
+                        other => {
+                            return Err(Error::InvalidUrl(format!(
+                                "synchronous={other:?}: expected full or normal"
+                            )))
+                        }
+                    }
+                }
+                other => {
+                    return Err(Error::InvalidUrl(format!(
+                        "unknown sqlite option {other:?} (known: busy_timeout, synchronous)"
+                    )))
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// How long a statement waits for another process's write lock before
+    /// failing with a transient error (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Commit durability (default [`Synchronous::Full`]).
+    pub fn synchronous(mut self, mode: Synchronous) -> Self {
+        self.synchronous = mode;
+        self
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// One SQLite connection, used from blocking threads one call at a time.
+#[derive(Clone, Debug)]
+pub(crate) struct Db {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl Db {
+    /// Opens the file, sets the pragmas and creates the schema.
+    pub(crate) async fn open(options: &SqliteOptions) -> Result<Self> {
+        let options = options.clone();
+        let conn = tokio::task::spawn_blocking(move || open_blocking(&options))
+            .await
+            .map_err(error::task)??;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` with the connection on a blocking thread.
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            // A panic mid-call leaves SQLite consistent (an open transaction
+            // rolls back when its handle is dropped), so a poisoned lock is
+            // still a usable connection.
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(error::task)?
+    }
+}
+
+fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
+    let conn = Connection::open(&options.path).map_err(|e| {
+        fencelock_core::BackendError::permanent(
+            error::NAME,
+            format!("cannot open {}", options.path.display()),
+            e,
+        )
+    })?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(error::map)?;
+    // WAL lets readers run beside the one writer; it is a property of the
+    // file, so setting it again is a no-op.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(error::map)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(path = %options.path.display(), mode, "SQLite refused WAL mode");
+    }
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))
+        .map_err(error::map)?;
+    ensure_schema(&conn)?;
+    Ok(conn)
+}
+
+/// Creates fencelock's tables in `conn`'s database if they are missing.
+/// Safe to call from several processes at once.
+pub fn ensure_schema(conn: &Connection) -> Result<()> {
+    // A read first, so that opening an initialised database does not take
+    // the write lock. (`PRAGMA user_version` is left alone: the fence tables
+    // may live in an application's own database, whose migrations own it.)
+    let present: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+             AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(error::map)?;
+    if present == 3 {
+        return Ok(());
+    }
+    let batch = SCHEMA;
+    if !conn.is_autocommit() {
+        // Inside the caller's transaction: its commit makes the tables.
+        return conn.execute_batch(batch).map_err(error::map);
+    }
+    conn.execute_batch(&format!("BEGIN IMMEDIATE; {batch} COMMIT;"))
+        .map_err(|e| {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            error::map(e)
+        })
+}

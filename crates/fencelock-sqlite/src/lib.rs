@@ -1,0 +1,64 @@
+//! The embedded SQLite backend of fencelock: locks in one file, safe across
+//! the processes of one host.
+//!
+//! - **Atomic acquisition.** Every write runs in a `BEGIN IMMEDIATE`
+//!   transaction, which takes the database's single write lock before it
+//!   reads, so the "is it free?" check and the write that takes the lease
+//!   cannot interleave with another process's.
+//! - **Tokens** come from one counter row that is never deleted, so they grow
+//!   across release, expiry, takeover, cleanup and process restarts (I2).
+//! - **Time** is the host's boot-time clock, which does not step, with the
+//!   boot id stored beside each lease so that leases from before a reboot
+//!   count as expired (see `docs/semantics.md`).
+//! - **Wake-ups** reach waiters in the same process at once; waiters in other
+//!   processes back off with jitter, never sleeping past the holder's expiry.
+//!
+//! The file must live on a local disk of the one host that uses it: SQLite's
+//! locking is not reliable on network filesystems, and leases are judged by
+//! that host's clock.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use fencelock_core::LockClient;
+//! use fencelock_sqlite::SqliteBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), fencelock_core::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("locks.db");
+//! let backend = SqliteBackend::open_path(&path).await?;
+//! let client = LockClient::new(Arc::new(backend));
+//! let guard = client.lock("nightly-report").acquire().await?;
+//! println!("token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod clock;
+mod connection;
+mod error;
+mod fence;
+
+use std::sync::Arc;
+
+use fencelock_core::{Backend, Fence, Result};
+
+pub use backend::SqliteBackend;
+pub use connection::{ensure_schema, SqliteOptions, Synchronous};
+pub use fence::SqliteFence;
+
+/// Opens the backend for a `sqlite://PATH` URL (see [`SqliteOptions::from_url`]).
+pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(
+        SqliteBackend::open(SqliteOptions::from_url(url)?).await?,
+    ))
+}
+
+/// Opens the fence for a `sqlite://PATH` URL.
+pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
+    Ok(Arc::new(
+        SqliteFence::open(SqliteOptions::from_url(url)?).await?,
+    ))
+}

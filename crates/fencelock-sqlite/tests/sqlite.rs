@@ -1,0 +1,202 @@
+//! SQLite-specific behaviour: the host clock, schema creation, the
+//! in-transaction fence and URL options.
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LockKey, Owner,
+};
+use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteFence, SqliteOptions};
+use rusqlite::Connection;
+
+fn request(key: &str, owner: &str) -> AcquireRequest {
+    AcquireRequest {
+        key: LockKey::new(key).unwrap(),
+        owner: Owner::new(owner).unwrap(),
+        ttl: Duration::from_secs(600),
+        kind: None,
+        data: None,
+    }
+}
+
+async fn granted(backend: &SqliteBackend, key: &str, owner: &str) -> FencingToken {
+    match backend.try_acquire(&request(key, owner)).await.unwrap() {
+        Acquire::Granted(g) => g.token,
+        held => panic!("{key} not granted: {held:?}"),
+    }
+}
+
+/// Edits lease rows behind the library's back, as a reboot or a clock
+/// change would leave them.
+fn tamper(path: &std::path::Path, sql: &str) {
+    Connection::open(path).unwrap().execute_batch(sql).unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_from_another_boot_is_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    let before = granted(&backend, "k", "old").await;
+    tamper(
+        &path,
+        "UPDATE fencelock_locks SET boot_id = 'a-previous-boot'",
+    );
+    assert!(backend
+        .inspect(&LockKey::new("k").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    let after = granted(&backend, "k", "new").await;
+    assert!(after > before);
+    let stale = backend
+        .renew(
+            &LockKey::new("k").unwrap(),
+            &Owner::new("old").unwrap(),
+            before,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(matches!(stale, Err(Error::NotHeld { .. })));
+}
+
+#[tokio::test]
+async fn a_lease_renewed_in_the_clocks_future_is_expired() {
+    // What a restarted clock without a boot id would look like.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    granted(&backend, "k", "old").await;
+    tamper(
+        &path,
+        "UPDATE fencelock_locks SET renewed_mono_us = renewed_mono_us + 3600000000, \
+         expires_mono_us = expires_mono_us + 3600000000",
+    );
+    assert!(backend
+        .inspect(&LockKey::new("k").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    granted(&backend, "k", "new").await;
+}
+
+#[tokio::test]
+async fn wall_clock_times_take_no_part_in_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    let token = granted(&backend, "past", "a").await;
+    granted(&backend, "future", "a").await;
+    // As if the wall clock had jumped a year either way since the grants.
+    tamper(
+        &path,
+        "UPDATE fencelock_locks SET expires_at_ms = 0 WHERE key = 'past'",
+    );
+    tamper(
+        &path,
+        "UPDATE fencelock_locks SET acquired_at_ms = 4102444800000 WHERE key = 'future'",
+    );
+    let past = backend
+        .inspect(&LockKey::new("past").unwrap())
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(past.token, token);
+    assert!(past.expires_in > Duration::from_secs(500));
+    assert!(matches!(
+        backend.try_acquire(&request("future", "b")).await.unwrap(),
+        Acquire::Held(_)
+    ));
+    assert_eq!(backend.cleanup_expired().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn concurrent_first_opens_of_one_file_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Arc::new(dir.path().join("locks.db"));
+    let opens: Vec<_> = (0..16)
+        .map(|_| {
+            let path = Arc::clone(&path);
+            tokio::spawn(async move { SqliteBackend::open_path(&*path).await })
+        })
+        .collect();
+    for open in opens {
+        open.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let mut conn = Connection::open(&path).unwrap();
+    ensure_schema(&conn).unwrap();
+    conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)")
+        .unwrap();
+
+    // A transaction that rolls back admits nothing.
+    let tx = conn.transaction().unwrap();
+    SqliteFence::admit_in(&tx, "orders", FencingToken(10)).unwrap();
+    tx.execute("INSERT INTO orders VALUES (1, 'draft')", [])
+        .unwrap();
+    tx.rollback().unwrap();
+    let fence = SqliteFence::open(SqliteOptions::new(&path)).await.unwrap();
+    assert_eq!(fence.highest("orders").await.unwrap(), None);
+
+    // One that commits admits the token together with the write.
+    let tx = conn.transaction().unwrap();
+    SqliteFence::admit_in(&tx, "orders", FencingToken(10)).unwrap();
+    tx.execute("INSERT INTO orders VALUES (1, 'paid')", [])
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        fence.highest("orders").await.unwrap(),
+        Some(FencingToken(10))
+    );
+
+    // A stale holder's transaction is refused before it writes.
+    let tx = conn.transaction().unwrap();
+    let stale = SqliteFence::admit_in(&tx, "orders", FencingToken(9));
+    assert!(
+        matches!(
+            stale,
+            Err(Error::Stale {
+                current: FencingToken(10),
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    drop(tx);
+    let status: String = conn
+        .query_row("SELECT status FROM orders WHERE id = 1", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(status, "paid");
+}
+
+#[tokio::test]
+async fn urls_are_parsed_strictly() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = format!(
+        "sqlite://{}?busy_timeout=250ms&synchronous=normal",
+        dir.path().join("l.db").display()
+    );
+    fencelock_sqlite::open_backend(&good).await.unwrap();
+    for bad in [
+        "sqlite://",
+        "sqlite:relative.db",
+        "postgres://x/y",
+        "sqlite:///tmp/x.db?busy_timeout=-1s",
+        "sqlite:///tmp/x.db?synchronous=sometimes",
+        "sqlite:///tmp/x.db?unknown=1",
+    ] {
+        let r = fencelock_sqlite::open_backend(bad).await;
+        assert!(matches!(r, Err(Error::InvalidUrl(_))), "{bad}: {r:?}");
+    }
+    let missing_dir = format!("sqlite://{}/no/such/dir/l.db", dir.path().display());
+    let r = fencelock_sqlite::open_backend(&missing_dir).await;
+    assert!(
+        matches!(&r, Err(Error::Backend(e)) if !e.is_transient()),
+        "{r:?}"
+    );
+}

@@ -1,0 +1,293 @@
+//! Guard and waiting behaviour with a paused tokio clock: renewal cadence,
+//! loss before the backend's expiry, retries, wake-ups, deadlines. The memory
+//! backend keeps time on the same (paused) clock, so these are exact.
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{
+    Backend, ClockPolicy, Error, LockClient, LockKey, LossReason, MemoryBackend, Owner,
+};
+use fencelock_testkit::fault::{Fault, FaultyBackend};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn client(backend: Arc<dyn Backend>, owner: &str) -> LockClient {
+    LockClient::builder(backend)
+        .owner(Owner::new(owner).expect("valid owner"))
+        .build()
+        .expect("valid client")
+}
+
+fn key(k: &str) -> LockKey {
+    LockKey::new(k).expect("valid key")
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_ttl() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(95)).await;
+    // Renewals at 10 s, 20 s, … 90 s.
+    assert_eq!(faulty.renew_calls(), 9);
+    assert!(guard.is_valid());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn custom_renewal_period_is_honoured() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .renew_every(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    assert_eq!(faulty.renew_calls(), 10);
+    drop(guard);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_backend_is_a_loss_before_the_lease_ends() {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = FaultyBackend::new(memory.clone());
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    faulty.set(Fault::Hang);
+    let reason = guard.lost().await;
+    let lost_after = granted.elapsed();
+    assert_eq!(reason, LossReason::Deadline);
+    // The guard gave up at its conservative deadline …
+    assert_eq!(lost_after, ClockPolicy::default().valid_for(TTL));
+    // … while the backend still had the lease: nobody else could hold it yet.
+    let lease = memory
+        .inspect(&key("k"))
+        .await
+        .unwrap()
+        .expect("lease still live");
+    assert!(lease.expires_in > Duration::ZERO);
+    assert!(!guard.is_valid());
+    assert!(matches!(guard.check(), Err(Error::LockLost { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_connections_are_retried_until_the_deadline() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    faulty.set(Fault::Refuse);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LossReason::Deadline);
+    // Backoff retries between the first failed renewal (10 s) and the deadline.
+    assert!(
+        faulty.renew_calls() > 5,
+        "only {} renew attempts",
+        faulty.renew_calls()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_outage_shorter_than_the_lease_is_survived() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    faulty.set(Fault::Refuse);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    faulty.set(Fault::None);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(guard.is_valid());
+    assert_eq!(guard.loss_reason(), None);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_release_is_noticed_at_the_next_renewal() {
+    let memory = Arc::new(MemoryBackend::new());
+    let guard = client(memory.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    memory
+        .force_release(&key("k"))
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(guard.lost().await, LossReason::Refused);
+    assert_eq!(t0.elapsed(), TTL / 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_auto_renew_the_guard_still_signals_its_deadline() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    assert_eq!(guard.lost().await, LossReason::Deadline);
+    assert_eq!(t0.elapsed(), ClockPolicy::default().valid_for(TTL));
+    assert_eq!(faulty.renew_calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn manual_renew_extends_the_deadline() {
+    let memory = Arc::new(MemoryBackend::new());
+    let guard = client(memory, "a")
+        .lock("k")
+        .ttl(TTL)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    guard.renew().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        guard.is_valid(),
+        "40 s after the grant, 20 s after a renewal"
+    );
+    assert_eq!(
+        guard.remaining(),
+        ClockPolicy::default().valid_for(TTL) - Duration::from_secs(20)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_drops_the_closure_when_lost() {
+    let memory = Arc::new(MemoryBackend::new());
+    let c = client(memory.clone(), "a");
+    let admin = memory.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        admin.force_release(&key("k")).await.unwrap();
+    });
+    let result = c
+        .lock("k")
+        .ttl(TTL)
+        .run(|_guard| async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            "finished"
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(Error::LockLost {
+                reason: LossReason::Refused,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_woken_by_the_release_not_by_its_backoff() {
+    let memory = Arc::new(MemoryBackend::new());
+    let holder = client(memory.clone(), "holder")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = client(memory.clone(), "waiter");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .lock("k")
+            .ttl(TTL)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await;
+        (guard, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (guard, acquired_at) = waiting.await.unwrap();
+    guard.unwrap().release().await.unwrap();
+    // On the paused clock, a backoff sleep would have advanced time.
+    assert_eq!(acquired_at, released_at);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_never_sleeps_past_the_holders_expiry() {
+    let memory = Arc::new(MemoryBackend::new());
+    // A holder that stops renewing (as if it crashed): its lease just ends.
+    let _stalled = client(memory.clone(), "stalled")
+        .lock("k")
+        .ttl(Duration::from_secs(10))
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let guard = client(memory, "waiter")
+        .lock("k")
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited <= Duration::from_millis(10_001),
+        "{waited:?}"
+    );
+    drop(guard);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_honours_the_deadline() {
+    let memory = Arc::new(MemoryBackend::new());
+    let _holder = client(memory.clone(), "holder")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let result = client(memory, "waiter")
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_backend_does_not_hang_acquire() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    faulty.set(Fault::Hang);
+    let c = LockClient::builder(faulty)
+        .op_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let result = c.lock("k").acquire().await;
+    assert!(matches!(&result, Err(e) if e.is_transient()), "{result:?}");
+}

@@ -309,6 +309,15 @@ impl LockGuard {
         }
     }
 
+    /// Stops renewing and hands the lease over without releasing it: it stays
+    /// on the backend until it expires or someone renews or releases it by
+    /// (owner, token), e.g. another process (`fencelock acquire` uses this).
+    /// Read [`token`](GuardHandle::token) and [`owner`](GuardHandle::owner)
+    /// first.
+    pub fn detach(mut self) {
+        self.finish();
+    }
+
     /// Stops the watchdog and records the hold; idempotent.
     fn finish(&mut self) {
         if std::mem::replace(&mut self.finished, true) {

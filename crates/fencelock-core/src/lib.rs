@@ -46,7 +46,8 @@ pub use fence::{Admission, Fence};
 pub use guard::{GuardHandle, LockGuard};
 pub use memory::{MemoryBackend, MemoryFence};
 pub use types::{
-    parse_duration, validate_ttl, FencingToken, LockInfo, LockKey, Owner, MAX_NAME_LEN, MAX_TTL,
+    parse_duration, redact_url, validate_ttl, FencingToken, LockInfo, LockKey, Owner, MAX_NAME_LEN,
+    MAX_TTL,
 };
 pub use wake::{WakeHub, WakeSubscription};
 

@@ -216,6 +216,41 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m ({e})"))
 }
 
+/// `url` with any password replaced by `***`, for logs, errors and `Debug`.
+///
+/// ```
+/// assert_eq!(
+///     fencelock_core::redact_url("postgres://app:s3cret@db:5432/locks"),
+///     "postgres://app:***@db:5432/locks"
+/// );
+/// assert_eq!(fencelock_core::redact_url("redis://:pw@h/0"), "redis://:***@h/0");
+/// assert_eq!(fencelock_core::redact_url("sqlite:///var/lib/l.db"), "sqlite:///var/lib/l.db");
+/// assert_eq!(fencelock_core::redact_url("user:pw@host"), "user:***@host");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    // Without a scheme, treat the text as `user:password@host…` anyway:
+    // better a mangled echo than a leaked password.
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[authority_start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| authority_start + i);
+    let authority = &url[authority_start..authority_end];
+    // The last '@' ends the userinfo: passwords may contain '@' unescaped.
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:***{}",
+        &url[..authority_start],
+        &userinfo[..colon],
+        &url[authority_start + at..]
+    )
+}
+
 /// What a backend reports about a lease. Times come from the backend's clock.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LockInfo {
@@ -235,7 +270,7 @@ pub struct LockInfo {
     pub expires_at: DateTime<Utc>,
     /// `expires_at - now` measured on the backend's clock when it answered, so
     /// that readers need not compare their own clock with the backend's.
-    #[serde(with = "duration_ms")]
+    #[serde(rename = "expires_in_ms", with = "duration_ms")]
     pub expires_in: Duration,
 }
 

@@ -1,0 +1,180 @@
+//! Command-line definitions.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+/// Parses `500ms`, `30s`, `5m`, … (no negative or unit-less values).
+fn duration(s: &str) -> Result<Duration, String> {
+    fencelock::parse_duration(s)
+}
+
+/// Parses a TTL: a duration within fencelock's bounds.
+fn ttl(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    fencelock::validate_ttl(d).map_err(|e| e.to_string())
+}
+
+fn json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
+}
+
+/// Distributed locks with fencing tokens, from the shell.
+///
+/// Runs commands under a lock that is renewed while they run, stops them if
+/// the lock is lost, and passes them a fencing token. Also inspects and
+/// manages the locks of any fencelock backend.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fencelock",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…
+    /// [default: sqlite at $XDG_STATE_HOME/fencelock/locks.db, i.e.
+    /// ~/.local/state/fencelock/locks.db]
+    #[arg(long, env = "FENCELOCK_URL", global = true, hide_env_values = true)]
+    pub url: Option<String>,
+
+    /// Print machine-readable JSON on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Print nothing but errors on stderr.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by the commands that take a lock.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The lock's key (1–255 bytes, no control characters).
+    pub key: String,
+
+    /// Lease length; renewed every third of it while held.
+    #[arg(long, default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
+    pub ttl: Duration,
+
+    /// How long to wait for a held lock (0 = do not wait).
+    #[arg(long, default_value = "0s", value_parser = duration, allow_hyphen_values = true)]
+    pub wait: Duration,
+
+    /// Owner name [default: hostname:pid:random].
+    #[arg(long)]
+    pub owner: Option<String>,
+
+    /// A label stored with the lease (e.g. workflow, node, resource).
+    #[arg(long)]
+    pub kind: Option<String>,
+
+    /// JSON metadata stored with the lease.
+    #[arg(long, value_parser = json)]
+    pub data: Option<serde_json::Value>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock.
+    ///
+    /// The command gets FENCELOCK_KEY, FENCELOCK_OWNER and FENCELOCK_TOKEN in
+    /// its environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
+    /// it. If the lock is lost, the command gets SIGTERM, then SIGKILL after
+    /// --kill-after, and fencelock exits 76. Otherwise the exit code is the
+    /// command's (128+N if killed by signal N); 75 if the lock was not
+    /// acquired within --wait.
+    Run {
+        #[command(flatten)]
+        lock: LockArgs,
+
+        /// Grace period between SIGTERM and SIGKILL when the lock is lost.
+        #[arg(long, default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
+        kill_after: Duration,
+
+        /// Keep the command in fencelock's process group (for interactive
+        /// commands that read the terminal). By default it gets a group of
+        /// its own, so that signals reach its children too.
+        #[arg(long)]
+        foreground: bool,
+
+        /// The command and its arguments.
+        #[arg(required = true, last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+
+    /// Acquire a lock and exit without renewing it; prints the token.
+    ///
+    /// The lease lasts --ttl unless renewed (`fencelock renew`) or released
+    /// (`fencelock release`) with the same --owner and the printed token.
+    /// Exit 0 if acquired, 75 if not.
+    Acquire {
+        #[command(flatten)]
+        lock: LockArgs,
+    },
+
+    /// Extend a lease held by OWNER with TOKEN. Exit 1 if not held.
+    Renew {
+        /// The lock's key.
+        key: String,
+        /// The owner the lock was acquired as.
+        #[arg(long)]
+        owner: String,
+        /// The fencing token of the lease.
+        #[arg(long)]
+        token: String,
+        /// New lease length, from now.
+        #[arg(long, default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
+        ttl: Duration,
+    },
+
+    /// Release a lease held by OWNER with TOKEN. Exit 1 if not held.
+    Release {
+        /// The lock's key.
+        key: String,
+        /// The owner the lock was acquired as.
+        #[arg(long)]
+        owner: String,
+        /// The fencing token of the lease.
+        #[arg(long)]
+        token: String,
+    },
+
+    /// Show who holds a lock. Exit 0 if held, 1 if free.
+    Inspect {
+        /// The lock's key.
+        key: String,
+    },
+
+    /// List held locks, optionally only those whose key starts with PREFIX.
+    List {
+        /// Literal key prefix (no wildcards).
+        prefix: Option<String>,
+    },
+
+    /// Show statistics: held locks by kind and owner, hold times, expired
+    /// records awaiting cleanup.
+    Stats,
+
+    /// Delete expired lease records (never needed for correctness).
+    Cleanup,
+
+    /// Remove a lock whoever holds it. Its holder notices at its next
+    /// renewal. Exit 1 if it was not held.
+    ForceRelease {
+        /// The lock's key.
+        key: String,
+    },
+}
+
+/// The default store: a SQLite file in the per-user state directory.
+pub fn default_sqlite_path() -> Option<PathBuf> {
+    dirs::state_dir()
+        .or_else(dirs::data_local_dir)
+        .map(|dir| dir.join("fencelock").join("locks.db"))
+}

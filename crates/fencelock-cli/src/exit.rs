@@ -1,0 +1,37 @@
+//! Exit codes, chosen so scripts can tell the outcomes apart. 75 and 76 are
+//! `EX_TEMPFAIL` and the next free sysexits code.
+
+use fencelock::Error;
+
+/// Success.
+pub const OK: u8 = 0;
+/// The lease is not held by the given owner/token (renew, release,
+/// force-release), or the key is free (inspect).
+pub const NOT_HELD: u8 = 1;
+/// Bad input: unknown flag, bad duration, invalid key, malformed URL…
+pub const USAGE: u8 = 2;
+/// The command could not be started (not found, not executable).
+pub const CANNOT_EXEC: u8 = 126;
+/// The backend is unreachable or failed (sysexits `EX_UNAVAILABLE`).
+pub const UNAVAILABLE: u8 = 69;
+/// The lock was not acquired within `--wait` (sysexits `EX_TEMPFAIL`).
+pub const NOT_ACQUIRED: u8 = 75;
+/// The lock was lost while the command ran; the command was stopped.
+pub const LOST: u8 = 76;
+
+/// The exit code for a library error.
+pub fn code_for(error: &Error) -> u8 {
+    match error {
+        Error::Timeout { .. } => NOT_ACQUIRED,
+        Error::LockLost { .. } => LOST,
+        Error::NotHeld { .. } | Error::Stale { .. } => NOT_HELD,
+        Error::InvalidKey(_)
+        | Error::InvalidOwner(_)
+        | Error::InvalidTtl(_)
+        | Error::InvalidToken(_)
+        | Error::InvalidArgument(_)
+        | Error::InvalidUrl(_)
+        | Error::Unsupported(_) => USAGE,
+        _ => UNAVAILABLE,
+    }
+}

@@ -1,0 +1,187 @@
+//! `fencelock run`: hold a lock while a command runs; stop the command when
+//! the lock is lost.
+
+use std::{process::ExitStatus, time::Duration};
+
+use fencelock::{Error, LockClient, LockGuard};
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+use tokio::{
+    process::{Child, Command},
+    signal::unix::{signal, SignalKind},
+    sync::mpsc,
+};
+
+use crate::{
+    exit,
+    output::{describe, Output},
+};
+
+/// Where signals for the command go: its own process group (so they reach
+/// whatever it started, e.g. the children of `sh -c`), or just its pid.
+#[derive(Clone, Copy)]
+struct Target {
+    pid: Pid,
+    group: bool,
+}
+
+impl Target {
+    fn send(self, sig: Signal) {
+        let pid = if self.group {
+            Pid::from_raw(-self.pid.as_raw())
+        } else {
+            self.pid
+        };
+        // ESRCH: everything already exited, which is what we wanted.
+        let _ = kill(pid, sig);
+    }
+}
+
+fn status_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+/// Runs `argv` under `guard`; returns fencelock's exit code.
+pub async fn run_child(
+    guard: LockGuard,
+    argv: &[String],
+    kill_after: Duration,
+    foreground: bool,
+    out: Output,
+) -> Result<u8, Error> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(Error::InvalidArgument("no command given".into()));
+    };
+    // Register handlers before the child exists, so no signal slips through
+    // between its start and our first poll.
+    let mut signals = forward_signals()?;
+
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env("FENCELOCK_KEY", guard.key().as_str())
+        .env("FENCELOCK_OWNER", guard.owner().as_str())
+        .env("FENCELOCK_TOKEN", guard.token().to_string());
+    if !foreground {
+        command.process_group(0);
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("fencelock: cannot run {program:?}: {e}");
+            release(guard, out).await;
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                exit::CANNOT_EXEC
+            });
+        }
+    };
+    let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
+        // The child exited and was reaped already; only its status is left.
+        let status = child.wait().await.map_err(child_error)?;
+        release(guard, out).await;
+        return Ok(status_code(status));
+    };
+    let target = Target {
+        pid: Pid::from_raw(pid),
+        group: !foreground,
+    };
+    let handle = guard.handle();
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.map_err(child_error)?;
+                release(guard, out).await;
+                return Ok(status_code(status));
+            }
+            reason = handle.lost() => {
+                eprintln!(
+                    "fencelock: lost lock {} (token {}): {reason}; stopping {program:?}",
+                    handle.key(), handle.token()
+                );
+                stop(&mut child, target, kill_after).await;
+                drop(guard);
+                return Ok(exit::LOST);
+            }
+            Some(sig) = signals.recv() => target.send(sig),
+        }
+    }
+}
+
+/// Signals fencelock passes on to the command instead of dying of them.
+const FORWARDED: [(SignalKind, Signal); 4] = [
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
+];
+
+/// One channel carrying every forwarded signal as it arrives.
+fn forward_signals() -> Result<mpsc::UnboundedReceiver<Signal>, Error> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (kind, sig) in FORWARDED {
+        let mut stream = signal(kind)
+            .map_err(|e| Error::Unsupported(format!("cannot install signal handlers: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(sig).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(rx)
+}
+
+/// SIGTERM, then SIGKILL after `grace`; finally SIGKILL whatever is left of
+/// the process group, since none of it holds the lock any more.
+async fn stop(child: &mut Child, target: Target, grace: Duration) {
+    target.send(Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        target.send(Signal::SIGKILL);
+        let _ = child.wait().await;
+    }
+    if target.group {
+        target.send(Signal::SIGKILL);
+    }
+}
+
+async fn release(guard: LockGuard, out: Output) {
+    let key = guard.key().clone();
+    if let Err(e) = guard.release().await {
+        out.note(format_args!("could not release {key}: {e}"));
+    }
+}
+
+fn child_error(e: std::io::Error) -> Error {
+    Error::Unsupported(format!("cannot wait for the command: {e}"))
+}
+
+/// While an acquisition waits, says once a second who holds the lock (only
+/// when the holder changes), after the first second.
+pub async fn report_holder(client: LockClient, key: String, out: Output) {
+    let mut last = None;
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    loop {
+        tick.tick().await;
+        if let Ok(Some(info)) = client.inspect(&key).await {
+            let who = (info.owner.clone(), info.token);
+            if last.as_ref() != Some(&who) {
+                out.note(format_args!("waiting: {}", describe(&info)));
+                last = Some(who);
+            }
+        }
+    }
+}

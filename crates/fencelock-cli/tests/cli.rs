@@ -1,0 +1,296 @@
+//! The `fencelock` binary, run as separate processes against one SQLite
+//! file, as users run it.
+
+use std::{
+    path::Path,
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+fn fencelock(db: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("FENCELOCK_URL", format!("sqlite://{}", db.display()))
+        .env_remove("RUST_LOG")
+        .args(args);
+    cmd
+}
+
+fn run(db: &Path, args: &[&str]) -> Output {
+    fencelock(db, args).output().expect("fencelock runs")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn token(out: &Output) -> u64 {
+    assert_eq!(code(out), 0, "acquire failed: {}", stderr(out));
+    stdout(out).parse().expect("acquire prints the token")
+}
+
+#[test]
+fn fifty_concurrent_acquire_processes_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    // Create the schema first so the race is about the lock, not the DDL.
+    assert_eq!(code(&run(&db, &["list"])), 0);
+    let children: Vec<_> = (0..50)
+        .map(|_| {
+            fencelock(&db, &["acquire", "K", "--ttl", "30s", "--wait", "0s"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let codes: Vec<i32> = children
+        .into_iter()
+        .map(|c| code(&c.wait_with_output().unwrap()))
+        .collect();
+    assert_eq!(codes.iter().filter(|&&c| c == 0).count(), 1, "{codes:?}");
+    assert_eq!(codes.iter().filter(|&&c| c == 75).count(), 49, "{codes:?}");
+}
+
+#[test]
+fn tokens_grow_across_release_expiry_cleanup_and_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let t1 = token(&run(&db, &["acquire", "K", "--owner", "a"]));
+    let released = run(
+        &db,
+        &["release", "K", "--owner", "a", "--token", &t1.to_string()],
+    );
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    let t2 = token(&run(
+        &db,
+        &["acquire", "K", "--owner", "b", "--ttl", "300ms"],
+    ));
+    // Wait out the 300 ms lease: poll until it is free, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while code(&run(&db, &["inspect", "K"])) == 0 {
+        assert!(std::time::Instant::now() < deadline, "lease never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cleanup = run(&db, &["--json", "cleanup"]);
+    assert_eq!(stdout(&cleanup), r#"{"removed":1}"#);
+    let t3 = token(&run(&db, &["acquire", "K", "--owner", "c"]));
+    assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
+    // A stale holder cannot renew or release its successor's lease.
+    let stale = run(
+        &db,
+        &["renew", "K", "--owner", "b", "--token", &t2.to_string()],
+    );
+    assert_eq!(code(&stale), 1);
+    assert!(stderr(&stale).contains("not held"), "{}", stderr(&stale));
+    let renewed = run(
+        &db,
+        &[
+            "renew",
+            "K",
+            "--owner",
+            "c",
+            "--token",
+            &t3.to_string(),
+            "--ttl",
+            "1m",
+        ],
+    );
+    assert_eq!(code(&renewed), 0, "{}", stderr(&renewed));
+}
+
+#[test]
+fn run_passes_the_lock_to_the_command_and_its_exit_code_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let out = run(
+        &db,
+        &[
+            "run",
+            "job",
+            "--owner",
+            "me",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$FENCELOCK_KEY $FENCELOCK_OWNER $FENCELOCK_TOKEN\"; exit 7",
+        ],
+    );
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    let printed = stdout(&out);
+    let fields: Vec<&str> = printed.split(' ').collect();
+    assert_eq!(fields[..2], ["job", "me"]);
+    assert!(fields[2].parse::<u64>().is_ok(), "{printed}");
+    // Released on exit.
+    assert_eq!(code(&run(&db, &["inspect", "job"])), 1);
+}
+
+#[test]
+fn run_exits_75_when_the_lock_is_held_and_reports_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    token(&run(&db, &["acquire", "job", "--owner", "holder"]));
+    let out = run(&db, &["run", "job", "--wait", "1500ms", "--", "true"]);
+    assert_eq!(code(&out), 75);
+    let err = stderr(&out);
+    assert!(err.contains("waiting: job is held by holder"), "{err}");
+    assert!(err.contains("not acquired"), "{err}");
+}
+
+#[test]
+fn run_stops_the_command_when_the_lock_is_force_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let pidfile = dir.path().join("grandchild.pid");
+    // A shell whose child would outlive it if only the shell were signalled.
+    let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+    let holder = fencelock(
+        &db,
+        &[
+            "run",
+            "K",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let forced = run(&db, &["force-release", "K"]);
+    assert_eq!(code(&forced), 0, "{}", stderr(&forced));
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 76, "{}", stderr(&out));
+    assert!(stderr(&out).contains("lost lock K"), "{}", stderr(&out));
+    let grandchild: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = still_alive(grandchild);
+    assert!(!alive, "the command's child survived the loss");
+}
+
+fn still_alive(pid: i32) -> bool {
+    // kill -0 reports whether the process exists; a zombie reaped by init
+    // disappears shortly after its parent dies.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let exists = Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.split(") ")
+                    .nth(1)
+                    .is_some_and(|rest| rest.starts_with('Z'))
+            })
+            .unwrap_or(false);
+        if !exists || zombie {
+            return false;
+        }
+        if std::time::Instant::now() >= deadline {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_forwards_sigterm_and_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let child = fencelock(&db, &["run", "K", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 42, "{}", stderr(&out));
+    assert_eq!(code(&run(&db, &["inspect", "K"])), 1, "not released");
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let cases: &[&[&str]] = &[
+        &["acquire", "K", "--ttl", "-5s"],
+        &["acquire", "K", "--ttl", "0s"],
+        &["acquire", "K", "--ttl", "10"],
+        &["acquire", "K", "--ttl", "100y"],
+        &["acquire", ""],
+        &["acquire", "a\u{1}b"],
+        &["acquire", &"k".repeat(256)],
+        &["acquire", "K", "--data", "{not json"],
+        &["renew", "K", "--owner", "o", "--token", "-1"],
+        &["--url", "nope", "list"],
+        &["--url", "ftp://u:secret@h/x", "list"],
+        &["--url", "sqlite://", "list"],
+        &["run", "K"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let out = run(&db, args);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 2, "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("secret"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_command_is_127_and_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let out = run(&db, &["run", "K", "--", "/no/such/command"]);
+    assert_eq!(code(&out), 127, "{}", stderr(&out));
+    assert_eq!(code(&run(&db, &["inspect", "K"])), 1);
+}

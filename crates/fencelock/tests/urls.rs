@@ -1,0 +1,45 @@
+//! Malformed URLs are typed errors without passwords; known schemes open.
+
+use fencelock::{open_backend, open_fence, Error};
+
+#[tokio::test]
+async fn malformed_urls_are_invalid_url_errors() {
+    for bad in [
+        "",
+        "locks.db",
+        "://x",
+        "sqlite:/x",
+        "ftp://host/x",
+        "sqlite://",
+        "sqlite:///tmp/x?bogus=1",
+    ] {
+        let r = open_backend(bad).await;
+        assert!(matches!(r, Err(Error::InvalidUrl(_))), "{bad:?}: {r:?}");
+    }
+}
+
+#[tokio::test]
+async fn errors_never_show_passwords() {
+    for url in [
+        "ftp://user:hunter2@host/x",
+        "nonsense://:hunter2@h",
+        "user:hunter2@host",
+    ] {
+        let err = open_backend(url).await.unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{url}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn memory_and_sqlite_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("l.db").display());
+    assert_eq!(open_backend(&url).await.unwrap().name(), "sqlite");
+    assert_eq!(open_fence(&url).await.unwrap().name(), "sqlite");
+    assert_eq!(open_backend("mem://").await.unwrap().name(), "memory");
+    // Schemes are case-insensitive; an empty path is still an error.
+    assert!(matches!(
+        open_backend("SQLITE://").await,
+        Err(Error::InvalidUrl(_))
+    ));
+}

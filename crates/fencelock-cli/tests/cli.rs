@@ -1,6 +1,8 @@
 //! The `fencelock` binary, run as separate processes against one SQLite
 //! file, as users run it.
 
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
 use std::{
     path::Path,
     process::{Command, Output, Stdio},

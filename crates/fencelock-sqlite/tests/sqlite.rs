@@ -1,6 +1,8 @@
 //! SQLite-specific behaviour: the host clock, schema creation, the
 //! in-transaction fence and URL options.
 
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
 use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{

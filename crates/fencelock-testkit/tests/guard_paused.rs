@@ -2,6 +2,8 @@
 //! loss before the backend's expiry, retries, wake-ups, deadlines. The memory
 //! backend keeps time on the same (paused) clock, so these are exact.
 
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
 use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{

@@ -1,5 +1,7 @@
 //! Malformed URLs are typed errors without passwords; known schemes open.
 
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
 use fencelock::{open_backend, open_fence, Error};
 
 #[tokio::test]

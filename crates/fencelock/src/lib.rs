@@ -34,6 +34,11 @@
 
 use std::sync::Arc;
 
+// Compiles the README's Rust examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+mod readme {}
+
 pub use fencelock_core::*;
 
 /// The SQLite backend's own API (options, in-transaction fence).

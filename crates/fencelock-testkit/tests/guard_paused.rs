@@ -293,3 +293,25 @@ async fn a_hanging_backend_does_not_hang_acquire() {
     let result = c.lock("k").acquire().await;
     assert!(matches!(&result, Err(e) if e.is_transient()), "{result:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_detached_lease_stays_until_released_by_owner_and_token() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let (owner, token) = (guard.owner().clone(), guard.token());
+    guard.detach();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(faulty.renew_calls(), 0, "a detached guard renewed");
+    let lease = faulty
+        .inspect(&key("k"))
+        .await
+        .unwrap()
+        .expect("not released on detach");
+    assert_eq!(lease.token, token);
+    assert!(faulty.release(&key("k"), &owner, token).await.unwrap());
+}

@@ -1,0 +1,70 @@
+//! The documented metrics are recorded under their documented names.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use fencelock_core::{
+    metrics as m, Backend, Fence, FencingToken, LockClient, LockKey, MemoryBackend, MemoryFence,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn lifecycle_records_every_documented_metric() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let memory = Arc::new(MemoryBackend::new());
+    let client = LockClient::new(memory.clone());
+    let guard = client
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // A waiter that times out.
+    assert!(client
+        .lock("k")
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .is_err());
+    tokio::time::sleep(Duration::from_secs(11)).await; // one renewal
+    memory
+        .force_release(&LockKey::new("k").unwrap())
+        .await
+        .unwrap();
+    guard.lost().await; // refused at the next renewal
+    drop(guard);
+    let fence = MemoryFence::new();
+    fence.admit("r", FencingToken(2)).await.unwrap();
+    assert!(fence.admit("r", FencingToken(1)).await.is_err());
+
+    let mut seen: HashMap<String, f64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let v = match value {
+            DebugValue::Counter(c) => c as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(h) => h.len() as f64,
+        };
+        *seen.entry(key.key().name().to_owned()).or_default() += v;
+    }
+    let expect = [
+        (m::ACQUIRE_ATTEMPTS, 1.0),
+        (m::ACQUIRE_SUCCESSES, 1.0),
+        (m::ACQUIRE_TIMEOUTS, 1.0),
+        (m::WAIT_SECONDS, 1.0),
+        (m::HOLD_SECONDS, 1.0),
+        (m::RENEWALS, 1.0),
+        (m::RENEWAL_FAILURES, 1.0),
+        (m::LOCKS_LOST, 1.0),
+        (m::FENCE_REJECTIONS, 1.0),
+    ];
+    for (name, at_least) in expect {
+        let got = seen.get(name).copied().unwrap_or(0.0);
+        assert!(got >= at_least, "{name}: {got} (all: {seen:?})");
+    }
+    // Every guard that was counted in was counted out.
+    assert_eq!(seen.get(m::HELD).copied(), Some(0.0));
+}

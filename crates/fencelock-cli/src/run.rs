@@ -108,7 +108,10 @@ pub async fn run_child(
                     handle.key(), handle.token()
                 );
                 stop(&mut child, target, kill_after).await;
-                drop(guard);
+                // Usually refused (the lease is gone), but after a deadline
+                // loss the lease may still exist: free it for the next holder
+                // if the backend answers quickly.
+                let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
                 return Ok(exit::LOST);
             }
             Some(sig) = signals.recv() => target.send(sig),

@@ -139,12 +139,7 @@ impl BackendError {
         message: impl Into<String>,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        Self {
-            backend,
-            transient: true,
-            message: message.into(),
-            source: Some(source.into()),
-        }
+        Self::message(backend, true, message).with_source(source)
     }
 
     /// A failure that retrying will not fix: permissions, a broken schema,
@@ -154,12 +149,7 @@ impl BackendError {
         message: impl Into<String>,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        Self {
-            backend,
-            transient: false,
-            message: message.into(),
-            source: Some(source.into()),
-        }
+        Self::message(backend, false, message).with_source(source)
     }
 
     /// A failure described by a message alone (e.g. a reply of the wrong shape).
@@ -170,6 +160,11 @@ impl BackendError {
             message: message.into(),
             source: None,
         }
+    }
+
+    fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        self.source = Some(source.into());
+        self
     }
 
     /// Whether retrying could help.

@@ -45,61 +45,78 @@ pub use fencelock_core::*;
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
 
-/// The scheme of `url` (the text before `://`), lower-cased.
-fn scheme(url: &str) -> Result<String> {
-    match url.split_once("://") {
-        Some((scheme, _)) if !scheme.is_empty() => Ok(scheme.to_ascii_lowercase()),
-        _ => Err(Error::InvalidUrl(format!(
-            "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
-            redact_url(url)
-        ))),
+/// The engines a URL can name.
+#[derive(Clone, Copy, Debug)]
+enum Engine {
+    Memory,
+    Sqlite,
+    Postgres,
+    MySql,
+    Redis,
+    Etcd,
+}
+
+impl Engine {
+    /// Reads the scheme (the text before `://`, case-insensitive).
+    fn of(url: &str) -> Result<Self> {
+        let Some((scheme, _)) = url.split_once("://").filter(|(s, _)| !s.is_empty()) else {
+            return Err(Error::InvalidUrl(format!(
+                "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
+                redact_url(url)
+            )));
+        };
+        Ok(match scheme.to_ascii_lowercase().as_str() {
+            "mem" | "memory" => Engine::Memory,
+            "sqlite" => Engine::Sqlite,
+            "postgres" | "postgresql" => Engine::Postgres,
+            "mysql" | "mariadb" => Engine::MySql,
+            "redis" | "rediss" => Engine::Redis,
+            "etcd" => Engine::Etcd,
+            other => {
+                return Err(Error::InvalidUrl(format!(
+                    "unknown scheme {other:?}; known: mem, sqlite, postgres, postgresql, mysql, \
+                     mariadb, redis, rediss, etcd"
+                )))
+            }
+        })
     }
-}
 
-/// An error for a scheme whose cargo feature was not compiled in.
-#[allow(dead_code)] // unused when every backend feature is on
-fn not_compiled(scheme: &str, feature: &str) -> Error {
-    Error::Unsupported(format!(
-        "{scheme}:// URLs need fencelock's `{feature}` cargo feature"
-    ))
-}
-
-fn unknown(scheme: &str) -> Error {
-    Error::InvalidUrl(format!(
-        "unknown scheme {scheme:?}; known: mem, sqlite, postgres, postgresql, mysql, mariadb, \
-         redis, rediss, etcd"
-    ))
+    /// The error for an engine whose cargo feature was not compiled in.
+    #[allow(dead_code)] // unused when every backend feature is on
+    fn not_compiled(self) -> Error {
+        let feature = match self {
+            Engine::Memory => "(none)",
+            Engine::Sqlite => "sqlite",
+            Engine::Postgres => "postgres",
+            Engine::MySql => "mysql",
+            Engine::Redis => "redis",
+            Engine::Etcd => "etcd",
+        };
+        Error::Unsupported(format!(
+            "this URL needs fencelock's `{feature}` cargo feature"
+        ))
+    }
 }
 
 /// Opens the backend a URL names.
 pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
-    match scheme(url)?.as_str() {
-        "mem" | "memory" => Ok(Arc::new(MemoryBackend::new())),
+    match Engine::of(url)? {
+        Engine::Memory => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "sqlite")]
-        "sqlite" => fencelock_sqlite::open_backend(url).await,
-        #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(not_compiled("sqlite", "sqlite")),
-        "postgres" | "postgresql" => Err(not_compiled("postgres", "postgres")),
-        "mysql" | "mariadb" => Err(not_compiled("mysql", "mysql")),
-        "redis" | "rediss" => Err(not_compiled("redis", "redis")),
-        "etcd" => Err(not_compiled("etcd", "etcd")),
-        other => Err(unknown(other)),
+        Engine::Sqlite => fencelock_sqlite::open_backend(url).await,
+        #[allow(unreachable_patterns)]
+        other => Err(other.not_compiled()),
     }
 }
 
 /// Opens the fence kept by the backend a URL names.
 pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
-    match scheme(url)?.as_str() {
-        "mem" | "memory" => Ok(Arc::new(MemoryFence::new())),
+    match Engine::of(url)? {
+        Engine::Memory => Ok(Arc::new(MemoryFence::new())),
         #[cfg(feature = "sqlite")]
-        "sqlite" => fencelock_sqlite::open_fence(url).await,
-        #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(not_compiled("sqlite", "sqlite")),
-        "postgres" | "postgresql" => Err(not_compiled("postgres", "postgres")),
-        "mysql" | "mariadb" => Err(not_compiled("mysql", "mysql")),
-        "redis" | "rediss" => Err(not_compiled("redis", "redis")),
-        "etcd" => Err(not_compiled("etcd", "etcd")),
-        other => Err(unknown(other)),
+        Engine::Sqlite => fencelock_sqlite::open_fence(url).await,
+        #[allow(unreachable_patterns)]
+        other => Err(other.not_compiled()),
     }
 }
 

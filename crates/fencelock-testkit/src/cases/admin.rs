@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use fencelock_core::{AcquireRequest, Error, LockClient};
+use fencelock_core::{AcquireRequest, Error};
 use serde_json::json;
 
-use super::{ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use super::{client, ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
 use crate::suite::{Store, TestResult};
 
 /// inspect returns owner, token, kind, data and a sane expiry.
@@ -216,12 +216,8 @@ pub async fn force_release_removes_any_holder(store: &dyn Store) -> TestResult {
 /// A waiter blocked on a held key gets it after the holder releases, well
 /// before the holder's lease would have expired.
 pub async fn waiter_gets_lock_after_release(store: &dyn Store) -> TestResult {
-    let holder = LockClient::builder(store.connect().await?)
-        .owner(owner("holder"))
-        .build()?;
-    let waiter = LockClient::builder(store.connect().await?)
-        .owner(owner("waiter"))
-        .build()?;
+    let holder = client(store, "holder").await?;
+    let waiter = client(store, "waiter").await?;
     let first = holder.lock("handoff").ttl(LONG_TTL).acquire().await?;
     let waiting = tokio::spawn(async move {
         waiter
@@ -252,12 +248,8 @@ pub async fn waiter_gets_lock_after_release(store: &dyn Store) -> TestResult {
 
 /// A held key gives `Timeout` after the wait, not a hang.
 pub async fn wait_times_out_while_held(store: &dyn Store) -> TestResult {
-    let holder = LockClient::builder(store.connect().await?)
-        .owner(owner("holder"))
-        .build()?;
-    let waiter = LockClient::builder(store.connect().await?)
-        .owner(owner("waiter"))
-        .build()?;
+    let holder = client(store, "holder").await?;
+    let waiter = client(store, "waiter").await?;
     let _held = holder.lock("timeout").ttl(LONG_TTL).acquire().await?;
     let started = tokio::time::Instant::now();
     let result = waiter

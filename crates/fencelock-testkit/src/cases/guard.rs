@@ -10,18 +10,16 @@ use std::{
     time::Duration,
 };
 
-use fencelock_core::{Error, LockClient, LossReason};
+use fencelock_core::{Error, LossReason};
 
-use super::{ensure, key, owner};
+use super::{client, ensure, key, owner};
 use crate::suite::{Store, TestResult};
 
 const GUARD_TTL: Duration = Duration::from_millis(900);
 
 /// A renewing guard holds past several TTLs and keeps its token.
 pub async fn renewal_outlives_the_ttl(store: &dyn Store) -> TestResult {
-    let client = LockClient::builder(store.connect().await?)
-        .owner(owner("renewer"))
-        .build()?;
+    let client = client(store, "renewer").await?;
     let guard = client.lock("renewing").ttl(GUARD_TTL).acquire().await?;
     let granted_ttl = guard.ttl().max(guard.remaining());
     tokio::time::sleep(granted_ttl * 3).await;
@@ -46,9 +44,7 @@ pub async fn renewal_outlives_the_ttl(store: &dyn Store) -> TestResult {
 /// When someone force-releases the lock, the guard's next renewal is refused
 /// and `lost()` completes with `Refused`.
 pub async fn force_release_is_noticed_as_loss(store: &dyn Store) -> TestResult {
-    let client = LockClient::builder(store.connect().await?)
-        .owner(owner("victim"))
-        .build()?;
+    let client = client(store, "victim").await?;
     let admin = store.connect().await?;
     let guard = client.lock("forced").ttl(GUARD_TTL).acquire().await?;
     admin
@@ -83,9 +79,7 @@ pub async fn force_release_is_noticed_as_loss(store: &dyn Store) -> TestResult {
 /// `with_lock` drops the closure's future when the lock is lost and returns
 /// `LockLost`.
 pub async fn with_lock_cancels_closure_on_loss(store: &dyn Store) -> TestResult {
-    let client = LockClient::builder(store.connect().await?)
-        .owner(owner("worker"))
-        .build()?;
+    let client = client(store, "worker").await?;
     let admin = store.connect().await?;
     let finished = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(DropFlag(AtomicBool::new(false)));
@@ -139,9 +133,7 @@ impl Drop for Armed {
 
 /// Dropping a guard releases its lease soon after, without waiting for expiry.
 pub async fn dropped_guard_releases_in_background(store: &dyn Store) -> TestResult {
-    let client = LockClient::builder(store.connect().await?)
-        .owner(owner("dropper"))
-        .build()?;
+    let client = client(store, "dropper").await?;
     let guard = client
         .lock("dropped")
         .ttl(Duration::from_secs(60))
@@ -163,9 +155,7 @@ pub async fn dropped_guard_releases_in_background(store: &dyn Store) -> TestResu
 /// renewal resumes) or reports the loss — and never both believes it holds
 /// the lock and lets someone else take it.
 pub async fn restart_keeps_or_loses_lock_honestly(store: &dyn Store) -> TestResult {
-    let client = LockClient::builder(store.connect().await?)
-        .owner(owner("survivor"))
-        .build()?;
+    let client = client(store, "survivor").await?;
     let guard = client
         .lock("restart")
         .ttl(Duration::from_secs(4))

@@ -161,6 +161,16 @@ pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant
     }
 }
 
+/// A client on a new connection to `store`, taking locks as `name`.
+pub(crate) async fn client(
+    store: &dyn Store,
+    name: &str,
+) -> TestResult<fencelock_core::LockClient> {
+    Ok(fencelock_core::LockClient::builder(store.connect().await?)
+        .owner(owner(name))
+        .build()?)
+}
+
 /// `n` connections to `store`, to spread racers over.
 pub(crate) async fn connections(store: &dyn Store, n: usize) -> TestResult<Vec<Arc<dyn Backend>>> {
     let mut conns = Vec::with_capacity(n);

@@ -33,9 +33,11 @@ impl Names {
 /// the catalog's unique index), so the DDL runs in one transaction under an
 /// advisory lock keyed by the prefix.
 pub(crate) async fn ensure(pool: &PgPool, n: &Names) -> fencelock_core::Result<()> {
-    let sql = format!(
-        "CREATE SEQUENCE IF NOT EXISTS {tokens} AS bigint;
-         CREATE TABLE IF NOT EXISTS {locks} (
+    let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
+    let ddl = [
+        format!("CREATE SEQUENCE IF NOT EXISTS {tokens} AS bigint"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {locks} (
              key text COLLATE \"C\" PRIMARY KEY,
              owner text NOT NULL,
              token bigint NOT NULL,
@@ -44,18 +46,17 @@ pub(crate) async fn ensure(pool: &PgPool, n: &Names) -> fencelock_core::Result<(
              acquired_at timestamptz NOT NULL,
              expires_at timestamptz NOT NULL,
              updated_at timestamptz NOT NULL
-         );
-         CREATE INDEX IF NOT EXISTS {p}locks_owner_idx ON {locks} (owner);
-         CREATE INDEX IF NOT EXISTS {p}locks_expires_idx ON {locks} (expires_at);
-         CREATE TABLE IF NOT EXISTS {fences} (
+         )"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {p}locks_owner_idx ON {locks} (owner)"),
+        format!("CREATE INDEX IF NOT EXISTS {p}locks_expires_idx ON {locks} (expires_at)"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {fences} (
              resource text PRIMARY KEY,
              token numeric(20, 0) NOT NULL
-         );",
-        p = n.prefix,
-        tokens = n.tokens,
-        locks = n.locks,
-        fences = n.fences,
-    );
+         )"
+        ),
+    ];
     let fail = |e| map("creating the schema", e);
     let mut tx = pool.begin().await.map_err(fail)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
@@ -63,6 +64,11 @@ pub(crate) async fn ensure(pool: &PgPool, n: &Names) -> fencelock_core::Result<(
         .execute(&mut *tx)
         .await
         .map_err(fail)?;
-    sqlx::raw_sql(&sql).execute(&mut *tx).await.map_err(fail)?;
+    for statement in &ddl {
+        sqlx::query(statement)
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+    }
     tx.commit().await.map_err(fail)
 }

@@ -156,8 +156,8 @@ pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl
             // `Url::set_scheme` refuses some special-scheme changes; these
             // are all non-special, so rebuilding the text is safe.
             let rest = &driver.as_str()[driver.scheme().len()..];
-            driver = Url::parse(&format!("{}{rest}", schemes[0]))
-                .map_err(|e| invalid_url(&url, e))?;
+            driver =
+                Url::parse(&format!("{}{rest}", schemes[0])).map_err(|e| invalid_url(&url, e))?;
         }
         parsed.driver_url = driver;
     }

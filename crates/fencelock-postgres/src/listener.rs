@@ -41,13 +41,10 @@ async fn run(pool: PgPool, channel: String, hub: WakeHub, listening: Arc<AtomicB
                 listening.store(true, Ordering::SeqCst);
                 // Releases may have happened while nobody listened.
                 hub.notify_all();
-                loop {
-                    match listener.try_recv().await {
-                        Ok(Some(notice)) => hub.notify(notice.payload()),
-                        // `None`: the connection dropped. We reconnect
-                        // ourselves so that the hub learns about the gap.
-                        Ok(None) | Err(_) => break,
-                    }
+                // `Ok(None)` or an error: the connection dropped. We
+                // reconnect ourselves so that the hub learns about the gap.
+                while let Ok(Some(notice)) = listener.try_recv().await {
+                    hub.notify(notice.payload());
                 }
                 listening.store(false, Ordering::SeqCst);
                 tracing::debug!(channel, "wake-up listener lost its connection");

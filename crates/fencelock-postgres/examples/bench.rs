@@ -50,7 +50,11 @@ async fn handoff(url: &str) -> TestResult<(Duration, Duration)> {
     let b = LockClient::new(fencelock_postgres::open_backend(url).await?);
     let mut samples = Vec::with_capacity(HANDOFFS);
     for _ in 0..HANDOFFS {
-        let held = a.lock("handoff").ttl(Duration::from_secs(30)).acquire().await?;
+        let held = a
+            .lock("handoff")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await?;
         let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
         let b2 = b.clone();
         let waiter = tokio::spawn(async move {
@@ -63,7 +67,9 @@ async fn handoff(url: &str) -> TestResult<(Duration, Duration)> {
             let got = Instant::now();
             let released = rx.await.map_err(|_| "no release time")?;
             g.release().await?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(got.saturating_duration_since(released))
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                got.saturating_duration_since(released),
+            )
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let t = Instant::now();
@@ -72,21 +78,30 @@ async fn handoff(url: &str) -> TestResult<(Duration, Duration)> {
         samples.push(waiter.await??);
     }
     samples.sort();
-    Ok((samples[samples.len() / 2], samples[samples.len() * 99 / 100]))
+    Ok((
+        samples[samples.len() / 2],
+        samples[samples.len() * 99 / 100],
+    ))
 }
 
 #[tokio::main]
 async fn main() -> TestResult {
-    let server = tokio::task::spawn_blocking(|| PostgresServer::start_with(Durability::Production)).await??;
+    let server = tokio::task::spawn_blocking(|| PostgresServer::start_with(Durability::Production))
+        .await??;
     for mode in ["on", "off"] {
-        let url = format!("{}?synchronous_commit={mode}&table_prefix=b{mode}_", server.url("postgres"));
+        let url = format!(
+            "{}?synchronous_commit={mode}&table_prefix=b{mode}_",
+            server.url("postgres")
+        );
         for clients in [1, 8] {
             let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
             for _ in 0..clients {
                 backends.push(fencelock_postgres::open_backend(&url).await?);
             }
             let rate = cycles(&backends).await?;
-            println!("synchronous_commit={mode} clients={clients}: {rate:.0} acquire+release cycles/s");
+            println!(
+                "synchronous_commit={mode} clients={clients}: {rate:.0} acquire+release cycles/s"
+            );
         }
         let (p50, p99) = handoff(&url).await?;
         println!("synchronous_commit={mode} hand-off: p50 {p50:?} p99 {p99:?}");

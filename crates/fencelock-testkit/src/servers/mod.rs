@@ -12,6 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod mariadb;
+pub mod postgres;
+
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,

@@ -1,0 +1,422 @@
+//! [`MySqlBackend`]: atomic statements judged by the server's `NOW(6)`.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use async_trait::async_trait;
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
+    Owner, Result, Stats,
+};
+use fencelock_sql_common::{micros_to_duration, ttl_micros, SqlUrl};
+use sqlx::{
+    mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow},
+    MySqlPool, Row,
+};
+
+use crate::{
+    error::{bad_reply, map},
+    schema::{self, Names},
+};
+
+/// URL schemes this crate accepts; the first is what the driver is given.
+pub(crate) const SCHEMES: &[&str] = &["mysql", "mariadb"];
+
+/// The columns every lease-returning statement selects; `expires_in_us` is
+/// computed by the server so no client clock takes part (I4).
+/// The key is aliased because `DELETE … RETURNING` names a bare `key`
+/// column differently from SELECT.
+const LEASE_COLUMNS: &str =
+    "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
+     TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
+
+/// How the backend was configured.
+#[derive(Clone, Debug)]
+pub struct MySqlOptions {
+    url: SqlUrl,
+}
+
+impl MySqlOptions {
+    /// Parses a `mysql://` or `mariadb://` URL. Besides the driver's own
+    /// parameters (`ssl-mode`, …) it accepts `table_prefix` (default
+    /// `fencelock_`), `pool_max` (default 10) and `acquire_timeout`
+    /// (default `10s`).
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(Self {
+            url: fencelock_sql_common::parse(url, SCHEMES, &[])?,
+        })
+    }
+
+    /// The table prefix in use.
+    pub fn table_prefix(&self) -> &str {
+        &self.url.prefix
+    }
+
+    pub(crate) fn names(&self) -> Names {
+        Names::new(&self.url.prefix)
+    }
+
+    pub(crate) async fn pool(&self) -> Result<MySqlPool> {
+        // The driver sets the session time zone to UTC, so DATETIME values
+        // written from NOW(6) read back as UTC instants.
+        let connect = MySqlConnectOptions::from_str(self.url.driver_url.as_str())
+            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?;
+        MySqlPoolOptions::new()
+            .max_connections(self.url.pool_max)
+            .acquire_timeout(self.url.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| map("connecting", e))
+    }
+}
+
+struct Sql {
+    acquire: String,
+    acquire_result: String,
+    renew: String,
+    renewed: String,
+    release: String,
+    inspect: String,
+    list: String,
+    force_select: String,
+    force_delete: String,
+    release_all: String,
+    cleanup: String,
+    stats: String,
+}
+
+impl Sql {
+    fn new(n: &Names) -> Self {
+        let (locks, tokens) = (&n.locks, &n.tokens);
+        // ON DUPLICATE KEY UPDATE assigns left to right and later
+        // assignments see earlier results, so every assignment tests the
+        // *old* `expires_at`, which is therefore assigned last.
+        let take = |column: &str, value: &str| {
+            format!("{column} = IF(expires_at <= NOW(6), {value}, {column})")
+        };
+        let updates = [
+            take("owner", "VALUES(owner)"),
+            take("kind", "VALUES(kind)"),
+            take("data", "VALUES(data)"),
+            take("acquired_at", "VALUES(acquired_at)"),
+            take("updated_at", "VALUES(updated_at)"),
+            // Drawn again under the row lock: above the token of the row
+            // being replaced even if that row was written after this
+            // statement's VALUES were computed (I2).
+            take("token", &format!("NEXTVAL({tokens})")),
+            take("expires_at", "VALUES(expires_at)"),
+        ]
+        .join(", ");
+        Self {
+            acquire: format!(
+                "INSERT INTO {locks}
+                   (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
+                 VALUES (?, ?, NEXTVAL({tokens}), ?, ?, NOW(6),
+                         NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
+                 ON DUPLICATE KEY UPDATE {updates}"
+            ),
+            // On the same session: the row carries the token this session
+            // drew last iff the upsert wrote it, because every drawn value
+            // is unique. Affected-row counts cannot tell (the driver sets
+            // CLIENT_FOUND_ROWS, so "insert" and "matched, unchanged" both
+            // report 1).
+            acquire_result: format!(
+                "SELECT {LEASE_COLUMNS}, token = LASTVAL({tokens}) AS won
+                   FROM {locks} WHERE `key` = ?"
+            ),
+            renew: format!(
+                "UPDATE {locks}
+                    SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, updated_at = NOW(6)
+                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
+            ),
+            renewed: format!("SELECT expires_at FROM {locks} WHERE `key` = ? AND token = ?"),
+            release: format!(
+                "DELETE FROM {locks}
+                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
+            ),
+            inspect: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks} WHERE `key` = ? AND expires_at > NOW(6)"
+            ),
+            // A literal prefix test: LEFT() has no wildcards to escape.
+            list: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks}
+                  WHERE expires_at > NOW(6) AND (? IS NULL OR LEFT(`key`, CHAR_LENGTH(?)) = ?)
+                  ORDER BY `key`"
+            ),
+            // Lock the live row, then delete exactly that lease, in one short
+            // transaction (MySQL 8 has no DELETE … RETURNING).
+            force_select: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks}
+                  WHERE `key` = ? AND expires_at > NOW(6) FOR UPDATE"
+            ),
+            force_delete: format!("DELETE FROM {locks} WHERE `key` = ? AND token = ?"),
+            release_all: format!("DELETE FROM {locks} WHERE owner = ? AND expires_at > NOW(6)"),
+            cleanup: format!("DELETE FROM {locks} WHERE expires_at <= NOW(6)"),
+            // The expired count joined to every live lease (or to one row of
+            // NULLs): one statement, one NOW(6). A UNION would be shorter but
+            // MariaDB widens the unioned BIGINT UNSIGNED token to DECIMAL.
+            stats: format!(
+                "SELECT e.expired, l.*
+                   FROM (SELECT COUNT(*) AS expired FROM {locks} WHERE expires_at <= NOW(6)) e
+                   LEFT JOIN (
+                     SELECT {LEASE_COLUMNS},
+                            TIMESTAMPDIFF(MICROSECOND, acquired_at, NOW(6)) AS held_us
+                       FROM {locks} WHERE expires_at > NOW(6)) l ON TRUE"
+            ),
+        }
+    }
+}
+
+/// The MySQL/MariaDB lock backend. See `docs/mysql.md`.
+pub struct MySqlBackend {
+    pool: MySqlPool,
+    options: MySqlOptions,
+    sql: Sql,
+}
+
+impl fmt::Debug for MySqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlBackend {
+    /// Connects with the options of `url` (see [`MySqlOptions::from_url`])
+    /// and creates the schema if needed.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_options(MySqlOptions::from_url(url)?).await
+    }
+
+    /// Connects with parsed options.
+    pub async fn with_options(options: MySqlOptions) -> Result<Self> {
+        let pool = options.pool().await?;
+        let names = options.names();
+        schema::ensure(&pool, &names).await?;
+        Ok(Self {
+            sql: Sql::new(&names),
+            pool,
+            options,
+        })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
+/// Reads a `utf8mb4_nopad_bin` column, which the driver reports as
+/// VARBINARY (binary collations carry the BINARY flag) and so will not
+/// decode as `String` directly.
+fn text(row: &MySqlRow, column: &str) -> Result<Option<String>> {
+    row.try_get::<Option<Vec<u8>>, _>(column)
+        .map_err(|e| map("reading a lease", e))?
+        .map(|bytes| {
+            String::from_utf8(bytes).map_err(|_| bad_reply(format!("{column} is not UTF-8")))
+        })
+        .transpose()
+}
+
+fn lease(row: &MySqlRow) -> Result<LockInfo> {
+    let get = |e: sqlx::Error| map("reading a lease", e);
+    let required =
+        |column: &str| text(row, column)?.ok_or_else(|| bad_reply(format!("{column} is NULL")));
+    Ok(LockInfo {
+        key: LockKey::new(required("lock_key")?)?,
+        owner: Owner::new(required("owner")?)?,
+        token: FencingToken(row.try_get("token").map_err(get)?),
+        kind: text(row, "kind")?,
+        data: row.try_get("data").map_err(get)?,
+        acquired_at: row.try_get("acquired_at").map_err(get)?,
+        expires_at: row.try_get("expires_at").map_err(get)?,
+        expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
+    })
+}
+
+#[async_trait]
+impl Backend for MySqlBackend {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            wakeups: false,
+            persistent: true,
+        }
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let fail = |e| map("acquiring", e);
+        let mut conn = self.pool.acquire().await.map_err(fail)?;
+        sqlx::query(&self.sql.acquire)
+            .bind(request.key.as_str())
+            .bind(request.owner.as_str())
+            .bind(request.kind.as_deref())
+            .bind(request.data.as_ref())
+            .bind(ttl_micros(request.ttl))
+            .execute(&mut *conn)
+            .await
+            .map_err(fail)?;
+        let row = sqlx::query(&self.sql.acquire_result)
+            .bind(request.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(fail)?;
+        // No row: our lease (if any) was already force-released. Reporting
+        // "held by someone unknown" is the safe answer.
+        let Some(row) = row else {
+            return Ok(Acquire::Held(None));
+        };
+        let info = lease(&row)?;
+        let won: Option<bool> = row.try_get("won").map_err(fail)?;
+        Ok(if won == Some(true) {
+            Acquire::Granted(Grant {
+                token: info.token,
+                ttl: request.ttl,
+                expires_at: info.expires_at,
+            })
+        } else if info.expires_in.is_zero() {
+            Acquire::Held(None)
+        } else {
+            Acquire::Held(Some(info))
+        })
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        let not_held = || Error::NotHeld {
+            key: key.clone(),
+            owner: owner.clone(),
+            token,
+        };
+        let fail = |e| map("renewing", e);
+        let mut conn = self.pool.acquire().await.map_err(fail)?;
+        let matched = sqlx::query(&self.sql.renew)
+            .bind(ttl_micros(ttl))
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(token.get())
+            .execute(&mut *conn)
+            .await
+            .map_err(fail)?
+            .rows_affected();
+        if matched == 0 {
+            return Err(not_held());
+        }
+        // The new expiry, for display: UPDATE has no RETURNING here.
+        let expires_at = sqlx::query_scalar(&self.sql.renewed)
+            .bind(key.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(fail)?
+            .ok_or_else(not_held)?;
+        Ok(Grant {
+            token,
+            ttl,
+            expires_at,
+        })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+        let deleted = sqlx::query(&self.sql.release)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(token.get())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("releasing", e))?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        sqlx::query(&self.sql.inspect)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("inspecting", e))?
+            .as_ref()
+            .map(lease)
+            .transpose()
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        sqlx::query(&self.sql.list)
+            .bind(prefix)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("listing", e))?
+            .iter()
+            .map(lease)
+            .collect()
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let fail = |e| map("force-releasing", e);
+        let mut tx = self.pool.begin().await.map_err(fail)?;
+        let row = sqlx::query(&self.sql.force_select)
+            .bind(key.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(fail)?;
+        let Some(info) = row.as_ref().map(lease).transpose()? else {
+            return Ok(None);
+        };
+        sqlx::query(&self.sql.force_delete)
+            .bind(key.as_str())
+            .bind(info.token.get())
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
+        Ok(Some(info))
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.release_all)
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("releasing all", e))?
+            .rows_affected())
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.cleanup)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("cleaning up", e))?
+            .rows_affected())
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let rows = sqlx::query(&self.sql.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("computing stats", e))?;
+        let mut leases = Vec::with_capacity(rows.len());
+        let mut expired = 0;
+        for row in &rows {
+            let count: i64 = row.try_get("expired").map_err(|e| map("stats", e))?;
+            expired = u64::try_from(count).unwrap_or(0);
+            if text(row, "lock_key")?.is_some() {
+                let held: i64 = row.try_get("held_us").map_err(|e| map("stats", e))?;
+                leases.push((lease(row)?, micros_to_duration(held)));
+            }
+        }
+        Ok(Stats::from_leases(
+            leases.iter().map(|(l, d)| (l, *d)),
+            expired,
+        ))
+    }
+}

@@ -1,0 +1,50 @@
+//! The one place where driver errors become [`fencelock_core::Error`]s.
+
+use fencelock_core::{BackendError, Error};
+use sqlx::mysql::MySqlDatabaseError;
+
+const BACKEND: &str = "mysql";
+
+/// Server error numbers after which the same statement can succeed later:
+/// deadlock, lock wait timeout, too many connections, server shutting down,
+/// connection killed, server gone away or lost, read-only during failover.
+fn transient_number(n: u16) -> bool {
+    matches!(
+        n,
+        1205 | 1213 | 1040 | 1053 | 1927 | 2006 | 2013 | 1290 | 1836 | 4031
+    )
+}
+
+/// Classifies a driver error as transient (retry may help) or permanent.
+pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
+    let transient = match &e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|m| transient_number(m.number())),
+        other => fencelock_sql_common::transient_driver_error(other),
+    };
+    let error = if transient {
+        BackendError::transient(BACKEND, context, e)
+    } else {
+        BackendError::permanent(BACKEND, context, e)
+    };
+    error.into()
+}
+
+/// A reply that does not have the shape the statement promises.
+pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
+    BackendError::message(BACKEND, false, what).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert!(transient_number(1213) && transient_number(2013));
+        assert!(!transient_number(1146));
+        assert!(map("x", sqlx::Error::PoolTimedOut).is_transient());
+        assert!(!map("x", sqlx::Error::RowNotFound).is_transient());
+    }
+}

@@ -1,0 +1,126 @@
+//! [`MySqlFence`]: the fence table, standalone or inside the caller's own
+//! transaction.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
+use sqlx::{MySqlConnection, MySqlPool};
+
+use crate::{backend::MySqlOptions, error::map, schema};
+
+/// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
+/// (DESIGN §5, I7).
+///
+/// Use [`Fence::admit`] on its own (one short transaction), or
+/// [`MySqlFence::admit_in`] inside the transaction of the protected write.
+#[derive(Clone)]
+pub struct MySqlFence {
+    pool: MySqlPool,
+    upsert: String,
+    read: String,
+}
+
+impl fmt::Debug for MySqlFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlFence").finish_non_exhaustive()
+    }
+}
+
+impl MySqlFence {
+    /// Connects with the options of `url` and creates the schema if needed.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_options(&MySqlOptions::from_url(url)?).await
+    }
+
+    /// Connects with parsed options.
+    pub async fn with_options(options: &MySqlOptions) -> Result<Self> {
+        let pool = options.pool().await?;
+        let names = options.names();
+        schema::ensure(&pool, &names).await?;
+        let fences = &names.fences;
+        Ok(Self {
+            pool,
+            // Always storing max(stored, presented); the read that follows in
+            // the same transaction sees our own locked row, so it shows the
+            // presented token exactly when it was admitted.
+            upsert: format!(
+                "INSERT INTO {fences} (resource, token) VALUES (?, ?)
+                 ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+            ),
+            read: format!("SELECT token FROM {fences} WHERE resource = ?"),
+        })
+    }
+
+    /// Admits `token` for `resource` on `conn`, which must be inside a
+    /// transaction (typically `&mut *tx` of the caller's own): the admission
+    /// commits or rolls back with the protected write, and the fence row
+    /// stays locked until then.
+    ///
+    /// For a fenced column in your own table, the same rule is one
+    /// statement: `UPDATE t SET …, fence = ? WHERE id = ? AND fence <= ?`,
+    /// where 0 affected rows means a newer holder wrote (the driver reports
+    /// matched rows, so an unchanged row still counts as 1).
+    pub async fn admit_in(
+        &self,
+        conn: &mut MySqlConnection,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<()> {
+        LockKey::new(resource)?;
+        self.admit_on(conn, resource, token)
+            .await?
+            .into_result("mysql", resource, token)
+    }
+
+    async fn admit_on(
+        &self,
+        conn: &mut MySqlConnection,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<Admission> {
+        let fail = |e| map("admitting a token", e);
+        sqlx::query(&self.upsert)
+            .bind(resource)
+            .bind(token.get())
+            .execute(&mut *conn)
+            .await
+            .map_err(fail)?;
+        let current: u64 = sqlx::query_scalar(&self.read)
+            .bind(resource)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(fail)?;
+        Ok(if current == token.get() {
+            Admission::Admitted
+        } else {
+            Admission::Stale {
+                current: FencingToken(current),
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Fence for MySqlFence {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        let fail = |e| map("admitting a token", e);
+        let mut tx = self.pool.begin().await.map_err(fail)?;
+        let admission = self.admit_on(&mut tx, resource, token).await?;
+        tx.commit().await.map_err(fail)?;
+        Ok(admission)
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let current: Option<u64> = sqlx::query_scalar(&self.read)
+            .bind(resource)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("reading a fence", e))?;
+        Ok(current.map(FencingToken))
+    }
+}

@@ -1,0 +1,90 @@
+//! Table names and the idempotent, concurrency-safe schema setup.
+
+use sqlx::MySqlPool;
+
+use crate::error::map;
+
+/// The names of everything the library creates, from one validated prefix.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    pub prefix: String,
+    pub locks: String,
+    pub fences: String,
+    pub tokens: String,
+}
+
+impl Names {
+    /// `prefix` has passed `fencelock_sql_common::validate_prefix`, so it is
+    /// safe to splice into SQL text unquoted.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            locks: format!("{prefix}locks"),
+            fences: format!("{prefix}fences"),
+            tokens: format!("{prefix}tokens"),
+        }
+    }
+}
+
+/// Names and owners compare byte for byte: `utf8mb4_nopad_bin`, because the
+/// PAD SPACE `utf8mb4_bin` would make `a` and `a ` the same lock.
+const TEXT: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin";
+
+/// Creates the schema if it is missing. DDL cannot run in a transaction in
+/// MySQL, so two processes starting at once serialise on a named lock
+/// (`GET_LOCK`) held by one session around the whole setup.
+pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Result<()> {
+    let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
+    let ddl = [
+        // Sequences are non-transactional and persist their next value
+        // ahead of use (one cache batch), so values never repeat, even after
+        // a crash: see docs/mysql.md.
+        format!("CREATE SEQUENCE IF NOT EXISTS {tokens} ENGINE=InnoDB"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {locks} (
+               `key` {TEXT} NOT NULL PRIMARY KEY,
+               owner {TEXT} NOT NULL,
+               token BIGINT UNSIGNED NOT NULL,
+               kind {TEXT} NULL,
+               data JSON NULL,
+               acquired_at DATETIME(6) NOT NULL,
+               expires_at DATETIME(6) NOT NULL,
+               updated_at DATETIME(6) NOT NULL,
+               KEY {p}locks_owner_idx (owner),
+               KEY {p}locks_expires_idx (expires_at)
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {fences} (
+               resource {TEXT} NOT NULL PRIMARY KEY,
+               token BIGINT UNSIGNED NOT NULL
+             ) ENGINE=InnoDB"
+        ),
+    ];
+    let fail = |e| map("creating the schema", e);
+    let mut conn = pool.acquire().await.map_err(fail)?;
+    let lock_name = format!("fencelock:schema:{p}");
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+        .bind(&lock_name)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(fail)?;
+    if got != Some(1) {
+        return Err(crate::error::bad_reply(
+            "another process held the schema lock for 60 s",
+        ));
+    }
+    let mut result = Ok(());
+    for statement in &ddl {
+        if let Err(e) = sqlx::query(statement).execute(&mut *conn).await {
+            result = Err(fail(e));
+            break;
+        }
+    }
+    sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(&lock_name)
+        .execute(&mut *conn)
+        .await
+        .map_err(fail)?;
+    result
+}

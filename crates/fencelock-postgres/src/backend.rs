@@ -1,0 +1,442 @@
+//! [`PostgresBackend`]: every operation is one autocommit statement judged by
+//! the server's clock.
+
+use std::{
+    fmt,
+    str::FromStr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
+    Owner, Result, Stats, WakeHub, WakeSubscription,
+};
+use fencelock_sql_common::{micros_to_duration, ttl_micros, SqlUrl};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions, PgRow},
+    PgPool, Row,
+};
+
+use crate::{
+    error::{bad_reply, map},
+    listener::Listener,
+    schema::{self, Names},
+};
+
+/// URL schemes this crate accepts.
+pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// The columns every lease-returning statement selects. `expires_in_us` is
+/// computed by the server so no client clock takes part (I4).
+const LEASE_COLUMNS: &str = "key, owner, token, kind, data, acquired_at, expires_at, \
+     (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
+
+/// How the backend was configured.
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    url: SqlUrl,
+    synchronous_commit_off: bool,
+}
+
+impl PostgresOptions {
+    /// Parses a `postgres://` or `postgresql://` URL. Besides the driver's own
+    /// parameters (`sslmode`, …) it accepts `table_prefix` (default
+    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
+    /// `10s`) and `synchronous_commit=off` (the relaxed durability mode of
+    /// `docs/postgres.md`).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let url = fencelock_sql_common::parse(url, SCHEMES, &["synchronous_commit"])?;
+        let mut synchronous_commit_off = false;
+        for (name, value) in &url.extra {
+            if name == "synchronous_commit" {
+                synchronous_commit_off = match value.as_str() {
+                    "on" => false,
+                    "off" => true,
+                    _ => {
+                        return Err(fencelock_sql_common::invalid_url(
+                            &url.driver_url,
+                            "synchronous_commit must be on or off",
+                        ))
+                    }
+                };
+            }
+        }
+        Ok(Self {
+            url,
+            synchronous_commit_off,
+        })
+    }
+
+    /// The table prefix in use.
+    pub fn table_prefix(&self) -> &str {
+        &self.url.prefix
+    }
+
+    /// Whether lock statements commit without waiting for the WAL flush.
+    pub fn synchronous_commit_off(&self) -> bool {
+        self.synchronous_commit_off
+    }
+
+    pub(crate) fn names(&self) -> Names {
+        Names::new(&self.url.prefix)
+    }
+
+    /// A pool; `relaxed` applies `synchronous_commit = off` to its sessions.
+    pub(crate) async fn pool(&self, relaxed: bool) -> Result<PgPool> {
+        let mut connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
+            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
+            .application_name("fencelock");
+        if relaxed {
+            // A startup parameter, so it holds for every pooled session and
+            // no statement needs a `SET` round trip or a transaction.
+            connect = connect.options([("synchronous_commit", "off")]);
+        }
+        PgPoolOptions::new()
+            .max_connections(self.url.pool_max)
+            .acquire_timeout(self.url.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| map("connecting", e))
+    }
+}
+
+struct Sql {
+    acquire: String,
+    renew: String,
+    release: String,
+    inspect: String,
+    list: String,
+    force_release: String,
+    release_all: String,
+    cleanup: String,
+    stats: String,
+}
+
+impl Sql {
+    fn new(n: &Names) -> Self {
+        let (locks, tokens, channel) = (&n.locks, &n.tokens, &n.channel);
+        Self {
+            // The upsert only overwrites an expired row (I1, I6). The token
+            // is drawn from the sequence on every grant (I2); on the update
+            // path it is drawn again *after* the row lock is held, so it is
+            // above the token of the row being replaced even if that row was
+            // written after this statement's VALUES were computed. When the
+            // upsert did nothing, the second branch names the holder from the
+            // statement's snapshot (it may miss a holder that committed
+            // during the statement: then the answer is `Held(None)`).
+            acquire: format!(
+                "WITH won AS (
+                   INSERT INTO {locks} AS l
+                     (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
+                   VALUES ($1, $2, nextval('{tokens}'), $3, $4, now(),
+                           now() + $5::bigint * interval '1 microsecond', now())
+                   ON CONFLICT (key) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = nextval('{tokens}'),
+                     kind = EXCLUDED.kind, data = EXCLUDED.data,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+                     updated_at = EXCLUDED.updated_at
+                   WHERE l.expires_at <= now()
+                   RETURNING *
+                 )
+                 SELECT true AS won, {LEASE_COLUMNS} FROM won
+                 UNION ALL
+                 SELECT false, {LEASE_COLUMNS} FROM {locks}
+                  WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)"
+            ),
+            renew: format!(
+                "UPDATE {locks} SET expires_at = now() + $4::bigint * interval '1 microsecond',
+                        updated_at = now()
+                  WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
+                  RETURNING expires_at"
+            ),
+            // NOTIFY is part of the statement, so it is delivered exactly
+            // when the delete commits.
+            release: format!(
+                "WITH gone AS (
+                   DELETE FROM {locks}
+                    WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
+                   RETURNING key)
+                 SELECT pg_notify('{channel}', key)::text FROM gone"
+            ),
+            inspect: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
+            ),
+            // `starts_with` compares literally: no LIKE wildcards to escape.
+            list: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks}
+                  WHERE expires_at > now() AND ($1::text IS NULL OR starts_with(key, $1))
+                  ORDER BY key"
+            ),
+            force_release: format!(
+                "WITH gone AS (
+                   DELETE FROM {locks} WHERE key = $1 AND expires_at > now() RETURNING *)
+                 SELECT {LEASE_COLUMNS}, pg_notify('{channel}', key)::text FROM gone"
+            ),
+            release_all: format!(
+                "WITH gone AS (
+                   DELETE FROM {locks} WHERE owner = $1 AND expires_at > now() RETURNING key)
+                 SELECT pg_notify('{channel}', key)::text FROM gone"
+            ),
+            cleanup: format!("DELETE FROM {locks} WHERE expires_at <= now()"),
+            // Live leases with their hold time, plus one row counting the
+            // expired ones: the whole picture from one snapshot.
+            stats: format!(
+                "SELECT {LEASE_COLUMNS},
+                        (extract(epoch FROM now() - acquired_at) * 1000000)::bigint AS held_us,
+                        NULL::bigint AS expired
+                   FROM {locks} WHERE expires_at > now()
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
+                   FROM {locks} WHERE expires_at <= now()"
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL lock backend. See `docs/postgres.md` for the schema, the
+/// statements and why they keep invariants I1–I6.
+pub struct PostgresBackend {
+    pool: PgPool,
+    options: PostgresOptions,
+    sql: Sql,
+    hub: WakeHub,
+    listening: Arc<AtomicBool>,
+    _listener: Listener,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// Connects with the options of `url` (see [`PostgresOptions::from_url`]),
+    /// creates the schema if needed and starts the wake-up listener.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_options(PostgresOptions::from_url(url)?).await
+    }
+
+    /// Connects with parsed options.
+    pub async fn with_options(options: PostgresOptions) -> Result<Self> {
+        let pool = options.pool(options.synchronous_commit_off).await?;
+        let names = options.names();
+        schema::ensure(&pool, &names).await?;
+        let hub = WakeHub::new();
+        let listening = Arc::new(AtomicBool::new(false));
+        let listener = Listener::spawn(
+            pool.clone(),
+            names.channel.clone(),
+            hub.clone(),
+            Arc::clone(&listening),
+        );
+        Ok(Self {
+            sql: Sql::new(&names),
+            pool,
+            options,
+            hub,
+            listening,
+            _listener: listener,
+        })
+    }
+
+    /// The connection pool, e.g. to run the in-transaction fence on it.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// Tokens come from a bigint sequence, so any value above `i64::MAX` was
+/// never issued and cannot hold a lease.
+fn db_token(token: FencingToken) -> Option<i64> {
+    i64::try_from(token.get()).ok()
+}
+
+fn lease(row: &PgRow) -> Result<LockInfo> {
+    let get = |e: sqlx::Error| map("reading a lease", e);
+    let token: i64 = row.try_get("token").map_err(get)?;
+    Ok(LockInfo {
+        key: LockKey::new(row.try_get::<String, _>("key").map_err(get)?)?,
+        owner: Owner::new(row.try_get::<String, _>("owner").map_err(get)?)?,
+        token: FencingToken(
+            u64::try_from(token).map_err(|_| bad_reply(format!("negative token {token}")))?,
+        ),
+        kind: row.try_get("kind").map_err(get)?,
+        data: row.try_get("data").map_err(get)?,
+        acquired_at: row.try_get("acquired_at").map_err(get)?,
+        expires_at: row.try_get("expires_at").map_err(get)?,
+        expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
+    })
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            wakeups: true,
+            persistent: true,
+        }
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let row = sqlx::query(&self.sql.acquire)
+            .bind(request.key.as_str())
+            .bind(request.owner.as_str())
+            .bind(request.kind.as_deref())
+            .bind(request.data.as_ref())
+            .bind(ttl_micros(request.ttl))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("acquiring", e))?;
+        let Some(row) = row else {
+            return Ok(Acquire::Held(None));
+        };
+        let info = lease(&row)?;
+        let won: bool = row.try_get("won").map_err(|e| map("acquiring", e))?;
+        Ok(if won {
+            Acquire::Granted(Grant {
+                token: info.token,
+                ttl: request.ttl,
+                expires_at: info.expires_at,
+            })
+        } else {
+            Acquire::Held(Some(info))
+        })
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        let not_held = || Error::NotHeld {
+            key: key.clone(),
+            owner: owner.clone(),
+            token,
+        };
+        let db_token = db_token(token).ok_or_else(not_held)?;
+        let expires_at = sqlx::query_scalar(&self.sql.renew)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(db_token)
+            .bind(ttl_micros(ttl))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("renewing", e))?
+            .ok_or_else(not_held)?;
+        Ok(Grant {
+            token,
+            ttl,
+            expires_at,
+        })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+        let Some(db_token) = db_token(token) else {
+            return Ok(false);
+        };
+        let rows = sqlx::query(&self.sql.release)
+            .bind(key.as_str())
+            .bind(owner.as_str())
+            .bind(db_token)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("releasing", e))?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        sqlx::query(&self.sql.inspect)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("inspecting", e))?
+            .as_ref()
+            .map(lease)
+            .transpose()
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        sqlx::query(&self.sql.list)
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("listing", e))?
+            .iter()
+            .map(lease)
+            .collect()
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        sqlx::query(&self.sql.force_release)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("force-releasing", e))?
+            .as_ref()
+            .map(lease)
+            .transpose()
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let rows = sqlx::query(&self.sql.release_all)
+            .bind(owner.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("releasing all", e))?;
+        Ok(rows.len() as u64)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.cleanup)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map("cleaning up", e))?
+            .rows_affected())
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let rows = sqlx::query(&self.sql.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map("computing stats", e))?;
+        let mut leases = Vec::with_capacity(rows.len());
+        let mut expired = 0;
+        for row in &rows {
+            let count: Option<i64> = row.try_get("expired").map_err(|e| map("stats", e))?;
+            match count {
+                Some(n) => expired = u64::try_from(n).unwrap_or(0),
+                None => {
+                    let held: i64 = row.try_get("held_us").map_err(|e| map("stats", e))?;
+                    leases.push((lease(row)?, micros_to_duration(held)));
+                }
+            }
+        }
+        Ok(Stats::from_leases(
+            leases.iter().map(|(l, d)| (l, *d)),
+            expired,
+        ))
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        // While the listener is down a subscription would never fire; say
+        // so, and the waiter backs off with jitter instead.
+        if !self.listening.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        Ok(Some(self.hub.subscribe(key.as_str())))
+    }
+}

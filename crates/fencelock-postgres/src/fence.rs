@@ -1,0 +1,132 @@
+//! [`PostgresFence`]: the fence table, standalone or inside the caller's own
+//! transaction.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
+use sqlx::{PgConnection, PgPool};
+
+use crate::{
+    backend::PostgresOptions,
+    error::{bad_reply, map},
+    schema,
+};
+
+/// A fence kept in `<prefix>fences(resource, token)` (DESIGN §5, I7).
+///
+/// Tokens are stored as `numeric(20,0)`, not `bigint`: the backend never
+/// issues a token above `i64::MAX`, but a fence also guards tokens from other
+/// backends and must admit any `u64`.
+///
+/// Use [`Fence::admit`] on its own, or [`PostgresFence::admit_in`] inside the
+/// transaction that performs the protected write, so that the admission and
+/// the write commit (or roll back) together.
+#[derive(Clone)]
+pub struct PostgresFence {
+    pool: PgPool,
+    admit_sql: String,
+    highest_sql: String,
+}
+
+impl fmt::Debug for PostgresFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresFence").finish_non_exhaustive()
+    }
+}
+
+impl PostgresFence {
+    /// Connects with the options of `url` (the same URL as the backend's)
+    /// and creates the schema if needed.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::with_options(&PostgresOptions::from_url(url)?).await
+    }
+
+    /// Connects with parsed options. The fence's own pool always commits
+    /// synchronously, whatever the lock statements use: a lost admission
+    /// would let a stale writer back in.
+    pub async fn with_options(options: &PostgresOptions) -> Result<Self> {
+        let pool = options.pool(false).await?;
+        let names = options.names();
+        schema::ensure(&pool, &names).await?;
+        let fences = &names.fences;
+        Ok(Self {
+            pool,
+            // Always writing max(stored, presented) makes one statement both
+            // decide and report: RETURNING shows the presented token exactly
+            // when it was admitted. Tokens travel as text because sqlx has no
+            // u64 <-> numeric mapping without extra crates.
+            admit_sql: format!(
+                "INSERT INTO {fences} AS f (resource, token) VALUES ($1, $2::numeric)
+                 ON CONFLICT (resource) DO UPDATE SET token = GREATEST(f.token, EXCLUDED.token)
+                 RETURNING token::text"
+            ),
+            highest_sql: format!("SELECT token::text FROM {fences} WHERE resource = $1"),
+        })
+    }
+
+    /// Admits `token` for `resource` on `conn`, typically `&mut *tx` of the
+    /// caller's own transaction: the admission becomes visible only when
+    /// that transaction commits, and vanishes if it rolls back. The row stays
+    /// locked until then, so concurrent admissions for the same resource
+    /// wait for the transaction to end.
+    ///
+    /// For a fenced column in your own table, the same rule is one
+    /// statement: `UPDATE t SET …, fence = $token WHERE id = $id AND fence
+    /// <= $token`, where 0 affected rows means a newer holder wrote.
+    pub async fn admit_in(
+        &self,
+        conn: &mut PgConnection,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<()> {
+        LockKey::new(resource)?;
+        admit(conn, &self.admit_sql, resource, token)
+            .await?
+            .into_result("postgres", resource, token)
+    }
+}
+
+fn parse_token(text: &str) -> Result<FencingToken> {
+    text.parse::<u64>()
+        .map(FencingToken)
+        .map_err(|_| bad_reply(format!("fence token {text:?} is not a u64")))
+}
+
+async fn admit<'c, E>(conn: E, sql: &str, resource: &str, token: FencingToken) -> Result<Admission>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    let stored: String = sqlx::query_scalar(sql)
+        .bind(resource)
+        .bind(token.get().to_string())
+        .fetch_one(conn)
+        .await
+        .map_err(|e| map("admitting a token", e))?;
+    let current = parse_token(&stored)?;
+    Ok(if current == token {
+        Admission::Admitted
+    } else {
+        Admission::Stale { current }
+    })
+}
+
+#[async_trait]
+impl Fence for PostgresFence {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        admit(&self.pool, &self.admit_sql, resource, token).await
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let stored: Option<String> = sqlx::query_scalar(&self.highest_sql)
+            .bind(resource)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map("reading a fence", e))?;
+        stored.as_deref().map(parse_token).transpose()
+    }
+}

@@ -1,0 +1,238 @@
+//! What the fencelock PostgreSQL and MySQL backends genuinely share: parsing
+//! the library's own URL options, keeping passwords out of every message,
+//! the rule for table prefixes, and the driver-level (not SQL-level) error
+//! classes of sqlx. The SQL itself differs between the engines and lives in
+//! each backend crate.
+
+use std::{fmt, time::Duration};
+
+use fencelock_core::Error;
+use url::Url;
+
+/// The prefix used when the URL names none.
+pub const DEFAULT_PREFIX: &str = "fencelock_";
+
+/// Longest accepted table prefix. PostgreSQL truncates identifiers at 63
+/// bytes and MySQL refuses names over 64; the longest name built from a
+/// prefix is the prefix plus `locks_expires_idx` (17 bytes).
+pub const MAX_PREFIX_LEN: usize = 40;
+
+/// A connection URL split into the library's options and the rest, which is
+/// handed to the driver.
+#[derive(Clone)]
+pub struct SqlUrl {
+    /// The URL for the driver, without the library's own query parameters.
+    pub driver_url: Url,
+    /// Table-name prefix (`?table_prefix=`), validated as an identifier.
+    pub prefix: String,
+    /// Most connections in the pool (`?pool_max=`).
+    pub pool_max: u32,
+    /// How long to wait for a pooled connection (`?acquire_timeout=`).
+    pub acquire_timeout: Duration,
+    /// Library options specific to one engine (name, value), e.g.
+    /// `synchronous_commit` for PostgreSQL.
+    pub extra: Vec<(String, String)>,
+}
+
+impl fmt::Debug for SqlUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlUrl")
+            .field("driver_url", &redact(&self.driver_url))
+            .field("prefix", &self.prefix)
+            .field("pool_max", &self.pool_max)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("extra", &self.extra)
+            .finish()
+    }
+}
+
+/// `url` with its password replaced by `***`, for messages and `Debug`.
+pub fn redact(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Only fails for URLs that cannot have credentials, which have none.
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+/// Removes anything that looks like the password of `raw` from `message`, for
+/// errors about URLs too broken to parse.
+fn scrub(raw: &str, message: String) -> String {
+    let password = raw
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password)
+        .filter(|p| !p.is_empty());
+    match password {
+        Some(p) => message.replace(p, "***"),
+        None => message,
+    }
+}
+
+/// An [`Error::InvalidUrl`] that shows the URL without its password.
+pub fn invalid_url(url: &Url, why: impl fmt::Display) -> Error {
+    Error::InvalidUrl(scrub(url.as_str(), format!("{}: {why}", redact(url))))
+}
+
+/// Checks a table prefix: a lowercase SQL identifier start (`[a-z_]`), then
+/// `[a-z0-9_]`, at most [`MAX_PREFIX_LEN`] bytes. Lowercase only, because
+/// PostgreSQL folds unquoted names and MySQL's case sensitivity depends on
+/// the file system; one rule keeps every name the same on every engine.
+pub fn validate_prefix(prefix: &str) -> Result<(), String> {
+    let mut chars = prefix.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if !first_ok
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        || prefix.len() > MAX_PREFIX_LEN
+    {
+        return Err(format!(
+            "table prefix {prefix:?} must match [a-z_][a-z0-9_]* and be at most {MAX_PREFIX_LEN} bytes"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `raw`, accepting only `schemes`, and takes out the library's own
+/// query parameters: `table_prefix`, `pool_max`, `acquire_timeout`, and the
+/// engine-specific names in `extra_names`. The first scheme is the one the
+/// driver is given (so `mariadb://` becomes `mysql://`).
+pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl, Error> {
+    let mut url = Url::parse(raw)
+        .map_err(|e| Error::InvalidUrl(scrub(raw, format!("cannot parse the URL: {e}"))))?;
+    if !schemes.contains(&url.scheme()) {
+        return Err(invalid_url(
+            &url,
+            format_args!("the scheme must be one of {}", schemes.join(", ")),
+        ));
+    }
+    if url.host_str().map_or(true, str::is_empty) {
+        return Err(invalid_url(&url, "the URL names no host"));
+    }
+    let mut parsed = SqlUrl {
+        driver_url: url.clone(),
+        prefix: DEFAULT_PREFIX.to_owned(),
+        pool_max: 10,
+        acquire_timeout: Duration::from_secs(10),
+        extra: Vec::new(),
+    };
+    let mut passthrough = Vec::new();
+    for (name, value) in url.query_pairs() {
+        match &*name {
+            "table_prefix" => {
+                validate_prefix(&value).map_err(|why| invalid_url(&url, why))?;
+                parsed.prefix = value.into_owned();
+            }
+            "pool_max" => {
+                parsed.pool_max = value
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| invalid_url(&url, "pool_max must be a positive integer"))?;
+            }
+            "acquire_timeout" => {
+                parsed.acquire_timeout = fencelock_core::parse_duration(&value)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        invalid_url(&url, "acquire_timeout must be a duration like 5s")
+                    })?;
+            }
+            n if extra_names.contains(&n) => parsed.extra.push((n.to_owned(), value.into_owned())),
+            _ => passthrough.push((name.into_owned(), value.into_owned())),
+        }
+    }
+    {
+        let mut driver = parsed.driver_url.clone();
+        driver.set_query(None);
+        if !passthrough.is_empty() {
+            driver.query_pairs_mut().extend_pairs(&passthrough);
+        }
+        if driver.scheme() != schemes[0] {
+            // `Url::set_scheme` refuses some special-scheme changes; these
+            // are all non-special, so rebuilding the text is safe.
+            let rest = &driver.as_str()[driver.scheme().len()..];
+            driver =
+                Url::parse(&format!("{}{rest}", schemes[0])).map_err(|e| invalid_url(&url, e))?;
+        }
+        parsed.driver_url = driver;
+    }
+    url.set_query(None);
+    Ok(parsed)
+}
+
+/// Whether a driver-level error (not an error reported by the database)
+/// means the connection or pool is in trouble and a retry may succeed.
+/// Database errors are classified by each backend, by its engine's codes.
+pub fn transient_driver_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// Converts a TTL to whole microseconds for SQL interval arithmetic.
+pub fn ttl_micros(ttl: Duration) -> i64 {
+    // TTLs are capped at a week by the core, far below i64 microseconds.
+    i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A server-computed remaining lease in microseconds, as a duration
+/// (negative values, from rounding at the boundary, become zero).
+pub fn micros_to_duration(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_taken_out_and_the_rest_passes() {
+        let u = parse(
+            "mariadb://u:secret@db:3306/app?table_prefix=x_&ssl-mode=required&pool_max=3",
+            &["mysql", "mariadb"],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(u.prefix, "x_");
+        assert_eq!(u.pool_max, 3);
+        assert_eq!(u.driver_url.scheme(), "mysql");
+        assert_eq!(u.driver_url.query(), Some("ssl-mode=required"));
+        assert!(!format!("{u:?}").contains("secret"));
+    }
+
+    #[test]
+    fn bad_urls_never_show_the_password() {
+        for raw in [
+            "postgres://u:hunter2@h/db?table_prefix=Bad-Name",
+            "postgres://u:hunter2@h/db?pool_max=0",
+            "redis://u:hunter2@h/db",
+            "postgres://u:hunter2@[::1/db",
+            "postgres://u:hunter2@/db",
+        ] {
+            let e = parse(raw, &["postgres", "postgresql"], &[]).expect_err(raw);
+            assert!(matches!(e, Error::InvalidUrl(_)), "{raw}: {e:?}");
+            assert!(!e.to_string().contains("hunter2"), "{raw}: {e}");
+            assert!(!format!("{e:?}").contains("hunter2"), "{raw}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_identifiers() {
+        assert!(validate_prefix("fencelock_").is_ok());
+        assert!(validate_prefix("_a1").is_ok());
+        for bad in ["", "1a", "a-b", "A", "a;drop", &"a".repeat(41)] {
+            assert!(validate_prefix(bad).is_err(), "{bad:?}");
+        }
+    }
+}

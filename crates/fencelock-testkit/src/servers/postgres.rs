@@ -1,0 +1,201 @@
+//! A throwaway PostgreSQL server: `initdb` into a temporary directory, then
+//! `postgres` on a free loopback port with its unix socket in that directory.
+//! As root, the server runs as the `postgres` user (PostgreSQL refuses root).
+
+use std::{
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::User};
+
+use super::{chown_to, find_binary, free_port, running_as_root, ChildProcess};
+use crate::TestResult;
+
+const SEARCH: &[&str] = &["/usr/lib/postgresql/*/bin"];
+const PACKAGE: &str = "postgresql";
+
+/// How the server commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync=off`: fast, survives a server restart but not an OS crash.
+    /// Enough for tests, which restart the server, never the machine.
+    Tests,
+    /// The defaults: what a production server does, for benchmarks.
+    Production,
+}
+
+/// A running (or stopped) throwaway server. The data directory lives as long
+/// as the handle; dropping it shuts the server down and deletes everything.
+#[derive(Debug)]
+pub struct PostgresServer {
+    child: Option<ChildProcess>,
+    bin_dir: PathBuf,
+    port: u16,
+    durability: Durability,
+    run_as: Option<(u32, u32)>,
+    dir: tempfile::TempDir,
+}
+
+impl PostgresServer {
+    /// `initdb` and start, with [`Durability::Tests`].
+    pub fn start() -> TestResult<Self> {
+        Self::start_with(Durability::Tests)
+    }
+
+    /// `initdb` and start.
+    pub fn start_with(durability: Durability) -> TestResult<Self> {
+        let initdb = find_binary("initdb", SEARCH, PACKAGE)?;
+        let bin_dir = initdb
+            .parent()
+            .ok_or("initdb has no parent directory")?
+            // `initdb` on PATH is often a symlink into the versioned dir
+            // that also holds `postgres`.
+            .canonicalize()?;
+        let bin_dir = match std::fs::canonicalize(&initdb)?.parent() {
+            Some(real) if real.join("postgres").is_file() => real.to_path_buf(),
+            _ => bin_dir,
+        };
+        if !bin_dir.join("postgres").is_file() {
+            return Err(format!(
+                "`postgres` was not found next to {}; install the `{PACKAGE}` package",
+                initdb.display()
+            )
+            .into());
+        }
+        let dir = tempfile::Builder::new().prefix("fencelock-pg-").tempdir()?;
+        let run_as = if running_as_root() {
+            let user = User::from_name("postgres")?
+                .ok_or("running as root needs a `postgres` user to run the server")?;
+            chown_to(dir.path(), "postgres")?;
+            Some((user.uid.as_raw(), user.gid.as_raw()))
+        } else {
+            None
+        };
+        let mut server = Self {
+            child: None,
+            bin_dir,
+            port: free_port()?,
+            durability,
+            run_as,
+            dir,
+        };
+        let out = server
+            .command("initdb")
+            .arg("-D")
+            .arg(server.data_dir())
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"])
+            .arg("--no-sync")
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+            .into());
+        }
+        server.start_process()?;
+        Ok(server)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn command(&self, binary: &str) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join(binary));
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.env_remove("PGDATA");
+        cmd
+    }
+
+    fn start_process(&mut self) -> TestResult {
+        let mut cmd = self.command("postgres");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-k")
+            .arg(self.dir.path())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "max_connections=500"])
+            .args(["-c", "shared_buffers=32MB"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(
+                self.dir.path().join("server.log"),
+            )?));
+        if self.durability == Durability::Tests {
+            cmd.args(["-c", "fsync=off", "-c", "full_page_writes=off"]);
+        }
+        let mut child = ChildProcess::new("postgres", cmd.spawn()?);
+        wait_ready(&self.data_dir(), &mut child, self.port)?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data and socket directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A URL for database `db` as the superuser `postgres` (trust auth).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Fast shutdown (SIGINT: disconnect clients, checkpoint, exit).
+    pub fn stop(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            child.signal(Signal::SIGINT)?;
+            child.terminate(Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the server and starts it again on the same port and data.
+    pub fn restart(&mut self) -> TestResult {
+        self.stop()?;
+        self.start_process()
+    }
+
+    /// The server log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+/// Waits for `postmaster.pid` to say `ready` (accepting TCP is not enough:
+/// during recovery the server answers "the database system is starting up").
+fn wait_ready(data: &Path, child: &mut ChildProcess, port: u16) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = std::fs::read_to_string(data.join("postmaster.pid")).unwrap_or_default();
+        if status.lines().nth(7).is_some_and(|l| l.trim() == "ready") {
+            return Ok(());
+        }
+        if !child.is_running()? {
+            return Err(format!("postgres on port {port} exited while starting").into());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("postgres on port {port} was not ready within 60 s").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

@@ -10,11 +10,12 @@ use fencelock_core::{
 use fencelock_sql_common::{micros_to_duration, ttl_micros, SqlUrl};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow},
-    MySqlPool, Row,
+    pool::PoolConnection,
+    MySql, MySqlConnection, MySqlPool, Row,
 };
 
 use crate::{
-    error::{bad_reply, map},
+    error::{bad_reply, map, map_acquire},
     schema::{self, Names},
 };
 
@@ -28,6 +29,40 @@ pub(crate) const SCHEMES: &[&str] = &["mysql", "mariadb"];
 const LEASE_COLUMNS: &str =
     "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
+
+/// How long an acquisition waits for another acquisition of the same key to
+/// commit (a few milliseconds normally; long only if that session stalls).
+const TURN_WAIT_SECS: u32 = 10;
+
+/// A pooled session that may hold a key's named lock (see `Sql::acquire`).
+/// Unless it is handed back with [`TurnSession::finish`] after the lock was
+/// released, it is detached from the pool and closed on drop, and the server
+/// frees the lock with the session. This covers errors between the two
+/// statements and a caller that stops waiting (drops the future) there.
+struct TurnSession {
+    conn: Option<PoolConnection<MySql>>,
+}
+
+impl TurnSession {
+    fn conn(&mut self) -> Result<&mut MySqlConnection> {
+        self.conn
+            .as_deref_mut()
+            .ok_or_else(|| bad_reply("session already handed back"))
+    }
+
+    /// Returns the session to the pool: its named lock has been released.
+    fn finish(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl Drop for TurnSession {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
 
 /// How the backend was configured.
 #[derive(Clone, Debug)]
@@ -87,6 +122,10 @@ struct Sql {
 impl Sql {
     fn new(n: &Names) -> Self {
         let (locks, tokens) = (&n.locks, &n.tokens);
+        // The name of the key's named lock: at most 64 characters whatever
+        // the prefix and key, distinct per table and key. Takes the key as a
+        // parameter.
+        let turn = format!("CONCAT('fencelock:', MD5(CONCAT('{locks}', CHAR(0), ?)))");
         // ON DUPLICATE KEY UPDATE assigns left to right and later
         // assignments see earlier results, so every assignment tests the
         // *old* `expires_at`, which is therefore assigned last.
@@ -107,21 +146,33 @@ impl Sql {
         ]
         .join(", ");
         Self {
+            // The token is drawn only once this session holds the key's
+            // named lock ("its turn"), which it keeps until `acquire_result`
+            // has run, i.e. until after this statement committed. Without
+            // it, a token drawn for the insert path before the row exists
+            // could be overtaken by a rival's whole acquire-and-release, and
+            // the insert would then carry a token lower than one already
+            // issued (I2). With it, per key, tokens are drawn in the order
+            // grants commit. If the turn cannot be had in time the token is
+            // NULL and the statement fails (a transient error).
             acquire: format!(
                 "INSERT INTO {locks}
                    (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                 VALUES (?, ?, NEXTVAL({tokens}), ?, ?, NOW(6),
-                         NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
+                 VALUES (?, ?, IF(GET_LOCK({turn}, {TURN_WAIT_SECS}) = 1, NEXTVAL({tokens}), NULL),
+                         ?, ?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
                  ON DUPLICATE KEY UPDATE {updates}"
             ),
             // On the same session: the row carries the token this session
             // drew last iff the upsert wrote it, because every drawn value
             // is unique. Affected-row counts cannot tell (the driver sets
             // CLIENT_FOUND_ROWS, so "insert" and "matched, unchanged" both
-            // report 1).
+            // report 1). The outer join yields exactly one row, so the turn
+            // is released even when the key has no row (force-released
+            // meanwhile).
             acquire_result: format!(
-                "SELECT {LEASE_COLUMNS}, token = LASTVAL({tokens}) AS won
-                   FROM {locks} WHERE `key` = ?"
+                "SELECT RELEASE_LOCK({turn}) AS turn_released, {LEASE_COLUMNS},
+                        token = LASTVAL({tokens}) AS won
+                   FROM (SELECT 1) AS one LEFT JOIN {locks} ON `key` = ?"
             ),
             renew: format!(
                 "UPDATE {locks}
@@ -249,26 +300,32 @@ impl Backend for MySqlBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let fail = |e| map("acquiring", e);
-        let mut conn = self.pool.acquire().await.map_err(fail)?;
+        let key = request.key.as_str();
+        let mut session = TurnSession {
+            conn: Some(self.pool.acquire().await.map_err(fail)?),
+        };
         sqlx::query(&self.sql.acquire)
-            .bind(request.key.as_str())
+            .bind(key)
             .bind(request.owner.as_str())
+            .bind(key)
             .bind(request.kind.as_deref())
             .bind(request.data.as_ref())
             .bind(ttl_micros(request.ttl))
-            .execute(&mut *conn)
+            .execute(session.conn()?)
             .await
-            .map_err(fail)?;
+            .map_err(map_acquire)?;
         let row = sqlx::query(&self.sql.acquire_result)
-            .bind(request.key.as_str())
-            .fetch_optional(&mut *conn)
+            .bind(key)
+            .bind(key)
+            .fetch_one(session.conn()?)
             .await
             .map_err(fail)?;
-        // No row: our lease (if any) was already force-released. Reporting
-        // "held by someone unknown" is the safe answer.
-        let Some(row) = row else {
+        session.finish();
+        // No row for the key: our lease (if any) was already force-released.
+        // Reporting "held by someone unknown" is the safe answer.
+        if text(&row, "lock_key")?.is_none() {
             return Ok(Acquire::Held(None));
-        };
+        }
         let info = lease(&row)?;
         let won: Option<bool> = row.try_get("won").map_err(fail)?;
         Ok(if won == Some(true) {

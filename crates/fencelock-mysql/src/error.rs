@@ -15,13 +15,20 @@ fn transient_number(n: u16) -> bool {
     )
 }
 
-/// Classifies a driver error as transient (retry may help) or permanent.
-pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
-    let transient = match &e {
+fn server_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
         sqlx::Error::Database(db) => db
             .try_downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|m| transient_number(m.number())),
-        other => fencelock_sql_common::transient_driver_error(other),
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// Classifies a driver error as transient (retry may help) or permanent.
+pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
+    let transient = match server_number(&e) {
+        Some(n) => transient_number(n),
+        None => fencelock_sql_common::transient_driver_error(&e),
     };
     let error = if transient {
         BackendError::transient(BACKEND, context, e)
@@ -29,6 +36,21 @@ pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
         BackendError::permanent(BACKEND, context, e)
     };
     error.into()
+}
+
+/// Like [`map`], for the acquire statement, whose only NULL-able value is a
+/// token left NULL when the key's turn (its named lock) could not be had in
+/// time: error 1048 there means "busy", which passes.
+pub(crate) fn map_acquire(e: sqlx::Error) -> Error {
+    if server_number(&e) == Some(1048) {
+        return BackendError::transient(
+            BACKEND,
+            "another acquisition of this key held its turn too long",
+            e,
+        )
+        .into();
+    }
+    map("acquiring", e)
 }
 
 /// A reply that does not have the shape the statement promises.

@@ -27,11 +27,72 @@ async fn mariadb_specific() -> TestResult {
     let result = async {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
+        a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
         fifty_racers_on_an_expired_key(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
     result
+}
+
+/// An acquisition draws its token only once it holds the key's turn (a
+/// named lock kept until the previous acquisition committed), so a token
+/// drawn by someone else meanwhile is always below the one it gets (I2).
+async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> TestResult {
+    use sqlx::{Acquire as _, Row as _};
+    let url = format!("{base}?table_prefix=turn_");
+    let backend = Arc::new(MySqlBackend::connect(&url).await?);
+    let mut slow = backend.pool().acquire().await?;
+    let slow = slow.acquire().await?;
+    // Stand in for an acquisition of `k` that holds its turn.
+    let turn = "CONCAT('fencelock:', MD5(CONCAT('turn_locks', CHAR(0), 'k')))";
+    let got: i64 = sqlx::query_scalar(&format!("SELECT GET_LOCK({turn}, 5)"))
+        .fetch_one(&mut *slow)
+        .await?;
+    assert_eq!(got, 1);
+    let rival = {
+        let backend = Arc::clone(&backend);
+        tokio::spawn(async move {
+            backend
+                .try_acquire(&request("k", "rival", Duration::from_secs(30))?)
+                .await
+                .map_err(Into::into)
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'",
+        )
+        .fetch_one(&mut *slow)
+        .await?;
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rival never waited for the key's turn"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let drawn_meanwhile: i64 = sqlx::query("SELECT NEXTVAL(turn_tokens) AS t")
+        .fetch_one(&mut *slow)
+        .await?
+        .try_get("t")?;
+    let drawn_meanwhile = u64::try_from(drawn_meanwhile)?;
+    sqlx::query(&format!("DO RELEASE_LOCK({turn})"))
+        .execute(&mut *slow)
+        .await?;
+    let granted: TestResult<Acquire> = rival.await?;
+    match granted? {
+        Acquire::Granted(g) => assert!(
+            g.token.get() > drawn_meanwhile,
+            "{} <= {drawn_meanwhile}",
+            g.token
+        ),
+        held => panic!("the free key was not granted: {held:?}"),
+    }
+    Ok(())
 }
 
 /// Two backends initialising the same fresh prefix at once both succeed.

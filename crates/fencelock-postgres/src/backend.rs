@@ -122,19 +122,32 @@ impl Sql {
         let (locks, tokens, channel) = (&n.locks, &n.tokens, &n.channel);
         Self {
             // The upsert only overwrites an expired row (I1, I6). The token
-            // is drawn from the sequence on every grant (I2); on the update
-            // path it is drawn again *after* the row lock is held, so it is
-            // above the token of the row being replaced even if that row was
-            // written after this statement's VALUES were computed. When the
-            // upsert did nothing, the second branch names the holder from the
-            // statement's snapshot (it may miss a holder that committed
-            // during the statement: then the answer is `Held(None)`).
+            // is drawn from the sequence on every grant (I2).
+            //
+            // Drawing alone is not enough: on the insert path a token drawn
+            // before the row exists could be overtaken by a rival that
+            // inserts, commits and releases the key in between, leaving this
+            // statement to insert a *lower* token. So the row to insert is
+            // produced from `turn`, which first takes a transaction-scoped
+            // advisory lock on the key (held until this statement commits):
+            // per key, tokens are drawn in the order grants commit. The
+            // two-int form keeps these locks apart from an application's
+            // one-bigint advisory locks; the first int names the table.
+            //
+            // On the update path the token is drawn again under the row lock.
+            // When the upsert did nothing, the second branch names the holder
+            // from the statement's snapshot (it may miss a holder that
+            // committed during the statement: then the answer is `Held(None)`).
             acquire: format!(
-                "WITH won AS (
+                "WITH turn AS MATERIALIZED (
+                   SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1))
+                 ),
+                 won AS (
                    INSERT INTO {locks} AS l
                      (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                   VALUES ($1, $2, nextval('{tokens}'), $3, $4, now(),
-                           now() + $5::bigint * interval '1 microsecond', now())
+                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::jsonb, now(),
+                          now() + $5::bigint * interval '1 microsecond', now()
+                     FROM turn
                    ON CONFLICT (key) DO UPDATE SET
                      owner = EXCLUDED.owner, token = nextval('{tokens}'),
                      kind = EXCLUDED.kind, data = EXCLUDED.data,

@@ -27,6 +27,7 @@ async fn postgres_specific() -> TestResult {
     let result = async {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
+        tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
         fifty_racers_on_an_expired_key(&base).await
     }
     .await;
@@ -42,6 +43,64 @@ async fn concurrent_schema_creation(base: &str) -> TestResult {
         a?;
         b?;
     }
+    Ok(())
+}
+
+/// An acquisition draws its token only after it holds the key's advisory
+/// lock, which the acquisition before it keeps until it commits. Otherwise a
+/// token drawn before the row exists could be overtaken by a rival's whole
+/// acquire-and-release, and the insert that follows would carry a token
+/// lower than one already issued (I2).
+async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=order_");
+    let backend = Arc::new(PostgresBackend::connect(&url).await?);
+    let pool = backend.pool().clone();
+    let last_value = || async {
+        sqlx::query_scalar::<_, i64>("SELECT last_value FROM order_tokens")
+            .fetch_one(&pool)
+            .await
+    };
+    // Stand in for a slow acquisition of `k` that is between its draw and
+    // its commit.
+    let mut slow = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('order_locks'), hashtext('k'))")
+        .execute(&mut *slow)
+        .await?;
+    let before = last_value().await?;
+    let rival = {
+        let backend = Arc::clone(&backend);
+        tokio::spawn(async move {
+            backend
+                .try_acquire(&request("k", "rival", Duration::from_secs(30))?)
+                .await
+                .map_err(Into::into)
+        })
+    };
+    // Wait (bounded) until the rival is queued on the advisory lock.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&pool)
+        .await?;
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rival never waited for the key's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        last_value().await?,
+        before,
+        "the rival drew a token before it could take the key"
+    );
+    slow.commit().await?;
+    let granted: TestResult<Acquire> = rival.await?;
+    assert!(matches!(granted?, Acquire::Granted(_)));
     Ok(())
 }
 

@@ -33,8 +33,28 @@ const TEXT: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
 /// Creates the schema if it is missing. DDL cannot run in a transaction in
 /// MySQL, so two processes starting at once serialise on a named lock
 /// (`GET_LOCK`) held by one session around the whole setup.
+///
+/// When everything exists already, no DDL runs at all: even a no-op
+/// `CREATE TABLE IF NOT EXISTS` queues for an exclusive metadata lock, and
+/// a queued exclusive request blocks other sessions' statements on the
+/// table. One of those may be the second statement of an acquisition that
+/// holds a key's turn while a third session waits for that turn inside its
+/// own INSERT: a deadlock (seen with 50 CLI processes starting at once).
 pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Result<()> {
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES
+          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)",
+    )
+    .bind(tokens)
+    .bind(locks)
+    .bind(fences)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map("reading the schema", e))?;
+    if present == 3 {
+        return Ok(());
+    }
     let ddl = [
         // Sequences are non-transactional and persist their next value
         // ahead of use (one cache batch), so values never repeat, even after

@@ -12,6 +12,8 @@
 //! | URL | feature | backend |
 //! |---|---|---|
 //! | `sqlite:///path/locks.db` | `sqlite` (default) | embedded, one host |
+//! | `postgres://user:pw@host/db` | `postgres` | PostgreSQL 12+ |
+//! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8 |
 //! | `mem://` | always | in-process, for tests |
 //!
 //! ```
@@ -41,6 +43,12 @@ mod readme {}
 
 pub use fencelock_core::*;
 
+/// The MySQL/MariaDB backend's own API (options, in-transaction fence).
+#[cfg(feature = "mysql")]
+pub use fencelock_mysql as mysql;
+/// The PostgreSQL backend's own API (options, in-transaction fence).
+#[cfg(feature = "postgres")]
+pub use fencelock_postgres as postgres;
 /// The SQLite backend's own API (options, in-transaction fence).
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
@@ -104,6 +112,10 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
         Engine::Memory => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "sqlite")]
         Engine::Sqlite => fencelock_sqlite::open_backend(url).await,
+        #[cfg(feature = "postgres")]
+        Engine::Postgres => fencelock_postgres::open_backend(url).await,
+        #[cfg(feature = "mysql")]
+        Engine::MySql => fencelock_mysql::open_backend(url).await,
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled()),
     }
@@ -115,6 +127,10 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
         Engine::Memory => Ok(Arc::new(MemoryFence::new())),
         #[cfg(feature = "sqlite")]
         Engine::Sqlite => fencelock_sqlite::open_fence(url).await,
+        #[cfg(feature = "postgres")]
+        Engine::Postgres => fencelock_postgres::open_fence(url).await,
+        #[cfg(feature = "mysql")]
+        Engine::MySql => fencelock_mysql::open_fence(url).await,
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled()),
     }

@@ -1,0 +1,117 @@
+//! The `fencelock` binary against every server engine, each a throwaway
+//! server the test kit starts: racing processes on an expired key, and
+//! tokens across release, expiry and cleanup.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use fencelock_testkit::servers::{mariadb::MariaDbServer, postgres::PostgresServer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+fn fencelock(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("FENCELOCK_URL", url)
+        .env_remove("RUST_LOG")
+        .args(args);
+    cmd
+}
+
+fn run(url: &str, args: &[&str]) -> Output {
+    fencelock(url, args).output().unwrap()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+fn token(out: &Output) -> u64 {
+    assert_eq!(code(out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn wait_until_free(url: &str, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while code(&run(url, &["inspect", key])) == 0 {
+        assert!(Instant::now() < deadline, "{key} never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// 50 `fencelock acquire` processes on a key whose lease has expired,
+/// three times: one exits 0, 49 exit 75, and the winner's token is higher.
+fn fifty_processes_on_an_expired_key(url: &str) {
+    for round in 0..3 {
+        let key = format!("race-{round}");
+        let expired = token(&run(url, &["acquire", &key, "--ttl", "300ms"]));
+        wait_until_free(url, &key);
+        let racers: Vec<_> = (0..50)
+            .map(|_| {
+                fencelock(url, &["acquire", &key, "--ttl", "30s", "--wait", "0s"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<Output> = racers
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let winners: Vec<&Output> = outs.iter().filter(|o| code(o) == 0).collect();
+        let codes: Vec<i32> = outs.iter().map(code).collect();
+        for o in outs.iter().filter(|o| code(o) != 0 && code(o) != 75) {
+            eprintln!("unexpected: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {codes:?}");
+        assert_eq!(
+            codes.iter().filter(|&&c| c == 75).count(),
+            49,
+            "round {round}: {codes:?}"
+        );
+        assert!(token(winners[0]) > expired);
+    }
+}
+
+/// Tokens printed by the CLI grow across release, expiry and a cleanup that
+/// deleted the released and expired rows.
+fn tokens_grow_across_cleanup(url: &str) {
+    let t1 = token(&run(url, &["acquire", "K", "--owner", "a"]));
+    let released = run(
+        url,
+        &["release", "K", "--owner", "a", "--token", &t1.to_string()],
+    );
+    assert_eq!(code(&released), 0);
+    let t2 = token(&run(
+        url,
+        &["acquire", "K", "--owner", "b", "--ttl", "300ms"],
+    ));
+    wait_until_free(url, "K");
+    assert_eq!(code(&run(url, &["cleanup"])), 0);
+    let stats = run(url, &["--json", "stats"]);
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["expired_not_cleaned"], 0, "{stats}");
+    let t3 = token(&run(url, &["acquire", "K", "--owner", "c"]));
+    assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
+}
+
+fn exercise(url: &str) {
+    fifty_processes_on_an_expired_key(url);
+    tokens_grow_across_cleanup(url);
+}
+
+#[test]
+fn postgres() {
+    let server = PostgresServer::start().unwrap();
+    exercise(&format!("{}?table_prefix=cli_", server.url("postgres")));
+}
+
+#[test]
+fn mariadb() {
+    let server = MariaDbServer::start().unwrap();
+    exercise(&format!("{}?table_prefix=cli_", server.url("mysql")));
+}

@@ -47,7 +47,8 @@ fn main() -> ExitCode {
             }
         }
     });
-    // Background releases of dropped guards get a moment to finish.
+    // Every command awaits its own releases; this only bounds the wait for
+    // blocking database threads still finishing a statement.
     runtime.shutdown_timeout(Duration::from_secs(2));
     ExitCode::from(code)
 }

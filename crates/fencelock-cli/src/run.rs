@@ -61,7 +61,7 @@ pub async fn run_child(
     };
     // Register handlers before the child exists, so no signal slips through
     // between its start and our first poll.
-    let mut signals = forward_signals()?;
+    let mut signals = forward_signals(foreground)?;
 
     let mut command = Command::new(program);
     command
@@ -97,8 +97,18 @@ pub async fn run_child(
     let handle = guard.handle();
     loop {
         tokio::select! {
+            biased;
             status = child.wait() => {
                 let status = status.map_err(child_error)?;
+                // Lost at about the moment the command ended: whatever it
+                // did last may have been done without the lock.
+                if let Some(reason) = handle.loss_reason() {
+                    eprintln!(
+                        "fencelock: lost lock {} (token {}) as {program:?} exited: {reason}",
+                        handle.key(), handle.token()
+                    );
+                    return Ok(exit::LOST);
+                }
                 release(guard, out).await;
                 return Ok(status_code(status));
             }
@@ -121,22 +131,30 @@ pub async fn run_child(
 
 /// Signals fencelock passes on to the command instead of dying of them.
 const FORWARDED: [(SignalKind, Signal); 4] = [
-    (SignalKind::interrupt(), Signal::SIGINT),
     (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::interrupt(), Signal::SIGINT),
     (SignalKind::hangup(), Signal::SIGHUP),
     (SignalKind::quit(), Signal::SIGQUIT),
 ];
 
 /// One channel carrying every forwarded signal as it arrives.
-fn forward_signals() -> Result<mpsc::UnboundedReceiver<Signal>, Error> {
+///
+/// In `--foreground` mode the command shares the terminal's foreground
+/// process group, so the terminal's own SIGINT, SIGQUIT and SIGHUP reach it
+/// directly; forwarding them too would deliver each twice (and a second
+/// Ctrl-C means "force quit" to many programs). Only SIGTERM, which nobody
+/// else sends it, is forwarded then; the others are still caught, so that
+/// fencelock outlives the command and releases the lock.
+fn forward_signals(foreground: bool) -> Result<mpsc::UnboundedReceiver<Signal>, Error> {
     let (tx, rx) = mpsc::unbounded_channel();
     for (kind, sig) in FORWARDED {
+        let forward = !foreground || sig == Signal::SIGTERM;
         let mut stream = signal(kind)
             .map_err(|e| Error::Unsupported(format!("cannot install signal handlers: {e}")))?;
         let tx = tx.clone();
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
-                if tx.send(sig).is_err() {
+                if forward && tx.send(sig).is_err() {
                     break;
                 }
             }

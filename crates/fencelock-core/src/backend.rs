@@ -59,6 +59,10 @@ pub struct Capabilities {
     /// Leases and token counters outlive the process (a reopened backend sees
     /// them). False only for the in-process memory backend.
     pub persistent: bool,
+    /// Expired leases stay stored until `cleanup` or a takeover removes them
+    /// (SQL backends, memory), so `stats` counts them; false where the engine
+    /// deletes them itself (Redis key expiry, etcd lease revocation).
+    pub keeps_expired: bool,
 }
 
 /// Operator statistics about a backend's lock table.

@@ -8,6 +8,7 @@ use tracing::Instrument;
 use crate::{
     backend::{Acquire, AcquireRequest, Backend, Stats},
     backoff::Backoff,
+    clock::Sent,
     error::{Error, Result},
     guard::{GuardConfig, GuardHandle, LockGuard},
     metrics as m,
@@ -422,7 +423,9 @@ async fn acquire_loop(
     let backend = &client.backend;
     let name = backend.name();
     let started = Instant::now();
-    let deadline = started + wait;
+    // `None`: a wait too long to represent (e.g. `Duration::MAX`) is forever.
+    let deadline = started.checked_add(wait);
+    let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
     // Subscribe before the first try so that a release between a failed try
     // and the wait that follows is still seen.
     let mut wakeups = if wait.is_zero() || !backend.capabilities().wakeups {
@@ -439,7 +442,7 @@ async fn acquire_loop(
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
     loop {
         ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
-        let t_sent = Instant::now();
+        let sent = Sent::now();
         let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(&request)).await;
         let holder = match attempt {
             Ok(Ok(Acquire::Granted(grant))) => {
@@ -451,17 +454,17 @@ async fn acquire_loop(
                     backend.clone(),
                     request,
                     grant,
-                    t_sent,
+                    sent,
                     config,
                 ));
             }
             Ok(Ok(Acquire::Held(holder))) => holder,
-            Ok(Err(e)) if e.is_transient() && Instant::now() < deadline => {
+            Ok(Err(e)) if e.is_transient() && before_deadline(Instant::now()) => {
                 tracing::debug!(error = %e, "transient error while acquiring; retrying");
                 None
             }
             Ok(Err(e)) => return Err(e),
-            Err(_elapsed) if Instant::now() < deadline => None,
+            Err(_elapsed) if before_deadline(Instant::now()) => None,
             Err(_elapsed) => {
                 return Err(crate::BackendError::message(
                     name,
@@ -472,14 +475,20 @@ async fn acquire_loop(
             }
         };
         let now = Instant::now();
-        if now >= deadline {
-            ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
+        if !before_deadline(now) {
+            // A single try that found the key held is not a timeout.
+            if !wait.is_zero() {
+                ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
+            }
             return Err(Error::Timeout {
                 key: request.key,
                 waited: wait,
             });
         }
-        let mut pause = backoff.next_pause().min(deadline - now);
+        let mut pause = backoff.next_pause();
+        if let Some(deadline) = deadline {
+            pause = pause.min(deadline - now);
+        }
         if let Some(holder) = holder {
             // The holder's lease ends on its own: no point sleeping past that.
             pause = pause.min(holder.expires_in + Duration::from_millis(1));

@@ -21,6 +21,7 @@ use crate::{
     backend::{AcquireRequest, Backend, Grant},
     backoff::Backoff,
     client::ClockPolicy,
+    clock::{boot_time, Sent},
     error::{BackendError, Error, LossReason, Result},
     metrics as m,
     types::{FencingToken, LockKey, Owner},
@@ -45,6 +46,14 @@ struct Shared {
     granted_at: Instant,
     /// Latest instant until which the lease is trusted locally.
     deadline: Mutex<Instant>,
+    /// The same limit on the boot-time clock, which keeps counting while the
+    /// machine is suspended (see `clock.rs`).
+    boot_deadline: Mutex<Option<Duration>>,
+    /// The TTL the backend last granted (etcd may round up).
+    granted_ttl: Mutex<Duration>,
+    /// Whether the hold has been recorded in the metrics (on loss or finish,
+    /// whichever comes first).
+    accounted: std::sync::atomic::AtomicBool,
     /// Backend-reported end of the lease, for display.
     expires_at: Mutex<DateTime<Utc>>,
     /// Cancelled once, when the lock is lost.
@@ -59,17 +68,52 @@ impl Shared {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a confirmed grant/renewal whose request left at `t_sent`.
-    fn extend(&self, t_sent: Instant, grant: &Grant) {
-        let trusted_until = t_sent + self.clock.valid_for(grant.ttl);
+    /// Whether the boot-time clock is still inside the trusted window.
+    fn boot_ok(&self) -> bool {
+        let limit = *self
+            .boot_deadline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (limit, boot_time()) {
+            (Some(limit), Some(now)) => now < limit,
+            _ => true,
+        }
+    }
+
+    /// Records a confirmed grant/renewal whose request left at `sent`.
+    fn extend(&self, sent: Sent, grant: &Grant) {
+        let valid_for = self.clock.valid_for(grant.ttl);
+        let trusted_until = sent.mono + valid_for;
         let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
         if trusted_until > *deadline {
             *deadline = trusted_until;
+            *self
+                .boot_deadline
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = sent.boot.map(|b| b + valid_for);
         }
+        *self
+            .granted_ttl
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = grant.ttl;
         *self
             .expires_at
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = grant.expires_at;
+    }
+
+    /// Records the hold once: at loss, release, drop or detach.
+    fn account_hold(&self) {
+        if self
+            .accounted
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let backend = self.backend.name();
+        ::metrics::gauge!(m::HELD, "backend" => backend).decrement(1.0);
+        ::metrics::histogram!(m::HOLD_SECONDS, "backend" => backend)
+            .record(self.granted_at.elapsed().as_secs_f64());
     }
 
     fn declare_lost(&self, reason: LossReason) {
@@ -83,6 +127,7 @@ impl Shared {
             key = %self.key, owner = %self.owner, token = %self.token, backend,
             reason = reason.as_str(), "lock lost: {reason}"
         );
+        self.account_hold();
         self.lost.cancel();
     }
 
@@ -95,13 +140,28 @@ impl Shared {
     }
 
     fn is_valid(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < self.deadline()
+        !self.lost.is_cancelled() && Instant::now() < self.deadline() && self.boot_ok()
     }
 
+    /// One renewal round trip, bounded so that a hung connection costs one
+    /// attempt, not the whole remaining lease.
     async fn renew_once(&self) -> Result<Grant> {
-        self.backend
-            .renew(&self.key, &self.owner, self.token, self.ttl)
-            .await
+        let bound = self
+            .op_timeout
+            .min(self.ttl / 3)
+            .max(Duration::from_millis(1));
+        let renew = self
+            .backend
+            .renew(&self.key, &self.owner, self.token, self.ttl);
+        match tokio::time::timeout(bound, renew).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::message(
+                self.backend.name(),
+                true,
+                format!("renewal did not answer within {bound:?}"),
+            )
+            .into()),
+        }
     }
 }
 
@@ -133,6 +193,16 @@ impl GuardHandle {
         self.shared.ttl
     }
 
+    /// The lease length the backend last granted; longer than
+    /// [`ttl`](Self::ttl) where the backend rounds up (etcd).
+    pub fn granted_ttl(&self) -> Duration {
+        *self
+            .shared
+            .granted_ttl
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// End of the lease as the backend last reported it (backend clock; for
     /// display, not for decisions — use [`remaining`](Self::remaining)).
     pub fn expires_at(&self) -> DateTime<Utc> {
@@ -151,7 +221,7 @@ impl GuardHandle {
 
     /// How long the lease is still trusted locally (zero once lost).
     pub fn remaining(&self) -> Duration {
-        if self.shared.lost.is_cancelled() {
+        if !self.shared.is_valid() {
             return Duration::ZERO;
         }
         self.shared
@@ -196,17 +266,24 @@ impl GuardHandle {
     }
 
     /// Renews now, in addition to the background renewal.
-    /// [`Error::LockLost`] if the backend refused (the guard is then lost).
+    /// [`Error::LockLost`] if the backend refused or the lock was lost while
+    /// the renewal was in flight (the guard is then lost); a transient error
+    /// if the backend did not answer in time.
     pub async fn renew(&self) -> Result<()> {
         if self.shared.lost.is_cancelled() {
             return Err(self.shared.lost_error());
         }
-        let t_sent = Instant::now();
+        let sent = Sent::now();
         match self.shared.renew_once().await {
             Ok(grant) => {
-                self.shared.extend(t_sent, &grant);
+                self.shared.extend(sent, &grant);
                 ::metrics::counter!(m::RENEWALS, "backend" => self.shared.backend.name())
                     .increment(1);
+                // The watchdog may have given up at the deadline meanwhile;
+                // a loss, once signalled, is final.
+                if self.shared.lost.is_cancelled() {
+                    return Err(self.shared.lost_error());
+                }
                 Ok(())
             }
             Err(Error::NotHeld { .. }) => {
@@ -248,7 +325,7 @@ impl LockGuard {
         backend: Arc<dyn Backend>,
         request: AcquireRequest,
         grant: Grant,
-        t_sent: Instant,
+        sent: Sent,
         config: GuardConfig,
     ) -> Self {
         let shared = Arc::new(Shared {
@@ -260,13 +337,16 @@ impl LockGuard {
             clock: config.clock,
             op_timeout: config.op_timeout,
             granted_at: Instant::now(),
-            deadline: Mutex::new(t_sent),
+            deadline: Mutex::new(sent.mono),
+            boot_deadline: Mutex::new(None),
+            granted_ttl: Mutex::new(grant.ttl),
+            accounted: std::sync::atomic::AtomicBool::new(false),
             expires_at: Mutex::new(grant.expires_at),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             stop: CancellationToken::new(),
         });
-        shared.extend(t_sent, &grant);
+        shared.extend(sent, &grant);
         ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
         tokio::spawn(watchdog(Arc::clone(&shared), config.renew_every));
         Self {
@@ -325,10 +405,7 @@ impl LockGuard {
         }
         let s = &self.handle.shared;
         s.stop.cancel();
-        let backend = s.backend.name();
-        ::metrics::gauge!(m::HELD, "backend" => backend).decrement(1.0);
-        ::metrics::histogram!(m::HOLD_SECONDS, "backend" => backend)
-            .record(s.granted_at.elapsed().as_secs_f64());
+        s.account_hold();
     }
 }
 
@@ -369,6 +446,9 @@ impl Drop for LockGuard {
     }
 }
 
+/// How often the watchdog compares the boot-time clock with the lease.
+const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+
 /// Sleeps until `at`, or forever when there is nothing to wait for.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
@@ -381,10 +461,20 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// lost when the backend refuses or the local deadline passes.
 async fn watchdog(shared: Arc<Shared>, renew_every: Option<Duration>) {
     let mut next_renewal = renew_every.map(|period| Instant::now() + period);
+    // Monotonic timers do not run during a suspend; this tick notices, soon
+    // after a resume, that the boot-time clock has left the lease's window.
+    let mut suspend_check = tokio::time::interval(SUSPEND_CHECK);
+    suspend_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             _ = shared.stop.cancelled() => return,
+            _ = suspend_check.tick() => {
+                if !shared.boot_ok() {
+                    shared.declare_lost(LossReason::Deadline);
+                    return;
+                }
+            }
             _ = sleep_until(shared.deadline()) => {
                 // A manual renew may have moved the deadline while we slept.
                 if Instant::now() >= shared.deadline() {
@@ -409,7 +499,7 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
     let backend = shared.backend.name();
     let mut backoff = Backoff::new(shared.ttl / 100, shared.ttl / 10);
     loop {
-        let t_sent = Instant::now();
+        let sent = Sent::now();
         let outcome = tokio::select! {
             biased;
             _ = shared.stop.cancelled() => return None,
@@ -418,10 +508,10 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
         };
         match outcome {
             Some(Ok(grant)) => {
-                shared.extend(t_sent, &grant);
+                shared.extend(sent, &grant);
                 ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1);
                 tracing::trace!(key = %shared.key, token = %shared.token, "renewed");
-                return Some(t_sent);
+                return Some(sent.mono);
             }
             Some(Err(Error::NotHeld { .. })) => {
                 ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);

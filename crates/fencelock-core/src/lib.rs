@@ -30,6 +30,7 @@
 mod backend;
 mod backoff;
 mod client;
+mod clock;
 mod error;
 mod fence;
 mod guard;

@@ -115,6 +115,7 @@ impl Backend for MemoryBackend {
         Capabilities {
             wakeups: true,
             persistent: false,
+            keeps_expired: true,
         }
     }
 

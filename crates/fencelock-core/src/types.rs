@@ -216,39 +216,61 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m ({e})"))
 }
 
-/// `url` with any password replaced by `***`, for logs, errors and `Debug`.
+/// `url` with any password replaced by `***`, for logs, errors and `Debug`:
+/// the password of the userinfo and the value of every query parameter
+/// whose name contains `password`.
+///
+/// Passwords are often pasted unescaped, so the userinfo is taken to end at
+/// the *last* `@` of the URL. When an `@` appears later (say, in the query),
+/// more than the password is hidden: a mangled echo beats a leaked secret.
 ///
 /// ```
-/// assert_eq!(
-///     fencelock_core::redact_url("postgres://app:s3cret@db:5432/locks"),
-///     "postgres://app:***@db:5432/locks"
-/// );
-/// assert_eq!(fencelock_core::redact_url("redis://:pw@h/0"), "redis://:***@h/0");
-/// assert_eq!(fencelock_core::redact_url("sqlite:///var/lib/l.db"), "sqlite:///var/lib/l.db");
-/// assert_eq!(fencelock_core::redact_url("user:pw@host"), "user:***@host");
+/// use fencelock_core::redact_url;
+/// assert_eq!(redact_url("postgres://app:s3cret@db:5432/locks"), "postgres://app:***@db:5432/locks");
+/// assert_eq!(redact_url("redis://:pw@h/0"), "redis://:***@h/0");
+/// assert_eq!(redact_url("postgres://u:pa/ss@h/db"), "postgres://u:***@h/db");
+/// assert_eq!(redact_url("mysql://h/db?user=u&password=x&ssl=1"), "mysql://h/db?user=u&password=***&ssl=1");
+/// assert_eq!(redact_url("user:pw@host"), "user:***@host");
+/// assert_eq!(redact_url("sqlite:///var/lib/l.db"), "sqlite:///var/lib/l.db");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    // Without a scheme, treat the text as `user:password@host…` anyway:
-    // better a mangled echo than a leaked password.
-    let authority_start = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[authority_start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| authority_start + i);
-    let authority = &url[authority_start..authority_end];
-    // The last '@' ends the userinfo: passwords may contain '@' unescaped.
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
+    // Without a scheme, treat the text as `user:password@host…` anyway.
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let redacted = match url[start..].rfind('@') {
+        Some(at) => {
+            let userinfo = &url[start..start + at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..start],
+                    &userinfo[..colon],
+                    &url[start + at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
     };
-    let userinfo = &authority[..at];
-    let Some(colon) = userinfo.find(':') else {
-        return url.to_owned();
+    let Some((base, query)) = redacted.split_once('?') else {
+        return redacted;
     };
-    format!(
-        "{}{}:***{}",
-        &url[..authority_start],
-        &userinfo[..colon],
-        &url[authority_start + at..]
-    )
+    let (query, fragment) = query
+        .split_once('#')
+        .map_or((query, None), |(q, f)| (q, Some(f)));
+    let query = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    match fragment {
+        Some(f) => format!("{base}?{query}#{f}"),
+        None => format!("{base}?{query}"),
+    }
 }
 
 /// What a backend reports about a lease. Times come from the backend's clock.

@@ -22,8 +22,26 @@ pub struct WakeSubscription {
 }
 
 enum Source {
-    Hub(watch::Receiver<u64>),
+    Hub {
+        rx: watch::Receiver<u64>,
+        hub: WakeHub,
+        key: String,
+    },
     Stream(Pin<Box<dyn Stream<Item = ()> + Send>>),
+}
+
+impl Drop for WakeSubscription {
+    /// The last subscription of a key removes the key's entry, so waiting on
+    /// many keys that are never released (only expire) does not grow the hub.
+    fn drop(&mut self) {
+        if let Source::Hub { hub, key, .. } = &self.source {
+            let mut senders = hub.senders.lock().unwrap_or_else(PoisonError::into_inner);
+            // This subscription's receiver is still alive here.
+            if senders.get(key).is_some_and(|s| s.receiver_count() <= 1) {
+                senders.remove(key);
+            }
+        }
+    }
 }
 
 impl WakeSubscription {
@@ -38,7 +56,7 @@ impl WakeSubscription {
     /// when the source has ended.
     pub async fn woken(&mut self) -> bool {
         match &mut self.source {
-            Source::Hub(rx) => rx.changed().await.is_ok(),
+            Source::Hub { rx, .. } => rx.changed().await.is_ok(),
             Source::Stream(s) => s.next().await.is_some(),
         }
     }
@@ -74,7 +92,11 @@ impl WakeHub {
             .entry(key.to_owned())
             .or_insert_with(|| watch::channel(0).0);
         WakeSubscription {
-            source: Source::Hub(sender.subscribe()),
+            source: Source::Hub {
+                rx: sender.subscribe(),
+                hub: self.clone(),
+                key: key.to_owned(),
+            },
         }
     }
 
@@ -142,6 +164,17 @@ mod tests {
         let mut a = hub.subscribe("a");
         hub.notify("a"); // released between the try and the wait
         assert!(a.woken().await);
+    }
+
+    #[test]
+    fn the_last_subscription_removes_its_key() {
+        let hub = WakeHub::new();
+        let a1 = hub.subscribe("a");
+        let a2 = hub.subscribe("a");
+        drop(a1);
+        assert_eq!(hub.senders.lock().unwrap().len(), 1);
+        drop(a2);
+        assert!(hub.senders.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -295,6 +295,7 @@ impl Backend for MySqlBackend {
         Capabilities {
             wakeups: false,
             persistent: true,
+            keeps_expired: true,
         }
     }
 

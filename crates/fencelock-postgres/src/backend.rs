@@ -299,6 +299,7 @@ impl Backend for PostgresBackend {
         Capabilities {
             wakeups: true,
             persistent: true,
+            keeps_expired: true,
         }
     }
 

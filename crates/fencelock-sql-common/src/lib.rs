@@ -110,7 +110,7 @@ pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl
             format_args!("the scheme must be one of {}", schemes.join(", ")),
         ));
     }
-    if url.host_str().map_or(true, str::is_empty) {
+    if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid_url(&url, "the URL names no host"));
     }
     let mut parsed = SqlUrl {

@@ -134,10 +134,11 @@ pub struct SqliteBackend {
 impl SqliteBackend {
     /// Opens (and if needed creates) the lock database.
     pub async fn open(options: SqliteOptions) -> Result<Self> {
+        let clock = HostClock::new()?;
         let db = Db::open(&options).await?;
         Ok(Self {
             db,
-            clock: HostClock::new(),
+            clock,
             wakeups: hub_for(options.path()),
         })
     }
@@ -169,6 +170,11 @@ impl SqliteBackend {
             .await
     }
 
+    /// Runs `f` in a read transaction whose snapshot is fixed *before* the
+    /// clock is read. In the other order, a renewal committed between the
+    /// clock read and the snapshot would carry `renewed_mono_us > now` and
+    /// look like a lease from a restarted clock, i.e. expired: `inspect`
+    /// would call a held lock free.
     async fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -177,8 +183,11 @@ impl SqliteBackend {
         let clock = self.clock.clone();
         self.db
             .call(move |conn| {
+                let tx = conn.transaction().map_err(error::map)?;
+                tx.query_row("SELECT last_token FROM fencelock_counter", [], |_| Ok(()))
+                    .map_err(error::map)?;
                 let now = Now::read(&clock)?;
-                f(conn, now)
+                f(&tx, now)
             })
             .await
     }
@@ -236,6 +245,7 @@ impl Backend for SqliteBackend {
         Capabilities {
             wakeups: true,
             persistent: true,
+            keeps_expired: true,
         }
     }
 

@@ -27,18 +27,28 @@ pub(crate) struct HostClock {
 }
 
 impl HostClock {
-    pub(crate) fn new() -> Self {
-        static BOOT_ID: OnceLock<String> = OnceLock::new();
-        let boot_id = BOOT_ID.get_or_init(|| {
-            std::fs::read_to_string(BOOT_ID_PATH)
-                .map(|s| s.trim().to_owned())
-                .ok()
-                .filter(|s| !s.is_empty())
-                // Without a boot id, the "renewed in the future" rule alone
-                // detects restarted clocks.
-                .unwrap_or_else(|| "unknown-boot".to_owned())
+    /// Fails on Linux when the boot id cannot be read: a process that made
+    /// one up would disagree with its neighbours about which leases are live
+    /// and could take a lock they hold.
+    pub(crate) fn new() -> fencelock_core::Result<Self> {
+        static BOOT_ID: OnceLock<Result<String, String>> = OnceLock::new();
+        let boot_id = BOOT_ID.get_or_init(|| match std::fs::read_to_string(BOOT_ID_PATH) {
+            Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+            Ok(_) => Err(format!("{BOOT_ID_PATH} is empty")),
+            // Elsewhere every process agrees on the placeholder, and the
+            // "renewed in the future" rule alone detects restarted clocks.
+            Err(_) if !cfg!(target_os = "linux") => Ok("unknown-boot".to_owned()),
+            Err(e) => Err(format!("cannot read {BOOT_ID_PATH}: {e}")),
         });
-        Self { boot_id }
+        match boot_id {
+            Ok(id) => Ok(Self { boot_id: id }),
+            Err(why) => Err(fencelock_core::BackendError::message(
+                crate::error::NAME,
+                false,
+                format!("the SQLite backend needs the host's boot id: {why}"),
+            )
+            .into()),
+        }
     }
 
     pub(crate) fn boot_id(&self) -> &'static str {

@@ -84,7 +84,9 @@ impl SqliteOptions {
     /// `sqlite://locks.db` a relative one.
     pub fn from_url(url: &str) -> Result<Self> {
         let rest = url
-            .strip_prefix("sqlite://")
+            .get(..9)
+            .filter(|scheme| scheme.eq_ignore_ascii_case("sqlite://"))
+            .map(|_| &url[9..])
             .ok_or_else(|| Error::InvalidUrl(format!("{url:?} does not start with sqlite://")))?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         if path.is_empty() {

@@ -202,3 +202,53 @@ async fn urls_are_parsed_strictly() {
         "{r:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inspect_never_sees_a_held_lock_as_free_during_renewals() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let key = LockKey::new("k").unwrap();
+    let owner = Owner::new("holder").unwrap();
+    let holder = SqliteBackend::open_path(&path).await.unwrap();
+    let token = granted(&holder, "k", "holder").await;
+    let renewers: Vec<_> = (0..3)
+        .map(|_| {
+            let (path, key, owner) = (path.clone(), key.clone(), owner.clone());
+            tokio::spawn(async move {
+                let b = SqliteBackend::open_path(&path).await.unwrap();
+                for _ in 0..300 {
+                    b.renew(&key, &owner, token, Duration::from_secs(600))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let inspectors: Vec<_> = (0..3)
+        .map(|_| {
+            let (path, key, done) = (path.clone(), key.clone(), Arc::clone(&done));
+            tokio::spawn(async move {
+                let b = SqliteBackend::open_path(&path).await.unwrap();
+                let mut seen_free = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    if b.inspect(&key).await.unwrap().is_none() {
+                        seen_free += 1;
+                    }
+                }
+                seen_free
+            })
+        })
+        .collect();
+    for r in renewers {
+        r.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for i in inspectors {
+        assert_eq!(
+            i.await.unwrap(),
+            0,
+            "inspect reported the held lock as free"
+        );
+    }
+}

@@ -315,3 +315,39 @@ async fn a_detached_lease_stays_until_released_by_owner_and_token() {
     assert_eq!(lease.token, token);
     assert!(faulty.release(&key("k"), &owner, token).await.unwrap());
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiting_forever_is_allowed() {
+    let memory = Arc::new(MemoryBackend::new());
+    let holder = client(memory.clone(), "holder")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = client(memory, "waiter");
+    let waiting = tokio::spawn(async move { waiter.lock("k").wait(Duration::MAX).acquire().await });
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    holder.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manual_renew_against_a_hung_backend_comes_back() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    faulty.set(Fault::Hang);
+    let renewed = guard.renew().await;
+    assert!(
+        matches!(&renewed, Err(e) if e.is_transient()),
+        "{renewed:?}"
+    );
+    // Bounded by a third of the TTL, well inside the lease.
+    assert!(guard.is_valid());
+}

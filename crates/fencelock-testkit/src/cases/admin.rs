@@ -144,9 +144,10 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
         s.max_hold_seconds.ok_or("no maximum")?,
     );
     ensure!(avg >= 0.0 && max >= avg, "avg {avg} max {max}");
+    let expected_expired = u64::from(b.capabilities().keeps_expired);
     ensure!(
-        s.expired_not_cleaned <= 1,
-        "expired_not_cleaned = {}",
+        s.expired_not_cleaned == expected_expired,
+        "expired_not_cleaned = {}, expected {expected_expired}",
         s.expired_not_cleaned
     );
     let cleaned = b.cleanup_expired().await?;

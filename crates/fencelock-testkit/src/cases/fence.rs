@@ -115,8 +115,11 @@ pub async fn i7_admit_before_read_prevents_lost_update(store: &dyn Store) -> Tes
     Ok(())
 }
 
-/// Concurrent admits from many tasks leave the maximum, and every admitted
-/// token was at least the maximum admitted before it.
+/// Concurrent admits from many tasks, in scrambled order, leave the maximum
+/// as the highest, and every refusal reports a current token above the one
+/// refused. (The order in which the fence saw the admits cannot be observed
+/// from outside, so "admitted ≥ highest so far" is checked sequentially by
+/// `i7_fence_rule`.)
 pub async fn i7_concurrent_admits_keep_the_maximum(store: &dyn Store) -> TestResult {
     let mut tasks = Vec::new();
     for i in 0..32u64 {

@@ -1,0 +1,1 @@
+//! Throwaway `etcd` servers and clusters.

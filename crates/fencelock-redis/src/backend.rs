@@ -116,6 +116,14 @@ impl RedisBackend {
         &self.inner.options
     }
 
+    /// SHA1 of the acquire script, e.g. to compare against a raw
+    /// `redis-benchmark … EVALSHA` run or to check `SCRIPT EXISTS`. It takes
+    /// `KEYS = [PREFIX:{KEY}, PREFIX:{KEY}:token]` and `ARGV = [owner, ttl_ms,
+    /// kind, data]`.
+    pub fn acquire_script_sha(&self) -> &str {
+        self.inner.scripts.acquire.get_hash()
+    }
+
     fn conn(&self) -> ConnectionManager {
         self.inner.conn.clone()
     }

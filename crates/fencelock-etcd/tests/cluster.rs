@@ -124,7 +124,11 @@ async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
     for t in tasks {
         t.await??;
     }
-    assert_eq!(shared.overlaps.load(Ordering::SeqCst), 0, "two clients held the key at once");
+    assert_eq!(
+        shared.overlaps.load(Ordering::SeqCst),
+        0,
+        "two clients held the key at once"
+    );
     let tokens = shared.tokens.lock().map_err(|_| "poisoned")?.clone();
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
@@ -151,8 +155,16 @@ async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
             }
             match event.event_type() {
                 EventType::Put => {
-                    assert!(held.is_none(), "create at {} while {held:?} held", kv.mod_revision());
-                    assert_eq!(kv.create_revision(), kv.mod_revision(), "a grant modified a live key");
+                    assert!(
+                        held.is_none(),
+                        "create at {} while {held:?} held",
+                        kv.mod_revision()
+                    );
+                    assert_eq!(
+                        kv.create_revision(),
+                        kv.mod_revision(),
+                        "a grant modified a live key"
+                    );
                     held = Some(kv.create_revision());
                     creates.push(u64::try_from(kv.create_revision())?);
                 }
@@ -161,7 +173,10 @@ async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
         }
     }
     for t in &tokens {
-        assert!(creates.binary_search(t).is_ok(), "token {t} is not a create in the history");
+        assert!(
+            creates.binary_search(t).is_ok(),
+            "token {t} is not a create in the history"
+        );
     }
     eprintln!(
         "{} grants ({} after killing leader m{victim}), {} transient errors, new leader m{new_leader}",

@@ -51,12 +51,28 @@ async fn main() -> TestResult {
     let raw = redis_benchmark(
         server.port(),
         &[
-            "-n", "50000", "-c", "1", "-r", "1000000", "EVALSHA", &sha, "2",
-            "bench:{raw__rand_int__}", "bench:{raw__rand_int__}:token", "owner", "1", "", "",
+            "-n",
+            "50000",
+            "-c",
+            "1",
+            "-r",
+            "1000000",
+            "EVALSHA",
+            &sha,
+            "2",
+            "bench:{raw__rand_int__}",
+            "bench:{raw__rand_int__}:token",
+            "owner",
+            "1",
+            "",
+            "",
         ],
     )?;
     println!("raw EVALSHA acquire script, 1 connection (redis-benchmark -c 1): {raw:.0} calls/s");
-    println!("  => raw acquire+release cycle bound (half):                 {:.0} cycles/s", raw / 2.0);
+    println!(
+        "  => raw acquire+release cycle bound (half):                 {:.0} cycles/s",
+        raw / 2.0
+    );
 
     cycle_rate(&one, 1, 2000, TTL).await?; // warm-up
     let single = cycle_rate(&one, 1, 20000, TTL).await?;
@@ -65,12 +81,27 @@ async fn main() -> TestResult {
         100.0 * single / (raw / 2.0)
     );
     let many = cycle_rate(&one, 64, 1000, TTL).await?;
-    println!("fencelock acquire+release, 64 clients: {many:.0} cycles/s (one multiplexed connection)");
+    println!(
+        "fencelock acquire+release, 64 clients: {many:.0} cycles/s (one multiplexed connection)"
+    );
     let raw64 = redis_benchmark(
         server.port(),
         &[
-            "-n", "200000", "-c", "64", "-r", "1000000", "EVALSHA", &sha, "2",
-            "bench:{raw__rand_int__}", "bench:{raw__rand_int__}:token", "owner", "1", "", "",
+            "-n",
+            "200000",
+            "-c",
+            "64",
+            "-r",
+            "1000000",
+            "EVALSHA",
+            &sha,
+            "2",
+            "bench:{raw__rand_int__}",
+            "bench:{raw__rand_int__}:token",
+            "owner",
+            "1",
+            "",
+            "",
         ],
     )?;
     println!("raw EVALSHA acquire script, 64 connections: {raw64:.0} calls/s");

@@ -19,7 +19,11 @@ fn request(key: &LockKey, owner: &Owner) -> AcquireRequest {
 }
 
 /// Retries through the reconnect after the restart.
-async fn grant_after_restart(b: &RedisBackend, key: &LockKey, owner: &Owner) -> TestResult<FencingToken> {
+async fn grant_after_restart(
+    b: &RedisBackend,
+    key: &LockKey,
+    owner: &Owner,
+) -> TestResult<FencingToken> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let last = match b.try_acquire(&request(key, owner)).await {

@@ -35,7 +35,9 @@ pub async fn cycle_rate(
             for _ in 0..cycles {
                 match backend.try_acquire(&request).await? {
                     Acquire::Granted(g) => {
-                        backend.release(&request.key, &request.owner, g.token).await?;
+                        backend
+                            .release(&request.key, &request.owner, g.token)
+                            .await?;
                     }
                     Acquire::Held(h) => return Err(format!("own key held: {h:?}").into()),
                 }
@@ -60,8 +62,12 @@ pub async fn handoff(
     ttl: Duration,
 ) -> TestResult<Vec<Duration>> {
     let clients = [
-        LockClient::builder(a).owner(Owner::new("bench-a")?).build()?,
-        LockClient::builder(b).owner(Owner::new("bench-b")?).build()?,
+        LockClient::builder(a)
+            .owner(Owner::new("bench-a")?)
+            .build()?,
+        LockClient::builder(b)
+            .owner(Owner::new("bench-b")?)
+            .build()?,
     ];
     let key = "bench-handoff";
     let mut latencies = Vec::with_capacity(rounds);

@@ -40,6 +40,9 @@ pub struct EtcdCluster {
     binary: PathBuf,
     members: Vec<Member>,
     initial_cluster: String,
+    /// The same for every member (a member with another token would form a
+    /// cluster of its own), different between clusters.
+    cluster_token: String,
     _root: tempfile::TempDir,
 }
 
@@ -71,10 +74,12 @@ impl EtcdCluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
+        let cluster_token = format!("fencelock-{}", members[0].peer_port);
         let cluster = Self {
             binary,
             members,
             initial_cluster,
+            cluster_token,
             _root: root,
         };
         for i in 0..n {
@@ -102,10 +107,7 @@ impl EtcdCluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", "new"])
-            .args([
-                "--initial-cluster-token",
-                &format!("fencelock-{}", m.peer_port),
-            ])
+            .args(["--initial-cluster-token", &self.cluster_token])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -21,12 +21,17 @@ use fencelock_testkit::{
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// Requests per second reported by `redis-benchmark --csv` for `args`.
-fn redis_benchmark(port: u16, args: &[&str]) -> TestResult<f64> {
+/// Calls per second of the acquire script by EVALSHA, as `redis-benchmark
+/// --csv -n requests -c connections` reports it, on random keys (so every
+/// call is a grant; TTL 1 ms so the keys vanish).
+fn redis_benchmark(port: u16, sha: &str, requests: u32, connections: u32) -> TestResult<f64> {
     let bin = find_binary("redis-benchmark", &[], "redis-tools")?;
     let out = Command::new(bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
-        .args(args)
+        .args(["-n", &requests.to_string(), "-c", &connections.to_string()])
+        .args(["-r", "1000000", "EVALSHA", sha, "2"])
+        .args(["bench:{raw__rand_int__}", "bench:{raw__rand_int__}:token"])
+        .args(["owner", "1", "", ""])
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     // CSV: "test","rps",… — the second field of the last data line.
@@ -48,26 +53,7 @@ async fn main() -> TestResult {
     let sha = backend.acquire_script_sha().to_owned();
     let one: Vec<Arc<dyn Backend>> = vec![Arc::new(backend.clone())];
 
-    let raw = redis_benchmark(
-        server.port(),
-        &[
-            "-n",
-            "50000",
-            "-c",
-            "1",
-            "-r",
-            "1000000",
-            "EVALSHA",
-            &sha,
-            "2",
-            "bench:{raw__rand_int__}",
-            "bench:{raw__rand_int__}:token",
-            "owner",
-            "1",
-            "",
-            "",
-        ],
-    )?;
+    let raw = redis_benchmark(server.port(), &sha, 50_000, 1)?;
     println!("raw EVALSHA acquire script, 1 connection (redis-benchmark -c 1): {raw:.0} calls/s");
     println!(
         "  => raw acquire+release cycle bound (half):                 {:.0} cycles/s",
@@ -84,26 +70,7 @@ async fn main() -> TestResult {
     println!(
         "fencelock acquire+release, 64 clients: {many:.0} cycles/s (one multiplexed connection)"
     );
-    let raw64 = redis_benchmark(
-        server.port(),
-        &[
-            "-n",
-            "200000",
-            "-c",
-            "64",
-            "-r",
-            "1000000",
-            "EVALSHA",
-            &sha,
-            "2",
-            "bench:{raw__rand_int__}",
-            "bench:{raw__rand_int__}:token",
-            "owner",
-            "1",
-            "",
-            "",
-        ],
-    )?;
+    let raw64 = redis_benchmark(server.port(), &sha, 200_000, 64)?;
     println!("raw EVALSHA acquire script, 64 connections: {raw64:.0} calls/s");
 
     let a: Arc<dyn Backend> = Arc::new(RedisBackend::open(&url).await?);

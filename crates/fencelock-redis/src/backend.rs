@@ -176,7 +176,7 @@ impl RedisBackend {
             for (_, name) in &keyed {
                 pipe.cmd("HMGET")
                     .arg(name)
-                    .arg(&["owner", "token", "kind", "data", "acquired"]);
+                    .arg(&["owner", "token", "kind", "data", "acquired", "expires"]);
                 pipe.cmd("PTTL").arg(name);
             }
             let replies: Vec<Value> = pipe
@@ -187,12 +187,12 @@ impl RedisBackend {
             let (secs, micros): (i64, i64) = from_value(replies.next())?;
             now_ms = secs * 1000 + micros / 1000;
             for (key, _) in keyed {
-                let fields: Vec<Value> = from_value(replies.next())?;
+                let mut fields: Vec<Value> = from_value(replies.next())?;
                 let pttl: i64 = from_value(replies.next())?;
+                let expires = fields.pop().unwrap_or(Value::Nil);
                 let mut row = vec![Value::Int(1)];
                 row.extend(fields);
-                row.push(Value::Int(pttl));
-                row.push(Value::Int(now_ms));
+                row.extend([Value::Int(pttl), Value::Int(now_ms), expires]);
                 if let Some(info) = parse_describe(&key, &row)? {
                     let acquired = acquired_ms(&row)?;
                     found.push((info, acquired));
@@ -276,9 +276,9 @@ fn parse_token(s: &str) -> Result<FencingToken> {
 }
 
 /// Parses the `{found, owner, token, kind, data, acquired_ms, pttl_ms,
-/// now_ms}` shape of the scripts' `describe`.
+/// now_ms, expires_ms}` shape of the scripts' `describe`.
 fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
-    if row.len() != 8 {
+    if row.len() != 9 {
         return Err(bad_reply(format!("describe returned {} fields", row.len())));
     }
     let owner: Option<String> = field(row, 1)?;
@@ -301,6 +301,9 @@ fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
         None => None,
     };
     let remaining = u64::try_from(pttl).unwrap_or(0);
+    let expires_ms = field::<Option<String>>(row, 8)?
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or_else(|| now_ms.saturating_add(remaining as i64));
     Ok(Some(LockInfo {
         key: key.clone(),
         owner: Owner::new(owner).map_err(|e| bad_reply(format!("stored owner is invalid: {e}")))?,
@@ -308,7 +311,7 @@ fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
         kind,
         data,
         acquired_at: ms_to_time(acquired_ms(row)?),
-        expires_at: ms_to_time(now_ms.saturating_add(remaining as i64)),
+        expires_at: ms_to_time(expires_ms),
         expires_in: Duration::from_millis(remaining),
     }))
 }

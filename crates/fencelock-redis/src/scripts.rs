@@ -14,19 +14,22 @@
 use redis::Script;
 
 /// Shared Lua: the holder of KEYS[1] in the shape every script returns:
-/// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms}`.
+/// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
+/// expires_ms}`. `expires_ms` (server clock, written by acquire and renew) is
+/// for display: deriving it from `now + PTTL` would jitter by a millisecond
+/// between calls.
 const DESCRIBE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function describe(key)
-  local h = redis.call('HMGET', key, 'owner', 'token', 'kind', 'data', 'acquired')
+  local h = redis.call('HMGET', key, 'owner', 'token', 'kind', 'data', 'acquired', 'expires')
   local pttl = redis.call('PTTL', key)
   if not h[1] or pttl == -2 then
-    return {0, false, false, false, false, false, -2, now_ms()}
+    return {0, false, false, false, false, false, -2, now_ms(), false}
   end
-  return {1, h[1], h[2], h[3], h[4], h[5], pttl, now_ms()}
+  return {1, h[1], h[2], h[3], h[4], h[5], pttl, now_ms(), h[6]}
 end
 "#;
 
@@ -49,7 +52,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local token = string.format('%d', redis.call('INCR', KEYS[2]))
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now))
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),
+  'expires', string.format('%d', now + tonumber(ARGV[2])))
 if #ARGV[3] > 0 then redis.call('HSET', KEYS[1], 'kind', string.sub(ARGV[3], 2)) end
 if #ARGV[4] > 0 then redis.call('HSET', KEYS[1], 'data', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -60,8 +64,10 @@ return {1, token, now}
 const RENEW: &str = r#"
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'expires', string.format('%d', now + tonumber(ARGV[3])))
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, now_ms()}
+  return {1, now}
 end
 return {0}
 "#;

@@ -208,3 +208,18 @@ fn health(addr: SocketAddr) -> TestResult<bool> {
     s.read_to_string(&mut body)?;
     Ok(body.contains("\"health\":\"true\""))
 }
+
+impl super::url_factory::UrlServer for EtcdCluster {
+    fn start_shared() -> TestResult<Self> {
+        Self::start()
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        Self::start()
+    }
+    fn url(&self) -> String {
+        EtcdCluster::url(self)
+    }
+    fn restart_server(&self) -> TestResult {
+        self.restart()
+    }
+}

@@ -188,3 +188,4 @@ pub fn running_as_root() -> bool {
 
 pub mod etcd;
 pub mod redis;
+pub mod url_factory;

@@ -118,3 +118,19 @@ impl RedisServer {
         self.spawn()
     }
 }
+
+impl super::url_factory::UrlServer for RedisServer {
+    fn start_shared() -> TestResult<Self> {
+        Self::start()
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        // Restart cases expect a clean restart to keep live leases.
+        Self::start_persistent()
+    }
+    fn url(&self) -> String {
+        RedisServer::url(self, 0)
+    }
+    fn restart_server(&self) -> TestResult {
+        self.restart()
+    }
+}

@@ -32,3 +32,22 @@ pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock
 pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
     Ok(Arc::new(EtcdFence::open(url).await?))
 }
+
+#[cfg(test)]
+mod tests {
+    use fencelock_core::Error;
+
+    #[tokio::test]
+    async fn entry_points_refuse_malformed_urls_without_echoing_the_password() {
+        for bad in ["etcd://user:s3cret@host", "redis://user:s3cret@h:1"] {
+            match super::open_backend(bad).await {
+                Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+            match super::open_fence(bad).await {
+                Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+}

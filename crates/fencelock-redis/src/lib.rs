@@ -48,3 +48,22 @@ pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock
 pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
     Ok(Arc::new(RedisFence::open(url).await?))
 }
+
+#[cfg(test)]
+mod tests {
+    use fencelock_core::Error;
+
+    #[tokio::test]
+    async fn entry_points_refuse_malformed_urls_without_echoing_the_password() {
+        for bad in ["redis://user:s3cret@[::1", "postgres://user:s3cret@h/db"] {
+            match super::open_backend(bad).await {
+                Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+            match super::open_fence(bad).await {
+                Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+}

@@ -26,7 +26,10 @@ async fn too_few_replicas_fail_transiently_and_leave_no_lease() -> TestResult {
     };
     assert!(err.is_transient(), "{err}");
     assert!(err.to_string().contains("replicas"), "{err}");
-    assert!(backend.inspect(&key).await?.is_none(), "the refused grant left a lease");
+    assert!(
+        backend.inspect(&key).await?.is_none(),
+        "the refused grant left a lease"
+    );
 
     let plain = RedisBackend::open(&server.url(0)).await?;
     assert!(matches!(

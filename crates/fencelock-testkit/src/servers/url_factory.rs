@@ -113,3 +113,27 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
         }))
     }
 }
+
+/// Checks that both entry points refuse each of `urls` with
+/// `Error::InvalidUrl` whose message does not contain `secret`.
+pub async fn assert_invalid_urls_hide(
+    backend: Opener<dyn Backend>,
+    fence: Opener<dyn Fence>,
+    urls: &[&str],
+    secret: &str,
+) -> TestResult {
+    use fencelock_core::Error;
+    for url in urls {
+        let results = [
+            backend(url.to_string()).await.map(|_| ()),
+            fence(url.to_string()).await.map(|_| ()),
+        ];
+        for result in results {
+            match result {
+                Err(Error::InvalidUrl(msg)) if !msg.contains(secret) => {}
+                other => return Err(format!("{url}: {other:?}").into()),
+            }
+        }
+    }
+    Ok(())
+}

@@ -20,7 +20,7 @@ use fencelock_core::{
 use serde_json::{json, Value};
 
 use crate::{
-    error::{bad_value, is_lease_not_found, map},
+    error::{bad_value, failover, is_lease_not_found, map},
     options::EtcdOptions,
 };
 
@@ -197,19 +197,24 @@ impl EtcdBackend {
     }
 
     async fn get(&self, key: &LockKey) -> Result<Option<KeyValue>> {
-        let mut resp = self
-            .client
-            .clone()
-            .get(self.key(key), None)
-            .await
-            .map_err(|e| map("get", e))?;
+        let full = self.key(key);
+        let mut resp = failover(|| {
+            let (mut c, k) = (self.client.clone(), full.clone());
+            async move { c.get(k, None).await }
+        })
+        .await
+        .map_err(|e| map("get", e))?;
         Ok(resp.take_kvs().into_iter().next())
     }
 
     /// One keep-alive round trip; the answer's TTL is the lease's new TTL
     /// (0 when the lease is gone).
     async fn keep_alive(&self, lease: i64) -> std::result::Result<i64, etcd_client::Error> {
-        let (mut keeper, mut stream) = self.client.clone().lease_keep_alive(lease).await?;
+        let (mut keeper, mut stream) = failover(|| {
+            let mut c = self.client.clone();
+            async move { c.lease_keep_alive(lease).await }
+        })
+        .await?;
         keeper.keep_alive().await?;
         match stream.message().await? {
             Some(resp) => Ok(resp.ttl()),
@@ -222,7 +227,12 @@ impl EtcdBackend {
     /// Revokes `lease`, which deletes the key attached to it. `false` when
     /// the lease had already ended.
     async fn revoke(&self, lease: i64) -> Result<bool> {
-        match self.client.clone().lease_revoke(lease).await {
+        let revoked = failover(|| {
+            let mut c = self.client.clone();
+            async move { c.lease_revoke(lease).await }
+        })
+        .await;
+        match revoked {
             Ok(_) => Ok(true),
             Err(e) if is_lease_not_found(&e) => Ok(false),
             Err(e) => Err(map("lease revoke", e)),
@@ -231,7 +241,12 @@ impl EtcdBackend {
 
     /// The lease's remaining TTL; `None` when it has ended.
     async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
-        match self.client.clone().lease_time_to_live(lease, None).await {
+        let ttl = failover(|| {
+            let mut c = self.client.clone();
+            async move { c.lease_time_to_live(lease, None).await }
+        })
+        .await;
+        match ttl {
             Ok(r) if r.ttl() >= 0 => Ok(Some(secs(r.ttl()))),
             Ok(_) => Ok(None),
             Err(e) if is_lease_not_found(&e) => Ok(None),
@@ -267,14 +282,19 @@ impl EtcdBackend {
         Ok(Some((info, stored.acquired_ms)))
     }
 
+    /// Every lock key starting with `start` (a literal prefix).
+    async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
+        failover(|| {
+            let (mut c, k) = (self.client.clone(), start.clone());
+            async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
+        })
+        .await
+        .map_err(|e| map("range", e))
+    }
+
     async fn scan(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
         let start = format!("{}{}", self.locks_prefix(), prefix.unwrap_or(""));
-        let mut resp = self
-            .client
-            .clone()
-            .get(start, Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| map("range", e))?;
+        let mut resp = self.range(start).await?;
         let kvs = resp.take_kvs();
         let lookups = kvs.iter().filter_map(|kv| {
             let key = self.user_key(kv)?;
@@ -305,14 +325,16 @@ impl Backend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let mut client = self.client.clone();
         // The lease is granted right before the put-if-absent, never before
         // waiting, so a waiter cannot win with a lease that ran out while it
         // waited; the caller's t_sent precedes both requests.
-        let lease = client
-            .lease_grant(ttl_secs(request.ttl), None)
-            .await
-            .map_err(|e| map("lease grant", e))?;
+        let ttl = ttl_secs(request.ttl);
+        let lease = failover(|| {
+            let mut c = self.client.clone();
+            async move { c.lease_grant(ttl, None).await }
+        })
+        .await
+        .map_err(|e| map("lease grant", e))?;
         let granted = secs(lease.ttl());
         let value = json!({
             "owner": request.owner.as_str(),
@@ -330,7 +352,12 @@ impl Backend for EtcdBackend {
                 Some(PutOptions::new().with_lease(lease.id())),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let resp = match client.txn(txn).await {
+        let resp = match failover(|| {
+            let (mut c, t) = (self.client.clone(), txn.clone());
+            async move { c.txn(t).await }
+        })
+        .await
+        {
             Ok(r) => r,
             Err(e) => {
                 // Whether or not the put happened, the lease must not outlive
@@ -460,12 +487,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let mut resp = self
-            .client
-            .clone()
-            .get(self.locks_prefix(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| map("range", e))?;
+        let mut resp = self.range(self.locks_prefix()).await?;
         let mut released = 0;
         for kv in resp.take_kvs() {
             let Ok(stored) = decode(&kv) else { continue };
@@ -494,15 +516,14 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let mut stream = self
-            .client
-            .clone()
-            .watch(
-                self.key(key),
-                Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
-            )
-            .await
-            .map_err(|e| map("watch", e))?;
+        let full = self.key(key);
+        let mut stream = failover(|| {
+            let (mut c, k) = (self.client.clone(), full.clone());
+            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            async move { c.watch(k, Some(options)).await }
+        })
+        .await
+        .map_err(|e| map("watch", e))?;
         // Wait for the "created" answer so a release right after we return
         // is not missed.
         stream

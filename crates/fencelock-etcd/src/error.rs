@@ -55,3 +55,32 @@ pub(crate) fn map(context: &str, e: EtcdError) -> Error {
 pub(crate) fn bad_value(what: impl Into<String>) -> Error {
     BackendError::message(NAME, false, what).into()
 }
+
+/// Whether the request failed before reaching any server: the balanced
+/// channel picked an endpoint it could not connect to (e.g. a killed
+/// member). Sending it again is then safe even for non-idempotent requests.
+pub(crate) fn never_sent(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::GRpcStatus(s)
+        if s.code() == Code::Unavailable && s.message().contains("tcp connect error"))
+}
+
+/// How often a request that was never sent is sent again. The channel picks
+/// endpoints at random, so with one member of three down a handful of
+/// attempts reaches a live one with near certainty.
+const UNSENT_RETRIES: usize = 6;
+
+/// Runs `op`, sending it again while it fails with [`never_sent`], so a dead
+/// endpoint costs a failed connect rather than a failed call.
+pub(crate) async fn failover<T, F, Fut>(mut op: F) -> Result<T, EtcdError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, EtcdError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if attempt < UNSENT_RETRIES && never_sent(&e) => attempt += 1,
+            other => return other,
+        }
+    }
+}

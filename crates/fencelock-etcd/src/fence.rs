@@ -8,7 +8,7 @@ use fencelock_core::{Admission, Fence, FencingToken, Result};
 
 use crate::{
     backend::connect,
-    error::{bad_value, map},
+    error::{bad_value, failover, map},
     options::EtcdOptions,
 };
 
@@ -50,12 +50,12 @@ impl EtcdFence {
 
     /// The current record: (highest token, mod revision; 0 when absent).
     async fn read(&self, key: &str) -> Result<(Option<FencingToken>, i64)> {
-        let mut resp = self
-            .client
-            .clone()
-            .get(key, None)
-            .await
-            .map_err(|e| map("fence get", e))?;
+        let mut resp = failover(|| {
+            let (mut c, k) = (self.client.clone(), key.to_owned());
+            async move { c.get(k, None).await }
+        })
+        .await
+        .map_err(|e| map("fence get", e))?;
         match resp.take_kvs().into_iter().next() {
             None => Ok((None, 0)),
             Some(kv) => {
@@ -91,12 +91,12 @@ impl Fence for EtcdFence {
                     revision,
                 )])
                 .and_then([TxnOp::put(key.clone(), token.0.to_string(), None)]);
-            let resp = self
-                .client
-                .clone()
-                .txn(txn)
-                .await
-                .map_err(|e| map("fence txn", e))?;
+            let resp = failover(|| {
+                let (mut c, t) = (self.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| map("fence txn", e))?;
             if resp.succeeded() {
                 return Ok(Admission::Admitted);
             }

@@ -115,8 +115,13 @@ async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
     let victim = leader(&cluster).await?;
     cluster.kill(victim)?;
     let at_kill = shared.grants.load(Ordering::SeqCst);
+    let errors_at_kill = shared.errors.load(Ordering::SeqCst);
+    let killed_at = tokio::time::Instant::now();
     // Acquisition resumes once the two survivors elect a leader.
+    wait_for_grants(&shared, at_kill + 1, Duration::from_secs(60)).await?;
+    let resumed_after = killed_at.elapsed();
     wait_for_grants(&shared, at_kill + 30, Duration::from_secs(60)).await?;
+    let steady_after = killed_at.elapsed();
     let new_leader = leader_among_survivors(&cluster, victim).await?;
     assert_ne!(new_leader, victim);
 
@@ -179,10 +184,11 @@ async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
         );
     }
     eprintln!(
-        "{} grants ({} after killing leader m{victim}), {} transient errors, new leader m{new_leader}",
+        "{} grants ({} after killing leader m{victim}); first grant {resumed_after:?} after the kill, \
+         30 grants after {steady_after:?}; transient errors: {errors_at_kill} before, {} after; new leader m{new_leader}",
         tokens.len(),
         tokens.len() as u64 - at_kill,
-        shared.errors.load(Ordering::SeqCst)
+        shared.errors.load(Ordering::SeqCst) - errors_at_kill
     );
     Ok(())
 }

@@ -90,10 +90,16 @@ impl RedisBackend {
         let channel = keys.channel();
         // Subscribed before we return, so no waiter can subscribe to the hub
         // before the channel is live and miss a release.
-        let pubsub = subscribe(&client, &channel)
+        let pubsub = subscribe(&client, &channel, options.timeout)
             .await
             .map_err(|e| map("SUBSCRIBE", e))?;
-        let subscriber = tokio::spawn(run_subscriber(client, channel, hub.clone(), pubsub));
+        let subscriber = tokio::spawn(run_subscriber(
+            client,
+            channel,
+            hub.clone(),
+            pubsub,
+            options.timeout,
+        ));
         Ok(Self {
             inner: Arc::new(Inner {
                 options,
@@ -214,16 +220,38 @@ fn bad_reply_transient(message: String) -> Error {
     fencelock_core::BackendError::message(crate::error::NAME, true, message).into()
 }
 
-async fn subscribe(client: &Client, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(channel).await?;
-    Ok(pubsub)
+/// A pub/sub connection subscribed to `channel`, within `timeout` (a server
+/// that accepts connections but does not answer must not stall us).
+async fn subscribe(
+    client: &Client,
+    channel: &str,
+    timeout: Duration,
+) -> redis::RedisResult<redis::aio::PubSub> {
+    let connect = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub)
+    };
+    tokio::time::timeout(timeout, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "SUBSCRIBE timed out",
+            )))
+        })
 }
 
 /// Feeds release notices into the hub. While the subscription is down every
 /// waiter falls back to backoff (`close_all`); after a reconnect all waiters
 /// are woken because notices may have been missed.
-async fn run_subscriber(client: Client, channel: String, hub: WakeHub, first: redis::aio::PubSub) {
+async fn run_subscriber(
+    client: Client,
+    channel: String,
+    hub: WakeHub,
+    first: redis::aio::PubSub,
+    timeout: Duration,
+) {
     let mut pubsub = Some(first);
     let mut delay = Duration::from_millis(50);
     loop {
@@ -241,7 +269,7 @@ async fn run_subscriber(client: Client, channel: String, hub: WakeHub, first: re
         // Reconnect attempts are spaced so a dead server is not hammered.
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(2));
-        match subscribe(&client, &channel).await {
+        match subscribe(&client, &channel, timeout).await {
             Ok(p) => {
                 hub.notify_all();
                 pubsub = Some(p);

@@ -188,3 +188,7 @@ pub fn chown_to(path: &Path, user: &str) -> TestResult {
 pub fn running_as_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
+
+pub mod etcd;
+pub mod redis;
+pub mod url_factory;

@@ -1,0 +1,86 @@
+//! The one place where `etcd-client` errors become fencelock errors.
+
+use etcd_client::Error as EtcdError;
+use fencelock_core::{BackendError, Error};
+use tonic::Code;
+
+pub(crate) const NAME: &str = "etcd";
+
+/// Whether the error says the lease does not exist (expired or revoked).
+pub(crate) fn is_lease_not_found(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::GRpcStatus(s) => {
+            s.code() == Code::NotFound || s.message().contains("requested lease not found")
+        }
+        // The keep-alive stream reports an unknown lease this way.
+        EtcdError::LeaseKeepAliveError(m) => m.contains("not found"),
+        _ => false,
+    }
+}
+
+/// Classifies a driver error: lost connections, missing or changing
+/// leaders, timeouts and overload are transient; the rest permanent.
+pub(crate) fn map(context: &str, e: EtcdError) -> Error {
+    let transient = match &e {
+        EtcdError::IoError(_) | EtcdError::TransportError(_) => true,
+        EtcdError::LeaseKeepAliveError(_) | EtcdError::WatchError(_) => true,
+        EtcdError::GRpcStatus(s) => match s.code() {
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Cancelled => true,
+            Code::Unknown | Code::Internal => {
+                let m = s.message();
+                m.contains("leader")
+                    || m.contains("timed out")
+                    || m.contains("timeout")
+                    || m.contains("too many requests")
+                    || m.contains("connection")
+                    || m.contains("transport")
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    let message = format!("{context} failed");
+    if transient {
+        BackendError::transient(NAME, message, e).into()
+    } else {
+        BackendError::permanent(NAME, message, e).into()
+    }
+}
+
+/// A stored value this crate never writes: permanent.
+pub(crate) fn bad_value(what: impl Into<String>) -> Error {
+    BackendError::message(NAME, false, what).into()
+}
+
+/// Whether the request failed before reaching any server: the balanced
+/// channel picked an endpoint it could not connect to (e.g. a killed
+/// member). Sending it again is then safe even for non-idempotent requests.
+pub(crate) fn never_sent(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::GRpcStatus(s)
+        if s.code() == Code::Unavailable && s.message().contains("tcp connect error"))
+}
+
+/// How often a request that was never sent is sent again. The channel picks
+/// endpoints at random, so with one member of three down a handful of
+/// attempts reaches a live one with near certainty.
+const UNSENT_RETRIES: usize = 6;
+
+/// Runs `op`, sending it again while it fails with [`never_sent`], so a dead
+/// endpoint costs a failed connect rather than a failed call.
+pub(crate) async fn failover<T, F, Fut>(mut op: F) -> Result<T, EtcdError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, EtcdError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if attempt < UNSENT_RETRIES && never_sent(&e) => attempt += 1,
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! etcd v3 backend (and fence) for [fencelock](fencelock_core).
+//!
+//! - One etcd lease per grant, granted right before a put-if-absent Txn
+//!   (`create_revision == 0` → put with the lease, else get the holder).
+//! - The fencing token is the key's **create revision**: cluster-wide
+//!   monotonic, never reused, unaffected by deletion, restarts or failover.
+//! - Renew is one `LeaseKeepAlive` round trip on the grant's own lease;
+//!   release and force-release revoke that lease, which deletes the key.
+//! - Waiters watch the key for DELETE events.
+//! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
+//!   granted TTL is returned in `Grant::ttl`.
+//!
+//! See `docs/etcd.md`.
+
+mod backend;
+mod error;
+mod fence;
+mod options;
+
+use std::sync::Arc;
+
+pub use backend::EtcdBackend;
+pub use fence::EtcdFence;
+pub use options::{EtcdOptions, DEFAULT_PREFIX};
+
+/// Opens an etcd backend from an `etcd://host:port[,host:port…]` URL.
+pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+    Ok(Arc::new(EtcdBackend::open(url).await?))
+}
+
+/// Opens an etcd fence from the same kind of URL.
+pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+    Ok(Arc::new(EtcdFence::open(url).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
+    ) -> fencelock_testkit::TestResult {
+        fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
+            |url| Box::pin(async move { super::open_backend(&url).await }),
+            |url| Box::pin(async move { super::open_fence(&url).await }),
+            &["etcd://user:s3cret@host", "redis://user:s3cret@h:1"],
+            "s3cret",
+        )
+        .await
+    }
+}

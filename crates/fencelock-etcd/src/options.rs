@@ -1,0 +1,202 @@
+//! `etcd://` URLs.
+
+use std::{fmt, time::Duration};
+
+use fencelock_core::{parse_duration, Error, Result};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "fencelock";
+
+/// How to reach etcd. Built from a URL by [`EtcdOptions::from_url`]; its
+/// `Debug` never shows the password.
+///
+/// `etcd://[user:password@]host:port[,host:port…][?options]`, options:
+///
+/// - `prefix=NAME` — keys live under `NAME/locks/` and `NAME/fences/`
+///   (default `fencelock`);
+/// - `user=NAME`, `password=SECRET` — etcd authentication (the userinfo
+///   part of the URL works too);
+/// - `tls=true` — HTTPS to every endpoint (needs the `tls` feature), with
+///   `ca=PATH` (PEM CA bundle) and `domain=NAME` (name to verify);
+/// - `timeout=DURATION` — per-request timeout (default `5s`), also the
+///   connect timeout.
+#[derive(Clone)]
+pub struct EtcdOptions {
+    /// Endpoints as `http(s)://host:port`; the client fails over between them.
+    pub endpoints: Vec<String>,
+    /// Key prefix.
+    pub prefix: String,
+    pub(crate) user: Option<(String, String)>,
+    /// Use TLS.
+    pub tls: bool,
+    /// PEM CA bundle for TLS.
+    pub ca_file: Option<String>,
+    /// Server name to verify for TLS.
+    pub domain: Option<String>,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+fn percent_decode(s: &str) -> Result<String> {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .ok_or_else(|| Error::InvalidUrl("bad percent-encoding in the etcd URL".into()))
+}
+
+impl EtcdOptions {
+    /// Parses an `etcd://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| Error::InvalidUrl("an etcd URL starts with etcd://host:port".into()))?;
+        let (authority, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, q),
+            None => (rest, ""),
+        };
+        let authority = authority.trim_end_matches('/');
+        if authority.contains('/') {
+            return Err(Error::InvalidUrl(
+                "an etcd URL has no path: etcd://host:port[,host:port…]".into(),
+            ));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut options = EtcdOptions {
+            endpoints: Vec::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            user: None,
+            tls: false,
+            ca_file: None,
+            domain: None,
+            timeout: Duration::from_secs(5),
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+                Error::InvalidUrl("etcd credentials must be user:password".into())
+            })?;
+            options.user = Some((percent_decode(user)?, percent_decode(password)?));
+        }
+        let mut password_param = None;
+        let mut user_param = None;
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            match &*name {
+                "prefix" => options.prefix = value.into_owned(),
+                "user" => user_param = Some(value.into_owned()),
+                "password" => password_param = Some(value.into_owned()),
+                "tls" => {
+                    options.tls = match &*value {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => return Err(Error::InvalidUrl("tls must be true or false".into())),
+                    }
+                }
+                "ca" => options.ca_file = Some(value.into_owned()),
+                "domain" => options.domain = Some(value.into_owned()),
+                "timeout" => {
+                    options.timeout = parse_duration(&value)
+                        .map_err(|e| Error::InvalidUrl(format!("timeout: {e}")))?;
+                }
+                other => {
+                    return Err(Error::InvalidUrl(format!(
+                        "unknown etcd URL option {other:?}"
+                    )))
+                }
+            }
+        }
+        match (user_param, password_param) {
+            (Some(u), Some(p)) => options.user = Some((u, p)),
+            (None, None) => {}
+            _ => {
+                return Err(Error::InvalidUrl(
+                    "user and password must be given together".into(),
+                ))
+            }
+        }
+        let scheme = if options.tls { "https" } else { "http" };
+        for host in hosts.split(',') {
+            let (name, port) = host
+                .rsplit_once(':')
+                .ok_or_else(|| Error::InvalidUrl(format!("endpoint {host:?} is not host:port")))?;
+            let valid_name = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c));
+            if !valid_name || port.parse::<u16>().is_err() {
+                return Err(Error::InvalidUrl(format!(
+                    "endpoint {host:?} is not host:port"
+                )));
+            }
+            options.endpoints.push(format!("{scheme}://{name}:{port}"));
+        }
+        if options.prefix.is_empty() || options.prefix.contains('\0') {
+            return Err(Error::InvalidUrl("the key prefix must not be empty".into()));
+        }
+        if options.timeout.is_zero() {
+            return Err(Error::InvalidUrl("timeout must be positive".into()));
+        }
+        if options.tls && !cfg!(feature = "tls") {
+            return Err(Error::Unsupported(
+                "tls=true needs fencelock-etcd built with the `tls` feature".into(),
+            ));
+        }
+        Ok(options)
+    }
+
+    /// Sets the credentials.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+}
+
+impl fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("password", &self.user.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_endpoints_and_credentials() -> Result<()> {
+        let o = EtcdOptions::from_url("etcd://root:s%40cret@10.0.0.1:2379,h2:2380?prefix=app")?;
+        assert_eq!(o.endpoints, ["http://10.0.0.1:2379", "http://h2:2380"]);
+        assert_eq!(o.prefix, "app");
+        assert_eq!(o.user, Some(("root".into(), "s@cret".into())));
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("cret"), "{shown}");
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_urls_never_echo_the_password() {
+        for bad in [
+            "http://u:s3cret@h:1",
+            "etcd://u:s3cret@h",
+            "etcd://u:s3cret@h:notaport",
+            "etcd://u:s3cret@h:1/path",
+            "etcd://u:s3cret@h:1?bogus=1",
+            "etcd://h:1?user=u&password=s3cret&timeout=x",
+            "etcd://h:1?password=s3cret",
+            "etcd://us3cret@h:1",
+        ] {
+            match EtcdOptions::from_url(bad) {
+                Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! [`RedisBackend`]: the `Backend` implementation.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
+    Owner, Result, Stats, WakeHub, WakeSubscription,
+};
+use futures_util::StreamExt;
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    Client, Value,
+};
+
+use crate::{
+    error::{bad_reply, map},
+    keys::Keys,
+    options::RedisOptions,
+    scripts::Scripts,
+};
+
+/// Locks in Redis. Cheap to clone; clones share the connection and the
+/// wake-up subscriber, which stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    options: RedisOptions,
+    conn: ConnectionManager,
+    scripts: Scripts,
+    keys: Keys,
+    hub: WakeHub,
+    subscriber: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.subscriber.abort();
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the client and a managed (auto-reconnecting, multiplexed)
+/// connection, and loads the scripts once.
+pub(crate) async fn connect(
+    options: &RedisOptions,
+    scripts: &Scripts,
+) -> Result<(Client, ConnectionManager)> {
+    let client = Client::open(options.connection_url.as_str()).map_err(|e| {
+        // The driver's message may quote the URL; report only the kind.
+        Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
+    })?;
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(options.timeout)
+        .set_connection_timeout(options.timeout)
+        .set_number_of_retries(3)
+        .set_max_delay(1000);
+    let mut conn = ConnectionManager::new_with_config(client.clone(), config)
+        .await
+        .map_err(|e| map("connect", e))?;
+    for script in scripts.all() {
+        script
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map_err(|e| map("SCRIPT LOAD", e))?;
+    }
+    Ok((client, conn))
+}
+
+impl RedisBackend {
+    /// Connects with `options`: one multiplexed command connection and one
+    /// pub/sub connection for wake-ups.
+    pub async fn connect(options: RedisOptions) -> Result<Self> {
+        let scripts = Scripts::new();
+        let keys = Keys::new(&options.prefix)?;
+        let (client, conn) = connect(&options, &scripts).await?;
+        let hub = WakeHub::new();
+        let channel = keys.channel();
+        // Subscribed before we return, so no waiter can subscribe to the hub
+        // before the channel is live and miss a release.
+        let pubsub = subscribe(&client, &channel, options.timeout)
+            .await
+            .map_err(|e| map("SUBSCRIBE", e))?;
+        let subscriber = tokio::spawn(run_subscriber(
+            client,
+            channel,
+            hub.clone(),
+            pubsub,
+            options.timeout,
+        ));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                options,
+                conn,
+                scripts,
+                keys,
+                hub,
+                subscriber,
+            }),
+        })
+    }
+
+    /// Connects to `url` (see [`RedisOptions::from_url`]).
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::connect(RedisOptions::from_url(url)?).await
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &RedisOptions {
+        &self.inner.options
+    }
+
+    /// SHA1 of the acquire script, e.g. to compare against a raw
+    /// `redis-benchmark … EVALSHA` run or to check `SCRIPT EXISTS`. It takes
+    /// `KEYS = [PREFIX:{KEY}, PREFIX:{KEY}:token]` and `ARGV = [owner, ttl_ms,
+    /// kind, data]`.
+    pub fn acquire_script_sha(&self) -> &str {
+        self.inner.scripts.acquire.get_hash()
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Runs `WAIT` when configured; errors when too few replicas acknowledged.
+    async fn wait_replicas(&self) -> Result<()> {
+        let want = self.inner.options.wait_replicas;
+        if want == 0 {
+            return Ok(());
+        }
+        let timeout_ms = self.inner.options.wait_timeout.as_millis().max(1) as u64;
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(want)
+            .arg(timeout_ms)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| map("WAIT", e))?;
+        if acked < i64::from(want) {
+            return Err(bad_reply_transient(format!(
+                "only {acked} of {want} replicas acknowledged the write within {timeout_ms} ms"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every lease whose key starts with `prefix`, with the server's `now`
+    /// in ms. SCAN (never KEYS) in batches so the server is never blocked.
+    async fn scan_leases(&self, prefix: Option<&str>) -> Result<(Vec<(LockInfo, i64)>, i64)> {
+        let mut conn = self.conn();
+        let pattern = self.inner.keys.lease_pattern(prefix);
+        let mut cursor: u64 = 0;
+        let mut found = Vec::new();
+        let mut now_ms: i64;
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map("SCAN", e))?;
+            let keyed: Vec<(LockKey, Vec<u8>)> = names
+                .into_iter()
+                .filter_map(|n| Some((self.inner.keys.user_key(&n)?, n)))
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.cmd("TIME");
+            for (_, name) in &keyed {
+                pipe.cmd("HMGET")
+                    .arg(name)
+                    .arg(&["owner", "token", "kind", "data", "acquired", "expires"]);
+                pipe.cmd("PTTL").arg(name);
+            }
+            let replies: Vec<Value> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map("HMGET pipeline", e))?;
+            let mut replies = replies.into_iter();
+            let (secs, micros): (i64, i64) = from_value(replies.next())?;
+            now_ms = secs * 1000 + micros / 1000;
+            for (key, _) in keyed {
+                let mut fields: Vec<Value> = from_value(replies.next())?;
+                let pttl: i64 = from_value(replies.next())?;
+                let expires = fields.pop().unwrap_or(Value::Nil);
+                let mut row = vec![Value::Int(1)];
+                row.extend(fields);
+                row.extend([Value::Int(pttl), Value::Int(now_ms), expires]);
+                if let Some(info) = parse_describe(&key, &row)? {
+                    let acquired = acquired_ms(&row)?;
+                    found.push((info, acquired));
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        // SCAN may return a key more than once.
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        found.dedup_by(|a, b| a.0.key == b.0.key);
+        Ok((found, now_ms))
+    }
+}
+
+fn bad_reply_transient(message: String) -> Error {
+    fencelock_core::BackendError::message(crate::error::NAME, true, message).into()
+}
+
+/// A pub/sub connection subscribed to `channel`, within `timeout` (a server
+/// that accepts connections but does not answer must not stall us).
+async fn subscribe(
+    client: &Client,
+    channel: &str,
+    timeout: Duration,
+) -> redis::RedisResult<redis::aio::PubSub> {
+    let connect = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub)
+    };
+    tokio::time::timeout(timeout, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "SUBSCRIBE timed out",
+            )))
+        })
+}
+
+/// Feeds release notices into the hub. While the subscription is down every
+/// waiter falls back to backoff (`close_all`); after a reconnect all waiters
+/// are woken because notices may have been missed.
+async fn run_subscriber(
+    client: Client,
+    channel: String,
+    hub: WakeHub,
+    first: redis::aio::PubSub,
+    timeout: Duration,
+) {
+    let mut pubsub = Some(first);
+    let mut delay = Duration::from_millis(50);
+    loop {
+        if let Some(p) = pubsub.take() {
+            delay = Duration::from_millis(50);
+            let mut messages = p.into_on_message();
+            while let Some(msg) = messages.next().await {
+                if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
+                    hub.notify(key);
+                }
+            }
+            tracing::debug!("redis wake-up subscription lost; reconnecting");
+            hub.close_all();
+        }
+        // Reconnect attempts are spaced so a dead server is not hammered.
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        match subscribe(&client, &channel, timeout).await {
+            Ok(p) => {
+                hub.notify_all();
+                pubsub = Some(p);
+            }
+            Err(e) => tracing::debug!(error = %e, "redis wake-up resubscribe failed"),
+        }
+    }
+}
+
+fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
+    let v = v.ok_or_else(|| bad_reply("redis reply is shorter than expected"))?;
+    redis::from_owned_redis_value(v).map_err(|e| bad_reply(format!("unexpected redis reply: {e}")))
+}
+
+fn field<T: redis::FromRedisValue>(row: &[Value], i: usize) -> Result<T> {
+    from_value(row.get(i).cloned())
+}
+
+fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+fn acquired_ms(row: &[Value]) -> Result<i64> {
+    let s: Option<String> = field(row, 5)?;
+    Ok(s.and_then(|s| s.parse().ok()).unwrap_or(0))
+}
+
+fn parse_token(s: &str) -> Result<FencingToken> {
+    s.parse::<u64>()
+        .map(FencingToken)
+        .map_err(|_| bad_reply(format!("token {s:?} under a fencelock key is not a u64")))
+}
+
+/// Parses the `{found, owner, token, kind, data, acquired_ms, pttl_ms,
+/// now_ms, expires_ms}` shape of the scripts' `describe`.
+fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
+    if row.len() != 9 {
+        return Err(bad_reply(format!("describe returned {} fields", row.len())));
+    }
+    let owner: Option<String> = field(row, 1)?;
+    let token: Option<String> = field(row, 2)?;
+    let pttl: i64 = field(row, 6)?;
+    let (Some(owner), Some(token)) = (owner, token) else {
+        return Ok(None);
+    };
+    if pttl == -2 {
+        return Ok(None);
+    }
+    let now_ms: i64 = field(row, 7)?;
+    let kind: Option<String> = field(row, 3)?;
+    let data: Option<String> = field(row, 4)?;
+    let data = match data {
+        Some(d) => Some(
+            serde_json::from_str(&d)
+                .map_err(|e| bad_reply(format!("lock data is not JSON: {e}")))?,
+        ),
+        None => None,
+    };
+    let remaining = u64::try_from(pttl).unwrap_or(0);
+    let expires_ms = field::<Option<String>>(row, 8)?
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or_else(|| now_ms.saturating_add(remaining as i64));
+    Ok(Some(LockInfo {
+        key: key.clone(),
+        owner: Owner::new(owner).map_err(|e| bad_reply(format!("stored owner is invalid: {e}")))?,
+        token: parse_token(&token)?,
+        kind,
+        data,
+        acquired_at: ms_to_time(acquired_ms(row)?),
+        expires_at: ms_to_time(expires_ms),
+        expires_in: Duration::from_millis(remaining),
+    }))
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            wakeups: true,
+            persistent: true,
+        }
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let keys = &self.inner.keys;
+        // Whole milliseconds: PX cannot express less, and Grant.ttl must not
+        // claim more than the server will keep.
+        let ttl_ms = u64::try_from(request.ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let kind = request
+            .kind
+            .as_ref()
+            .map_or_else(String::new, |k| format!("={k}"));
+        let data = match &request.data {
+            Some(d) => serde_json::to_string(d)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let row: Vec<Value> = self
+            .inner
+            .scripts
+            .acquire
+            .key(keys.lease(&request.key))
+            .key(keys.counter(&request.key))
+            .arg(request.owner.as_str())
+            .arg(ttl_ms)
+            .arg(kind)
+            .arg(data)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("acquire script", e))?;
+        let granted: i64 = field(&row, 0)?;
+        if granted != 1 {
+            return Ok(Acquire::Held(parse_describe(&request.key, &row)?));
+        }
+        let token: String = field(&row, 1)?;
+        let now_ms: i64 = field(&row, 2)?;
+        let grant = Grant {
+            token: parse_token(&token)?,
+            ttl: Duration::from_millis(ttl_ms),
+            expires_at: ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+        };
+        if let Err(e) = self.wait_replicas().await {
+            // Do not leave a lease nobody will use behind.
+            let _ = self
+                .release(&request.key, &request.owner, grant.token)
+                .await;
+            return Err(e);
+        }
+        Ok(Acquire::Granted(grant))
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let row: Vec<Value> = self
+            .inner
+            .scripts
+            .renew
+            .key(self.inner.keys.lease(key))
+            .arg(owner.as_str())
+            .arg(token.0.to_string())
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("renew script", e))?;
+        let renewed: i64 = field(&row, 0)?;
+        if renewed != 1 {
+            return Err(Error::NotHeld {
+                key: key.clone(),
+                owner: owner.clone(),
+                token,
+            });
+        }
+        let now_ms: i64 = field(&row, 1)?;
+        self.wait_replicas().await?;
+        Ok(Grant {
+            token,
+            ttl: Duration::from_millis(ttl_ms),
+            expires_at: ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+        })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+        let removed: i64 = self
+            .inner
+            .scripts
+            .release
+            .key(self.inner.keys.lease(key))
+            .arg(owner.as_str())
+            .arg(token.0.to_string())
+            .arg(self.inner.keys.channel())
+            .arg(key.as_str())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("release script", e))?;
+        Ok(removed == 1)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let row: Vec<Value> = self
+            .inner
+            .scripts
+            .inspect
+            .key(self.inner.keys.lease(key))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("inspect script", e))?;
+        parse_describe(key, &row)
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        Ok(self
+            .scan_leases(prefix)
+            .await?
+            .0
+            .into_iter()
+            .map(|(info, _)| info)
+            .collect())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let row: Vec<Value> = self
+            .inner
+            .scripts
+            .force_release
+            .key(self.inner.keys.lease(key))
+            .arg(self.inner.keys.channel())
+            .arg(key.as_str())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("force-release script", e))?;
+        parse_describe(key, &row)
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let (leases, _) = self.scan_leases(None).await?;
+        let mut released = 0;
+        for (lease, _) in leases.into_iter().filter(|(l, _)| l.owner == *owner) {
+            // Compare-and-delete per lease: one that changed hands since the
+            // SCAN is left alone.
+            if self.release(&lease.key, owner, lease.token).await? {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        // Redis deletes expired keys itself; token counters are kept on
+        // purpose (they are what keeps tokens growing).
+        Ok(0)
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let (leases, now_ms) = self.scan_leases(None).await?;
+        let held_for = |acquired: i64| {
+            Duration::from_millis(u64::try_from(now_ms.saturating_sub(acquired)).unwrap_or(0))
+        };
+        Ok(Stats::from_leases(
+            leases.iter().map(|(info, acq)| (info, held_for(*acq))),
+            0,
+        ))
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        Ok(Some(self.inner.hub.subscribe(key.as_str())))
+    }
+}

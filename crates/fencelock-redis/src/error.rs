@@ -1,0 +1,43 @@
+//! The one place where `redis` errors become fencelock errors.
+
+use fencelock_core::{BackendError, Error};
+use redis::{ErrorKind, RedisError};
+
+pub(crate) const NAME: &str = "redis";
+
+/// Classifies a driver error: anything a reconnect, a failover or waiting
+/// out a busy server can fix is transient; the rest (auth, wrong types,
+/// script bugs, bad config) is permanent.
+pub(crate) fn map(context: &str, e: RedisError) -> Error {
+    let transient = e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::TryAgain
+                | ErrorKind::ClusterDown
+                | ErrorKind::BusyLoadingError
+                | ErrorKind::MasterDown
+                | ErrorKind::ReadOnly
+                | ErrorKind::Moved
+                | ErrorKind::Ask
+                | ErrorKind::ClusterConnectionNotFound
+        )
+        || matches!(
+            e.code(),
+            Some("BUSY" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN")
+        );
+    let message = format!("{context} failed");
+    if transient {
+        BackendError::transient(NAME, message, e).into()
+    } else {
+        BackendError::permanent(NAME, message, e).into()
+    }
+}
+
+/// A reply whose shape the scripts never produce: a bug or a foreign value
+/// under our key prefix, so retrying will not help.
+pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
+    BackendError::message(NAME, false, what).into()
+}

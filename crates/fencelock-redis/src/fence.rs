@@ -1,0 +1,104 @@
+//! [`RedisFence`]: the I7 fence as a script.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use fencelock_core::{Admission, Fence, FencingToken, Result};
+use redis::{aio::ConnectionManager, Value};
+
+use crate::{
+    backend::connect,
+    error::{bad_reply, map},
+    keys::Keys,
+    options::RedisOptions,
+    scripts::Scripts,
+};
+
+/// A fence in Redis: one string per resource (`PREFIX:fence:{RESOURCE}`)
+/// holding the highest admitted token, checked and raised by one script.
+#[derive(Clone)]
+pub struct RedisFence {
+    options: RedisOptions,
+    conn: ConnectionManager,
+    scripts: std::sync::Arc<Scripts>,
+    keys: Keys,
+}
+
+impl fmt::Debug for RedisFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisFence")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisFence {
+    /// Connects with `options` (the fence uses the same key prefix).
+    pub async fn connect(options: RedisOptions) -> Result<Self> {
+        let scripts = Scripts::new();
+        let keys = Keys::new(&options.prefix)?;
+        let (_, conn) = connect(&options, &scripts).await?;
+        Ok(Self {
+            options,
+            conn,
+            scripts: std::sync::Arc::new(scripts),
+            keys,
+        })
+    }
+
+    /// Connects to `url` (see [`RedisOptions::from_url`]).
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::connect(RedisOptions::from_url(url)?).await
+    }
+}
+
+fn parse_token(s: &str) -> Result<FencingToken> {
+    s.parse::<u64>()
+        .map(FencingToken)
+        .map_err(|_| bad_reply(format!("fence record {s:?} is not a u64")))
+}
+
+#[async_trait]
+impl Fence for RedisFence {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        let row: Vec<Value> = self
+            .scripts
+            .fence_admit
+            .key(self.keys.fence(resource))
+            .arg(token.0.to_string())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence script", e))?;
+        let admitted: i64 = row
+            .first()
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(|e| bad_reply(format!("fence reply: {e}")))?
+            .ok_or_else(|| bad_reply("empty fence reply"))?;
+        if admitted == 1 {
+            return Ok(Admission::Admitted);
+        }
+        let current: String = row
+            .get(1)
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(|e| bad_reply(format!("fence reply: {e}")))?
+            .ok_or_else(|| bad_reply("fence refusal without a token"))?;
+        Ok(Admission::Stale {
+            current: parse_token(&current)?,
+        })
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let current: Option<String> = redis::cmd("GET")
+            .arg(self.keys.fence(resource))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence GET", e))?;
+        current.as_deref().map(parse_token).transpose()
+    }
+}

@@ -1,0 +1,145 @@
+//! Key layout: `PREFIX:{ENC}` (the lease hash), `PREFIX:{ENC}:token` (the
+//! token counter) and `PREFIX:fence:{ENC}` (a fence record), where `ENC` is
+//! the user's key with `% { } * ? [ ] \` percent-encoded.
+//!
+//! Encoding those characters keeps the hash tag well-formed (the user key
+//! can never close it early), makes every SCAN pattern built from an encoded
+//! prefix literal, and is prefix-preserving (`enc(a + b) == enc(a) + enc(b)`),
+//! so `list(prefix)` is a SCAN for `PREFIX:{enc(prefix)*}`.
+
+use fencelock_core::{Error, LockKey, Result};
+
+const SPECIAL: &[char] = &['%', '{', '}', '*', '?', '[', ']', '\\'];
+
+/// Percent-encodes the characters that matter to hash tags and globs.
+pub(crate) fn encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        if SPECIAL.contains(&c) {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Reverses [`encode`]; `None` for text [`encode`] never produces.
+pub(crate) fn decode(enc: &str) -> Option<String> {
+    let mut out = String::with_capacity(enc.len());
+    let mut rest = enc;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let hex = rest.get(i + 1..i + 3)?;
+        out.push(char::from(u8::from_str_radix(hex, 16).ok()?));
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// Checks a key prefix: it must not contain characters that would break the
+/// hash tag or act as SCAN wildcards.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() || prefix.len() > 100 {
+        return Err(Error::InvalidUrl(
+            "the key prefix must be 1-100 characters long".into(),
+        ));
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| SPECIAL.contains(c) || c.is_control())
+    {
+        return Err(Error::InvalidUrl(format!(
+            "the key prefix must not contain {c:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The key names of one backend.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Result<Self> {
+        validate_prefix(prefix)?;
+        Ok(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub(crate) fn lease(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}", self.prefix, encode(key.as_str()))
+    }
+
+    pub(crate) fn counter(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}:token", self.prefix, encode(key.as_str()))
+    }
+
+    pub(crate) fn fence(&self, resource: &str) -> String {
+        format!("{}:fence:{{{}}}", self.prefix, encode(resource))
+    }
+
+    /// The pub/sub channel release notices go to; the payload is the user key.
+    pub(crate) fn channel(&self) -> String {
+        format!("{}:released", self.prefix)
+    }
+
+    /// A SCAN pattern matching the lease hashes (not counters) of keys that
+    /// start with `prefix`. Literal because both parts contain no glob
+    /// characters.
+    pub(crate) fn lease_pattern(&self, prefix: Option<&str>) -> String {
+        format!("{}:{{{}*}}", self.prefix, encode(prefix.unwrap_or("")))
+    }
+
+    /// The user key of a lease hash name found by SCAN.
+    pub(crate) fn user_key(&self, lease: &[u8]) -> Option<LockKey> {
+        let s = std::str::from_utf8(lease).ok()?;
+        let inner = s
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_suffix('}')?;
+        LockKey::new(decode(inner)?).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_round_trips_and_hides_specials() {
+        for k in [
+            "plain",
+            "{braces}:tag",
+            "glob*?[a-z]{x}%_\\",
+            "emoji 🔒",
+            "%41",
+        ] {
+            let e = encode(k);
+            assert!(!e.contains(['{', '}', '*', '?', '[', ']', '\\']), "{e}");
+            assert_eq!(decode(&e).as_deref(), Some(k));
+        }
+    }
+
+    #[test]
+    fn lease_names_parse_back() -> Result<()> {
+        let keys = Keys::new("fl")?;
+        let k = LockKey::new("a}{b")?;
+        let name = keys.lease(&k);
+        assert_eq!(name, "fl:{a%7D%7Bb}");
+        assert_eq!(keys.user_key(name.as_bytes()), Some(k.clone()));
+        assert_eq!(keys.user_key(keys.counter(&k).as_bytes()), None);
+        Ok(())
+    }
+
+    #[test]
+    fn prefixes_with_specials_are_refused() {
+        assert!(Keys::new("a{b").is_err());
+        assert!(Keys::new("a*").is_err());
+        assert!(Keys::new("").is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! Redis backend and fence for [fencelock](fencelock_core).
+//!
+//! - Every operation is one Lua script (EVALSHA, loaded once, NOSCRIPT
+//!   handled by reloading), so it is one round trip and atomic.
+//! - Leases are hashes with a `PX` expiry: Redis's clock decides expiry (I4).
+//! - Tokens come from a per-key counter that is seeded from the server's
+//!   `TIME` in microseconds when missing, so they keep growing across a
+//!   restart without persistence (I2), given a server clock that does not
+//!   step back.
+//! - Keys of one lock share a hash tag (`PREFIX:{KEY}`,
+//!   `PREFIX:{KEY}:token`), so each script touches one Cluster slot.
+//! - Releases publish on `PREFIX:released`; one subscriber connection per
+//!   backend wakes waiters.
+//!
+//! See `docs/redis.md` for the key layout, clock assumptions and Cluster
+//! support.
+//!
+//! ```no_run
+//! # async fn demo() -> fencelock_core::Result<()> {
+//! let backend = fencelock_redis::open_backend("redis://127.0.0.1:6379/0?prefix=myapp").await?;
+//! let client = fencelock_core::LockClient::new(backend);
+//! let guard = client.lock("job:1").acquire().await?;
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod error;
+mod fence;
+mod keys;
+mod options;
+mod scripts;
+
+use std::sync::Arc;
+
+pub use backend::RedisBackend;
+pub use fence::RedisFence;
+pub use options::{RedisOptions, DEFAULT_PREFIX};
+
+/// Opens a Redis backend from a `redis://` (or, with the `tls` feature,
+/// `rediss://`) URL.
+pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+    Ok(Arc::new(RedisBackend::open(url).await?))
+}
+
+/// Opens a Redis fence from the same kind of URL (same key prefix rules).
+pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+    Ok(Arc::new(RedisFence::open(url).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
+    ) -> fencelock_testkit::TestResult {
+        fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
+            |url| Box::pin(async move { super::open_backend(&url).await }),
+            |url| Box::pin(async move { super::open_fence(&url).await }),
+            &["redis://user:s3cret@[::1", "postgres://user:s3cret@h/db"],
+            "s3cret",
+        )
+        .await
+    }
+}

@@ -1,0 +1,146 @@
+//! The Lua scripts. Each operation is one script, so one round trip and one
+//! atomic step on the server; `redis::Script` sends EVALSHA and falls back to
+//! SCRIPT LOAD + EVALSHA on NOSCRIPT (e.g. after a restart or SCRIPT FLUSH).
+//!
+//! Every script reads the clock with `TIME` *before* writing. Redis 5.0+
+//! replicates script effects rather than the script, so this is allowed and
+//! deterministic on replicas (Redis 6.2 and 7.x behave the same here).
+//!
+//! Numbers: tokens and times are written with `string.format('%d')` because a
+//! Lua number passed to `redis.call` would be formatted as `%.17g` (e.g.
+//! `1.7e+15`). Lua doubles hold integers exactly up to 2^53, which
+//! microsecond timestamps stay below for the next ~200 years.
+
+use redis::Script;
+
+/// Shared Lua: the holder of KEYS[1] in the shape every script returns:
+/// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
+/// expires_ms}`. `expires_ms` (server clock, written by acquire and renew) is
+/// for display: deriving it from `now + PTTL` would jitter by a millisecond
+/// between calls.
+const DESCRIBE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function describe(key)
+  local h = redis.call('HMGET', key, 'owner', 'token', 'kind', 'data', 'acquired', 'expires')
+  local pttl = redis.call('PTTL', key)
+  if not h[1] or pttl == -2 then
+    return {0, false, false, false, false, false, -2, now_ms(), false}
+  end
+  return {1, h[1], h[2], h[3], h[4], h[5], pttl, now_ms(), h[6]}
+end
+"#;
+
+/// KEYS: lease, counter. ARGV: owner, ttl_ms, kind (`""` = none, else `=`
+/// followed by the kind), data (`""` = none).
+/// Returns `{1, token, now_ms}` or the holder as `describe` does (`found` = 1
+/// means held; the leading element is then 0 to tell it from a grant).
+const ACQUIRE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local d = describe(KEYS[1])
+  d[1] = 0
+  return d
+end
+local t = redis.call('TIME')
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  -- First use, or the counter was lost (restart without persistence):
+  -- seed it from the server clock in microseconds, which is above every
+  -- token issued before as long as the clock did not step back.
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+end
+local token = string.format('%d', redis.call('INCR', KEYS[2]))
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),
+  'expires', string.format('%d', now + tonumber(ARGV[2])))
+if #ARGV[3] > 0 then redis.call('HSET', KEYS[1], 'kind', string.sub(ARGV[3], 2)) end
+if #ARGV[4] > 0 then redis.call('HSET', KEYS[1], 'data', ARGV[4]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, token, now}
+"#;
+
+/// KEYS: lease. ARGV: owner, token, ttl_ms. Returns `{1, now_ms}` or `{0}`.
+const RENEW: &str = r#"
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+if h[1] == ARGV[1] and h[2] == ARGV[2] then
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'expires', string.format('%d', now + tonumber(ARGV[3])))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, now}
+end
+return {0}
+"#;
+
+/// KEYS: lease. ARGV: owner, token, channel, user key. Returns 1 or 0.
+const RELEASE: &str = r#"
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+if h[1] == ARGV[1] and h[2] == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return 1
+end
+return 0
+"#;
+
+/// KEYS: lease. Returns `describe`.
+const INSPECT: &str = "return describe(KEYS[1])";
+
+/// KEYS: lease. ARGV: channel, user key. Returns `describe` of what it removed.
+const FORCE_RELEASE: &str = r#"
+local d = describe(KEYS[1])
+if d[1] == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+end
+return d
+"#;
+
+/// KEYS: fence record. ARGV: token (decimal u64). Tokens are compared as
+/// decimal strings (length, then bytes) because Lua numbers cannot hold every
+/// u64. Returns `{1}` (admitted) or `{0, current}`.
+const FENCE_ADMIT: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+local t = ARGV[1]
+if cur and (#cur > #t or (#cur == #t and cur > t)) then
+  return {0, cur}
+end
+if not cur or cur ~= t then redis.call('SET', KEYS[1], t) end
+return {1}
+"#;
+
+/// The compiled scripts of one backend or fence.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) acquire: Script,
+    pub(crate) renew: Script,
+    pub(crate) release: Script,
+    pub(crate) inspect: Script,
+    pub(crate) force_release: Script,
+    pub(crate) fence_admit: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let with_describe = |body: &str| Script::new(&format!("{DESCRIBE}\n{body}"));
+        Self {
+            acquire: with_describe(ACQUIRE),
+            renew: with_describe(RENEW),
+            release: Script::new(RELEASE),
+            inspect: with_describe(INSPECT),
+            force_release: with_describe(FORCE_RELEASE),
+            fence_admit: Script::new(FENCE_ADMIT),
+        }
+    }
+
+    pub(crate) fn all(&self) -> [&Script; 6] {
+        [
+            &self.acquire,
+            &self.renew,
+            &self.release,
+            &self.inspect,
+            &self.force_release,
+            &self.fence_admit,
+        ]
+    }
+}

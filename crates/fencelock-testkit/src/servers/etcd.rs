@@ -1,0 +1,225 @@
+//! Throwaway `etcd` servers: one member, or a cluster of several on
+//! loopback, each member killable and restartable on its ports.
+
+use std::{
+    fs::File,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use super::{find_binary, free_port, wait_for_port, ChildProcess};
+use crate::TestResult;
+
+/// How long a member gets to accept connections, and a cluster to elect a
+/// leader, after starting.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+    process: Mutex<Option<ChildProcess>>,
+}
+
+impl Member {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ChildProcess>> {
+        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// An etcd cluster of one or more members on loopback with temporary data
+/// directories, killed on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    binary: PathBuf,
+    members: Vec<Member>,
+    initial_cluster: String,
+    /// The same for every member (a member with another token would form a
+    /// cluster of its own), different between clusters.
+    cluster_token: String,
+    _root: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// A single-member cluster.
+    pub fn start() -> TestResult<Self> {
+        Self::start_members(1)
+    }
+
+    /// A cluster of `n` members, started together; returns once every
+    /// member reports healthy (a leader is elected).
+    pub fn start_members(n: usize) -> TestResult<Self> {
+        let binary = find_binary("etcd", &[], "etcd-server")?;
+        let root = tempfile::tempdir()?;
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            let dir = root.path().join(format!("m{i}"));
+            std::fs::create_dir_all(&dir)?;
+            members.push(Member {
+                name: format!("m{i}"),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                dir,
+                process: Mutex::new(None),
+            });
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cluster_token = format!("fencelock-{}", members[0].peer_port);
+        let cluster = Self {
+            binary,
+            members,
+            initial_cluster,
+            cluster_token,
+            _root: root,
+        };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        for i in 0..n {
+            cluster.wait_ready(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&self, i: usize) -> TestResult {
+        let m = &self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let log = File::create(m.dir.join("etcd.log"))?;
+        let child = Command::new(&self.binary)
+            .arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(m.dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.cluster_token])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        *m.lock() = Some(ChildProcess::new(format!("etcd {}", m.name), child));
+        Ok(())
+    }
+
+    fn wait_ready(&self, i: usize) -> TestResult {
+        let m = &self.members[i];
+        let addr = SocketAddr::from(([127, 0, 0, 1], m.client_port));
+        wait_for_port(addr, START_TIMEOUT, || {
+            m.lock().as_mut().map_or(Ok(false), |p| p.is_running())
+        })?;
+        // An open port is not a leader: poll /health until it says so.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if health(addr).unwrap_or(false) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(
+                    format!("etcd {} was not healthy within {START_TIMEOUT:?}", m.name).into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// `127.0.0.1:PORT` of member `i`'s client URL.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// `etcd://` URL naming every member.
+    pub fn url(&self) -> String {
+        let all: Vec<String> = (0..self.members.len()).map(|i| self.endpoint(i)).collect();
+        format!("etcd://{}", all.join(","))
+    }
+
+    /// SIGKILL member `i`.
+    pub fn kill(&self, i: usize) -> TestResult {
+        if let Some(mut p) = self.members[i].lock().take() {
+            p.kill()?;
+        }
+        Ok(())
+    }
+
+    /// Starts member `i` again on its ports and data directory; returns once
+    /// it accepts connections (not necessarily healthy: its peers may be down).
+    pub fn start_again(&self, i: usize) -> TestResult {
+        if self.members[i].lock().is_some() {
+            return Err(format!("etcd {} is still running", self.members[i].name).into());
+        }
+        self.spawn(i)?;
+        let m = &self.members[i];
+        wait_for_port(
+            SocketAddr::from(([127, 0, 0, 1], m.client_port)),
+            START_TIMEOUT,
+            || m.lock().as_mut().map_or(Ok(false), |p| p.is_running()),
+        )
+    }
+
+    /// Stops every member cleanly (SIGTERM), starts them again, and waits
+    /// until each is healthy.
+    pub fn restart(&self) -> TestResult {
+        for m in &self.members {
+            if let Some(mut p) = m.lock().take() {
+                p.terminate(Duration::from_secs(10))?;
+            }
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_ready(i)?;
+        }
+        Ok(())
+    }
+}
+
+/// `GET /health` over plain HTTP/1.0: true when the member has a leader.
+fn health(addr: SocketAddr) -> TestResult<bool> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body.contains("\"health\":\"true\""))
+}
+
+impl super::url_factory::UrlServer for EtcdCluster {
+    fn start_shared() -> TestResult<Self> {
+        Self::start()
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        Self::start()
+    }
+    fn url(&self) -> String {
+        EtcdCluster::url(self)
+    }
+    fn restart_server(&self) -> TestResult {
+        self.restart()
+    }
+}

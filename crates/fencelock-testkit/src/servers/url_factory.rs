@@ -1,0 +1,139 @@
+//! A [`StoreFactory`] for backends opened by URL against throwaway servers:
+//! one shared server per test binary (started lazily, stopped when the
+//! factory is dropped at the end of [`crate::run`]), each case isolated by a
+//! fresh `prefix=` URL option, and a server of its own for each case that
+//! restarts it.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc, OnceLock,
+};
+
+use async_trait::async_trait;
+use fencelock_core::{Backend, Fence};
+use futures_util::future::BoxFuture;
+
+use crate::{Store, StoreFactory, TestResult};
+
+/// A throwaway server the factory can start, address and restart.
+pub trait UrlServer: Send + Sync + 'static + Sized {
+    /// Starts the server shared by ordinary cases.
+    fn start_shared() -> TestResult<Self>;
+    /// Starts a server for one case that will restart it (e.g. with
+    /// persistence turned on).
+    fn start_dedicated() -> TestResult<Self>;
+    /// The backend URL without query options.
+    fn url(&self) -> String;
+    /// Stops and starts the server again, keeping what it persists.
+    fn restart_server(&self) -> TestResult;
+}
+
+/// Opens a backend or fence from a URL: the crate's `open_backend` /
+/// `open_fence` entry points.
+pub type Opener<T> = fn(String) -> BoxFuture<'static, fencelock_core::Result<Arc<T>>>;
+
+/// See the module docs.
+pub struct UrlFactory<S> {
+    name: &'static str,
+    backend: Opener<dyn Backend>,
+    fence: Option<Opener<dyn Fence>>,
+    shared: OnceLock<Arc<S>>,
+    cases: AtomicUsize,
+}
+
+impl<S: UrlServer> UrlFactory<S> {
+    /// A factory named `name` opening backends (and fences) with the given
+    /// functions.
+    pub fn new(
+        name: &'static str,
+        backend: Opener<dyn Backend>,
+        fence: Option<Opener<dyn Fence>>,
+    ) -> Self {
+        Self {
+            name,
+            backend,
+            fence,
+            shared: OnceLock::new(),
+            cases: AtomicUsize::new(0),
+        }
+    }
+}
+
+struct UrlStore<S> {
+    url: String,
+    server: Arc<S>,
+    backend: Opener<dyn Backend>,
+    fence: Option<Opener<dyn Fence>>,
+}
+
+#[async_trait]
+impl<S: UrlServer> Store for UrlStore<S> {
+    async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
+        Ok((self.backend)(self.url.clone()).await?)
+    }
+    async fn fence(&self) -> TestResult<Option<Arc<dyn Fence>>> {
+        match self.fence {
+            Some(open) => Ok(Some(open(self.url.clone()).await?)),
+            None => Ok(None),
+        }
+    }
+    async fn restart(&self) -> TestResult {
+        let server = Arc::clone(&self.server);
+        tokio::task::spawn_blocking(move || server.restart_server()).await?
+    }
+}
+
+#[async_trait]
+impl<S: UrlServer> StoreFactory for UrlFactory<S> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn can_restart(&self) -> bool {
+        true
+    }
+    fn has_fence(&self) -> bool {
+        self.fence.is_some()
+    }
+    async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>> {
+        let n = self.cases.fetch_add(1, Ordering::SeqCst);
+        let server = if dedicated {
+            Arc::new(tokio::task::spawn_blocking(S::start_dedicated).await??)
+        } else if let Some(s) = self.shared.get() {
+            Arc::clone(s)
+        } else {
+            let s = Arc::new(tokio::task::spawn_blocking(S::start_shared).await??);
+            // Two cases may race here; the loser's server is dropped (killed).
+            Arc::clone(self.shared.get_or_init(|| s))
+        };
+        Ok(Box::new(UrlStore {
+            url: format!("{}?prefix=case{n}", server.url()),
+            server,
+            backend: self.backend,
+            fence: self.fence,
+        }))
+    }
+}
+
+/// Checks that both entry points refuse each of `urls` with
+/// `Error::InvalidUrl` whose message does not contain `secret`.
+pub async fn assert_invalid_urls_hide(
+    backend: Opener<dyn Backend>,
+    fence: Opener<dyn Fence>,
+    urls: &[&str],
+    secret: &str,
+) -> TestResult {
+    use fencelock_core::Error;
+    for url in urls {
+        let results = [
+            backend(url.to_string()).await.map(|_| ()),
+            fence(url.to_string()).await.map(|_| ()),
+        ];
+        for result in results {
+            match result {
+                Err(Error::InvalidUrl(msg)) if !msg.contains(secret) => {}
+                other => return Err(format!("{url}: {other:?}").into()),
+            }
+        }
+    }
+    Ok(())
+}

@@ -9,7 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fencelock_testkit::servers::{mariadb::MariaDbServer, postgres::PostgresServer};
+use fencelock_testkit::servers::{
+    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
@@ -114,4 +116,16 @@ fn postgres() {
 fn mariadb() {
     let server = MariaDbServer::start().unwrap();
     exercise(&format!("{}?table_prefix=cli_", server.url("mysql")));
+}
+
+#[test]
+fn redis() {
+    let server = RedisServer::start().unwrap();
+    exercise(&server.url(0));
+}
+
+#[test]
+fn etcd() {
+    let server = EtcdCluster::start().unwrap();
+    exercise(&server.url());
 }

@@ -321,6 +321,7 @@ impl Backend for EtcdBackend {
         Capabilities {
             wakeups: true,
             persistent: true,
+            keeps_expired: false,
         }
     }
 

@@ -354,6 +354,7 @@ impl Backend for RedisBackend {
         Capabilities {
             wakeups: true,
             persistent: true,
+            keeps_expired: false,
         }
     }
 

@@ -54,7 +54,7 @@ impl RedisOptions {
                 )))
             }
         }
-        if parsed.host_str().map_or(true, str::is_empty) {
+        if parsed.host_str().is_none_or(str::is_empty) {
             return Err(Error::InvalidUrl("the redis URL has no host".into()));
         }
         let mut options = RedisOptions {

@@ -13,7 +13,9 @@
 //! |---|---|---|
 //! | `sqlite:///path/locks.db` | `sqlite` (default) | embedded, one host |
 //! | `postgres://user:pw@host/db` | `postgres` | PostgreSQL 12+ |
-//! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8 |
+//! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+ (MySQL 8: see docs) |
+//! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
+//! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `mem://` | always | in-process, for tests |
 //!
 //! ```
@@ -43,12 +45,18 @@ mod readme {}
 
 pub use fencelock_core::*;
 
+/// The etcd backend's own API (options, fence).
+#[cfg(feature = "etcd")]
+pub use fencelock_etcd as etcd;
 /// The MySQL/MariaDB backend's own API (options, in-transaction fence).
 #[cfg(feature = "mysql")]
 pub use fencelock_mysql as mysql;
 /// The PostgreSQL backend's own API (options, in-transaction fence).
 #[cfg(feature = "postgres")]
 pub use fencelock_postgres as postgres;
+/// The Redis backend's own API (options, fence).
+#[cfg(feature = "redis")]
+pub use fencelock_redis as redis;
 /// The SQLite backend's own API (options, in-transaction fence).
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
@@ -116,6 +124,10 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
         Engine::Postgres => fencelock_postgres::open_backend(url).await,
         #[cfg(feature = "mysql")]
         Engine::MySql => fencelock_mysql::open_backend(url).await,
+        #[cfg(feature = "redis")]
+        Engine::Redis => fencelock_redis::open_backend(url).await,
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => fencelock_etcd::open_backend(url).await,
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled()),
     }
@@ -131,6 +143,10 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
         Engine::Postgres => fencelock_postgres::open_fence(url).await,
         #[cfg(feature = "mysql")]
         Engine::MySql => fencelock_mysql::open_fence(url).await,
+        #[cfg(feature = "redis")]
+        Engine::Redis => fencelock_redis::open_fence(url).await,
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => fencelock_etcd::open_fence(url).await,
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled()),
     }

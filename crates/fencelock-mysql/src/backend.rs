@@ -95,10 +95,10 @@ impl MySqlOptions {
         // written from NOW(6) read back as UTC instants.
         let connect = MySqlConnectOptions::from_str(self.url.driver_url.as_str())
             .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?;
-        MySqlPoolOptions::new()
+        let options = MySqlPoolOptions::new()
             .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .connect_with(connect)
+            .acquire_timeout(self.url.acquire_timeout);
+        fencelock_sql_common::open_pool(options, connect)
             .await
             .map_err(|e| map("connecting", e))
     }

@@ -96,10 +96,10 @@ impl PostgresOptions {
             // no statement needs a `SET` round trip or a transaction.
             connect = connect.options([("synchronous_commit", "off")]);
         }
-        PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .connect_with(connect)
+            .acquire_timeout(self.url.acquire_timeout);
+        fencelock_sql_common::open_pool(options, connect)
             .await
             .map_err(|e| map("connecting", e))
     }

@@ -180,6 +180,21 @@ pub fn transient_driver_error(e: &sqlx::Error) -> bool {
     )
 }
 
+/// Opens a pool after one direct connection attempt, so that a refused or
+/// misconfigured connection fails at once with its own error ("connection
+/// refused", "password authentication failed") instead of after the pool's
+/// acquire timeout: sqlx's pool keeps retrying to connect until then.
+pub async fn open_pool<DB: sqlx::Database>(
+    options: sqlx::pool::PoolOptions<DB>,
+    connect: <DB::Connection as sqlx::Connection>::Options,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    use sqlx::{ConnectOptions, Connection};
+    let probe = connect.connect().await?;
+    // Only the attempt mattered; a failing goodbye changes nothing.
+    let _ = probe.close().await;
+    Ok(options.connect_lazy_with(connect))
+}
+
 /// Converts a TTL to whole microseconds for SQL interval arithmetic.
 pub fn ttl_micros(ttl: Duration) -> i64 {
     // TTLs are capped at a week by the core, far below i64 microseconds.

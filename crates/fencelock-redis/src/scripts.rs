@@ -51,6 +51,11 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
 end
 local token = string.format('%d', redis.call('INCR', KEYS[2]))
+-- A counter idle for a week goes away, so that locks on unbounded keys
+-- (`order:<id>`) leave nothing behind. Its reseed from TIME is still above
+-- every token it issued: those are at most one per microsecond after a seed
+-- that is now over a week old.
+redis.call('PEXPIRE', KEYS[2], 604800000)
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),
   'expires', string.format('%d', now + tonumber(ARGV[2])))

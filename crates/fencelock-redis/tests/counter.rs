@@ -1,0 +1,50 @@
+//! Token counters of idle keys expire, and a re-seeded counter continues
+//! above every token issued before.
+
+use std::time::Duration;
+
+use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{servers::redis::RedisServer, TestResult};
+
+async fn grant(backend: &RedisBackend, key: &LockKey) -> TestResult<u64> {
+    let request = AcquireRequest {
+        key: key.clone(),
+        owner: Owner::new("o")?,
+        ttl: Duration::from_secs(30),
+        kind: None,
+        data: None,
+    };
+    match backend.try_acquire(&request).await? {
+        Acquire::Granted(g) => {
+            assert!(backend.release(key, &request.owner, g.token).await?);
+            Ok(g.token.get())
+        }
+        held => Err(format!("not granted: {held:?}").into()),
+    }
+}
+
+#[tokio::test]
+async fn an_idle_counter_expires_and_reseeds_above_its_tokens() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::open(&server.url(0)).await?;
+    let key = LockKey::new("order:1")?;
+    let before = grant(&backend, &key).await?;
+    let mut raw = redis::Client::open(server.url(0))?
+        .get_multiplexed_async_connection()
+        .await?;
+    let counter = "fencelock:{order:1}:token";
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(counter)
+        .query_async(&mut raw)
+        .await?;
+    assert!(
+        pttl > 6 * 24 * 3600 * 1000,
+        "the counter has no week-long expiry: {pttl}"
+    );
+    // As if the week had passed.
+    let _: () = redis::cmd("DEL").arg(counter).query_async(&mut raw).await?;
+    let after = grant(&backend, &key).await?;
+    assert!(after > before, "{after} <= {before}");
+    Ok(())
+}

@@ -142,7 +142,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Extends the lease of (`owner`, `token`) to `ttl` from now, only if that
     /// exact lease is current and unexpired (I3). Otherwise
-    /// [`crate::Error::NotHeld`].
+    /// [`crate::Error::NotHeld`]. A backend that cannot change a lease's
+    /// length (an etcd keep-alive restores the length granted at acquire)
+    /// reports the length it did extend by in [`Grant::ttl`].
     async fn renew(
         &self,
         key: &LockKey,

@@ -1,111 +1,302 @@
-//! Throughput and hand-off latency against a throwaway durable server.
-//! `cargo run --release -p fencelock-postgres --example bench`
-//! Prints figures; asserts nothing.
+//! Acquire+release cycles/s (1 and 8 clients, distinct keys), the engine's
+//! own limit for the very statements of a cycle, and hand-off latency on one
+//! contended key, durable (`synchronous_commit=on`, fsync on) and relaxed
+//! (`synchronous_commit=off`).
+//!
+//! ```text
+//! cargo run --release -p fencelock-postgres --example bench
+//! ```
+//!
+//! Starts a throwaway PostgreSQL server with production durability (fsync
+//! on) on a free loopback port. The engine's limit is measured in the same
+//! run, on the same server and tables, two ways:
+//!
+//! * raw sqlx: the library's acquire and release statements (copied below
+//!   from `src/backend.rs`), prepared, on ONE `PgConnection`, no pool, no
+//!   listener, no library;
+//! * `pgbench -n -M prepared -c 1 -T 10` with a custom script holding the
+//!   same two statements (a random key per transaction).
+//!
+//! Two more raw runs split the library's overhead: the raw loop through a
+//! one-connection `PgPool` (sqlx pings the connection on every checkout),
+//! and the raw loop while another session LISTENs on the release channel
+//! (as the library's wake-up listener does). Prints figures; asserts nothing.
 
 use std::{
+    process::Command,
+    str::FromStr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LockClient, LockKey, Owner};
+use fencelock_core::Backend;
 use fencelock_testkit::{
-    servers::postgres::{Durability, PostgresServer},
+    bench::{cycle_rate, cycle_rate_for, handoff, quantile},
+    servers::{
+        find_binary,
+        postgres::{Durability, PostgresServer},
+    },
     TestResult,
 };
+use sqlx::{
+    postgres::{PgConnectOptions, PgListener, PgPoolOptions},
+    ConnectOptions, PgExecutor, Row,
+};
 
-const CYCLES: usize = 2000;
+const TTL: Duration = Duration::from_secs(30);
+/// How long each throughput measurement runs.
+const RUN: Duration = Duration::from_secs(10);
 const HANDOFFS: usize = 300;
 
-async fn cycles(backends: &[Arc<dyn Backend>]) -> TestResult<f64> {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, backend) in backends.iter().enumerate() {
-        let backend = Arc::clone(backend);
-        tasks.push(tokio::spawn(async move {
-            let req = AcquireRequest {
-                key: LockKey::new(format!("bench-{i}"))?,
-                owner: Owner::new(format!("client-{i}"))?,
-                ttl: Duration::from_secs(30),
-                kind: None,
-                data: None,
-            };
-            for _ in 0..CYCLES / 8 {
-                if let Acquire::Granted(g) = backend.try_acquire(&req).await? {
-                    backend.release(&req.key, &req.owner, g.token).await?;
-                }
-            }
-            Ok::<_, fencelock_core::Error>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok((CYCLES / 8 * backends.len()) as f64 / started.elapsed().as_secs_f64())
+/// `LEASE_COLUMNS` of `src/backend.rs`.
+const LEASE_COLUMNS: &str = "key, owner, token, kind, data, acquired_at, expires_at, \
+     (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
+
+/// The acquire statement of `src/backend.rs` (`Sql::acquire`), verbatim.
+fn acquire_sql(prefix: &str) -> String {
+    let (locks, tokens) = (format!("{prefix}locks"), format!("{prefix}tokens"));
+    format!(
+        "WITH turn AS MATERIALIZED (
+                   SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1))
+                 ),
+                 won AS (
+                   INSERT INTO {locks} AS l
+                     (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
+                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::jsonb, now(),
+                          now() + $5::bigint * interval '1 microsecond', now()
+                     FROM turn
+                   ON CONFLICT (key) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = nextval('{tokens}'),
+                     kind = EXCLUDED.kind, data = EXCLUDED.data,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+                     updated_at = EXCLUDED.updated_at
+                   WHERE l.expires_at <= now()
+                   RETURNING *
+                 )
+                 SELECT true AS won, {LEASE_COLUMNS} FROM won
+                 UNION ALL
+                 SELECT false, {LEASE_COLUMNS} FROM {locks}
+                  WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)"
+    )
 }
 
-/// One holder releases; a waiter blocked on the key measures how long after
-/// the release call returned it held the lock.
-async fn handoff(url: &str) -> TestResult<(Duration, Duration)> {
-    let a = LockClient::new(fencelock_postgres::open_backend(url).await?);
-    let b = LockClient::new(fencelock_postgres::open_backend(url).await?);
-    let mut samples = Vec::with_capacity(HANDOFFS);
-    for _ in 0..HANDOFFS {
-        let held = a
-            .lock("handoff")
-            .ttl(Duration::from_secs(30))
-            .acquire()
+/// The release statement of `src/backend.rs` (`Sql::release`), verbatim.
+fn release_sql(prefix: &str) -> String {
+    let (locks, channel) = (format!("{prefix}locks"), format!("{prefix}release"));
+    format!(
+        "WITH gone AS (
+                   DELETE FROM {locks}
+                    WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
+                   RETURNING key)
+                 SELECT pg_notify('{channel}', key)::text FROM gone"
+    )
+}
+
+/// One raw cycle: the acquire statement with the library's binds, then the
+/// release statement with the token it returned.
+async fn raw_cycle<'e, E>(ex: E, acquire: &str, release: &str, key: &str) -> TestResult
+where
+    E: PgExecutor<'e> + Copy,
+{
+    let row = sqlx::query(acquire)
+        .bind(key)
+        .bind("raw-owner")
+        .bind(None::<&str>)
+        .bind(None::<serde_json::Value>)
+        .bind(i64::try_from(TTL.as_micros())?)
+        .fetch_optional(ex)
+        .await?
+        .ok_or("raw acquire: no row")?;
+    if !row.try_get::<bool, _>("won")? {
+        return Err("raw acquire: own key held".into());
+    }
+    let token: i64 = row.try_get("token")?;
+    let rows = sqlx::query(release)
+        .bind(key)
+        .bind("raw-owner")
+        .bind(token)
+        .fetch_all(ex)
+        .await?;
+    if rows.len() != 1 {
+        return Err("raw release: nothing released".into());
+    }
+    Ok(())
+}
+
+/// Raw cycles/s on one connection for `RUN`, through `&mut PgConnection`
+/// (`pooled == false`) or a one-connection pool with sqlx's defaults.
+async fn raw_rate(connect: &PgConnectOptions, prefix: &str, pooled: bool) -> TestResult<f64> {
+    let (acquire, release) = (acquire_sql(prefix), release_sql(prefix));
+    let key = if pooled { "raw-pool" } else { "raw-conn" };
+    let mut done = 0usize;
+    let started;
+    if pooled {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect.clone())
             .await?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
-        let b2 = b.clone();
-        let waiter = tokio::spawn(async move {
-            let g = b2
-                .lock("handoff")
-                .ttl(Duration::from_secs(30))
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await?;
-            let got = Instant::now();
-            let released = rx.await.map_err(|_| "no release time")?;
-            g.release().await?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
-                got.saturating_duration_since(released),
-            )
-        });
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let t = Instant::now();
-        held.release().await?;
-        let _ = tx.send(t);
-        samples.push(waiter.await??);
+        for _ in 0..200 {
+            raw_cycle(&pool, &acquire, &release, key).await?;
+        }
+        started = Instant::now();
+        while started.elapsed() < RUN {
+            raw_cycle(&pool, &acquire, &release, key).await?;
+            done += 1;
+        }
+        pool.close().await;
+    } else {
+        let mut conn = connect.connect().await?;
+        for _ in 0..200 {
+            raw_cycle(&mut conn, &acquire, &release, key).await?;
+        }
+        started = Instant::now();
+        while started.elapsed() < RUN {
+            raw_cycle(&mut conn, &acquire, &release, key).await?;
+            done += 1;
+        }
     }
-    samples.sort();
-    Ok((
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    ))
+    Ok(done as f64 / started.elapsed().as_secs_f64())
 }
 
-#[tokio::main]
+/// The pgbench script: the same two statements, `$n` replaced by pgbench
+/// variables (a random key per transaction; NULL kind and data as literals).
+fn pgbench_script(prefix: &str) -> String {
+    let acquire = acquire_sql(prefix)
+        .replace("$1", ":k::text")
+        .replace("$2", "'pgbench'")
+        .replace("$3", "NULL")
+        .replace("$4", "NULL")
+        .replace("$5", &TTL.as_micros().to_string());
+    let release = release_sql(prefix)
+        .replace("$1", ":k::text")
+        .replace("$2", "'pgbench'")
+        .replace("$3", ":p_token");
+    format!("\\set k random(1, 1000000000)\n{acquire}\n\\gset p_\n{release};\n")
+}
+
+/// Transactions (= cycles) per second reported by `pgbench -c 1 -T 10`.
+fn pgbench(port: u16, prefix: &str, relaxed: bool) -> TestResult<(f64, String)> {
+    let bin = find_binary("pgbench", &["/usr/lib/postgresql/*/bin"], "postgresql-contrib")?;
+    let script = tempfile::Builder::new()
+        .prefix("fencelock-pgbench-")
+        .suffix(".sql")
+        .tempfile()?;
+    std::fs::write(script.path(), pgbench_script(prefix))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["-n", "-M", "prepared", "-c", "1", "-T"])
+        .arg(RUN.as_secs().to_string())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+        .arg("-f")
+        .arg(script.path())
+        .arg("postgres");
+    if relaxed {
+        cmd.env("PGOPTIONS", "-c synchronous_commit=off");
+    }
+    let out = cmd.output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "pgbench failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    // "tps = 1234.567890 (without initial connection time)"
+    let tps = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tps = "))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .next_back()
+        .ok_or_else(|| format!("no tps in pgbench output: {text}"))?;
+    let latency = text
+        .lines()
+        .find(|l| l.starts_with("latency average"))
+        .unwrap_or("")
+        .to_owned();
+    Ok((tps, latency))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> TestResult {
     let server = tokio::task::spawn_blocking(|| PostgresServer::start_with(Durability::Production))
         .await??;
-    for mode in ["on", "off"] {
-        let url = format!(
-            "{}?synchronous_commit={mode}&table_prefix=b{mode}_",
-            server.url("postgres")
-        );
-        for clients in [1, 8] {
-            let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
-            for _ in 0..clients {
-                backends.push(fencelock_postgres::open_backend(&url).await?);
+    let port = server.port();
+    let result = async {
+        for mode in ["on", "off"] {
+            let relaxed = mode == "off";
+            let prefix = format!("b{mode}_");
+            let url = format!(
+                "{}?synchronous_commit={mode}&table_prefix={prefix}",
+                server.url("postgres")
+            );
+            let mut connect = PgConnectOptions::from_str(&server.url("postgres"))?;
+            if relaxed {
+                connect = connect.options([("synchronous_commit", "off")]);
             }
-            let rate = cycles(&backends).await?;
+            println!("== synchronous_commit={mode} ==");
+
+            // The library, 1 client, measured before and after the raw runs.
+            let backend = fencelock_postgres::open_backend(&url).await?;
+            let one: Vec<Arc<dyn Backend>> = vec![Arc::clone(&backend)];
+            cycle_rate(&one, 1, 500, TTL).await?; // warm-up
+            let lib_a = cycle_rate_for(&one, 1, RUN, TTL).await?;
+            println!("fencelock, 1 client (run A):                  {lib_a:.0} cycles/s");
+            drop(one);
+            drop(backend);
+            // Let the backend's pool and listener go away.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+
+            let raw = raw_rate(&connect, &prefix, false).await?;
+            println!("raw sqlx, 1 PgConnection:                     {raw:.0} cycles/s");
+            let (bench, latency) = tokio::task::spawn_blocking({
+                let prefix = prefix.clone();
+                move || pgbench(port, &prefix, relaxed)
+            })
+            .await??;
+            println!("pgbench -M prepared -c 1 -T {}:              {bench:.0} cycles/s ({latency})",
+                RUN.as_secs());
+            let pooled = raw_rate(&connect, &prefix, true).await?;
+            println!("raw sqlx, 1-connection PgPool:                {pooled:.0} cycles/s");
+            let listening = {
+                let mut listener = PgListener::connect(&server.url("postgres")).await?;
+                listener.listen(&format!("{prefix}release")).await?;
+                // Drain the notifications as the library's listener does.
+                let drain = tokio::spawn(async move {
+                    while let Ok(Some(_)) = listener.try_recv().await {}
+                });
+                let rate = raw_rate(&connect, &prefix, false).await;
+                drain.abort();
+                rate?
+            };
+            println!("raw sqlx, 1 PgConnection, a LISTENer drains:  {listening:.0} cycles/s");
+
+            let backend = fencelock_postgres::open_backend(&url).await?;
+            let one: Vec<Arc<dyn Backend>> = vec![Arc::clone(&backend)];
+            cycle_rate(&one, 1, 200, TTL).await?; // warm-up
+            let lib_b = cycle_rate_for(&one, 1, RUN, TTL).await?;
+            println!("fencelock, 1 client (run B):                  {lib_b:.0} cycles/s");
+            let lib = (lib_a + lib_b) / 2.0;
             println!(
-                "synchronous_commit={mode} clients={clients}: {rate:.0} acquire+release cycles/s"
+                "=> fencelock 1 client (mean {lib:.0}) = {:.0}% of raw sqlx, {:.0}% of pgbench",
+                100.0 * lib / raw,
+                100.0 * lib / bench
+            );
+
+            let many = cycle_rate_for(&one, 8, RUN, TTL).await?;
+            println!("fencelock, 8 clients (one backend, pool of 10): {many:.0} cycles/s");
+
+            let a = fencelock_postgres::open_backend(&url).await?;
+            let b = fencelock_postgres::open_backend(&url).await?;
+            let lat = handoff(a, b, HANDOFFS, TTL).await?;
+            println!(
+                "hand-off (release -> waiter granted, NOTIFY wake-up), {HANDOFFS} rounds: p50 {:?}, p99 {:?}",
+                quantile(&lat, 0.5),
+                quantile(&lat, 0.99)
             );
         }
-        let (p50, p99) = handoff(&url).await?;
-        println!("synchronous_commit={mode} hand-off: p50 {p50:?} p99 {p99:?}");
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
     }
+    .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
-    Ok(())
+    result
 }

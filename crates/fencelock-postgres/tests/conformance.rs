@@ -1,105 +1,18 @@
-//! The conformance suite against throwaway PostgreSQL servers: one shared
-//! server for the binary, a fresh table prefix per case, and a server of its
-//! own for each case that restarts it.
+//! The conformance suite against throwaway servers: one shared server for
+//! the binary with a fresh table prefix per case, and a server of its own for
+//! each case that restarts it. Stores are opened through the crate's URL
+//! entry points.
 
-use std::{
-    process::ExitCode,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, Mutex,
-    },
-};
+use std::{process::ExitCode, sync::Mutex};
 
-use fencelock_core::{Backend, Fence};
-use fencelock_postgres::{PostgresBackend, PostgresFence};
-use fencelock_testkit::{
-    async_trait, servers::postgres::PostgresServer, Store, StoreFactory, TestResult,
-};
-
-type Shared = Arc<Mutex<Option<PostgresServer>>>;
-
-struct Factory {
-    shared: Shared,
-    next: AtomicUsize,
-}
-
-struct PgStore {
-    url: String,
-    /// Only for dedicated stores: the server this case may restart.
-    own: Option<Arc<Mutex<PostgresServer>>>,
-}
-
-#[async_trait]
-impl Store for PgStore {
-    async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
-        Ok(Arc::new(PostgresBackend::connect(&self.url).await?))
-    }
-
-    async fn fence(&self) -> TestResult<Option<Arc<dyn Fence>>> {
-        Ok(Some(Arc::new(PostgresFence::connect(&self.url).await?)))
-    }
-
-    async fn restart(&self) -> TestResult {
-        let server = Arc::clone(
-            self.own
-                .as_ref()
-                .ok_or("a shared server is not restarted")?,
-        );
-        tokio::task::spawn_blocking(move || {
-            server.lock().map_err(|_| "server lock poisoned")?.restart()
-        })
-        .await?
-    }
-}
-
-#[async_trait]
-impl StoreFactory for Factory {
-    fn name(&self) -> &'static str {
-        "postgres"
-    }
-    fn can_restart(&self) -> bool {
-        true
-    }
-    fn has_fence(&self) -> bool {
-        true
-    }
-    async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>> {
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let prefix = format!("c{n}_");
-        if dedicated {
-            let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
-            let url = format!("{}?table_prefix={prefix}", server.url("postgres"));
-            return Ok(Box::new(PgStore {
-                url,
-                own: Some(Arc::new(Mutex::new(server))),
-            }));
-        }
-        let shared = Arc::clone(&self.shared);
-        let base = tokio::task::spawn_blocking(move || -> TestResult<String> {
-            let mut slot = shared.lock().map_err(|_| "server lock poisoned")?;
-            if slot.is_none() {
-                *slot = Some(PostgresServer::start()?);
-            }
-            Ok(slot.as_ref().ok_or("no server")?.url("postgres"))
-        })
-        .await??;
-        Ok(Box::new(PgStore {
-            url: format!("{base}?table_prefix={prefix}&pool_max=4"),
-            own: None,
-        }))
-    }
-}
+use fencelock_testkit::servers::{postgres::PostgresServer, url_factory::UrlFactory};
 
 fn main() -> ExitCode {
-    let shared: Shared = Arc::default();
-    let code = fencelock_testkit::run(Factory {
-        shared: Arc::clone(&shared),
-        next: AtomicUsize::new(0),
-    });
-    // Stop the shared server before the process exits: statics are never
-    // dropped, and a leaked postmaster would outlive the test run.
-    if let Ok(mut slot) = shared.lock() {
-        slot.take();
-    }
-    code
+    // `run` owns the factory and drops it (stopping the servers) before
+    // returning the exit code.
+    fencelock_testkit::run(UrlFactory::<Mutex<PostgresServer>>::new(
+        "postgres",
+        |url| Box::pin(async move { fencelock_postgres::open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_postgres::open_fence(&url).await })),
+    ))
 }

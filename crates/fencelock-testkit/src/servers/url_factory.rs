@@ -1,8 +1,8 @@
 //! A [`StoreFactory`] for backends opened by URL against throwaway servers:
 //! one shared server per test binary (started lazily, stopped when the
 //! factory is dropped at the end of [`crate::run`]), each case isolated by a
-//! fresh `prefix=` URL option, and a server of its own for each case that
-//! restarts it.
+//! URL option of its own (a key or table prefix), and a server of its own for
+//! each case that restarts it.
 
 use std::sync::{
     atomic::{AtomicUsize, Ordering},
@@ -24,6 +24,11 @@ pub trait UrlServer: Send + Sync + 'static + Sized {
     fn start_dedicated() -> TestResult<Self>;
     /// The backend URL without query options.
     fn url(&self) -> String;
+    /// The URL of case number `case`'s private store on this server (by
+    /// default a `prefix=` option: the key prefix of Redis and etcd).
+    fn case_url(&self, case: usize) -> String {
+        format!("{}?prefix=case{case}", self.url())
+    }
     /// Stops and starts the server again, keeping what it persists.
     fn restart_server(&self) -> TestResult;
 }
@@ -106,7 +111,7 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
             Arc::clone(self.shared.get_or_init(|| s))
         };
         Ok(Box::new(UrlStore {
-            url: format!("{}?prefix=case{n}", server.url()),
+            url: server.case_url(n),
             server,
             backend: self.backend,
             fence: self.fence,

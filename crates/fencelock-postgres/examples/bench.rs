@@ -17,10 +17,13 @@
 //! * `pgbench -n -M prepared -c 1 -T 10` with a custom script holding the
 //!   same two statements (a random key per transaction).
 //!
-//! Two more raw runs split the library's overhead: the raw loop through a
-//! one-connection `PgPool` (sqlx pings the connection on every checkout),
-//! and the raw loop while another session LISTENs on the release channel
-//! (as the library's wake-up listener does). Prints figures; asserts nothing.
+//! More raw runs split the library's overhead: the raw loop through a
+//! `PgPool` sized as the library's (10), checked out per statement as the
+//! library does, with and without sqlx's ping on every checkout
+//! (`test_before_acquire`; sqlx also pings on every return, in the
+//! background), and the raw loop on one connection while another session
+//! LISTENs on the release channel (as the library's wake-up listener does).
+//! Prints figures; asserts nothing.
 
 use std::{
     process::Command,
@@ -40,7 +43,7 @@ use fencelock_testkit::{
 };
 use sqlx::{
     postgres::{PgConnectOptions, PgListener, PgPoolOptions},
-    ConnectOptions, PgExecutor, Row,
+    ConnectOptions, PgConnection, PgPool, Row,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -92,70 +95,76 @@ fn release_sql(prefix: &str) -> String {
     )
 }
 
-/// One raw cycle: the acquire statement with the library's binds, then the
-/// release statement with the token it returned.
-async fn raw_cycle<'e, E>(ex: E, acquire: &str, release: &str, key: &str) -> TestResult
-where
-    E: PgExecutor<'e> + Copy,
-{
-    let row = sqlx::query(acquire)
+/// Where the raw statements run.
+enum Exec<'a> {
+    Conn(&'a mut PgConnection),
+    Pool(&'a PgPool),
+}
+
+/// One raw cycle: the acquire statement with the library's binds and fetch
+/// (`fetch_optional`), then the release statement with the token it
+/// returned (`fetch_all`), as `PostgresBackend` sends them.
+async fn raw_cycle(ex: &mut Exec<'_>, acquire: &str, release: &str, key: &str) -> TestResult {
+    let query = sqlx::query(acquire)
         .bind(key)
         .bind("raw-owner")
         .bind(None::<&str>)
         .bind(None::<serde_json::Value>)
-        .bind(i64::try_from(TTL.as_micros())?)
-        .fetch_optional(ex)
-        .await?
-        .ok_or("raw acquire: no row")?;
+        .bind(i64::try_from(TTL.as_micros())?);
+    let row = match ex {
+        Exec::Conn(c) => query.fetch_optional(&mut **c).await?,
+        Exec::Pool(p) => query.fetch_optional(*p).await?,
+    }
+    .ok_or("raw acquire: no row")?;
     if !row.try_get::<bool, _>("won")? {
         return Err("raw acquire: own key held".into());
     }
     let token: i64 = row.try_get("token")?;
-    let rows = sqlx::query(release)
-        .bind(key)
-        .bind("raw-owner")
-        .bind(token)
-        .fetch_all(ex)
-        .await?;
+    let query = sqlx::query(release).bind(key).bind("raw-owner").bind(token);
+    let rows = match ex {
+        Exec::Conn(c) => query.fetch_all(&mut **c).await?,
+        Exec::Pool(p) => query.fetch_all(*p).await?,
+    };
     if rows.len() != 1 {
         return Err("raw release: nothing released".into());
     }
     Ok(())
 }
 
-/// Raw cycles/s on one connection for `RUN`, through `&mut PgConnection`
-/// (`pooled == false`) or a one-connection pool with sqlx's defaults.
-async fn raw_rate(connect: &PgConnectOptions, prefix: &str, pooled: bool) -> TestResult<f64> {
+/// Raw cycles/s for `RUN`, after a warm-up.
+async fn raw_loop(ex: &mut Exec<'_>, prefix: &str, key: &str) -> TestResult<f64> {
     let (acquire, release) = (acquire_sql(prefix), release_sql(prefix));
-    let key = if pooled { "raw-pool" } else { "raw-conn" };
+    for _ in 0..200 {
+        raw_cycle(ex, &acquire, &release, key).await?;
+    }
+    let started = Instant::now();
     let mut done = 0usize;
-    let started;
-    if pooled {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(connect.clone())
-            .await?;
-        for _ in 0..200 {
-            raw_cycle(&pool, &acquire, &release, key).await?;
-        }
-        started = Instant::now();
-        while started.elapsed() < RUN {
-            raw_cycle(&pool, &acquire, &release, key).await?;
-            done += 1;
-        }
-        pool.close().await;
-    } else {
-        let mut conn = connect.connect().await?;
-        for _ in 0..200 {
-            raw_cycle(&mut conn, &acquire, &release, key).await?;
-        }
-        started = Instant::now();
-        while started.elapsed() < RUN {
-            raw_cycle(&mut conn, &acquire, &release, key).await?;
-            done += 1;
-        }
+    while started.elapsed() < RUN {
+        raw_cycle(ex, &acquire, &release, key).await?;
+        done += 1;
     }
     Ok(done as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Raw cycles/s on one connection, through `&mut PgConnection`
+/// (`pool == None`) or a pool sized as the library's, checked out for each
+/// statement as the library does, with `test_before_acquire` as given
+/// (sqlx's default, which the library keeps, is `true`: a ping round trip
+/// per checkout).
+async fn raw_rate(connect: &PgConnectOptions, prefix: &str, pool: Option<bool>) -> TestResult<f64> {
+    if let Some(test_before_acquire) = pool {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .test_before_acquire(test_before_acquire)
+            .connect_with(connect.clone())
+            .await?;
+        let rate = raw_loop(&mut Exec::Pool(&pool), prefix, "raw-pool").await;
+        pool.close().await;
+        rate
+    } else {
+        let mut conn = connect.connect().await?;
+        raw_loop(&mut Exec::Conn(&mut conn), prefix, "raw-conn").await
+    }
 }
 
 /// The pgbench script: the same two statements, `$n` replaced by pgbench
@@ -171,28 +180,34 @@ fn pgbench_script(prefix: &str) -> String {
         .replace("$1", ":k::text")
         .replace("$2", "'pgbench'")
         .replace("$3", ":p_token");
-    format!("\\set k random(1, 1000000000)\n{acquire}\n\\gset p_\n{release};\n")
+    format!("\\set k random(1, 1000000000)\n{acquire} \\gset p_\n{release};\n")
 }
 
 /// Transactions (= cycles) per second reported by `pgbench -c 1 -T 10`.
 fn pgbench(port: u16, prefix: &str, relaxed: bool) -> TestResult<(f64, String)> {
-    let bin = find_binary("pgbench", &["/usr/lib/postgresql/*/bin"], "postgresql-contrib")?;
-    let script = tempfile::Builder::new()
-        .prefix("fencelock-pgbench-")
-        .suffix(".sql")
-        .tempfile()?;
-    std::fs::write(script.path(), pgbench_script(prefix))?;
+    let bin = find_binary(
+        "pgbench",
+        &["/usr/lib/postgresql/*/bin"],
+        "postgresql-contrib",
+    )?;
+    let script = std::env::temp_dir().join(format!(
+        "fencelock-pgbench-{}-{prefix}.sql",
+        std::process::id()
+    ));
+    std::fs::write(&script, pgbench_script(prefix))?;
     let mut cmd = Command::new(bin);
     cmd.args(["-n", "-M", "prepared", "-c", "1", "-T"])
         .arg(RUN.as_secs().to_string())
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
         .arg("-f")
-        .arg(script.path())
+        .arg(&script)
         .arg("postgres");
     if relaxed {
         cmd.env("PGOPTIONS", "-c synchronous_commit=off");
     }
-    let out = cmd.output()?;
+    let out = cmd.output();
+    let _ = std::fs::remove_file(&script);
+    let out = out?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!(
@@ -246,7 +261,7 @@ async fn main() -> TestResult {
             // Let the backend's pool and listener go away.
             tokio::time::sleep(Duration::from_millis(300)).await;
 
-            let raw = raw_rate(&connect, &prefix, false).await?;
+            let raw = raw_rate(&connect, &prefix, None).await?;
             println!("raw sqlx, 1 PgConnection:                     {raw:.0} cycles/s");
             let (bench, latency) = tokio::task::spawn_blocking({
                 let prefix = prefix.clone();
@@ -255,8 +270,10 @@ async fn main() -> TestResult {
             .await??;
             println!("pgbench -M prepared -c 1 -T {}:              {bench:.0} cycles/s ({latency})",
                 RUN.as_secs());
-            let pooled = raw_rate(&connect, &prefix, true).await?;
-            println!("raw sqlx, 1-connection PgPool:                {pooled:.0} cycles/s");
+            let pooled = raw_rate(&connect, &prefix, Some(true)).await?;
+            println!("raw sqlx via PgPool, ping on checkout (sqlx default): {pooled:.0} cycles/s");
+            let unpinged = raw_rate(&connect, &prefix, Some(false)).await?;
+            println!("raw sqlx via PgPool, no ping on checkout:       {unpinged:.0} cycles/s");
             let listening = {
                 let mut listener = PgListener::connect(&server.url("postgres")).await?;
                 listener.listen(&format!("{prefix}release")).await?;
@@ -264,7 +281,7 @@ async fn main() -> TestResult {
                 let drain = tokio::spawn(async move {
                     while let Ok(Some(_)) = listener.try_recv().await {}
                 });
-                let rate = raw_rate(&connect, &prefix, false).await;
+                let rate = raw_rate(&connect, &prefix, None).await;
                 drain.abort();
                 rate?
             };

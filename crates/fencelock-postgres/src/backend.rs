@@ -96,9 +96,14 @@ impl PostgresOptions {
             // no statement needs a `SET` round trip or a transaction.
             connect = connect.options([("synchronous_commit", "off")]);
         }
+        // No ping on checkout: it would double the round trips of every
+        // lock operation (measured: docs/benchmarks.md). A connection that
+        // died in the pool fails its statement with a transient error, which
+        // the waiting loop and the renewal watchdog retry.
         let options = PgPoolOptions::new()
             .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout);
+            .acquire_timeout(self.url.acquire_timeout)
+            .test_before_acquire(false);
         fencelock_sql_common::open_pool(options, connect)
             .await
             .map_err(|e| map("connecting", e))

@@ -56,9 +56,13 @@ impl MariaDbServer {
             durability,
             dir,
         };
+        // A temporary directory of its own: two bootstraps sharing /tmp can
+        // trip over each other's temporary tables.
+        std::fs::create_dir(me.tmp_dir())?;
         let mut cmd = Command::new(install);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", me.data_dir().display()))
+            .arg(format!("--tmpdir={}", me.tmp_dir().display()))
             .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
         me.add_user(&mut cmd);
         let out = cmd.stdin(Stdio::null()).output()?;
@@ -85,6 +89,10 @@ impl MariaDbServer {
         self.dir.path().join("data")
     }
 
+    fn tmp_dir(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
     fn start_process(&mut self) -> TestResult {
         let flush = match self.durability {
             Durability::Tests => "2",
@@ -93,6 +101,7 @@ impl MariaDbServer {
         let mut cmd = Command::new(&self.server);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--tmpdir={}", self.tmp_dir().display()))
             .arg(format!("--port={}", self.port))
             .arg(format!(
                 "--socket={}",

@@ -6,7 +6,7 @@
 
 use std::sync::{
     atomic::{AtomicUsize, Ordering},
-    Arc, OnceLock,
+    Arc,
 };
 
 use async_trait::async_trait;
@@ -42,7 +42,9 @@ pub struct UrlFactory<S> {
     name: &'static str,
     backend: Opener<dyn Backend>,
     fence: Option<Opener<dyn Fence>>,
-    shared: OnceLock<Arc<S>>,
+    /// Started by the first case that needs it; cases arriving meanwhile
+    /// wait for that start instead of starting servers of their own.
+    shared: tokio::sync::OnceCell<Arc<S>>,
     cases: AtomicUsize,
 }
 
@@ -58,7 +60,7 @@ impl<S: UrlServer> UrlFactory<S> {
             name,
             backend,
             fence,
-            shared: OnceLock::new(),
+            shared: tokio::sync::OnceCell::new(),
             cases: AtomicUsize::new(0),
         }
     }
@@ -103,12 +105,13 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
         let n = self.cases.fetch_add(1, Ordering::SeqCst);
         let server = if dedicated {
             Arc::new(tokio::task::spawn_blocking(S::start_dedicated).await??)
-        } else if let Some(s) = self.shared.get() {
-            Arc::clone(s)
         } else {
-            let s = Arc::new(tokio::task::spawn_blocking(S::start_shared).await??);
-            // Two cases may race here; the loser's server is dropped (killed).
-            Arc::clone(self.shared.get_or_init(|| s))
+            let start = || async {
+                TestResult::Ok(Arc::new(
+                    tokio::task::spawn_blocking(S::start_shared).await??,
+                ))
+            };
+            Arc::clone(self.shared.get_or_try_init(start).await?)
         };
         Ok(Box::new(UrlStore {
             url: server.case_url(n),

@@ -44,38 +44,51 @@ fn wait_until_free(url: &str, key: &str) {
     }
 }
 
-/// 50 `fencelock acquire` processes on a key whose lease has expired,
-/// three times: one exits 0, 49 exit 75, and the winner's token is higher.
-fn fifty_processes_on_an_expired_key(url: &str) {
+/// Runs 50 `fencelock acquire KEY` processes at once; returns their outputs.
+fn race(url: &str, key: &str) -> Vec<Output> {
+    let racers: Vec<_> = (0..50)
+        .map(|_| {
+            fencelock(url, &["acquire", key, "--ttl", "30s", "--wait", "0s"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    racers
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+/// Exactly one of the racers exited 0 and the 49 others 75; the winner's
+/// token.
+fn single_winner(round: &str, outs: &[Output]) -> u64 {
+    let codes: Vec<i32> = outs.iter().map(code).collect();
+    for o in outs.iter().filter(|o| code(o) != 0 && code(o) != 75) {
+        eprintln!("unexpected: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let winners: Vec<&Output> = outs.iter().filter(|o| code(o) == 0).collect();
+    assert_eq!(winners.len(), 1, "{round}: {codes:?}");
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 75).count(),
+        49,
+        "{round}: {codes:?}"
+    );
+    token(winners[0])
+}
+
+/// 50 `fencelock acquire` processes on a free key, and three times on a key
+/// whose lease has expired: one exits 0, 49 exit 75, and a takeover's token
+/// is higher than the expired lease's.
+fn fifty_processes_on_a_free_and_an_expired_key(url: &str) {
+    single_winner("free key", &race(url, "race-free"));
     for round in 0..3 {
         let key = format!("race-{round}");
         let expired = token(&run(url, &["acquire", &key, "--ttl", "300ms"]));
         wait_until_free(url, &key);
-        let racers: Vec<_> = (0..50)
-            .map(|_| {
-                fencelock(url, &["acquire", &key, "--ttl", "30s", "--wait", "0s"])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let outs: Vec<Output> = racers
-            .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
-            .collect();
-        let winners: Vec<&Output> = outs.iter().filter(|o| code(o) == 0).collect();
-        let codes: Vec<i32> = outs.iter().map(code).collect();
-        for o in outs.iter().filter(|o| code(o) != 0 && code(o) != 75) {
-            eprintln!("unexpected: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        assert_eq!(winners.len(), 1, "round {round}: {codes:?}");
-        assert_eq!(
-            codes.iter().filter(|&&c| c == 75).count(),
-            49,
-            "round {round}: {codes:?}"
-        );
-        assert!(token(winners[0]) > expired);
+        let winner = single_winner(&format!("expired key, round {round}"), &race(url, &key));
+        assert!(winner > expired);
     }
 }
 
@@ -102,7 +115,7 @@ fn tokens_grow_across_cleanup(url: &str) {
 }
 
 fn exercise(url: &str) {
-    fifty_processes_on_an_expired_key(url);
+    fifty_processes_on_a_free_and_an_expired_key(url);
     tokens_grow_across_cleanup(url);
 }
 

@@ -15,7 +15,7 @@ use sqlx::{
 };
 
 use crate::{
-    error::{bad_reply, map, map_acquire},
+    error::{bad_reply, is_deadlock, map, map_acquire},
     schema::{self, Names},
 };
 
@@ -29,6 +29,10 @@ pub(crate) const SCHEMES: &[&str] = &["mysql", "mariadb"];
 const LEASE_COLUMNS: &str =
     "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
+
+/// How often an acquisition chosen as an InnoDB deadlock victim is retried
+/// before the (transient) error reaches the caller.
+const DEADLOCK_RETRIES: u32 = 3;
 
 /// How long an acquisition waits for another acquisition of the same key to
 /// commit (a few milliseconds normally; long only if that session stalls).
@@ -307,19 +311,29 @@ impl Backend for MySqlBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let fail = |e| map("acquiring", e);
         let key = request.key.as_str();
-        let mut session = TurnSession {
-            conn: Some(self.pool.acquire().await.map_err(fail)?),
+        let mut deadlocks = 0;
+        let mut session = loop {
+            let mut session = TurnSession {
+                conn: Some(self.pool.acquire().await.map_err(fail)?),
+            };
+            let upsert = sqlx::query(&self.sql.acquire)
+                .bind(key)
+                .bind(request.owner.as_str())
+                .bind(key)
+                .bind(request.kind.as_deref())
+                .bind(request.data.as_ref())
+                .bind(ttl_micros(request.ttl))
+                .execute(session.conn()?)
+                .await;
+            match upsert {
+                Ok(_) => break session,
+                // A deadlock victim was rolled back whole, so trying again
+                // is safe (and what MySQL asks of applications). Dropping the
+                // session closes it, freeing any turn it held.
+                Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => deadlocks += 1,
+                Err(e) => return Err(map_acquire(e)),
+            }
         };
-        sqlx::query(&self.sql.acquire)
-            .bind(key)
-            .bind(request.owner.as_str())
-            .bind(key)
-            .bind(request.kind.as_deref())
-            .bind(request.data.as_ref())
-            .bind(ttl_micros(request.ttl))
-            .execute(session.conn()?)
-            .await
-            .map_err(map_acquire)?;
         let row = sqlx::query(&self.sql.acquire_result)
             .bind(key)
             .bind(key)

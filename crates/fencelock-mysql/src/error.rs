@@ -38,6 +38,11 @@ pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
     error.into()
 }
 
+/// InnoDB chose the statement as a deadlock victim and rolled it back whole.
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    server_number(e) == Some(1213)
+}
+
 /// Like [`map`], for the acquire statement, whose only NULL-able value is a
 /// token left NULL when the key's turn (its named lock) could not be had in
 /// time: error 1048 there means "busy", which passes.

@@ -42,17 +42,15 @@ const TEXT: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
 /// own INSERT: a deadlock (seen with 50 CLI processes starting at once).
 pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Result<()> {
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
-    let present: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.TABLES
-          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)",
+    if present(
+        &mut *pool
+            .acquire()
+            .await
+            .map_err(|e| map("reading the schema", e))?,
+        n,
     )
-    .bind(tokens)
-    .bind(locks)
-    .bind(fences)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map("reading the schema", e))?;
-    if present == 3 {
+    .await?
+    {
         return Ok(());
     }
     let ddl = [
@@ -94,17 +92,48 @@ pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Resul
             "another process held the schema lock for 60 s",
         ));
     }
-    let mut result = Ok(());
-    for statement in &ddl {
-        if let Err(e) = sqlx::query(statement).execute(&mut *conn).await {
-            result = Err(fail(e));
-            break;
-        }
-    }
+    let created = create_if_missing(&mut conn, n, &ddl).await;
     sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(&lock_name)
         .execute(&mut *conn)
         .await
         .map_err(fail)?;
-    result
+    created
+}
+
+/// Runs the DDL, under the schema lock, unless whoever held the lock before
+/// has created everything. So DDL only ever runs while the tables are
+/// incomplete, that is before any process can acquire, and never beside
+/// acquisitions.
+async fn create_if_missing(
+    conn: &mut sqlx::MySqlConnection,
+    n: &Names,
+    ddl: &[String],
+) -> fencelock_core::Result<()> {
+    if present(conn, n).await? {
+        return Ok(());
+    }
+    for statement in ddl {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| map("creating the schema", e))?;
+    }
+    Ok(())
+}
+
+/// Whether all three objects exist. The locks table is created after the
+/// sequence and before the fences table, so all three means "complete".
+async fn present(conn: &mut sqlx::MySqlConnection, n: &Names) -> fencelock_core::Result<bool> {
+    let found: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES
+          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)",
+    )
+    .bind(&n.tokens)
+    .bind(&n.locks)
+    .bind(&n.fences)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| map("reading the schema", e))?;
+    Ok(found == 3)
 }

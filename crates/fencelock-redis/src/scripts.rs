@@ -44,17 +44,21 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return d
 end
 local t = redis.call('TIME')
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  -- First use, or the counter was lost (restart without persistence):
-  -- seed it from the server clock in microseconds, which is above every
-  -- token issued before as long as the clock did not step back.
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+-- A token is never below the server clock in microseconds. So a counter that
+-- is missing (first use, restart without persistence, idle expiry) or older
+-- than the tokens it issued (restart from an old RDB snapshot or an
+-- `everysec` AOF, a replica promoted before it caught up) still continues
+-- above every token issued before, as long as the clock did not step back
+-- and the key was granted less than once per microsecond.
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local drawn = redis.call('INCR', KEYS[2])
+if drawn < now_us then
+  drawn = now_us
+  redis.call('SET', KEYS[2], string.format('%d', drawn))
 end
-local token = string.format('%d', redis.call('INCR', KEYS[2]))
+local token = string.format('%d', drawn)
 -- A counter idle for a week goes away, so that locks on unbounded keys
--- (`order:<id>`) leave nothing behind. Its reseed from TIME is still above
--- every token it issued: those are at most one per microsecond after a seed
--- that is now over a week old.
+-- (`order:<id>`) leave nothing behind.
 redis.call('PEXPIRE', KEYS[2], 604800000)
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),

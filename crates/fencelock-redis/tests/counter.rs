@@ -48,3 +48,34 @@ async fn an_idle_counter_expires_and_reseeds_above_its_tokens() -> TestResult {
     assert!(after > before, "{after} <= {before}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_counter_restored_from_an_old_snapshot_does_not_reissue_tokens() -> TestResult {
+    // What a restart from an RDB snapshot taken before the last grants, or a
+    // promoted replica that had not caught up, leaves behind.
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::open(&server.url(0)).await?;
+    let key = LockKey::new("order:2")?;
+    let mut raw = redis::Client::open(server.url(0))?
+        .get_multiplexed_async_connection()
+        .await?;
+    let counter = "fencelock:{order:2}:token";
+    let first = grant(&backend, &key).await?;
+    let snapshot: String = redis::cmd("GET").arg(counter).query_async(&mut raw).await?;
+    let mut issued = vec![first];
+    for _ in 0..3 {
+        issued.push(grant(&backend, &key).await?);
+    }
+    let _: () = redis::cmd("SET")
+        .arg(counter)
+        .arg(&snapshot)
+        .query_async(&mut raw)
+        .await?;
+    let after = grant(&backend, &key).await?;
+    let highest = issued.iter().copied().max().unwrap_or(0);
+    assert!(
+        after > highest,
+        "token {after} reissued (issued before: {issued:?})"
+    );
+    Ok(())
+}

@@ -95,10 +95,14 @@ impl MySqlOptions {
     }
 
     pub(crate) async fn pool(&self) -> Result<MySqlPool> {
-        // The driver sets the session time zone to UTC, so DATETIME values
-        // written from NOW(6) read back as UTC instants.
+        // Leases are DATETIME(6) values compared with NOW(6), both in the
+        // session's time zone, so every session must use the same one. UTC
+        // is forced whatever the URL says (`?timezone=` would otherwise let
+        // one client's leases look expired, or an hour longer, to others;
+        // `SYSTEM` would step back an hour at the end of daylight saving).
         let connect = MySqlConnectOptions::from_str(self.url.driver_url.as_str())
-            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?;
+            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
+            .timezone(Some(String::from("+00:00")));
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
         // died in the pool fails its statement with a transient error, which

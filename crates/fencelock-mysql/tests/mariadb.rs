@@ -28,7 +28,8 @@ async fn mariadb_specific() -> TestResult {
     let result = async {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
-        a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await
+        a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
+        a_clients_time_zone_does_not_move_leases(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -92,6 +93,27 @@ async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> Tes
         ),
         held => panic!("the free key was not granted: {held:?}"),
     }
+    Ok(())
+}
+
+/// Leases compare DATETIME(6) values with NOW(6), which follow the session's
+/// time zone: a client asking for another zone in its URL must still see
+/// and respect a lease taken by a client in the default zone.
+async fn a_clients_time_zone_does_not_move_leases(base: &str) -> TestResult {
+    let default = MySqlBackend::connect(&format!("{base}?table_prefix=tz_")).await?;
+    let shifted =
+        MySqlBackend::connect(&format!("{base}?table_prefix=tz_&timezone=-02:00")).await?;
+    let taken = shifted
+        .try_acquire(&request("k", "shifted", Duration::from_secs(60))?)
+        .await?;
+    assert!(matches!(taken, Acquire::Granted(_)), "{taken:?}");
+    let rival = default
+        .try_acquire(&request("k", "default", Duration::from_secs(60))?)
+        .await?;
+    assert!(
+        matches!(rival, Acquire::Held(_)),
+        "a 60 s lease from another time zone was taken: {rival:?}"
+    );
     Ok(())
 }
 

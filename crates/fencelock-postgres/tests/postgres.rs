@@ -157,10 +157,17 @@ async fn malformed_urls_hide_the_password() {
         "postgres://u:hunter2@localhost/db?synchronous_commit=maybe",
         "mysql://u:hunter2@localhost/db",
         "postgres://u:hunter2@[::1/db",
+        "postgres://u@localhost/db?password=hunter2&table_prefix=Bad-Name",
+        "postgres://u:hunt/er2@localhost/db?table_prefix=Bad-Name",
     ] {
         let e = fencelock_postgres::open_backend(url).await.expect_err(url);
         assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
         assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
+        assert!(!e.to_string().contains("hunt/er2"), "{e}");
     }
+    let options =
+        fencelock_postgres::PostgresOptions::from_url("postgres://u@h/db?password=hunter2")
+            .unwrap();
+    assert!(!format!("{options:?}").contains("hunter2"), "{options:?}");
 }

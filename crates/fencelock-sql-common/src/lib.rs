@@ -46,33 +46,37 @@ impl fmt::Debug for SqlUrl {
     }
 }
 
-/// `url` with its password replaced by `***`, for messages and `Debug`.
+/// `url` with its passwords (userinfo and `password=` query values)
+/// replaced by `***`, for messages and `Debug`.
 pub fn redact(url: &Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        // Only fails for URLs that cannot have credentials, which have none.
-        let _ = shown.set_password(Some("***"));
-    }
-    shown.to_string()
+    fencelock_core::redact_url(url.as_str())
 }
 
 /// Removes anything that looks like the password of `raw` from `message`, for
 /// errors about URLs too broken to parse.
 fn scrub(raw: &str, message: String) -> String {
-    let password = raw
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, password)| password)
-        .filter(|p| !p.is_empty());
-    match password {
-        Some(p) => message.replace(p, "***"),
-        None => message,
-    }
+    let start = raw.find("://").map_or(0, |i| i + 3);
+    // The userinfo ends at the *last* `@`: passwords are pasted unescaped.
+    let userinfo_password = raw[start..]
+        .rfind('@')
+        .and_then(|at| raw[start..start + at].split_once(':'))
+        .map(|(_, password)| password);
+    let query_passwords = raw
+        .split_once('?')
+        .map(|(_, query)| query)
+        .into_iter()
+        .flat_map(|query| query.split(['&', '#']))
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(name, _)| name.to_ascii_lowercase().contains("password"))
+        .map(|(_, value)| value);
+    userinfo_password
+        .into_iter()
+        .chain(query_passwords)
+        .filter(|p| !p.is_empty())
+        .fold(message, |message, p| message.replace(p, "***"))
 }
 
-/// An [`Error::InvalidUrl`] that shows the URL without its password.
+/// Why a URL was refused, with its passwords hidden.
 pub fn invalid_url(url: &Url, why: impl fmt::Display) -> Error {
     Error::InvalidUrl(scrub(url.as_str(), format!("{}: {why}", redact(url))))
 }

@@ -86,16 +86,32 @@ impl PostgresOptions {
         Names::new(&self.url.prefix)
     }
 
-    /// A pool; `relaxed` applies `synchronous_commit = off` to its sessions.
-    pub(crate) async fn pool(&self, relaxed: bool) -> Result<PgPool> {
-        let mut connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
+    /// How to connect; `relaxed` applies `synchronous_commit = off`.
+    fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
+        let connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
             .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
             .application_name("fencelock");
-        if relaxed {
-            // A startup parameter, so it holds for every pooled session and
-            // no statement needs a `SET` round trip or a transaction.
-            connect = connect.options([("synchronous_commit", "off")]);
-        }
+        // A startup parameter, so it holds for every pooled session and no
+        // statement needs a `SET` round trip or a transaction.
+        Ok(if relaxed {
+            connect.options([("synchronous_commit", "off")])
+        } else {
+            connect
+        })
+    }
+
+    /// The wake-up listener's own connection: a pool of one, so that the
+    /// LISTEN session, which is held forever, never takes a slot of the
+    /// pool that runs the lock statements.
+    pub(crate) fn listener_pool(&self) -> Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(self.connect_options(false)?))
+    }
+
+    /// A pool; `relaxed` applies `synchronous_commit = off` to its sessions.
+    pub(crate) async fn pool(&self, relaxed: bool) -> Result<PgPool> {
+        let connect = self.connect_options(relaxed)?;
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
         // died in the pool fails its statement with a transient error, which
@@ -250,7 +266,7 @@ impl PostgresBackend {
         let hub = WakeHub::new();
         let listening = Arc::new(AtomicBool::new(false));
         let listener = Listener::spawn(
-            pool.clone(),
+            options.listener_pool()?,
             names.channel.clone(),
             hub.clone(),
             Arc::clone(&listening),

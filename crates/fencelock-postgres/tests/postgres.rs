@@ -28,7 +28,8 @@ async fn postgres_specific() -> TestResult {
     let result = async {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
-        tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await
+        tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
+        a_pool_of_one_still_works_and_wakes_waiters(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -101,6 +102,37 @@ async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestR
     slow.commit().await?;
     let granted: TestResult<Acquire> = rival.await?;
     assert!(matches!(granted?, Acquire::Granted(_)));
+    Ok(())
+}
+
+/// The LISTEN session has a connection of its own: a backend whose pool has
+/// a single connection still runs lock statements and wakes its waiters.
+async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=one_&pool_max=1&acquire_timeout=2s");
+    let backend: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await?);
+    let holder = fencelock_core::LockClient::builder(Arc::clone(&backend))
+        .owner(Owner::new("holder")?)
+        .build()?;
+    let waiter = fencelock_core::LockClient::builder(backend)
+        .owner(Owner::new("waiter")?)
+        .build()?;
+    let held = holder
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    held.renew().await?;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+    });
+    held.release().await?;
+    let next = waiting.await??;
+    next.release().await?;
     Ok(())
 }
 

@@ -14,13 +14,13 @@ use etcd_client::{
     TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, FencingToken, Grant,
+    LockInfo, LockKey, Owner, Result, Stats, WakeSubscription,
 };
 use serde_json::{json, Value};
 
 use crate::{
-    error::{bad_value, failover, is_lease_not_found, map},
+    error::{bad_value, failover, is_lease_not_found, map, NAME},
     options::EtcdOptions,
 };
 
@@ -364,6 +364,17 @@ impl Backend for EtcdBackend {
                 // Whether or not the put happened, the lease must not outlive
                 // this failed call holding the key.
                 let _ = self.revoke(lease.id()).await;
+                // The fresh lease ran out before the Txn reached the leader
+                // (a slow leader, retries against a dead endpoint): nothing
+                // was written, and the next attempt gets a new lease.
+                if is_lease_not_found(&e) {
+                    return Err(BackendError::transient(
+                        NAME,
+                        "the new lease expired before the put-if-absent",
+                        e,
+                    )
+                    .into());
+                }
                 return Err(map("put-if-absent txn", e));
             }
         };

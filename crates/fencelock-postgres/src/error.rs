@@ -6,11 +6,12 @@ const BACKEND: &str = "postgres";
 
 /// SQLSTATEs after which the same statement can succeed later: serialization
 /// failure, deadlock, the server shutting down or starting up, too many
-/// connections, and the whole "connection exception" class.
+/// connections, a statement timeout, a read-only server (a standby during
+/// failover), and the whole "connection exception" class.
 fn transient_sqlstate(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03"
+        "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03" | "57014" | "25006"
     ) || code.starts_with("08")
 }
 

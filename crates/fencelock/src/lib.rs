@@ -114,8 +114,18 @@ impl Engine {
     }
 }
 
+/// `url` with its scheme in lower case: schemes are case-insensitive, and
+/// the backends parse only the lower-case form.
+fn lower_scheme(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => url.to_owned(),
+    }
+}
+
 /// Opens the backend a URL names.
 pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
+    let url = &lower_scheme(url);
     match Engine::of(url)? {
         Engine::Memory => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "sqlite")]
@@ -135,6 +145,7 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
 
 /// Opens the fence kept by the backend a URL names.
 pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
+    let url = &lower_scheme(url);
     match Engine::of(url)? {
         Engine::Memory => Ok(Arc::new(MemoryFence::new())),
         #[cfg(feature = "sqlite")]

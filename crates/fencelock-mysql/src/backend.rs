@@ -117,6 +117,17 @@ impl MySqlOptions {
     }
 }
 
+/// The statements of one acquire+release cycle exactly as the backend sends
+/// them for tables with `table_prefix`: the upsert, the result query that
+/// follows it on the same session, and the release. For the benchmark's raw
+/// baseline (so that it cannot drift from what the library runs). Not a
+/// stable API.
+#[doc(hidden)]
+pub fn cycle_statements(table_prefix: &str) -> (String, String, String) {
+    let sql = Sql::new(&Names::new(table_prefix));
+    (sql.acquire, sql.acquire_result, sql.release)
+}
+
 struct Sql {
     acquire: String,
     acquire_result: String,

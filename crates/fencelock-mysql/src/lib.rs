@@ -23,7 +23,7 @@ mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{MySqlBackend, MySqlOptions};
+pub use backend::{cycle_statements, MySqlBackend, MySqlOptions};
 pub use fence::MySqlFence;
 
 /// Opens a [`MySqlBackend`] for a `mysql://` or `mariadb://` URL. Malformed

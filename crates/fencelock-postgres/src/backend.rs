@@ -126,6 +126,15 @@ impl PostgresOptions {
     }
 }
 
+/// The acquire and release statements exactly as the backend sends them for
+/// tables with `table_prefix`, for the benchmark's raw baseline (so that the
+/// baseline cannot drift from what the library runs). Not a stable API.
+#[doc(hidden)]
+pub fn cycle_statements(table_prefix: &str) -> (String, String) {
+    let sql = Sql::new(&Names::new(table_prefix));
+    (sql.acquire, sql.release)
+}
+
 struct Sql {
     acquire: String,
     renew: String,

@@ -25,7 +25,7 @@ mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{PostgresBackend, PostgresOptions};
+pub use backend::{cycle_statements, PostgresBackend, PostgresOptions};
 pub use fence::PostgresFence;
 
 /// Opens a [`PostgresBackend`] for a `postgres://` or `postgresql://` URL.

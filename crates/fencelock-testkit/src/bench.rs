@@ -1,5 +1,5 @@
 //! Measurement helpers shared by the backends' benchmark examples
-//! (`cargo run --release -p fencelock-redis --example bench`). They report
+//! (`cargo run --release -p fencelock-redis --example redis_bench`). They report
 //! figures; they assert nothing.
 
 use std::{

@@ -3,7 +3,7 @@
 //! connection), and hand-off latency on one contended key.
 //!
 //! ```text
-//! cargo run --release -p fencelock-redis --example bench
+//! cargo run --release -p fencelock-redis --example redis_bench
 //! ```
 //!
 //! Starts a throwaway `redis-server` on a free loopback port (never the

@@ -4,14 +4,14 @@
 //! (`innodb_flush_log_at_trx_commit=1`).
 //!
 //! ```text
-//! cargo run --release -p fencelock-mysql --example bench
+//! cargo run --release -p fencelock-mysql --example mysql_bench
 //! ```
 //!
 //! Starts a throwaway MariaDB server on a free loopback port. The engine's
 //! limit is measured in the same run, on the same server and table: the
 //! library's three statements of a cycle (acquire = upsert under `GET_LOCK`,
-//! then the result `SELECT` with `RELEASE_LOCK`; release = `DELETE`), copied
-//! below from `src/backend.rs`, prepared, on ONE `MySqlConnection`, no pool,
+//! then the result `SELECT` with `RELEASE_LOCK`; release = `DELETE`), taken
+//! from the library by `fencelock_mysql::cycle_statements`, prepared, on ONE `MySqlConnection`, no pool,
 //! no library. Two more raw runs go through a `MySqlPool` sized as the
 //! library's (10), checked out as the library does, with and without sqlx's
 //! ping on every checkout (`test_before_acquire`; sqlx also pings on every
@@ -42,16 +42,7 @@ const TTL: Duration = Duration::from_secs(30);
 const RUN: Duration = Duration::from_secs(10);
 const PREFIX: &str = "bench_";
 
-/// `LEASE_COLUMNS` of `src/backend.rs`.
-const LEASE_COLUMNS: &str =
-    "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
-     TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
-
-/// `TURN_WAIT_SECS` of `src/backend.rs`.
-const TURN_WAIT_SECS: u32 = 10;
-
-/// The three statements of a cycle, as `Sql::new` in `src/backend.rs`
-/// builds them.
+/// The three statements of a cycle, exactly as the backend sends them.
 struct Statements {
     acquire: String,
     acquire_result: String,
@@ -60,38 +51,11 @@ struct Statements {
 
 impl Statements {
     fn new(prefix: &str) -> Self {
-        let (locks, tokens) = (format!("{prefix}locks"), format!("{prefix}tokens"));
-        let turn = format!("CONCAT('fencelock:', MD5(CONCAT('{locks}', CHAR(0), ?)))");
-        let take = |column: &str, value: &str| {
-            format!("{column} = IF(expires_at <= NOW(6), {value}, {column})")
-        };
-        let updates = [
-            take("owner", "VALUES(owner)"),
-            take("kind", "VALUES(kind)"),
-            take("data", "VALUES(data)"),
-            take("acquired_at", "VALUES(acquired_at)"),
-            take("updated_at", "VALUES(updated_at)"),
-            take("token", &format!("NEXTVAL({tokens})")),
-            take("expires_at", "VALUES(expires_at)"),
-        ]
-        .join(", ");
+        let (acquire, acquire_result, release) = fencelock_mysql::cycle_statements(prefix);
         Self {
-            acquire: format!(
-                "INSERT INTO {locks}
-                   (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                 VALUES (?, ?, IF(GET_LOCK({turn}, {TURN_WAIT_SECS}) = 1, NEXTVAL({tokens}), NULL),
-                         ?, ?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
-                 ON DUPLICATE KEY UPDATE {updates}"
-            ),
-            acquire_result: format!(
-                "SELECT RELEASE_LOCK({turn}) AS turn_released, {LEASE_COLUMNS},
-                        token = LASTVAL({tokens}) AS won
-                   FROM (SELECT 1) AS one LEFT JOIN {locks} ON `key` = ?"
-            ),
-            release: format!(
-                "DELETE FROM {locks}
-                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
-            ),
+            acquire,
+            acquire_result,
+            release,
         }
     }
 }

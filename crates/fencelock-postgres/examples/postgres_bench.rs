@@ -4,15 +4,15 @@
 //! (`synchronous_commit=off`).
 //!
 //! ```text
-//! cargo run --release -p fencelock-postgres --example bench
+//! cargo run --release -p fencelock-postgres --example postgres_bench
 //! ```
 //!
 //! Starts a throwaway PostgreSQL server with production durability (fsync
 //! on) on a free loopback port. The engine's limit is measured in the same
 //! run, on the same server and tables, two ways:
 //!
-//! * raw sqlx: the library's acquire and release statements (copied below
-//!   from `src/backend.rs`), prepared, on ONE `PgConnection`, no pool, no
+//! * raw sqlx: the library's acquire and release statements (taken from
+//!   the library by `fencelock_postgres::cycle_statements`), prepared, on ONE `PgConnection`, no pool, no
 //!   listener, no library;
 //! * `pgbench -n -M prepared -c 1 -T 10` with a custom script holding the
 //!   same two statements (a random key per transaction).
@@ -50,50 +50,6 @@ const TTL: Duration = Duration::from_secs(30);
 /// How long each throughput measurement runs.
 const RUN: Duration = Duration::from_secs(10);
 const HANDOFFS: usize = 300;
-
-/// `LEASE_COLUMNS` of `src/backend.rs`.
-const LEASE_COLUMNS: &str = "key, owner, token, kind, data, acquired_at, expires_at, \
-     (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
-
-/// The acquire statement of `src/backend.rs` (`Sql::acquire`), verbatim.
-fn acquire_sql(prefix: &str) -> String {
-    let (locks, tokens) = (format!("{prefix}locks"), format!("{prefix}tokens"));
-    format!(
-        "WITH turn AS MATERIALIZED (
-                   SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1))
-                 ),
-                 won AS (
-                   INSERT INTO {locks} AS l
-                     (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::jsonb, now(),
-                          now() + $5::bigint * interval '1 microsecond', now()
-                     FROM turn
-                   ON CONFLICT (key) DO UPDATE SET
-                     owner = EXCLUDED.owner, token = nextval('{tokens}'),
-                     kind = EXCLUDED.kind, data = EXCLUDED.data,
-                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
-                     updated_at = EXCLUDED.updated_at
-                   WHERE l.expires_at <= now()
-                   RETURNING *
-                 )
-                 SELECT true AS won, {LEASE_COLUMNS} FROM won
-                 UNION ALL
-                 SELECT false, {LEASE_COLUMNS} FROM {locks}
-                  WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)"
-    )
-}
-
-/// The release statement of `src/backend.rs` (`Sql::release`), verbatim.
-fn release_sql(prefix: &str) -> String {
-    let (locks, channel) = (format!("{prefix}locks"), format!("{prefix}release"));
-    format!(
-        "WITH gone AS (
-                   DELETE FROM {locks}
-                    WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
-                   RETURNING key)
-                 SELECT pg_notify('{channel}', key)::text FROM gone"
-    )
-}
 
 /// Where the raw statements run.
 enum Exec<'a> {
@@ -133,7 +89,7 @@ async fn raw_cycle(ex: &mut Exec<'_>, acquire: &str, release: &str, key: &str) -
 
 /// Raw cycles/s for `RUN`, after a warm-up.
 async fn raw_loop(ex: &mut Exec<'_>, prefix: &str, key: &str) -> TestResult<f64> {
-    let (acquire, release) = (acquire_sql(prefix), release_sql(prefix));
+    let (acquire, release) = fencelock_postgres::cycle_statements(prefix);
     for _ in 0..200 {
         raw_cycle(ex, &acquire, &release, key).await?;
     }
@@ -170,13 +126,14 @@ async fn raw_rate(connect: &PgConnectOptions, prefix: &str, pool: Option<bool>) 
 /// The pgbench script: the same two statements, `$n` replaced by pgbench
 /// variables (a random key per transaction; NULL kind and data as literals).
 fn pgbench_script(prefix: &str) -> String {
-    let acquire = acquire_sql(prefix)
+    let (acquire, release) = fencelock_postgres::cycle_statements(prefix);
+    let acquire = acquire
         .replace("$1", ":k::text")
         .replace("$2", "'pgbench'")
         .replace("$3", "NULL")
         .replace("$4", "NULL")
         .replace("$5", &TTL.as_micros().to_string());
-    let release = release_sql(prefix)
+    let release = release
         .replace("$1", ":k::text")
         .replace("$2", "'pgbench'")
         .replace("$3", ":p_token");

@@ -4,7 +4,7 @@
 //! contended key.
 //!
 //! ```text
-//! cargo run --release -p fencelock-etcd --example bench
+//! cargo run --release -p fencelock-etcd --example etcd_bench
 //! ```
 //!
 //! Starts a throwaway single-member `etcd` on free loopback ports. Prints

@@ -9,10 +9,14 @@
 //!   kill, pause and restart them.
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
+//! - [`proxy`]: a TCP fault proxy between clients and a real server:
+//!   latency, partitions, refused and reset connections, switched while it
+//!   runs.
 
 pub mod bench;
 pub mod cases;
 pub mod fault;
+pub mod proxy;
 pub mod servers;
 pub mod suite;
 

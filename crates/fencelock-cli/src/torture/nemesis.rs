@@ -187,10 +187,52 @@ fn signal(pid: u32, signal: Signal) -> Result<(), Error> {
     })
 }
 
-/// The schedule and its state.
-pub struct Nemesis {
+/// One fault as the seed draws it; durations in leases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Draw {
+    /// Quiet time before the fault.
+    gap: f64,
+    kind: FaultKind,
+    /// How long the fault lasts.
+    hold: f64,
+    /// Tie-breaker among candidate victims.
+    pick: usize,
+}
+
+/// The seeded sequence of faults. Every draw happens whatever the outcome
+/// of the faults before, so that a seed always gives the same schedule.
+struct Schedule {
     rng: StdRng,
     kinds: Vec<FaultKind>,
+}
+
+impl Schedule {
+    fn new(seed: u64, kinds: Vec<FaultKind>) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            kinds,
+        }
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = Draw;
+    fn next(&mut self) -> Option<Draw> {
+        if self.kinds.is_empty() {
+            return None;
+        }
+        Some(Draw {
+            gap: self.rng.gen_range(1.0..2.0),
+            kind: self.kinds[self.rng.gen_range(0..self.kinds.len())],
+            hold: self.rng.gen_range(1.5..3.0),
+            pick: self.rng.gen(),
+        })
+    }
+}
+
+/// The schedule and its state.
+pub struct Nemesis {
+    schedule: Schedule,
     lease: Duration,
     end: Instant,
     targets: Arc<Targets>,
@@ -210,8 +252,7 @@ impl Nemesis {
         out: Output,
     ) -> Self {
         Self {
-            rng: StdRng::seed_from_u64(seed),
-            kinds,
+            schedule: Schedule::new(seed, kinds),
             lease,
             end,
             targets,
@@ -222,29 +263,22 @@ impl Nemesis {
 
     /// Runs until the end; every fault is undone when this returns `Ok`.
     pub async fn run(mut self) -> Result<(), Error> {
-        if self.kinds.is_empty() {
-            tokio::time::sleep_until(self.end).await;
-            return Ok(());
-        }
         // Let the workers get going first.
         if !self.sleep(self.lease).await {
             return Ok(());
         }
-        loop {
-            // Every draw happens whatever the outcome, so that a seed always
-            // gives the same schedule.
-            let gap = self.lease.mul_f64(self.rng.gen_range(1.0..2.0));
-            let kind = self.kinds[self.rng.gen_range(0..self.kinds.len())];
-            let hold = self.lease.mul_f64(self.rng.gen_range(1.5..3.0));
-            let pick: usize = self.rng.gen();
-            if !self.sleep(gap).await {
+        while let Some(draw) = self.schedule.next() {
+            if !self.sleep(self.lease.mul_f64(draw.gap)).await {
                 return Ok(());
             }
-            self.inject(kind, hold, pick).await?;
+            self.inject(draw.kind, self.lease.mul_f64(draw.hold), draw.pick)
+                .await?;
             if !self.recovered().await? {
                 return Ok(());
             }
         }
+        tokio::time::sleep_until(self.end).await;
+        Ok(())
     }
 
     /// Sleeps `d` or until the end; false when the end came first.
@@ -390,6 +424,24 @@ pub fn worker_of(owner: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule_drawing_every_kind() {
+        use FaultKind::*;
+        let kinds = vec![Pause, Partition, Latency, Reset, Restart, Leader];
+        let a: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
+        let b: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
+        let c: Vec<Draw> = Schedule::new(8, kinds.clone()).take(200).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        for kind in kinds {
+            assert!(a.iter().any(|d| d.kind == kind), "{kind:?} never drawn");
+        }
+        for d in &a {
+            assert!((1.0..2.0).contains(&d.gap) && (1.5..3.0).contains(&d.hold));
+        }
+        assert_eq!(Schedule::new(7, Vec::new()).next(), None);
+    }
 
     #[test]
     fn worker_numbers_from_owner_names() {

@@ -112,8 +112,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  backend errors    {} (retried)   releases that found the lease gone {}",
-            r.errors, r.releases_not_held
+            "  releases          {} found the lease gone, {} failed   acquire errors {} (retried)",
+            r.releases_not_held, r.releases_failed, r.errors
         );
         let _ = writeln!(
             s,

@@ -21,4 +21,4 @@ pub mod servers;
 pub mod suite;
 
 pub use async_trait::async_trait;
-pub use suite::{run, Needs, Store, StoreFactory, TestResult};
+pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

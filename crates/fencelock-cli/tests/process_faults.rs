@@ -281,8 +281,9 @@ impl Drop for Orphan {
 
 /// `fencelock run` killed with SIGKILL while it holds: another process
 /// waiting for the lock gets it once the lease has run out on the backend,
-/// and not before. Returns how long after the kill that was.
-fn holder_crash(url: &str) -> Duration {
+/// and not before. Returns how long after the kill that was, and how long
+/// after the earliest end of the lease the backend had reported.
+fn holder_crash(url: &str) -> (Duration, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("child.pid");
     let mut holder = fencelock(
@@ -330,7 +331,7 @@ fn holder_crash(url: &str) -> Duration {
         "re-acquired {:?} before the lease the backend reported could end",
         earliest_end - reacquired
     );
-    reacquired - killed
+    (reacquired - killed, reacquired - earliest_end)
 }
 
 fn exercise(engine: &str, url: &str) {
@@ -340,8 +341,11 @@ fn exercise(engine: &str, url: &str) {
     let out = run(url, None, &["list"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     clock_step(url);
-    let after = holder_crash(url);
-    println!("holder crash [{engine}]: re-acquired {after:?} after SIGKILL of a {TTL:?} holder");
+    let (after_kill, after_end) = holder_crash(url);
+    println!(
+        "holder crash [{engine}]: re-acquired {after_kill:?} after SIGKILL of a {TTL:?} holder, \
+         {after_end:?} after the lease's reported end"
+    );
 }
 
 #[test]

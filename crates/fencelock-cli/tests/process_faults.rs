@@ -148,6 +148,30 @@ fn expires_in(lease: &serde_json::Value) -> Duration {
     Duration::from_millis(lease["expires_in_ms"].as_u64().unwrap())
 }
 
+/// A holder process, killed and reaped if the test fails before it ends.
+struct Holder {
+    child: Option<Child>,
+}
+
+impl Holder {
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the holder is running")
+    }
+
+    fn take(&mut self) -> Child {
+        self.child.take().expect("the holder is running")
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Polls until `key` is held, for at most 20 s; the lease.
 fn wait_until_held(url: &str, key: &str, holder: &mut Child) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -175,21 +199,27 @@ fn clock_step(url: &str) {
     let holder_clock = SteppedClock::new("+0");
     let rival_clock = SteppedClock::new("+0");
     // The command prints the wall time it sees when told to stop: proof
-    // that the step reached the holder's process tree.
-    let script = r#"while [ ! -e "$1" ]; do sleep 0.05; done; date +%s"#;
-    let mut holder = fencelock(
-        url,
-        Some(&holder_clock),
-        &[
-            "run", "stepped", "--ttl", TTL_ARG, "--", "sh", "-c", script, "sh",
-        ],
-    )
-    .arg(&stop)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let held = lease_token(&wait_until_held(url, "stepped", &mut holder));
+    // that the step reached the holder's process tree. It runs in a process
+    // group of its own, so it also ends when fencelock is gone (a failed
+    // check kills the holder).
+    let script = r#"while [ ! -e "$1" ] && kill -0 $PPID; do sleep 0.05; done; date +%s"#;
+    let mut holder = Holder {
+        child: Some(
+            fencelock(
+                url,
+                Some(&holder_clock),
+                &[
+                    "run", "stepped", "--ttl", TTL_ARG, "--", "sh", "-c", script, "sh",
+                ],
+            )
+            .arg(&stop)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        ),
+    };
+    let held = lease_token(&wait_until_held(url, "stepped", holder.child()));
     for (holder_offset, rival_offset) in [("+1h", "-1h"), ("-1h", "+1h")] {
         holder_clock.set(holder_offset);
         rival_clock.set(rival_offset);
@@ -215,7 +245,7 @@ fn clock_step(url: &str) {
         assert!(attempts > 0);
     }
     std::fs::write(&stop, b"").unwrap();
-    let out = holder.wait_with_output().unwrap();
+    let out = holder.take().wait_with_output().unwrap();
     assert_eq!(
         code(&out),
         0,
@@ -286,28 +316,32 @@ impl Drop for Orphan {
 fn holder_crash(url: &str) -> (Duration, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("child.pid");
-    let mut holder = fencelock(
-        url,
-        None,
-        &[
-            "run",
-            "crashed",
-            "--ttl",
-            TTL_ARG,
-            "--",
-            "sh",
-            "-c",
-            r#"echo $$ > "$1"; exec sleep 60"#,
-            "sh",
-        ],
-    )
-    .arg(&pidfile)
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    let _orphan = Orphan(pidfile);
-    let first = lease_token(&wait_until_held(url, "crashed", &mut holder));
+    let _orphan = Orphan(pidfile.clone());
+    let mut holder = Holder {
+        child: Some(
+            fencelock(
+                url,
+                None,
+                &[
+                    "run",
+                    "crashed",
+                    "--ttl",
+                    TTL_ARG,
+                    "--",
+                    "sh",
+                    "-c",
+                    r#"echo $$ > "$1"; exec sleep 60"#,
+                    "sh",
+                ],
+            )
+            .arg(&pidfile)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        ),
+    };
+    let first = lease_token(&wait_until_held(url, "crashed", holder.child()));
 
     // The backend's view just before the crash; renewals after the question
     // only move the end later.
@@ -315,8 +349,9 @@ fn holder_crash(url: &str) -> (Duration, Duration) {
     let lease = inspect(url, None, "crashed").expect("the lease vanished before the crash");
     assert_eq!(lease_token(&lease), first);
     let earliest_end = asked + expires_in(&lease);
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    let mut crashed = holder.take();
+    crashed.kill().unwrap();
+    crashed.wait().unwrap();
     let killed = Instant::now();
 
     let out = run(

@@ -507,8 +507,9 @@ fn signed_ms(t: Instant, origin: Instant) -> f64 {
 /// renewal's request spent its one-way delay before the backend started the
 /// lease, and nothing extends it after): the guard must report the loss
 /// before the backend's lease ends. Then a latency so high that every
-/// renewal times out on the client although each reaches the server and
-/// extends the lease there: the guard gives up long before the backend.
+/// renewal is abandoned on the client; where the server still receives an
+/// abandoned renewal (Redis, etcd) it extends the lease there, so the guard
+/// gives up long before the backend.
 ///
 /// The assertion is the safety inequality alone, with the backend's expiry
 /// observed through a direct connection; the margins are printed (with
@@ -531,14 +532,14 @@ pub async fn renewal_under_latency_loses_before_expiry(store: &dyn Store) -> Tes
     conn.proxy.partition();
     report.push(loss_precedes_expiry(&guard, &direct, "latency then partition").await?);
 
-    // A connection of its own: healing the partition resets the old one,
-    // and a single attempt on a reset connection may fail.
+    // A connection of its own: the partitioned one lost bytes, so healing
+    // would reset it, and a single attempt on a reset connection may fail.
     let conn = store.connect_via_proxy().await?;
     let holder = client_on(&conn, "slower")?;
     let guard = holder.lock("slowed").ttl(GUARD_TTL).acquire().await?;
     let ttl = guard.granted_ttl();
     // A round trip beyond a third of the TTL: each renewal is abandoned on
-    // the client (it waits at most ttl/3) after it reached the server.
+    // the client, which waits at most ttl/3 for it.
     conn.proxy.set_latency(Direction::Both, ttl / 4, ttl / 20);
     report.push(loss_precedes_expiry(&guard, &direct, "latency beyond ttl/6 each way").await?);
 

@@ -18,6 +18,11 @@ pub const UNAVAILABLE: u8 = 69;
 pub const NOT_ACQUIRED: u8 = 75;
 /// The lock was lost while the command ran; the command was stopped.
 pub const LOST: u8 = 76;
+/// `fencelock torture` found a stale write admitted, a lost update or a
+/// token regression.
+pub const VIOLATION: u8 = 3;
+/// Interrupted by SIGINT or SIGTERM (128 + SIGINT).
+pub const INTERRUPTED: u8 = 130;
 
 /// The exit code for a library error.
 pub fn code_for(error: &Error) -> u8 {

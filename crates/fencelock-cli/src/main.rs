@@ -5,6 +5,7 @@ mod cli;
 mod exit;
 mod output;
 mod run;
+mod torture;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -168,8 +169,14 @@ async fn acquire(
 }
 
 async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
+    // Torture never falls back to the default store.
+    let command = match cli.command {
+        Command::Torture(args) => return torture::run(cli.url, args, out).await,
+        Command::TortureWorker(args) => return torture::run_worker(cli.url, args).await,
+        command => command,
+    };
     let url = resolve_url(cli.url)?;
-    match cli.command {
+    match command {
         Command::Run {
             lock,
             kill_after,
@@ -281,6 +288,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
             }
         }
+        Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }
 }
 

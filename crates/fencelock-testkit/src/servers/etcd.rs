@@ -181,6 +181,24 @@ impl EtcdCluster {
         )
     }
 
+    /// The member that is the leader now, asking the running members in
+    /// turn; `None` while there is none (an election, or a majority down).
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| {
+            self.members[i].lock().is_some()
+                && is_leader(SocketAddr::from((
+                    [127, 0, 0, 1],
+                    self.members[i].client_port,
+                )))
+                .unwrap_or(false)
+        })
+    }
+
+    /// Whether member `i` is running (not killed).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].lock().is_some()
+    }
+
     /// Stops every member cleanly (SIGTERM), starts them again, and waits
     /// until each is healthy.
     pub fn restart(&self) -> TestResult {
@@ -199,14 +217,45 @@ impl EtcdCluster {
     }
 }
 
-/// `GET /health` over plain HTTP/1.0: true when the member has a leader.
-fn health(addr: SocketAddr) -> TestResult<bool> {
+/// One plain HTTP/1.0 request to a member's client port; the whole
+/// response, headers included.
+fn http(addr: SocketAddr, request: &str) -> TestResult<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body.contains("\"health\":\"true\""))
+    s.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// `GET /health`: true when the member has a leader.
+fn health(addr: SocketAddr) -> TestResult<bool> {
+    let response = http(addr, "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    Ok(response.contains("\"health\":\"true\""))
+}
+
+/// The maintenance status through the gRPC gateway: whether this member
+/// is the leader it knows of.
+fn is_leader(addr: SocketAddr) -> TestResult<bool> {
+    let body = "{}";
+    let response = http(
+        addr,
+        &format!(
+            "POST /v3/maintenance/status HTTP/1.0\r\nHost: 127.0.0.1\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )?;
+    let json = response
+        .split_once("\r\n\r\n")
+        .map(|(_, json)| json)
+        .ok_or("no body in the status response")?;
+    let status: serde_json::Value = serde_json::from_str(json)?;
+    // uint64 fields come as decimal strings; a member without a leader
+    // reports none (or "0").
+    let member = status["header"]["member_id"].as_str();
+    let leader = status["leader"].as_str().filter(|l| *l != "0");
+    Ok(member.is_some() && member == leader)
 }
 
 impl super::url_factory::UrlServer for EtcdCluster {

@@ -161,6 +161,23 @@ impl MariaDbServer {
         self.start_process()
     }
 
+    /// SIGKILL: a crash; the next start runs InnoDB crash recovery.
+    pub fn kill(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the server again on the same port and data after
+    /// [`kill`](Self::kill).
+    pub fn start_again(&mut self) -> TestResult {
+        if self.child.is_some() {
+            return Err("mariadbd is still running".into());
+        }
+        self.start_process()
+    }
+
     /// The server log so far, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

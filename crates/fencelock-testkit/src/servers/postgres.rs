@@ -169,6 +169,37 @@ impl PostgresServer {
         self.start_process()
     }
 
+    /// SIGKILL to the postmaster: a crash. Its backends notice that the
+    /// postmaster is gone and exit on their own; [`start_again`] waits for
+    /// them, and the next start runs crash recovery.
+    ///
+    /// [`start_again`]: Self::start_again
+    pub fn kill(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the server again on the same port and data after [`kill`].
+    /// A start can fail while the killed server's backends still hold its
+    /// shared memory; it is retried until they have gone (at most 60 s).
+    ///
+    /// [`kill`]: Self::kill
+    pub fn start_again(&mut self) -> TestResult {
+        if self.child.is_some() {
+            return Err("postgres is still running".into());
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.start_process() {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
     /// The server log so far, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

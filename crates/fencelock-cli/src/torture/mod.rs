@@ -1,0 +1,483 @@
+//! `fencelock torture`: worker processes increment a fenced counter under
+//! one lock while a nemesis pauses them, cuts them off, slows them down and
+//! crashes the lock server; a checker then reads the recorded history for
+//! stale writes, lost updates and token regressions.
+//!
+//! - [`worker`]: the worker loop (a process of its own);
+//! - [`history`]: the fenced store and its event table;
+//! - [`nemesis`]: the fault schedule and the faults;
+//! - [`checker`]: the verdict, a pure function over the history;
+//! - [`report`]: JSON and human output.
+//!
+//! See `docs/safety.md` for what the runs show per backend.
+
+mod checker;
+mod history;
+mod nemesis;
+mod report;
+mod worker;
+
+use std::{path::PathBuf, process::Stdio, sync::Arc, time::Duration};
+
+use clap::{Args, ValueEnum};
+use fencelock::{redact_url, Error, LockClient, Owner};
+use fencelock_testkit::{
+    proxy::ProxiedUrl,
+    servers::{
+        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+    },
+    TestResult,
+};
+use tokio::{process::Child, time::Instant};
+
+pub use self::worker::WorkerArgs;
+use self::{
+    history::{now_us, SharedStore, Store},
+    nemesis::{FaultKind, Nemesis, Server, SharedServer, Targets},
+    report::{Config, Report},
+};
+use crate::{exit, output::Output};
+
+/// `fencelock torture`'s arguments.
+#[derive(Debug, Args)]
+pub struct TortureArgs {
+    /// Start a throwaway server from the binaries on PATH instead of using
+    /// --url (etcd-cluster: 3 members, for leader kills).
+    #[arg(long, value_enum)]
+    pub server: Option<ServerKind>,
+
+    /// Worker processes competing for the lock.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub workers: u32,
+
+    /// How long the workers run.
+    #[arg(long, default_value = "60s", value_parser = crate::cli::duration)]
+    pub duration: Duration,
+
+    /// The workers' lease length (auto-renewed every third of it).
+    #[arg(long, default_value = "2s", value_parser = crate::cli::ttl)]
+    pub ttl: Duration,
+
+    /// Faults to inject, comma-separated [default: every fault that applies
+    /// to the backend: pause on SQLite; pause, partition, latency and reset
+    /// on servers; restart on servers the harness started; leader on
+    /// etcd-cluster].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub faults: Vec<FaultKind>,
+
+    /// Seed of the fault schedule [default: random, printed].
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Write the JSON report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
+    /// Skip the fence (plain read-modify-write): shows what the faults do
+    /// without it.
+    #[arg(long)]
+    pub unfenced: bool,
+
+    /// The lock's key.
+    #[arg(long, default_value = "fencelock-torture")]
+    pub key: String,
+
+    /// Keep the fenced store and its history in this new SQLite file
+    /// [default: a temporary file, deleted afterwards].
+    #[arg(long, value_name = "PATH")]
+    pub store: Option<PathBuf>,
+}
+
+/// Servers `--server` can start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ServerKind {
+    /// PostgreSQL (`initdb`, `postgres`).
+    Postgres,
+    /// MariaDB (`mariadb-install-db`, `mariadbd`).
+    Mariadb,
+    /// Redis without persistence (`redis-server`).
+    Redis,
+    /// One etcd member.
+    Etcd,
+    /// Three etcd members.
+    EtcdCluster,
+    /// A SQLite file in the run's temporary directory.
+    Sqlite,
+}
+
+impl ServerKind {
+    fn name(self) -> &'static str {
+        match self {
+            ServerKind::Postgres => "postgres",
+            ServerKind::Mariadb => "mariadb",
+            ServerKind::Redis => "redis",
+            ServerKind::Etcd => "etcd",
+            ServerKind::EtcdCluster => "etcd-cluster",
+            ServerKind::Sqlite => "sqlite",
+        }
+    }
+
+    fn start(self) -> TestResult<Option<Server>> {
+        Ok(Some(match self {
+            ServerKind::Postgres => Server::Postgres(PostgresServer::start()?),
+            ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
+            ServerKind::Redis => Server::Redis(RedisServer::start()?),
+            ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
+            ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
+            ServerKind::Sqlite => return Ok(None),
+        }))
+    }
+}
+
+/// The faults that apply: SQLite is a file (no network, nothing to crash
+/// but the workers themselves); a server can be cut off; one the harness
+/// started can be crashed; a cluster has a leader.
+fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
+    use FaultKind::*;
+    if engine == "sqlite" {
+        return vec![Pause];
+    }
+    let mut kinds = vec![Pause, Partition, Latency, Reset];
+    if server.is_some() {
+        kinds.push(Restart);
+    }
+    if server == Some(ServerKind::EtcdCluster) {
+        kinds.push(Leader);
+    }
+    kinds
+}
+
+fn engine_of(url: &str) -> Result<&'static str, Error> {
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    Ok(match scheme.as_str() {
+        "sqlite" => "sqlite",
+        "postgres" | "postgresql" => "postgres",
+        "mysql" | "mariadb" => "mysql",
+        "redis" | "rediss" => "redis",
+        "etcd" => "etcd",
+        "mem" | "memory" => {
+            return Err(Error::InvalidArgument(
+                "torture needs a backend shared by processes; mem:// lives in one".into(),
+            ))
+        }
+        _ => {
+            return Err(Error::InvalidUrl(format!(
+                "{:?}: unknown scheme",
+                redact_url(url)
+            )))
+        }
+    })
+}
+
+fn harness_error(message: impl Into<String>) -> Error {
+    fencelock::BackendError::message("torture", false, message).into()
+}
+
+/// Runs `fencelock torture`; Ctrl-C or SIGTERM stops it, and every worker,
+/// proxy and server with it.
+pub async fn run(url: Option<String>, args: TortureArgs, out: Output) -> Result<u8, Error> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| harness_error(format!("cannot watch SIGTERM: {e}")))?;
+    tokio::select! {
+        result = torture(url, args, out) => result,
+        _ = tokio::signal::ctrl_c() => interrupted(out),
+        _ = term.recv() => interrupted(out),
+    }
+}
+
+fn interrupted(out: Output) -> Result<u8, Error> {
+    out.note("torture interrupted; workers and servers stopped");
+    Ok(exit::INTERRUPTED)
+}
+
+/// Runs one worker (the hidden `torture-worker` command).
+pub async fn run_worker(url: Option<String>, args: WorkerArgs) -> Result<u8, Error> {
+    let url = url.ok_or_else(|| Error::InvalidUrl("torture-worker needs FENCELOCK_URL".into()))?;
+    worker::run(&url, args).await
+}
+
+async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<u8, Error> {
+    let engine = match (&url, args.server) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidArgument(
+                "--server starts a server of its own: drop --url (and FENCELOCK_URL)".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(Error::InvalidArgument(
+                "torture needs --url URL or --server KIND".into(),
+            ))
+        }
+        (Some(url), None) => engine_of(url)?,
+        (None, Some(ServerKind::Sqlite)) => "sqlite",
+        (None, Some(ServerKind::Postgres)) => "postgres",
+        (None, Some(ServerKind::Mariadb)) => "mysql",
+        (None, Some(ServerKind::Redis)) => "redis",
+        (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
+    };
+    let applicable = applicable(engine, args.server);
+    let mut faults = if args.faults.is_empty() {
+        applicable.clone()
+    } else {
+        args.faults.clone()
+    };
+    faults.sort();
+    faults.dedup();
+    if let Some(bad) = faults.iter().find(|f| !applicable.contains(f)) {
+        let why = match bad {
+            FaultKind::Restart => "the harness restarts only servers it started (--server)",
+            FaultKind::Leader => "leader kills need --server etcd-cluster",
+            _ => "SQLite has no network between the workers and the lock",
+        };
+        return Err(Error::InvalidArgument(format!(
+            "--faults {}: {why}",
+            bad.name()
+        )));
+    }
+    fencelock::LockKey::new(args.key.as_str())?;
+    let seed = args.seed.unwrap_or_else(rand::random);
+    out.note(format_args!(
+        "torture seed {seed} (replay with --seed {seed})"
+    ));
+
+    // Dropped last: everything below lives in it.
+    let dir = tempfile::Builder::new()
+        .prefix("fencelock-torture-")
+        .tempdir()
+        .map_err(|e| harness_error(format!("cannot create a temporary directory: {e}")))?;
+    let store_path = args
+        .store
+        .clone()
+        .unwrap_or_else(|| dir.path().join("store.db"));
+    Store::create(&store_path)?;
+
+    let server: Option<SharedServer> = match args.server {
+        Some(kind) => {
+            out.note(format_args!("starting a throwaway {} server", kind.name()));
+            tokio::task::spawn_blocking(move || kind.start().map_err(|e| e.to_string()))
+                .await
+                .map_err(|e| harness_error(e.to_string()))?
+                .map_err(|e| harness_error(format!("cannot start the server: {e}")))?
+                .map(|s| Arc::new(std::sync::Mutex::new(s)))
+        }
+        None => None,
+    };
+    let url = match (&server, url) {
+        (_, Some(url)) => url,
+        (Some(server), None) => server
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .url(),
+        (None, None) => format!("sqlite://{}", dir.path().join("locks.db").display()),
+    };
+
+    // One client straight to the backend: it measures the lease the backend
+    // grants and finds holders for the nemesis.
+    let direct = LockClient::builder(fencelock::open_backend(&url).await?)
+        .owner(Owner::new("torture-nemesis")?)
+        .build()?;
+    let probe = direct
+        .lock(args.key.as_str())
+        .ttl(args.ttl)
+        .wait(args.ttl * 3 + Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let lease = probe.granted_ttl().max(args.ttl);
+    probe.release().await?;
+
+    // A pause of up to 3 leases inside a store transaction stalls the
+    // others that long; they must wait it out, not fail.
+    let busy = lease * 3 + Duration::from_secs(30);
+    let store = SharedStore::new(Store::open(&store_path, busy, !args.unfenced)?);
+
+    let mut proxies = Vec::new();
+    if faults.iter().any(|f| f.needs_proxy()) {
+        for _ in 0..args.workers {
+            proxies.push(
+                ProxiedUrl::start(&url)
+                    .await
+                    .map_err(|e| harness_error(format!("cannot start a fault proxy: {e}")))?,
+            );
+        }
+    }
+
+    let started = Instant::now();
+    let end = started + args.duration;
+    let until_us = now_us() + i64::try_from(args.duration.as_micros()).unwrap_or(i64::MAX / 2);
+    let mut children = Vec::new();
+    for w in 0..args.workers {
+        let worker_url = proxies.get(w as usize).map_or(url.as_str(), |p| p.url());
+        children.push(spawn_worker(
+            w,
+            worker_url,
+            &args,
+            &store_path,
+            seed,
+            until_us,
+            busy,
+        )?);
+    }
+    let pids = children
+        .iter()
+        .map(|c| {
+            c.id()
+                .ok_or_else(|| harness_error("a worker exited at once"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    out.note(format_args!(
+        "{} workers on {} for {}, lease {}ms, faults: {}",
+        args.workers,
+        redact_url(&url),
+        humantime::format_duration(args.duration),
+        lease.as_millis(),
+        names(&faults)
+    ));
+
+    let targets = Arc::new(Targets {
+        pids,
+        proxies,
+        server,
+        direct,
+        key: args.key.clone(),
+        store: store.clone(),
+    });
+    let nemesis = Nemesis::new(seed, faults.clone(), lease, end, Arc::clone(&targets), out).run();
+    tokio::pin!(nemesis);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            result = &mut nemesis => {
+                targets.calm();
+                result?;
+                break;
+            }
+            _ = tick.tick() => failed_worker(&mut children)?,
+        }
+    }
+    // A worker finishes the round it is in: at most a lease-long wait, work
+    // of up to 1.5 leases, and calls bounded by a lease each.
+    let bound = lease * 8 + Duration::from_secs(30);
+    tokio::time::timeout(bound, async {
+        for child in &mut children {
+            let _ = child.wait().await;
+        }
+    })
+    .await
+    .map_err(|_| harness_error(format!("workers still running {bound:?} after the end")))?;
+    failed_worker(&mut children)?;
+    let elapsed = started.elapsed();
+
+    let (events, counter) = store.call(|s| Ok((s.events()?, s.counter()?))).await?;
+    let results = checker::check(&events, counter);
+    let report = Report::new(
+        Config {
+            backend: engine.to_owned(),
+            url: args.server.is_none().then(|| redact_url(&url)),
+            server: args.server.map(|s| s.name().to_owned()),
+            workers: args.workers,
+            duration_s: args.duration.as_secs_f64(),
+            ttl_ms: u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            faults,
+            seed,
+            unfenced: args.unfenced,
+            key: args.key.clone(),
+        },
+        elapsed.as_secs_f64(),
+        results,
+    );
+    if let Some(path) = &args.report {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| harness_error(format!("cannot encode the report: {e}")))?;
+        std::fs::write(path, json + "\n").map_err(|e| {
+            harness_error(format!(
+                "cannot write the report to {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    out.emit(&report, || report.summary());
+    if report.results.writes_admitted == 0 {
+        return Err(harness_error(
+            "no write was admitted: the run shows nothing (is the backend reachable?)",
+        ));
+    }
+    Ok(if report.violations > 0 {
+        exit::VIOLATION
+    } else {
+        exit::OK
+    })
+}
+
+fn names(faults: &[FaultKind]) -> String {
+    if faults.is_empty() {
+        return "none".into();
+    }
+    faults
+        .iter()
+        .map(|f| f.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn spawn_worker(
+    w: u32,
+    url: &str,
+    args: &TortureArgs,
+    store: &std::path::Path,
+    seed: u64,
+    until_us: i64,
+    busy: Duration,
+) -> Result<Child, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| harness_error(format!("cannot find the fencelock binary: {e}")))?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("--quiet")
+        .arg("torture-worker")
+        .arg("--store")
+        .arg(store)
+        .args(["--worker", &w.to_string()])
+        .args(["--key", &args.key])
+        .args(["--ttl", &format!("{}ms", args.ttl.as_millis())])
+        .args([
+            "--seed",
+            &seed
+                .wrapping_add(u64::from(w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .to_string(),
+        ])
+        .args(["--until-us", &until_us.to_string()])
+        .args(["--busy", &format!("{}ms", busy.as_millis())])
+        .args(["--parent", &std::process::id().to_string()])
+        // The URL goes by environment: a password in argv shows in `ps`.
+        .env("FENCELOCK_URL", url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        // A run that ends early or is interrupted takes its workers along.
+        .kill_on_drop(true);
+    if args.unfenced {
+        cmd.arg("--unfenced");
+    }
+    cmd.spawn()
+        .map_err(|e| harness_error(format!("cannot start worker {w}: {e}")))
+}
+
+/// An error naming the first worker that exited with a failure.
+fn failed_worker(children: &mut [Child]) -> Result<(), Error> {
+    for (w, child) in children.iter_mut().enumerate() {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| harness_error(format!("worker {w}: {e}")))?
+        {
+            if !status.success() {
+                return Err(harness_error(format!(
+                    "worker {w} failed ({status}); see its error above"
+                )));
+            }
+        }
+    }
+    Ok(())
+}

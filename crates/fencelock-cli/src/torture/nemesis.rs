@@ -1,0 +1,453 @@
+//! The nemesis: injects one fault at a time on a schedule drawn from the
+//! seed, and waits for the system to make progress again before the next.
+//!
+//! The seed decides the schedule (gaps, kinds, durations). The victim of a
+//! pause or partition is chosen where it hurts: a worker between its read
+//! and its write if there is one (found in the store's history), else the
+//! current holder, else a worker drawn from the seed. A replay with the same
+//! seed therefore injects the same faults at the same times, and the victims
+//! follow what the workers are doing.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use clap::ValueEnum;
+use fencelock::{Error, LockClient};
+use fencelock_testkit::{
+    proxy::{Direction, ProxiedUrl},
+    servers::{
+        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+    },
+    TestResult,
+};
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::history::{now_us, Event, Kind, SharedStore};
+use crate::output::Output;
+
+/// What the nemesis can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGSTOP a worker for 1.5–3 × the lease, then SIGCONT: a GC pause.
+    Pause,
+    /// Cut a worker off from the lock backend for 1.5–3 × the lease.
+    Partition,
+    /// Delay a worker's traffic by 0.1–0.3 × the lease per chunk, each way,
+    /// for 1.5–3 × the lease.
+    Latency,
+    /// Reset a worker's connections to the lock backend.
+    Reset,
+    /// kill -9 the lock server (every member of an etcd cluster), start it
+    /// again on the same data 0.75–1.5 × the lease later.
+    Restart,
+    /// kill -9 the etcd leader, start it again 1.5–3 × the lease later.
+    Leader,
+}
+
+impl FaultKind {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Pause => "pause",
+            FaultKind::Partition => "partition",
+            FaultKind::Latency => "latency",
+            FaultKind::Reset => "reset",
+            FaultKind::Restart => "restart",
+            FaultKind::Leader => "leader",
+        }
+    }
+
+    /// Whether the fault acts through the workers' fault proxies.
+    pub fn needs_proxy(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Partition | FaultKind::Latency | FaultKind::Reset
+        )
+    }
+}
+
+/// A throwaway lock server the harness started and may crash.
+#[derive(Debug)]
+pub enum Server {
+    /// PostgreSQL.
+    Postgres(PostgresServer),
+    /// MariaDB.
+    MariaDb(MariaDbServer),
+    /// Redis, without persistence: a restart forgets every lease and the
+    /// token counter (which is re-seeded from the server's clock).
+    Redis(RedisServer),
+    /// etcd, one member or several.
+    Etcd(EtcdCluster),
+}
+
+impl Server {
+    /// The URL of the server's lock store.
+    pub fn url(&self) -> String {
+        match self {
+            Server::Postgres(s) => s.url("postgres"),
+            Server::MariaDb(s) => s.url("mysql"),
+            Server::Redis(s) => s.url(0),
+            Server::Etcd(c) => c.url(),
+        }
+    }
+
+    /// kill -9 of the whole server.
+    fn crash(&mut self) -> TestResult {
+        match self {
+            Server::Postgres(s) => s.kill(),
+            Server::MariaDb(s) => s.kill(),
+            Server::Redis(s) => s.kill(),
+            Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
+        }
+    }
+
+    /// Starts what [`crash`](Self::crash) or a leader kill stopped.
+    fn start_again(&mut self) -> TestResult {
+        match self {
+            Server::Postgres(s) => s.start_again(),
+            Server::MariaDb(s) => s.start_again(),
+            Server::Redis(s) => s.start_again(),
+            Server::Etcd(c) => (0..c.len())
+                .filter(|&i| !c.is_running(i))
+                .try_for_each(|i| c.start_again(i)),
+        }
+    }
+
+    /// kill -9 of the etcd leader; which member it was, if there was one.
+    fn kill_leader(&mut self) -> TestResult<Option<usize>> {
+        match self {
+            Server::Etcd(c) => match c.leader() {
+                Some(i) => c.kill(i).map(|()| Some(i)),
+                None => Ok(None),
+            },
+            _ => Err("only an etcd cluster has a leader to kill".into()),
+        }
+    }
+}
+
+/// A server shared with blocking threads.
+pub type SharedServer = Arc<Mutex<Server>>;
+
+async fn with_server<T: Send + 'static>(
+    server: &SharedServer,
+    f: impl FnOnce(&mut Server) -> TestResult<T> + Send + 'static,
+) -> Result<T, Error> {
+    let server = Arc::clone(server);
+    tokio::task::spawn_blocking(move || {
+        f(&mut server.lock().unwrap_or_else(PoisonError::into_inner)).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| fencelock::BackendError::message("torture server", false, e).into())
+}
+
+/// What the nemesis works on.
+pub struct Targets {
+    /// Worker process ids, by worker number.
+    pub pids: Vec<u32>,
+    /// Each worker's proxies to the lock backend (empty without proxy
+    /// faults).
+    pub proxies: Vec<ProxiedUrl>,
+    /// The server, when the harness owns it.
+    pub server: Option<SharedServer>,
+    /// A client that bypasses the proxies: it finds the holder.
+    pub direct: LockClient,
+    /// The shared key.
+    pub key: String,
+    /// The store, read for progress and victims.
+    pub store: SharedStore,
+}
+
+impl Targets {
+    /// SIGCONT to every worker and every proxy healed: the end of any fault.
+    pub fn calm(&self) {
+        for &pid in &self.pids {
+            let _ = signal(pid, Signal::SIGCONT);
+        }
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
+    }
+}
+
+fn signal(pid: u32, signal: Signal) -> Result<(), Error> {
+    let pid = i32::try_from(pid).map_err(|_| Error::InvalidArgument(format!("pid {pid}")))?;
+    kill(Pid::from_raw(pid), signal).map_err(|e| {
+        fencelock::BackendError::message("torture", false, format!("kill {signal}: {e}")).into()
+    })
+}
+
+/// One fault as the seed draws it; durations in leases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Draw {
+    /// Quiet time before the fault.
+    gap: f64,
+    kind: FaultKind,
+    /// How long the fault lasts.
+    hold: f64,
+    /// Tie-breaker among candidate victims.
+    pick: usize,
+}
+
+/// The seeded sequence of faults. Every draw happens whatever the outcome
+/// of the faults before, so that a seed always gives the same schedule.
+struct Schedule {
+    rng: StdRng,
+    kinds: Vec<FaultKind>,
+}
+
+impl Schedule {
+    fn new(seed: u64, kinds: Vec<FaultKind>) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            kinds,
+        }
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = Draw;
+    fn next(&mut self) -> Option<Draw> {
+        if self.kinds.is_empty() {
+            return None;
+        }
+        Some(Draw {
+            gap: self.rng.gen_range(1.0..2.0),
+            kind: self.kinds[self.rng.gen_range(0..self.kinds.len())],
+            hold: self.rng.gen_range(1.5..3.0),
+            pick: self.rng.gen(),
+        })
+    }
+}
+
+/// The schedule and its state.
+pub struct Nemesis {
+    schedule: Schedule,
+    lease: Duration,
+    end: Instant,
+    targets: Arc<Targets>,
+    out: Output,
+    injected: u64,
+}
+
+impl Nemesis {
+    /// A nemesis choosing among `kinds` until `end`; `lease` is the lease
+    /// the backend actually grants (etcd rounds up to whole seconds).
+    pub fn new(
+        seed: u64,
+        kinds: Vec<FaultKind>,
+        lease: Duration,
+        end: Instant,
+        targets: Arc<Targets>,
+        out: Output,
+    ) -> Self {
+        Self {
+            schedule: Schedule::new(seed, kinds),
+            lease,
+            end,
+            targets,
+            out,
+            injected: 0,
+        }
+    }
+
+    /// Runs until the end; every fault is undone when this returns `Ok`.
+    pub async fn run(mut self) -> Result<(), Error> {
+        // Let the workers get going first.
+        if !self.sleep(self.lease).await {
+            return Ok(());
+        }
+        while let Some(draw) = self.schedule.next() {
+            if !self.sleep(self.lease.mul_f64(draw.gap)).await {
+                return Ok(());
+            }
+            self.inject(draw.kind, self.lease.mul_f64(draw.hold), draw.pick)
+                .await?;
+            if !self.recovered().await? {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep_until(self.end).await;
+        Ok(())
+    }
+
+    /// Sleeps `d` or until the end; false when the end came first.
+    async fn sleep(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        tokio::time::sleep_until(until.min(self.end)).await;
+        until <= self.end
+    }
+
+    /// Waits until a write is admitted after the fault (true), or the end
+    /// (false): faults are spaced so that the system recovers in between.
+    async fn recovered(&self) -> Result<bool, Error> {
+        let before = self.targets.store.call(|s| s.admitted_writes()).await?;
+        loop {
+            if Instant::now() >= self.end {
+                return Ok(false);
+            }
+            if self.targets.store.call(|s| s.admitted_writes()).await? > before {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn inject(&mut self, kind: FaultKind, hold: Duration, pick: usize) -> Result<(), Error> {
+        let started = now_us();
+        let t = &self.targets;
+        let victim = match kind {
+            FaultKind::Pause | FaultKind::Partition | FaultKind::Latency => {
+                Some(self.victim(pick).await?)
+            }
+            FaultKind::Reset => Some(pick % t.pids.len()),
+            FaultKind::Restart | FaultKind::Leader => None,
+        };
+        let mut what = match victim {
+            Some(w) => format!("{} worker {w}", kind.name()),
+            None => kind.name().to_owned(),
+        };
+        match kind {
+            FaultKind::Pause => {
+                let pid = t.pids[victim.unwrap_or(0)];
+                signal(pid, Signal::SIGSTOP)?;
+                self.sleep(hold).await;
+                signal(pid, Signal::SIGCONT)?;
+            }
+            FaultKind::Partition => {
+                let proxy = &t.proxies[victim.unwrap_or(0)];
+                proxy.partition();
+                self.sleep(hold).await;
+                proxy.heal();
+            }
+            FaultKind::Latency => {
+                let proxy = &t.proxies[victim.unwrap_or(0)];
+                let base = self.lease / 10;
+                proxy.set_latency(Direction::Both, base, base * 2);
+                self.sleep(hold).await;
+                proxy.heal();
+            }
+            FaultKind::Reset => t.proxies[victim.unwrap_or(0)].reset_all(),
+            FaultKind::Restart => {
+                let server = t.server.as_ref().ok_or_else(no_server)?;
+                with_server(server, Server::crash).await?;
+                self.sleep(hold / 2).await;
+                with_server(server, Server::start_again).await?;
+            }
+            FaultKind::Leader => {
+                let server = t.server.as_ref().ok_or_else(no_server)?;
+                let leader = self.kill_leader(server).await?;
+                let Some(leader) = leader else {
+                    self.out.note("no etcd leader to kill within 10 s; skipped");
+                    return Ok(());
+                };
+                what = format!("leader (etcd member m{leader})");
+                self.sleep(hold).await;
+                with_server(server, Server::start_again).await?;
+            }
+        }
+        let ended = now_us();
+        self.injected += 1;
+        self.out.note(format_args!(
+            "fault {}: {what} for {:.1}s",
+            self.injected,
+            (ended - started) as f64 / 1e6
+        ));
+        let event = Event::new(Kind::Fault, victim.map(|v| v as u32), None, ended)
+            .started(started)
+            .detail(kind.name());
+        t.store.record(vec![event]).await
+    }
+
+    /// Kills the leader once one is known, polling through elections for at
+    /// most 10 s.
+    async fn kill_leader(&self, server: &SharedServer) -> Result<Option<usize>, Error> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(i) = with_server(server, Server::kill_leader).await? {
+                return Ok(Some(i));
+            }
+            if Instant::now() >= deadline.min(self.end) {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The worker to hit: one between its read and its write (waiting up to
+    /// twice the lease for one), else the holder, else `pick`.
+    async fn victim(&self, pick: usize) -> Result<usize, Error> {
+        let t = &self.targets;
+        let n = t.pids.len();
+        let deadline = Instant::now() + self.lease * 2;
+        while Instant::now() < deadline.min(self.end) {
+            let working = t.store.call(|s| s.workers_between_read_and_write()).await?;
+            if !working.is_empty() {
+                return Ok(working[pick % working.len()] as usize % n);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let holder = tokio::time::timeout(self.lease / 2, t.direct.inspect(&t.key)).await;
+        if let Ok(Ok(Some(info))) = holder {
+            if let Some(w) = worker_of(info.owner.as_str()).filter(|&w| w < n) {
+                return Ok(w);
+            }
+        }
+        Ok(pick % n)
+    }
+}
+
+fn no_server() -> Error {
+    Error::InvalidArgument("this fault needs a server the harness started".into())
+}
+
+/// The worker number in an owner name `torture-w{N}-{pid}`.
+pub fn worker_of(owner: &str) -> Option<usize> {
+    owner
+        .strip_prefix("torture-w")?
+        .split_once('-')?
+        .0
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule_drawing_every_kind() {
+        use FaultKind::*;
+        let kinds = vec![Pause, Partition, Latency, Reset, Restart, Leader];
+        let a: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
+        let b: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
+        let c: Vec<Draw> = Schedule::new(8, kinds.clone()).take(200).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        for kind in kinds {
+            assert!(a.iter().any(|d| d.kind == kind), "{kind:?} never drawn");
+        }
+        for d in &a {
+            assert!((1.0..2.0).contains(&d.gap) && (1.5..3.0).contains(&d.hold));
+        }
+        assert_eq!(Schedule::new(7, Vec::new()).next(), None);
+    }
+
+    #[test]
+    fn worker_numbers_from_owner_names() {
+        assert_eq!(worker_of("torture-w3-1234"), Some(3));
+        assert_eq!(worker_of("torture-w12-1"), Some(12));
+        assert_eq!(worker_of("host:1:abc"), None);
+        assert_eq!(worker_of("torture-wx-1"), None);
+    }
+}

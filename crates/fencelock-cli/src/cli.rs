@@ -5,12 +5,12 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand};
 
 /// Parses `500ms`, `30s`, `5m`, … (no negative or unit-less values).
-fn duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     fencelock::parse_duration(s)
 }
 
 /// Parses a TTL: a duration within fencelock's bounds.
-fn ttl(s: &str) -> Result<Duration, String> {
+pub(crate) fn ttl(s: &str) -> Result<Duration, String> {
     let d = duration(s)?;
     fencelock::validate_ttl(d).map_err(|e| e.to_string())
 }
@@ -163,6 +163,14 @@ pub enum Command {
 
     /// Delete expired lease records (never needed for correctness).
     Cleanup,
+
+    /// Measure the library on a backend, beside the engine's own limit.
+    ///
+    /// Prints ops/s, p50/p99/p99.9 latency and success rate (one JSON
+    /// object with --json). --baseline also runs the backend's own
+    /// statements, scripts or RPCs on a raw connection for the same
+    /// operation and prints fencelock/limit. Reports; asserts nothing.
+    Bench(crate::bench::BenchArgs),
 
     /// Remove a lock whoever holds it. Its holder notices at its next
     /// renewal. Exit 1 if it was not held.

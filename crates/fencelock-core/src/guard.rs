@@ -506,6 +506,10 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
             _ = sleep_until(shared.deadline()) => None,
             result = shared.renew_once() => Some(result),
         };
+        if outcome.is_some() {
+            ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend)
+                .record(sent.mono.elapsed().as_secs_f64());
+        }
         match outcome {
             Some(Ok(grant)) => {
                 shared.extend(sent, &grant);

@@ -51,16 +51,21 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The driver's client for `options`.
+pub(crate) fn client(options: &RedisOptions) -> Result<Client> {
+    Client::open(options.connection_url.as_str()).map_err(|e| {
+        // The driver's message may quote the URL; report only the kind.
+        Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
+    })
+}
+
 /// Opens the client and a managed (auto-reconnecting, multiplexed)
 /// connection, and loads the scripts once.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
 ) -> Result<(Client, ConnectionManager)> {
-    let client = Client::open(options.connection_url.as_str()).map_err(|e| {
-        // The driver's message may quote the URL; report only the kind.
-        Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
-    })?;
+    let client = client(options)?;
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(options.timeout)
         .set_connection_timeout(options.timeout)
@@ -279,7 +284,7 @@ async fn run_subscriber(
     }
 }
 
-fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
+pub(crate) fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
     let v = v.ok_or_else(|| bad_reply("redis reply is shorter than expected"))?;
     redis::from_owned_redis_value(v).map_err(|e| bad_reply(format!("unexpected redis reply: {e}")))
 }

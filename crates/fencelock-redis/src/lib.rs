@@ -26,6 +26,8 @@
 //! ```
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod error;
 mod fence;
 mod keys;

@@ -10,7 +10,6 @@
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
 
-pub mod bench;
 pub mod cases;
 pub mod fault;
 pub mod servers;

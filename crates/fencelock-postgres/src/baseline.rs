@@ -84,7 +84,10 @@ impl RawCycle for Worker {
             .await
             .map_err(|e| map("acquiring", e))?;
         let Some(row) = row else { return Ok(None) };
-        if !row.try_get::<bool, _>("won").map_err(|e| map("acquiring", e))? {
+        if !row
+            .try_get::<bool, _>("won")
+            .map_err(|e| map("acquiring", e))?
+        {
             return Ok(None);
         }
         let token: i64 = row.try_get("token").map_err(|e| map("acquiring", e))?;

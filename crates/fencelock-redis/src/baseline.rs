@@ -115,7 +115,7 @@ impl RawCycle for Worker {
             .arg(self.keys.lease(&key))
             .arg(OWNER)
             .arg(token.to_string())
-            .arg(self.keys.channel())
+            .arg(self.keys.channel(key.as_str()))
             .arg(key.as_str())
             .query_async(&mut self.conn)
             .await
@@ -123,4 +123,3 @@ impl RawCycle for Worker {
         Ok(removed == 1)
     }
 }
-

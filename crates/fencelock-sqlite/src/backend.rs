@@ -200,7 +200,11 @@ pub(crate) fn write_tx<T>(
 }
 
 /// The body of an acquisition, inside [`write_tx`].
-pub(crate) fn acquire_in(tx: &Transaction<'_>, now: Now, request: &AcquireRequest) -> Result<Acquire> {
+pub(crate) fn acquire_in(
+    tx: &Transaction<'_>,
+    now: Now,
+    request: &AcquireRequest,
+) -> Result<Acquire> {
     if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
         return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
     }

@@ -170,7 +170,9 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
 pub async fn open_baseline(url: &str) -> Result<Box<dyn baseline::RawBaseline>> {
     let url = &lower_scheme(url);
     match Engine::of(url)? {
-        Engine::Memory => Ok(Box::new(baseline::DirectBaseline::new(open_backend(url).await?)?)),
+        Engine::Memory => Ok(Box::new(baseline::DirectBaseline::new(
+            open_backend(url).await?,
+        )?)),
         #[cfg(feature = "sqlite")]
         Engine::Sqlite => fencelock_sqlite::baseline::open(url).await,
         #[cfg(feature = "postgres")]

@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use fencelock::{async_trait, baseline::RawCycle, LockClient, Result};
 use serde::Serialize;
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 
-use super::stats::{LatencySummary, Latencies};
+use super::{
+    process,
+    stats::{Latencies, LatencySummary},
+};
 
 /// One benchmark operation.
 #[async_trait]
@@ -99,6 +102,11 @@ pub struct Figures {
     pub success_rate: f64,
     /// Per-operation latency, milliseconds.
     pub latency_ms: LatencySummary,
+    /// CPU (user + system) this whole process used per operation during the
+    /// window, microseconds: what the client side costs, whatever the
+    /// throughput on a shared machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cpu_us_per_op: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
 }
@@ -119,31 +127,75 @@ impl Figures {
             successes,
             errors,
             seconds,
-            ops_per_sec: if seconds > 0.0 { ops as f64 / seconds } else { 0.0 },
+            ops_per_sec: if seconds > 0.0 {
+                ops as f64 / seconds
+            } else {
+                0.0
+            },
             success_rate: if tried > 0 {
                 successes as f64 / tried as f64
             } else {
                 0.0
             },
             latency_ms: latencies.summary(),
+            client_cpu_us_per_op: None,
             first_error,
         }
     }
+
+    /// Adds the process's CPU use over the window.
+    pub fn with_cpu(mut self, cpu: Option<Duration>) -> Self {
+        self.client_cpu_us_per_op = cpu
+            .filter(|_| self.ops > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / self.ops as f64);
+        self
+    }
 }
 
+/// What one or more measured windows counted, before it becomes
+/// [`Figures`]; windows of several rounds add up.
 #[derive(Default)]
-struct Tally {
+pub struct Tally {
     ops: u64,
     successes: u64,
     errors: u64,
     latencies: Latencies,
     first_error: Option<String>,
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
+impl Tally {
+    pub fn add(&mut self, other: Tally) {
+        self.ops += other.ops;
+        self.successes += other.successes;
+        self.errors += other.errors;
+        self.latencies.merge(&other.latencies);
+        self.first_error = self.first_error.take().or(other.first_error);
+        self.elapsed += other.elapsed;
+        self.cpu = match (self.cpu, other.cpu) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+    }
+
+    pub fn figures(&self) -> Figures {
+        Figures::new(
+            self.ops,
+            self.successes,
+            self.errors,
+            self.elapsed,
+            &self.latencies,
+            self.first_error.clone(),
+        )
+        .with_cpu(self.cpu)
+    }
 }
 
 /// Runs every op in its own task: `warmup` unmeasured, then `duration`
 /// measured. A task whose op fails permanently stops (its error is
 /// reported); transient errors are counted and the op goes on.
-pub async fn drive(ops: Vec<Box<dyn Op>>, warmup: Duration, duration: Duration) -> Figures {
+pub async fn drive(ops: Vec<Box<dyn Op>>, warmup: Duration, duration: Duration) -> Tally {
     let start = Instant::now() + warmup;
     let end = start + duration;
     let tasks: Vec<_> = ops
@@ -186,18 +238,12 @@ pub async fn drive(ops: Vec<Box<dyn Op>>, warmup: Duration, duration: Duration) 
             })
         })
         .collect();
+    sleep_until(start).await;
+    let cpu_before = process::cpu_time();
     let mut total = Tally::default();
     for task in tasks {
         match task.await {
-            Ok(t) => {
-                total.ops += t.ops;
-                total.successes += t.successes;
-                total.errors += t.errors;
-                total.latencies.merge(&t.latencies);
-                if total.first_error.is_none() {
-                    total.first_error = t.first_error;
-                }
-            }
+            Ok(t) => total.add(t),
             Err(e) => {
                 total.errors += 1;
                 total
@@ -206,13 +252,9 @@ pub async fn drive(ops: Vec<Box<dyn Op>>, warmup: Duration, duration: Duration) 
             }
         }
     }
-    let elapsed = Instant::now().saturating_duration_since(start);
-    Figures::new(
-        total.ops,
-        total.successes,
-        total.errors,
-        elapsed,
-        &total.latencies,
-        total.first_error,
-    )
+    total.elapsed = Instant::now().saturating_duration_since(start);
+    total.cpu = process::cpu_time()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    total
 }

@@ -97,6 +97,12 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1s", value_parser = crate::cli::duration)]
     pub warmup: Duration,
 
+    /// With --baseline, library and raw runs alternate this many times,
+    /// each for duration/rounds, so load that drifts on a shared machine
+    /// weighs on both alike.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+
     /// Also measure the engine's own limit (the backend's statements,
     /// scripts or RPCs on a raw connection) and print fencelock/limit.
     #[arg(long)]
@@ -114,6 +120,7 @@ struct Setup {
     ttl: Duration,
     warmup: Duration,
     baseline: bool,
+    rounds: u32,
     /// Prefix of every key this run uses, so runs never meet.
     run: String,
 }
@@ -134,6 +141,7 @@ impl Setup {
             ttl: args.ttl.unwrap_or(ttl),
             warmup: args.warmup,
             baseline: args.baseline,
+            rounds: args.rounds,
             run: format!(
                 "fencelock-bench:{}-{}",
                 std::process::id(),
@@ -144,13 +152,18 @@ impl Setup {
         };
         let bad = |what: String| Err(Error::InvalidArgument(what));
         if !(1..=MAX_COUNT).contains(&setup.clients) || !(1..=MAX_COUNT).contains(&setup.keys) {
-            return bad(format!("--clients and --keys must be between 1 and {MAX_COUNT}"));
+            return bad(format!(
+                "--clients and --keys must be between 1 and {MAX_COUNT}"
+            ));
         }
         if setup.scenario == Scenario::Handoff && setup.clients < 2 {
             return bad("handoff needs at least 2 clients".into());
         }
         if setup.duration.is_zero() {
             return bad("--duration must be positive".into());
+        }
+        if !(1..=1000).contains(&setup.rounds) {
+            return bad("--rounds must be between 1 and 1000".into());
         }
         if setup.baseline && matches!(setup.scenario, Scenario::Renew | Scenario::Hold) {
             return bad(format!(

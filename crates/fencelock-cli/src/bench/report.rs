@@ -80,9 +80,12 @@ pub struct Hold {
 }
 
 fn figures_line(label: &str, f: &Figures) -> String {
+    let cpu = f
+        .client_cpu_us_per_op
+        .map_or_else(String::new, |us| format!(", client CPU {us:.1} us/op"));
     format!(
         "{label:<10} {:>10.0} ops/s   p50 {:>8.3} ms   p99 {:>8.3} ms   p99.9 {:>8.3} ms   \
-         success {:>6.2}%   ({} ops, {} errors)",
+         success {:>6.2}%   ({} ops, {} errors{cpu})",
         f.ops_per_sec,
         f.latency_ms.p50,
         f.latency_ms.p99,
@@ -136,8 +139,7 @@ impl Report {
                 h.cpu_us_per_lock_second
             ));
         }
-        for f in std::iter::once(&self.fencelock)
-            .chain(self.baseline.as_ref().map(|b| &b.figures))
+        for f in std::iter::once(&self.fencelock).chain(self.baseline.as_ref().map(|b| &b.figures))
         {
             if let Some(e) = &f.first_error {
                 lines.push(format!("first error: {e}"));

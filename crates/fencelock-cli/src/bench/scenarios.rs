@@ -9,7 +9,7 @@ use fencelock::{redact_url, Backend, Error, LockClient, LockGuard, Result};
 use tokio::time::{sleep_until, Instant};
 
 use super::{
-    driver::{drive, Figures, Keys, LibraryCycle, Op, RawCycleOp},
+    driver::{drive, Figures, Keys, LibraryCycle, Op, RawCycleOp, Tally},
     process,
     recorder::{self, Count},
     report::{Baseline, Hold, Renewals, Report},
@@ -32,10 +32,10 @@ pub async fn run(setup: &Setup) -> Result<Report> {
     }
 }
 
-fn report(setup: &Setup, backend: &Arc<dyn Backend>, op: &'static str, figures: Figures) -> Report {
+fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figures) -> Report {
     Report {
         scenario: setup.scenario.name(),
-        backend: backend.name(),
+        backend,
         url: redact_url(&setup.url),
         clients: setup.clients,
         keys: setup.keys,
@@ -68,7 +68,7 @@ fn clients(backend: &Arc<dyn Backend>, n: usize) -> Result<Vec<LockClient>> {
 }
 
 /// The engine's limit for the same cycles: one raw worker per client.
-async fn raw_cycles(setup: &Setup) -> Result<(String, Figures)> {
+async fn raw_cycles(setup: &Setup, duration: Duration) -> Result<(String, Tally)> {
     let raw = fencelock::open_baseline(&setup.url).await?;
     let mut ops: Vec<Box<dyn Op>> = Vec::with_capacity(setup.clients);
     for c in 0..setup.clients {
@@ -78,31 +78,49 @@ async fn raw_cycles(setup: &Setup) -> Result<(String, Figures)> {
             ttl: setup.ttl,
         }));
     }
-    Ok((raw.describe(), drive(ops, setup.warmup, setup.duration).await))
+    Ok((raw.describe(), drive(ops, setup.warmup, duration).await))
 }
 
+/// `cycle` and `contended`. With `--baseline`, library and raw runs
+/// alternate in `rounds` slices of the duration, so that load drifting on
+/// a shared machine weighs on both alike.
 async fn cycle(setup: &Setup) -> Result<Report> {
-    let backend = fencelock::open_backend(&setup.url).await?;
-    let ops = clients(&backend, setup.clients)?
-        .into_iter()
-        .enumerate()
-        .map(|(c, client)| {
-            Box::new(LibraryCycle {
-                client,
-                keys: keys_of(setup, c),
-                ttl: setup.ttl,
-            }) as Box<dyn Op>
-        })
-        .collect();
-    let figures = drive(ops, setup.warmup, setup.duration).await;
+    let rounds = if setup.baseline { setup.rounds } else { 1 };
+    let slice = setup.duration / rounds;
+    let (mut library, mut raw) = (Tally::default(), Tally::default());
+    let (mut name, mut describe) = ("", String::new());
+    for _ in 0..rounds {
+        let backend = fencelock::open_backend(&setup.url).await?;
+        name = backend.name();
+        let ops = clients(&backend, setup.clients)?
+            .into_iter()
+            .enumerate()
+            .map(|(c, client)| {
+                Box::new(LibraryCycle {
+                    client,
+                    keys: keys_of(setup, c),
+                    ttl: setup.ttl,
+                }) as Box<dyn Op>
+            })
+            .collect();
+        // The library's connections (e.g. a wake-up subscriber that every
+        // raw release would notify) must not weigh on the raw run: the
+        // clients go with their tasks, the backend here.
+        drop(backend);
+        library.add(drive(ops, setup.warmup, slice).await);
+        if setup.baseline {
+            let (what, tally) = raw_cycles(setup, slice).await?;
+            describe = what;
+            raw.add(tally);
+        }
+    }
     let op = match setup.scenario {
         Scenario::Contended => "try_lock of the shared key, then release if granted",
         _ => "acquire (no wait) + release of the client's next key",
     };
-    let mut report = report(setup, &backend, op, figures);
+    let mut report = report(setup, name, op, library.figures());
     if setup.baseline {
-        let (raw, figures) = raw_cycles(setup).await?;
-        report.baseline = Some(Baseline::new(raw, &report.fencelock, figures));
+        report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
     }
     Ok(report)
 }
@@ -184,7 +202,9 @@ async fn handoff(setup: &Setup) -> Result<Report> {
     }
     let mut total = HandoffTally::default();
     for task in tasks {
-        let t = task.await.map_err(|e| Error::InvalidArgument(format!("client task: {e}")))?;
+        let t = task
+            .await
+            .map_err(|e| Error::InvalidArgument(format!("client task: {e}")))?;
         total.handoffs += t.handoffs;
         total.errors += t.errors;
         total.latencies.merge(&t.latencies);
@@ -199,9 +219,11 @@ async fn handoff(setup: &Setup) -> Result<Report> {
         total.first_error,
     );
     let backend = first.ok_or_else(|| Error::InvalidArgument("no clients".into()))?;
+    let name = backend.name();
+    drop(backend);
     let mut report = report(
         setup,
-        &backend,
+        name,
         "hand-off: the holder's release call to the waiting client's grant",
         figures,
     );
@@ -214,11 +236,11 @@ async fn handoff(setup: &Setup) -> Result<Report> {
             keys: 1,
             ..setup.clone()
         };
-        let (raw, figures) = raw_cycles(&one_client).await?;
+        let (raw, tally) = raw_cycles(&one_client, setup.duration).await?;
         report.baseline = Some(Baseline::new(
             format!("{raw}, 1 client (a hand-off cannot beat one release + one acquire)"),
             &report.fencelock,
-            figures,
+            tally.figures(),
         ));
     }
     Ok(report)
@@ -350,7 +372,12 @@ async fn hold(setup: &Setup) -> Result<Report> {
         &latencies,
         first_error,
     );
-    let mut report = report(setup, &backend, "one background renewal of a held lock", figures);
+    let mut report = report(
+        setup,
+        backend.name(),
+        "one background renewal of a held lock",
+        figures,
+    );
     report.keys = held;
     report.renewals = Some(Renewals {
         still_held,

@@ -88,7 +88,10 @@ mod tests {
         let s = a.summary();
         assert_eq!(s.samples, 1001);
         assert!((s.p50 - 0.5).abs() < 0.01, "{s:?}");
-        assert!(s.p50 <= s.p99 && s.p99 <= s.p999 && s.p999 <= s.max, "{s:?}");
+        assert!(
+            s.p50 <= s.p99 && s.p99 <= s.p999 && s.p999 <= s.max,
+            "{s:?}"
+        );
         assert!((s.max - 50.0).abs() < 0.1, "{s:?}");
     }
 

@@ -175,8 +175,8 @@ impl Setup {
     }
 }
 
-/// Runs `fencelock bench`; exit 0 when the scenario completed at least one
-/// operation, 69 (unavailable) otherwise.
+/// Runs `fencelock bench`; exit 0 when the scenario did its work (see
+/// [`report::Report::completed`]), 69 (unavailable) otherwise.
 pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<u8, Error> {
     let setup = Setup::new(url, args)?;
     if !out.json {
@@ -194,7 +194,7 @@ pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<u8, Error> {
     }
     let report = scenarios::run(&setup).await?;
     out.emit(&report, || report.human());
-    Ok(if report.fencelock.successes > 0 {
+    Ok(if report.completed() {
         exit::OK
     } else {
         exit::UNAVAILABLE

@@ -97,6 +97,16 @@ fn figures_line(label: &str, f: &Figures) -> String {
 }
 
 impl Report {
+    /// Whether the scenario did its work: operations succeeded, or (renew,
+    /// hold) every lock was still held at the end, even if no renewal fell
+    /// in a window shorter than a third of the TTL.
+    pub fn completed(&self) -> bool {
+        match &self.renewals {
+            Some(r) => r.still_held == self.keys as u64 && self.keys > 0,
+            None => self.fencelock.successes > 0,
+        }
+    }
+
     /// The human form.
     pub fn human(&self) -> String {
         let mut lines = vec![

@@ -576,4 +576,3 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
         }
     }
 }
-

@@ -150,13 +150,16 @@ async fn handoff(setup: &Setup) -> Result<Report> {
     });
     let start = Instant::now() + setup.warmup;
     let end = start + setup.duration;
-    let mut first = None;
+    let mut first: Option<Arc<dyn Backend>> = None;
     let mut tasks = Vec::with_capacity(setup.clients);
     for _ in 0..setup.clients {
         // A backend (connections, wake-up subscription) per client, so the
         // release reaches the waiter through the engine, as between
-        // processes.
-        let backend = fencelock::open_backend(&setup.url).await?;
+        // processes; an in-process backend (memory) is one store, shared.
+        let backend = match &first {
+            Some(shared) if !shared.capabilities().persistent => Arc::clone(shared),
+            _ => fencelock::open_backend(&setup.url).await?,
+        };
         first.get_or_insert_with(|| Arc::clone(&backend));
         let client = LockClient::builder(backend).build()?;
         let (key, relay, ttl) = (key.clone(), Arc::clone(&relay), setup.ttl);

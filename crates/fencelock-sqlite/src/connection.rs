@@ -179,7 +179,7 @@ impl Db {
     }
 }
 
-fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
+pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
     let conn = Connection::open(&options.path).map_err(|e| {
         fencelock_core::BackendError::permanent(
             error::NAME,

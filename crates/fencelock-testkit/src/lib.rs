@@ -14,7 +14,6 @@
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
 
-pub mod bench;
 pub mod cases;
 pub mod fault;
 pub mod proxy;

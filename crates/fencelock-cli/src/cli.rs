@@ -164,6 +164,14 @@ pub enum Command {
     /// Delete expired lease records (never needed for correctness).
     Cleanup,
 
+    /// Measure the library on a backend, beside the engine's own limit.
+    ///
+    /// Prints ops/s, p50/p99/p99.9 latency and success rate (one JSON
+    /// object with --json). --baseline also runs the backend's own
+    /// statements, scripts or RPCs on a raw connection for the same
+    /// operation and prints fencelock/limit. Reports; asserts nothing.
+    Bench(crate::bench::BenchArgs),
+
     /// Remove a lock whoever holds it. Its holder notices at its next
     /// renewal. Exit 1 if it was not held.
     ForceRelease {

@@ -1,6 +1,7 @@
 //! `fencelock`: distributed locks with fencing tokens, from the shell.
 //! See `fencelock --help` and the README for the commands and exit codes.
 
+mod bench;
 mod cli;
 mod exit;
 mod output;
@@ -270,6 +271,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             });
             Ok(exit::OK)
         }
+        Command::Bench(args) => bench::run(&url, args, out).await,
         Command::ForceRelease { key } => {
             let client = client(&url, None).await?;
             match client.force_release(&key).await? {

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::{
-    backend::{Acquire, AcquireRequest, Backend, Stats},
+    backend::{Acquire, AcquireRequest, Backend, Grant, Stats},
     backoff::Backoff,
     clock::Sent,
     error::{Error, Result},
@@ -344,6 +344,11 @@ impl LockRequest<'_> {
     /// has them and otherwise backs off with full jitter (5 ms doubling to
     /// 1 s), never sleeping past the current holder's expiry or the deadline.
     /// Returns [`Error::Timeout`] when the deadline passes.
+    ///
+    /// A guard is never born lost: a grant whose answer arrives after the
+    /// guard would already have stopped trusting it (a round trip longer
+    /// than the lease, I5) is released and counted as a failed attempt. If
+    /// the deadline passes that way, the error is a transient one saying so.
     pub async fn acquire(self) -> Result<LockGuard> {
         let (request, config) = self.validate()?;
         let span = tracing::debug_span!(
@@ -445,6 +450,30 @@ async fn acquire_loop(
         let sent = Sent::now();
         let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(&request)).await;
         let holder = match attempt {
+            Ok(Ok(Acquire::Granted(grant)))
+                if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) =>
+            {
+                // The answer took longer than the lease is trusted (I5), so
+                // the lease may already have ended on the backend: a guard
+                // for it would be lost at birth. Hand it back rather than
+                // make the next holder wait out its TTL, and count the
+                // attempt as failed.
+                give_back_late_grant(client, &request, &grant, sent).await;
+                if !before_deadline(Instant::now()) {
+                    return Err(crate::BackendError::message(
+                        name,
+                        true,
+                        format!(
+                            "the grant arrived after its {:?} lease had ended locally \
+                             (round trip {:?}); use a longer TTL",
+                            grant.ttl,
+                            sent.mono.elapsed()
+                        ),
+                    )
+                    .into());
+                }
+                None
+            }
             Ok(Ok(Acquire::Granted(grant))) => {
                 ::metrics::counter!(m::ACQUIRE_SUCCESSES, "backend" => name).increment(1);
                 ::metrics::histogram!(m::WAIT_SECONDS, "backend" => name)
@@ -507,6 +536,30 @@ async fn acquire_loop(
             }
             None => tokio::time::sleep(pause).await,
         }
+    }
+}
+
+/// Releases a grant whose answer came back too late to be trusted (see
+/// `acquire_loop`); a failure only means the lease ends by expiry instead.
+async fn give_back_late_grant(
+    client: &ClientInner,
+    request: &AcquireRequest,
+    grant: &Grant,
+    sent: Sent,
+) {
+    tracing::warn!(
+        token = %grant.token, ttl = ?grant.ttl, round_trip = ?sent.mono.elapsed(),
+        "grant arrived after its lease had ended locally; releasing it"
+    );
+    let release = client
+        .backend
+        .release(&request.key, &request.owner, grant.token);
+    match tokio::time::timeout(client.op_timeout, release).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "could not release the late grant; it will expire");
+        }
+        Err(_) => tracing::debug!("releasing the late grant timed out; it will expire"),
     }
 }
 

@@ -7,9 +7,9 @@
 //! also records the boot-time clock (`CLOCK_BOOTTIME`, which counts suspend),
 //! and a lease is trusted only while *both* clocks are inside its window.
 
-use std::time::Duration;
+use std::{sync::OnceLock, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
 /// The instant a request was sent, on both clocks.
 #[derive(Clone, Copy, Debug)]
@@ -43,5 +43,62 @@ pub(crate) fn boot_time() -> Option<Duration> {
         // macOS's monotonic clock already counts sleep; elsewhere the
         // monotonic deadline is all there is.
         None
+    }
+}
+
+/// How often the suspend detector compares the two clocks.
+const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+/// How far the boot-time clock must run ahead of the monotonic clock between
+/// two checks to count as a suspend (both clocks otherwise tick together).
+const SUSPEND_JUMP: Duration = Duration::from_millis(100);
+
+/// Notifies every waiter soon after the machine resumed from a suspend, so
+/// that guards can compare their leases with the boot-time clock at once
+/// rather than at their next timer. One thread per process, started with the
+/// first guard, looks once a second: each guard doing so itself cost a
+/// timer, a wake-up per second and a boxed `Sleep` per held lock.
+pub(crate) fn suspends() -> &'static Notify {
+    static NOTIFY: OnceLock<&'static Notify> = OnceLock::new();
+    NOTIFY.get_or_init(|| {
+        let notify: &'static Notify = Box::leak(Box::default());
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            let started = std::thread::Builder::new()
+                .name("fencelock-suspend".into())
+                .spawn(move || watch_for_suspends(notify));
+            if let Err(e) = started {
+                // Guards still see a suspend at their next renewal or
+                // deadline, and `is_valid` checks the boot clock every time.
+                tracing::warn!(error = %e, "cannot start the suspend detector");
+            }
+        }
+        notify
+    })
+}
+
+/// Boot-time minus monotonic time: grows by the length of every suspend.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn suspended_so_far() -> Option<Duration> {
+    use nix::time::{clock_gettime, ClockId};
+    let mono = clock_gettime(ClockId::CLOCK_MONOTONIC).ok()?;
+    let mono = Duration::new(
+        u64::try_from(mono.tv_sec()).ok()?,
+        u32::try_from(mono.tv_nsec()).ok()?,
+    );
+    boot_time()?.checked_sub(mono)
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn watch_for_suspends(notify: &Notify) {
+    let mut last = suspended_so_far();
+    loop {
+        std::thread::sleep(SUSPEND_CHECK);
+        let now = suspended_so_far();
+        if let (Some(now), Some(before)) = (now, last) {
+            if now > before + SUSPEND_JUMP {
+                notify.notify_waiters();
+            }
+        }
+        last = now;
     }
 }

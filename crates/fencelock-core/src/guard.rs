@@ -21,7 +21,7 @@ use crate::{
     backend::{AcquireRequest, Backend, Grant},
     backoff::Backoff,
     client::ClockPolicy,
-    clock::{boot_time, Sent},
+    clock::{boot_time, suspends, Sent},
     error::{BackendError, Error, LossReason, Result},
     metrics as m,
     types::{FencingToken, LockKey, Owner},
@@ -59,8 +59,42 @@ struct Shared {
     /// Cancelled once, when the lock is lost.
     lost: CancellationToken,
     reason: OnceLock<LossReason>,
-    /// Cancelled when the guard is released or dropped: stops the watchdog.
-    stop: CancellationToken,
+    /// Set when the guard is released or dropped: stops the watchdog.
+    stop: Stop,
+}
+
+/// A one-shot stop signal held inline (a `CancellationToken` would be one
+/// more allocation per held lock).
+#[derive(Default)]
+struct Stop {
+    stopped: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Stop {
+    fn cancel(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn cancelled(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read, so a cancel in between
+            // is not missed.
+            notified.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl Shared {
@@ -344,7 +378,7 @@ impl LockGuard {
             expires_at: Mutex::new(grant.expires_at),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
-            stop: CancellationToken::new(),
+            stop: Stop::default(),
         });
         shared.extend(sent, &grant);
         ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
@@ -446,9 +480,6 @@ impl Drop for LockGuard {
     }
 }
 
-/// How often the watchdog compares the boot-time clock with the lease.
-const SUSPEND_CHECK: Duration = Duration::from_secs(1);
-
 /// Sleeps until `at`, or forever when there is nothing to wait for.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
@@ -461,15 +492,14 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// lost when the backend refuses or the local deadline passes.
 async fn watchdog(shared: Arc<Shared>, renew_every: Option<Duration>) {
     let mut next_renewal = renew_every.map(|period| Instant::now() + period);
-    // Monotonic timers do not run during a suspend; this tick notices, soon
-    // after a resume, that the boot-time clock has left the lease's window.
-    let mut suspend_check = tokio::time::interval(SUSPEND_CHECK);
-    suspend_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             _ = shared.stop.cancelled() => return,
-            _ = suspend_check.tick() => {
+            // Monotonic timers do not run during a suspend; this notices,
+            // soon after a resume, that the boot-time clock has left the
+            // lease's window.
+            _ = suspends().notified() => {
                 if !shared.boot_ok() {
                     shared.declare_lost(LossReason::Deadline);
                     return;
@@ -483,7 +513,9 @@ async fn watchdog(shared: Arc<Shared>, renew_every: Option<Duration>) {
                 }
             }
             _ = sleep_until_some(next_renewal) => {
-                match renew_until_confirmed(&shared).await {
+                // Boxed: the renewal's state lives only while it runs, not
+                // in every idle guard's task.
+                match Box::pin(renew_until_confirmed(&shared)).await {
                     Some(t_sent) => next_renewal = renew_every.map(|period| t_sent + period),
                     None => return,
                 }
@@ -506,6 +538,10 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
             _ = sleep_until(shared.deadline()) => None,
             result = shared.renew_once() => Some(result),
         };
+        if outcome.is_some() {
+            ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend)
+                .record(sent.mono.elapsed().as_secs_f64());
+        }
         match outcome {
             Some(Ok(grant)) => {
                 shared.extend(sent, &grant);

@@ -29,6 +29,8 @@
 
 mod backend;
 mod backoff;
+#[doc(hidden)]
+pub mod baseline;
 mod client;
 mod clock;
 mod error;

@@ -18,6 +18,9 @@ pub const WAIT_SECONDS: &str = "fencelock_wait_seconds";
 pub const HOLD_SECONDS: &str = "fencelock_hold_seconds";
 /// Counter: renewals confirmed by the backend.
 pub const RENEWALS: &str = "fencelock_renewals_total";
+/// Histogram (seconds): round-trip time of each renewal attempt the watchdog
+/// makes, whether it succeeds or fails (a timed-out attempt records its bound).
+pub const RENEW_SECONDS: &str = "fencelock_renew_seconds";
 /// Counter: renewal attempts that failed (transient errors and refusals).
 pub const RENEWAL_FAILURES: &str = "fencelock_renewal_failures_total";
 /// Counter: locks lost while held; label `reason` = `refused` | `deadline`.

@@ -13,6 +13,8 @@
 //! See `docs/etcd.md`.
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod error;
 mod fence;
 mod options;

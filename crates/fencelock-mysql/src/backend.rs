@@ -94,15 +94,20 @@ impl MySqlOptions {
         Names::new(&self.url.prefix)
     }
 
-    pub(crate) async fn pool(&self) -> Result<MySqlPool> {
+    /// How every session connects.
+    pub(crate) fn connect_options(&self) -> Result<MySqlConnectOptions> {
         // Leases are DATETIME(6) values compared with NOW(6), both in the
         // session's time zone, so every session must use the same one. UTC
         // is forced whatever the URL says (`?timezone=` would otherwise let
         // one client's leases look expired, or an hour longer, to others;
         // `SYSTEM` would step back an hour at the end of daylight saving).
-        let connect = MySqlConnectOptions::from_str(self.url.driver_url.as_str())
+        Ok(MySqlConnectOptions::from_str(self.url.driver_url.as_str())
             .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
-            .timezone(Some(String::from("+00:00")));
+            .timezone(Some(String::from("+00:00"))))
+    }
+
+    pub(crate) async fn pool(&self) -> Result<MySqlPool> {
+        let connect = self.connect_options()?;
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
         // died in the pool fails its statement with a transient error, which
@@ -117,23 +122,12 @@ impl MySqlOptions {
     }
 }
 
-/// The statements of one acquire+release cycle exactly as the backend sends
-/// them for tables with `table_prefix`: the upsert, the result query that
-/// follows it on the same session, and the release. For the benchmark's raw
-/// baseline (so that it cannot drift from what the library runs). Not a
-/// stable API.
-#[doc(hidden)]
-pub fn cycle_statements(table_prefix: &str) -> (String, String, String) {
-    let sql = Sql::new(&Names::new(table_prefix));
-    (sql.acquire, sql.acquire_result, sql.release)
-}
-
-struct Sql {
-    acquire: String,
-    acquire_result: String,
+pub(crate) struct Sql {
+    pub(crate) acquire: String,
+    pub(crate) acquire_result: String,
     renew: String,
     renewed: String,
-    release: String,
+    pub(crate) release: String,
     inspect: String,
     list: String,
     force_select: String,
@@ -144,7 +138,7 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(n: &Names) -> Self {
+    pub(crate) fn new(n: &Names) -> Self {
         let (locks, tokens) = (&n.locks, &n.tokens);
         // The name of the key's named lock: at most 64 characters whatever
         // the prefix and key, distinct per table and key. Takes the key as a

@@ -17,13 +17,15 @@
 //! (returned with every refusal). TLS (rustls) is behind the `tls` feature.
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod error;
 mod fence;
 mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{cycle_statements, MySqlBackend, MySqlOptions};
+pub use backend::{MySqlBackend, MySqlOptions};
 pub use fence::MySqlFence;
 
 /// Opens a [`MySqlBackend`] for a `mysql://` or `mariadb://` URL. Malformed

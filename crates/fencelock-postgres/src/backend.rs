@@ -87,7 +87,7 @@ impl PostgresOptions {
     }
 
     /// How to connect; `relaxed` applies `synchronous_commit = off`.
-    fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
+    pub(crate) fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
         let connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
             .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
             .application_name("fencelock");
@@ -126,19 +126,10 @@ impl PostgresOptions {
     }
 }
 
-/// The acquire and release statements exactly as the backend sends them for
-/// tables with `table_prefix`, for the benchmark's raw baseline (so that the
-/// baseline cannot drift from what the library runs). Not a stable API.
-#[doc(hidden)]
-pub fn cycle_statements(table_prefix: &str) -> (String, String) {
-    let sql = Sql::new(&Names::new(table_prefix));
-    (sql.acquire, sql.release)
-}
-
-struct Sql {
-    acquire: String,
+pub(crate) struct Sql {
+    pub(crate) acquire: String,
     renew: String,
-    release: String,
+    pub(crate) release: String,
     inspect: String,
     list: String,
     force_release: String,
@@ -148,7 +139,7 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(n: &Names) -> Self {
+    pub(crate) fn new(n: &Names) -> Self {
         let (locks, tokens, channel) = (&n.locks, &n.tokens, &n.channel);
         Self {
             // The upsert only overwrites an expired row (I1, I6). The token

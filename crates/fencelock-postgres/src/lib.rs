@@ -18,6 +18,8 @@
 //! feature; use `sslmode=require` in the URL.
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod error;
 mod fence;
 mod listener;
@@ -25,7 +27,7 @@ mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{cycle_statements, PostgresBackend, PostgresOptions};
+pub use backend::{PostgresBackend, PostgresOptions};
 pub use fence::PostgresFence;
 
 /// Opens a [`PostgresBackend`] for a `postgres://` or `postgresql://` URL.

@@ -5,11 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LockKey, Owner,
-};
+use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
 use fencelock_postgres::{PostgresBackend, PostgresFence};
-use fencelock_testkit::{servers::postgres::PostgresServer, TestResult};
+use fencelock_testkit::{servers::postgres::PostgresServer, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest {
@@ -136,51 +134,19 @@ async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
     Ok(())
 }
 
-/// The fence check and the protected write commit together; a rolled-back
-/// transaction admits nothing.
+/// The in-transaction fence, through the testkit's one test of it.
 async fn fence_in_transaction(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=txfence_");
     let fence = PostgresFence::connect(&url).await?;
     let backend = PostgresBackend::connect(&url).await?;
-    let pool = backend.pool();
-    sqlx::query("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
-        .execute(pool)
-        .await?;
-    let mut tx = pool.begin().await?;
-    fence.admit_in(&mut tx, "accounts", FencingToken(5)).await?;
-    sqlx::query("INSERT INTO accounts VALUES (1, 100)")
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    assert_eq!(fence.highest("accounts").await?, Some(FencingToken(5)));
-
-    let mut tx = pool.begin().await?;
-    fence.admit_in(&mut tx, "accounts", FencingToken(9)).await?;
-    sqlx::query("UPDATE accounts SET balance = 0 WHERE id = 1")
-        .execute(&mut *tx)
-        .await?;
-    tx.rollback().await?;
-    assert_eq!(fence.highest("accounts").await?, Some(FencingToken(5)));
-    let balance: i32 = sqlx::query_scalar("SELECT balance FROM accounts WHERE id = 1")
-        .fetch_one(pool)
-        .await?;
-    assert_eq!(balance, 100);
-
-    let mut tx = pool.begin().await?;
-    let stale = fence.admit_in(&mut tx, "accounts", FencingToken(4)).await;
-    assert!(
-        matches!(
-            stale,
-            Err(Error::Stale {
-                current: FencingToken(5),
-                ..
-            })
-        ),
-        "{stale:?}"
-    );
-    tx.rollback().await?;
-    Ok(())
+    txfence::fence_in_transaction(&Transactions {
+        pool: backend.pool().clone(),
+        fence,
+    })
+    .await
 }
+
+fencelock_testkit::sqlx_transactional_fence!(Transactions, sqlx::Postgres, PostgresFence);
 
 #[tokio::test]
 async fn malformed_urls_hide_the_password() {

@@ -6,9 +6,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeHub, WakeSubscription,
+    Owner, Result, Stats, WakeSubscription,
 };
-use futures_util::StreamExt;
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     Client, Value,
@@ -19,6 +18,7 @@ use crate::{
     keys::Keys,
     options::RedisOptions,
     scripts::Scripts,
+    wakeups::Wakeups,
 };
 
 /// Locks in Redis. Cheap to clone; clones share the connection and the
@@ -33,7 +33,7 @@ struct Inner {
     conn: ConnectionManager,
     scripts: Scripts,
     keys: Keys,
-    hub: WakeHub,
+    wakeups: Arc<Wakeups>,
     subscriber: tokio::task::JoinHandle<()>,
 }
 
@@ -51,16 +51,21 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The driver's client for `options`.
+pub(crate) fn client(options: &RedisOptions) -> Result<Client> {
+    Client::open(options.connection_url.as_str()).map_err(|e| {
+        // The driver's message may quote the URL; report only the kind.
+        Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
+    })
+}
+
 /// Opens the client and a managed (auto-reconnecting, multiplexed)
 /// connection, and loads the scripts once.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
 ) -> Result<(Client, ConnectionManager)> {
-    let client = Client::open(options.connection_url.as_str()).map_err(|e| {
-        // The driver's message may quote the URL; report only the kind.
-        Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
-    })?;
+    let client = client(options)?;
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(options.timeout)
         .set_connection_timeout(options.timeout)
@@ -86,27 +91,14 @@ impl RedisBackend {
         let scripts = Scripts::new();
         let keys = Keys::new(&options.prefix)?;
         let (client, conn) = connect(&options, &scripts).await?;
-        let hub = WakeHub::new();
-        let channel = keys.channel();
-        // Subscribed before we return, so no waiter can subscribe to the hub
-        // before the channel is live and miss a release.
-        let pubsub = subscribe(&client, &channel, options.timeout)
-            .await
-            .map_err(|e| map("SUBSCRIBE", e))?;
-        let subscriber = tokio::spawn(run_subscriber(
-            client,
-            channel,
-            hub.clone(),
-            pubsub,
-            options.timeout,
-        ));
+        let (wakeups, subscriber) = Wakeups::start(client, keys.clone(), options.timeout).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 options,
                 conn,
                 scripts,
                 keys,
-                hub,
+                wakeups,
                 subscriber,
             }),
         })
@@ -220,66 +212,7 @@ fn bad_reply_transient(message: String) -> Error {
     fencelock_core::BackendError::message(crate::error::NAME, true, message).into()
 }
 
-/// A pub/sub connection subscribed to `channel`, within `timeout` (a server
-/// that accepts connections but does not answer must not stall us).
-async fn subscribe(
-    client: &Client,
-    channel: &str,
-    timeout: Duration,
-) -> redis::RedisResult<redis::aio::PubSub> {
-    let connect = async {
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.subscribe(channel).await?;
-        Ok(pubsub)
-    };
-    tokio::time::timeout(timeout, connect)
-        .await
-        .unwrap_or_else(|_| {
-            Err(redis::RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "SUBSCRIBE timed out",
-            )))
-        })
-}
-
-/// Feeds release notices into the hub. While the subscription is down every
-/// waiter falls back to backoff (`close_all`); after a reconnect all waiters
-/// are woken because notices may have been missed.
-async fn run_subscriber(
-    client: Client,
-    channel: String,
-    hub: WakeHub,
-    first: redis::aio::PubSub,
-    timeout: Duration,
-) {
-    let mut pubsub = Some(first);
-    let mut delay = Duration::from_millis(50);
-    loop {
-        if let Some(p) = pubsub.take() {
-            delay = Duration::from_millis(50);
-            let mut messages = p.into_on_message();
-            while let Some(msg) = messages.next().await {
-                if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                    hub.notify(key);
-                }
-            }
-            tracing::debug!("redis wake-up subscription lost; reconnecting");
-            hub.close_all();
-        }
-        // Reconnect attempts are spaced so a dead server is not hammered.
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-        match subscribe(&client, &channel, timeout).await {
-            Ok(p) => {
-                hub.notify_all();
-                pubsub = Some(p);
-            }
-            Err(e) => tracing::debug!(error = %e, "redis wake-up resubscribe failed"),
-        }
-    }
-}
-
-fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
+pub(crate) fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
     let v = v.ok_or_else(|| bad_reply("redis reply is shorter than expected"))?;
     redis::from_owned_redis_value(v).map_err(|e| bad_reply(format!("unexpected redis reply: {e}")))
 }
@@ -452,7 +385,7 @@ impl Backend for RedisBackend {
             .key(self.inner.keys.lease(key))
             .arg(owner.as_str())
             .arg(token.0.to_string())
-            .arg(self.inner.keys.channel())
+            .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
             .invoke_async(&mut self.conn())
             .await
@@ -488,7 +421,7 @@ impl Backend for RedisBackend {
             .scripts
             .force_release
             .key(self.inner.keys.lease(key))
-            .arg(self.inner.keys.channel())
+            .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
             .invoke_async(&mut self.conn())
             .await
@@ -527,6 +460,6 @@ impl Backend for RedisBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        Ok(Some(self.inner.hub.subscribe(key.as_str())))
+        Ok(Some(self.inner.wakeups.subscribe(key).await?))
     }
 }

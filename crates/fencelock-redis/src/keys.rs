@@ -83,9 +83,10 @@ impl Keys {
         format!("{}:fence:{{{}}}", self.prefix, encode(resource))
     }
 
-    /// The pub/sub channel release notices go to; the payload is the user key.
-    pub(crate) fn channel(&self) -> String {
-        format!("{}:released", self.prefix)
+    /// The pub/sub channel release notices of `key` go to (under the key's
+    /// hash tag); the payload is the user key.
+    pub(crate) fn channel(&self, key: &str) -> String {
+        format!("{}:{{{}}}:released", self.prefix, encode(key))
     }
 
     /// A SCAN pattern matching the lease hashes (not counters) of keys that

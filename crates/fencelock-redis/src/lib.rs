@@ -9,8 +9,8 @@
 //!   step back.
 //! - Keys of one lock share a hash tag (`PREFIX:{KEY}`,
 //!   `PREFIX:{KEY}:token`), so each script touches one Cluster slot.
-//! - Releases publish on `PREFIX:released`; one subscriber connection per
-//!   backend wakes waiters.
+//! - Releases publish on the key's own channel (`PREFIX:{KEY}:released`),
+//!   which a backend subscribes to only while it has a waiter for that key.
 //!
 //! See `docs/redis.md` for the key layout, clock assumptions and Cluster
 //! support.
@@ -26,11 +26,14 @@
 //! ```
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod error;
 mod fence;
 mod keys;
 mod options;
 mod scripts;
+mod wakeups;
 
 use std::sync::Arc;
 

@@ -157,17 +157,7 @@ impl SqliteBackend {
         F: FnOnce(&Transaction<'_>, Now) -> Result<T> + Send + 'static,
     {
         let clock = self.clock.clone();
-        self.db
-            .call(move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(error::map)?;
-                let now = Now::read(&clock)?;
-                let value = f(&tx, now)?;
-                tx.commit().map_err(error::map)?;
-                Ok(value)
-            })
-            .await
+        self.db.call(move |conn| write_tx(conn, &clock, f)).await
     }
 
     /// Runs `f` in a read transaction whose snapshot is fixed *before* the
@@ -193,15 +183,101 @@ impl SqliteBackend {
     }
 }
 
+/// Runs `f` in an IMMEDIATE transaction on `conn` with the clock read after
+/// the write lock was taken (see [`SqliteBackend::write`]).
+pub(crate) fn write_tx<T>(
+    conn: &mut Connection,
+    clock: &HostClock,
+    f: impl FnOnce(&Transaction<'_>, Now) -> Result<T>,
+) -> Result<T> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(error::map)?;
+    let now = Now::read(clock)?;
+    let value = f(&tx, now)?;
+    tx.commit().map_err(error::map)?;
+    Ok(value)
+}
+
+/// The body of an acquisition, inside [`write_tx`].
+pub(crate) fn acquire_in(
+    tx: &Transaction<'_>,
+    now: Now,
+    request: &AcquireRequest,
+) -> Result<Acquire> {
+    if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
+        return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
+    }
+    let token: i64 = tx
+        .query_row(
+            "UPDATE fencelock_counter SET last_token = last_token + 1 WHERE id = 1 \
+             RETURNING last_token",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(error::map)?;
+    let wall_now = wall_now_ms();
+    let data = request.data.as_ref().map(|d| d.to_string());
+    tx.execute(
+        "INSERT INTO fencelock_locks (key, owner, token, kind, data, acquired_at_ms, \
+             expires_at_ms, boot_id, acquired_mono_us, renewed_mono_us, expires_mono_us) \
+         VALUES (:key, :owner, :token, :kind, :data, :wall, :wall_exp, :boot, :now, :now, \
+             :now + :ttl) \
+         ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+             kind = excluded.kind, data = excluded.data, \
+             acquired_at_ms = excluded.acquired_at_ms, expires_at_ms = excluded.expires_at_ms, \
+             boot_id = excluded.boot_id, acquired_mono_us = excluded.acquired_mono_us, \
+             renewed_mono_us = excluded.renewed_mono_us, \
+             expires_mono_us = excluded.expires_mono_us",
+        named_params! {
+            ":key": request.key.as_str(), ":owner": request.owner.as_str(), ":token": token,
+            ":kind": request.kind, ":data": data, ":wall": wall_now,
+            ":wall_exp": wall_now + ttl_ms(request.ttl), ":boot": now.boot, ":now": now.us,
+            ":ttl": ttl_us(request.ttl),
+        },
+    )
+    .map_err(error::map)?;
+    Ok(Acquire::Granted(Grant {
+        token: FencingToken(
+            u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?,
+        ),
+        ttl: request.ttl,
+        expires_at: wall(wall_now + ttl_ms(request.ttl)),
+    }))
+}
+
+/// The body of a release, inside [`write_tx`]: whether the lease was removed.
+pub(crate) fn release_in(
+    tx: &Transaction<'_>,
+    now: Now,
+    key: &str,
+    owner: &str,
+    token: i64,
+) -> Result<bool> {
+    let n = tx
+        .execute(
+            &format!(
+                "DELETE FROM fencelock_locks \
+                 WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+            ),
+            named_params! {
+                ":key": key, ":owner": owner, ":token": token,
+                ":boot": now.boot, ":now": now.us,
+            },
+        )
+        .map_err(error::map)?;
+    Ok(n == 1)
+}
+
 /// The backend clock at one instant.
 #[derive(Clone, Copy)]
-struct Now {
+pub(crate) struct Now {
     boot: &'static str,
     us: i64,
 }
 
 impl Now {
-    fn read(clock: &HostClock) -> Result<Self> {
+    pub(crate) fn read(clock: &HostClock) -> Result<Self> {
         Ok(Self {
             boot: clock.boot_id(),
             us: clock.now_us().map_err(error::clock)?,
@@ -251,46 +327,8 @@ impl Backend for SqliteBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let request = request.clone();
-        self.write(move |tx, now| {
-            if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
-                return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
-            }
-            let token: i64 = tx
-                .query_row(
-                    "UPDATE fencelock_counter SET last_token = last_token + 1 WHERE id = 1 \
-                     RETURNING last_token",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(error::map)?;
-            let wall_now = wall_now_ms();
-            let data = request.data.as_ref().map(|d| d.to_string());
-            tx.execute(
-                "INSERT INTO fencelock_locks (key, owner, token, kind, data, acquired_at_ms, \
-                     expires_at_ms, boot_id, acquired_mono_us, renewed_mono_us, expires_mono_us) \
-                 VALUES (:key, :owner, :token, :kind, :data, :wall, :wall_exp, :boot, :now, :now, \
-                     :now + :ttl) \
-                 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
-                     kind = excluded.kind, data = excluded.data, \
-                     acquired_at_ms = excluded.acquired_at_ms, expires_at_ms = excluded.expires_at_ms, \
-                     boot_id = excluded.boot_id, acquired_mono_us = excluded.acquired_mono_us, \
-                     renewed_mono_us = excluded.renewed_mono_us, \
-                     expires_mono_us = excluded.expires_mono_us",
-                named_params! {
-                    ":key": request.key.as_str(), ":owner": request.owner.as_str(), ":token": token,
-                    ":kind": request.kind, ":data": data, ":wall": wall_now,
-                    ":wall_exp": wall_now + ttl_ms(request.ttl), ":boot": now.boot, ":now": now.us,
-                    ":ttl": ttl_us(request.ttl),
-                },
-            )
-            .map_err(error::map)?;
-            Ok(Acquire::Granted(Grant {
-                token: FencingToken(u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?),
-                ttl: request.ttl,
-                expires_at: wall(wall_now + ttl_ms(request.ttl)),
-            }))
-        })
-        .await
+        self.write(move |tx, now| acquire_in(tx, now, &request))
+            .await
     }
 
     async fn renew(
@@ -347,21 +385,7 @@ impl Backend for SqliteBackend {
         };
         let (k, o) = (key.clone(), owner.clone());
         let released = self
-            .write(move |tx, now| {
-                let n = tx
-                    .execute(
-                        &format!(
-                            "DELETE FROM fencelock_locks \
-                             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
-                        ),
-                        named_params! {
-                            ":key": k.as_str(), ":owner": o.as_str(), ":token": db_token,
-                            ":boot": now.boot, ":now": now.us,
-                        },
-                    )
-                    .map_err(error::map)?;
-                Ok(n == 1)
-            })
+            .write(move |tx, now| release_in(tx, now, k.as_str(), o.as_str(), db_token))
             .await?;
         if released {
             self.wakeups.notify(key.as_str());

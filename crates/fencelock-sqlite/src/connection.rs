@@ -4,7 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use fencelock_core::{parse_duration, Error, Result};
@@ -179,7 +179,7 @@ impl Db {
     }
 }
 
-fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
+pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
     let conn = Connection::open(&options.path).map_err(|e| {
         fencelock_core::BackendError::permanent(
             error::NAME,
@@ -189,11 +189,33 @@ fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
     })?;
     conn.busy_timeout(options.busy_timeout)
         .map_err(error::map)?;
+    let deadline = Instant::now() + options.busy_timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match prepare(&conn, options) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && Instant::now() < deadline =>
+            {
+                // While another connection switches a new file to WAL,
+                // SQLite reports "database is locked" at once rather than
+                // calling the busy handler, so the open waits here, within
+                // the same busy timeout as every other statement. Every
+                // step of `prepare` is idempotent.
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(error::map(e)),
+            Ok(()) => return Ok(conn),
+        }
+    }
+}
+
+/// Puts a freshly opened connection in fencelock's modes and makes sure the
+/// schema exists.
+fn prepare(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
     // WAL lets readers run beside the one writer; it is a property of the
     // file, so setting it again is a no-op.
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(error::map)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(path = %options.path.display(), mode, "SQLite refused WAL mode");
     }
@@ -201,39 +223,38 @@ fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
-    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))
-        .map_err(error::map)?;
-    ensure_schema(&conn)?;
-    Ok(conn)
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))?;
+    create_schema(conn)
 }
 
 /// Creates fencelock's tables in `conn`'s database if they are missing.
 /// Safe to call from several processes at once.
 pub fn ensure_schema(conn: &Connection) -> Result<()> {
+    create_schema(conn).map_err(error::map)
+}
+
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     // A read first, so that opening an initialised database does not take
     // the write lock. (`PRAGMA user_version` is left alone: the fence tables
     // may live in an application's own database, whose migrations own it.)
-    let present: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-             AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(error::map)?;
+    let present: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences')",
+        [],
+        |r| r.get(0),
+    )?;
     if present == 3 {
         return Ok(());
     }
     let batch = SCHEMA;
     if !conn.is_autocommit() {
         // Inside the caller's transaction: its commit makes the tables.
-        return conn.execute_batch(batch).map_err(error::map);
+        return conn.execute_batch(batch);
     }
     conn.execute_batch(&format!("BEGIN IMMEDIATE; {batch} COMMIT;"))
-        .map_err(|e| {
+        .inspect_err(|_| {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            error::map(e)
         })
 }

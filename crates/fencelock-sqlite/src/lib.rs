@@ -36,6 +36,8 @@
 //! ```
 
 mod backend;
+#[doc(hidden)]
+pub mod baseline;
 mod clock;
 mod connection;
 mod error;

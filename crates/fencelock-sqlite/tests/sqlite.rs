@@ -9,6 +9,11 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LockKey, Owner,
 };
 use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteFence, SqliteOptions};
+use fencelock_testkit::{
+    async_trait,
+    txfence::{self, FenceTransaction, TransactionalFence},
+    TestResult,
+};
 use rusqlite::Connection;
 
 fn request(key: &str, owner: &str) -> AcquireRequest {
@@ -112,68 +117,79 @@ async fn wall_clock_times_take_no_part_in_decisions() {
     assert_eq!(backend.cleanup_expired().await.unwrap(), 0);
 }
 
-#[tokio::test]
+/// Switching a new file to WAL needs an exclusive lock, and SQLite answers
+/// "database is locked" at once there instead of calling the busy handler;
+/// the open must wait for its busy timeout like every other statement.
+/// Many rounds, because one round of 16 racing opens rarely collides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_opens_of_one_file_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
-    let path = Arc::new(dir.path().join("locks.db"));
-    let opens: Vec<_> = (0..16)
-        .map(|_| {
-            let path = Arc::clone(&path);
-            tokio::spawn(async move { SqliteBackend::open_path(&*path).await })
-        })
-        .collect();
-    for open in opens {
-        open.await.unwrap().unwrap();
+    for round in 0..100 {
+        let path = Arc::new(dir.path().join(format!("locks-{round}.db")));
+        let opens: Vec<_> = (0..16)
+            .map(|_| {
+                let path = Arc::clone(&path);
+                tokio::spawn(async move { SqliteBackend::open_path(&*path).await })
+            })
+            .collect();
+        for open in opens {
+            if let Err(e) = open.await.unwrap() {
+                panic!("round {round}: {e}");
+            }
+        }
     }
 }
 
+/// The in-transaction fence, through the testkit's one test of it, on the
+/// application's own database file (where `ensure_schema` put the fence
+/// table).
 #[tokio::test]
-async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() {
-    let dir = tempfile::tempdir().unwrap();
+async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() -> TestResult {
+    let dir = tempfile::tempdir()?;
     let path = dir.path().join("app.db");
-    let mut conn = Connection::open(&path).unwrap();
-    ensure_schema(&conn).unwrap();
-    conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)")
-        .unwrap();
+    ensure_schema(&Connection::open(&path)?)?;
+    let fence = SqliteFence::open(SqliteOptions::new(&path)).await?;
+    txfence::fence_in_transaction(&Transactions { path, fence }).await
+}
 
-    // A transaction that rolls back admits nothing.
-    let tx = conn.transaction().unwrap();
-    SqliteFence::admit_in(&tx, "orders", FencingToken(10)).unwrap();
-    tx.execute("INSERT INTO orders VALUES (1, 'draft')", [])
-        .unwrap();
-    tx.rollback().unwrap();
-    let fence = SqliteFence::open(SqliteOptions::new(&path)).await.unwrap();
-    assert_eq!(fence.highest("orders").await.unwrap(), None);
+/// Glue for [`txfence`]: each transaction on a connection of its own, as
+/// an application's would be.
+struct Transactions {
+    path: std::path::PathBuf,
+    fence: SqliteFence,
+}
 
-    // One that commits admits the token together with the write.
-    let tx = conn.transaction().unwrap();
-    SqliteFence::admit_in(&tx, "orders", FencingToken(10)).unwrap();
-    tx.execute("INSERT INTO orders VALUES (1, 'paid')", [])
-        .unwrap();
-    tx.commit().unwrap();
-    assert_eq!(
-        fence.highest("orders").await.unwrap(),
-        Some(FencingToken(10))
-    );
+struct Transaction(Connection);
 
-    // A stale holder's transaction is refused before it writes.
-    let tx = conn.transaction().unwrap();
-    let stale = SqliteFence::admit_in(&tx, "orders", FencingToken(9));
-    assert!(
-        matches!(
-            stale,
-            Err(Error::Stale {
-                current: FencingToken(10),
-                ..
-            })
-        ),
-        "{stale:?}"
-    );
-    drop(tx);
-    let status: String = conn
-        .query_row("SELECT status FROM orders WHERE id = 1", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(status, "paid");
+#[async_trait]
+impl TransactionalFence for Transactions {
+    async fn begin(&self) -> TestResult<Box<dyn FenceTransaction>> {
+        let conn = Connection::open(&self.path)?;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(Box::new(Transaction(conn)))
+    }
+    fn fence(&self) -> Arc<dyn Fence> {
+        Arc::new(self.fence.clone())
+    }
+}
+
+#[async_trait]
+impl FenceTransaction for Transaction {
+    async fn admit(&mut self, resource: &str, token: FencingToken) -> fencelock_core::Result<()> {
+        SqliteFence::admit_in(&self.0, resource, token)
+    }
+    async fn execute(&mut self, sql: &str) -> TestResult {
+        Ok(self.0.execute_batch(sql)?)
+    }
+    async fn fetch_i64(&mut self, sql: &str) -> TestResult<i64> {
+        Ok(self.0.query_row(sql, [], |row| row.get(0))?)
+    }
+    async fn commit(self: Box<Self>) -> TestResult {
+        Ok(self.0.execute_batch("COMMIT")?)
+    }
+    async fn rollback(self: Box<Self>) -> TestResult {
+        Ok(self.0.execute_batch("ROLLBACK")?)
+    }
 }
 
 #[tokio::test]

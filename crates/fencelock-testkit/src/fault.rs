@@ -1,11 +1,12 @@
 //! Fault injection at the [`Backend`] seam: a wrapper that passes calls
-//! through, fails them as transient errors, or leaves them hanging, switched
-//! at run time. Guard tests use it with the memory backend and a paused
+//! through, fails them as transient errors, leaves them hanging, or delays
+//! their answers, switched at run time. Guard tests use it with the memory backend and a paused
 //! tokio clock to reproduce an unreachable backend deterministically.
 
 use std::{
+    future::Future,
     sync::{
-        atomic::{AtomicU8, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
         Arc,
     },
     time::Duration,
@@ -34,6 +35,7 @@ pub enum Fault {
 pub struct FaultyBackend {
     inner: Arc<dyn Backend>,
     fault: AtomicU8,
+    reply_delay_us: AtomicU64,
     renew_calls: AtomicUsize,
 }
 
@@ -43,6 +45,7 @@ impl FaultyBackend {
         Arc::new(Self {
             inner,
             fault: AtomicU8::new(Fault::None as u8),
+            reply_delay_us: AtomicU64::new(0),
             renew_calls: AtomicUsize::new(0),
         })
     }
@@ -50,6 +53,13 @@ impl FaultyBackend {
     /// Switches the fault.
     pub fn set(&self, fault: Fault) {
         self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Delays every answer by `delay` *after* the wrapped backend acted: a
+    /// slow way back, so the caller learns late what already happened.
+    pub fn set_reply_delay(&self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.reply_delay_us.store(micros, Ordering::SeqCst);
     }
 
     /// How many `renew` calls reached this wrapper (faulty or not).
@@ -68,6 +78,17 @@ impl FaultyBackend {
             _ => Ok(()),
         }
     }
+
+    /// Runs one call of the wrapped backend under the current faults.
+    async fn call<T>(&self, inner: impl Future<Output = Result<T>>) -> Result<T> {
+        self.gate().await?;
+        let answer = inner.await;
+        let delay = self.reply_delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+        }
+        answer
+    }
 }
 
 #[async_trait]
@@ -79,8 +100,7 @@ impl Backend for FaultyBackend {
         self.inner.capabilities()
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.gate().await?;
-        self.inner.try_acquire(request).await
+        self.call(self.inner.try_acquire(request)).await
     }
     async fn renew(
         &self,
@@ -90,39 +110,30 @@ impl Backend for FaultyBackend {
         ttl: Duration,
     ) -> Result<Grant> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
-        self.gate().await?;
-        self.inner.renew(key, owner, token, ttl).await
+        self.call(self.inner.renew(key, owner, token, ttl)).await
     }
     async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        self.gate().await?;
-        self.inner.release(key, owner, token).await
+        self.call(self.inner.release(key, owner, token)).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.gate().await?;
-        self.inner.inspect(key).await
+        self.call(self.inner.inspect(key)).await
     }
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.gate().await?;
-        self.inner.list(prefix).await
+        self.call(self.inner.list(prefix)).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.gate().await?;
-        self.inner.force_release(key).await
+        self.call(self.inner.force_release(key)).await
     }
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.gate().await?;
-        self.inner.release_all(owner).await
+        self.call(self.inner.release_all(owner)).await
     }
     async fn cleanup_expired(&self) -> Result<u64> {
-        self.gate().await?;
-        self.inner.cleanup_expired().await
+        self.call(self.inner.cleanup_expired()).await
     }
     async fn stats(&self) -> Result<Stats> {
-        self.gate().await?;
-        self.inner.stats().await
+        self.call(self.inner.stats()).await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        self.gate().await?;
-        self.inner.subscribe(key).await
+        self.call(self.inner.subscribe(key)).await
     }
 }

@@ -9,16 +9,17 @@
 //!   kill, pause and restart them.
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
+//! - [`txfence`]: the one test of the SQL fences' in-transaction form.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
 
-pub mod bench;
 pub mod cases;
 pub mod fault;
 pub mod proxy;
 pub mod servers;
 pub mod suite;
+pub mod txfence;
 
 pub use async_trait::async_trait;
-pub use suite::{run, Needs, Store, StoreFactory, TestResult};
+pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

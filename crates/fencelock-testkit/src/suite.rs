@@ -8,7 +8,10 @@ use async_trait::async_trait;
 use fencelock_core::{Backend, Fence};
 use libtest_mimic::{Arguments, Failed, Trial};
 
-use crate::cases::{Case, CASES};
+use crate::{
+    cases::{Case, CASES},
+    proxy::ProxiedUrl,
+};
 
 /// Errors in test plumbing (starting servers, connecting).
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -32,6 +35,25 @@ pub trait Store: Send + Sync {
     async fn restart(&self) -> TestResult {
         Err("this store cannot be restarted".into())
     }
+
+    /// A new connection to this store that goes through fault proxies of
+    /// its own (one per server endpoint), which the caller switches. Only
+    /// this connection suffers the faults: other connections, like the
+    /// other processes of a partitioned system, reach the server directly.
+    async fn connect_via_proxy(&self) -> TestResult<ProxiedBackend> {
+        Err("this store has no network to put a proxy in".into())
+    }
+}
+
+/// A backend connected through a [`ProxiedUrl`], and the proxies' switches.
+#[derive(Debug)]
+pub struct ProxiedBackend {
+    /// The connection; every byte it exchanges with the server passes the
+    /// proxies.
+    pub backend: Arc<dyn Backend>,
+    /// The proxies, healthy to begin with. Dropping them resets the
+    /// connection for good.
+    pub proxy: ProxiedUrl,
 }
 
 /// Makes stores for one backend.
@@ -47,6 +69,12 @@ pub trait StoreFactory: Send + Sync + 'static {
     /// Whether [`Store::fence`] returns a fence.
     fn has_fence(&self) -> bool;
 
+    /// Whether [`Store::connect_via_proxy`] works: the backend talks to a
+    /// server over TCP (cases that need it are ignored otherwise).
+    fn can_proxy(&self) -> bool {
+        false
+    }
+
     /// A fresh, empty store for one case. With `dedicated`, the store gets a
     /// server process of its own, so the case may restart it without
     /// disturbing other cases.
@@ -60,6 +88,8 @@ pub struct Needs {
     pub restart: bool,
     /// [`Store::fence`].
     pub fence: bool,
+    /// [`Store::connect_via_proxy`]: a network between client and server.
+    pub network: bool,
 }
 
 /// Upper bound on one case; a case that hangs fails instead of stalling CI.
@@ -82,7 +112,8 @@ pub fn run(factory: impl StoreFactory) -> ExitCode {
 fn trial(factory: Arc<dyn StoreFactory>, case: &'static Case) -> Trial {
     let name = format!("{}::{}", factory.name(), case.name);
     let unsupported = (case.needs.restart && !factory.can_restart())
-        || (case.needs.fence && !factory.has_fence());
+        || (case.needs.fence && !factory.has_fence())
+        || (case.needs.network && !factory.can_proxy());
     Trial::test(name, move || run_case(&*factory, case)).with_ignored_flag(unsupported)
 }
 

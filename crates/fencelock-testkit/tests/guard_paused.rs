@@ -351,3 +351,50 @@ async fn a_manual_renew_against_a_hung_backend_comes_back() {
     // Bounded by a third of the TTL, well inside the lease.
     assert!(guard.is_valid());
 }
+
+/// A grant whose answer arrives after the guard would stop trusting it
+/// (29.2 s of a 30 s lease) is handed back at once, and `acquire` fails
+/// instead of returning a guard lost at birth; with a wait it keeps trying
+/// until the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_answers_too_late_is_given_back() {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = FaultyBackend::new(memory.clone());
+    faulty.set_reply_delay(Duration::from_millis(29_500));
+    // Patient enough to hear the late answers.
+    let slow_client = |backend: Arc<FaultyBackend>| {
+        LockClient::builder(backend)
+            .owner(Owner::new("a").unwrap())
+            .op_timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let c = slow_client(faulty.clone());
+    let attempt = tokio::spawn(async move { c.lock("k").ttl(TTL).acquire().await });
+    // The grant was made at 0 s and would last until 30 s; its answer came
+    // at 29.5 s and the release went out then.
+    tokio::time::sleep(Duration::from_millis(29_600)).await;
+    assert!(memory.inspect(&key("k")).await.unwrap().is_none());
+    let result = attempt.await.unwrap();
+    assert!(matches!(&result, Err(e) if e.is_transient()), "{result:?}");
+
+    let c = slow_client(faulty.clone());
+    let started = Instant::now();
+    let waited = c
+        .lock("k")
+        .ttl(TTL)
+        .wait(Duration::from_secs(100))
+        .acquire()
+        .await;
+    assert!(matches!(&waited, Err(e) if e.is_transient()), "{waited:?}");
+    assert!(started.elapsed() >= Duration::from_secs(100));
+
+    faulty.set_reply_delay(Duration::from_millis(29_000));
+    let guard = slow_client(faulty)
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(guard.is_valid());
+}

@@ -163,6 +163,31 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
     }
 }
 
+/// The engine's own limit for `fencelock bench --baseline`: raw lock
+/// cycles on the engine a URL names, configured as its backend. Not a
+/// stable API.
+#[doc(hidden)]
+pub async fn open_baseline(url: &str) -> Result<Box<dyn baseline::RawBaseline>> {
+    let url = &lower_scheme(url);
+    match Engine::of(url)? {
+        Engine::Memory => Ok(Box::new(baseline::DirectBaseline::new(
+            open_backend(url).await?,
+        )?)),
+        #[cfg(feature = "sqlite")]
+        Engine::Sqlite => fencelock_sqlite::baseline::open(url).await,
+        #[cfg(feature = "postgres")]
+        Engine::Postgres => fencelock_postgres::baseline::open(url).await,
+        #[cfg(feature = "mysql")]
+        Engine::MySql => fencelock_mysql::baseline::open(url).await,
+        #[cfg(feature = "redis")]
+        Engine::Redis => fencelock_redis::baseline::open(url).await,
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => fencelock_etcd::baseline::open(url).await,
+        #[allow(unreachable_patterns)]
+        other => Err(other.not_compiled()),
+    }
+}
+
 /// A [`LockClient`] with default settings on the backend a URL names.
 pub async fn connect(url: &str) -> Result<LockClient> {
     Ok(LockClient::new(open_backend(url).await?))

@@ -5,15 +5,8 @@ use std::sync::Arc;
 use fencelock_core::{Error, Fence, FencingToken};
 use tokio::sync::Mutex;
 
-use super::{ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use super::{ensure, fence_of, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
 use crate::suite::{Store, TestResult};
-
-async fn fence_of(store: &dyn Store) -> TestResult<Arc<dyn Fence>> {
-    store
-        .fence()
-        .await?
-        .ok_or_else(|| "this store has no fence".into())
-}
 
 /// Equal and higher tokens pass; lower ones are `Stale` with both tokens;
 /// resources are independent; bad resource names are typed errors.

@@ -12,12 +12,8 @@ use std::{
 
 use fencelock_core::{Error, LossReason};
 
-use super::{client, ensure, key, owner};
+use super::{client, ensure, key, owner, GUARD_TTL};
 use crate::suite::{Store, TestResult};
-
-/// Short enough that renewal matters within a case, long enough that a slow
-/// CI disk cannot delay a renewal past the trusted window (about 1.8 s).
-const GUARD_TTL: Duration = Duration::from_secs(2);
 
 /// A renewing guard holds past several TTLs and keeps its token.
 pub async fn renewal_outlives_the_ttl(store: &dyn Store) -> TestResult {

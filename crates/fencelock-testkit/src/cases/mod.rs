@@ -7,6 +7,7 @@
 
 mod admin;
 mod exclusion;
+mod faults;
 mod fence;
 mod guard;
 mod input;
@@ -32,13 +33,7 @@ pub struct Case {
 
 macro_rules! case {
     ($module:ident :: $f:ident) => {
-        case!(
-            $module::$f,
-            Needs {
-                restart: false,
-                fence: false
-            }
-        )
+        case!($module::$f, NONE)
     };
     ($module:ident :: $f:ident, $needs:expr) => {
         Case {
@@ -49,13 +44,30 @@ macro_rules! case {
     };
 }
 
+const NONE: Needs = Needs {
+    restart: false,
+    fence: false,
+    network: false,
+};
 const RESTART: Needs = Needs {
     restart: true,
     fence: false,
+    network: false,
 };
 const FENCE: Needs = Needs {
     restart: false,
     fence: true,
+    network: false,
+};
+const NETWORK: Needs = Needs {
+    restart: false,
+    fence: false,
+    network: true,
+};
+const NETWORK_FENCE: Needs = Needs {
+    restart: false,
+    fence: true,
+    network: true,
 };
 
 /// Every case, in the order they are listed.
@@ -91,6 +103,15 @@ pub static CASES: &[Case] = &[
     case!(fence::i7_fence_rule, FENCE),
     case!(fence::i7_admit_before_read_prevents_lost_update, FENCE),
     case!(fence::i7_concurrent_admits_keep_the_maximum, FENCE),
+    case!(faults::paused_holder_write_is_refused, NETWORK_FENCE),
+    case!(faults::waiter_never_gets_an_expired_lease),
+    case!(
+        faults::waiter_never_gets_an_expired_lease_under_latency,
+        NETWORK
+    ),
+    case!(faults::ambiguous_acquire_is_resolved, NETWORK),
+    case!(faults::renewal_under_latency_loses_before_expiry, NETWORK),
+    case!(faults::expired_holder_release_has_no_effect),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.
@@ -107,6 +128,13 @@ pub(crate) use ensure;
 pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
 /// A lease a case waits out. Backends may grant more (etcd: about 2 s).
 pub(crate) const SHORT_TTL: Duration = Duration::from_millis(400);
+/// A renewed lease: short enough that renewal matters within a case, long
+/// enough that a slow CI disk cannot delay a renewal past the trusted window
+/// (about 1.8 s).
+pub(crate) const GUARD_TTL: Duration = Duration::from_secs(2);
+/// How long past its TTL a lease may take to end before a case calls it
+/// stuck: far more than any backend needs, far less than "never".
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(5);
 
 pub(crate) fn key(name: &str) -> LockKey {
     LockKey::new(name).expect("case keys are valid")
@@ -141,11 +169,19 @@ pub(crate) async fn grant(
     }
 }
 
+/// The store's fence; cases that call this need [`FENCE`].
+pub(crate) async fn fence_of(store: &dyn Store) -> TestResult<Arc<dyn fencelock_core::Fence>> {
+    store
+        .fence()
+        .await?
+        .ok_or_else(|| "this store has no fence".into())
+}
+
 /// Waits until the lease granted as `grant` has ended on the backend: first
 /// the granted TTL, then polling `inspect` for at most a few seconds.
 pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant) -> TestResult {
     tokio::time::sleep(grant.ttl).await;
-    let bound = tokio::time::Instant::now() + Duration::from_secs(5);
+    let bound = tokio::time::Instant::now() + EXPIRY_SLACK;
     loop {
         match backend.inspect(key).await? {
             Some(lease) if lease.token == grant.token => {}
@@ -153,7 +189,7 @@ pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant
         }
         ensure!(
             tokio::time::Instant::now() < bound,
-            "lease {} on {key} outlived its {:?} TTL by more than 5 s",
+            "lease {} on {key} outlived its {:?} TTL by more than {EXPIRY_SLACK:?}",
             grant.token,
             grant.ttl
         );

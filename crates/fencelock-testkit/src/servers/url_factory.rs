@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use fencelock_core::{Backend, Fence};
 use futures_util::future::BoxFuture;
 
-use crate::{Store, StoreFactory, TestResult};
+use crate::{proxy::ProxiedUrl, suite::ProxiedBackend, Store, StoreFactory, TestResult};
 
 /// A throwaway server the factory can start, address and restart.
 pub trait UrlServer: Send + Sync + 'static + Sized {
@@ -88,6 +88,11 @@ impl<S: UrlServer> Store for UrlStore<S> {
         let server = Arc::clone(&self.server);
         tokio::task::spawn_blocking(move || server.restart_server()).await?
     }
+    async fn connect_via_proxy(&self) -> TestResult<ProxiedBackend> {
+        let proxy = ProxiedUrl::start(&self.url).await?;
+        let backend = (self.backend)(proxy.url().to_owned()).await?;
+        Ok(ProxiedBackend { backend, proxy })
+    }
 }
 
 #[async_trait]
@@ -100,6 +105,9 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
     }
     fn has_fence(&self) -> bool {
         self.fence.is_some()
+    }
+    fn can_proxy(&self) -> bool {
+        true
     }
     async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>> {
         let n = self.cases.fetch_add(1, Ordering::SeqCst);

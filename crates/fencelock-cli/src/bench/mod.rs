@@ -1,0 +1,202 @@
+//! `fencelock bench`: the library's cost on a backend, measured beside the
+//! engine's own limit (`--baseline`) in the same run. See
+//! `docs/benchmarks.md`.
+//!
+//! - `driver`: the one measurement loop (library and raw alike);
+//! - `scenarios`: cycle, contended, handoff, renew, hold;
+//! - `stats`: latency percentiles (HDR histogram);
+//! - `recorder`: what the scenarios read from the library's metrics;
+//! - `process`: this process's memory and CPU;
+//! - `report`: JSON and human output.
+
+mod driver;
+mod process;
+mod recorder;
+mod report;
+mod scenarios;
+mod stats;
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use fencelock::Error;
+
+use crate::{exit, output::Output};
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Uncontended acquire+release, each client on keys of its own.
+    Cycle,
+    /// All clients try-lock one key without waiting, then release.
+    Contended,
+    /// Clients alternate on one key, each blocked in acquire when the
+    /// other releases; latency = release to the other's grant.
+    Handoff,
+    /// Locks held longer than the TTL with auto-renewal; renewal success
+    /// and latency.
+    Renew,
+    /// Many locks held at once with auto-renewal: client memory per lock
+    /// and CPU.
+    Hold,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Cycle => "cycle",
+            Scenario::Contended => "contended",
+            Scenario::Handoff => "handoff",
+            Scenario::Renew => "renew",
+            Scenario::Hold => "hold",
+        }
+    }
+
+    /// (clients, keys, duration, ttl) when not given.
+    fn defaults(self) -> (usize, usize, Duration, Duration) {
+        let s = Duration::from_secs;
+        match self {
+            Scenario::Cycle => (1, 1, s(10), s(30)),
+            Scenario::Contended => (4, 1, s(10), s(30)),
+            Scenario::Handoff => (2, 1, s(10), s(30)),
+            // Several renewals of every lock within the run.
+            Scenario::Renew => (1, 100, s(10), s(2)),
+            // At least one renewal of every lock before memory is read
+            // (every ttl/3), and one more within the measured window.
+            Scenario::Hold => (4, 10_000, s(20), s(30)),
+        }
+    }
+}
+
+/// Options of `fencelock bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+
+    /// Concurrent clients (tasks) [default: cycle 1, contended 4, handoff 2,
+    /// renew 1, hold 4].
+    #[arg(long)]
+    pub clients: Option<usize>,
+
+    /// Keys per client (cycle), or locks held in all (renew, hold)
+    /// [default: 1; renew 100; hold 10000].
+    #[arg(long)]
+    pub keys: Option<usize>,
+
+    /// Measured time [default: 10s; hold 20s].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub duration: Option<Duration>,
+
+    /// Lease length [default: 30s; renew 2s].
+    #[arg(long, value_parser = crate::cli::ttl)]
+    pub ttl: Option<Duration>,
+
+    /// Unmeasured time before each measurement, to warm connections.
+    #[arg(long, default_value = "1s", value_parser = crate::cli::duration)]
+    pub warmup: Duration,
+
+    /// With --baseline, library and raw runs alternate this many times,
+    /// each for duration/rounds, so load that drifts on a shared machine
+    /// weighs on both alike.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+
+    /// Also measure the engine's own limit (the backend's statements,
+    /// scripts or RPCs on a raw connection) and print fencelock/limit.
+    #[arg(long)]
+    pub baseline: bool,
+}
+
+/// The settled options of one run.
+#[derive(Clone, Debug)]
+struct Setup {
+    url: String,
+    scenario: Scenario,
+    clients: usize,
+    keys: usize,
+    duration: Duration,
+    ttl: Duration,
+    warmup: Duration,
+    baseline: bool,
+    rounds: u32,
+    /// Prefix of every key this run uses, so runs never meet.
+    run: String,
+}
+
+/// The most keys or clients a run accepts (a typo guard, not a limit of
+/// the library).
+const MAX_COUNT: usize = 1_000_000;
+
+impl Setup {
+    fn new(url: &str, args: BenchArgs) -> Result<Self, Error> {
+        let (clients, keys, duration, ttl) = args.scenario.defaults();
+        let setup = Self {
+            url: url.to_owned(),
+            scenario: args.scenario,
+            clients: args.clients.unwrap_or(clients),
+            keys: args.keys.unwrap_or(keys),
+            duration: args.duration.unwrap_or(duration),
+            ttl: args.ttl.unwrap_or(ttl),
+            warmup: args.warmup,
+            baseline: args.baseline,
+            rounds: args.rounds,
+            run: format!(
+                "fencelock-bench:{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros())
+            ),
+        };
+        let bad = |what: String| Err(Error::InvalidArgument(what));
+        if !(1..=MAX_COUNT).contains(&setup.clients) || !(1..=MAX_COUNT).contains(&setup.keys) {
+            return bad(format!(
+                "--clients and --keys must be between 1 and {MAX_COUNT}"
+            ));
+        }
+        if setup.scenario == Scenario::Handoff && setup.clients < 2 {
+            return bad("handoff needs at least 2 clients".into());
+        }
+        if setup.duration.is_zero() {
+            return bad("--duration must be positive".into());
+        }
+        if !(1..=1000).contains(&setup.rounds) {
+            return bad("--rounds must be between 1 and 1000".into());
+        }
+        if setup.baseline && matches!(setup.scenario, Scenario::Renew | Scenario::Hold) {
+            return bad(format!(
+                "--baseline applies to cycle, contended and handoff, not {}",
+                setup.scenario.name()
+            ));
+        }
+        Ok(setup)
+    }
+}
+
+/// Runs `fencelock bench`; exit 0 when the scenario did its work (see
+/// [`report::Report::completed`]), 69 (unavailable) otherwise.
+pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<u8, Error> {
+    let setup = Setup::new(url, args)?;
+    if !out.json {
+        out.note(format_args!(
+            "measuring {} for {:?} after a {:?} warm-up{}…",
+            setup.scenario.name(),
+            setup.duration,
+            setup.warmup,
+            if setup.baseline {
+                ", then the engine's own limit"
+            } else {
+                ""
+            }
+        ));
+    }
+    let report = scenarios::run(&setup).await?;
+    out.emit(&report, || report.human());
+    Ok(if report.completed() {
+        exit::OK
+    } else {
+        exit::UNAVAILABLE
+    })
+}

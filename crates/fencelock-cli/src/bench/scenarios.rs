@@ -1,0 +1,399 @@
+//! The five scenarios. Each returns a [`Report`].
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use fencelock::{redact_url, Backend, Error, LockClient, LockGuard, Result};
+use tokio::time::{sleep_until, Instant};
+
+use super::{
+    driver::{drive, Figures, Keys, LibraryCycle, Op, RawCycleOp, Tally},
+    process,
+    recorder::{self, Count},
+    report::{Baseline, Hold, Renewals, Report},
+    stats::Latencies,
+    Scenario, Setup,
+};
+
+/// How long a hand-off waiter may wait before the round counts as failed.
+const HANDOFF_WAIT: Duration = Duration::from_secs(30);
+/// How long a holder keeps the lock after another client started trying,
+/// so that what is measured is the waiter's wake-up, not a lucky retry
+/// that lands just after the release.
+const HANDOFF_HOLD: Duration = Duration::from_millis(5);
+
+pub async fn run(setup: &Setup) -> Result<Report> {
+    match setup.scenario {
+        Scenario::Cycle | Scenario::Contended => cycle(setup).await,
+        Scenario::Handoff => handoff(setup).await,
+        Scenario::Renew | Scenario::Hold => hold(setup).await,
+    }
+}
+
+fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figures) -> Report {
+    Report {
+        scenario: setup.scenario.name(),
+        backend,
+        url: redact_url(&setup.url),
+        clients: setup.clients,
+        keys: setup.keys,
+        duration_s: setup.duration.as_secs_f64(),
+        ttl_s: setup.ttl.as_secs_f64(),
+        op,
+        fencelock: figures,
+        baseline: None,
+        renewals: None,
+        hold: None,
+    }
+}
+
+/// The keys of client `c`: its own in `cycle`, one shared in `contended`.
+fn keys_of(setup: &Setup, c: usize) -> Keys {
+    Keys::new(match setup.scenario {
+        Scenario::Contended => vec![format!("{}:contended", setup.run)],
+        _ => (0..setup.keys)
+            .map(|k| format!("{}:c{c}:k{k}", setup.run))
+            .collect(),
+    })
+}
+
+/// The library's clients: one backend (its pool or multiplexed connection
+/// shared, as in an application), one `LockClient` (owner) per client.
+fn clients(backend: &Arc<dyn Backend>, n: usize) -> Result<Vec<LockClient>> {
+    (0..n)
+        .map(|_| LockClient::builder(Arc::clone(backend)).build())
+        .collect()
+}
+
+/// The engine's limit for the same cycles: one raw worker per client.
+async fn raw_cycles(setup: &Setup, duration: Duration) -> Result<(String, Tally)> {
+    let raw = fencelock::open_baseline(&setup.url).await?;
+    let mut ops: Vec<Box<dyn Op>> = Vec::with_capacity(setup.clients);
+    for c in 0..setup.clients {
+        ops.push(Box::new(RawCycleOp {
+            raw: raw.worker().await?,
+            keys: keys_of(setup, c),
+            ttl: setup.ttl,
+        }));
+    }
+    Ok((raw.describe(), drive(ops, setup.warmup, duration).await))
+}
+
+/// `cycle` and `contended`. With `--baseline`, library and raw runs
+/// alternate in `rounds` slices of the duration, so that load drifting on
+/// a shared machine weighs on both alike.
+async fn cycle(setup: &Setup) -> Result<Report> {
+    let rounds = if setup.baseline { setup.rounds } else { 1 };
+    let slice = setup.duration / rounds;
+    let (mut library, mut raw) = (Tally::default(), Tally::default());
+    let (mut name, mut describe) = ("", String::new());
+    for _ in 0..rounds {
+        let backend = fencelock::open_backend(&setup.url).await?;
+        name = backend.name();
+        let ops = clients(&backend, setup.clients)?
+            .into_iter()
+            .enumerate()
+            .map(|(c, client)| {
+                Box::new(LibraryCycle {
+                    client,
+                    keys: keys_of(setup, c),
+                    ttl: setup.ttl,
+                }) as Box<dyn Op>
+            })
+            .collect();
+        // The library's connections (e.g. a wake-up subscriber that every
+        // raw release would notify) must not weigh on the raw run: the
+        // clients go with their tasks, the backend here.
+        drop(backend);
+        library.add(drive(ops, setup.warmup, slice).await);
+        if setup.baseline {
+            let (what, tally) = raw_cycles(setup, slice).await?;
+            describe = what;
+            raw.add(tally);
+        }
+    }
+    let op = match setup.scenario {
+        Scenario::Contended => "try_lock of the shared key, then release if granted",
+        _ => "acquire (no wait) + release of the client's next key",
+    };
+    let mut report = report(setup, name, op, library.figures());
+    if setup.baseline {
+        report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
+    }
+    Ok(report)
+}
+
+/// What the hand-off clients share.
+struct Relay {
+    /// When the holder called release, taken by the next holder.
+    released_at: Mutex<Option<Instant>>,
+    /// Grants so far, so a releaser can stay out until someone else got it.
+    grants: Arc<Count>,
+}
+
+#[derive(Default)]
+struct HandoffTally {
+    handoffs: u64,
+    errors: u64,
+    latencies: Latencies,
+    first_error: Option<String>,
+}
+
+async fn handoff(setup: &Setup) -> Result<Report> {
+    let observed = recorder::install();
+    let key = format!("{}:handoff", setup.run);
+    let relay = Arc::new(Relay {
+        released_at: Mutex::new(None),
+        grants: Arc::new(Count::default()),
+    });
+    let start = Instant::now() + setup.warmup;
+    let end = start + setup.duration;
+    let mut first: Option<Arc<dyn Backend>> = None;
+    let mut tasks = Vec::with_capacity(setup.clients);
+    for _ in 0..setup.clients {
+        // A backend (connections, wake-up subscription) per client, so the
+        // release reaches the waiter through the engine, as between
+        // processes; an in-process backend (memory) is one store, shared.
+        let backend = match &first {
+            Some(shared) if !shared.capabilities().persistent => Arc::clone(shared),
+            _ => fencelock::open_backend(&setup.url).await?,
+        };
+        first.get_or_insert_with(|| Arc::clone(&backend));
+        let client = LockClient::builder(backend).build()?;
+        let (key, relay, ttl) = (key.clone(), Arc::clone(&relay), setup.ttl);
+        tasks.push(tokio::spawn(async move {
+            let mut tally = HandoffTally::default();
+            while Instant::now() < end {
+                let waiting_since = Instant::now();
+                let guard = match client
+                    .lock(key.as_str())
+                    .ttl(ttl)
+                    .wait(HANDOFF_WAIT)
+                    .acquire()
+                    .await
+                {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        tally.errors += 1;
+                        let stop = !e.is_transient();
+                        tally.first_error.get_or_insert_with(|| e.to_string());
+                        if stop {
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                let granted = Instant::now();
+                relay.grants.increment_by_one();
+                let released = relay
+                    .released_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                if let Some(released) = released {
+                    if released >= waiting_since && released >= start && granted < end {
+                        tally.handoffs += 1;
+                        tally.latencies.record(granted - released);
+                    }
+                }
+                pass_on(guard, observed.attempts.as_ref(), &relay, end, &mut tally).await;
+            }
+            tally
+        }));
+    }
+    let mut total = HandoffTally::default();
+    for task in tasks {
+        let t = task
+            .await
+            .map_err(|e| Error::InvalidArgument(format!("client task: {e}")))?;
+        total.handoffs += t.handoffs;
+        total.errors += t.errors;
+        total.latencies.merge(&t.latencies);
+        total.first_error = total.first_error.or(t.first_error);
+    }
+    let figures = Figures::new(
+        total.handoffs,
+        total.handoffs,
+        total.errors,
+        setup.duration,
+        &total.latencies,
+        total.first_error,
+    );
+    let backend = first.ok_or_else(|| Error::InvalidArgument("no clients".into()))?;
+    let name = backend.name();
+    drop(backend);
+    let mut report = report(
+        setup,
+        name,
+        "hand-off: the holder's release call to the waiting client's grant",
+        figures,
+    );
+    if setup.baseline {
+        // The least a hand-off can take is the release's round trip
+        // followed by the next acquire's: one raw cycle.
+        let one_client = Setup {
+            scenario: Scenario::Cycle,
+            clients: 1,
+            keys: 1,
+            ..setup.clone()
+        };
+        let (raw, tally) = raw_cycles(&one_client, setup.duration).await?;
+        report.baseline = Some(Baseline::new(
+            format!("{raw}, 1 client (a hand-off cannot beat one release + one acquire)"),
+            &report.fencelock,
+            tally.figures(),
+        ));
+    }
+    Ok(report)
+}
+
+/// Holds the lock until another client has started trying (plus
+/// [`HANDOFF_HOLD`]), releases it, and stays out until someone else got it.
+async fn pass_on(
+    guard: LockGuard,
+    attempts: &Count,
+    relay: &Relay,
+    end: Instant,
+    tally: &mut HandoffTally,
+) {
+    if Instant::now() < end {
+        let seen = attempts.get();
+        tokio::select! {
+            _ = attempts.above(seen) => tokio::time::sleep(HANDOFF_HOLD).await,
+            _ = sleep_until(end) => {}
+        }
+    }
+    let grants = relay.grants.get();
+    *relay
+        .released_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    if let Err(e) = guard.release().await {
+        tally.errors += 1;
+        tally.first_error.get_or_insert_with(|| e.to_string());
+    }
+    if Instant::now() < end {
+        tokio::select! {
+            _ = relay.grants.above(grants) => {}
+            _ = sleep_until(end) => {}
+        }
+    }
+}
+
+/// `renew` and `hold`: `keys` locks held with auto-renewal through the
+/// measured window.
+async fn hold(setup: &Setup) -> Result<Report> {
+    let observed = recorder::install();
+    let backend = fencelock::open_backend(&setup.url).await?;
+    let clients = clients(&backend, setup.clients)?;
+    // Warm the connections and the allocator before the memory baseline.
+    for client in &clients {
+        let key = format!("{}:warm", setup.run);
+        if let Some(guard) = client.lock(key).ttl(setup.ttl).try_acquire().await? {
+            guard.release().await?;
+        }
+    }
+    let rss_before = process::rss_bytes();
+    let renewed_before = observed.renewals.get();
+    let mut tasks = Vec::with_capacity(clients.len());
+    for (c, client) in clients.into_iter().enumerate() {
+        let keys: Vec<String> = (c..setup.keys)
+            .step_by(setup.clients)
+            .map(|k| format!("{}:k{k}", setup.run))
+            .collect();
+        let ttl = setup.ttl;
+        tasks.push(tokio::spawn(async move {
+            let mut guards = Vec::with_capacity(keys.len());
+            for key in keys {
+                guards.push(client.lock(key).ttl(ttl).acquire().await?);
+            }
+            Ok::<_, Error>(guards)
+        }));
+    }
+    let mut guards = Vec::with_capacity(setup.keys);
+    for task in tasks {
+        guards.extend(
+            task.await
+                .map_err(|e| Error::InvalidArgument(format!("client task: {e}")))??,
+        );
+    }
+    let held = guards.len();
+    let mut hold_report = None;
+    if setup.scenario == Scenario::Hold {
+        // Memory is read once every guard has renewed at least once, so
+        // their renewal state is in it too.
+        tokio::select! {
+            _ = observed.renewals.above(renewed_before + held as u64 - 1) => {}
+            _ = tokio::time::sleep(setup.ttl) => {}
+        }
+        hold_report = Some(Hold {
+            locks: held,
+            rss_before_bytes: rss_before.unwrap_or(0),
+            rss_held_bytes: process::rss_bytes().unwrap_or(0),
+            ..Hold::default()
+        });
+    }
+    observed.renew_times.clear();
+    let (renewed, failed, lost) = (
+        observed.renewals.get(),
+        observed.renewal_failures.get(),
+        observed.lost.get(),
+    );
+    let cpu_before = process::cpu_time();
+    let window = Instant::now();
+    tokio::time::sleep(setup.duration).await;
+    let elapsed = window.elapsed();
+    let cpu = process::cpu_time()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let renewals = Renewals {
+        renewed: observed.renewals.get() - renewed,
+        failed: observed.renewal_failures.get() - failed,
+        lost: observed.lost.get() - lost,
+        still_held: 0,
+    };
+    let latencies = observed.renew_times.snapshot();
+    let mut still_held = 0;
+    let mut first_error = None;
+    for guard in guards {
+        if guard.is_valid() {
+            match guard.release().await {
+                Ok(()) => still_held += 1,
+                Err(e) => {
+                    first_error.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+    }
+    let figures = Figures::new(
+        renewals.renewed + renewals.failed,
+        renewals.renewed,
+        0,
+        elapsed,
+        &latencies,
+        first_error,
+    );
+    let mut report = report(
+        setup,
+        backend.name(),
+        "one background renewal of a held lock",
+        figures,
+    );
+    report.keys = held;
+    report.renewals = Some(Renewals {
+        still_held,
+        ..renewals
+    });
+    if let Some(mut h) = hold_report {
+        h.bytes_per_lock = h.rss_held_bytes.saturating_sub(h.rss_before_bytes) as f64 / held as f64;
+        if let Some(cpu) = cpu {
+            h.cpu_seconds = cpu.as_secs_f64();
+            h.cpu_percent_of_core = 100.0 * h.cpu_seconds / elapsed.as_secs_f64();
+            h.cpu_us_per_lock_second = 1e6 * h.cpu_seconds / elapsed.as_secs_f64() / held as f64;
+        }
+        report.hold = Some(h);
+    }
+    Ok(report)
+}

@@ -1,0 +1,41 @@
+//! Starts one throwaway server for `fencelock bench`, with production
+//! durability (PostgreSQL fsync on, MariaDB `innodb_flush_log_at_trx_commit=1`),
+//! on a free loopback port; prints its URL and keeps it until standard input
+//! ends (Enter, Ctrl-D, or the end of a pipe), then stops it and deletes its
+//! data.
+//!
+//! ```text
+//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|etcd
+//! ```
+
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster,
+        mariadb::{self, MariaDbServer},
+        postgres::{self, PostgresServer},
+        redis::RedisServer,
+    },
+    TestResult,
+};
+
+fn serve(url: String) {
+    println!("{url}");
+    let _ = std::io::stdin().read_line(&mut String::new());
+}
+
+fn main() -> TestResult {
+    match std::env::args().nth(1).as_deref() {
+        Some("postgres") => {
+            let server = PostgresServer::start_with(postgres::Durability::Production)?;
+            serve(server.url("postgres"));
+        }
+        Some("mariadb") => {
+            let server = MariaDbServer::start_with(mariadb::Durability::Production)?;
+            serve(server.url("mysql"));
+        }
+        Some("redis") => serve(RedisServer::start()?.url(0)),
+        Some("etcd") => serve(EtcdCluster::start()?.url()),
+        _ => return Err("usage: bench_server postgres|mariadb|redis|etcd".into()),
+    }
+    Ok(())
+}

@@ -257,7 +257,10 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
 
     let server: Option<SharedServer> = match args.server {
         Some(kind) => {
-            out.note(format_args!("starting a throwaway {} server", kind.name()));
+            match kind {
+                ServerKind::Sqlite => out.note(format_args!("using a throwaway sqlite file")),
+                _ => out.note(format_args!("starting a throwaway {} server", kind.name())),
+            }
             tokio::task::spawn_blocking(move || kind.start().map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| harness_error(e.to_string()))?

@@ -70,7 +70,7 @@ impl Report {
         let target = c
             .server
             .as_ref()
-            .map(|s| format!("{s} (throwaway server)"))
+            .map(|s| format!("{s} (throwaway)"))
             .or_else(|| c.url.clone())
             .unwrap_or_default();
         let _ = writeln!(

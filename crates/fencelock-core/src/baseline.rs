@@ -11,6 +11,28 @@ use async_trait::async_trait;
 
 use crate::{backend::Acquire, error::Result, AcquireRequest, Backend, FencingToken, LockKey};
 
+/// The owner every raw cycle acquires as, on every engine.
+pub const RAW_OWNER: &str = "fencelock-bench-raw";
+
+/// The request a raw cycle makes for `key`: [`RAW_OWNER`], no kind or data.
+pub fn raw_request(key: &str, ttl: Duration) -> Result<AcquireRequest> {
+    Ok(AcquireRequest {
+        key: LockKey::new(key)?,
+        owner: crate::Owner::new(RAW_OWNER)?,
+        ttl,
+        kind: None,
+        data: None,
+    })
+}
+
+/// The token of a granted acquisition, in [`RawCycle::acquire`]'s terms.
+pub fn granted_token(acquired: Acquire) -> Option<u64> {
+    match acquired {
+        Acquire::Granted(grant) => Some(grant.token.get()),
+        Acquire::Held(_) => None,
+    }
+}
+
 /// One raw connection (or a handle on one shared connection, where the
 /// library shares one too) doing lock cycles.
 #[async_trait]
@@ -46,7 +68,7 @@ impl DirectBaseline {
     pub fn new(backend: std::sync::Arc<dyn Backend>) -> Result<Self> {
         Ok(Self {
             backend,
-            owner: crate::Owner::new("fencelock-bench-raw")?,
+            owner: crate::Owner::new(RAW_OWNER)?,
         })
     }
 }
@@ -59,17 +81,8 @@ struct Direct {
 #[async_trait]
 impl RawCycle for Direct {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<Option<u64>> {
-        let request = AcquireRequest {
-            key: LockKey::new(key)?,
-            owner: self.owner.clone(),
-            ttl,
-            kind: None,
-            data: None,
-        };
-        Ok(match self.backend.try_acquire(&request).await? {
-            Acquire::Granted(grant) => Some(grant.token.get()),
-            Acquire::Held(_) => None,
-        })
+        let request = raw_request(key, ttl)?;
+        Ok(granted_token(self.backend.try_acquire(&request).await?))
     }
 
     async fn release(&mut self, key: &str, token: u64) -> Result<bool> {

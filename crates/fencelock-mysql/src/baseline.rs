@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{
-    baseline::{RawBaseline, RawCycle},
+    baseline::{RawBaseline, RawCycle, RAW_OWNER},
     Result,
 };
 use fencelock_sql_common::ttl_micros;
@@ -20,8 +20,6 @@ use crate::{
     error::map,
     schema,
 };
-
-const OWNER: &str = "fencelock-bench-raw";
 
 /// Opens raw connections configured as the backend for the same URL.
 pub struct MySqlBaseline {
@@ -73,7 +71,7 @@ impl RawCycle for Worker {
         let fail = |e| map("acquiring", e);
         sqlx::query(&self.sql.acquire)
             .bind(key)
-            .bind(OWNER)
+            .bind(RAW_OWNER)
             .bind(key)
             .bind(None::<&str>)
             .bind(None::<serde_json::Value>)
@@ -96,7 +94,7 @@ impl RawCycle for Worker {
     async fn release(&mut self, key: &str, token: u64) -> Result<bool> {
         let deleted = sqlx::query(&self.sql.release)
             .bind(key)
-            .bind(OWNER)
+            .bind(RAW_OWNER)
             .bind(token)
             .execute(&mut self.conn)
             .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{
-    baseline::{RawBaseline, RawCycle},
+    baseline::{RawBaseline, RawCycle, RAW_OWNER},
     Result,
 };
 use fencelock_sql_common::ttl_micros;
@@ -19,8 +19,6 @@ use crate::{
     error::map,
     schema,
 };
-
-const OWNER: &str = "fencelock-bench-raw";
 
 /// Opens raw connections configured as the backend for the same URL.
 pub struct PostgresBaseline {
@@ -76,7 +74,7 @@ impl RawCycle for Worker {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<Option<u64>> {
         let row = sqlx::query(&self.acquire)
             .bind(key)
-            .bind(OWNER)
+            .bind(RAW_OWNER)
             .bind(None::<&str>)
             .bind(None::<serde_json::Value>)
             .bind(ttl_micros(ttl))
@@ -100,7 +98,7 @@ impl RawCycle for Worker {
         };
         let rows = sqlx::query(&self.release)
             .bind(key)
-            .bind(OWNER)
+            .bind(RAW_OWNER)
             .bind(token)
             .fetch_all(&mut self.conn)
             .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{
-    baseline::{RawBaseline, RawCycle},
+    baseline::{RawBaseline, RawCycle, RAW_OWNER},
     LockKey, Result,
 };
 use redis::{aio::MultiplexedConnection, Value};
@@ -19,8 +19,6 @@ use crate::{
     options::RedisOptions,
     scripts::Scripts,
 };
-
-const OWNER: &str = "fencelock-bench-raw";
 
 /// Raw `EVALSHA` cycles on one shared connection.
 pub struct RedisBaseline {
@@ -88,7 +86,7 @@ impl RawCycle for Worker {
             .arg(2)
             .arg(self.keys.lease(&key))
             .arg(self.keys.counter(&key))
-            .arg(OWNER)
+            .arg(RAW_OWNER)
             .arg(ttl_ms)
             .arg("")
             .arg("")
@@ -113,7 +111,7 @@ impl RawCycle for Worker {
             .arg(&self.release_sha)
             .arg(1)
             .arg(self.keys.lease(&key))
-            .arg(OWNER)
+            .arg(RAW_OWNER)
             .arg(token.to_string())
             .arg(self.keys.channel(key.as_str()))
             .arg(key.as_str())

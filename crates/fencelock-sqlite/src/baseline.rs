@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock_core::{
-    baseline::{RawBaseline, RawCycle},
-    Acquire, AcquireRequest, LockKey, Owner, Result,
+    baseline::{granted_token, raw_request, RawBaseline, RawCycle, RAW_OWNER},
+    Result,
 };
 use rusqlite::Connection;
 
@@ -19,8 +19,6 @@ use crate::{
     clock::HostClock,
     connection::{open_blocking, SqliteOptions},
 };
-
-const OWNER: &str = "fencelock-bench-raw";
 
 /// Opens raw connections to the file of a `sqlite://` URL.
 pub struct SqliteBaseline {
@@ -48,7 +46,6 @@ impl RawBaseline for SqliteBaseline {
         Ok(Box::new(Worker {
             conn: tokio::task::block_in_place(|| open_blocking(&self.options))?,
             clock: self.clock.clone(),
-            owner: Owner::new(OWNER)?,
         }))
     }
 }
@@ -56,7 +53,6 @@ impl RawBaseline for SqliteBaseline {
 struct Worker {
     conn: Connection,
     clock: HostClock,
-    owner: Owner,
 }
 
 // Each call blocks its thread for one transaction, as the backend's
@@ -65,22 +61,13 @@ struct Worker {
 #[async_trait]
 impl RawCycle for Worker {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<Option<u64>> {
-        let request = AcquireRequest {
-            key: LockKey::new(key)?,
-            owner: self.owner.clone(),
-            ttl,
-            kind: None,
-            data: None,
-        };
+        let request = raw_request(key, ttl)?;
         let acquired = tokio::task::block_in_place(|| {
             write_tx(&mut self.conn, &self.clock, |tx, now| {
                 acquire_in(tx, now, &request)
             })
         })?;
-        Ok(match acquired {
-            Acquire::Granted(grant) => Some(grant.token.get()),
-            Acquire::Held(_) => None,
-        })
+        Ok(granted_token(acquired))
     }
 
     async fn release(&mut self, key: &str, token: u64) -> Result<bool> {
@@ -89,7 +76,7 @@ impl RawCycle for Worker {
         };
         tokio::task::block_in_place(|| {
             write_tx(&mut self.conn, &self.clock, |tx, now| {
-                release_in(tx, now, key, OWNER, token)
+                release_in(tx, now, key, RAW_OWNER, token)
             })
         })
     }

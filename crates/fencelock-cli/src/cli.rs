@@ -9,6 +9,14 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     fencelock::parse_duration(s)
 }
 
+/// Parses `--wait`: a duration, or `forever` (also `inf`, `infinity`).
+pub(crate) fn wait(s: &str) -> Result<Duration, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "forever" | "inf" | "infinity" => Ok(Duration::MAX),
+        _ => duration(s).map_err(|e| format!("{e}; or `forever` to wait without a limit")),
+    }
+}
+
 /// Parses a TTL: a duration within fencelock's bounds.
 pub(crate) fn ttl(s: &str) -> Result<Duration, String> {
     let d = duration(s)?;
@@ -57,12 +65,25 @@ pub struct LockArgs {
     /// The lock's key (1–255 bytes, no control characters).
     pub key: String,
 
-    /// Lease length; renewed every third of it while held.
-    #[arg(long, default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
+    /// Lease length (at least 100ms); renewed every third of it while held.
+    #[arg(
+        long,
+        short = 't',
+        default_value = "30s",
+        value_parser = ttl,
+        allow_hyphen_values = true
+    )]
     pub ttl: Duration,
 
-    /// How long to wait for a held lock (0 = do not wait).
-    #[arg(long, default_value = "0s", value_parser = duration, allow_hyphen_values = true)]
+    /// How long to wait for a held lock or an unreachable backend (0 = do
+    /// not wait, `forever` = no limit).
+    #[arg(
+        long,
+        short = 'w',
+        default_value = "0s",
+        value_parser = wait,
+        allow_hyphen_values = true
+    )]
     pub wait: Duration,
 
     /// Owner name [default: hostname:pid:random].
@@ -97,9 +118,11 @@ pub enum Command {
         #[arg(long, default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
         kill_after: Duration,
 
-        /// Keep the command in fencelock's process group (for interactive
-        /// commands that read the terminal). By default it gets a group of
-        /// its own, so that signals reach its children too.
+        /// Keep the command in fencelock's process group. By default it gets
+        /// a group of its own, so that signals reach its children too; when
+        /// fencelock runs in the foreground of a terminal, that group is the
+        /// terminal's foreground group while the command runs, so that
+        /// interactive commands read the terminal and get Ctrl-C.
         #[arg(long)]
         foreground: bool,
 
@@ -108,11 +131,13 @@ pub enum Command {
         command: Vec<String>,
     },
 
-    /// Acquire a lock and exit without renewing it; prints the token.
+    /// Acquire a lock and exit without renewing it; prints owner and token.
     ///
-    /// The lease lasts --ttl unless renewed (`fencelock renew`) or released
-    /// (`fencelock release`) with the same --owner and the printed token.
-    /// Exit 0 if acquired, 75 if not.
+    /// Prints `acquired KEY token=T owner=O expires_in=D`, D being the lease
+    /// the backend granted (etcd rounds short TTLs up). The lease lasts that
+    /// long unless renewed (`fencelock renew`) or released (`fencelock
+    /// release`) with the printed owner and token. Exit 0 if acquired, 75 if
+    /// not.
     Acquire {
         #[command(flatten)]
         lock: LockArgs,

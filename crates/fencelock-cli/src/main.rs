@@ -8,11 +8,12 @@ mod output;
 mod run;
 mod torture;
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{error::ErrorKind, Parser};
-use fencelock::{Error, FencingToken, LockClient, LockKey, LockRequest, Owner};
+use fencelock::{Backend, Backoff, Error, FencingToken, LockClient, LockKey, LockRequest, Owner};
 use serde_json::json;
+use tokio::time::Instant;
 
 use crate::{
     cli::{Cli, Command, LockArgs},
@@ -55,44 +56,56 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Help and version go to stdout with exit 0; every other parse error is one
-/// line on stderr and exit 2.
+/// Help and version go to stdout with exit 0; every other parse error is
+/// clap's whole message on stderr (what is wrong, which arguments are
+/// missing, the closest subcommand to a typo, the usage) and exit 2.
 fn usage_error(e: clap::Error) -> u8 {
+    let _ = e.print();
     match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = e.print();
-            exit::OK
-        }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
-            exit::USAGE
-        }
-        _ => {
-            let text = e.render().to_string();
-            let line = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("fencelock: {line}");
-            exit::USAGE
-        }
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => exit::OK,
+        _ => exit::USAGE,
     }
 }
 
-/// Library warnings (failed renewals, lost locks) on stderr; `RUST_LOG`
-/// overrides the level.
+/// Library warnings (failed renewals, failed releases) on stderr, each
+/// stamped with the time in RFC 3339 UTC; `RUST_LOG` overrides the level.
 fn init_logging(quiet: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::{filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
     let default = if quiet { "error" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .without_time()
+        .with_timer(Rfc3339Utc)
         .with_target(false)
+        .finish()
+        .with(filter_fn(|meta| !announces_loss(meta)))
         .try_init();
+}
+
+/// The guard's own "lock lost" warning: `run` reports a loss itself, in one
+/// line that also says what it does about it, so the guard's would repeat it.
+fn announces_loss(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_event()
+        && meta.target().starts_with("fencelock_core::guard")
+        && meta.fields().field("reason").is_some()
+}
+
+/// Log timestamps such as `2026-11-22T21:04:05.123Z`.
+struct Rfc3339Utc;
+
+impl tracing_subscriber::fmt::time::FormatTime for Rfc3339Utc {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let now = chrono::Utc::now();
+        write!(
+            w,
+            "{}",
+            now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+    }
 }
 
 /// `--url`, or the per-user SQLite file (its directory created if missing).
@@ -116,8 +129,55 @@ fn resolve_url(url: Option<String>) -> Result<String, Error> {
     Ok(format!("sqlite://{}", path.display()))
 }
 
-async fn client(url: &str, owner: Option<&str>) -> Result<LockClient, Error> {
-    let backend = fencelock::open_backend(url).await?;
+/// When a command that waits stops waiting; `None` for `--wait forever`.
+#[derive(Clone, Copy, Debug)]
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// For commands that make one attempt.
+    fn now() -> Self {
+        Self(Some(Instant::now()))
+    }
+
+    /// `wait` from now.
+    fn after(wait: Duration) -> Self {
+        Self(Instant::now().checked_add(wait))
+    }
+
+    /// The wait left; `Duration::MAX` (forever, to the client) without a
+    /// deadline.
+    fn remaining(self) -> Duration {
+        self.0.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+}
+
+/// Opens the backend, retrying failures the backend calls transient (no
+/// answer, connection refused, too many connections) until `deadline`. Each
+/// attempt is bounded by the backend's own connect timeout, so a command
+/// ends within its `--wait` plus that timeout even if the server never
+/// answers.
+async fn open(url: &str, deadline: Deadline) -> Result<Arc<dyn Backend>, Error> {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        match fencelock::open_backend(url).await {
+            Err(e) if e.is_transient() => {
+                let left = deadline.remaining();
+                if left.is_zero() {
+                    return Err(e);
+                }
+                tracing::debug!(error = %e, "cannot open the backend yet; retrying");
+                // The last try is at the deadline itself.
+                tokio::time::sleep(backoff.next_pause().min(left)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+async fn client(url: &str, owner: Option<&str>, deadline: Deadline) -> Result<LockClient, Error> {
+    let backend = open(url, deadline).await?;
     let mut builder = LockClient::builder(backend);
     if let Some(owner) = owner {
         builder = builder.owner(Owner::new(owner)?);
@@ -125,8 +185,12 @@ async fn client(url: &str, owner: Option<&str>) -> Result<LockClient, Error> {
     builder.build()
 }
 
-fn request<'a>(client: &'a LockClient, lock: &LockArgs) -> LockRequest<'a> {
-    let mut request = client.lock(lock.key.as_str()).ttl(lock.ttl).wait(lock.wait);
+/// The request `lock` describes, waiting until `deadline`.
+fn request<'a>(client: &'a LockClient, lock: &LockArgs, deadline: Deadline) -> LockRequest<'a> {
+    let mut request = client
+        .lock(lock.key.as_str())
+        .ttl(lock.ttl)
+        .wait(deadline.remaining());
     if let Some(kind) = &lock.kind {
         request = request.kind(kind.as_str());
     }
@@ -141,23 +205,37 @@ fn request<'a>(client: &'a LockClient, lock: &LockArgs) -> LockRequest<'a> {
 async fn acquire(
     client: &LockClient,
     lock: &LockArgs,
+    deadline: Deadline,
     auto_renew: bool,
     out: Output,
 ) -> Result<Option<fencelock::LockGuard>, Error> {
     let reporter = (!lock.wait.is_zero() && !out.quiet)
         .then(|| tokio::spawn(run::report_holder(client.clone(), lock.key.clone(), out)));
-    let result = request(client, lock).auto_renew(auto_renew).acquire().await;
+    let result = request(client, lock, deadline)
+        .auto_renew(auto_renew)
+        .acquire()
+        .await;
     if let Some(reporter) = reporter {
         reporter.abort();
     }
     match result {
-        Ok(guard) => Ok(Some(guard)),
-        Err(Error::Timeout { waited, .. }) => {
+        Ok(guard) => {
+            if guard.granted_ttl() > lock.ttl {
+                out.note(format_args!(
+                    "the backend granted {} for --ttl {} (its minimum)",
+                    human_duration(guard.granted_ttl()),
+                    human_duration(lock.ttl)
+                ));
+            }
+            Ok(Some(guard))
+        }
+        Err(Error::Timeout { .. }) => {
             let holder = client.inspect(&lock.key).await.ok().flatten();
-            let waited = if waited.is_zero() {
+            // The user's --wait, including any time spent reaching the backend.
+            let waited = if lock.wait.is_zero() {
                 String::new()
             } else {
-                format!(" within {}", human_duration(waited))
+                format!(" within {}", human_duration(lock.wait))
             };
             match holder {
                 Some(info) => out.note(format_args!("not acquired{waited}: {}", describe(&info))),
@@ -184,26 +262,38 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             foreground,
             command,
         } => {
-            let client = client(&url, lock.owner.as_deref()).await?;
-            match acquire(&client, &lock, true, out).await? {
+            // --wait covers reaching the backend as well as the lock.
+            let deadline = Deadline::after(lock.wait);
+            let client = client(&url, lock.owner.as_deref(), deadline).await?;
+            match acquire(&client, &lock, deadline, true, out).await? {
                 Some(guard) => run::run_child(guard, &command, kill_after, foreground, out).await,
                 None => Ok(exit::NOT_ACQUIRED),
             }
         }
         Command::Acquire { lock } => {
-            let client = client(&url, lock.owner.as_deref()).await?;
-            let Some(guard) = acquire(&client, &lock, false, out).await? else {
+            let deadline = Deadline::after(lock.wait);
+            let client = client(&url, lock.owner.as_deref(), deadline).await?;
+            let Some(guard) = acquire(&client, &lock, deadline, false, out).await? else {
                 return Ok(exit::NOT_ACQUIRED);
             };
+            let granted = guard.granted_ttl();
             let shown = json!({
                 "key": guard.key(), "owner": guard.owner(), "token": guard.token(),
-                "expires_at": guard.expires_at(),
+                "expires_at": guard.expires_at(), "ttl_ms": millis(granted),
             });
             if out.json {
                 println!("{shown}");
             } else {
-                // The bare token, so that `T=$(fencelock acquire k)` works.
-                println!("{}", guard.token());
+                // Even with --quiet: it is the result, and `renew` and
+                // `release` need both the owner and the token. One line of
+                // name=value fields that scripts can pick apart.
+                println!(
+                    "acquired {} token={} owner={} expires_in={}",
+                    guard.key(),
+                    guard.token(),
+                    guard.owner(),
+                    human_duration(granted)
+                );
             }
             guard.detach();
             Ok(exit::OK)
@@ -215,12 +305,20 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             ttl,
         } => {
             let (key, owner, token) = lease_id(&key, &owner, &token)?;
-            let backend = fencelock::open_backend(&url).await?;
+            let backend = open(&url, Deadline::now()).await?;
             match backend.renew(&key, &owner, token, ttl).await {
                 Ok(grant) => {
                     out.emit(
-                        &json!({"key": key, "owner": owner, "token": token, "expires_at": grant.expires_at}),
-                        || format!("renewed {key} (token {token}) for {}", human_duration(grant.ttl)),
+                        &json!({
+                            "key": key, "owner": owner, "token": token,
+                            "expires_at": grant.expires_at, "ttl_ms": millis(grant.ttl),
+                        }),
+                        || {
+                            format!(
+                                "renewed {key} (token {token}) for {}",
+                                human_duration(grant.ttl)
+                            )
+                        },
                     );
                     Ok(exit::OK)
                 }
@@ -230,7 +328,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
         }
         Command::Release { key, owner, token } => {
             let (key, owner, token) = lease_id(&key, &owner, &token)?;
-            let backend = fencelock::open_backend(&url).await?;
+            let backend = open(&url, Deadline::now()).await?;
             if backend.release(&key, &owner, token).await? {
                 out.emit(&json!({"key": key, "released": true}), || {
                     format!("released {key}")
@@ -241,7 +339,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::Inspect { key } => {
-            let client = client(&url, None).await?;
+            let client = client(&url, None, Deadline::now()).await?;
             match client.inspect(&key).await? {
                 Some(info) => {
                     out.emit(&info, || describe(&info));
@@ -254,18 +352,18 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::List { prefix } => {
-            let client = client(&url, None).await?;
+            let client = client(&url, None, Deadline::now()).await?;
             let leases = client.list(prefix.as_deref()).await?;
             out.emit(&leases, || output::table(&leases));
             Ok(exit::OK)
         }
         Command::Stats => {
-            let stats = client(&url, None).await?.stats().await?;
+            let stats = client(&url, None, Deadline::now()).await?.stats().await?;
             out.emit(&stats, || output::stats(&stats));
             Ok(exit::OK)
         }
         Command::Cleanup => {
-            let removed = client(&url, None).await?.cleanup().await?;
+            let removed = client(&url, None, Deadline::now()).await?.cleanup().await?;
             out.emit(&json!({"removed": removed}), || {
                 format!("removed {removed} expired lease record(s)")
             });
@@ -273,7 +371,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
         }
         Command::Bench(args) => bench::run(&url, args, out).await,
         Command::ForceRelease { key } => {
-            let client = client(&url, None).await?;
+            let client = client(&url, None, Deadline::now()).await?;
             match client.force_release(&key).await? {
                 Some(info) => {
                     out.emit(&info, || {
@@ -292,6 +390,11 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
         }
         Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }
+}
+
+/// A duration in whole milliseconds, for JSON.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn lease_id(key: &str, owner: &str, token: &str) -> Result<(LockKey, Owner, FencingToken), Error> {

@@ -1,12 +1,15 @@
 //! `fencelock run`: hold a lock while a command runs; stop the command when
 //! the lock is lost.
 
-use std::{process::ExitStatus, time::Duration};
+use std::{io::IsTerminal, process::ExitStatus, time::Duration};
 
 use fencelock::{Error, LockClient, LockGuard};
 use nix::{
-    sys::signal::{kill, Signal},
-    unistd::Pid,
+    sys::{
+        signal::{kill, pthread_sigmask, SigSet, SigmaskHow, Signal},
+        wait::{waitid, Id, WaitPidFlag, WaitStatus},
+    },
+    unistd::{getpgrp, tcgetpgrp, tcsetpgrp, Pid},
 };
 use tokio::{
     process::{Child, Command},
@@ -39,6 +42,65 @@ impl Target {
     }
 }
 
+/// The terminal on stdin, lent to the command's process group while it runs.
+///
+/// A command in a process group of its own is in the background of the
+/// terminal: its first read of it stops it with SIGTTIN, and Ctrl-C does not
+/// reach it. When fencelock itself is the terminal's foreground group (not
+/// when it was started with `&`), the command's group takes its place until
+/// the command ends; dropping this hands the terminal back.
+struct Terminal {
+    ours: Pid,
+}
+
+impl Terminal {
+    /// `Some` when stdin is a terminal whose foreground group is fencelock's.
+    fn claim() -> Option<Self> {
+        let stdin = std::io::stdin();
+        let ours = getpgrp();
+        (stdin.is_terminal() && tcgetpgrp(&stdin).ok()? == ours).then_some(Self { ours })
+    }
+
+    /// Makes `group` the foreground group. A command that read the terminal
+    /// before this was already stopped by SIGTTIN: SIGCONT resumes it, as a
+    /// shell's `fg` does.
+    fn lend(&self, group: Pid) {
+        set_foreground(group);
+        let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGCONT);
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        set_foreground(self.ours);
+    }
+}
+
+/// `tcsetpgrp` on stdin. From a background group it raises SIGTTOU, which
+/// would stop fencelock, unless the calling thread blocks it (tcsetpgrp(3)).
+fn set_foreground(group: Pid) {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before)).is_err() {
+        return;
+    }
+    if let Err(e) = tcsetpgrp(std::io::stdin(), group) {
+        tracing::debug!(error = %e, "cannot set the terminal's foreground group");
+    }
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+}
+
+/// The signal that stopped `pid`, if it is stopped now. `WNOWAIT` leaves the
+/// state for the child's own waiter.
+fn stopped_by(pid: Pid) -> Option<Signal> {
+    let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(pid), flags) {
+        Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
+        _ => None,
+    }
+}
+
 fn status_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -62,6 +124,9 @@ pub async fn run_child(
     // Register handlers before the child exists, so no signal slips through
     // between its start and our first poll.
     let mut signals = forward_signals(foreground)?;
+    let mut child_changed = signal(SignalKind::child())
+        .map_err(|e| Error::Unsupported(format!("cannot install signal handlers: {e}")))?;
+    let terminal = if foreground { None } else { Terminal::claim() };
 
     let mut command = Command::new(program);
     command
@@ -94,7 +159,11 @@ pub async fn run_child(
         pid: Pid::from_raw(pid),
         group: !foreground,
     };
+    if let Some(terminal) = &terminal {
+        terminal.lend(target.pid);
+    }
     let handle = guard.handle();
+    let mut stopped = false;
     loop {
         tokio::select! {
             biased;
@@ -125,6 +194,25 @@ pub async fn run_child(
                 return Ok(exit::LOST);
             }
             Some(sig) = signals.recv() => target.send(sig),
+            Some(()) = child_changed.recv() => {
+                // Renewing for a command that does nothing would hold the
+                // lock in silence: say so once per stop.
+                let now = stopped_by(target.pid);
+                if let (Some(sig), false) = (now, stopped) {
+                    let why = match sig {
+                        Signal::SIGTTIN | Signal::SIGTTOU => {
+                            " (it used the terminal from the background)"
+                        }
+                        _ => "",
+                    };
+                    eprintln!(
+                        "fencelock: {program:?} (pid {pid}) is stopped by {}{why}; \
+                         the lock is still held and renewed; resume it with kill -CONT {pid}",
+                        sig.as_str()
+                    );
+                }
+                stopped = now.is_some();
+            }
         }
     }
 }

@@ -35,9 +35,23 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The `token=` field of `acquire`'s human line.
 fn token(out: &Output) -> u64 {
+    field(out, "token")
+        .parse()
+        .expect("acquire prints the token")
+}
+
+/// One `name=value` field of `acquire`'s human line
+/// (`acquired KEY token=T owner=O expires_in=D`).
+fn field(out: &Output, name: &str) -> String {
     assert_eq!(code(out), 0, "acquire failed: {}", stderr(out));
-    stdout(out).parse().expect("acquire prints the token")
+    let line = stdout(out);
+    let prefix = format!("{name}=");
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_owned()
 }
 
 #[test]
@@ -186,7 +200,10 @@ fn run_stops_the_command_when_the_lock_is_force_released() {
     assert_eq!(code(&forced), 0, "{}", stderr(&forced));
     let out = holder.wait_with_output().unwrap();
     assert_eq!(code(&out), 76, "{}", stderr(&out));
-    assert!(stderr(&out).contains("lost lock K"), "{}", stderr(&out));
+    let err = stderr(&out);
+    let lost: Vec<&str> = err.lines().filter(|l| l.contains("lost")).collect();
+    assert_eq!(lost.len(), 1, "{err}");
+    assert!(lost[0].contains("lost lock K"), "{err}");
     let grandchild: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
@@ -257,7 +274,7 @@ fn run_forwards_sigterm_and_releases() {
 }
 
 #[test]
-fn bad_input_is_one_line_and_exit_2() {
+fn bad_input_is_exit_2_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
     let cases: &[&[&str]] = &[
@@ -275,15 +292,121 @@ fn bad_input_is_one_line_and_exit_2() {
         &["--url", "sqlite://", "list"],
         &["run", "K"],
         &["frobnicate"],
+        &["acquire", "K", "--ttl", "1ms"],
+        &["acquire", "K", "--wait", "forevermore"],
     ];
     for args in cases {
         let out = run(&db, args);
         let err = stderr(&out);
         assert_eq!(code(&out), 2, "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.lines()
+                .next()
+                .is_some_and(|l| l.contains("error") || l.starts_with("fencelock: ")),
+            "{args:?}: {err}"
+        );
         assert!(
             !err.contains("panicked") && !err.contains("secret"),
             "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn usage_errors_keep_the_whole_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let missing = run(&db, &["release", "k", "--token", "5"]);
+    assert_eq!(code(&missing), 2);
+    assert!(stderr(&missing).contains("--owner"), "{}", stderr(&missing));
+    let typo = run(&db, &["lsit"]);
+    assert_eq!(code(&typo), 2);
+    let err = stderr(&typo);
+    assert!(
+        err.contains("similar subcommand") && err.contains("'list'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ttls_below_the_minimum_are_usage_errors_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    for url in [format!("sqlite://{}", db.display()), "memory://".to_owned()] {
+        for args in [
+            &["acquire", "K", "--ttl", "1ms"][..],
+            &["run", "K", "--ttl", "99ms", "--", "true"],
+            &["renew", "K", "--owner", "o", "--token", "1", "--ttl", "1ms"],
+        ] {
+            let out = fencelock(&db, args)
+                .env("FENCELOCK_URL", &url)
+                .output()
+                .unwrap();
+            let err = stderr(&out);
+            assert_eq!(code(&out), 2, "{url} {args:?}: {err}");
+            assert!(err.contains("100ms"), "{url} {args:?}: {err}");
+        }
+    }
+    // The minimum itself is accepted.
+    let out = run(&db, &["acquire", "K", "--ttl", "100ms"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
+fn acquire_prints_owner_and_token_that_release_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let out = run(&db, &["acquire", "job", "--ttl", "1m"]);
+    let line = stdout(&out);
+    assert!(line.starts_with("acquired job "), "{line}");
+    assert_eq!(field(&out, "expires_in"), "1m", "{line}");
+    let (owner, token) = (field(&out, "owner"), field(&out, "token"));
+    let released = run(
+        &db,
+        &["release", "job", "--owner", &owner, "--token", &token],
+    );
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    // --json carries the same, plus the effective TTL.
+    let out = run(&db, &["--json", "acquire", "job", "--ttl", "2m"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["owner"].is_string() && v["token"].is_u64(), "{v}");
+    assert_eq!(v["ttl_ms"], 120_000, "{v}");
+}
+
+#[test]
+fn wait_forever_and_short_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    for spelling in ["forever", "inf", "infinity"] {
+        // Held for a second: a forever wait outlasts it and gets the lock.
+        token(&run(&db, &["acquire", "K", "-t", "1s"]));
+        let out = run(&db, &["-q", "run", "K", "-w", spelling, "--", "true"]);
+        assert_eq!(code(&out), 0, "{spelling}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{spelling}: -q printed something");
+    }
+    // -t sets the TTL.
+    let out = run(&db, &["--json", "acquire", "K", "-t", "5s", "-w", "0s"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ttl_ms"], 5_000, "{v}");
+}
+
+#[test]
+fn log_lines_carry_utc_timestamps() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let out = fencelock(&db, &["acquire", "K"])
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.is_empty(), "no log lines at debug level");
+    for line in err.lines() {
+        let stamp = line.split(' ').next().unwrap_or("");
+        let parsed = chrono::DateTime::parse_from_rfc3339(stamp);
+        assert!(
+            parsed.is_ok_and(|t| t.offset().local_minus_utc() == 0) && stamp.ends_with('Z'),
+            "{line}"
         );
     }
 }

@@ -122,9 +122,16 @@ fn code(out: &Output) -> i32 {
     out.status.code().expect("exited normally")
 }
 
+/// The `token=` field of `acquire`'s line (`acquired KEY token=T owner=O …`).
 fn token(out: &Output) -> u64 {
     assert_eq!(code(out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    let line = String::from_utf8_lossy(&out.stdout);
+    let token = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("token="));
+    token
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no token in {line:?}"))
 }
 
 /// The lease on `key` as `fencelock --json inspect` reports it.

@@ -105,9 +105,11 @@ impl LockClientBuilder {
         self
     }
 
-    /// Validates the settings.
+    /// Validates the settings. The first client built in a process also
+    /// describes the metrics to the installed recorder ([`m::describe`]).
     pub fn build(self) -> Result<LockClient> {
         validate_ttl(self.ttl)?;
+        m::describe_once();
         if self.op_timeout.is_zero() {
             return Err(Error::InvalidArgument("op_timeout must be positive".into()));
         }
@@ -432,14 +434,21 @@ async fn acquire_loop(
     let deadline = started.checked_add(wait);
     let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
     // Subscribe before the first try so that a release between a failed try
-    // and the wait that follows is still seen.
+    // and the wait that follows is still seen. Bounded like every other
+    // call, and by the wait itself: an unanswered subscription must not
+    // stretch the wait, it only costs the wake-ups.
     let mut wakeups = if wait.is_zero() || !backend.capabilities().wakeups {
         None
     } else {
-        match backend.subscribe(&request.key).await {
-            Ok(sub) => sub,
-            Err(e) => {
+        let subscribe = backend.subscribe(&request.key);
+        match tokio::time::timeout(client.op_timeout.min(wait), subscribe).await {
+            Ok(Ok(sub)) => sub,
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "no wake-ups; waiting with backoff");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("subscribing to wake-ups did not answer; waiting with backoff");
                 None
             }
         }
@@ -580,5 +589,27 @@ mod tests {
             p.valid_for(Duration::from_secs(30)),
             Duration::from_millis(29_200)
         );
+    }
+
+    #[tokio::test]
+    async fn a_ttl_below_the_minimum_is_refused_naming_it() {
+        let client = LockClient::new(Arc::new(crate::MemoryBackend::new()));
+        for short in [Duration::from_millis(1), Duration::from_millis(99)] {
+            match client.lock("k").ttl(short).acquire().await {
+                Err(Error::InvalidTtl(message)) => assert!(message.contains("100ms"), "{message}"),
+                other => panic!("{short:?}: {other:?}"),
+            }
+        }
+        let builder = LockClient::builder(Arc::new(crate::MemoryBackend::new()));
+        assert!(matches!(
+            builder.ttl(Duration::from_millis(1)).build(),
+            Err(Error::InvalidTtl(_))
+        ));
+        let guard = client
+            .lock("k")
+            .ttl(Duration::from_millis(100))
+            .acquire()
+            .await;
+        assert!(guard.is_ok(), "{guard:?}");
     }
 }

@@ -29,3 +29,62 @@ pub const LOCKS_LOST: &str = "fencelock_locks_lost_total";
 pub const FENCE_REJECTIONS: &str = "fencelock_fence_rejections_total";
 /// Gauge: guards currently held by this process.
 pub const HELD: &str = "fencelock_held";
+
+/// Registers the help text and unit of every metric above with the recorder
+/// installed now, so that exporters such as Prometheus print `# HELP` lines.
+///
+/// Building the process's first [`LockClient`](crate::LockClient) calls it;
+/// call it yourself if you install a recorder after that, or if you only use
+/// fences.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        ACQUIRE_ATTEMPTS,
+        Unit::Count,
+        "Acquisition attempts: each round trip that tries to take a lock."
+    );
+    describe_counter!(ACQUIRE_SUCCESSES, Unit::Count, "Successful acquisitions.");
+    describe_counter!(
+        ACQUIRE_TIMEOUTS,
+        Unit::Count,
+        "Acquisitions that gave up at their wait deadline."
+    );
+    describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from the start of an acquisition to the grant."
+    );
+    describe_histogram!(
+        HOLD_SECONDS,
+        Unit::Seconds,
+        "Time from grant to release or loss."
+    );
+    describe_counter!(RENEWALS, Unit::Count, "Renewals confirmed by the backend.");
+    describe_histogram!(
+        RENEW_SECONDS,
+        Unit::Seconds,
+        "Round-trip time of each renewal attempt, successful or not."
+    );
+    describe_counter!(
+        RENEWAL_FAILURES,
+        Unit::Count,
+        "Renewal attempts that failed (transient errors and refusals)."
+    );
+    describe_counter!(
+        LOCKS_LOST,
+        Unit::Count,
+        "Locks lost while held, by reason (refused or deadline)."
+    );
+    describe_counter!(
+        FENCE_REJECTIONS,
+        Unit::Count,
+        "Tokens a fence refused as stale."
+    );
+    describe_gauge!(HELD, Unit::Count, "Guards currently held by this process.");
+}
+
+/// [`describe`], once per process.
+pub(crate) fn describe_once() {
+    static DESCRIBED: std::sync::Once = std::sync::Once::new();
+    DESCRIBED.call_once(describe);
+}

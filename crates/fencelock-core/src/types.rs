@@ -176,12 +176,23 @@ impl FromStr for Owner {
     }
 }
 
-/// Rejects TTLs a backend must never be asked for: zero, below a millisecond
-/// (every backend stores milliseconds or coarser) and above [`MAX_TTL`].
+/// Shortest lease a client asks for. A guard trusts a lease for a little less
+/// than its TTL ([`crate::ClockPolicy::valid_for`], invariant I5) and must
+/// get a grant's answer back, and later each renewal's, within that window;
+/// below about 100 ms an ordinary round trip to a server, or a scheduling
+/// hiccup, outlasts it and every grant is lost at birth. Engines with a
+/// coarser minimum (etcd) round up and report it in [`crate::Grant::ttl`].
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// Rejects TTLs a backend must never be asked for: below the 100 ms minimum
+/// a guard cannot trust its lease for a round trip, and above [`MAX_TTL`].
 pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
-    if ttl < Duration::from_millis(1) {
+    if ttl < MIN_TTL {
         return Err(Error::InvalidTtl(format!(
-            "{ttl:?} is shorter than the 1ms minimum"
+            "{} is shorter than the {} minimum: a lock could not be trusted \
+             for the round trip of a grant or a renewal",
+            humantime::format_duration(ttl),
+            humantime::format_duration(MIN_TTL)
         )));
     }
     if ttl > MAX_TTL {
@@ -344,8 +355,9 @@ mod tests {
     #[test]
     fn ttls_are_bounded() {
         assert!(validate_ttl(Duration::ZERO).is_err());
-        assert!(validate_ttl(Duration::from_micros(999)).is_err());
-        assert!(validate_ttl(Duration::from_millis(1)).is_ok());
+        assert!(validate_ttl(Duration::from_millis(1)).is_err());
+        assert!(validate_ttl(MIN_TTL - Duration::from_nanos(1)).is_err());
+        assert!(validate_ttl(MIN_TTL).is_ok());
         assert!(validate_ttl(MAX_TTL).is_ok());
         assert!(validate_ttl(MAX_TTL + Duration::from_secs(1)).is_err());
         assert!(validate_ttl(Duration::MAX).is_err());

@@ -13,11 +13,14 @@
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
+//! - [`silent`]: a TCP server that accepts connections and never answers,
+//!   for connect and operation timeouts.
 
 pub mod cases;
 pub mod fault;
 pub mod proxy;
 pub mod servers;
+pub mod silent;
 pub mod suite;
 pub mod txfence;
 

@@ -7,6 +7,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use fencelock_core::{
     metrics as m, Backend, Fence, FencingToken, LockClient, LockKey, MemoryBackend, MemoryFence,
 };
+use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -14,6 +15,10 @@ async fn lifecycle_records_every_documented_metric() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
+    // Clients describe the metrics once per process, to whichever recorder
+    // is installed then; this test's recorder is local to it, so it asks
+    // again.
+    m::describe();
 
     let memory = Arc::new(MemoryBackend::new());
     let client = LockClient::new(memory.clone());
@@ -42,12 +47,19 @@ async fn lifecycle_records_every_documented_metric() {
     assert!(fence.admit("r", FencingToken(1)).await.is_err());
 
     let mut seen: HashMap<String, f64> = HashMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let v = match value {
-            DebugValue::Counter(c) => c as f64,
-            DebugValue::Gauge(g) => g.into_inner(),
-            DebugValue::Histogram(h) => h.len() as f64,
+    for (key, unit, help, value) in snapshotter.snapshot().into_vec() {
+        let name = key.key().name();
+        // Exported with HELP text, under the kind it is recorded as.
+        assert!(
+            help.is_some_and(|h| !h.is_empty()),
+            "{name} has no description"
+        );
+        let (v, expected_unit) = match value {
+            DebugValue::Counter(c) => (c as f64, Unit::Count),
+            DebugValue::Gauge(g) => (g.into_inner(), Unit::Count),
+            DebugValue::Histogram(h) => (h.len() as f64, Unit::Seconds),
         };
+        assert_eq!(unit, Some(expected_unit), "{name}");
         *seen.entry(key.key().name().to_owned()).or_default() += v;
     }
     let expect = [

@@ -329,14 +329,25 @@ impl GuardHandle {
     }
 }
 
+impl GuardHandle {
+    /// What both `Debug` impls show: the grant and how long it is still
+    /// trusted. Never the backend, whose URL may carry a password.
+    fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("key", &self.key().as_str())
+            .field("owner", &self.owner().as_str())
+            .field("token", &self.token().get())
+            .field("valid", &self.is_valid())
+            .field("remaining", &self.remaining())
+            .field("ttl", &self.ttl())
+            .field("loss_reason", &self.loss_reason())
+            .finish()
+    }
+}
+
 impl fmt::Debug for GuardHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GuardHandle")
-            .field("key", &self.shared.key)
-            .field("owner", &self.shared.owner)
-            .field("token", &self.shared.token)
-            .field("valid", &self.is_valid())
-            .finish()
+        self.debug_as("GuardHandle", f)
     }
 }
 
@@ -452,7 +463,7 @@ impl std::ops::Deref for LockGuard {
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.handle.fmt(f)
+        self.handle.debug_as("LockGuard", f)
     }
 }
 
@@ -574,5 +585,43 @@ async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
             _ = sleep_until(shared.deadline()) => {}
             _ = tokio::time::sleep(backoff.next_pause()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+    use std::{sync::Arc, time::Duration};
+
+    use crate::{LockClient, MemoryBackend};
+
+    #[tokio::test]
+    async fn debug_shows_the_grant_and_its_validity() {
+        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        let guard = client
+            .lock("order:1")
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        let shown = format!("{guard:?}");
+        assert!(shown.starts_with("LockGuard {"), "{shown}");
+        let owner = format!("owner: {:?}", guard.owner().as_str());
+        let token = format!("token: {}", guard.token().get());
+        for field in [
+            "key: \"order:1\"",
+            &owner,
+            &token,
+            "valid: true",
+            "remaining: ",
+            "ttl: 60s",
+            "loss_reason: None",
+        ] {
+            assert!(shown.contains(field), "{field} missing from {shown}");
+        }
+        let handle = format!("{:?}", guard.handle());
+        assert!(handle.starts_with("GuardHandle {"), "{handle}");
+        assert!(handle.contains("remaining: "), "{handle}");
     }
 }

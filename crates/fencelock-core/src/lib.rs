@@ -1,16 +1,42 @@
 //! The core of fencelock: a distributed lock whose every grant carries a
 //! **fencing token**.
 //!
-//! This crate holds what every backend shares:
+//! Applications usually depend on the `fencelock` crate, which re-exports
+//! this one and opens backends by URL. This crate holds what every backend
+//! shares.
 //!
-//! - [`Backend`]: the small object-safe trait of atomic operations a storage
-//!   engine implements (one crate per engine: SQLite, PostgreSQL, …);
-//! - [`LockClient`] and [`LockGuard`]: acquisition with waiting, background
-//!   renewal, and a loud signal when a lock is lost;
-//! - [`Fence`]: the check a protected resource runs to refuse stale holders;
-//! - [`Error`]: one error type, with [`Error::is_transient`];
-//! - [`MemoryBackend`] and [`MemoryFence`]: in-process implementations for tests
-//!   and single-process programs.
+//! # For applications
+//!
+//! - [`LockClient`] (built with [`LockClient::builder`]) and [`LockRequest`]:
+//!   acquisition with a TTL, waiting, `run`/`with_lock` helpers;
+//! - [`LockGuard`] and [`GuardHandle`]: a held lock, renewed in the
+//!   background, with [`check`](GuardHandle::check),
+//!   [`lost`](GuardHandle::lost) and the grant's [`FencingToken`];
+//! - [`Fence`] and [`Admission`]: the check a protected resource runs to
+//!   refuse stale holders;
+//! - [`Error`] (with [`Error::is_transient`]), [`BackendError`],
+//!   [`LossReason`], [`Result`];
+//! - [`LockKey`], [`Owner`], [`LockInfo`], [`ClockPolicy`], and the
+//!   [`metrics`] names;
+//! - [`MemoryBackend`] and [`MemoryFence`]: in-process implementations for
+//!   tests and single-process programs.
+//!
+//! The invariants every backend keeps (exclusion, growing tokens, ownership,
+//! backend time, the conservative client view, expiry, fencing) are
+//! described in `docs/semantics.md` as I1–I7.
+//!
+//! # For backend authors
+//!
+//! A storage engine implements [`Backend`], a small object-safe trait of
+//! atomic operations taking an [`AcquireRequest`] and answering
+//! [`Acquire`] / [`Grant`], declares its [`Capabilities`], and reports
+//! [`Stats`]. [`WakeHub`] and [`WakeSubscription`] deliver release
+//! notifications to waiters in the same process, and [`Backoff`] paces
+//! waiters without them. [`async_trait`](macro@async_trait) is re-exported so that
+//! implementations name the same version. The conformance suite in
+//! `fencelock-testkit` checks an implementation against I1–I7.
+//!
+//! # Example
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};

@@ -69,7 +69,8 @@ pub struct SqliteOptions {
 }
 
 impl SqliteOptions {
-    /// A database file at `path` (created if missing; its directory must exist).
+    /// A database file at `path`, created if missing, with its missing
+    /// parent directories (mode 0700).
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -180,6 +181,7 @@ impl Db {
 }
 
 pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
+    create_parent_dir(&options.path)?;
     let conn = Connection::open(&options.path).map_err(|e| {
         fencelock_core::BackendError::permanent(
             error::NAME,
@@ -208,6 +210,30 @@ pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
             Ok(()) => return Ok(conn),
         }
     }
+}
+
+/// Creates the directories above the database file that are missing,
+/// readable by their owner only: other users have no business with the locks
+/// (nor the power to delete them).
+fn create_parent_dir(path: &Path) -> Result<()> {
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| {
+        fencelock_core::BackendError::permanent(
+            error::NAME,
+            format!(
+                "cannot create the directory {} for the lock database",
+                dir.display()
+            ),
+            e,
+        )
+        .into()
+    })
 }
 
 /// Puts a freshly opened connection in fencelock's modes and makes sure the

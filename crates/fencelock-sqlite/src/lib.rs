@@ -7,15 +7,17 @@
 //!   cannot interleave with another process's.
 //! - **Tokens** come from one counter row that is never deleted, so they grow
 //!   across release, expiry, takeover, cleanup and process restarts (I2).
-//! - **Time** is the host's boot-time clock, which does not step, with the
-//!   boot id stored beside each lease so that leases from before a reboot
-//!   count as expired (see `docs/semantics.md`).
+//! - **Time** is the host's boot-time clock, which does not step, read the
+//!   same in every Linux time namespace, with the boot id stored beside each
+//!   lease so that leases from before a reboot count as expired (see
+//!   `docs/semantics.md`, I4).
 //! - **Wake-ups** reach waiters in the same process at once; waiters in other
 //!   processes back off with jitter, never sleeping past the holder's expiry.
 //!
 //! The file must live on a local disk of the one host that uses it: SQLite's
 //! locking is not reliable on network filesystems, and leases are judged by
-//! that host's clock.
+//! that host's clock. Opening creates the file and its missing directories
+//! (mode 0700).
 //!
 //! ```
 //! use std::sync::Arc;

@@ -211,12 +211,6 @@ async fn urls_are_parsed_strictly() {
         let r = fencelock_sqlite::open_backend(bad).await;
         assert!(matches!(r, Err(Error::InvalidUrl(_))), "{bad}: {r:?}");
     }
-    let missing_dir = format!("sqlite://{}/no/such/dir/l.db", dir.path().display());
-    let r = fencelock_sqlite::open_backend(&missing_dir).await;
-    assert!(
-        matches!(&r, Err(Error::Backend(e)) if !e.is_transient()),
-        "{r:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -267,4 +261,38 @@ async fn inspect_never_sees_a_held_lock_as_free_during_renewals() {
             "inspect reported the held lock as free"
         );
     }
+}
+
+#[tokio::test]
+async fn opening_creates_the_missing_directories_of_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/a/b/locks.db", dir.path().display());
+    let backend = fencelock_sqlite::open_backend(&url).await.unwrap();
+    let grant = backend.try_acquire(&request("k", "o")).await.unwrap();
+    assert!(matches!(grant, Acquire::Granted(_)), "{grant:?}");
+    assert!(dir.path().join("a/b/locks.db").is_file());
+    for created in ["a", "a/b"] {
+        let mode = std::fs::metadata(dir.path().join(created))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{created}: {mode:o}");
+    }
+}
+
+#[tokio::test]
+async fn a_directory_that_cannot_be_created_is_a_clear_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where a directory should be: fails even as root.
+    std::fs::write(dir.path().join("file"), "").unwrap();
+    let path = dir.path().join("file/sub/locks.db");
+    let err = SqliteBackend::open_path(&path).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    let shown = err.to_string();
+    // Names the directory it could not create, not just the file.
+    assert!(
+        shown.contains(&format!("directory {}/file/sub ", dir.path().display())),
+        "{shown}"
+    );
 }

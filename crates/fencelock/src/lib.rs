@@ -6,8 +6,8 @@
 //! refuse a holder that was paused or partitioned past its lease (see
 //! [`Fence`]).
 //!
-//! This crate is the front door: it re-exports the core API and opens
-//! backends by URL. Each backend is a cargo feature:
+//! This crate is the front door: it opens backends by URL and re-exports
+//! the whole core API. Each backend is a cargo feature:
 //!
 //! | URL | feature | backend |
 //! |---|---|---|
@@ -17,6 +17,10 @@
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `mem://` | always | in-process, for tests |
+//!
+//! `tls` adds TLS to every enabled server backend.
+//!
+//! # Example
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -35,15 +39,63 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # For applications
+//!
+//! - [`connect`] a [`LockClient`] to the backend a URL names (or
+//!   [`open_backend`] and [`LockClient::builder`] for settings such as the
+//!   owner name or [`ClockPolicy`]);
+//! - [`LockClient::lock`] gives a [`LockRequest`] (TTL, wait, kind, data),
+//!   whose `acquire` returns a [`LockGuard`]: renewed in the background,
+//!   [`check`](GuardHandle::check)ed before writes, [`lost`](GuardHandle::lost)
+//!   when the lease can no longer be trusted, carrying the grant's
+//!   [`FencingToken`]; `run` and `with_lock` cancel the work on loss;
+//! - [`open_fence`] gives the [`Fence`] a protected resource uses to refuse
+//!   stale tokens ([`Admission`]); the SQL backends' modules also offer
+//!   fences that admit inside your own transaction;
+//! - [`Error`] is the one error type; [`Error::is_transient`] says whether
+//!   a retry could help, and [`LossReason`] why a lock was lost;
+//! - [`metrics`] names what the library records.
+//!
+//! The guarantees (I1–I7) and how each backend keeps them are described in
+//! `docs/semantics.md` and `docs/<backend>.md` of the repository.
+//!
+//! # For backend authors
+//!
+//! The [`backend`] module gathers what a storage engine implements and
+//! uses: the [`Backend`] trait, [`Capabilities`], [`AcquireRequest`],
+//! [`Acquire`], [`Grant`], [`Stats`], [`WakeHub`] and [`Backoff`]. The
+//! same items are also re-exported at the crate root.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::Arc;
 
-// Compiles the README's Rust examples as doctests.
+// Compiles the Rust examples of the README and of docs/*.md as doctests,
+// each with the features it needs.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../../../docs/postgres.md")]
+mod postgres_md {}
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../docs/redis.md")]
+mod redis_md {}
+#[cfg(all(doctest, feature = "etcd"))]
+#[doc = include_str!("../../../docs/etcd.md")]
+mod etcd_md {}
 
 pub use fencelock_core::*;
+
+/// What a storage engine implements and uses, for backend authors:
+/// applications need none of it. Each item is also at the crate root.
+pub mod backend {
+    pub use fencelock_core::{
+        async_trait, Acquire, AcquireRequest, Backend, Backoff, Capabilities, Grant, Stats,
+        WakeHub, WakeSubscription,
+    };
+}
 
 /// The etcd backend's own API (options, fence).
 #[cfg(feature = "etcd")]

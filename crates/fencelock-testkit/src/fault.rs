@@ -14,8 +14,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, FencingToken, Grant, LockInfo,
-    LockKey, Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
+    LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };
 
 /// How the wrapped backend behaves.
@@ -37,6 +37,7 @@ pub struct FaultyBackend {
     fault: AtomicU8,
     reply_delay_us: AtomicU64,
     renew_calls: AtomicUsize,
+    renew_batches: AtomicUsize,
 }
 
 impl FaultyBackend {
@@ -47,6 +48,7 @@ impl FaultyBackend {
             fault: AtomicU8::new(Fault::None as u8),
             reply_delay_us: AtomicU64::new(0),
             renew_calls: AtomicUsize::new(0),
+            renew_batches: AtomicUsize::new(0),
         })
     }
 
@@ -62,18 +64,32 @@ impl FaultyBackend {
         self.reply_delay_us.store(micros, Ordering::SeqCst);
     }
 
-    /// How many `renew` calls reached this wrapper (faulty or not).
+    /// How many leases this wrapper was asked to renew, one by one or in
+    /// batches (faulty or not).
     pub fn renew_calls(&self) -> usize {
         self.renew_calls.load(Ordering::SeqCst)
     }
 
+    /// How many `renew_many` batches reached this wrapper.
+    pub fn renew_batches(&self) -> usize {
+        self.renew_batches.load(Ordering::SeqCst)
+    }
+
     async fn gate(&self) -> Result<()> {
         match self.fault.load(Ordering::SeqCst) {
-            1 => Err(BackendError::message("faulty", true, "injected: connection refused").into()),
+            1 => Err(BackendError::message(
+                "faulty",
+                ErrorStatus::Transient,
+                "injected: connection refused",
+            )
+            .into()),
             2 => {
                 // Far longer than any test runs; dropped by the caller's deadline.
                 tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
-                Err(BackendError::message("faulty", true, "injected: hang").into())
+                Err(
+                    BackendError::message("faulty", ErrorStatus::Transient, "injected: hang")
+                        .into(),
+                )
             }
             _ => Ok(()),
         }
@@ -102,18 +118,17 @@ impl Backend for FaultyBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.call(self.inner.try_acquire(request)).await
     }
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
-        self.call(self.inner.renew(key, owner, token, ttl)).await
+        self.call(self.inner.renew(lease, ttl)).await
     }
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        self.call(self.inner.release(key, owner, token)).await
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_calls.fetch_add(renewals.len(), Ordering::SeqCst);
+        self.renew_batches.fetch_add(1, Ordering::SeqCst);
+        self.call(self.inner.renew_many(renewals)).await
+    }
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        self.call(self.inner.release(lease)).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.call(self.inner.inspect(key)).await
@@ -135,5 +150,8 @@ impl Backend for FaultyBackend {
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         self.call(self.inner.subscribe(key)).await
+    }
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        self.call(self.inner.watch(key)).await
     }
 }

@@ -74,7 +74,7 @@ fn client_on(conn: &ProxiedBackend, name: &str) -> TestResult<LockClient> {
 async fn granted_short_ttl(direct: &dyn Backend) -> TestResult<Duration> {
     let probe = key("granted-ttl-probe");
     let g = grant(direct, &probe, &owner("probe"), SHORT_TTL).await?;
-    released(&*direct, &probe, &owner("probe"), g.token).await?;
+    released(direct, &probe, &owner("probe"), g.token).await?;
     Ok(g.ttl)
 }
 

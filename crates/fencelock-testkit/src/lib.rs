@@ -13,6 +13,8 @@
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
+//! - [`unresponsive`]: a backend's `timeout` option against a server that
+//!   accepts connections but never answers.
 
 pub mod cases;
 pub mod fault;
@@ -20,6 +22,7 @@ pub mod proxy;
 pub mod servers;
 pub mod suite;
 pub mod txfence;
+pub mod unresponsive;
 
 pub use async_trait::async_trait;
 pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

@@ -31,12 +31,15 @@ const LEASE_CACHE_LIMIT: usize = 4096;
 
 type CacheKey = (LockKey, Owner, FencingToken);
 
-/// A grant made here: its lease, and the display expiry computed from the
-/// local clock when it was granted or last renewed (so repeated `inspect`s
-/// show a stable time instead of re-deriving it from whole-second TTLs).
+/// A grant made here: its lease, the TTL in seconds asked for when that
+/// lease was granted or last renewed (etcd may have granted more), and the
+/// display expiry computed from the local clock then (so repeated
+/// `inspect`s show a stable time instead of re-deriving it from
+/// whole-second TTLs).
 #[derive(Clone, Copy)]
 struct Cached {
     lease: i64,
+    asked: i64,
     expires_at: DateTime<Utc>,
 }
 
@@ -190,17 +193,24 @@ impl EtcdBackend {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remember(&self, k: CacheKey, lease: i64, expires_at: DateTime<Utc>) {
+    fn remember(&self, k: CacheKey, lease: i64, asked: i64, expires_at: DateTime<Utc>) {
         let mut cache = self.cache();
         if cache.len() >= LEASE_CACHE_LIMIT {
             cache.clear();
         }
-        cache.insert(k, Cached { lease, expires_at });
+        cache.insert(
+            k,
+            Cached {
+                lease,
+                asked,
+                expires_at,
+            },
+        );
     }
 
-    /// The lease this backend remembers for a grant it made or renewed.
-    fn cached_lease(&self, k: &CacheKey) -> Option<i64> {
-        self.cache().get(k).map(|c| c.lease)
+    /// What this backend remembers of a grant it made or renewed.
+    fn cached(&self, k: &CacheKey) -> Option<Cached> {
+        self.cache().get(k).copied()
     }
 
     /// The lease the key carries now if it is (owner, token)'s grant, by
@@ -359,8 +369,11 @@ impl EtcdBackend {
         Ok(Some((new, granted)))
     }
 
-    /// Renews the grant on `lease`: `Some((lease, ttl))` of the renewed
-    /// grant, `None` when `lease` no longer carries it.
+    /// Renews the grant on `lease` for `ttl` seconds: `Some((lease, ttl))`
+    /// of the renewed grant, `None` when `lease` no longer carries it.
+    /// `asked` is the TTL asked for when `lease` was granted, if known: a
+    /// lease that etcd rounded up from `ttl` already is the lease `ttl`
+    /// gets, and moving it would only cost a grant and a revoke.
     ///
     /// The keep-alive comes first and the check that the key still carries
     /// this grant on this lease second: a live lease alone proves nothing
@@ -374,11 +387,12 @@ impl EtcdBackend {
         token: FencingToken,
         lease: i64,
         ttl: i64,
+        asked: Option<i64>,
     ) -> Result<Option<(i64, i64)>> {
         let Some(current) = self.keep_alive(lease).await? else {
             return Ok(None);
         };
-        if ttl != current {
+        if ttl != current && asked != Some(ttl) {
             return self
                 .move_to_new_lease(full, token, lease, ttl, current)
                 .await;
@@ -526,6 +540,7 @@ impl Backend for EtcdBackend {
             self.remember(
                 (request.key.clone(), request.owner.clone(), token),
                 lease,
+                ttl_secs(request.ttl),
                 expires_at,
             );
             return Ok(Acquire::Granted(Grant {
@@ -564,7 +579,7 @@ impl Backend for EtcdBackend {
         let renewed = |(lease, granted): (i64, i64)| {
             let granted = secs(granted);
             let expires_at = wall_in(granted);
-            self.remember(cache_key.clone(), lease, expires_at);
+            self.remember(cache_key.clone(), lease, ttl, expires_at);
             Grant {
                 token,
                 ttl: granted,
@@ -574,9 +589,12 @@ impl Backend for EtcdBackend {
         // The lease is this grant's alone (granted for it, or moved to by a
         // renewal with another TTL), so keeping it alive cannot extend a
         // successor, which has its own.
-        let cached = self.cached_lease(&cache_key);
-        if let Some(lease) = cached {
-            if let Some(done) = self.renew_lease(&full, token, lease, ttl).await? {
+        let cached = self.cached(&cache_key);
+        if let Some(c) = cached {
+            let done = self
+                .renew_lease(&full, token, c.lease, ttl, Some(c.asked))
+                .await?;
+            if let Some(done) = done {
                 return Ok(renewed(done));
             }
             self.cache().remove(&cache_key);
@@ -585,8 +603,8 @@ impl Backend for EtcdBackend {
         // left the remembered lease: another process may have renewed it
         // with another TTL, which moves it to a new lease.
         match self.current_lease(key, owner, token).await? {
-            Some(lease) if Some(lease) != cached => {
-                if let Some(done) = self.renew_lease(&full, token, lease, ttl).await? {
+            Some(lease) if Some(lease) != cached.map(|c| c.lease) => {
+                if let Some(done) = self.renew_lease(&full, token, lease, ttl, None).await? {
                     return Ok(renewed(done));
                 }
             }
@@ -604,7 +622,7 @@ impl Backend for EtcdBackend {
         // (atomically, on the server) and nothing else; the DELETE event
         // wakes the watchers.
         let cache_key = (key.clone(), owner.clone(), token);
-        let cached = self.cached_lease(&cache_key);
+        let cached = self.cached(&cache_key).map(|c| c.lease);
         if let Some(lease) = cached {
             if self.revoke(lease).await? {
                 self.cache().remove(&cache_key);

@@ -15,6 +15,8 @@
 //!   runs.
 //! - [`silent`]: a TCP server that accepts connections and never answers,
 //!   for connect and operation timeouts.
+//! - [`unresponsive`]: the check that a backend's `timeout` option bounds
+//!   opening and every operation once its server stops answering.
 
 pub mod cases;
 pub mod fault;
@@ -23,6 +25,7 @@ pub mod servers;
 pub mod silent;
 pub mod suite;
 pub mod txfence;
+pub mod unresponsive;
 
 pub use async_trait::async_trait;
 pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

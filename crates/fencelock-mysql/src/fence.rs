@@ -19,6 +19,7 @@ pub struct MySqlFence {
     pool: MySqlPool,
     upsert: String,
     read: String,
+    read_latest: String,
 }
 
 impl fmt::Debug for MySqlFence {
@@ -42,13 +43,21 @@ impl MySqlFence {
         Ok(Self {
             pool,
             // Always storing max(stored, presented); the read that follows in
-            // the same transaction sees our own locked row, so it shows the
-            // presented token exactly when it was admitted.
+            // the same transaction shows the presented token exactly when it
+            // was admitted.
             upsert: format!(
                 "INSERT INTO {fences} (resource, token) VALUES (?, ?)
                  ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
             ),
             read: format!("SELECT token FROM {fences} WHERE resource = ?"),
+            // A locking read: it sees the latest committed row (which the
+            // upsert has locked already), whereas a plain SELECT in a
+            // REPEATABLE READ transaction that has read anything before
+            // returns that transaction's snapshot. When the upsert changed
+            // nothing (a newer token was stored after the snapshot), the
+            // snapshot still holds the old, lower token and a stale token
+            // would read back as admitted.
+            read_latest: format!("SELECT token FROM {fences} WHERE resource = ? FOR UPDATE"),
         })
     }
 
@@ -86,7 +95,7 @@ impl MySqlFence {
             .execute(&mut *conn)
             .await
             .map_err(fail)?;
-        let current: u64 = sqlx::query_scalar(&self.read)
+        let current: u64 = sqlx::query_scalar(&self.read_latest)
             .bind(resource)
             .fetch_one(&mut *conn)
             .await

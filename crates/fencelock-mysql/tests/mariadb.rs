@@ -138,7 +138,31 @@ async fn fence_in_transaction(base: &str) -> TestResult {
     .await
 }
 
-fencelock_testkit::sqlx_transactional_fence!(Transactions, sqlx::MySql, MySqlFence);
+// `SET TRANSACTION` without `SESSION` applies to the next transaction only,
+// so pooled connections keep the server's default.
+fencelock_testkit::sqlx_transactional_fence!(
+    Transactions,
+    sqlx::MySql,
+    MySqlFence,
+    [
+        (
+            "repeatable read",
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION"
+        ),
+        (
+            "read committed",
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+        ),
+        (
+            "read uncommitted",
+            "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION"
+        ),
+        (
+            "serializable",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION"
+        ),
+    ]
+);
 
 #[tokio::test]
 async fn malformed_urls_hide_the_password() {

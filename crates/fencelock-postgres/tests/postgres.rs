@@ -146,7 +146,16 @@ async fn fence_in_transaction(base: &str) -> TestResult {
     .await
 }
 
-fencelock_testkit::sqlx_transactional_fence!(Transactions, sqlx::Postgres, PostgresFence);
+fencelock_testkit::sqlx_transactional_fence!(
+    Transactions,
+    sqlx::Postgres,
+    PostgresFence,
+    [
+        ("read committed", "BEGIN ISOLATION LEVEL READ COMMITTED"),
+        ("repeatable read", "BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        ("serializable", "BEGIN ISOLATION LEVEL SERIALIZABLE"),
+    ]
+);
 
 #[tokio::test]
 async fn malformed_urls_hide_the_password() {

@@ -6,12 +6,13 @@ use sqlx::mysql::MySqlDatabaseError;
 const BACKEND: &str = "mysql";
 
 /// Server error numbers after which the same statement can succeed later:
-/// deadlock, lock wait timeout, too many connections, server shutting down,
+/// deadlock, lock wait timeout, too many connections (for the server, 1040,
+/// or for the user, 1203), server shutting down,
 /// connection killed, server gone away or lost, read-only during failover.
 fn transient_number(n: u16) -> bool {
     matches!(
         n,
-        1205 | 1213 | 1040 | 1053 | 1927 | 2006 | 2013 | 1290 | 1836 | 4031
+        1205 | 1213 | 1040 | 1203 | 1053 | 1927 | 2006 | 2013 | 1290 | 1836 | 4031
     )
 }
 
@@ -70,6 +71,7 @@ mod tests {
     #[test]
     fn classes() {
         assert!(transient_number(1213) && transient_number(2013));
+        assert!(transient_number(1040) && transient_number(1203));
         assert!(!transient_number(1146));
         assert!(map("x", sqlx::Error::PoolTimedOut).is_transient());
         assert!(!map("x", sqlx::Error::RowNotFound).is_transient());

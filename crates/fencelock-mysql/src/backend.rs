@@ -116,9 +116,14 @@ impl MySqlOptions {
             .max_connections(self.url.pool_max)
             .acquire_timeout(self.url.acquire_timeout)
             .test_before_acquire(false);
-        fencelock_sql_common::open_pool(options, connect, self.url.connect_timeout)
-            .await
-            .map_err(|e| map("connecting", e))
+        fencelock_sql_common::open_pool(
+            options,
+            connect,
+            self.url.connect_timeout,
+            crate::error::is_transient,
+        )
+        .await
+        .map_err(|e| map("connecting", e))
     }
 }
 

@@ -25,13 +25,17 @@ fn server_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// Whether a retry of what failed with `e` may succeed.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match server_number(e) {
+        Some(n) => transient_number(n),
+        None => fencelock_sql_common::transient_driver_error(e),
+    }
+}
+
 /// Classifies a driver error as transient (retry may help) or permanent.
 pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
-    let transient = match server_number(&e) {
-        Some(n) => transient_number(n),
-        None => fencelock_sql_common::transient_driver_error(&e),
-    };
-    let error = if transient {
+    let error = if is_transient(&e) {
         BackendError::transient(BACKEND, context, e)
     } else {
         BackendError::permanent(BACKEND, context, e)

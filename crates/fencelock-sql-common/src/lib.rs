@@ -276,31 +276,53 @@ impl<DB: sqlx::Database> Drop for Session<DB> {
 
 /// Opens a pool whose first connection is made now, within `limit`, and
 /// handed to the caller (for the schema check), so that a one-shot process
-/// uses exactly one connection. The pool keeps retrying a refused connection
-/// until four fifths of `limit` have passed; then one direct attempt, in the
-/// time left, names the cause ("connection refused", "password
-/// authentication failed") instead of a bare time-out.
+/// uses exactly one connection. Refused connections (the driver's pool
+/// retries them) and errors that `transient` accepts, such as "too many
+/// connections", are retried until four fifths of `limit` have passed; if
+/// that ends without an answer, one direct attempt in the time left names
+/// the cause ("connection refused") instead of a bare time-out.
 pub async fn open_pool<DB: sqlx::Database>(
     options: sqlx::pool::PoolOptions<DB>,
     connect: <DB::Connection as sqlx::Connection>::Options,
     limit: Duration,
+    transient: fn(&sqlx::Error) -> bool,
 ) -> Result<(sqlx::Pool<DB>, PoolConnection<DB>), sqlx::Error> {
     use sqlx::{ConnectOptions, Connection};
     let pool = options.connect_lazy_with(connect.clone());
     let first = limit.mul_f64(0.8);
-    let e = match tokio::time::timeout(first, pool.acquire()).await {
-        Ok(Ok(conn)) => return Ok((pool, conn)),
-        Ok(Err(e)) => e,
-        Err(_) => timed_out("connecting", limit),
+    let retry_until = tokio::time::Instant::now() + first;
+    let mut backoff =
+        fencelock_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+    let attempts = async {
+        loop {
+            match pool.acquire().await {
+                Ok(conn) => return Ok(conn),
+                Err(sqlx::Error::PoolTimedOut) => return Err(None),
+                Err(e) if transient(&e) => {
+                    let pause = backoff.next_pause();
+                    if tokio::time::Instant::now() + pause >= retry_until {
+                        return Err(Some(e));
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(Some(e)),
+            }
+        }
     };
+    match tokio::time::timeout_at(retry_until, attempts).await {
+        Ok(Ok(conn)) => return Ok((pool, conn)),
+        Ok(Err(Some(e))) => return Err(e),
+        Ok(Err(None)) | Err(_) => {}
+    }
+    let silent = timed_out("connecting", limit);
     match tokio::time::timeout(limit.saturating_sub(first), connect.connect()).await {
         Ok(Err(cause)) => Err(cause),
         Ok(Ok(late)) => {
             // It answered at last; the pool will connect on its own.
             let _ = late.close().await;
-            Err(e)
+            Err(silent)
         }
-        Err(_) => Err(e),
+        Err(_) => Err(silent),
     }
 }
 

@@ -34,8 +34,10 @@ use crate::{
 pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// The columns every lease-returning statement selects. `expires_in_us` is
-/// computed by the server so no client clock takes part (I4).
-const LEASE_COLUMNS: &str = "key, owner, token, kind, data, acquired_at, expires_at, \
+/// computed by the server so no client clock takes part (I4). Data travels
+/// as JSON text (see [`data_text`]).
+const LEASE_COLUMNS: &str =
+    "key, owner, token, kind, data::text AS data, acquired_at, expires_at, \
      (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
 
 /// How the backend was configured.
@@ -211,7 +213,7 @@ impl Sql {
                  won AS (
                    INSERT INTO {locks} AS l
                      (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::jsonb, now(),
+                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::text::json, now(),
                           now() + $5::bigint * interval '1 microsecond', now()
                      FROM turn
                    ON CONFLICT (key) DO UPDATE SET
@@ -337,9 +339,18 @@ fn db_token(token: FencingToken) -> Option<i64> {
     i64::try_from(token.get()).ok()
 }
 
+/// Lease data as JSON text, for a `json` column. Not `jsonb`, and not the
+/// driver's JSON binding (which sends `jsonb`): `jsonb` refuses valid JSON
+/// such as `"\u0000"`, which PostgreSQL text cannot hold, while `json`
+/// stores the text as given, so any valid JSON round-trips.
+fn data_text(data: Option<&serde_json::Value>) -> Option<String> {
+    data.map(serde_json::Value::to_string)
+}
+
 fn lease(row: &PgRow) -> Result<LockInfo> {
     let get = |e: sqlx::Error| map("reading a lease", e);
     let token: i64 = row.try_get("token").map_err(get)?;
+    let data: Option<String> = row.try_get("data").map_err(get)?;
     Ok(LockInfo {
         key: LockKey::new(row.try_get::<String, _>("key").map_err(get)?)?,
         owner: Owner::new(row.try_get::<String, _>("owner").map_err(get)?)?,
@@ -347,7 +358,12 @@ fn lease(row: &PgRow) -> Result<LockInfo> {
             u64::try_from(token).map_err(|_| bad_reply(format!("negative token {token}")))?,
         ),
         kind: row.try_get("kind").map_err(get)?,
-        data: row.try_get("data").map_err(get)?,
+        data: data
+            .map(|text| {
+                serde_json::from_str(&text)
+                    .map_err(|e| bad_reply(format!("lease data is not JSON: {e}")))
+            })
+            .transpose()?,
         acquired_at: row.try_get("acquired_at").map_err(get)?,
         expires_at: row.try_get("expires_at").map_err(get)?,
         expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
@@ -377,7 +393,7 @@ impl Backend for PostgresBackend {
                     .bind(request.key.as_str())
                     .bind(request.owner.as_str())
                     .bind(request.kind.as_deref())
-                    .bind(request.data.as_ref())
+                    .bind(data_text(request.data.as_ref()))
                     .bind(ttl_micros(request.ttl))
                     .fetch_optional(s.conn()?)
                     .await;

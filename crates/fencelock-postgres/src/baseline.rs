@@ -73,7 +73,7 @@ impl RawCycle for Worker {
             .bind(key)
             .bind(RAW_OWNER)
             .bind(None::<&str>)
-            .bind(None::<serde_json::Value>)
+            .bind(None::<String>)
             .bind(ttl_micros(ttl))
             .fetch_optional(&mut self.conn)
             .await

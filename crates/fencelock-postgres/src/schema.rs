@@ -32,7 +32,8 @@ impl Names {
 
 /// The schema this code needs; recorded in the locks table's comment as
 /// `fencelock schema <n>` once every object of that version exists.
-const VERSION: u32 = 1;
+/// Version 2: lease data is `json` (was `jsonb`, which refuses `\u0000`).
+const VERSION: u32 = 2;
 const VERSION_TAG: &str = "fencelock schema ";
 
 /// Makes sure the schema of [`VERSION`] (or newer) exists, on `conn`, the
@@ -70,7 +71,7 @@ pub(crate) async fn ensure(
                  owner text NOT NULL,
                  token bigint NOT NULL,
                  kind text,
-                 data jsonb,
+                 data json,
                  acquired_at timestamptz NOT NULL,
                  expires_at timestamptz NOT NULL,
                  updated_at timestamptz NOT NULL
@@ -122,6 +123,24 @@ pub(crate) async fn ensure(
         if !exists {
             sqlx::query(create).execute(&mut *tx).await.map_err(fail)?;
         }
+    }
+    // From version 1. Rewrites the table under an ACCESS EXCLUSIVE lock,
+    // once, bounded by `lock_timeout` like all of this.
+    let data_type: Option<String> = sqlx::query_scalar(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+          WHERE attrelid = to_regclass($1) AND attname = 'data'",
+    )
+    .bind(locks)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(fail)?;
+    if data_type.as_deref() == Some("jsonb") {
+        sqlx::query(&format!(
+            "ALTER TABLE {locks} ALTER COLUMN data TYPE json USING data::json"
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
     }
     // SHARE UPDATE EXCLUSIVE: does not wait for, or block, lock statements.
     sqlx::query(&format!(

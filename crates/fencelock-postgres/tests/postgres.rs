@@ -29,7 +29,8 @@ async fn postgres_specific() -> TestResult {
         tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
         a_pool_of_one_still_works_and_wakes_waiters(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
-        a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await
+        a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
+        a_schema_with_jsonb_data_is_upgraded(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -211,6 +212,41 @@ async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     writer.rollback().await?;
     renewed.map_err(|_| "a renewal queued behind a new client's schema setup")??;
     connected.map_err(|_| "a new client queued behind a transaction on the locks table")???;
+    Ok(())
+}
+
+/// Tables made by a version that stored data as `jsonb` (which refuses
+/// `"\u0000"`) are migrated to `json` on connect, keeping their leases.
+async fn a_schema_with_jsonb_data_is_upgraded(base: &str) -> TestResult {
+    let others = sqlx::PgPool::connect(base).await?;
+    for ddl in [
+        "CREATE SEQUENCE mig_tokens AS bigint",
+        "CREATE TABLE mig_locks (key text COLLATE \"C\" PRIMARY KEY, owner text NOT NULL,
+           token bigint NOT NULL, kind text, data jsonb, acquired_at timestamptz NOT NULL,
+           expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)",
+        "CREATE INDEX mig_locks_owner_idx ON mig_locks (owner)",
+        "CREATE INDEX mig_locks_expires_idx ON mig_locks (expires_at)",
+        "CREATE TABLE mig_fences (resource text PRIMARY KEY, token numeric(20, 0) NOT NULL)",
+        "INSERT INTO mig_locks VALUES ('old', 'someone', nextval('mig_tokens'), NULL,
+           '{\"kept\": [1, 2]}', now(), now() + interval '1 minute', now())",
+    ] {
+        sqlx::query(ddl).execute(&others).await?;
+    }
+    let backend = PostgresBackend::connect(&format!("{base}?table_prefix=mig_")).await?;
+    let old = backend
+        .inspect(&LockKey::new("old")?)
+        .await?
+        .ok_or("the old lease was lost")?;
+    assert_eq!(old.data, Some(serde_json::json!({"kept": [1, 2]})));
+    let data = serde_json::json!({"a": "\u{0000}"});
+    let mut nul = request("new", "me", Duration::from_secs(60))?;
+    nul.data = Some(data.clone());
+    assert!(matches!(
+        backend.try_acquire(&nul).await?,
+        Acquire::Granted(_)
+    ));
+    let seen = backend.inspect(&LockKey::new("new")?).await?;
+    assert_eq!(seen.and_then(|l| l.data), Some(data));
     Ok(())
 }
 

@@ -71,7 +71,7 @@ impl MySqlOptions {
         context: &'static str,
         op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded(context, self.url.op_timeout, op)
+        bounded(self.url.op_timeout, op)
             .await
             .map_err(|e| map(context, e))
     }
@@ -85,12 +85,9 @@ impl MySqlOptions {
             fencelock_sql_common::return_to_pool(first).await;
             Ok(pool)
         };
-        tokio::time::timeout(limit, open).await.unwrap_or_else(|_| {
-            Err(map(
-                "connecting",
-                fencelock_sql_common::timed_out("connecting", limit),
-            ))
-        })
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
     }
 
     /// How every session connects.
@@ -359,7 +356,7 @@ impl Backend for MySqlBackend {
             session.finish();
             Ok(row)
         };
-        let row = bounded("acquiring", self.options.url.op_timeout, acquire)
+        let row = bounded(self.options.url.op_timeout, acquire)
             .await
             .map_err(map_acquire)?;
         // No row for the key: our lease (if any) was already force-released.

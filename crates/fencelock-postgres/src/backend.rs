@@ -103,7 +103,7 @@ impl PostgresOptions {
         context: &'static str,
         op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded(context, self.url.op_timeout, op)
+        bounded(self.url.op_timeout, op)
             .await
             .map_err(|e| map(context, e))
     }
@@ -117,12 +117,9 @@ impl PostgresOptions {
             fencelock_sql_common::return_to_pool(first).await;
             Ok(pool)
         };
-        tokio::time::timeout(limit, open).await.unwrap_or_else(|_| {
-            Err(map(
-                "connecting",
-                fencelock_sql_common::timed_out("connecting", limit),
-            ))
-        })
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
     }
 
     /// How to connect; `relaxed` applies `synchronous_commit = off`.

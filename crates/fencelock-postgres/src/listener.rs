@@ -50,8 +50,7 @@ async fn run(
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        let attempt =
-            fencelock_sql_common::bounded("listening", connect_timeout, listen(&pool, &channel));
+        let attempt = fencelock_sql_common::bounded(connect_timeout, listen(&pool, &channel));
         match attempt.await {
             Ok(mut listener) => {
                 backoff.reset();

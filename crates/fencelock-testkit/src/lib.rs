@@ -10,6 +10,7 @@
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
 //! - [`txfence`]: the one test of the SQL fences' in-transaction form.
+//! - [`timeouts`]: the SQL backends' connect and statement time limits.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
@@ -24,6 +25,7 @@ pub mod proxy;
 pub mod servers;
 pub mod silent;
 pub mod suite;
+pub mod timeouts;
 pub mod txfence;
 pub mod unresponsive;
 

@@ -10,14 +10,13 @@
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
 //! - [`txfence`]: the one test of the SQL fences' in-transaction form.
-//! - [`timeouts`]: the SQL backends' connect and statement time limits.
+//! - [`timeouts`]: the checks that connect and operation timeouts hold
+//!   against servers that stop answering.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
 //! - [`silent`]: a TCP server that accepts connections and never answers,
 //!   for connect and operation timeouts.
-//! - [`unresponsive`]: the check that a backend's `timeout` option bounds
-//!   opening and every operation once its server stops answering.
 
 pub mod cases;
 pub mod fault;
@@ -27,7 +26,6 @@ pub mod silent;
 pub mod suite;
 pub mod timeouts;
 pub mod txfence;
-pub mod unresponsive;
 
 pub use async_trait::async_trait;
 pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

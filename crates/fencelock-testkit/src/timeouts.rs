@@ -1,69 +1,56 @@
-//! Time limits of the SQL backends (their `connect_timeout` and
-//! `op_timeout` URL options), checked against real servers: a server that
-//! accepts connections but never answers, and a statement that the server
-//! keeps waiting on a row lock. Each backend's tests call these with its own
-//! URL and a way to hold a row lock.
+//! Time limits of the backends, checked against real servers: a server
+//! that accepts connections but never answers ([`crate::silent`], or a
+//! [`ProxiedUrl`] swallowing everything), and a statement that the server
+//! keeps waiting on a row lock. A backend's connect and per-operation
+//! timeouts must turn each into a transient error within the limit, never a
+//! hang. Each backend's tests call these with its own URL and options.
 
 use std::{
     future::Future,
     time::{Duration, Instant},
 };
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
 use futures_util::future::BoxFuture;
-use tokio::net::TcpListener;
 
-use crate::{cases::ensure, TestResult};
+use crate::{
+    cases::ensure, proxy::ProxiedUrl, servers::url_factory::Opener, silent::SilentServer,
+    TestResult,
+};
 
-/// Generous room for scheduling on a loaded machine; the limits checked
-/// are bounds, never speeds.
+/// What a loaded 2-core test machine may add to a timeout; far below the
+/// tens of seconds a hang lasts. The limits checked are bounds, never
+/// speeds.
 pub const SLACK: Duration = Duration::from_secs(5);
 
-/// A loopback listener that accepts every connection and never sends a
-/// byte, for as long as it lives.
-pub struct SilentServer {
-    port: u16,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl SilentServer {
-    /// Starts listening on a free loopback port.
-    pub async fn start() -> TestResult<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let task = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
-        });
-        Ok(Self { port, task })
+/// Runs `op` and checks that it failed with a transient error within `bound`.
+async fn fails_within<T: std::fmt::Debug>(
+    what: &str,
+    bound: Duration,
+    op: impl Future<Output = fencelock_core::Result<T>>,
+) -> TestResult {
+    let started = Instant::now();
+    // The outer limit only keeps a hang from stalling the test run.
+    let outcome = tokio::time::timeout(bound + Duration::from_secs(60), op).await;
+    let took = started.elapsed();
+    match outcome {
+        Ok(Err(e)) if e.is_transient() => {}
+        Ok(other) => {
+            return Err(format!("{what}: expected a transient error, got {other:?}").into())
+        }
+        Err(_) => return Err(format!("{what}: still hanging after {took:?}").into()),
     }
-
-    /// Its port.
-    pub fn port(&self) -> u16 {
-        self.port
+    if took > bound {
+        return Err(format!("{what} failed only after {took:?}, more than {bound:?}").into());
     }
-}
-
-impl Drop for SilentServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn ensure_transient(what: &str, e: &Error) -> TestResult {
-    match e {
-        Error::Backend(b) if b.is_transient() => Ok(()),
-        other => Err(format!("{what}: {other:?}, expected a transient backend error").into()),
-    }
+    eprintln!("{what} failed after {took:?}");
+    Ok(())
 }
 
 /// `open(url)` for a server that never answers fails with a transient
-/// backend error within `connect_timeout` (plus [`SLACK`]). `url_for(port)`
-/// builds the backend's URL with `?connect_timeout=` set to
-/// `connect_timeout`.
-pub async fn connecting_to_a_silent_server_fails_in_time<T, Fut>(
+/// error within `connect_timeout` (plus [`SLACK`]). `url_for(port)` builds
+/// the backend's URL with its connect timeout set to `connect_timeout`.
+pub async fn connecting_to_a_silent_server_fails_in_time<T: std::fmt::Debug, Fut>(
     connect_timeout: Duration,
     url_for: impl FnOnce(u16) -> String,
     open: impl FnOnce(String) -> Fut,
@@ -71,15 +58,13 @@ pub async fn connecting_to_a_silent_server_fails_in_time<T, Fut>(
 where
     Fut: Future<Output = fencelock_core::Result<T>>,
 {
-    let silent = SilentServer::start().await?;
-    let started = Instant::now();
-    let opened = tokio::time::timeout(connect_timeout + SLACK, open(url_for(silent.port()))).await;
-    let took = started.elapsed();
-    match opened {
-        Err(_) => Err(format!("connecting still hung after {took:?}").into()),
-        Ok(Ok(_)) => Err("connected to a server that never answers".into()),
-        Ok(Err(e)) => ensure_transient("connecting to a silent server", &e),
-    }
+    let silent = SilentServer::start()?;
+    fails_within(
+        "connecting to a silent server",
+        connect_timeout + SLACK,
+        open(url_for(silent.port())),
+    )
+    .await
 }
 
 /// Holds a row lock on one lease (given by key) in a transaction of its
@@ -112,18 +97,12 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
         return Err(format!("a free key was refused: {granted:?}").into());
     };
     let held = hold(key.as_str().to_owned()).await?;
-    let started = Instant::now();
-    let renewed = tokio::time::timeout(
+    fails_within(
+        "a blocked renewal",
         op_timeout + SLACK,
         backend.renew(&key, &owner, grant.token, Duration::from_secs(120)),
     )
-    .await;
-    let took = started.elapsed();
-    match renewed {
-        Err(_) => return Err(format!("a blocked renewal still hung after {took:?}").into()),
-        Ok(Ok(g)) => return Err(format!("a renewal went through a row lock: {g:?}").into()),
-        Ok(Err(e)) => ensure_transient("a blocked renewal", &e)?,
-    }
+    .await?;
     let seen = tokio::time::timeout(op_timeout + SLACK, backend.inspect(&key)).await;
     drop(held);
     let seen = seen.map_err(|_| "inspect hung after a renewal timed out")??;
@@ -133,4 +112,55 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
     );
     backend.release(&key, &owner, grant.token).await?;
     Ok(())
+}
+
+/// `url` (the server's, without query options) opened by `open` with
+/// `timeout=…` set to `timeout`:
+///
+/// - through a proxy that swallows everything from the start, opening the
+///   backend fails within `timeout + SLACK`: a backend whose client
+///   connects lazily must prove at open that the server answers, or a
+///   waiter's first request would find out later, after its wait began;
+/// - connected while the server answers, then cut off: `renew`,
+///   `try_acquire`, `inspect`, `release`, `list` and `subscribe` each fail
+///   within `timeout + SLACK`.
+pub async fn timeouts_are_honoured(
+    url: &str,
+    timeout: Duration,
+    open: Opener<dyn Backend>,
+) -> TestResult {
+    let with_timeout =
+        |proxied: &ProxiedUrl| format!("{}?timeout={}ms", proxied.url(), timeout.as_millis());
+    let bound = timeout + SLACK;
+    let (key, owner) = (LockKey::new("unresponsive")?, Owner::new("holder")?);
+
+    let silent = ProxiedUrl::start(url).await?;
+    silent.partition();
+    let silent_url = with_timeout(&silent);
+    fails_within("open", bound, open(silent_url)).await?;
+
+    let proxied = ProxiedUrl::start(url).await?;
+    let backend = open(with_timeout(&proxied)).await?;
+    let request = AcquireRequest {
+        key: key.clone(),
+        owner: owner.clone(),
+        ttl: Duration::from_secs(30),
+        kind: None,
+        data: None,
+    };
+    let token = match backend.try_acquire(&request).await? {
+        Acquire::Granted(g) => g.token,
+        held => return Err(format!("{key} is not free: {held:?}").into()),
+    };
+    proxied.partition();
+    let ttl = request.ttl;
+    fails_within("renew", bound, backend.renew(&key, &owner, token, ttl)).await?;
+    fails_within("try_acquire", bound, backend.try_acquire(&request)).await?;
+    fails_within("inspect", bound, backend.inspect(&key)).await?;
+    fails_within("release", bound, backend.release(&key, &owner, token)).await?;
+    fails_within("list", bound, backend.list(None)).await?;
+    fails_within("subscribe", bound, async {
+        backend.subscribe(&key).await.map(|s| s.is_some())
+    })
+    .await
 }

@@ -1,4 +1,4 @@
-//! The contract between the client and a storage engine (DESIGN §4).
+//! The contract between the client and a storage engine (`docs/semantics.md`).
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
@@ -123,7 +123,7 @@ impl Stats {
 ///
 /// Every method is **one atomic step** on the backend (one statement, script,
 /// transaction or Txn), and every lease decision uses the backend's clock (I4).
-/// The invariants each implementation must keep are DESIGN §3 I1–I6; the
+/// The invariants each implementation must keep are I1–I6 of `docs/semantics.md`; the
 /// conformance suite in `fencelock-testkit` checks them.
 ///
 /// Implementations classify their failures as transient or permanent

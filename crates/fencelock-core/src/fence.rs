@@ -1,5 +1,5 @@
 //! Fences: the check at a protected resource that refuses stale holders
-//! (DESIGN §5, invariant I7).
+//! (`docs/semantics.md`, invariant I7).
 //!
 //! A fence remembers, per resource, the highest token it has admitted. It
 //! admits token `t` iff `t >= highest`, and then remembers `max(t, highest)`.

@@ -1,5 +1,5 @@
-//! The vocabulary of DESIGN §2: keys, owners, tokens and what a backend reports
-//! about a lease.
+//! The vocabulary of `docs/semantics.md`: keys, owners, tokens and what a
+//! backend reports about a lease.
 
 use std::{fmt, str::FromStr, time::Duration};
 

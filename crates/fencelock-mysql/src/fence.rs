@@ -12,7 +12,7 @@ use fencelock_sql_common::Session;
 use crate::backend::MySqlOptions;
 
 /// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
-/// (DESIGN §5, I7).
+/// (`docs/semantics.md`, I7).
 ///
 /// Use [`Fence::admit`] on its own (one short transaction), or
 /// [`MySqlFence::admit_in`] inside the transaction of the protected write.

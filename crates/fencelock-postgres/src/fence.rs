@@ -10,7 +10,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::{backend::PostgresOptions, error::bad_reply};
 
-/// A fence kept in `<prefix>fences(resource, token)` (DESIGN §5, I7).
+/// A fence kept in `<prefix>fences(resource, token)` (`docs/semantics.md`, I7).
 ///
 /// Tokens are stored as `numeric(20,0)`, not `bigint`: the backend never
 /// issues a token above `i64::MAX`, but a fence also guards tokens from other

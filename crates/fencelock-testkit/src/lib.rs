@@ -1,7 +1,7 @@
 //! fencelock's test kit.
 //!
 //! - [`suite`]: the one conformance suite. Every backend runs the same cases
-//!   (DESIGN §3 I1–I7, admin calls, bad input, guard behaviour) by calling
+//!   (I1–I7 of `docs/semantics.md`, admin calls, bad input, guard behaviour) by calling
 //!   [`suite::run`] from a `harness = false` test binary; cases that need a
 //!   capability the backend lacks are reported as ignored, never as passed.
 //! - [`servers`]: throwaway real servers started from the binaries on `PATH`,

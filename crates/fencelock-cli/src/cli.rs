@@ -153,7 +153,9 @@ pub enum Command {
         /// The fencing token of the lease.
         #[arg(long)]
         token: String,
-        /// New lease length, from now.
+        /// New lease length, from now. A backend rounds it up to what it can
+        /// express (etcd: whole seconds, at least about 2 s); the length
+        /// printed is the one the backend granted.
         #[arg(long, default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
         ttl: Duration,
     },

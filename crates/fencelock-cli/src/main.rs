@@ -108,7 +108,7 @@ impl tracing_subscriber::fmt::time::FormatTime for Rfc3339Utc {
     }
 }
 
-/// `--url`, or the per-user SQLite file (its directory created if missing).
+/// `--url`, or the per-user SQLite file.
 fn resolve_url(url: Option<String>) -> Result<String, Error> {
     if let Some(url) = url {
         return Ok(url);
@@ -118,14 +118,7 @@ fn resolve_url(url: Option<String>) -> Result<String, Error> {
             "no home or state directory to keep the default store in; pass --url".into(),
         )
     })?;
-    if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| Error::InvalidUrl(format!("cannot create {}: {e}", dir.display())))?;
-    }
+    // The SQLite backend creates the file's missing directories itself.
     Ok(format!("sqlite://{}", path.display()))
 }
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, FencingToken, Grant,
@@ -20,7 +20,7 @@ use fencelock_core::{
 use serde_json::{json, Value};
 
 use crate::{
-    error::{bad_value, failover, is_lease_not_found, map, NAME},
+    error::{bad_value, bounded, failover, is_lease_not_found, map, NAME},
     options::EtcdOptions,
 };
 
@@ -31,12 +31,15 @@ const LEASE_CACHE_LIMIT: usize = 4096;
 
 type CacheKey = (LockKey, Owner, FencingToken);
 
-/// A grant made here: its lease, and the display expiry computed from the
-/// local clock when it was granted or last renewed (so repeated `inspect`s
-/// show a stable time instead of re-deriving it from whole-second TTLs).
+/// A grant made here: its lease, the TTL in seconds asked for when that
+/// lease was granted or last renewed (etcd may have granted more), and the
+/// display expiry computed from the local clock then (so repeated
+/// `inspect`s show a stable time instead of re-deriving it from
+/// whole-second TTLs).
 #[derive(Clone, Copy)]
 struct Cached {
     lease: i64,
+    asked: i64,
     expires_at: DateTime<Utc>,
 }
 
@@ -78,9 +81,28 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
         }
         connect = connect.with_tls(tls);
     }
-    Client::connect(&options.endpoints, Some(connect))
+    // The client connects lazily; a status request proves now, within the
+    // timeout, that a server answers, rather than letting the first lock
+    // operation (or a waiter's watch, which the wait's deadline does not
+    // bound) find out.
+    let timeout = options.timeout;
+    let client = bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
         .await
-        .map_err(|e| map("connect", e))
+        .map_err(|e| map("connect", e))?;
+    let answered = failover(timeout, || {
+        let mut c = client.clone();
+        async move { c.status().await }
+    })
+    .await;
+    if let Err(e) = answered {
+        // A refusal (e.g. a user without the right to ask for the status)
+        // is an answer too: only a server that is not there fails the open.
+        let e = map("connect", e);
+        if e.is_transient() {
+            return Err(e);
+        }
+    }
+    Ok(client)
 }
 
 /// Whole seconds, rounded up: etcd leases have a one-second resolution and
@@ -88,6 +110,11 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
 fn ttl_secs(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// A token as the create revision it is.
+fn revision(token: FencingToken) -> i64 {
+    i64::try_from(token.0).unwrap_or(i64::MAX)
 }
 
 fn secs(n: i64) -> Duration {
@@ -166,29 +193,34 @@ impl EtcdBackend {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remember(&self, k: CacheKey, lease: i64, expires_at: DateTime<Utc>) {
+    fn remember(&self, k: CacheKey, lease: i64, asked: i64, expires_at: DateTime<Utc>) {
         let mut cache = self.cache();
         if cache.len() >= LEASE_CACHE_LIMIT {
             cache.clear();
         }
-        cache.insert(k, Cached { lease, expires_at });
+        cache.insert(
+            k,
+            Cached {
+                lease,
+                asked,
+                expires_at,
+            },
+        );
     }
 
-    /// The lease id of (key, owner, token): from the cache, else by reading
-    /// the key. `None` when that lease is not the current one.
-    async fn lease_of(
+    /// What this backend remembers of a grant it made or renewed.
+    fn cached(&self, k: &CacheKey) -> Option<Cached> {
+        self.cache().get(k).copied()
+    }
+
+    /// The lease the key carries now if it is (owner, token)'s grant, by
+    /// reading the key; `None` when the key is gone or is another grant.
+    async fn current_lease(
         &self,
         key: &LockKey,
         owner: &Owner,
         token: FencingToken,
     ) -> Result<Option<i64>> {
-        let cached = self
-            .cache()
-            .get(&(key.clone(), owner.clone(), token))
-            .map(|c| c.lease);
-        if cached.is_some() {
-            return Ok(cached);
-        }
         let Some(kv) = self.get(key).await? else {
             return Ok(None);
         };
@@ -198,7 +230,7 @@ impl EtcdBackend {
 
     async fn get(&self, key: &LockKey) -> Result<Option<KeyValue>> {
         let full = self.key(key);
-        let mut resp = failover(|| {
+        let mut resp = failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), full.clone());
             async move { c.get(k, None).await }
         })
@@ -207,27 +239,174 @@ impl EtcdBackend {
         Ok(resp.take_kvs().into_iter().next())
     }
 
-    /// One keep-alive round trip; the answer's TTL is the lease's new TTL
-    /// (0 when the lease is gone).
-    async fn keep_alive(&self, lease: i64) -> std::result::Result<i64, etcd_client::Error> {
-        let (mut keeper, mut stream) = failover(|| {
-            let mut c = self.client.clone();
-            async move { c.lease_keep_alive(lease).await }
+    /// One keep-alive round trip: the lease's TTL in seconds (to which it
+    /// was just extended), `None` when the lease is gone.
+    async fn keep_alive(&self, lease: i64) -> Result<Option<i64>> {
+        let kept = bounded(self.options.timeout, async {
+            let (mut keeper, mut stream) = failover(self.options.timeout, || {
+                let mut c = self.client.clone();
+                async move { c.lease_keep_alive(lease).await }
+            })
+            .await?;
+            keeper.keep_alive().await?;
+            match stream.message().await? {
+                Some(resp) => Ok(resp.ttl()),
+                None => Err(etcd_client::Error::LeaseKeepAliveError(
+                    "keep-alive stream closed without an answer".into(),
+                )),
+            }
         })
-        .await?;
-        keeper.keep_alive().await?;
-        match stream.message().await? {
-            Some(resp) => Ok(resp.ttl()),
-            None => Err(etcd_client::Error::LeaseKeepAliveError(
-                "keep-alive stream closed without an answer".into(),
-            )),
+        .await;
+        match kept {
+            Ok(ttl) if ttl > 0 => Ok(Some(ttl)),
+            Ok(_) => Ok(None),
+            Err(e) if is_lease_not_found(&e) => Ok(None),
+            Err(e) => Err(map("lease keep-alive", e)),
         }
+    }
+
+    /// A new lease of `ttl` seconds: (id, the TTL etcd granted, which may be
+    /// longer).
+    async fn grant_lease(&self, ttl: i64) -> Result<(i64, i64)> {
+        let lease = failover(self.options.timeout, || {
+            let mut c = self.client.clone();
+            async move { c.lease_grant(ttl, None).await }
+        })
+        .await
+        .map_err(|e| map("lease grant", e))?;
+        Ok((lease.id(), lease.ttl()))
+    }
+
+    /// Runs `txn`, which attaches a key to the fresh lease `lease`. If the
+    /// call fails, the lease is revoked: whether or not the put happened,
+    /// it must not outlive this failed call holding the key.
+    async fn txn_with_fresh_lease(&self, what: &str, txn: Txn, lease: i64) -> Result<TxnResponse> {
+        match failover(self.options.timeout, || {
+            let (mut c, t) = (self.client.clone(), txn.clone());
+            async move { c.txn(t).await }
+        })
+        .await
+        {
+            Ok(resp) => Ok(resp),
+            Err(e) => {
+                let _ = self.revoke(lease).await;
+                // The fresh lease ran out before the Txn reached the leader
+                // (a slow leader, retries against a dead endpoint): nothing
+                // was written, and the next attempt gets a new lease.
+                if is_lease_not_found(&e) {
+                    return Err(BackendError::transient(
+                        NAME,
+                        format!("the new lease expired before the {what}"),
+                        e,
+                    )
+                    .into());
+                }
+                Err(map(what, e))
+            }
+        }
+    }
+
+    /// Whether `full` is still the key created at revision `token` and
+    /// attached to `lease`: the grant is alive exactly as long as that lease.
+    async fn carries(&self, full: &str, token: FencingToken, lease: i64) -> Result<bool> {
+        let txn = Txn::new().when([
+            Compare::create_revision(full, CompareOp::Equal, revision(token)),
+            Compare::lease(full, CompareOp::Equal, lease),
+        ]);
+        let resp = failover(self.options.timeout, || {
+            let (mut c, t) = (self.client.clone(), txn.clone());
+            async move { c.txn(t).await }
+        })
+        .await
+        .map_err(|e| map("renewal check txn", e))?;
+        Ok(resp.succeeded())
+    }
+
+    /// Moves the grant (`full` created at revision `token`, on lease `old`)
+    /// to a new lease of `ttl` seconds: the key keeps its value and its
+    /// create revision, hence its token. `Some((lease, granted ttl))` once
+    /// moved, or, when etcd rounds `ttl` up to `current` (the old lease's
+    /// TTL), the old lease unchanged; `None` when the key no longer carries
+    /// the grant.
+    async fn move_to_new_lease(
+        &self,
+        full: &str,
+        token: FencingToken,
+        old: i64,
+        ttl: i64,
+        current: i64,
+    ) -> Result<Option<(i64, i64)>> {
+        let (new, granted) = self.grant_lease(ttl).await?;
+        if granted == current {
+            let _ = self.revoke(new).await;
+            return Ok(self
+                .carries(full, token, old)
+                .await?
+                .then_some((old, current)));
+        }
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(full, CompareOp::Equal, revision(token)),
+                Compare::lease(full, CompareOp::Equal, old),
+            ])
+            .and_then([TxnOp::put(
+                full,
+                "",
+                Some(PutOptions::new().with_lease(new).with_ignore_value()),
+            )]);
+        let resp = self
+            .txn_with_fresh_lease("lease move txn", txn, new)
+            .await?;
+        if !resp.succeeded() {
+            let _ = self.revoke(new).await;
+            return Ok(None);
+        }
+        // The key left the old lease, so revoking it deletes nothing; it
+        // would otherwise linger until its TTL ran out.
+        if let Err(e) = self.revoke(old).await {
+            tracing::debug!(error = %e, "revoking a replaced etcd lease failed; it will expire");
+        }
+        Ok(Some((new, granted)))
+    }
+
+    /// Renews the grant on `lease` for `ttl` seconds: `Some((lease, ttl))`
+    /// of the renewed grant, `None` when `lease` no longer carries it.
+    /// `asked` is the TTL asked for when `lease` was granted, if known: a
+    /// lease that etcd rounded up from `ttl` already is the lease `ttl`
+    /// gets, and moving it would only cost a grant and a revoke.
+    ///
+    /// The keep-alive comes first and the check that the key still carries
+    /// this grant on this lease second: a live lease alone proves nothing
+    /// (deleting the key leaves its lease alive), and a check before the
+    /// keep-alive would leave the key's removal in between unnoticed. The
+    /// core's send instant precedes both requests, so the guard's deadline
+    /// (I5) counts from before the keep-alive.
+    async fn renew_lease(
+        &self,
+        full: &str,
+        token: FencingToken,
+        lease: i64,
+        ttl: i64,
+        asked: Option<i64>,
+    ) -> Result<Option<(i64, i64)>> {
+        let Some(current) = self.keep_alive(lease).await? else {
+            return Ok(None);
+        };
+        if ttl != current && asked != Some(ttl) {
+            return self
+                .move_to_new_lease(full, token, lease, ttl, current)
+                .await;
+        }
+        Ok(self
+            .carries(full, token, lease)
+            .await?
+            .then_some((lease, current)))
     }
 
     /// Revokes `lease`, which deletes the key attached to it. `false` when
     /// the lease had already ended.
     async fn revoke(&self, lease: i64) -> Result<bool> {
-        let revoked = failover(|| {
+        let revoked = failover(self.options.timeout, || {
             let mut c = self.client.clone();
             async move { c.lease_revoke(lease).await }
         })
@@ -241,7 +420,7 @@ impl EtcdBackend {
 
     /// The lease's remaining TTL; `None` when it has ended.
     async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
-        let ttl = failover(|| {
+        let ttl = failover(self.options.timeout, || {
             let mut c = self.client.clone();
             async move { c.lease_time_to_live(lease, None).await }
         })
@@ -284,7 +463,7 @@ impl EtcdBackend {
 
     /// Every lock key starting with `start` (a literal prefix).
     async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
-        failover(|| {
+        failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), start.clone());
             async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
         })
@@ -329,17 +508,11 @@ impl Backend for EtcdBackend {
         // The lease is granted right before the put-if-absent, never before
         // waiting, so a waiter cannot win with a lease that ran out while it
         // waited; the caller's t_sent precedes both requests.
-        let ttl = ttl_secs(request.ttl);
-        let lease = failover(|| {
-            let mut c = self.client.clone();
-            async move { c.lease_grant(ttl, None).await }
-        })
-        .await
-        .map_err(|e| map("lease grant", e))?;
-        let granted = secs(lease.ttl());
+        let (lease, granted) = self.grant_lease(ttl_secs(request.ttl)).await?;
+        let granted = secs(granted);
         let value = json!({
             "owner": request.owner.as_str(),
-            "lease": lease.id(),
+            "lease": lease,
             "kind": request.kind,
             "data": request.data,
             "acquired_ms": Utc::now().timestamp_millis(),
@@ -350,45 +523,24 @@ impl Backend for EtcdBackend {
             .and_then([TxnOp::put(
                 key.clone(),
                 value.to_string(),
-                Some(PutOptions::new().with_lease(lease.id())),
+                Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let resp = match failover(|| {
-            let (mut c, t) = (self.client.clone(), txn.clone());
-            async move { c.txn(t).await }
-        })
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                // Whether or not the put happened, the lease must not outlive
-                // this failed call holding the key.
-                let _ = self.revoke(lease.id()).await;
-                // The fresh lease ran out before the Txn reached the leader
-                // (a slow leader, retries against a dead endpoint): nothing
-                // was written, and the next attempt gets a new lease.
-                if is_lease_not_found(&e) {
-                    return Err(BackendError::transient(
-                        NAME,
-                        "the new lease expired before the put-if-absent",
-                        e,
-                    )
-                    .into());
-                }
-                return Err(map("put-if-absent txn", e));
-            }
-        };
+        let resp = self
+            .txn_with_fresh_lease("put-if-absent txn", txn, lease)
+            .await?;
         if resp.succeeded() {
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             let token = FencingToken(u64::try_from(revision).unwrap_or(0));
             if token.0 == 0 {
-                let _ = self.revoke(lease.id()).await;
+                let _ = self.revoke(lease).await;
                 return Err(bad_value("txn response without a revision"));
             }
             let expires_at = wall_in(granted);
             self.remember(
                 (request.key.clone(), request.owner.clone(), token),
-                lease.id(),
+                lease,
+                ttl_secs(request.ttl),
                 expires_at,
             );
             return Ok(Acquire::Granted(Grant {
@@ -402,7 +554,7 @@ impl Backend for EtcdBackend {
             _ => None,
         });
         // Our unused lease is revoked while we look up the holder's.
-        let (revoked, info) = tokio::join!(self.revoke(lease.id()), async {
+        let (revoked, info) = tokio::join!(self.revoke(lease), async {
             match &holder {
                 Some(kv) => self.info(request.key.clone(), kv).await,
                 None => Ok(None),
@@ -421,52 +573,68 @@ impl Backend for EtcdBackend {
         token: FencingToken,
         ttl: Duration,
     ) -> Result<Grant> {
-        let _ = ttl; // etcd keep-alive renews to the TTL granted at acquisition
-        let not_held = || Error::NotHeld {
+        let cache_key = (key.clone(), owner.clone(), token);
+        let full = self.key(key);
+        let ttl = ttl_secs(ttl);
+        let renewed = |(lease, granted): (i64, i64)| {
+            let granted = secs(granted);
+            let expires_at = wall_in(granted);
+            self.remember(cache_key.clone(), lease, ttl, expires_at);
+            Grant {
+                token,
+                ttl: granted,
+                expires_at,
+            }
+        };
+        // The lease is this grant's alone (granted for it, or moved to by a
+        // renewal with another TTL), so keeping it alive cannot extend a
+        // successor, which has its own.
+        let cached = self.cached(&cache_key);
+        if let Some(c) = cached {
+            let done = self
+                .renew_lease(&full, token, c.lease, ttl, Some(c.asked))
+                .await?;
+            if let Some(done) = done {
+                return Ok(renewed(done));
+            }
+            self.cache().remove(&cache_key);
+        }
+        // Nothing remembered (another process granted it), or the grant has
+        // left the remembered lease: another process may have renewed it
+        // with another TTL, which moves it to a new lease.
+        match self.current_lease(key, owner, token).await? {
+            Some(lease) if Some(lease) != cached.map(|c| c.lease) => {
+                if let Some(done) = self.renew_lease(&full, token, lease, ttl, None).await? {
+                    return Ok(renewed(done));
+                }
+            }
+            _ => {}
+        }
+        Err(Error::NotHeld {
             key: key.clone(),
             owner: owner.clone(),
             token,
-        };
-        // The lease id is tied to this (key, owner, token): it was created
-        // for this grant alone and the key was put with it, so keeping the
-        // lease alive can only extend this grant. If the key was released or
-        // force-released its lease was revoked, and a successor has its own.
-        let Some(lease) = self.lease_of(key, owner, token).await? else {
-            return Err(not_held());
-        };
-        let cache_key = (key.clone(), owner.clone(), token);
-        let ttl = match self.keep_alive(lease).await {
-            Ok(ttl) if ttl > 0 => ttl,
-            Ok(_) => {
-                self.cache().remove(&cache_key);
-                return Err(not_held());
-            }
-            Err(e) if is_lease_not_found(&e) => {
-                self.cache().remove(&cache_key);
-                return Err(not_held());
-            }
-            Err(e) => return Err(map("lease keep-alive", e)),
-        };
-        let granted = secs(ttl);
-        let expires_at = wall_in(granted);
-        self.remember(cache_key, lease, expires_at);
-        Ok(Grant {
-            token,
-            ttl: granted,
-            expires_at,
         })
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        let Some(lease) = self.lease_of(key, owner, token).await? else {
-            return Ok(false);
-        };
         // Revoking the grant's own lease deletes exactly this grant's key
         // (atomically, on the server) and nothing else; the DELETE event
         // wakes the watchers.
-        let released = self.revoke(lease).await?;
-        self.cache().remove(&(key.clone(), owner.clone(), token));
-        Ok(released)
+        let cache_key = (key.clone(), owner.clone(), token);
+        let cached = self.cached(&cache_key).map(|c| c.lease);
+        if let Some(lease) = cached {
+            if self.revoke(lease).await? {
+                self.cache().remove(&cache_key);
+                return Ok(true);
+            }
+            self.cache().remove(&cache_key);
+        }
+        // As in renew: the grant may live on another lease than remembered.
+        match self.current_lease(key, owner, token).await? {
+            Some(lease) if Some(lease) != cached => self.revoke(lease).await,
+            _ => Ok(false),
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -529,7 +697,7 @@ impl Backend for EtcdBackend {
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         let full = self.key(key);
-        let mut stream = failover(|| {
+        let mut stream = failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), full.clone());
             let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
             async move { c.watch(k, Some(options)).await }
@@ -538,8 +706,7 @@ impl Backend for EtcdBackend {
         .map_err(|e| map("watch", e))?;
         // Wait for the "created" answer so a release right after we return
         // is not missed.
-        stream
-            .message()
+        bounded(self.options.timeout, stream.message())
             .await
             .map_err(|e| map("watch", e))?
             .ok_or_else(|| bad_value("watch closed before it was created"))?;

@@ -1,8 +1,10 @@
 //! The one place where `etcd-client` errors become fencelock errors.
 
+use std::{future::Future, time::Duration};
+
 use etcd_client::Error as EtcdError;
 use fencelock_core::{BackendError, Error};
-use tonic::Code;
+use tonic::{Code, Status};
 
 pub(crate) const NAME: &str = "etcd";
 
@@ -69,18 +71,40 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
 /// attempts reaches a live one with near certainty.
 const UNSENT_RETRIES: usize = 6;
 
+/// `fut`, or a `DeadlineExceeded` status (transient, see [`map`]) once
+/// `timeout` has passed. The channel's own request timeout does not cover
+/// everything: a request waiting for a connection that never becomes ready,
+/// or the messages of a stream (keep-alive, watch), would otherwise wait
+/// for the HTTP/2 keep-alive to give up.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, EtcdError>>,
+) -> Result<T, EtcdError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(EtcdError::GRpcStatus(Status::deadline_exceeded(format!(
+                "no answer within {timeout:?}"
+            ))))
+        })
+}
+
 /// Runs `op`, sending it again while it fails with [`never_sent`], so a dead
-/// endpoint costs a failed connect rather than a failed call.
-pub(crate) async fn failover<T, F, Fut>(mut op: F) -> Result<T, EtcdError>
+/// endpoint costs a failed connect rather than a failed call; all attempts
+/// together are [`bounded`] by `timeout`.
+pub(crate) async fn failover<T, F, Fut>(timeout: Duration, mut op: F) -> Result<T, EtcdError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, EtcdError>>,
+    Fut: Future<Output = Result<T, EtcdError>>,
 {
-    let mut attempt = 0;
-    loop {
-        match op().await {
-            Err(e) if attempt < UNSENT_RETRIES && never_sent(&e) => attempt += 1,
-            other => return other,
+    bounded(timeout, async {
+        let mut attempt = 0;
+        loop {
+            match op().await {
+                Err(e) if attempt < UNSENT_RETRIES && never_sent(&e) => attempt += 1,
+                other => return other,
+            }
         }
-    }
+    })
+    .await
 }

@@ -50,7 +50,7 @@ impl EtcdFence {
 
     /// The current record: (highest token, mod revision; 0 when absent).
     async fn read(&self, key: &str) -> Result<(Option<FencingToken>, i64)> {
-        let mut resp = failover(|| {
+        let mut resp = failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), key.to_owned());
             async move { c.get(k, None).await }
         })
@@ -91,7 +91,7 @@ impl Fence for EtcdFence {
                     revision,
                 )])
                 .and_then([TxnOp::put(key.clone(), token.0.to_string(), None)]);
-            let resp = failover(|| {
+            let resp = failover(self.options.timeout, || {
                 let (mut c, t) = (self.client.clone(), txn.clone());
                 async move { c.txn(t).await }
             })

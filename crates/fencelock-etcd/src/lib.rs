@@ -4,8 +4,10 @@
 //!   (`create_revision == 0` → put with the lease, else get the holder).
 //! - The fencing token is the key's **create revision**: cluster-wide
 //!   monotonic, never reused, unaffected by deletion, restarts or failover.
-//! - Renew is one `LeaseKeepAlive` round trip on the grant's own lease;
-//!   release and force-release revoke that lease, which deletes the key.
+//! - Renew is a `LeaseKeepAlive` on the grant's own lease followed by a Txn
+//!   proving the key still carries the grant (its create revision and that
+//!   lease); a renewal with another TTL moves the key to a new lease of that
+//!   TTL. Release and force-release revoke the lease, which deletes the key.
 //! - Waiters watch the key for DELETE events.
 //! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
 //!   granted TTL is returned in `Grant::ttl`.

@@ -18,8 +18,9 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 ///   part of the URL works too);
 /// - `tls=true` — HTTPS to every endpoint (needs the `tls` feature), with
 ///   `ca=PATH` (PEM CA bundle) and `domain=NAME` (name to verify);
-/// - `timeout=DURATION` — per-request timeout (default `5s`), also the
-///   connect timeout.
+/// - `timeout=DURATION` — the longest connecting (which waits for a first
+///   answer) and any one request may take before it fails transiently
+///   (default `5s`).
 #[derive(Clone)]
 pub struct EtcdOptions {
     /// Endpoints as `http(s)://host:port`; the client fails over between them.

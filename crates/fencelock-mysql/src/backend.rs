@@ -1,17 +1,17 @@
 //! [`MySqlBackend`]: atomic statements judged by the server's `NOW(6)`.
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::{fmt, future::Future, str::FromStr, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
     Owner, Result, Stats,
 };
-use fencelock_sql_common::{micros_to_duration, ttl_micros, SqlUrl};
+use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow},
     pool::PoolConnection,
-    MySql, MySqlConnection, MySqlPool, Row,
+    MySql, MySqlPool, Row,
 };
 
 use crate::{
@@ -38,36 +38,6 @@ const DEADLOCK_RETRIES: u32 = 3;
 /// commit (a few milliseconds normally; long only if that session stalls).
 const TURN_WAIT_SECS: u32 = 10;
 
-/// A pooled session that may hold a key's named lock (see `Sql::acquire`).
-/// Unless it is handed back with [`TurnSession::finish`] after the lock was
-/// released, it is detached from the pool and closed on drop, and the server
-/// frees the lock with the session. This covers errors between the two
-/// statements and a caller that stops waiting (drops the future) there.
-struct TurnSession {
-    conn: Option<PoolConnection<MySql>>,
-}
-
-impl TurnSession {
-    fn conn(&mut self) -> Result<&mut MySqlConnection> {
-        self.conn
-            .as_deref_mut()
-            .ok_or_else(|| bad_reply("session already handed back"))
-    }
-
-    /// Returns the session to the pool: its named lock has been released.
-    fn finish(mut self) {
-        drop(self.conn.take());
-    }
-}
-
-impl Drop for TurnSession {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
-        }
-    }
-}
-
 /// How the backend was configured.
 #[derive(Clone, Debug)]
 pub struct MySqlOptions {
@@ -77,8 +47,8 @@ pub struct MySqlOptions {
 impl MySqlOptions {
     /// Parses a `mysql://` or `mariadb://` URL. Besides the driver's own
     /// parameters (`ssl-mode`, …) it accepts `table_prefix` (default
-    /// `fencelock_`), `pool_max` (default 10) and `acquire_timeout`
-    /// (default `10s`).
+    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
+    /// `10s`), and `connect_timeout` and `op_timeout` (default `5s` each).
     pub fn from_url(url: &str) -> Result<Self> {
         Ok(Self {
             url: fencelock_sql_common::parse(url, SCHEMES, &[])?,
@@ -94,6 +64,32 @@ impl MySqlOptions {
         Names::new(&self.url.prefix)
     }
 
+    /// Runs one operation within the operation time-out; giving up is a
+    /// transient error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        context: &'static str,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op)
+            .await
+            .map_err(|e| map(context, e))
+    }
+
+    /// Opens the pool and the schema within the connect time-out.
+    pub(crate) async fn open(&self) -> Result<MySqlPool> {
+        let limit = self.url.connect_timeout;
+        let open = async {
+            let (pool, mut first) = self.pool().await?;
+            schema::ensure(&mut first, &self.names()).await?;
+            fencelock_sql_common::return_to_pool(first).await;
+            Ok(pool)
+        };
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
+    }
+
     /// How every session connects.
     pub(crate) fn connect_options(&self) -> Result<MySqlConnectOptions> {
         // Leases are DATETIME(6) values compared with NOW(6), both in the
@@ -106,7 +102,8 @@ impl MySqlOptions {
             .timezone(Some(String::from("+00:00"))))
     }
 
-    pub(crate) async fn pool(&self) -> Result<MySqlPool> {
+    /// A pool and its first connection.
+    async fn pool(&self) -> Result<(MySqlPool, PoolConnection<MySql>)> {
         let connect = self.connect_options()?;
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
@@ -116,9 +113,14 @@ impl MySqlOptions {
             .max_connections(self.url.pool_max)
             .acquire_timeout(self.url.acquire_timeout)
             .test_before_acquire(false);
-        fencelock_sql_common::open_pool(options, connect)
-            .await
-            .map_err(|e| map("connecting", e))
+        fencelock_sql_common::open_pool(
+            options,
+            connect,
+            self.url.connect_timeout,
+            crate::error::is_transient,
+        )
+        .await
+        .map_err(|e| map("connecting", e))
     }
 }
 
@@ -259,14 +261,16 @@ impl MySqlBackend {
 
     /// Connects with parsed options.
     pub async fn with_options(options: MySqlOptions) -> Result<Self> {
-        let pool = options.pool().await?;
-        let names = options.names();
-        schema::ensure(&pool, &names).await?;
         Ok(Self {
-            sql: Sql::new(&names),
-            pool,
+            sql: Sql::new(&options.names()),
+            pool: options.open().await?,
             options,
         })
+    }
+
+    /// Takes a pooled connection for one operation.
+    async fn session(&self) -> std::result::Result<Session<MySql>, sqlx::Error> {
+        Session::acquire(&self.pool).await
     }
 
     /// The connection pool.
@@ -318,45 +322,50 @@ impl Backend for MySqlBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let fail = |e| map("acquiring", e);
         let key = request.key.as_str();
-        let mut deadlocks = 0;
-        let mut session = loop {
-            let mut session = TurnSession {
-                conn: Some(self.pool.acquire().await.map_err(fail)?),
+        let acquire = async {
+            let mut deadlocks = 0;
+            let mut session = loop {
+                // A session dropped before `finish` is closed, freeing any
+                // turn it held: after an error, or when the caller stops
+                // waiting between the two statements.
+                let mut session = self.session().await?;
+                let upsert = sqlx::query(&self.sql.acquire)
+                    .bind(key)
+                    .bind(request.owner.as_str())
+                    .bind(key)
+                    .bind(request.kind.as_deref())
+                    .bind(request.data.as_ref())
+                    .bind(ttl_micros(request.ttl))
+                    .execute(session.conn()?)
+                    .await;
+                match upsert {
+                    Ok(_) => break session,
+                    // A deadlock victim was rolled back whole, so trying
+                    // again is safe (and what MySQL asks of applications).
+                    Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => deadlocks += 1,
+                    Err(e) => return Err(e),
+                }
             };
-            let upsert = sqlx::query(&self.sql.acquire)
+            let row = sqlx::query(&self.sql.acquire_result)
                 .bind(key)
-                .bind(request.owner.as_str())
                 .bind(key)
-                .bind(request.kind.as_deref())
-                .bind(request.data.as_ref())
-                .bind(ttl_micros(request.ttl))
-                .execute(session.conn()?)
-                .await;
-            match upsert {
-                Ok(_) => break session,
-                // A deadlock victim was rolled back whole, so trying again
-                // is safe (and what MySQL asks of applications). Dropping the
-                // session closes it, freeing any turn it held.
-                Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => deadlocks += 1,
-                Err(e) => return Err(map_acquire(e)),
-            }
+                .fetch_one(session.conn()?)
+                .await?;
+            // The turn is released: the session may serve others.
+            session.finish();
+            Ok(row)
         };
-        let row = sqlx::query(&self.sql.acquire_result)
-            .bind(key)
-            .bind(key)
-            .fetch_one(session.conn()?)
+        let row = bounded(self.options.url.op_timeout, acquire)
             .await
-            .map_err(fail)?;
-        session.finish();
+            .map_err(map_acquire)?;
         // No row for the key: our lease (if any) was already force-released.
         // Reporting "held by someone unknown" is the safe answer.
         if text(&row, "lock_key")?.is_none() {
             return Ok(Acquire::Held(None));
         }
         let info = lease(&row)?;
-        let won: Option<bool> = row.try_get("won").map_err(fail)?;
+        let won: Option<bool> = row.try_get("won").map_err(|e| map("acquiring", e))?;
         Ok(if won == Some(true) {
             Acquire::Granted(Grant {
                 token: info.token,
@@ -382,27 +391,32 @@ impl Backend for MySqlBackend {
             owner: owner.clone(),
             token,
         };
-        let fail = |e| map("renewing", e);
-        let mut conn = self.pool.acquire().await.map_err(fail)?;
-        let matched = sqlx::query(&self.sql.renew)
-            .bind(ttl_micros(ttl))
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(token.get())
-            .execute(&mut *conn)
-            .await
-            .map_err(fail)?
-            .rows_affected();
-        if matched == 0 {
-            return Err(not_held());
-        }
-        // The new expiry, for display: UPDATE has no RETURNING here.
-        let expires_at = sqlx::query_scalar(&self.sql.renewed)
-            .bind(key.as_str())
-            .bind(token.get())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(fail)?
+        let expires_at = self
+            .options
+            .bounded("renewing", async {
+                let mut s = self.session().await?;
+                let matched = sqlx::query(&self.sql.renew)
+                    .bind(ttl_micros(ttl))
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(token.get())
+                    .execute(s.conn()?)
+                    .await?
+                    .rows_affected();
+                if matched == 0 {
+                    s.finish();
+                    return Ok(None);
+                }
+                // The new expiry, for display: UPDATE has no RETURNING here.
+                let expires_at = sqlx::query_scalar(&self.sql.renewed)
+                    .bind(key.as_str())
+                    .bind(token.get())
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                expires_at
+            })
+            .await?
             .ok_or_else(not_held)?;
         Ok(Grant {
             token,
@@ -412,84 +426,128 @@ impl Backend for MySqlBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        let deleted = sqlx::query(&self.sql.release)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(token.get())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("releasing", e))?
+        let deleted = self
+            .options
+            .bounded("releasing", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.release)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(token.get())
+                    .execute(s.conn()?)
+                    .await;
+                s.finish();
+                done
+            })
+            .await?
             .rows_affected();
         Ok(deleted > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        sqlx::query(&self.sql.inspect)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("inspecting", e))?
+        self.options
+            .bounded("inspecting", async {
+                let mut s = self.session().await?;
+                let row = sqlx::query(&self.sql.inspect)
+                    .bind(key.as_str())
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                row
+            })
+            .await?
             .as_ref()
             .map(lease)
             .transpose()
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        sqlx::query(&self.sql.list)
-            .bind(prefix)
-            .bind(prefix)
-            .bind(prefix)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("listing", e))?
+        self.options
+            .bounded("listing", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.list)
+                    .bind(prefix)
+                    .bind(prefix)
+                    .bind(prefix)
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish();
+                rows
+            })
+            .await?
             .iter()
             .map(lease)
             .collect()
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let fail = |e| map("force-releasing", e);
-        let mut tx = self.pool.begin().await.map_err(fail)?;
-        let row = sqlx::query(&self.sql.force_select)
-            .bind(key.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(fail)?;
-        let Some(info) = row.as_ref().map(lease).transpose()? else {
-            return Ok(None);
-        };
-        sqlx::query(&self.sql.force_delete)
-            .bind(key.as_str())
-            .bind(info.token.get())
-            .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
-        tx.commit().await.map_err(fail)?;
-        Ok(Some(info))
+        let forced = self
+            .options
+            .bounded("force-releasing", async {
+                let mut s = self.session().await?;
+                let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                let row = sqlx::query(&self.sql.force_select)
+                    .bind(key.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
+                    tx.commit().await?;
+                    s.finish();
+                    return Ok(None);
+                };
+                let token: u64 = row.try_get("token")?;
+                sqlx::query(&self.sql.force_delete)
+                    .bind(key.as_str())
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                s.finish();
+                Ok(Some(row))
+            })
+            .await?;
+        forced.as_ref().map(lease).transpose()
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.release_all)
-            .bind(owner.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("releasing all", e))?
+        Ok(self
+            .options
+            .bounded("releasing all", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.release_all)
+                    .bind(owner.as_str())
+                    .execute(s.conn()?)
+                    .await;
+                s.finish();
+                done
+            })
+            .await?
             .rows_affected())
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.cleanup)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("cleaning up", e))?
+        Ok(self
+            .options
+            .bounded("cleaning up", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
+                s.finish();
+                done
+            })
+            .await?
             .rows_affected())
     }
 
     async fn stats(&self) -> Result<Stats> {
-        let rows = sqlx::query(&self.sql.stats)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("computing stats", e))?;
+        let rows = self
+            .options
+            .bounded("computing stats", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
+                s.finish();
+                rows
+            })
+            .await?;
         let mut leases = Vec::with_capacity(rows.len());
         let mut expired = 0;
         for row in &rows {

@@ -18,7 +18,6 @@ use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, MySqlConnection, Row};
 use crate::{
     backend::{MySqlOptions, Sql},
     error::map,
-    schema,
 };
 
 /// Opens raw connections configured as the backend for the same URL.
@@ -31,9 +30,7 @@ pub struct MySqlBaseline {
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = MySqlOptions::from_url(url)?;
     let names = options.names();
-    let pool = options.pool().await?;
-    schema::ensure(&pool, &names).await?;
-    pool.close().await;
+    options.open().await?.close().await;
     Ok(Box::new(MySqlBaseline {
         connect: options.connect_options()?,
         sql: std::sync::Arc::new(Sql::new(&names)),

@@ -6,12 +6,13 @@ use sqlx::mysql::MySqlDatabaseError;
 const BACKEND: &str = "mysql";
 
 /// Server error numbers after which the same statement can succeed later:
-/// deadlock, lock wait timeout, too many connections, server shutting down,
+/// deadlock, lock wait timeout, too many connections (for the server, 1040,
+/// or for the user, 1203), server shutting down,
 /// connection killed, server gone away or lost, read-only during failover.
 fn transient_number(n: u16) -> bool {
     matches!(
         n,
-        1205 | 1213 | 1040 | 1053 | 1927 | 2006 | 2013 | 1290 | 1836 | 4031
+        1205 | 1213 | 1040 | 1203 | 1053 | 1927 | 2006 | 2013 | 1290 | 1836 | 4031
     )
 }
 
@@ -24,13 +25,17 @@ fn server_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// Whether a retry of what failed with `e` may succeed.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match server_number(e) {
+        Some(n) => transient_number(n),
+        None => fencelock_sql_common::transient_driver_error(e),
+    }
+}
+
 /// Classifies a driver error as transient (retry may help) or permanent.
 pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
-    let transient = match server_number(&e) {
-        Some(n) => transient_number(n),
-        None => fencelock_sql_common::transient_driver_error(&e),
-    };
-    let error = if transient {
+    let error = if is_transient(&e) {
         BackendError::transient(BACKEND, context, e)
     } else {
         BackendError::permanent(BACKEND, context, e)
@@ -70,6 +75,7 @@ mod tests {
     #[test]
     fn classes() {
         assert!(transient_number(1213) && transient_number(2013));
+        assert!(transient_number(1040) && transient_number(1203));
         assert!(!transient_number(1146));
         assert!(map("x", sqlx::Error::PoolTimedOut).is_transient());
         assert!(!map("x", sqlx::Error::RowNotFound).is_transient());

@@ -7,18 +7,22 @@ use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
 use sqlx::{MySqlConnection, MySqlPool};
 
-use crate::{backend::MySqlOptions, error::map, schema};
+use fencelock_sql_common::Session;
+
+use crate::backend::MySqlOptions;
 
 /// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
-/// (DESIGN §5, I7).
+/// (`docs/semantics.md`, I7).
 ///
 /// Use [`Fence::admit`] on its own (one short transaction), or
 /// [`MySqlFence::admit_in`] inside the transaction of the protected write.
 #[derive(Clone)]
 pub struct MySqlFence {
     pool: MySqlPool,
+    options: MySqlOptions,
     upsert: String,
     read: String,
+    read_latest: String,
 }
 
 impl fmt::Debug for MySqlFence {
@@ -35,20 +39,28 @@ impl MySqlFence {
 
     /// Connects with parsed options.
     pub async fn with_options(options: &MySqlOptions) -> Result<Self> {
-        let pool = options.pool().await?;
+        let pool = options.open().await?;
         let names = options.names();
-        schema::ensure(&pool, &names).await?;
         let fences = &names.fences;
         Ok(Self {
             pool,
+            options: options.clone(),
             // Always storing max(stored, presented); the read that follows in
-            // the same transaction sees our own locked row, so it shows the
-            // presented token exactly when it was admitted.
+            // the same transaction shows the presented token exactly when it
+            // was admitted.
             upsert: format!(
                 "INSERT INTO {fences} (resource, token) VALUES (?, ?)
                  ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
             ),
             read: format!("SELECT token FROM {fences} WHERE resource = ?"),
+            // A locking read: it sees the latest committed row (which the
+            // upsert has locked already), whereas a plain SELECT in a
+            // REPEATABLE READ transaction that has read anything before
+            // returns that transaction's snapshot. When the upsert changed
+            // nothing (a newer token was stored after the snapshot), the
+            // snapshot still holds the old, lower token and a stale token
+            // would read back as admitted.
+            read_latest: format!("SELECT token FROM {fences} WHERE resource = ? FOR UPDATE"),
         })
     }
 
@@ -61,6 +73,11 @@ impl MySqlFence {
     /// statement: `UPDATE t SET …, fence = ? WHERE id = ? AND fence <= ?`,
     /// where 0 affected rows means a newer holder wrote (the driver reports
     /// matched rows, so an unchanged row still counts as 1).
+    ///
+    /// Like every statement of the library, the admission gives up after
+    /// the URL's `op_timeout` with a transient error. The connection is then
+    /// in the middle of a statement: abandon (drop) the transaction rather
+    /// than use it further.
     pub async fn admit_in(
         &self,
         conn: &mut MySqlConnection,
@@ -68,36 +85,39 @@ impl MySqlFence {
         token: FencingToken,
     ) -> Result<()> {
         LockKey::new(resource)?;
-        self.admit_on(conn, resource, token)
-            .await?
-            .into_result("mysql", resource, token)
+        let current = self
+            .options
+            .bounded("admitting a token", self.admit_on(conn, resource, token))
+            .await?;
+        admission(current, token).into_result("mysql", resource, token)
     }
 
+    /// The upsert and the read back; the token stored now.
     async fn admit_on(
         &self,
         conn: &mut MySqlConnection,
         resource: &str,
         token: FencingToken,
-    ) -> Result<Admission> {
-        let fail = |e| map("admitting a token", e);
+    ) -> std::result::Result<u64, sqlx::Error> {
         sqlx::query(&self.upsert)
             .bind(resource)
             .bind(token.get())
             .execute(&mut *conn)
-            .await
-            .map_err(fail)?;
-        let current: u64 = sqlx::query_scalar(&self.read)
+            .await?;
+        sqlx::query_scalar(&self.read_latest)
             .bind(resource)
             .fetch_one(&mut *conn)
             .await
-            .map_err(fail)?;
-        Ok(if current == token.get() {
-            Admission::Admitted
-        } else {
-            Admission::Stale {
-                current: FencingToken(current),
-            }
-        })
+    }
+}
+
+fn admission(current: u64, token: FencingToken) -> Admission {
+    if current == token.get() {
+        Admission::Admitted
+    } else {
+        Admission::Stale {
+            current: FencingToken(current),
+        }
     }
 }
 
@@ -108,19 +128,33 @@ impl Fence for MySqlFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
-        let fail = |e| map("admitting a token", e);
-        let mut tx = self.pool.begin().await.map_err(fail)?;
-        let admission = self.admit_on(&mut tx, resource, token).await?;
-        tx.commit().await.map_err(fail)?;
-        Ok(admission)
+        let current = self
+            .options
+            .bounded("admitting a token", async {
+                let mut s = Session::acquire(&self.pool).await?;
+                let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                let current = self.admit_on(&mut tx, resource, token).await?;
+                tx.commit().await?;
+                s.finish();
+                Ok(current)
+            })
+            .await?;
+        Ok(admission(current, token))
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let current: Option<u64> = sqlx::query_scalar(&self.read)
-            .bind(resource)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("reading a fence", e))?;
+        let current: Option<u64> = self
+            .options
+            .bounded("reading a fence", async {
+                let mut s = Session::acquire(&self.pool).await?;
+                let current = sqlx::query_scalar(&self.read)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                current
+            })
+            .await?;
         Ok(current.map(FencingToken))
     }
 }

@@ -1,6 +1,6 @@
 //! Table names and the idempotent, concurrency-safe schema setup.
 
-use sqlx::MySqlPool;
+use sqlx::MySqlConnection;
 
 use crate::error::map;
 
@@ -40,17 +40,12 @@ const TEXT: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
 /// table. One of those may be the second statement of an acquisition that
 /// holds a key's turn while a third session waits for that turn inside its
 /// own INSERT: a deadlock (seen with 50 CLI processes starting at once).
-pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Result<()> {
+///
+/// Runs on `conn`, the pool's first connection, so that opening a backend
+/// uses one connection.
+pub(crate) async fn ensure(conn: &mut MySqlConnection, n: &Names) -> fencelock_core::Result<()> {
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
-    if present(
-        &mut *pool
-            .acquire()
-            .await
-            .map_err(|e| map("reading the schema", e))?,
-        n,
-    )
-    .await?
-    {
+    if present(&mut *conn, n).await? {
         return Ok(());
     }
     let ddl = [
@@ -80,7 +75,6 @@ pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Resul
         ),
     ];
     let fail = |e| map("creating the schema", e);
-    let mut conn = pool.acquire().await.map_err(fail)?;
     let lock_name = format!("fencelock:schema:{p}");
     let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
         .bind(&lock_name)
@@ -92,7 +86,7 @@ pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Resul
             "another process held the schema lock for 60 s",
         ));
     }
-    let created = create_if_missing(&mut conn, n, &ddl).await;
+    let created = create_if_missing(&mut *conn, n, &ddl).await;
     sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(&lock_name)
         .execute(&mut *conn)
@@ -106,7 +100,7 @@ pub(crate) async fn ensure(pool: &MySqlPool, n: &Names) -> fencelock_core::Resul
 /// incomplete, that is before any process can acquire, and never beside
 /// acquisitions.
 async fn create_if_missing(
-    conn: &mut sqlx::MySqlConnection,
+    conn: &mut MySqlConnection,
     n: &Names,
     ddl: &[String],
 ) -> fencelock_core::Result<()> {
@@ -124,7 +118,7 @@ async fn create_if_missing(
 
 /// Whether all three objects exist. The locks table is created after the
 /// sequence and before the fences table, so all three means "complete".
-async fn present(conn: &mut sqlx::MySqlConnection, n: &Names) -> fencelock_core::Result<bool> {
+async fn present(conn: &mut MySqlConnection, n: &Names) -> fencelock_core::Result<bool> {
     let found: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES
           WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)",

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
 use fencelock_mysql::{MySqlBackend, MySqlFence};
-use fencelock_testkit::{servers::mariadb::MariaDbServer, txfence, TestResult};
+use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest {
@@ -27,7 +27,8 @@ async fn mariadb_specific() -> TestResult {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
         a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
-        a_clients_time_zone_does_not_move_leases(&base).await
+        a_clients_time_zone_does_not_move_leases(&base).await?;
+        a_waiting_statement_times_out_and_the_pool_recovers(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -126,6 +127,41 @@ async fn concurrent_schema_creation(base: &str) -> TestResult {
     Ok(())
 }
 
+/// A statement kept waiting on a row lock gives up after `op_timeout`, and
+/// the abandoned connection does not stay in the pool (of one).
+async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> TestResult {
+    let op_timeout = Duration::from_secs(1);
+    let backend = MySqlBackend::connect(&format!(
+        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout=1s&op_timeout=1s"
+    ))
+    .await?;
+    let others = sqlx::MySqlPool::connect(base).await?;
+    let hold: timeouts::HoldRow = Box::new(move |key| {
+        Box::pin(async move {
+            let mut tx = others.begin().await?;
+            sqlx::query("SELECT 1 FROM tmo_locks WHERE `key` = ? FOR UPDATE")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            Ok(Box::new(tx) as Box<dyn Send>)
+        })
+    });
+    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold).await
+}
+
+/// Connecting to a server that accepts and never answers gives up after
+/// `connect_timeout`.
+#[tokio::test]
+async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
+    let limit = Duration::from_secs(1);
+    timeouts::connecting_to_a_silent_server_fails_in_time(
+        limit,
+        |port| format!("mysql://u@127.0.0.1:{port}/db?connect_timeout=1s"),
+        |url| async move { MySqlBackend::connect(&url).await },
+    )
+    .await
+}
+
 /// The in-transaction fence, through the testkit's one test of it.
 async fn fence_in_transaction(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=txfence_");
@@ -138,7 +174,31 @@ async fn fence_in_transaction(base: &str) -> TestResult {
     .await
 }
 
-fencelock_testkit::sqlx_transactional_fence!(Transactions, sqlx::MySql, MySqlFence);
+// `SET TRANSACTION` without `SESSION` applies to the next transaction only,
+// so pooled connections keep the server's default.
+fencelock_testkit::sqlx_transactional_fence!(
+    Transactions,
+    sqlx::MySql,
+    MySqlFence,
+    [
+        (
+            "repeatable read",
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION"
+        ),
+        (
+            "read committed",
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+        ),
+        (
+            "read uncommitted",
+            "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION"
+        ),
+        (
+            "serializable",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION"
+        ),
+    ]
+);
 
 #[tokio::test]
 async fn malformed_urls_hide_the_password() {

@@ -3,10 +3,11 @@
 
 use std::{
     fmt,
+    future::Future,
     str::FromStr,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
     time::Duration,
 };
@@ -16,10 +17,11 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
     Owner, Result, Stats, WakeHub, WakeSubscription,
 };
-use fencelock_sql_common::{micros_to_duration, ttl_micros, SqlUrl};
+use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
 use sqlx::{
+    pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions, PgRow},
-    PgPool, Row,
+    PgPool, Postgres, Row,
 };
 
 use crate::{
@@ -32,8 +34,10 @@ use crate::{
 pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// The columns every lease-returning statement selects. `expires_in_us` is
-/// computed by the server so no client clock takes part (I4).
-const LEASE_COLUMNS: &str = "key, owner, token, kind, data, acquired_at, expires_at, \
+/// computed by the server so no client clock takes part (I4). Data travels
+/// as JSON text (see [`data_text`]).
+const LEASE_COLUMNS: &str =
+    "key, owner, token, kind, data::text AS data, acquired_at, expires_at, \
      (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
 
 /// How the backend was configured.
@@ -47,7 +51,8 @@ impl PostgresOptions {
     /// Parses a `postgres://` or `postgresql://` URL. Besides the driver's own
     /// parameters (`sslmode`, …) it accepts `table_prefix` (default
     /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
-    /// `10s`) and `synchronous_commit=off` (the relaxed durability mode of
+    /// `10s`), `connect_timeout` and `op_timeout` (default `5s` each) and
+    /// `synchronous_commit=off` (the relaxed durability mode of
     /// `docs/postgres.md`).
     pub fn from_url(url: &str) -> Result<Self> {
         let url = fencelock_sql_common::parse(url, SCHEMES, &["synchronous_commit"])?;
@@ -86,6 +91,37 @@ impl PostgresOptions {
         Names::new(&self.url.prefix)
     }
 
+    /// How long connecting (schema check included) may take.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.url.connect_timeout
+    }
+
+    /// Runs one operation within the operation time-out; giving up is a
+    /// transient error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        context: &'static str,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op)
+            .await
+            .map_err(|e| map(context, e))
+    }
+
+    /// Opens the pool and the schema within the connect time-out.
+    pub(crate) async fn open(&self, relaxed: bool) -> Result<PgPool> {
+        let limit = self.url.connect_timeout;
+        let open = async {
+            let (pool, mut first) = self.pool(relaxed).await?;
+            schema::ensure(&mut first, &self.names(), limit).await?;
+            fencelock_sql_common::return_to_pool(first).await;
+            Ok(pool)
+        };
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
+    }
+
     /// How to connect; `relaxed` applies `synchronous_commit = off`.
     pub(crate) fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
         let connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
@@ -102,15 +138,18 @@ impl PostgresOptions {
 
     /// The wake-up listener's own connection: a pool of one, so that the
     /// LISTEN session, which is held forever, never takes a slot of the
-    /// pool that runs the lock statements.
-    pub(crate) fn listener_pool(&self) -> Result<PgPool> {
+    /// pool that runs the lock statements. Nothing connects until the
+    /// listener starts.
+    fn listener_pool(&self) -> Result<PgPool> {
         Ok(PgPoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(self.url.connect_timeout)
             .connect_lazy_with(self.connect_options(false)?))
     }
 
-    /// A pool; `relaxed` applies `synchronous_commit = off` to its sessions.
-    pub(crate) async fn pool(&self, relaxed: bool) -> Result<PgPool> {
+    /// A pool and its first connection; `relaxed` applies
+    /// `synchronous_commit = off` to its sessions.
+    async fn pool(&self, relaxed: bool) -> Result<(PgPool, PoolConnection<Postgres>)> {
         let connect = self.connect_options(relaxed)?;
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
@@ -120,9 +159,14 @@ impl PostgresOptions {
             .max_connections(self.url.pool_max)
             .acquire_timeout(self.url.acquire_timeout)
             .test_before_acquire(false);
-        fencelock_sql_common::open_pool(options, connect)
-            .await
-            .map_err(|e| map("connecting", e))
+        fencelock_sql_common::open_pool(
+            options,
+            connect,
+            self.url.connect_timeout,
+            crate::error::is_transient,
+        )
+        .await
+        .map_err(|e| map("connecting", e))
     }
 }
 
@@ -166,7 +210,7 @@ impl Sql {
                  won AS (
                    INSERT INTO {locks} AS l
                      (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::jsonb, now(),
+                   SELECT $1, $2, nextval('{tokens}'), $3::text, $4::text::json, now(),
                           now() + $5::bigint * interval '1 microsecond', now()
                      FROM turn
                    ON CONFLICT (key) DO UPDATE SET
@@ -240,7 +284,9 @@ pub struct PostgresBackend {
     sql: Sql,
     hub: WakeHub,
     listening: Arc<AtomicBool>,
-    _listener: Listener,
+    /// Where the listener connects; it starts with the first waiter.
+    listener_pool: PgPool,
+    listener: OnceLock<Listener>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -252,33 +298,30 @@ impl fmt::Debug for PostgresBackend {
 }
 
 impl PostgresBackend {
-    /// Connects with the options of `url` (see [`PostgresOptions::from_url`]),
-    /// creates the schema if needed and starts the wake-up listener.
+    /// Connects with the options of `url` (see [`PostgresOptions::from_url`])
+    /// and creates or upgrades the schema if needed. The wake-up listener
+    /// connects when the first waiter subscribes.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::with_options(PostgresOptions::from_url(url)?).await
     }
 
     /// Connects with parsed options.
     pub async fn with_options(options: PostgresOptions) -> Result<Self> {
-        let pool = options.pool(options.synchronous_commit_off).await?;
-        let names = options.names();
-        schema::ensure(&pool, &names).await?;
-        let hub = WakeHub::new();
-        let listening = Arc::new(AtomicBool::new(false));
-        let listener = Listener::spawn(
-            options.listener_pool()?,
-            names.channel.clone(),
-            hub.clone(),
-            Arc::clone(&listening),
-        );
+        let pool = options.open(options.synchronous_commit_off).await?;
         Ok(Self {
-            sql: Sql::new(&names),
+            sql: Sql::new(&options.names()),
             pool,
+            hub: WakeHub::new(),
+            listening: Arc::new(AtomicBool::new(false)),
+            listener_pool: options.listener_pool()?,
+            listener: OnceLock::new(),
             options,
-            hub,
-            listening,
-            _listener: listener,
         })
+    }
+
+    /// Takes a pooled connection for one operation.
+    async fn session(&self) -> std::result::Result<Session<Postgres>, sqlx::Error> {
+        Session::acquire(&self.pool).await
     }
 
     /// The connection pool, e.g. to run the in-transaction fence on it.
@@ -293,9 +336,18 @@ fn db_token(token: FencingToken) -> Option<i64> {
     i64::try_from(token.get()).ok()
 }
 
+/// Lease data as JSON text, for a `json` column. Not `jsonb`, and not the
+/// driver's JSON binding (which sends `jsonb`): `jsonb` refuses valid JSON
+/// such as `"\u0000"`, which PostgreSQL text cannot hold, while `json`
+/// stores the text as given, so any valid JSON round-trips.
+fn data_text(data: Option<&serde_json::Value>) -> Option<String> {
+    data.map(serde_json::Value::to_string)
+}
+
 fn lease(row: &PgRow) -> Result<LockInfo> {
     let get = |e: sqlx::Error| map("reading a lease", e);
     let token: i64 = row.try_get("token").map_err(get)?;
+    let data: Option<String> = row.try_get("data").map_err(get)?;
     Ok(LockInfo {
         key: LockKey::new(row.try_get::<String, _>("key").map_err(get)?)?,
         owner: Owner::new(row.try_get::<String, _>("owner").map_err(get)?)?,
@@ -303,7 +355,12 @@ fn lease(row: &PgRow) -> Result<LockInfo> {
             u64::try_from(token).map_err(|_| bad_reply(format!("negative token {token}")))?,
         ),
         kind: row.try_get("kind").map_err(get)?,
-        data: row.try_get("data").map_err(get)?,
+        data: data
+            .map(|text| {
+                serde_json::from_str(&text)
+                    .map_err(|e| bad_reply(format!("lease data is not JSON: {e}")))
+            })
+            .transpose()?,
         acquired_at: row.try_get("acquired_at").map_err(get)?,
         expires_at: row.try_get("expires_at").map_err(get)?,
         expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
@@ -325,15 +382,22 @@ impl Backend for PostgresBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let row = sqlx::query(&self.sql.acquire)
-            .bind(request.key.as_str())
-            .bind(request.owner.as_str())
-            .bind(request.kind.as_deref())
-            .bind(request.data.as_ref())
-            .bind(ttl_micros(request.ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("acquiring", e))?;
+        let row = self
+            .options
+            .bounded("acquiring", async {
+                let mut s = self.session().await?;
+                let row = sqlx::query(&self.sql.acquire)
+                    .bind(request.key.as_str())
+                    .bind(request.owner.as_str())
+                    .bind(request.kind.as_deref())
+                    .bind(data_text(request.data.as_ref()))
+                    .bind(ttl_micros(request.ttl))
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                row
+            })
+            .await?;
         let Some(row) = row else {
             return Ok(Acquire::Held(None));
         };
@@ -363,14 +427,21 @@ impl Backend for PostgresBackend {
             token,
         };
         let db_token = db_token(token).ok_or_else(not_held)?;
-        let expires_at = sqlx::query_scalar(&self.sql.renew)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(db_token)
-            .bind(ttl_micros(ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("renewing", e))?
+        let expires_at = self
+            .options
+            .bounded("renewing", async {
+                let mut s = self.session().await?;
+                let expires_at = sqlx::query_scalar(&self.sql.renew)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(db_token)
+                    .bind(ttl_micros(ttl))
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                expires_at
+            })
+            .await?
             .ok_or_else(not_held)?;
         Ok(Grant {
             token,
@@ -383,71 +454,113 @@ impl Backend for PostgresBackend {
         let Some(db_token) = db_token(token) else {
             return Ok(false);
         };
-        let rows = sqlx::query(&self.sql.release)
-            .bind(key.as_str())
-            .bind(owner.as_str())
-            .bind(db_token)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("releasing", e))?;
+        let rows = self
+            .options
+            .bounded("releasing", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.release)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(db_token)
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish();
+                rows
+            })
+            .await?;
         Ok(!rows.is_empty())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        sqlx::query(&self.sql.inspect)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("inspecting", e))?
+        self.options
+            .bounded("inspecting", async {
+                let mut s = self.session().await?;
+                let row = sqlx::query(&self.sql.inspect)
+                    .bind(key.as_str())
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                row
+            })
+            .await?
             .as_ref()
             .map(lease)
             .transpose()
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        sqlx::query(&self.sql.list)
-            .bind(prefix)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("listing", e))?
+        self.options
+            .bounded("listing", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.list)
+                    .bind(prefix)
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish();
+                rows
+            })
+            .await?
             .iter()
             .map(lease)
             .collect()
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        sqlx::query(&self.sql.force_release)
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("force-releasing", e))?
+        self.options
+            .bounded("force-releasing", async {
+                let mut s = self.session().await?;
+                let row = sqlx::query(&self.sql.force_release)
+                    .bind(key.as_str())
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                row
+            })
+            .await?
             .as_ref()
             .map(lease)
             .transpose()
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let rows = sqlx::query(&self.sql.release_all)
-            .bind(owner.as_str())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("releasing all", e))?;
+        let rows = self
+            .options
+            .bounded("releasing all", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.release_all)
+                    .bind(owner.as_str())
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish();
+                rows
+            })
+            .await?;
         Ok(rows.len() as u64)
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.cleanup)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map("cleaning up", e))?
+        Ok(self
+            .options
+            .bounded("cleaning up", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
+                s.finish();
+                done
+            })
+            .await?
             .rows_affected())
     }
 
     async fn stats(&self) -> Result<Stats> {
-        let rows = sqlx::query(&self.sql.stats)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map("computing stats", e))?;
+        let rows = self
+            .options
+            .bounded("computing stats", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
+                s.finish();
+                rows
+            })
+            .await?;
         let mut leases = Vec::with_capacity(rows.len());
         let mut expired = 0;
         for row in &rows {
@@ -467,9 +580,25 @@ impl Backend for PostgresBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        // While the listener is down a subscription would never fire; say
-        // so, and the waiter backs off with jitter instead.
-        if !self.listening.load(Ordering::SeqCst) {
+        // The LISTEN session costs a connection of its own, so it is opened
+        // only once somebody waits: a one-shot process that does not wait
+        // uses one connection.
+        let mut starting = false;
+        self.listener.get_or_init(|| {
+            starting = true;
+            Listener::spawn(
+                self.listener_pool.clone(),
+                self.options.names().channel,
+                self.hub.clone(),
+                Arc::clone(&self.listening),
+                self.options.connect_timeout(),
+            )
+        });
+        // A subscription taken while the listener starts fires once it
+        // listens (it wakes everyone then), or ends if it cannot connect.
+        // While a running listener is down a subscription would never
+        // fire; say so, and the waiter backs off with jitter instead.
+        if !starting && !self.listening.load(Ordering::SeqCst) {
             return Ok(None);
         }
         Ok(Some(self.hub.subscribe(key.as_str())))

@@ -17,7 +17,6 @@ use sqlx::{postgres::PgConnectOptions, ConnectOptions, PgConnection, Row};
 use crate::{
     backend::{PostgresOptions, Sql},
     error::map,
-    schema,
 };
 
 /// Opens raw connections configured as the backend for the same URL.
@@ -32,9 +31,7 @@ pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = PostgresOptions::from_url(url)?;
     let relaxed = options.synchronous_commit_off();
     let names = options.names();
-    let pool = options.pool(relaxed).await?;
-    schema::ensure(&pool, &names).await?;
-    pool.close().await;
+    options.open(relaxed).await?.close().await;
     let sql = Sql::new(&names);
     Ok(Box::new(PostgresBaseline {
         connect: options.connect_options(relaxed)?,
@@ -76,7 +73,7 @@ impl RawCycle for Worker {
             .bind(key)
             .bind(RAW_OWNER)
             .bind(None::<&str>)
-            .bind(None::<serde_json::Value>)
+            .bind(None::<String>)
             .bind(ttl_micros(ttl))
             .fetch_optional(&mut self.conn)
             .await

@@ -15,13 +15,17 @@ fn transient_sqlstate(code: &str) -> bool {
     ) || code.starts_with("08")
 }
 
-/// Classifies a driver error as transient (retry may help) or permanent.
-pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
-    let transient = match &e {
+/// Whether a retry of what failed with `e` may succeed.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
         sqlx::Error::Database(db) => db.code().is_some_and(|c| transient_sqlstate(&c)),
         other => fencelock_sql_common::transient_driver_error(other),
-    };
-    let error = if transient {
+    }
+}
+
+/// Classifies a driver error as transient (retry may help) or permanent.
+pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
+    let error = if is_transient(&e) {
         BackendError::transient(BACKEND, context, e)
     } else {
         BackendError::permanent(BACKEND, context, e)

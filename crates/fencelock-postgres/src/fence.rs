@@ -5,15 +5,12 @@ use std::fmt;
 
 use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
+use fencelock_sql_common::Session;
 use sqlx::{PgConnection, PgPool};
 
-use crate::{
-    backend::PostgresOptions,
-    error::{bad_reply, map},
-    schema,
-};
+use crate::{backend::PostgresOptions, error::bad_reply};
 
-/// A fence kept in `<prefix>fences(resource, token)` (DESIGN §5, I7).
+/// A fence kept in `<prefix>fences(resource, token)` (`docs/semantics.md`, I7).
 ///
 /// Tokens are stored as `numeric(20,0)`, not `bigint`: the backend never
 /// issues a token above `i64::MAX`, but a fence also guards tokens from other
@@ -25,6 +22,7 @@ use crate::{
 #[derive(Clone)]
 pub struct PostgresFence {
     pool: PgPool,
+    options: PostgresOptions,
     admit_sql: String,
     highest_sql: String,
 }
@@ -46,12 +44,12 @@ impl PostgresFence {
     /// synchronously, whatever the lock statements use: a lost admission
     /// would let a stale writer back in.
     pub async fn with_options(options: &PostgresOptions) -> Result<Self> {
-        let pool = options.pool(false).await?;
+        let pool = options.open(false).await?;
         let names = options.names();
-        schema::ensure(&pool, &names).await?;
         let fences = &names.fences;
         Ok(Self {
             pool,
+            options: options.clone(),
             // Always writing max(stored, presented) makes one statement both
             // decide and report: RETURNING shows the presented token exactly
             // when it was admitted. Tokens travel as text because sqlx has no
@@ -71,6 +69,11 @@ impl PostgresFence {
     /// locked until then, so concurrent admissions for the same resource
     /// wait for the transaction to end.
     ///
+    /// Like every statement of the library, the admission gives up after
+    /// the URL's `op_timeout` with a transient error. The connection is then
+    /// in the middle of a statement: abandon (drop) the transaction rather
+    /// than use it further.
+    ///
     /// For a fenced column in your own table, the same rule is one
     /// statement: `UPDATE t SET …, fence = $token WHERE id = $id AND fence
     /// <= $token`, where 0 affected rows means a newer holder wrote.
@@ -81,8 +84,13 @@ impl PostgresFence {
         token: FencingToken,
     ) -> Result<()> {
         LockKey::new(resource)?;
-        admit(conn, &self.admit_sql, resource, token)
-            .await?
+        self.options
+            .bounded(
+                "admitting a token",
+                admit(conn, &self.admit_sql, resource, token),
+            )
+            .await
+            .and_then(|stored| admission(&stored, token))?
             .into_result("postgres", resource, token)
     }
 }
@@ -93,17 +101,22 @@ fn parse_token(text: &str) -> Result<FencingToken> {
         .map_err(|_| bad_reply(format!("fence token {text:?} is not a u64")))
 }
 
-async fn admit<'c, E>(conn: E, sql: &str, resource: &str, token: FencingToken) -> Result<Admission>
-where
-    E: sqlx::PgExecutor<'c>,
-{
-    let stored: String = sqlx::query_scalar(sql)
+/// The upsert; the token it stored, as text.
+async fn admit(
+    conn: &mut PgConnection,
+    sql: &str,
+    resource: &str,
+    token: FencingToken,
+) -> std::result::Result<String, sqlx::Error> {
+    sqlx::query_scalar(sql)
         .bind(resource)
         .bind(token.get().to_string())
         .fetch_one(conn)
         .await
-        .map_err(|e| map("admitting a token", e))?;
-    let current = parse_token(&stored)?;
+}
+
+fn admission(stored: &str, token: FencingToken) -> Result<Admission> {
+    let current = parse_token(stored)?;
     Ok(if current == token {
         Admission::Admitted
     } else {
@@ -118,15 +131,31 @@ impl Fence for PostgresFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
-        admit(&self.pool, &self.admit_sql, resource, token).await
+        let stored = self
+            .options
+            .bounded("admitting a token", async {
+                let mut s = Session::acquire(&self.pool).await?;
+                let stored = admit(s.conn()?, &self.admit_sql, resource, token).await;
+                s.finish();
+                stored
+            })
+            .await?;
+        admission(&stored, token)
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let stored: Option<String> = sqlx::query_scalar(&self.highest_sql)
-            .bind(resource)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map("reading a fence", e))?;
+        let stored: Option<String> = self
+            .options
+            .bounded("reading a fence", async {
+                let mut s = Session::acquire(&self.pool).await?;
+                let stored = sqlx::query_scalar(&self.highest_sql)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish();
+                stored
+            })
+            .await?;
         stored.as_deref().map(parse_token).transpose()
     }
 }

@@ -22,20 +22,36 @@ impl Drop for Listener {
 }
 
 impl Listener {
+    /// Starts listening on `channel`; each attempt to connect may take
+    /// `connect_timeout`.
     pub(crate) fn spawn(
         pool: PgPool,
         channel: String,
         hub: WakeHub,
         listening: Arc<AtomicBool>,
+        connect_timeout: Duration,
     ) -> Self {
-        Self(tokio::spawn(run(pool, channel, hub, listening)))
+        Self(tokio::spawn(run(
+            pool,
+            channel,
+            hub,
+            listening,
+            connect_timeout,
+        )))
     }
 }
 
-async fn run(pool: PgPool, channel: String, hub: WakeHub, listening: Arc<AtomicBool>) {
+async fn run(
+    pool: PgPool,
+    channel: String,
+    hub: WakeHub,
+    listening: Arc<AtomicBool>,
+    connect_timeout: Duration,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match listen(&pool, &channel).await {
+        let attempt = fencelock_sql_common::bounded(connect_timeout, listen(&pool, &channel));
+        match attempt.await {
             Ok(mut listener) => {
                 backoff.reset();
                 listening.store(true, Ordering::SeqCst);
@@ -51,7 +67,11 @@ async fn run(pool: PgPool, channel: String, hub: WakeHub, listening: Arc<AtomicB
                 // Waiters fall back to jittered backoff until we are back.
                 hub.close_all();
             }
-            Err(e) => tracing::debug!(channel, error = %e, "wake-up listener cannot connect"),
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "wake-up listener cannot connect");
+                // Subscriptions taken while it started would never fire.
+                hub.close_all();
+            }
         }
         tokio::time::sleep(backoff.next_pause()).await;
     }

@@ -1,6 +1,8 @@
 //! Table names and the idempotent, concurrency-safe schema setup.
 
-use sqlx::PgPool;
+use std::time::Duration;
+
+use sqlx::PgConnection;
 
 use crate::error::map;
 
@@ -28,47 +30,140 @@ impl Names {
     }
 }
 
-/// Creates the schema if it is missing. `CREATE … IF NOT EXISTS` alone is not
-/// safe when two processes start at once (both see "missing" and one fails on
-/// the catalog's unique index), so the DDL runs in one transaction under an
-/// advisory lock keyed by the prefix.
-pub(crate) async fn ensure(pool: &PgPool, n: &Names) -> fencelock_core::Result<()> {
+/// The schema this code needs; recorded in the locks table's comment as
+/// `fencelock schema <n>` once every object of that version exists.
+/// Version 2: lease data is `json` (was `jsonb`, which refuses `\u0000`).
+const VERSION: u32 = 2;
+const VERSION_TAG: &str = "fencelock schema ";
+
+/// Makes sure the schema of [`VERSION`] (or newer) exists, on `conn`, the
+/// pool's first connection.
+///
+/// The check reads the catalog only and takes no lock on the tables, so a
+/// process starting next to a long transaction on the locks table neither
+/// waits nor makes others wait. (Even a no-op `CREATE INDEX IF NOT EXISTS`
+/// takes a SHARE lock on the table: queued behind any open writer, it blocks
+/// every renewal queued after it.) DDL runs only when the schema is missing
+/// or older, creates only what is missing, and gives up after `lock_timeout`
+/// rather than queue for a lock indefinitely. `CREATE … IF NOT EXISTS` alone
+/// is not safe when two processes start at once (both see "missing" and one
+/// fails on the catalog's unique index), so the DDL runs in one transaction
+/// under an advisory lock keyed by the prefix.
+pub(crate) async fn ensure(
+    conn: &mut PgConnection,
+    n: &Names,
+    lock_timeout: Duration,
+) -> fencelock_core::Result<()> {
+    if current(&mut *conn, n).await? {
+        return Ok(());
+    }
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
-    let ddl = [
-        format!("CREATE SEQUENCE IF NOT EXISTS {tokens} AS bigint"),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {locks} (
-             key text COLLATE \"C\" PRIMARY KEY,
-             owner text NOT NULL,
-             token bigint NOT NULL,
-             kind text,
-             data jsonb,
-             acquired_at timestamptz NOT NULL,
-             expires_at timestamptz NOT NULL,
-             updated_at timestamptz NOT NULL
-         )"
+    let objects = [
+        (
+            tokens.clone(),
+            format!("CREATE SEQUENCE {tokens} AS bigint"),
         ),
-        format!("CREATE INDEX IF NOT EXISTS {p}locks_owner_idx ON {locks} (owner)"),
-        format!("CREATE INDEX IF NOT EXISTS {p}locks_expires_idx ON {locks} (expires_at)"),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {fences} (
-             resource text PRIMARY KEY,
-             token numeric(20, 0) NOT NULL
-         )"
+        (
+            locks.clone(),
+            format!(
+                "CREATE TABLE {locks} (
+                 key text COLLATE \"C\" PRIMARY KEY,
+                 owner text NOT NULL,
+                 token bigint NOT NULL,
+                 kind text,
+                 data json,
+                 acquired_at timestamptz NOT NULL,
+                 expires_at timestamptz NOT NULL,
+                 updated_at timestamptz NOT NULL
+             )"
+            ),
+        ),
+        (
+            format!("{p}locks_owner_idx"),
+            format!("CREATE INDEX {p}locks_owner_idx ON {locks} (owner)"),
+        ),
+        (
+            format!("{p}locks_expires_idx"),
+            format!("CREATE INDEX {p}locks_expires_idx ON {locks} (expires_at)"),
+        ),
+        (
+            fences.clone(),
+            format!(
+                "CREATE TABLE {fences} (
+                 resource text PRIMARY KEY,
+                 token numeric(20, 0) NOT NULL
+             )"
+            ),
         ),
     ];
     let fail = |e| map("creating the schema", e);
-    let mut tx = pool.begin().await.map_err(fail)?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(fail)?;
+    sqlx::query(&format!(
+        "SET LOCAL lock_timeout = '{}ms'",
+        lock_timeout.as_millis().max(1)
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(fail)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(format!("fencelock:schema:{}", n.prefix))
         .execute(&mut *tx)
         .await
         .map_err(fail)?;
-    for statement in &ddl {
-        sqlx::query(statement)
-            .execute(&mut *tx)
+    // Whoever held the advisory lock before may have done it all.
+    if current(&mut tx, n).await? {
+        return tx.commit().await.map_err(fail);
+    }
+    for (name, create) in &objects {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(name)
+            .fetch_one(&mut *tx)
             .await
             .map_err(fail)?;
+        if !exists {
+            sqlx::query(create).execute(&mut *tx).await.map_err(fail)?;
+        }
     }
+    // From version 1. Rewrites the table under an ACCESS EXCLUSIVE lock,
+    // once, bounded by `lock_timeout` like all of this.
+    let data_type: Option<String> = sqlx::query_scalar(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+          WHERE attrelid = to_regclass($1) AND attname = 'data'",
+    )
+    .bind(locks)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(fail)?;
+    if data_type.as_deref() == Some("jsonb") {
+        sqlx::query(&format!(
+            "ALTER TABLE {locks} ALTER COLUMN data TYPE json USING data::json"
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+    }
+    // SHARE UPDATE EXCLUSIVE: does not wait for, or block, lock statements.
+    sqlx::query(&format!(
+        "COMMENT ON TABLE {locks} IS '{VERSION_TAG}{VERSION}'"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(fail)?;
     tx.commit().await.map_err(fail)
+}
+
+/// Whether the schema is complete at [`VERSION`] or newer (a newer
+/// library's schema is left alone).
+async fn current(conn: &mut PgConnection, n: &Names) -> fencelock_core::Result<bool> {
+    let comment: Option<String> =
+        sqlx::query_scalar("SELECT obj_description(to_regclass($1), 'pg_class')")
+            .bind(&n.locks)
+            .fetch_one(conn)
+            .await
+            .map_err(|e| map("reading the schema", e))?;
+    Ok(comment
+        .as_deref()
+        .and_then(|c| c.strip_prefix(VERSION_TAG))
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|v| v >= VERSION))
 }

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
 use fencelock_postgres::{PostgresBackend, PostgresFence};
-use fencelock_testkit::{servers::postgres::PostgresServer, txfence, TestResult};
+use fencelock_testkit::{servers::postgres::PostgresServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest {
@@ -27,7 +27,10 @@ async fn postgres_specific() -> TestResult {
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
         tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
-        a_pool_of_one_still_works_and_wakes_waiters(&base).await
+        a_pool_of_one_still_works_and_wakes_waiters(&base).await?;
+        a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
+        a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
+        a_schema_with_jsonb_data_is_upgraded(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -134,6 +137,132 @@ async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
     Ok(())
 }
 
+/// A statement kept waiting on a row lock gives up after `op_timeout`, and
+/// the abandoned connection does not stay in the pool (of one).
+async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> TestResult {
+    let op_timeout = Duration::from_secs(1);
+    let backend = PostgresBackend::connect(&format!(
+        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout=1s&op_timeout=1s"
+    ))
+    .await?;
+    let others = sqlx::PgPool::connect(base).await?;
+    let hold: timeouts::HoldRow = Box::new(move |key| {
+        Box::pin(async move {
+            let mut tx = others.begin().await?;
+            sqlx::query("SELECT 1 FROM tmo_locks WHERE key = $1 FOR UPDATE")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            Ok(Box::new(tx) as Box<dyn Send>)
+        })
+    });
+    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold).await
+}
+
+/// Connecting runs no DDL when the schema is current: even a no-op `CREATE
+/// INDEX IF NOT EXISTS` queues a SHARE lock behind any open writer of the
+/// locks table, and every renewal then queues behind that request.
+async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
+    base: &str,
+) -> TestResult {
+    let url = format!("{base}?table_prefix=ddl_");
+    let holder = PostgresBackend::connect(&url).await?;
+    let owner = Owner::new("holder")?;
+    let Acquire::Granted(grant) = holder
+        .try_acquire(&request("k", "holder", Duration::from_secs(60))?)
+        .await?
+    else {
+        panic!("a free key was refused");
+    };
+    let others = sqlx::PgPool::connect(base).await?;
+    let mut writer = others.begin().await?;
+    sqlx::query("LOCK TABLE ddl_locks IN ROW EXCLUSIVE MODE")
+        .execute(&mut *writer)
+        .await?;
+    let bound = Duration::from_secs(10);
+    let newcomer = tokio::spawn({
+        let url = url.clone();
+        async move { PostgresBackend::connect(&url).await }
+    });
+    // Until the newcomer is connected or waits for a lock on the table.
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks
+              WHERE relation = 'ddl_locks'::regclass AND NOT granted",
+        )
+        .fetch_one(&others)
+        .await?;
+        if waiting > 0 || newcomer.is_finished() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let renewed = tokio::time::timeout(
+        bound,
+        holder.renew(
+            &LockKey::new("k")?,
+            &owner,
+            grant.token,
+            Duration::from_secs(60),
+        ),
+    )
+    .await;
+    let connected = tokio::time::timeout(bound, newcomer).await;
+    writer.rollback().await?;
+    renewed.map_err(|_| "a renewal queued behind a new client's schema setup")??;
+    connected.map_err(|_| "a new client queued behind a transaction on the locks table")???;
+    Ok(())
+}
+
+/// Tables made by a version that stored data as `jsonb` (which refuses
+/// `"\u0000"`) are migrated to `json` on connect, keeping their leases.
+async fn a_schema_with_jsonb_data_is_upgraded(base: &str) -> TestResult {
+    let others = sqlx::PgPool::connect(base).await?;
+    for ddl in [
+        "CREATE SEQUENCE mig_tokens AS bigint",
+        "CREATE TABLE mig_locks (key text COLLATE \"C\" PRIMARY KEY, owner text NOT NULL,
+           token bigint NOT NULL, kind text, data jsonb, acquired_at timestamptz NOT NULL,
+           expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)",
+        "CREATE INDEX mig_locks_owner_idx ON mig_locks (owner)",
+        "CREATE INDEX mig_locks_expires_idx ON mig_locks (expires_at)",
+        "CREATE TABLE mig_fences (resource text PRIMARY KEY, token numeric(20, 0) NOT NULL)",
+        "INSERT INTO mig_locks VALUES ('old', 'someone', nextval('mig_tokens'), NULL,
+           '{\"kept\": [1, 2]}', now(), now() + interval '1 minute', now())",
+    ] {
+        sqlx::query(ddl).execute(&others).await?;
+    }
+    let backend = PostgresBackend::connect(&format!("{base}?table_prefix=mig_")).await?;
+    let old = backend
+        .inspect(&LockKey::new("old")?)
+        .await?
+        .ok_or("the old lease was lost")?;
+    assert_eq!(old.data, Some(serde_json::json!({"kept": [1, 2]})));
+    let data = serde_json::json!({"a": "\u{0000}"});
+    let mut nul = request("new", "me", Duration::from_secs(60))?;
+    nul.data = Some(data.clone());
+    assert!(matches!(
+        backend.try_acquire(&nul).await?,
+        Acquire::Granted(_)
+    ));
+    let seen = backend.inspect(&LockKey::new("new")?).await?;
+    assert_eq!(seen.and_then(|l| l.data), Some(data));
+    Ok(())
+}
+
+/// Connecting to a server that accepts and never answers gives up after
+/// `connect_timeout`.
+#[tokio::test]
+async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
+    let limit = Duration::from_secs(1);
+    timeouts::connecting_to_a_silent_server_fails_in_time(
+        limit,
+        |port| format!("postgres://u@127.0.0.1:{port}/db?connect_timeout=1s"),
+        |url| async move { PostgresBackend::connect(&url).await },
+    )
+    .await
+}
+
 /// The in-transaction fence, through the testkit's one test of it.
 async fn fence_in_transaction(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=txfence_");
@@ -146,7 +275,16 @@ async fn fence_in_transaction(base: &str) -> TestResult {
     .await
 }
 
-fencelock_testkit::sqlx_transactional_fence!(Transactions, sqlx::Postgres, PostgresFence);
+fencelock_testkit::sqlx_transactional_fence!(
+    Transactions,
+    sqlx::Postgres,
+    PostgresFence,
+    [
+        ("read committed", "BEGIN ISOLATION LEVEL READ COMMITTED"),
+        ("repeatable read", "BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        ("serializable", "BEGIN ISOLATION LEVEL SERIALIZABLE"),
+    ]
+);
 
 #[tokio::test]
 async fn malformed_urls_hide_the_password() {

@@ -14,6 +14,7 @@ use redis::{
 };
 
 use crate::{
+    conn::{timed_out, BoundedConnection},
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
@@ -30,7 +31,7 @@ pub struct RedisBackend {
 
 struct Inner {
     options: RedisOptions,
-    conn: ConnectionManager,
+    conn: BoundedConnection,
     scripts: Scripts,
     keys: Keys,
     wakeups: Arc<Wakeups>,
@@ -59,29 +60,47 @@ pub(crate) fn client(options: &RedisOptions) -> Result<Client> {
     })
 }
 
+/// `connecting` (all the steps of opening a backend or fence), failing
+/// transiently once `timeout` has passed. The connection manager retries a
+/// failed first connect with backoff, each attempt with its own timeout:
+/// unbounded, a server that accepts connections but never answers would
+/// hold the caller for several timeouts.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    connecting: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(timeout, connecting)
+        .await
+        .unwrap_or_else(|_| Err(map("connect", timed_out(timeout))))
+}
+
 /// Opens the client and a managed (auto-reconnecting, multiplexed)
-/// connection, and loads the scripts once.
+/// connection, and loads the scripts once, within the timeout.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
-) -> Result<(Client, ConnectionManager)> {
+) -> Result<(Client, BoundedConnection)> {
     let client = client(options)?;
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(options.timeout)
         .set_connection_timeout(options.timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
-    let mut conn = ConnectionManager::new_with_config(client.clone(), config)
-        .await
-        .map_err(|e| map("connect", e))?;
-    for script in scripts.all() {
-        script
-            .prepare_invoke()
-            .load_async(&mut conn)
+    within(options.timeout, async {
+        let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
-            .map_err(|e| map("SCRIPT LOAD", e))?;
-    }
-    Ok((client, conn))
+            .map_err(|e| map("connect", e))?;
+        let mut conn = BoundedConnection::new(manager, options.timeout);
+        for script in scripts.all() {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map("SCRIPT LOAD", e))?;
+        }
+        Ok((client, conn))
+    })
+    .await
 }
 
 impl RedisBackend {
@@ -90,8 +109,15 @@ impl RedisBackend {
     pub async fn connect(options: RedisOptions) -> Result<Self> {
         let scripts = Scripts::new();
         let keys = Keys::new(&options.prefix)?;
-        let (client, conn) = connect(&options, &scripts).await?;
-        let (wakeups, subscriber) = Wakeups::start(client, keys.clone(), options.timeout).await?;
+        // One bound for both connections: opening never takes longer than
+        // the timeout.
+        let (conn, wakeups, subscriber) = within(options.timeout, async {
+            let (client, conn) = connect(&options, &scripts).await?;
+            let (wakeups, subscriber) =
+                Wakeups::start(client, keys.clone(), options.timeout).await?;
+            Ok((conn, wakeups, subscriber))
+        })
+        .await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 options,
@@ -122,7 +148,7 @@ impl RedisBackend {
         self.inner.scripts.acquire.get_hash()
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> BoundedConnection {
         self.inner.conn.clone()
     }
 
@@ -136,7 +162,7 @@ impl RedisBackend {
         let acked: i64 = redis::cmd("WAIT")
             .arg(want)
             .arg(timeout_ms)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().allowing(self.inner.options.wait_timeout))
             .await
             .map_err(|e| map("WAIT", e))?;
         if acked < i64::from(want) {

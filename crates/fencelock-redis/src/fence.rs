@@ -4,10 +4,11 @@ use std::fmt;
 
 use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, Result};
-use redis::{aio::ConnectionManager, Value};
+use redis::Value;
 
 use crate::{
     backend::connect,
+    conn::BoundedConnection,
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
@@ -19,7 +20,7 @@ use crate::{
 #[derive(Clone)]
 pub struct RedisFence {
     options: RedisOptions,
-    conn: ConnectionManager,
+    conn: BoundedConnection,
     scripts: std::sync::Arc<Scripts>,
     keys: Keys,
 }

@@ -28,6 +28,7 @@
 mod backend;
 #[doc(hidden)]
 pub mod baseline;
+mod conn;
 mod error;
 mod fence;
 mod keys;

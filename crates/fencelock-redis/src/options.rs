@@ -20,7 +20,9 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 /// - `wait_replicas=N` — after each acquire and renew, run `WAIT N timeout`
 ///   and fail (transiently) when fewer replicas acknowledged; off by default;
 /// - `wait_timeout=DURATION` — the `WAIT` timeout (default `100ms`);
-/// - `timeout=DURATION` — per-command response and connect timeout (default `5s`).
+/// - `timeout=DURATION` — the longest opening the backend or fence, and any
+///   one command, may take before it fails transiently (default `5s`;
+///   `WAIT` gets `timeout + wait_timeout`).
 #[derive(Clone)]
 pub struct RedisOptions {
     pub(crate) connection_url: Url,
@@ -30,7 +32,7 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// Timeout of the `WAIT` command.
     pub wait_timeout: Duration,
-    /// Response and connect timeout of every command.
+    /// Bound of opening and of every command.
     pub timeout: Duration,
 }
 

@@ -172,7 +172,10 @@ impl Wakeups {
                     let mut listening = self.listening.lock().await;
                     let waited: Vec<String> = self.waiters().keys().cloned().collect();
                     for key in waited {
-                        if sink.subscribe(self.keys.channel(&key)).await.is_ok() {
+                        let channel = self.keys.channel(&key);
+                        let subscribed =
+                            tokio::time::timeout(self.timeout, sink.subscribe(channel)).await;
+                        if matches!(subscribed, Ok(Ok(()))) {
                             listening.keys.insert(key);
                         }
                     }

@@ -1,12 +1,14 @@
 //! What the fencelock PostgreSQL and MySQL backends genuinely share: parsing
 //! the library's own URL options, keeping passwords out of every message,
-//! the rule for table prefixes, and the driver-level (not SQL-level) error
-//! classes of sqlx. The SQL itself differs between the engines and lives in
-//! each backend crate.
+//! the rule for table prefixes, the driver-level (not SQL-level) error
+//! classes of sqlx, and the time limits on connecting and on every
+//! statement. The SQL itself differs between the engines and lives in each
+//! backend crate.
 
-use std::{fmt, time::Duration};
+use std::{fmt, future::Future, time::Duration};
 
 use fencelock_core::Error;
+use sqlx::pool::PoolConnection;
 use url::Url;
 
 /// The prefix used when the URL names none.
@@ -29,6 +31,12 @@ pub struct SqlUrl {
     pub pool_max: u32,
     /// How long to wait for a pooled connection (`?acquire_timeout=`).
     pub acquire_timeout: Duration,
+    /// How long opening the backend may take, connection and schema check
+    /// included (`?connect_timeout=`).
+    pub connect_timeout: Duration,
+    /// How long one operation may take, from taking a pooled connection to
+    /// the last reply (`?op_timeout=`).
+    pub op_timeout: Duration,
     /// Library options specific to one engine (name, value), e.g.
     /// `synchronous_commit` for PostgreSQL.
     pub extra: Vec<(String, String)>,
@@ -41,6 +49,8 @@ impl fmt::Debug for SqlUrl {
             .field("prefix", &self.prefix)
             .field("pool_max", &self.pool_max)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
             .field("extra", &self.extra)
             .finish()
     }
@@ -101,9 +111,16 @@ pub fn validate_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Default of `?connect_timeout=`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default of `?op_timeout=`.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Parses `raw`, accepting only `schemes`, and takes out the library's own
-/// query parameters: `table_prefix`, `pool_max`, `acquire_timeout`, and the
-/// engine-specific names in `extra_names`. The first scheme is the one the
+/// query parameters: `table_prefix`, `pool_max`, `acquire_timeout`,
+/// `connect_timeout`, `op_timeout`, and the engine-specific names in
+/// `extra_names`. The first scheme is the one the
 /// driver is given (so `mariadb://` becomes `mysql://`).
 pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl, Error> {
     let mut url = Url::parse(raw)
@@ -122,7 +139,15 @@ pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl
         prefix: DEFAULT_PREFIX.to_owned(),
         pool_max: 10,
         acquire_timeout: Duration::from_secs(10),
+        connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        op_timeout: DEFAULT_OP_TIMEOUT,
         extra: Vec::new(),
+    };
+    let duration = |name: &str, value: &str| {
+        fencelock_core::parse_duration(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| invalid_url(&url, format_args!("{name} must be a duration like 5s")))
     };
     let mut passthrough = Vec::new();
     for (name, value) in url.query_pairs() {
@@ -138,14 +163,11 @@ pub fn parse(raw: &str, schemes: &[&str], extra_names: &[&str]) -> Result<SqlUrl
                     .filter(|n| *n > 0)
                     .ok_or_else(|| invalid_url(&url, "pool_max must be a positive integer"))?;
             }
-            "acquire_timeout" => {
-                parsed.acquire_timeout = fencelock_core::parse_duration(&value)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| {
-                        invalid_url(&url, "acquire_timeout must be a duration like 5s")
-                    })?;
-            }
+            "acquire_timeout" => parsed.acquire_timeout = duration(&name, &value)?,
+            // The drivers do not bound connecting (sqlx only warns about
+            // this parameter), so the library does.
+            "connect_timeout" => parsed.connect_timeout = duration(&name, &value)?,
+            "op_timeout" => parsed.op_timeout = duration(&name, &value)?,
             n if extra_names.contains(&n) => parsed.extra.push((n.to_owned(), value.into_owned())),
             _ => passthrough.push((name.into_owned(), value.into_owned())),
         }
@@ -184,19 +206,131 @@ pub fn transient_driver_error(e: &sqlx::Error) -> bool {
     )
 }
 
-/// Opens a pool after one direct connection attempt, so that a refused or
-/// misconfigured connection fails at once with its own error ("connection
-/// refused", "password authentication failed") instead of after the pool's
-/// acquire timeout: sqlx's pool keeps retrying to connect until then.
+/// The error of an operation that got no answer within `limit`: an I/O
+/// time-out, so [`transient_driver_error`] calls it transient. (Each
+/// backend's error mapping adds what was being done.)
+pub fn timed_out(limit: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer from the server within {limit:?}"),
+    ))
+}
+
+/// Runs `op`, giving up after `limit` with [`timed_out`]. A server that
+/// accepts connections but never answers would otherwise hang the caller
+/// for ever: no driver-level time-out covers a statement in flight.
+/// Connections that `op` had taken must be [`Session`]s, so that giving up
+/// does not hand a connection in mid-conversation back to the pool.
+pub async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(limit, op)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(limit)))
+}
+
+/// A pooled connection for one operation. Unless the operation ends with
+/// [`Session::finish`], the connection leaves the pool and is closed when
+/// the session is dropped. That covers an operation abandoned mid-statement
+/// (a [`bounded`] time-out, or a caller that stops waiting): the driver
+/// would otherwise take the connection back and "test" it with a ping that,
+/// against a server that has stopped answering, never completes and keeps
+/// the pool slot for ever. It also releases whatever the session held on the
+/// server (MySQL named locks end with the session).
+pub struct Session<DB: sqlx::Database> {
+    conn: Option<PoolConnection<DB>>,
+}
+
+impl<DB: sqlx::Database> Session<DB> {
+    /// Takes a connection from `pool`.
+    pub async fn acquire(pool: &sqlx::Pool<DB>) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            conn: Some(pool.acquire().await?),
+        })
+    }
+
+    /// The connection, for statements.
+    pub fn conn(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
+        self.conn
+            .as_deref_mut()
+            .ok_or_else(|| sqlx::Error::Protocol("session already handed back".into()))
+    }
+
+    /// Hands the connection back to the pool: every statement on it has
+    /// completed.
+    pub fn finish(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Session<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Detached, the connection no longer counts against the pool
+            // and is dropped without a goodbye, which could block too.
+            drop(conn.detach());
+        }
+    }
+}
+
+/// Opens a pool whose first connection is made now, within `limit`, and
+/// handed to the caller (for the schema check), so that a one-shot process
+/// uses exactly one connection. Refused connections (the driver's pool
+/// retries them) and errors that `transient` accepts, such as "too many
+/// connections", are retried until four fifths of `limit` have passed; if
+/// that ends without an answer, one direct attempt in the time left names
+/// the cause ("connection refused") instead of a bare time-out.
 pub async fn open_pool<DB: sqlx::Database>(
     options: sqlx::pool::PoolOptions<DB>,
     connect: <DB::Connection as sqlx::Connection>::Options,
-) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    limit: Duration,
+    transient: fn(&sqlx::Error) -> bool,
+) -> Result<(sqlx::Pool<DB>, PoolConnection<DB>), sqlx::Error> {
     use sqlx::{ConnectOptions, Connection};
-    let probe = connect.connect().await?;
-    // Only the attempt mattered; a failing goodbye changes nothing.
-    let _ = probe.close().await;
-    Ok(options.connect_lazy_with(connect))
+    let pool = options.connect_lazy_with(connect.clone());
+    let first = limit.mul_f64(0.8);
+    let retry_until = tokio::time::Instant::now() + first;
+    let mut backoff =
+        fencelock_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+    let attempts = async {
+        loop {
+            match pool.acquire().await {
+                Ok(conn) => return Ok(conn),
+                Err(sqlx::Error::PoolTimedOut) => return Err(None),
+                Err(e) if transient(&e) => {
+                    let pause = backoff.next_pause();
+                    if tokio::time::Instant::now() + pause >= retry_until {
+                        return Err(Some(e));
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(Some(e)),
+            }
+        }
+    };
+    match tokio::time::timeout_at(retry_until, attempts).await {
+        Ok(Ok(conn)) => return Ok((pool, conn)),
+        Ok(Err(Some(e))) => return Err(e),
+        Ok(Err(None)) | Err(_) => {}
+    }
+    let silent = timed_out(limit);
+    match tokio::time::timeout(limit.saturating_sub(first), connect.connect()).await {
+        Ok(Err(cause)) => Err(cause),
+        Ok(Ok(late)) => {
+            // It answered at last; the pool will connect on its own.
+            let _ = late.close().await;
+            Err(silent)
+        }
+        Err(_) => Err(silent),
+    }
+}
+
+/// Hands the connection that [`open_pool`] made back to the pool and waits
+/// until it is idle there. Dropping it would return it in the background,
+/// and an operation starting meanwhile would open a second connection.
+pub async fn return_to_pool<DB: sqlx::Database>(mut conn: PoolConnection<DB>) {
+    conn.return_to_pool().await;
 }
 
 /// Converts a TTL to whole microseconds for SQL interval arithmetic.
@@ -235,6 +369,8 @@ mod tests {
         for raw in [
             "postgres://u:hunter2@h/db?table_prefix=Bad-Name",
             "postgres://u:hunter2@h/db?pool_max=0",
+            "postgres://u:hunter2@h/db?connect_timeout=0s",
+            "postgres://u:hunter2@h/db?op_timeout=soon",
             "redis://u:hunter2@h/db",
             "postgres://u:hunter2@[::1/db",
             "postgres://u:hunter2@/db",
@@ -244,6 +380,32 @@ mod tests {
             assert!(!e.to_string().contains("hunter2"), "{raw}: {e}");
             assert!(!format!("{e:?}").contains("hunter2"), "{raw}: {e:?}");
         }
+    }
+
+    #[test]
+    fn timeouts_are_library_options() {
+        let u = parse(
+            "postgres://u@h/db?connect_timeout=2s&op_timeout=1500ms&sslmode=disable",
+            &["postgres"],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(u.connect_timeout, Duration::from_secs(2));
+        assert_eq!(u.op_timeout, Duration::from_millis(1500));
+        assert_eq!(u.driver_url.query(), Some("sslmode=disable"));
+        let defaults = parse("postgres://u@h/db", &["postgres"], &[]).expect("valid");
+        assert_eq!(defaults.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(defaults.op_timeout, DEFAULT_OP_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn an_operation_without_an_answer_is_a_time_out() {
+        let never = std::future::pending::<Result<(), sqlx::Error>>();
+        let e = bounded(Duration::from_millis(10), never)
+            .await
+            .expect_err("pending");
+        assert!(transient_driver_error(&e), "{e}");
+        assert!(e.to_string().contains("no answer"), "{e}");
     }
 
     #[test]

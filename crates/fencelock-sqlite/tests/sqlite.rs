@@ -149,7 +149,35 @@ async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() -> Test
     let path = dir.path().join("app.db");
     ensure_schema(&Connection::open(&path)?)?;
     let fence = SqliteFence::open(SqliteOptions::new(&path)).await?;
-    txfence::fence_in_transaction(&Transactions { path, fence }).await
+    // With the rollback journal a transaction that has read blocks every
+    // writer until it ends, so no newer admission can slip in behind its
+    // reads: there is no snapshot to be stale.
+    txfence::fence_in_transaction(&Transactions {
+        path,
+        fence,
+        levels: Vec::new(),
+    })
+    .await
+}
+
+/// The same in an application database in WAL mode, where a deferred
+/// transaction reads from a snapshot while others commit: its `admit_in`
+/// must not admit a token that a newer admission has made stale.
+#[tokio::test]
+async fn the_fence_in_a_wal_database_refuses_tokens_made_stale_after_the_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("app.db");
+    let conn = Connection::open(&path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    ensure_schema(&conn)?;
+    let fence = SqliteFence::open(SqliteOptions::new(&path)).await?;
+    txfence::fence_in_transaction(&Transactions {
+        path,
+        fence,
+        // An immediate transaction blocks other writers from its start.
+        levels: vec!["deferred"],
+    })
+    .await
 }
 
 /// Glue for [`txfence`]: each transaction on a connection of its own, as
@@ -157,6 +185,7 @@ async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() -> Test
 struct Transactions {
     path: std::path::PathBuf,
     fence: SqliteFence,
+    levels: Vec<&'static str>,
 }
 
 struct Transaction(Connection);
@@ -164,8 +193,20 @@ struct Transaction(Connection);
 #[async_trait]
 impl TransactionalFence for Transactions {
     async fn begin(&self) -> TestResult<Box<dyn FenceTransaction>> {
+        self.begin_at("immediate").await
+    }
+    // SQLite has no isolation levels; a deferred transaction reads from a
+    // snapshot taken at its first read.
+    fn isolation_levels(&self) -> Vec<&'static str> {
+        self.levels.clone()
+    }
+    async fn begin_at(&self, level: &str) -> TestResult<Box<dyn FenceTransaction>> {
         let conn = Connection::open(&self.path)?;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.execute_batch(match level {
+            "immediate" => "BEGIN IMMEDIATE",
+            "deferred" => "BEGIN DEFERRED",
+            other => return Err(format!("unknown transaction kind {other:?}").into()),
+        })?;
         Ok(Box::new(Transaction(conn)))
     }
     fn fence(&self) -> Arc<dyn Fence> {

@@ -1,7 +1,7 @@
 //! fencelock's test kit.
 //!
 //! - [`suite`]: the one conformance suite. Every backend runs the same cases
-//!   (DESIGN §3 I1–I7, admin calls, bad input, guard behaviour) by calling
+//!   (I1–I7 of `docs/semantics.md`, admin calls, bad input, guard behaviour) by calling
 //!   [`suite::run`] from a `harness = false` test binary; cases that need a
 //!   capability the backend lacks are reported as ignored, never as passed.
 //! - [`servers`]: throwaway real servers started from the binaries on `PATH`,
@@ -10,6 +10,8 @@
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
 //!   calls fail or hang, for guard behaviour under an unreachable backend.
 //! - [`txfence`]: the one test of the SQL fences' in-transaction form.
+//! - [`timeouts`]: the checks that connect and operation timeouts hold
+//!   against servers that stop answering.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
@@ -22,6 +24,7 @@ pub mod proxy;
 pub mod servers;
 pub mod silent;
 pub mod suite;
+pub mod timeouts;
 pub mod txfence;
 
 pub use async_trait::async_trait;

@@ -31,7 +31,7 @@ use crate::{
 
 /// The protected resource of the scenarios: a value that holders read and
 /// write only through a fence, admitting their token *before* the read
-/// (DESIGN §5).
+/// (`docs/semantics.md`, I7).
 struct FencedCell {
     fence: Arc<dyn Fence>,
     value: Mutex<u64>,
@@ -213,7 +213,7 @@ async fn ensure_fresh(guard: &LockGuard, direct: &dyn Backend) -> TestResult {
 
 /// A waiter whose wait outlives the lease it asks for never comes back with
 /// a lease that already ended: the lease starts when the grant is made, not
-/// when the wait began (etcd's #19597 complaint), and the guard trusts it
+/// when the wait began (the complaint of etcd-io/etcd issue 19597), and the guard trusts it
 /// from the instant the winning request left.
 pub async fn waiter_never_gets_an_expired_lease(store: &dyn Store) -> TestResult {
     let direct = store.connect().await?;

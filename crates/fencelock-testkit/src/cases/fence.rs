@@ -54,7 +54,7 @@ pub async fn i7_fence_rule(store: &dyn Store) -> TestResult {
     Ok(())
 }
 
-/// The lost-update scenario of DESIGN §5, played out with real grants: A
+/// The lost-update scenario of `docs/semantics.md` (I7, admit before you read), played out with real grants: A
 /// holds, pauses past its lease; B takes over, admits its token, reads; A
 /// wakes and tries to write; B writes. Because B admitted before reading,
 /// A's write is refused and B's update is not lost.

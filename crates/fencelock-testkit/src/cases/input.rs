@@ -99,3 +99,50 @@ pub async fn odd_but_valid_keys_round_trip(store: &dyn Store) -> TestResult {
     }
     Ok(())
 }
+
+/// Any valid JSON given as lease data comes back equal from `inspect`,
+/// and `list`: NUL and other escapes, unicode outside the
+/// BMP, deep nesting, big and small numbers.
+pub async fn any_json_data_round_trips(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let values = [
+        serde_json::json!({"a": "\u{0000}"}),
+        serde_json::json!("nul \u{0000} in the middle, and at the end \u{0000}"),
+        serde_json::json!({
+            "escapes": "quote \" backslash \\ slash / \u{8} \u{c} \n \r \t \u{1f} \u{7f}",
+            "unicode": "ü 🔒 \u{2028}\u{2029} \u{feff} 𝄞",
+            "nested": [[[[[[1, [2, [3, [4, [5]]]]]]]]], {"x": [{"y": [null, true, false]}]}],
+            "numbers": [0, -1, 1.5, 1e-7, 12345678901234567u64, -9007199254740993i64],
+            "empty": [{}, [], ""],
+            "\u{0000}key": "a NUL in a key",
+        }),
+        serde_json::json!([]),
+        serde_json::json!(null),
+    ];
+    for (i, data) in values.into_iter().enumerate() {
+        let k = LockKey::new(format!("data:{i}"))?;
+        let mut req = super::request(&k, &owner("data"), LONG_TTL);
+        req.data = Some(data.clone());
+        match b.try_acquire(&req).await? {
+            fencelock_core::Acquire::Granted(_) => {}
+            held => return Err(format!("data:{i} was not granted: {held:?}").into()),
+        }
+        let inspected = b
+            .inspect(&k)
+            .await?
+            .ok_or_else(|| format!("data:{i} not found"))?;
+        // `null` as data may come back as no data.
+        let expected = Some(data).filter(|d| !d.is_null());
+        ensure!(
+            inspected.data.clone().filter(|d| !d.is_null()) == expected,
+            "inspect returned {:?} for {expected:?}",
+            inspected.data
+        );
+        let listed = b.list(Some(k.as_str())).await?;
+        ensure!(
+            listed.len() == 1 && listed[0].data.clone().filter(|d| !d.is_null()) == expected,
+            "list returned {listed:?} for {expected:?}"
+        );
+    }
+    Ok(())
+}

@@ -98,6 +98,7 @@ pub static CASES: &[Case] = &[
     case!(input::bad_keys_are_typed_errors),
     case!(input::bad_ttls_are_typed_errors),
     case!(input::odd_but_valid_keys_round_trip),
+    case!(input::any_json_data_round_trips),
     case!(guard::renewal_outlives_the_ttl),
     case!(guard::force_release_is_noticed_as_loss),
     case!(guard::with_lock_cancels_closure_on_loss),

@@ -194,6 +194,38 @@ impl EtcdCluster {
         })
     }
 
+    /// Deletes `key` (the raw etcd key, e.g. `PREFIX/locks/K`) behind
+    /// fencelock's back, as `etcdctl del` would: through the HTTP gateway of
+    /// a running member, so callers need no etcd client. Returns how many
+    /// keys were deleted.
+    pub fn delete_key(&self, key: &str) -> TestResult<u64> {
+        let i = (0..self.members.len())
+            .find(|&i| self.is_running(i))
+            .ok_or("no etcd member is running")?;
+        let body = serde_json::json!({ "key": base64(key.as_bytes()) }).to_string();
+        let response = http(
+            SocketAddr::from(([127, 0, 0, 1], self.members[i].client_port)),
+            &format!(
+                "POST /v3/kv/deleterange HTTP/1.0\r\nHost: 127.0.0.1\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )?;
+        let json = response
+            .split_once("\r\n\r\n")
+            .map(|(_, json)| json)
+            .ok_or("no body in the deleterange response")?;
+        let answer: serde_json::Value = serde_json::from_str(json)?;
+        if answer.get("error").is_some() {
+            return Err(format!("deleterange failed: {json}").into());
+        }
+        // int64 fields come as decimal strings, and a zero is left out.
+        Ok(answer["deleted"]
+            .as_str()
+            .map_or(Ok(0), str::parse)
+            .map_err(|e| format!("deleterange answered {json}: {e}"))?)
+    }
+
     /// Whether member `i` is running (not killed).
     pub fn is_running(&self, i: usize) -> bool {
         self.members[i].lock().is_some()
@@ -226,6 +258,26 @@ fn http(addr: SocketAddr, request: &str) -> TestResult<String> {
     let mut response = String::new();
     s.read_to_string(&mut response)?;
     Ok(response)
+}
+
+/// Standard base64 with padding: the HTTP gateway's encoding of bytes.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// `GET /health`: true when the member has a leader.
@@ -270,5 +322,21 @@ impl super::url_factory::UrlServer for EtcdCluster {
     }
     fn restart_server(&self) -> TestResult {
         self.restart()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_is_the_standard_encoding_with_padding() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("fencelock/locks/K", "ZmVuY2Vsb2NrL2xvY2tzL0s="),
+        ] {
+            assert_eq!(super::base64(plain.as_bytes()), encoded);
+        }
     }
 }

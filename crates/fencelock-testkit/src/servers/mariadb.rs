@@ -33,8 +33,11 @@ pub struct MariaDbServer {
     server: PathBuf,
     port: u16,
     durability: Durability,
+    max_connections: u32,
     dir: tempfile::TempDir,
 }
+
+const DEFAULT_MAX_CONNECTIONS: u32 = 1000;
 
 impl MariaDbServer {
     /// Installs and starts, with [`Durability::Tests`].
@@ -44,6 +47,17 @@ impl MariaDbServer {
 
     /// Installs and starts.
     pub fn start_with(durability: Durability) -> TestResult<Self> {
+        Self::start_full(durability, DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// Installs and starts with [`Durability::Tests`] and
+    /// `--max-connections` of `max` (the default is 1000), for tests of
+    /// what clients do when the server runs out of connections.
+    pub fn start_with_max_connections(max: u32) -> TestResult<Self> {
+        Self::start_full(Durability::Tests, max)
+    }
+
+    fn start_full(durability: Durability, max_connections: u32) -> TestResult<Self> {
         let install = find_binary("mariadb-install-db", SEARCH, PACKAGE)?;
         let server = find_binary("mariadbd", SEARCH, PACKAGE)?;
         let dir = tempfile::Builder::new()
@@ -54,6 +68,7 @@ impl MariaDbServer {
             server,
             port: free_port()?,
             durability,
+            max_connections,
             dir,
         };
         // A temporary directory of its own: two bootstraps sharing /tmp can
@@ -115,10 +130,10 @@ impl MariaDbServer {
                 "--bind-address=127.0.0.1",
                 "--skip-grant-tables",
                 "--skip-log-bin",
-                "--max-connections=1000",
                 "--innodb-buffer-pool-size=64M",
             ])
             .arg(format!("--innodb-flush-log-at-trx-commit={flush}"))
+            .arg(format!("--max-connections={}", self.max_connections))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(

@@ -16,6 +16,7 @@ use crate::TestResult;
 
 const SEARCH: &[&str] = &["/usr/lib/postgresql/*/bin"];
 const PACKAGE: &str = "postgresql";
+const DEFAULT_MAX_CONNECTIONS: u32 = 500;
 
 /// How the server commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,7 @@ pub struct PostgresServer {
     bin_dir: PathBuf,
     port: u16,
     durability: Durability,
+    max_connections: u32,
     run_as: Option<(u32, u32)>,
     dir: tempfile::TempDir,
 }
@@ -47,6 +49,17 @@ impl PostgresServer {
 
     /// `initdb` and start.
     pub fn start_with(durability: Durability) -> TestResult<Self> {
+        Self::start_full(durability, DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// `initdb` and start with [`Durability::Tests`] and a server-wide
+    /// `max_connections` of `max` (the default is 500), for tests of what
+    /// clients do when the server runs out of connections.
+    pub fn start_with_max_connections(max: u32) -> TestResult<Self> {
+        Self::start_full(Durability::Tests, max)
+    }
+
+    fn start_full(durability: Durability, max_connections: u32) -> TestResult<Self> {
         let initdb = find_binary("initdb", SEARCH, PACKAGE)?;
         let bin_dir = initdb
             .parent()
@@ -79,6 +92,7 @@ impl PostgresServer {
             bin_dir,
             port: free_port()?,
             durability,
+            max_connections,
             run_as,
             dir,
         };
@@ -123,7 +137,8 @@ impl PostgresServer {
             .arg("-k")
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "max_connections=500"])
+            .arg("-c")
+            .arg(format!("max_connections={}", self.max_connections))
             .args(["-c", "shared_buffers=32MB"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,211 @@
+//! Renewal against a real etcd: a renewal must prove that the key still
+//! carries this grant (not only that its lease is alive), and a renewal with
+//! another TTL moves the grant to a lease of that TTL without changing its
+//! token.
+
+use std::{sync::Arc, time::Duration};
+
+use etcd_client::Client;
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Error, FencingToken, Grant, LockClient, LockKey, LossReason,
+    Owner,
+};
+use fencelock_etcd::EtcdBackend;
+use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
+
+/// The raw etcd key of lock `key` under `prefix`.
+fn raw_key(prefix: &str, key: &str) -> String {
+    format!("{prefix}/locks/{key}")
+}
+
+/// The key's (create revision, lease id), or `None` when it does not exist.
+async fn key_state(raw: &mut Client, key: &str) -> TestResult<Option<(i64, i64)>> {
+    let resp = raw.get(key, None).await?;
+    Ok(resp
+        .kvs()
+        .first()
+        .map(|kv| (kv.create_revision(), kv.lease())))
+}
+
+/// The lease's (granted TTL, remaining TTL) in seconds; remaining is -1
+/// once the lease is gone.
+async fn lease_ttls(raw: &mut Client, lease: i64) -> TestResult<(i64, i64)> {
+    let resp = raw.lease_time_to_live(lease, None).await?;
+    Ok((resp.granted_ttl(), resp.ttl()))
+}
+
+async fn acquire(
+    backend: &EtcdBackend,
+    key: &LockKey,
+    owner: &Owner,
+    ttl: Duration,
+) -> TestResult<Grant> {
+    let request = AcquireRequest {
+        key: key.clone(),
+        owner: owner.clone(),
+        ttl,
+        kind: None,
+        data: None,
+    };
+    match backend.try_acquire(&request).await? {
+        Acquire::Granted(g) => Ok(g),
+        Acquire::Held(h) => Err(format!("{key} is held: {h:?}").into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let url = format!("{}?prefix=deleted", etcd.url());
+    let backend = fencelock_etcd::open_backend(&url).await?;
+    let holder = LockClient::builder(Arc::clone(&backend))
+        .owner(Owner::new("holder")?)
+        .build()?;
+    // Renewed every second; trusted for ~2.7 s after each renewal.
+    let guard = holder
+        .lock("k")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await?;
+
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+    let deleted = raw.delete(raw_key("deleted", "k"), None).await?;
+    assert_eq!(deleted.deleted(), 1, "the lock key was not there to delete");
+
+    // Without a check of the key, every keep-alive succeeds and the guard
+    // never learns of the deletion: `lost()` would never complete.
+    let reason = tokio::time::timeout(Duration::from_secs(6), guard.lost())
+        .await
+        .map_err(|_| "the guard still believes it holds a deleted key after 6 s")?;
+    assert_eq!(reason, LossReason::Refused);
+    assert!(guard.check().is_err());
+
+    let other = LockClient::builder(backend)
+        .owner(Owner::new("other")?)
+        .build()?;
+    let successor = other.try_lock("k").await?.ok_or("k is not free")?;
+    assert!(successor.token() > guard.token());
+    successor.release().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_put_again_under_another_lease_is_not_renewed() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let backend = EtcdBackend::open(&format!("{}?prefix=replaced", etcd.url())).await?;
+    let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
+    let grant = acquire(&backend, &key, &owner, Duration::from_secs(10)).await?;
+    // Someone deletes the key and writes it again (a new create revision)
+    // while the holder's lease lives on.
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+    raw.delete(raw_key("replaced", "k"), None).await?;
+    raw.put(raw_key("replaced", "k"), r#"{"owner":"holder"}"#, None)
+        .await?;
+    match backend.renew(&key, &owner, grant.token, grant.ttl).await {
+        Err(Error::NotHeld { .. }) => Ok(()),
+        other => Err(format!("renewing a replaced key: {other:?}").into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let url = format!("{}?prefix=ttl", etcd.url());
+    let holder = EtcdBackend::open(&url).await?;
+    let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
+    let full = raw_key("ttl", "k");
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+
+    let grant = acquire(&holder, &key, &owner, Duration::from_secs(3)).await?;
+    assert_eq!(grant.ttl, Duration::from_secs(3));
+    let (created, first_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
+    assert_eq!(FencingToken(u64::try_from(created)?), grant.token);
+
+    // Longer.
+    let renewed = holder
+        .renew(&key, &owner, grant.token, Duration::from_secs(60))
+        .await?;
+    assert_eq!(renewed.token, grant.token);
+    assert_eq!(renewed.ttl, Duration::from_secs(60));
+    let (created, lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
+    assert_eq!(FencingToken(u64::try_from(created)?), grant.token);
+    assert_ne!(lease, first_lease);
+    let (granted, left) = lease_ttls(&mut raw, lease).await?;
+    assert_eq!(granted, 60);
+    assert!(left > 3, "the key's lease has {left} s left");
+    assert_eq!(
+        lease_ttls(&mut raw, first_lease).await?.1,
+        -1,
+        "the old lease lives on"
+    );
+
+    // The same TTL again keeps the lease.
+    let again = holder
+        .renew(&key, &owner, grant.token, Duration::from_secs(60))
+        .await?;
+    assert_eq!(again.ttl, Duration::from_secs(60));
+    assert_eq!(key_state(&mut raw, &full).await?.map(|s| s.1), Some(lease));
+
+    // Another process (no cached lease) shortens it.
+    let other_process = EtcdBackend::open(&url).await?;
+    let shorter = other_process
+        .renew(&key, &owner, grant.token, Duration::from_secs(10))
+        .await?;
+    assert_eq!(shorter.ttl, Duration::from_secs(10));
+    let (_, short_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
+    assert_eq!(lease_ttls(&mut raw, short_lease).await?.0, 10);
+    assert_eq!(lease_ttls(&mut raw, lease).await?.1, -1);
+
+    // The holder's remembered lease is gone now; its renewal finds the
+    // grant's current one.
+    let back = holder.renew(&key, &owner, grant.token, grant.ttl).await?;
+    assert_eq!((back.token, back.ttl), (grant.token, grant.ttl));
+
+    // A stranger and a stale token still cannot renew, with any TTL.
+    let stranger = Owner::new("stranger")?;
+    for (who, token) in [
+        (&stranger, grant.token),
+        (&owner, FencingToken(grant.token.0 - 1)),
+    ] {
+        match holder
+            .renew(&key, who, token, Duration::from_secs(60))
+            .await
+        {
+            Err(Error::NotHeld { .. }) => {}
+            other => return Err(format!("renew as {who} with {token}: {other:?}").into()),
+        }
+    }
+    assert!(holder.release(&key, &owner, grant.token).await?);
+    assert_eq!(key_state(&mut raw, &full).await?, None);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_ttls_report_the_ttl_etcd_granted() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let backend = EtcdBackend::open(&format!("{}?prefix=small", etcd.url())).await?;
+    let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+
+    let grant = acquire(&backend, &key, &owner, Duration::from_millis(1)).await?;
+    let (_, lease) = key_state(&mut raw, &raw_key("small", "k"))
+        .await?
+        .ok_or("no key")?;
+    let (granted, _) = lease_ttls(&mut raw, lease).await?;
+    assert_eq!(grant.ttl, Duration::from_secs(u64::try_from(granted)?));
+    assert!(grant.ttl >= Duration::from_secs(1));
+
+    // Renewing with the small TTL asked for at first (`fencelock renew
+    // --ttl 1ms`) is rounded up the same way and keeps the lease.
+    let renewed = backend
+        .renew(&key, &owner, grant.token, Duration::from_millis(1))
+        .await?;
+    assert_eq!(renewed.ttl, grant.ttl);
+    assert_eq!(
+        key_state(&mut raw, &raw_key("small", "k"))
+            .await?
+            .map(|s| s.1),
+        Some(lease)
+    );
+    Ok(())
+}

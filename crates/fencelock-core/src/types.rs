@@ -202,6 +202,17 @@ impl LeaseId {
     pub fn new(key: LockKey, owner: Owner, token: FencingToken) -> Self {
         Self { key, owner, token }
     }
+
+    /// `Ok` when `found` (a renewal or release found this exact lease),
+    /// otherwise [`Error::NotHeld`]: the one way every backend answers "not
+    /// held".
+    pub fn found(&self, found: bool) -> Result<()> {
+        if found {
+            Ok(())
+        } else {
+            Err(Error::not_held(self))
+        }
+    }
 }
 
 impl fmt::Display for LeaseId {

@@ -497,11 +497,9 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: false,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -566,13 +564,8 @@ impl Backend for EtcdBackend {
         Ok(Acquire::Held(info?.map(|(i, _)| i)))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let cache_key = (key.clone(), owner.clone(), token);
         let full = self.key(key);
         let ttl = ttl_secs(ttl);
@@ -610,14 +603,11 @@ impl Backend for EtcdBackend {
             }
             _ => {}
         }
-        Err(Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        })
+        Err(Error::not_held(lease))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         // Revoking the grant's own lease deletes exactly this grant's key
         // (atomically, on the server) and nothing else; the DELETE event
         // wakes the watchers.

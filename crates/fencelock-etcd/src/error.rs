@@ -55,7 +55,7 @@ pub(crate) fn map(context: &str, e: EtcdError) -> Error {
 
 /// A stored value this crate never writes: permanent.
 pub(crate) fn bad_value(what: impl Into<String>) -> Error {
-    BackendError::message(NAME, false, what).into()
+    BackendError::message(NAME, fencelock_core::ErrorStatus::Permanent, what).into()
 }
 
 /// Whether the request failed before reaching any server: the balanced

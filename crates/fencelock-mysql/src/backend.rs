@@ -314,11 +314,9 @@ impl Backend for MySqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: false,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_persistent(true)
+            .with_keeps_expired(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -367,11 +365,7 @@ impl Backend for MySqlBackend {
         let info = lease(&row)?;
         let won: Option<bool> = row.try_get("won").map_err(|e| map("acquiring", e))?;
         Ok(if won == Some(true) {
-            Acquire::Granted(Grant {
-                token: info.token,
-                ttl: request.ttl,
-                expires_at: info.expires_at,
-            })
+            Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
         } else if info.expires_in.is_zero() {
             Acquire::Held(None)
         } else {
@@ -379,13 +373,8 @@ impl Backend for MySqlBackend {
         })
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let not_held = || Error::NotHeld {
             key: key.clone(),
             owner: owner.clone(),
@@ -425,7 +414,8 @@ impl Backend for MySqlBackend {
         })
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let deleted = self
             .options
             .bounded("releasing", async {

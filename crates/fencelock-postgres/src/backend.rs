@@ -374,11 +374,10 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -404,23 +403,14 @@ impl Backend for PostgresBackend {
         let info = lease(&row)?;
         let won: bool = row.try_get("won").map_err(|e| map("acquiring", e))?;
         Ok(if won {
-            Acquire::Granted(Grant {
-                token: info.token,
-                ttl: request.ttl,
-                expires_at: info.expires_at,
-            })
+            Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
         } else {
             Acquire::Held(Some(info))
         })
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let not_held = || Error::NotHeld {
             key: key.clone(),
             owner: owner.clone(),
@@ -450,7 +440,8 @@ impl Backend for PostgresBackend {
         })
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let Some(db_token) = db_token(token) else {
             return Ok(false);
         };

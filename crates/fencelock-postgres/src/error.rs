@@ -35,7 +35,7 @@ pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
 
 /// A reply that does not have the shape the statement promises.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
-    BackendError::message(BACKEND, false, what).into()
+    BackendError::message(BACKEND, fencelock_core::ErrorStatus::Permanent, what).into()
 }
 
 #[cfg(test)]

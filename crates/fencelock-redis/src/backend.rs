@@ -235,7 +235,12 @@ impl RedisBackend {
 }
 
 fn bad_reply_transient(message: String) -> Error {
-    fencelock_core::BackendError::message(crate::error::NAME, true, message).into()
+    fencelock_core::BackendError::message(
+        crate::error::NAME,
+        fencelock_core::ErrorStatus::Transient,
+        message,
+    )
+    .into()
 }
 
 pub(crate) fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
@@ -310,11 +315,9 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: false,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -352,11 +355,11 @@ impl Backend for RedisBackend {
         }
         let token: String = field(&row, 1)?;
         let now_ms: i64 = field(&row, 2)?;
-        let grant = Grant {
-            token: parse_token(&token)?,
-            ttl: Duration::from_millis(ttl_ms),
-            expires_at: ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
-        };
+        let grant = Grant::new(
+            parse_token(&token)?,
+            Duration::from_millis(ttl_ms),
+            ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+        );
         if let Err(e) = self.wait_replicas().await {
             // Do not leave a lease nobody will use behind.
             let _ = self
@@ -367,13 +370,8 @@ impl Backend for RedisBackend {
         Ok(Acquire::Granted(grant))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let row: Vec<Value> = self
             .inner
@@ -388,11 +386,7 @@ impl Backend for RedisBackend {
             .map_err(|e| map("renew script", e))?;
         let renewed: i64 = field(&row, 0)?;
         if renewed != 1 {
-            return Err(Error::NotHeld {
-                key: key.clone(),
-                owner: owner.clone(),
-                token,
-            });
+            return Err(Error::not_held(lease));
         }
         let now_ms: i64 = field(&row, 1)?;
         self.wait_replicas().await?;
@@ -403,7 +397,8 @@ impl Backend for RedisBackend {
         })
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let removed: i64 = self
             .inner
             .scripts

@@ -39,5 +39,5 @@ pub(crate) fn map(context: &str, e: RedisError) -> Error {
 /// A reply whose shape the scripts never produce: a bug or a foreign value
 /// under our key prefix, so retrying will not help.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
-    BackendError::message(NAME, false, what).into()
+    BackendError::message(NAME, fencelock_core::ErrorStatus::Permanent, what).into()
 }

@@ -52,7 +52,7 @@ async fn open(client: &Client, timeout: Duration) -> Result<(PubSubSink, PubSubS
         Ok(Err(e)) => Err(map("pub/sub connect", e)),
         Err(_) => Err(fencelock_core::BackendError::message(
             crate::error::NAME,
-            true,
+            fencelock_core::ErrorStatus::Transient,
             "pub/sub connect timed out",
         )
         .into()),
@@ -103,7 +103,7 @@ impl Wakeups {
             let sink = listening.sink.as_mut().ok_or_else(|| {
                 fencelock_core::BackendError::message(
                     crate::error::NAME,
-                    true,
+                    fencelock_core::ErrorStatus::Transient,
                     "the pub/sub connection is down",
                 )
             })?;
@@ -117,7 +117,7 @@ impl Wakeups {
                 Err(_) => {
                     return Err(fencelock_core::BackendError::message(
                         crate::error::NAME,
-                        true,
+                        fencelock_core::ErrorStatus::Transient,
                         "SUBSCRIBE timed out",
                     )
                     .into())

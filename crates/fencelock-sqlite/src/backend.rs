@@ -318,11 +318,10 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -331,13 +330,8 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let (k, o) = (key.clone(), owner.clone());
         let Ok(db_token) = i64::try_from(token.0) else {
             return Err(Error::NotHeld {
@@ -371,15 +365,12 @@ impl Backend for SqliteBackend {
                 ttl,
                 expires_at: wall(expires_ms),
             }),
-            None => Err(Error::NotHeld {
-                key: key.clone(),
-                owner: owner.clone(),
-                token,
-            }),
+            None => Err(Error::not_held(lease)),
         }
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let Ok(db_token) = i64::try_from(token.0) else {
             return Ok(false);
         };

@@ -92,8 +92,9 @@ pub use fencelock_core::*;
 /// applications need none of it. Each item is also at the crate root.
 pub mod backend {
     pub use fencelock_core::{
-        async_trait, Acquire, AcquireRequest, Backend, Backoff, Capabilities, Grant, Stats,
-        WakeHub, WakeSubscription,
+        async_trait, Acquire, AcquireRequest, Backend, BackendError, Backoff, Capabilities, Driver,
+        ErrorStatus, Grant, HolderChange, Renewal, Stats, WakeHub, WakeSubscription, Watch,
+        WatchFeeder,
     };
 }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 
 use crate::{
     backend::Backend,
+    baseline::{DirectBaseline, RawBaseline},
     error::Result,
     fence::Fence,
     memory::{MemoryBackend, MemoryFence},
@@ -30,6 +31,16 @@ pub trait Driver: Send + Sync + fmt::Debug {
 
     /// Connects to (or opens) the fence kept where `url` says.
     async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>>;
+
+    /// The engine's own limit for `fencelock bench --baseline`: raw lock
+    /// cycles configured as the backend for `url`. The default cycles
+    /// through the backend itself, without the client (right for the
+    /// in-process memory backend); server engines override it with their
+    /// raw statements, scripts or RPCs. Not a stable API.
+    #[doc(hidden)]
+    async fn open_baseline(&self, url: &str) -> Result<Box<dyn RawBaseline>> {
+        Ok(Box::new(DirectBaseline::new(self.open_backend(url).await?)?))
+    }
 }
 
 /// `mem://`: a new, empty in-process backend or fence per URL opened.

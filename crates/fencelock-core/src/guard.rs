@@ -152,10 +152,15 @@ impl Shared {
     }
 
     /// How long one renewal may take: a hung connection costs one attempt,
-    /// not the whole remaining lease.
+    /// not the whole remaining lease. Measured on the lease the backend
+    /// granted, which may be longer than the one asked for (etcd rounds up).
     pub(crate) fn renew_bound(&self) -> Duration {
+        let granted = *self
+            .granted_ttl
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         self.op_timeout
-            .min(self.ttl / 3)
+            .min(granted / 3)
             .max(Duration::from_millis(1))
     }
 

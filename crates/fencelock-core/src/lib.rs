@@ -55,6 +55,7 @@
 
 mod backend;
 mod backoff;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod client;

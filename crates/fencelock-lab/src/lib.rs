@@ -9,8 +9,8 @@
 //! struct and a `run` function answering a [`Verdict`], which the binary
 //! turns into its exit code.
 //!
-//! - [`torture`]: `fencelock torture` and its hidden `torture-worker`;
-//! - [`bench`]: `fencelock bench`.
+//! - [`torture`](mod@torture): `fencelock torture` and its hidden `torture-worker`;
+//! - [`bench`](mod@bench): `fencelock bench`.
 //!
 //! See `docs/safety.md` and `docs/benchmarks.md`.
 //!

@@ -176,7 +176,7 @@ impl Setup {
 }
 
 /// Runs `fencelock bench`: [`Verdict::Passed`] when the scenario did its
-/// work (see [`report::Report::completed`]), [`Verdict::Incomplete`]
+/// work (see `report::Report::completed`), [`Verdict::Incomplete`]
 /// otherwise.
 pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<Verdict, Error> {
     let setup = Setup::new(url, args)?;

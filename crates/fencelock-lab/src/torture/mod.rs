@@ -3,11 +3,11 @@
 //! crashes the lock server; a checker then reads the recorded history for
 //! stale writes, lost updates and token regressions.
 //!
-//! - [`worker`]: the worker loop (a process of its own);
-//! - [`history`]: the fenced store and its event table;
-//! - [`nemesis`]: the fault schedule and the faults;
-//! - [`checker`]: the verdict, a pure function over the history;
-//! - [`report`]: JSON and human output.
+//! - `worker`: the worker loop (a process of its own);
+//! - `history`: the fenced store and its event table;
+//! - `nemesis`: the fault schedule and the faults;
+//! - `checker`: the verdict, a pure function over the history;
+//! - `report`: JSON and human output.
 //!
 //! See `docs/safety.md` for what the runs show per backend.
 

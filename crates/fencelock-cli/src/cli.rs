@@ -197,7 +197,8 @@ pub enum Command {
     /// object with --json). --baseline also runs the backend's own
     /// statements, scripts or RPCs on a raw connection for the same
     /// operation and prints fencelock/limit. Reports; asserts nothing.
-    Bench(crate::bench::BenchArgs),
+    #[cfg(feature = "lab")]
+    Bench(fencelock_lab::bench::BenchArgs),
 
     /// Remove a lock whoever holds it. Its holder notices at its next
     /// renewal. Exit 1 if it was not held.
@@ -214,11 +215,13 @@ pub enum Command {
     /// the etcd leader (--server etcd-cluster). A checker then reads the
     /// recorded history. Exit 0 if no stale write was admitted, no update
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.
-    Torture(crate::torture::TortureArgs),
+    #[cfg(feature = "lab")]
+    Torture(fencelock_lab::torture::TortureArgs),
 
     /// One torture worker, started by `fencelock torture`.
+    #[cfg(feature = "lab")]
     #[command(hide = true)]
-    TortureWorker(crate::torture::WorkerArgs),
+    TortureWorker(fencelock_lab::torture::WorkerArgs),
 }
 
 /// The default store: a SQLite file in the per-user state directory.

@@ -20,8 +20,10 @@ pub const NOT_ACQUIRED: u8 = 75;
 pub const LOST: u8 = 76;
 /// `fencelock torture` found a stale write admitted, a lost update or a
 /// token regression.
+#[cfg(feature = "lab")]
 pub const VIOLATION: u8 = 3;
 /// Interrupted by SIGINT or SIGTERM (128 + SIGINT).
+#[cfg(feature = "lab")]
 pub const INTERRUPTED: u8 = 130;
 
 /// The exit code for a library error.
@@ -38,5 +40,17 @@ pub fn code_for(error: &Error) -> u8 {
         | Error::InvalidUrl(_)
         | Error::Unsupported(_) => USAGE,
         _ => UNAVAILABLE,
+    }
+}
+
+/// The exit code for how `torture` or `bench` ended.
+#[cfg(feature = "lab")]
+pub fn for_verdict(verdict: fencelock_lab::Verdict) -> u8 {
+    use fencelock_lab::Verdict;
+    match verdict {
+        Verdict::Passed => OK,
+        Verdict::Violation => VIOLATION,
+        Verdict::Incomplete => UNAVAILABLE,
+        Verdict::Interrupted => INTERRUPTED,
     }
 }

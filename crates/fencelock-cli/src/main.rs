@@ -1,12 +1,11 @@
 //! `fencelock`: distributed locks with fencing tokens, from the shell.
 //! See `fencelock --help` and the README for the commands and exit codes.
 
-mod bench;
 mod cli;
 mod exit;
+mod lab;
 mod output;
 mod run;
-mod torture;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
@@ -60,8 +59,14 @@ fn main() -> ExitCode {
 
 /// Help and version go to stdout with exit 0; every other parse error is
 /// clap's whole message on stderr (what is wrong, which arguments are
-/// missing, the closest subcommand to a typo, the usage) and exit 2.
+/// missing, the closest subcommand to a typo, the usage) and exit 2 — but
+/// `torture` or `bench` in a build without them is one line saying how to
+/// get them.
 fn usage_error(e: clap::Error) -> u8 {
+    if let Some(hint) = lab::missing_command(&e) {
+        eprintln!("{hint}");
+        return exit::USAGE;
+    }
     let _ = e.print();
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => exit::OK,
@@ -244,11 +249,20 @@ async fn acquire(
 
 async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
     // Torture never falls back to the default store.
+    #[cfg(feature = "lab")]
     let command = match cli.command {
-        Command::Torture(args) => return torture::run(cli.url, args, out).await,
-        Command::TortureWorker(args) => return torture::run_worker(cli.url, args).await,
+        Command::Torture(args) => {
+            let verdict = fencelock_lab::torture::run(cli.url, args, lab::output(out)).await?;
+            return Ok(exit::for_verdict(verdict));
+        }
+        Command::TortureWorker(args) => {
+            let verdict = fencelock_lab::torture::run_worker(cli.url, args).await?;
+            return Ok(exit::for_verdict(verdict));
+        }
         command => command,
     };
+    #[cfg(not(feature = "lab"))]
+    let command = cli.command;
     let url = resolve_url(cli.url)?;
     match command {
         Command::Run {
@@ -367,7 +381,11 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             });
             Ok(exit::OK)
         }
-        Command::Bench(args) => bench::run(&url, args, out).await,
+        #[cfg(feature = "lab")]
+        Command::Bench(args) => {
+            let verdict = fencelock_lab::bench::run(&url, args, lab::output(out)).await?;
+            Ok(exit::for_verdict(verdict))
+        }
         Command::ForceRelease { key } => {
             let client = client(&url, None, Deadline::now()).await?;
             match client.force_release(&key).await? {
@@ -386,6 +404,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
             }
         }
+        #[cfg(feature = "lab")]
         Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }
 }

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 
 use crate::{
     backend::Backend,
-    baseline::{DirectBaseline, RawBaseline},
     error::Result,
     fence::Fence,
     memory::{MemoryBackend, MemoryFence},
@@ -38,8 +37,13 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// in-process memory backend); server engines override it with their
     /// raw statements, scripts or RPCs. Not a stable API.
     #[doc(hidden)]
-    async fn open_baseline(&self, url: &str) -> Result<Box<dyn RawBaseline>> {
-        Ok(Box::new(DirectBaseline::new(self.open_backend(url).await?)?))
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn crate::baseline::RawBaseline>> {
+        let backend = self.open_backend(url).await?;
+        Ok(Box::new(crate::baseline::DirectBaseline::new(backend)?))
     }
 }
 

@@ -52,15 +52,26 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # For tests
+//!
+//! With the `test-util` feature, the `fault` module wraps a backend so that
+//! its calls fail, hang or answer late, switched at run time.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod backoff;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod client;
 mod clock;
 mod driver;
 mod error;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod fault;
 mod fence;
 mod guard;
 mod memory;

@@ -15,6 +15,7 @@
 //! See `docs/etcd.md`.
 
 mod backend;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod error;

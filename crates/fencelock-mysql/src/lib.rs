@@ -17,6 +17,7 @@
 //! (returned with every refusal). TLS (rustls) is behind the `tls` feature.
 
 mod backend;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod error;

@@ -18,6 +18,7 @@
 //! feature; use `sslmode=require` in the URL.
 
 mod backend;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod error;

@@ -26,6 +26,7 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod conn;

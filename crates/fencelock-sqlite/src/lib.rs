@@ -38,6 +38,7 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
 mod clock;

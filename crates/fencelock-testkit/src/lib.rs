@@ -8,7 +8,9 @@
 //!   on random loopback ports with temporary data directories, so tests can
 //!   kill, pause and restart them.
 //! - [`fault`]: a [`Backend`](fencelock_core::Backend) wrapper that makes
-//!   calls fail or hang, for guard behaviour under an unreachable backend.
+//!   calls fail or hang, for guard behaviour under an unreachable backend
+//!   (re-exported from `fencelock-core`'s `test-util` feature, where the
+//!   core's own guard tests use it).
 //! - [`txfence`]: the one test of the SQL fences' in-transaction form.
 //! - [`timeouts`]: the checks that connect and operation timeouts hold
 //!   against servers that stop answering.
@@ -19,7 +21,6 @@
 //!   for connect and operation timeouts.
 
 pub mod cases;
-pub mod fault;
 pub mod proxy;
 pub mod servers;
 pub mod silent;
@@ -28,4 +29,5 @@ pub mod timeouts;
 pub mod txfence;
 
 pub use async_trait::async_trait;
+pub use fencelock_core::fault;
 pub use suite::{run, Needs, ProxiedBackend, Store, StoreFactory, TestResult};

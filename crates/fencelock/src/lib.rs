@@ -186,6 +186,7 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
 /// The engine's own limit for `fencelock bench --baseline`: raw lock
 /// cycles on the engine a URL names, configured as its backend. Not a
 /// stable API.
+#[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub async fn open_baseline(url: &str) -> Result<Box<dyn baseline::RawBaseline>> {
     let (driver, url) = driver_for(url)?;

@@ -20,7 +20,7 @@ use fencelock::{Error, LockClient, LockGuard, Owner};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use super::history::{now_us, store_error, Event, Kind, SharedStore, Store};
-use crate::exit;
+use crate::Verdict;
 
 /// The hidden `torture-worker` command's arguments (the URL comes from
 /// `FENCELOCK_URL`, so that a password never shows in `ps`).
@@ -36,7 +36,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub key: String,
     /// Lease length.
-    #[arg(long, value_parser = crate::cli::ttl)]
+    #[arg(long, value_parser = crate::ttl)]
     pub ttl: Duration,
     /// Seed of this worker's work times.
     #[arg(long)]
@@ -46,7 +46,7 @@ pub struct WorkerArgs {
     pub until_us: i64,
     /// How long a store statement may wait for another process's
     /// transaction.
-    #[arg(long, value_parser = crate::cli::duration)]
+    #[arg(long, value_parser = fencelock::parse_duration)]
     pub busy: Duration,
     /// The parent's pid: the worker exits with it.
     #[arg(long)]
@@ -69,9 +69,10 @@ fn work_time(rng: &mut StdRng, ttl: Duration) -> Duration {
     }
 }
 
-/// Runs the worker until `until_us`; exit 0, or an error that stops it (the
-/// parent then fails the run: the history would be incomplete).
-pub async fn run(url: &str, args: WorkerArgs) -> Result<u8, Error> {
+/// Runs the worker until `until_us`; [`Verdict::Passed`], or an error that
+/// stops it (the parent then fails the run: the history would be
+/// incomplete).
+pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
     exit_with_parent(args.parent)?;
     let store = SharedStore::new(Store::open(&args.store, args.busy, !args.unfenced)?);
     let worker = args.worker;
@@ -112,7 +113,7 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<u8, Error> {
             }
         }
     }
-    Ok(exit::OK)
+    Ok(Verdict::Passed)
 }
 
 async fn connect(url: &str, args: &WorkerArgs) -> Result<LockClient, Error> {

@@ -3,11 +3,11 @@
 //! crashes the lock server; a checker then reads the recorded history for
 //! stale writes, lost updates and token regressions.
 //!
-//! - [`worker`]: the worker loop (a process of its own);
-//! - [`history`]: the fenced store and its event table;
-//! - [`nemesis`]: the fault schedule and the faults;
-//! - [`checker`]: the verdict, a pure function over the history;
-//! - [`report`]: JSON and human output.
+//! - `worker`: the worker loop (a process of its own);
+//! - `history`: the fenced store and its event table;
+//! - `nemesis`: the fault schedule and the faults;
+//! - `checker`: the verdict, a pure function over the history;
+//! - `report`: JSON and human output.
 //!
 //! See `docs/safety.md` for what the runs show per backend.
 
@@ -36,7 +36,7 @@ use self::{
     nemesis::{FaultKind, Nemesis, Server, SharedServer, Targets},
     report::{Config, Report},
 };
-use crate::{exit, output::Output};
+use crate::{Output, Verdict};
 
 /// `fencelock torture`'s arguments.
 #[derive(Debug, Args)]
@@ -51,11 +51,11 @@ pub struct TortureArgs {
     pub workers: u32,
 
     /// How long the workers run.
-    #[arg(long, default_value = "60s", value_parser = crate::cli::duration)]
+    #[arg(long, default_value = "60s", value_parser = fencelock::parse_duration)]
     pub duration: Duration,
 
     /// The workers' lease length (auto-renewed every third of it).
-    #[arg(long, default_value = "2s", value_parser = crate::cli::ttl)]
+    #[arg(long, default_value = "2s", value_parser = crate::ttl)]
     pub ttl: Duration,
 
     /// Faults to inject, comma-separated [default: every fault that applies
@@ -178,7 +178,11 @@ fn harness_error(message: impl Into<String>) -> Error {
 
 /// Runs `fencelock torture`; Ctrl-C or SIGTERM stops it, and every worker,
 /// proxy and server with it.
-pub async fn run(url: Option<String>, args: TortureArgs, out: Output) -> Result<u8, Error> {
+///
+/// The workers are this same executable re-run as `--quiet torture-worker
+/// …` with the URL in `FENCELOCK_URL`: the binary that calls this must send
+/// that command to [`run_worker`].
+pub async fn run(url: Option<String>, args: TortureArgs, out: Output) -> Result<Verdict, Error> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| harness_error(format!("cannot watch SIGTERM: {e}")))?;
@@ -189,18 +193,18 @@ pub async fn run(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     }
 }
 
-fn interrupted(out: Output) -> Result<u8, Error> {
+fn interrupted(out: Output) -> Result<Verdict, Error> {
     out.note("torture interrupted; workers and servers stopped");
-    Ok(exit::INTERRUPTED)
+    Ok(Verdict::Interrupted)
 }
 
 /// Runs one worker (the hidden `torture-worker` command).
-pub async fn run_worker(url: Option<String>, args: WorkerArgs) -> Result<u8, Error> {
+pub async fn run_worker(url: Option<String>, args: WorkerArgs) -> Result<Verdict, Error> {
     let url = url.ok_or_else(|| Error::InvalidUrl("torture-worker needs FENCELOCK_URL".into()))?;
     worker::run(&url, args).await
 }
 
-async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<u8, Error> {
+async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<Verdict, Error> {
     let engine = match (&url, args.server) {
         (Some(_), Some(_)) => {
             return Err(Error::InvalidArgument(
@@ -410,9 +414,9 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         ));
     }
     Ok(if report.violations > 0 {
-        exit::VIOLATION
+        Verdict::Violation
     } else {
-        exit::OK
+        Verdict::Passed
     })
 }
 

@@ -6,8 +6,8 @@
 
 use std::{sync::Arc, time::Duration};
 
+use fencelock_core::fault::{Fault, FaultyBackend};
 use fencelock_core::{LockClient, MemoryBackend};
-use fencelock_testkit::fault::{Fault, FaultyBackend};
 use tokio::time::Instant;
 
 const OP_TIMEOUT: Duration = Duration::from_secs(5);

@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use fencelock::Error;
 
-use crate::{exit, output::Output};
+use crate::{Output, Verdict};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -86,15 +86,15 @@ pub struct BenchArgs {
     pub keys: Option<usize>,
 
     /// Measured time [default: 10s; hold 20s].
-    #[arg(long, value_parser = crate::cli::duration)]
+    #[arg(long, value_parser = fencelock::parse_duration)]
     pub duration: Option<Duration>,
 
     /// Lease length [default: 30s; renew 2s].
-    #[arg(long, value_parser = crate::cli::ttl)]
+    #[arg(long, value_parser = crate::ttl)]
     pub ttl: Option<Duration>,
 
     /// Unmeasured time before each measurement, to warm connections.
-    #[arg(long, default_value = "1s", value_parser = crate::cli::duration)]
+    #[arg(long, default_value = "1s", value_parser = fencelock::parse_duration)]
     pub warmup: Duration,
 
     /// With --baseline, library and raw runs alternate this many times,
@@ -175,9 +175,10 @@ impl Setup {
     }
 }
 
-/// Runs `fencelock bench`; exit 0 when the scenario did its work (see
-/// [`report::Report::completed`]), 69 (unavailable) otherwise.
-pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<u8, Error> {
+/// Runs `fencelock bench`: [`Verdict::Passed`] when the scenario did its
+/// work (see `report::Report::completed`), [`Verdict::Incomplete`]
+/// otherwise.
+pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<Verdict, Error> {
     let setup = Setup::new(url, args)?;
     if !out.json {
         out.note(format_args!(
@@ -195,8 +196,8 @@ pub async fn run(url: &str, args: BenchArgs, out: Output) -> Result<u8, Error> {
     let report = scenarios::run(&setup).await?;
     out.emit(&report, || report.human());
     Ok(if report.completed() {
-        exit::OK
+        Verdict::Passed
     } else {
-        exit::UNAVAILABLE
+        Verdict::Incomplete
     })
 }

@@ -1,7 +1,10 @@
 //! Fault injection at the [`Backend`] seam: a wrapper that passes calls
 //! through, fails them as transient errors, leaves them hanging, or delays
-//! their answers, switched at run time. Guard tests use it with the memory backend and a paused
-//! tokio clock to reproduce an unreachable backend deterministically.
+//! their answers, switched at run time. Guard tests use it with the memory
+//! backend and a paused tokio clock to reproduce an unreachable backend
+//! deterministically; the test kit's shared cases use it on real backends.
+//!
+//! Test-only: compiled with the `test-util` feature, never by default.
 
 use std::{
     future::Future,
@@ -13,7 +16,8 @@ use std::{
 };
 
 use async_trait::async_trait;
-use fencelock_core::{
+
+use crate::{
     Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
     LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };

@@ -31,7 +31,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::history::{now_us, Event, Kind, SharedStore};
-use crate::output::Output;
+use crate::Output;
 
 /// What the nemesis can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]

@@ -6,10 +6,10 @@
 
 use std::{sync::Arc, time::Duration};
 
+use fencelock_core::fault::{Fault, FaultyBackend};
 use fencelock_core::{
     Backend, ClockPolicy, Error, LockClient, LockKey, LossReason, MemoryBackend, Owner,
 };
-use fencelock_testkit::fault::{Fault, FaultyBackend};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);

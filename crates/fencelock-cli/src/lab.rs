@@ -1,0 +1,81 @@
+//! `torture` and `bench` live in the `fencelock-lab` crate, linked only with
+//! the `lab` feature: the shipped binary carries no throwaway-server or
+//! fault-injection code. Without it, those commands say how to get them.
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+
+/// The commands only a `lab` build has.
+const COMMANDS: [&str; 3] = ["torture", "torture-worker", "bench"];
+
+/// The line to print instead of clap's "unrecognized subcommand" when a
+/// build without `lab` is asked for one of its commands.
+pub fn missing_command(e: &clap::Error) -> Option<String> {
+    if cfg!(feature = "lab") || e.kind() != ErrorKind::InvalidSubcommand {
+        return None;
+    }
+    match e.get(ContextKind::InvalidSubcommand) {
+        Some(ContextValue::String(name)) => hint(name),
+        _ => None,
+    }
+}
+
+/// How to get `name` if it is a lab command.
+fn hint(name: &str) -> Option<String> {
+    COMMANDS.contains(&name).then(|| {
+        format!(
+            "fencelock: `{name}` is not in this build; build fencelock with the lab feature \
+             (cargo build --release -p fencelock-cli --features lab)"
+        )
+    })
+}
+
+/// The lab's view of `--json` and `--quiet`.
+#[cfg(feature = "lab")]
+pub fn output(out: crate::output::Output) -> fencelock_lab::Output {
+    fencelock_lab::Output {
+        json: out.json,
+        quiet: out.quiet,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_only_at_lab_commands() {
+        for name in COMMANDS {
+            let line = hint(name).expect("a lab command");
+            assert!(line.contains(&format!("`{name}`")), "{line}");
+            assert!(line.contains("--features lab"), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+        assert_eq!(hint("run"), None);
+        assert_eq!(hint("tortur"), None);
+    }
+
+    /// What a default build does with `fencelock … torture …`; a `lab`
+    /// build parses it (tests/torture.rs).
+    #[cfg(not(feature = "lab"))]
+    #[test]
+    fn default_build_hints_at_torture_and_bench() {
+        use clap::Parser;
+        for args in [
+            &[
+                "fencelock",
+                "--url",
+                "sqlite:///x.db",
+                "torture",
+                "--server",
+                "sqlite",
+            ][..],
+            &["fencelock", "bench", "--scenario", "cycle", "--json"],
+            &["fencelock", "--quiet", "torture-worker", "--worker", "1"],
+        ] {
+            let e = crate::cli::Cli::try_parse_from(args).expect_err("not a command here");
+            assert!(missing_command(&e).is_some(), "{args:?}: {e}");
+        }
+        let e = crate::cli::Cli::try_parse_from(["fencelock", "benhc"]).expect_err("a typo");
+        assert_eq!(missing_command(&e), None);
+    }
+}

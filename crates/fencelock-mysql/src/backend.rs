@@ -4,8 +4,8 @@ use std::{fmt, future::Future, str::FromStr, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
 use sqlx::{
@@ -375,11 +375,6 @@ impl Backend for MySqlBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let not_held = || Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        };
         let expires_at = self
             .options
             .bounded("renewing", async {
@@ -406,12 +401,8 @@ impl Backend for MySqlBackend {
                 expires_at
             })
             .await?
-            .ok_or_else(not_held)?;
-        Ok(Grant {
-            token,
-            ttl,
-            expires_at,
-        })
+            .ok_or_else(|| Error::not_held(lease))?;
+        Ok(Grant::new(token, ttl, expires_at))
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
@@ -431,7 +422,7 @@ impl Backend for MySqlBackend {
             })
             .await?
             .rows_affected();
-        Ok(deleted > 0)
+        lease.found(deleted > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -10,13 +10,11 @@ use fencelock_mysql::{MySqlBackend, MySqlFence};
 use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
-    Ok(AcquireRequest {
-        key: LockKey::new(key)?,
-        owner: Owner::new(owner)?,
+    Ok(AcquireRequest::new(
+        LockKey::new(key)?,
+        Owner::new(owner)?,
         ttl,
-        kind: None,
-        data: None,
-    })
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,8 +14,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeHub, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Result, Stats, WakeHub, WakeSubscription,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
 use sqlx::{
@@ -411,11 +411,7 @@ impl Backend for PostgresBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let not_held = || Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        };
+        let not_held = || Error::not_held(lease);
         let db_token = db_token(token).ok_or_else(not_held)?;
         let expires_at = self
             .options
@@ -433,17 +429,13 @@ impl Backend for PostgresBackend {
             })
             .await?
             .ok_or_else(not_held)?;
-        Ok(Grant {
-            token,
-            ttl,
-            expires_at,
-        })
+        Ok(Grant::new(token, ttl, expires_at))
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let Some(db_token) = db_token(token) else {
-            return Ok(false);
+            return Err(Error::not_held(lease));
         };
         let rows = self
             .options
@@ -459,7 +451,7 @@ impl Backend for PostgresBackend {
                 rows
             })
             .await?;
-        Ok(!rows.is_empty())
+        lease.found(!rows.is_empty())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

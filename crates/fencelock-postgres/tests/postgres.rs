@@ -5,18 +5,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LeaseId, LockKey, Owner};
 use fencelock_postgres::{PostgresBackend, PostgresFence};
 use fencelock_testkit::{servers::postgres::PostgresServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
-    Ok(AcquireRequest {
-        key: LockKey::new(key)?,
-        owner: Owner::new(owner)?,
+    Ok(AcquireRequest::new(
+        LockKey::new(key)?,
+        Owner::new(owner)?,
         ttl,
-        kind: None,
-        data: None,
-    })
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,9 +199,7 @@ async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     let renewed = tokio::time::timeout(
         bound,
         holder.renew(
-            &LockKey::new("k")?,
-            &owner,
-            grant.token,
+            &LeaseId::new(LockKey::new("k")?, owner.clone(), grant.token),
             Duration::from_secs(60),
         ),
     )

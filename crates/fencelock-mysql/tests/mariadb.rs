@@ -5,7 +5,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, Driver, Error, LockKey, Owner};
 use fencelock_mysql::{MySqlBackend, MySqlFence};
 use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
 
@@ -206,7 +206,10 @@ async fn malformed_urls_hide_the_password() {
         "postgres://u:hunter2@localhost/db",
         "mysql://u:hunter2@[::1/db",
     ] {
-        let e = fencelock_mysql::open_backend(url).await.expect_err(url);
+        let e = fencelock_mysql::MySqlDriver
+            .open_backend(url)
+            .await
+            .expect_err(url);
         assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
         assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");

@@ -3,9 +3,10 @@
 use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, Owner, Result, Stats,
+    LockKey, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session};
 use sqlx::{mysql::MySqlRow, MySql, MySqlPool, Row};
@@ -33,6 +34,9 @@ const DEADLOCK_RETRIES: u32 = 3;
 const TURN_WAIT_SECS: u32 = 10;
 
 pub(crate) struct Sql {
+    /// `{tokens}` for [`raise_floor`].
+    tokens: String,
+    locks: String,
     pub(crate) acquire: String,
     pub(crate) acquire_result: String,
     renew: String,
@@ -74,6 +78,8 @@ impl Sql {
         ]
         .join(", ");
         Self {
+            tokens: tokens.clone(),
+            locks: locks.clone(),
             // The token is drawn only once this session holds the key's
             // named lock ("its turn"), which it keeps until `acquire_result`
             // has run, i.e. until after this statement committed. Without
@@ -187,6 +193,23 @@ impl MySqlBackend {
     }
 }
 
+/// The statement that raises the token sequence to `floor` before an
+/// acquisition draws from it. MariaDB's SETVAL never moves a sequence
+/// back (it is a no-op below the current value), so concurrent floors and
+/// draws cannot make a token repeat or shrink (I2), and the draw that
+/// follows on this session is above the floor. SETVAL takes only a literal,
+/// hence the number in the text (an integer, so nothing to escape).
+fn raise_floor(sql: &Sql, floor: FencingToken) -> Result<String> {
+    // The sequence ends at i64::MAX - 1: the floor must leave a value above.
+    let floor = i64::try_from(floor.get())
+        .ok()
+        .filter(|f| *f < i64::MAX - 1)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
+        })?;
+    Ok(format!("SELECT SETVAL({}, {floor})", sql.tokens))
+}
+
 /// Reads a `utf8mb4_nopad_bin` column, which the driver reports as
 /// VARBINARY (binary collations carry the BINARY flag) and so will not
 /// decode as `String` directly.
@@ -225,10 +248,16 @@ impl Backend for MySqlBackend {
         Capabilities::default()
             .with_persistent(true)
             .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_batch_renew(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let key = request.key.as_str();
+        let raise = request
+            .min_token
+            .map(|floor| raise_floor(&self.sql, floor))
+            .transpose()?;
         let acquire = async {
             let mut deadlocks = 0;
             let mut session = loop {
@@ -236,6 +265,9 @@ impl Backend for MySqlBackend {
                 // turn it held: after an error, or when the caller stops
                 // waiting between the two statements.
                 let mut session = self.session().await?;
+                if let Some(raise) = &raise {
+                    sqlx::query(raise).execute(session.conn()?).await?;
+                }
                 let upsert = sqlx::query(&self.sql.acquire)
                     .bind(key)
                     .bind(request.owner.as_str())
@@ -311,6 +343,87 @@ impl Backend for MySqlBackend {
             .await?
             .ok_or_else(|| Error::not_held(lease))?;
         Ok(Grant::new(token, ttl, expires_at))
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locks = &self.sql.locks;
+        // The batch as a derived table, one row per renewal with its ordinal.
+        let table = (1..=renewals.len())
+            .map(|i| match i {
+                1 => "SELECT ? AS k, ? AS o, ? AS t, ? AS ttl, 1 AS i".to_owned(),
+                i => format!("SELECT ?, ?, ?, ?, {i}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        let on = "l.`key` = b.k AND l.owner = b.o AND l.token = b.t";
+        // One UPDATE judges every lease as `renew` does (I3) and stamps the
+        // rows it extends with its own NOW(6), kept in a session variable;
+        // the read on the same session finds them by that stamp (MariaDB's
+        // UPDATE has no RETURNING). The variable may be left from an
+        // earlier batch of this session when nothing matched now, so the
+        // read also asks for a live lease: a row this UPDATE skipped was
+        // expired and stays so. A lease renewed by another session between
+        // the two statements reads as NotHeld: a loud answer, never a false
+        // "held".
+        let update = format!(
+            "UPDATE {locks} AS l JOIN ({table}) AS b ON {on}
+                SET l.expires_at = NOW(6) + INTERVAL b.ttl MICROSECOND,
+                    l.updated_at = (@fencelock_renewed := NOW(6))
+              WHERE l.expires_at > NOW(6)"
+        );
+        let read = format!(
+            "SELECT b.i, l.expires_at FROM ({table}) AS b JOIN {locks} AS l ON {on}
+              WHERE l.updated_at = @fencelock_renewed AND l.expires_at > NOW(6)"
+        );
+        let bind_batch = |sql| {
+            renewals.iter().fold(sqlx::query(sql), |query, r| {
+                query
+                    .bind(r.lease.key.as_str())
+                    .bind(r.lease.owner.as_str())
+                    .bind(r.lease.token.get())
+                    .bind(ttl_micros(r.ttl))
+            })
+        };
+        let rows = self
+            .options
+            .bounded("renewing a batch", async {
+                let mut s = self.session().await?;
+                let matched = bind_batch(&update)
+                    .execute(s.conn()?)
+                    .await?
+                    .rows_affected();
+                if matched == 0 {
+                    s.finish();
+                    return Ok(Vec::new());
+                }
+                let rows = bind_batch(&read).fetch_all(s.conn()?).await;
+                s.finish();
+                rows
+            })
+            .await?;
+        let mut renewed = vec![None; renewals.len()];
+        for row in &rows {
+            let get = |e: sqlx::Error| map("renewing a batch", e);
+            let i: i64 = row.try_get("i").map_err(get)?;
+            let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(get)?;
+            let slot = usize::try_from(i)
+                .ok()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| renewed.get_mut(i))
+                .ok_or_else(|| bad_reply(format!("renewal {i} of {}", renewals.len())))?;
+            *slot = Some(expires_at);
+        }
+        Ok(renewals
+            .iter()
+            .zip(renewed)
+            .map(|(r, expires_at)| match expires_at {
+                Some(at) => Ok(Grant::new(r.lease.token, r.ttl, at)),
+                None => Err(Error::not_held(&r.lease)),
+            })
+            .collect())
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {

@@ -57,4 +57,12 @@ impl Driver for MySqlDriver {
     async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
         Ok(Arc::new(MySqlFence::connect(url).await?))
     }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }

@@ -78,4 +78,12 @@ impl Driver for SqliteDriver {
     async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
         Ok(Arc::new(SqliteFence::connect(url).await?))
     }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }

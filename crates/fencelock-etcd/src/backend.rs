@@ -15,7 +15,7 @@ use etcd_client::{
 };
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, FencingToken, Grant,
-    LockInfo, LockKey, Owner, Result, Stats, WakeSubscription,
+    LeaseId, LockInfo, LockKey, Owner, Result, Stats, WakeSubscription,
 };
 use serde_json::{json, Value};
 
@@ -157,7 +157,7 @@ fn token_of(kv: &KeyValue) -> FencingToken {
 
 impl EtcdBackend {
     /// Connects with `options`.
-    pub async fn connect(options: EtcdOptions) -> Result<Self> {
+    pub async fn connect_with(options: EtcdOptions) -> Result<Self> {
         let client = connect(&options).await?;
         Ok(Self {
             client,
@@ -167,8 +167,8 @@ impl EtcdBackend {
     }
 
     /// Connects to `url` (see [`EtcdOptions::from_url`]).
-    pub async fn open(url: &str) -> Result<Self> {
-        Self::connect(EtcdOptions::from_url(url)?).await
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(EtcdOptions::from_url(url)?).await
     }
 
     /// The options in use.
@@ -541,11 +541,7 @@ impl Backend for EtcdBackend {
                 ttl_secs(request.ttl),
                 expires_at,
             );
-            return Ok(Acquire::Granted(Grant {
-                token,
-                ttl: granted,
-                expires_at,
-            }));
+            return Ok(Acquire::Granted(Grant::new(token, granted, expires_at)));
         }
         let holder = resp.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
@@ -569,15 +565,11 @@ impl Backend for EtcdBackend {
         let cache_key = (key.clone(), owner.clone(), token);
         let full = self.key(key);
         let ttl = ttl_secs(ttl);
-        let renewed = |(lease, granted): (i64, i64)| {
+        let renewed = |(etcd_lease, granted): (i64, i64)| {
             let granted = secs(granted);
             let expires_at = wall_in(granted);
-            self.remember(cache_key.clone(), lease, ttl, expires_at);
-            Grant {
-                token,
-                ttl: granted,
-                expires_at,
-            }
+            self.remember(cache_key.clone(), etcd_lease, ttl, expires_at);
+            Grant::new(token, granted, expires_at)
         };
         // The lease is this grant's alone (granted for it, or moved to by a
         // renewal with another TTL), so keeping it alive cannot extend a
@@ -596,8 +588,11 @@ impl Backend for EtcdBackend {
         // left the remembered lease: another process may have renewed it
         // with another TTL, which moves it to a new lease.
         match self.current_lease(key, owner, token).await? {
-            Some(lease) if Some(lease) != cached.map(|c| c.lease) => {
-                if let Some(done) = self.renew_lease(&full, token, lease, ttl, None).await? {
+            Some(etcd_lease) if Some(etcd_lease) != cached.map(|c| c.lease) => {
+                if let Some(done) = self
+                    .renew_lease(&full, token, etcd_lease, ttl, None)
+                    .await?
+                {
                     return Ok(renewed(done));
                 }
             }
@@ -613,18 +608,19 @@ impl Backend for EtcdBackend {
         // wakes the watchers.
         let cache_key = (key.clone(), owner.clone(), token);
         let cached = self.cached(&cache_key).map(|c| c.lease);
-        if let Some(lease) = cached {
-            if self.revoke(lease).await? {
-                self.cache().remove(&cache_key);
-                return Ok(true);
-            }
+        if let Some(etcd_lease) = cached {
+            let revoked = self.revoke(etcd_lease).await?;
             self.cache().remove(&cache_key);
+            if revoked {
+                return Ok(());
+            }
         }
         // As in renew: the grant may live on another lease than remembered.
-        match self.current_lease(key, owner, token).await? {
-            Some(lease) if Some(lease) != cached => self.revoke(lease).await,
-            _ => Ok(false),
-        }
+        let revoked = match self.current_lease(key, owner, token).await? {
+            Some(etcd_lease) if Some(etcd_lease) != cached => self.revoke(etcd_lease).await?,
+            _ => false,
+        };
+        lease.found(revoked)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -23,28 +23,51 @@ mod options;
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 pub use backend::EtcdBackend;
 pub use fence::EtcdFence;
 pub use options::{EtcdOptions, DEFAULT_PREFIX};
 
-/// Opens an etcd backend from an `etcd://host:port[,host:port…]` URL.
-pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-    Ok(Arc::new(EtcdBackend::open(url).await?))
-}
+/// Opens Etcd backends and fences from `etcd://host:port[,host:port…]` URLs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EtcdDriver;
 
-/// Opens an etcd fence from the same kind of URL.
-pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
-    Ok(Arc::new(EtcdFence::open(url).await?))
+#[async_trait]
+impl fencelock_core::Driver for EtcdDriver {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["etcd"]
+    }
+
+    async fn open_backend(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+        Ok(Arc::new(EtcdBackend::connect(url).await?))
+    }
+
+    async fn open_fence(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+        Ok(Arc::new(EtcdFence::connect(url).await?))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use fencelock_core::Driver;
+
     #[tokio::test]
     async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
     ) -> fencelock_testkit::TestResult {
         fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
-            |url| Box::pin(async move { super::open_backend(&url).await }),
-            |url| Box::pin(async move { super::open_fence(&url).await }),
+            |url| Box::pin(async move { super::EtcdDriver.open_backend(&url).await }),
+            |url| Box::pin(async move { super::EtcdDriver.open_fence(&url).await }),
             &["etcd://user:s3cret@host", "redis://user:s3cret@h:1"],
             "s3cret",
         )

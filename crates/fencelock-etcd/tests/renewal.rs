@@ -7,8 +7,8 @@ use std::{sync::Arc, time::Duration};
 
 use etcd_client::Client;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, FencingToken, Grant, LockClient, LockKey, LossReason,
-    Owner,
+    Acquire, AcquireRequest, Backend, Error, FencingToken, Grant, LeaseId, LockClient, LockKey,
+    LossReason, Owner,
 };
 use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
@@ -40,13 +40,7 @@ async fn acquire(
     owner: &Owner,
     ttl: Duration,
 ) -> TestResult<Grant> {
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl,
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), owner.clone(), ttl);
     match backend.try_acquire(&request).await? {
         Acquire::Granted(g) => Ok(g),
         Acquire::Held(h) => Err(format!("{key} is held: {h:?}").into()),
@@ -57,7 +51,7 @@ async fn acquire(
 async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let url = format!("{}?prefix=deleted", etcd.url());
-    let backend = fencelock_etcd::open_backend(&url).await?;
+    let backend: Arc<dyn Backend> = Arc::new(EtcdBackend::connect(&url).await?);
     let holder = LockClient::builder(Arc::clone(&backend))
         .owner(Owner::new("holder")?)
         .build()?;
@@ -92,7 +86,7 @@ async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_put_again_under_another_lease_is_not_renewed() -> TestResult {
     let etcd = EtcdCluster::start()?;
-    let backend = EtcdBackend::open(&format!("{}?prefix=replaced", etcd.url())).await?;
+    let backend = EtcdBackend::connect(&format!("{}?prefix=replaced", etcd.url())).await?;
     let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
     let grant = acquire(&backend, &key, &owner, Duration::from_secs(10)).await?;
     // Someone deletes the key and writes it again (a new create revision)
@@ -101,7 +95,13 @@ async fn a_key_put_again_under_another_lease_is_not_renewed() -> TestResult {
     raw.delete(raw_key("replaced", "k"), None).await?;
     raw.put(raw_key("replaced", "k"), r#"{"owner":"holder"}"#, None)
         .await?;
-    match backend.renew(&key, &owner, grant.token, grant.ttl).await {
+    match backend
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            grant.ttl,
+        )
+        .await
+    {
         Err(Error::NotHeld { .. }) => Ok(()),
         other => Err(format!("renewing a replaced key: {other:?}").into()),
     }
@@ -111,7 +111,7 @@ async fn a_key_put_again_under_another_lease_is_not_renewed() -> TestResult {
 async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let url = format!("{}?prefix=ttl", etcd.url());
-    let holder = EtcdBackend::open(&url).await?;
+    let holder = EtcdBackend::connect(&url).await?;
     let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
     let full = raw_key("ttl", "k");
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
@@ -123,7 +123,10 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
 
     // Longer.
     let renewed = holder
-        .renew(&key, &owner, grant.token, Duration::from_secs(60))
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            Duration::from_secs(60),
+        )
         .await?;
     assert_eq!(renewed.token, grant.token);
     assert_eq!(renewed.ttl, Duration::from_secs(60));
@@ -141,15 +144,21 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
 
     // The same TTL again keeps the lease.
     let again = holder
-        .renew(&key, &owner, grant.token, Duration::from_secs(60))
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            Duration::from_secs(60),
+        )
         .await?;
     assert_eq!(again.ttl, Duration::from_secs(60));
     assert_eq!(key_state(&mut raw, &full).await?.map(|s| s.1), Some(lease));
 
     // Another process (no cached lease) shortens it.
-    let other_process = EtcdBackend::open(&url).await?;
+    let other_process = EtcdBackend::connect(&url).await?;
     let shorter = other_process
-        .renew(&key, &owner, grant.token, Duration::from_secs(10))
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            Duration::from_secs(10),
+        )
         .await?;
     assert_eq!(shorter.ttl, Duration::from_secs(10));
     let (_, short_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
@@ -158,7 +167,12 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
 
     // The holder's remembered lease is gone now; its renewal finds the
     // grant's current one.
-    let back = holder.renew(&key, &owner, grant.token, grant.ttl).await?;
+    let back = holder
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            grant.ttl,
+        )
+        .await?;
     assert_eq!((back.token, back.ttl), (grant.token, grant.ttl));
 
     // A stranger and a stale token still cannot renew, with any TTL.
@@ -168,14 +182,19 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
         (&owner, FencingToken(grant.token.0 - 1)),
     ] {
         match holder
-            .renew(&key, who, token, Duration::from_secs(60))
+            .renew(
+                &LeaseId::new(key.clone(), who.clone(), token),
+                Duration::from_secs(60),
+            )
             .await
         {
             Err(Error::NotHeld { .. }) => {}
             other => return Err(format!("renew as {who} with {token}: {other:?}").into()),
         }
     }
-    assert!(holder.release(&key, &owner, grant.token).await?);
+    holder
+        .release(&LeaseId::new(key.clone(), owner.clone(), grant.token))
+        .await?;
     assert_eq!(key_state(&mut raw, &full).await?, None);
     Ok(())
 }
@@ -183,7 +202,7 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_ttls_report_the_ttl_etcd_granted() -> TestResult {
     let etcd = EtcdCluster::start()?;
-    let backend = EtcdBackend::open(&format!("{}?prefix=small", etcd.url())).await?;
+    let backend = EtcdBackend::connect(&format!("{}?prefix=small", etcd.url())).await?;
     let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
 
@@ -198,7 +217,10 @@ async fn small_ttls_report_the_ttl_etcd_granted() -> TestResult {
     // Renewing with the small TTL asked for at first (`fencelock renew
     // --ttl 1ms`) is rounded up the same way and keeps the lease.
     let renewed = backend
-        .renew(&key, &owner, grant.token, Duration::from_millis(1))
+        .renew(
+            &LeaseId::new(key.clone(), owner.clone(), grant.token),
+            Duration::from_millis(1),
+        )
         .await?;
     assert_eq!(renewed.ttl, grant.ttl);
     assert_eq!(

@@ -1,13 +1,17 @@
 //! etcd v3 backend (and fence) for [fencelock](fencelock_core).
 //!
-//! - One etcd lease per grant, granted right before a put-if-absent Txn
-//!   (`create_revision == 0` → put with the lease, else get the holder).
+//! - The grants of one backend instance with the same TTL share one etcd
+//!   lease; acquire is one put-if-absent Txn (`create_revision == 0` → put
+//!   with the shared lease, else get the holder), release one delete Txn
+//!   (`create_revision == token`).
 //! - The fencing token is the key's **create revision**: cluster-wide
 //!   monotonic, never reused, unaffected by deletion, restarts or failover.
-//! - Renew is a `LeaseKeepAlive` on the grant's own lease followed by a Txn
+//!   It cannot be raised to a floor, so `min_token` is not offered.
+//! - Renew is a `LeaseKeepAlive` on the shared lease followed by a Txn
 //!   proving the key still carries the grant (its create revision and that
-//!   lease); a renewal with another TTL moves the key to a new lease of that
-//!   TTL. Release and force-release revoke the lease, which deletes the key.
+//!   lease); `renew_many` sends one keep-alive per distinct lease and one Txn
+//!   reading every key of the batch. A renewal with another TTL moves the key
+//!   to the shared lease of that TTL.
 //! - Waiters watch the key for DELETE events.
 //! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
 //!   granted TTL is returned in `Grant::ttl`.

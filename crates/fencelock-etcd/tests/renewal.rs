@@ -1,14 +1,15 @@
 //! Renewal against a real etcd: a renewal must prove that the key still
-//! carries this grant (not only that its lease is alive), and a renewal with
+//! carries this grant (not only that its lease is alive), a renewal with
 //! another TTL moves the grant to a lease of that TTL without changing its
-//! token.
+//! token, and grants of one TTL share one lease without sharing their fate
+//! when one of them is deleted, moved or released.
 
 use std::{sync::Arc, time::Duration};
 
-use etcd_client::Client;
+use etcd_client::{Client, PutOptions};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Error, FencingToken, Grant, LeaseId, LockClient, LockKey,
-    LossReason, Owner,
+    LossReason, Owner, Renewal,
 };
 use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
@@ -136,11 +137,10 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
     let (granted, left) = lease_ttls(&mut raw, lease).await?;
     assert_eq!(granted, 60);
     assert!(left > 3, "the key's lease has {left} s left");
-    assert_eq!(
-        lease_ttls(&mut raw, first_lease).await?.1,
-        -1,
-        "the old lease lives on"
-    );
+    // The old lease is not revoked: other grants of that TTL may share it;
+    // with none left it simply expires.
+    let (first_granted, _) = lease_ttls(&mut raw, first_lease).await?;
+    assert_eq!(first_granted, 3);
 
     // The same TTL again keeps the lease.
     let again = holder
@@ -163,7 +163,7 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
     assert_eq!(shorter.ttl, Duration::from_secs(10));
     let (_, short_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
     assert_eq!(lease_ttls(&mut raw, short_lease).await?.0, 10);
-    assert_eq!(lease_ttls(&mut raw, lease).await?.1, -1);
+    assert_ne!(short_lease, lease, "the grant stayed on the holder's lease");
 
     // The holder's remembered lease is gone now; its renewal finds the
     // grant's current one.
@@ -227,6 +227,138 @@ async fn small_ttls_report_the_ttl_etcd_granted() -> TestResult {
         key_state(&mut raw, &raw_key("small", "k"))
             .await?
             .map(|s| s.1),
+        Some(lease)
+    );
+    Ok(())
+}
+
+/// Acquires `keys` on `backend` for `ttl`, as (lease to renew, raw key).
+async fn hold_all(
+    backend: &EtcdBackend,
+    prefix: &str,
+    keys: &[&str],
+    ttl: Duration,
+) -> TestResult<Vec<(LeaseId, String)>> {
+    let owner = Owner::new("holder")?;
+    let mut held = Vec::new();
+    for k in keys {
+        let key = LockKey::new(*k)?;
+        let grant = acquire(backend, &key, &owner, ttl).await?;
+        held.push((
+            LeaseId::new(key, owner.clone(), grant.token),
+            raw_key(prefix, k),
+        ));
+    }
+    Ok(held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_of_one_ttl_share_one_lease() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let backend = EtcdBackend::connect(&format!("{}?prefix=shared", etcd.url())).await?;
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+    let held = hold_all(&backend, "shared", &["a", "b"], Duration::from_secs(30)).await?;
+    let other = hold_all(&backend, "shared", &["c"], Duration::from_secs(60)).await?;
+    let lease_of = |state: Option<(i64, i64)>| state.map(|(_, lease)| lease);
+    let a = lease_of(key_state(&mut raw, &held[0].1).await?).ok_or("no a")?;
+    let b = lease_of(key_state(&mut raw, &held[1].1).await?).ok_or("no b")?;
+    let c = lease_of(key_state(&mut raw, &other[0].1).await?).ok_or("no c")?;
+    assert_eq!(a, b, "two grants of one TTL got two leases");
+    assert_ne!(a, c, "grants of different TTLs share a lease");
+
+    // One keep-alive renews both; the batch answers each, in order.
+    let answers = backend
+        .renew_many(&[
+            Renewal::new(held[1].0.clone(), Duration::from_secs(30)),
+            Renewal::new(held[0].0.clone(), Duration::from_secs(30)),
+        ])
+        .await?;
+    assert_eq!(answers.len(), 2);
+    assert_eq!(
+        answers[0].as_ref().map(|g| g.token).ok(),
+        Some(held[1].0.token)
+    );
+    assert_eq!(
+        answers[1].as_ref().map(|g| g.token).ok(),
+        Some(held[0].0.token)
+    );
+    assert_eq!(lease_of(key_state(&mut raw, &held[0].1).await?), Some(a));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_moved_key_is_not_held_for_its_lock_alone() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let backend = EtcdBackend::connect(&format!("{}?prefix=fate", etcd.url())).await?;
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+    let ttl = Duration::from_secs(30);
+    let held = hold_all(&backend, "fate", &["gone", "moved", "kept"], ttl).await?;
+    raw.delete(held[0].1.clone(), None).await?;
+    // Someone attaches one key to a lease of their own.
+    let foreign = raw.lease_grant(300, None).await?.id();
+    raw.put(
+        held[1].1.clone(),
+        "",
+        Some(PutOptions::new().with_lease(foreign).with_ignore_value()),
+    )
+    .await?;
+    let renewals: Vec<Renewal> = held
+        .iter()
+        .map(|(lease, _)| Renewal::new(lease.clone(), ttl))
+        .collect();
+    let answers = backend.renew_many(&renewals).await?;
+    assert!(
+        matches!(answers[0], Err(Error::NotHeld { .. })),
+        "deleted key: {:?}",
+        answers[0]
+    );
+    assert!(
+        matches!(answers[1], Err(Error::NotHeld { .. })),
+        "moved key: {:?}",
+        answers[1]
+    );
+    assert_eq!(
+        answers[2].as_ref().map(|g| g.token).ok(),
+        Some(held[2].0.token),
+        "the untouched key: {:?}",
+        answers[2]
+    );
+    // The single renewal agrees.
+    for (lease, _) in &held[..2] {
+        match backend.renew(lease, ttl).await {
+            Err(Error::NotHeld { .. }) => {}
+            other => return Err(format!("renewing {}: {other:?}", lease.key).into()),
+        }
+    }
+    backend.renew(&held[2].0, ttl).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_one_grant_leaves_the_others_on_the_lease() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let backend = EtcdBackend::connect(&format!("{}?prefix=release", etcd.url())).await?;
+    let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
+    let ttl = Duration::from_secs(30);
+    let held = hold_all(&backend, "release", &["a", "b"], ttl).await?;
+    let (_, lease) = key_state(&mut raw, &held[1].1).await?.ok_or("no b")?;
+    backend.release(&held[0].0).await?;
+    assert_eq!(key_state(&mut raw, &held[0].1).await?, None);
+    assert!(
+        lease_ttls(&mut raw, lease).await?.1 > 0,
+        "the release ended the shared lease"
+    );
+    let renewed = backend.renew(&held[1].0, ttl).await?;
+    assert_eq!(renewed.token, held[1].0.token);
+    assert_eq!(
+        backend.inspect(&held[1].0.key).await?.map(|i| i.token),
+        Some(held[1].0.token)
+    );
+    // The next grant of that TTL joins the same lease: no lease grant per
+    // lock.
+    let again = hold_all(&backend, "release", &["a"], ttl).await?;
+    assert_eq!(
+        key_state(&mut raw, &again[0].1).await?.map(|s| s.1),
         Some(lease)
     );
     Ok(())

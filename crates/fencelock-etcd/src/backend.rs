@@ -11,11 +11,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
+    Grant, LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };
 use serde_json::{json, Value};
 
@@ -152,8 +152,8 @@ fn wall_in(d: Duration) -> DateTime<Utc> {
 /// What is stored under a lock key. `acquired_ms` is the granting client's
 /// wall clock, for display and hold-time statistics only; expiry is etcd's
 /// lease.
-struct Stored {
-    owner: Owner,
+pub(crate) struct Stored {
+    pub(crate) owner: Owner,
     /// The lease the grant was put on, or last moved to, by this crate.
     lease: Option<i64>,
     kind: Option<String>,
@@ -161,7 +161,7 @@ struct Stored {
     acquired_ms: i64,
 }
 
-fn decode(kv: &KeyValue) -> Result<Stored> {
+pub(crate) fn decode(kv: &KeyValue) -> Result<Stored> {
     let v: Value = serde_json::from_slice(kv.value())
         .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
     let owner = v
@@ -178,7 +178,7 @@ fn decode(kv: &KeyValue) -> Result<Stored> {
     })
 }
 
-fn token_of(kv: &KeyValue) -> FencingToken {
+pub(crate) fn token_of(kv: &KeyValue) -> FencingToken {
     FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0))
 }
 
@@ -455,7 +455,7 @@ impl EtcdBackend {
     }
 
     /// The lease's remaining TTL; `None` when it has ended.
-    async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
+    pub(crate) async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
         let ttl = failover(self.options.timeout, || {
             let mut c = self.client.clone();
             async move { c.lease_time_to_live(lease, None).await }
@@ -471,13 +471,24 @@ impl EtcdBackend {
 
     /// A lease as [`LockInfo`], or `None` if its lease has ended.
     async fn info(&self, key: LockKey, kv: &KeyValue) -> Result<Option<(LockInfo, i64)>> {
-        let stored = decode(kv)?;
         let Some(left) = self.remaining(kv.lease()).await? else {
             return Ok(None);
         };
         // TimeToLive reports whole seconds, rounded down; a key that still
         // exists has not expired, so report at least a millisecond.
-        let left = left.max(Duration::from_millis(1));
+        self.describe(key, kv, left.max(Duration::from_millis(1)))
+            .map(Some)
+    }
+
+    /// The grant `kv` of `key` as [`LockInfo`], its lease having `left` to
+    /// run, with its acquisition time in ms.
+    pub(crate) fn describe(
+        &self,
+        key: LockKey,
+        kv: &KeyValue,
+        left: Duration,
+    ) -> Result<(LockInfo, i64)> {
+        let stored = decode(kv)?;
         let token = token_of(kv);
         let expires_at = self
             .cache()
@@ -494,7 +505,28 @@ impl EtcdBackend {
             expires_at,
             expires_in: left,
         };
-        Ok(Some((info, stored.acquired_ms)))
+        Ok((info, stored.acquired_ms))
+    }
+
+    /// An etcd watch of `key` with `options`, once etcd confirmed it was
+    /// created, so that a change right after this returns is not missed.
+    pub(crate) async fn open_watch(
+        &self,
+        key: &LockKey,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        let full = self.key(key);
+        let mut stream = failover(self.options.timeout, || {
+            let (mut c, k, o) = (self.client.clone(), full.clone(), options.clone());
+            async move { c.watch(k, Some(o)).await }
+        })
+        .await
+        .map_err(|e| map("watch", e))?;
+        bounded(self.options.timeout, stream.message())
+            .await
+            .map_err(|e| map("watch", e))?
+            .ok_or_else(|| bad_value("watch closed before it was created"))?;
+        Ok(stream)
     }
 
     /// Every lock key starting with `start` (a literal prefix).
@@ -537,6 +569,7 @@ impl Backend for EtcdBackend {
             .with_wakeups(true)
             .with_persistent(true)
             .with_batch_renew(true)
+            .with_watch(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -841,20 +874,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let full = self.key(key);
-        let mut stream = failover(self.options.timeout, || {
-            let (mut c, k) = (self.client.clone(), full.clone());
-            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-            async move { c.watch(k, Some(options)).await }
-        })
-        .await
-        .map_err(|e| map("watch", e))?;
-        // Wait for the "created" answer so a release right after we return
-        // is not missed.
-        bounded(self.options.timeout, stream.message())
-            .await
-            .map_err(|e| map("watch", e))?
-            .ok_or_else(|| bad_value("watch closed before it was created"))?;
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let stream = self.open_watch(key, options).await?;
         let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
             loop {
                 match stream.message().await {
@@ -875,5 +896,9 @@ impl Backend for EtcdBackend {
             }
         });
         Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        crate::watch::watch(self, key).await
     }
 }

@@ -12,7 +12,9 @@
 //!   lease); `renew_many` sends one keep-alive per distinct lease and one Txn
 //!   reading every key of the batch. A renewal with another TTL moves the key
 //!   to the shared lease of that TTL.
-//! - Waiters watch the key for DELETE events.
+//! - Waiters watch the key for DELETE events; `watch` follows a key's
+//!   holder changes, telling an expiry from a release by the deleted key's
+//!   lease.
 //! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
 //!   granted TTL is returned in `Grant::ttl`.
 //!
@@ -24,6 +26,7 @@ pub mod baseline;
 mod error;
 mod fence;
 mod options;
+mod watch;
 
 use std::sync::Arc;
 

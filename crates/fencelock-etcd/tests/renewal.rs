@@ -363,3 +363,56 @@ async fn releasing_one_grant_leaves_the_others_on_the_lease() -> TestResult {
     );
     Ok(())
 }
+
+/// How many requests of gRPC `method` etcd has started (its `/metrics`).
+async fn started(endpoint: &str, method: &str) -> TestResult<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = endpoint.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(address).await?;
+    conn.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await?;
+    let label = format!("grpc_method=\"{method}\"");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_cycle_is_one_txn_and_one_delete_txn() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let endpoint = etcd.endpoint(0);
+    let backend = EtcdBackend::connect(&format!("{}?prefix=cycle", etcd.url())).await?;
+    let owner = Owner::new("cycler")?;
+    let before = [
+        started(&endpoint, "LeaseGrant").await?,
+        started(&endpoint, "LeaseRevoke").await?,
+        started(&endpoint, "Txn").await?,
+    ];
+    for i in 0..20 {
+        let key = LockKey::new(format!("k{i}"))?;
+        let grant = acquire(&backend, &key, &owner, Duration::from_secs(30)).await?;
+        backend
+            .release(&LeaseId::new(key, owner.clone(), grant.token))
+            .await?;
+    }
+    let after = [
+        started(&endpoint, "LeaseGrant").await?,
+        started(&endpoint, "LeaseRevoke").await?,
+        started(&endpoint, "Txn").await?,
+    ];
+    let spent: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!(
+        "20 cycles: LeaseGrant {}, LeaseRevoke {}, Txn {}",
+        spent[0], spent[1], spent[2]
+    );
+    assert_eq!(
+        spent,
+        [1, 0, 40],
+        "[LeaseGrant, LeaseRevoke, Txn] for 20 cycles"
+    );
+    Ok(())
+}

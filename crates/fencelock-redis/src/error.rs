@@ -9,10 +9,16 @@ pub(crate) const NAME: &str = "redis";
 /// out a busy server can fix is transient; the rest (auth, wrong types,
 /// script bugs, bad config) is permanent.
 pub(crate) fn map(context: &str, e: RedisError) -> Error {
+    if e.is_timeout() {
+        // The `timeout` option fired (ours or the driver's response
+        // timeout): the command may or may not have run.
+        return BackendError::timeout(NAME, format!("{context} got no answer in time"))
+            .with_source(e)
+            .into();
+    }
     let transient = e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
-        || e.is_timeout()
         || matches!(
             e.kind(),
             ErrorKind::TryAgain

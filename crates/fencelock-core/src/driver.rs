@@ -38,10 +38,7 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// raw statements, scripts or RPCs. Not a stable API.
     #[doc(hidden)]
     #[cfg(feature = "baseline")]
-    async fn open_baseline(
-        &self,
-        url: &str,
-    ) -> Result<Box<dyn crate::baseline::RawBaseline>> {
+    async fn open_baseline(&self, url: &str) -> Result<Box<dyn crate::baseline::RawBaseline>> {
         let backend = self.open_backend(url).await?;
         Ok(Box::new(crate::baseline::DirectBaseline::new(backend)?))
     }

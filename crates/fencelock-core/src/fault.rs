@@ -32,6 +32,9 @@ pub enum Fault {
     Refuse = 1,
     /// Calls never answer (a blackholed network).
     Hang = 2,
+    /// Renewals fail at once with a transient error; every other call goes
+    /// through (a backend that answers but cannot extend leases).
+    RefuseRenewals = 3,
 }
 
 /// A backend whose calls can be made to fail or hang.
@@ -79,6 +82,18 @@ impl FaultyBackend {
         self.renew_batches.load(Ordering::SeqCst)
     }
 
+    fn gate_renewal(&self) -> Result<()> {
+        if self.fault.load(Ordering::SeqCst) == Fault::RefuseRenewals as u8 {
+            return Err(BackendError::message(
+                "faulty",
+                ErrorStatus::Transient,
+                "injected: renewal refused",
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     async fn gate(&self) -> Result<()> {
         match self.fault.load(Ordering::SeqCst) {
             1 => Err(BackendError::message(
@@ -124,11 +139,13 @@ impl Backend for FaultyBackend {
     }
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.gate_renewal()?;
         self.call(self.inner.renew(lease, ttl)).await
     }
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
         self.renew_calls.fetch_add(renewals.len(), Ordering::SeqCst);
         self.renew_batches.fetch_add(1, Ordering::SeqCst);
+        self.gate_renewal()?;
         self.call(self.inner.renew_many(renewals)).await
     }
     async fn release(&self, lease: &LeaseId) -> Result<()> {

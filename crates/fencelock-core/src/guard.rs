@@ -185,6 +185,24 @@ impl Shared {
         }
     }
 
+    /// After a loss at the local deadline the lease may still be live on
+    /// the backend (the renewals went unanswered, not refused): hands it
+    /// back so that the next holder need not wait out its TTL, and so that
+    /// a lease shared with other locks (etcd) does not keep this key alive.
+    /// Best effort: if the backend cannot be reached, the lease expires.
+    pub(crate) async fn release_after_loss(self: Arc<Self>) {
+        if self.finished.load(Ordering::SeqCst) {
+            return;
+        }
+        match self.release().await {
+            Ok(()) | Err(Error::NotHeld { .. }) => {}
+            Err(e) => tracing::debug!(
+                key = %self.lease.key, error = %e,
+                "could not hand back a lost lease; it will expire"
+            ),
+        }
+    }
+
     /// Releases on behalf of [`crate::LockClient::close`]: the guard is
     /// lost for its holder (reason [`LossReason::Closed`]) and its lease
     /// freed.

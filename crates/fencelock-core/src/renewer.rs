@@ -306,6 +306,7 @@ async fn run(renewer: Renewer) {
         };
         for shared in lost {
             shared.declare_lost(LossReason::Deadline);
+            tokio::spawn(shared.release_after_loss());
         }
         if !batch.is_empty() {
             tokio::spawn(renew_batch(renewer.clone(), batch));
@@ -321,6 +322,7 @@ async fn run(renewer: Renewer) {
                     if !shared.boot_ok() {
                         renewer.deregister(shared.id);
                         shared.declare_lost(LossReason::Deadline);
+                        tokio::spawn(shared.release_after_loss());
                     }
                 }
             }

@@ -8,7 +8,8 @@ use std::{sync::Arc, time::Duration};
 
 use fencelock_core::fault::{Fault, FaultyBackend};
 use fencelock_core::{
-    Backend, ClockPolicy, Error, LockClient, LockKey, LossReason, MemoryBackend, Owner,
+    Acquire, AcquireRequest, Backend, ClockPolicy, Error, LockClient, LockKey, LossReason,
+    MemoryBackend, Owner,
 };
 use tokio::time::Instant;
 
@@ -260,14 +261,17 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_backoff() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_never_sleeps_past_the_holders_expiry() {
     let memory = Arc::new(MemoryBackend::new());
-    // A holder that stops renewing (as if it crashed): its lease just ends.
-    let _stalled = client(memory.clone(), "stalled")
-        .lock("k")
-        .ttl(Duration::from_secs(10))
-        .auto_renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    // A holder that crashed right after its grant: no client renews or
+    // releases it, its lease just ends.
+    let crashed = AcquireRequest::new(
+        key("k"),
+        Owner::new("crashed").unwrap(),
+        Duration::from_secs(10),
+    );
+    assert!(matches!(
+        memory.try_acquire(&crashed).await.unwrap(),
+        Acquire::Granted(_)
+    ));
     let t0 = Instant::now();
     let guard = client(memory, "waiter")
         .lock("k")
@@ -498,4 +502,34 @@ async fn close_releases_every_lease_and_refuses_new_ones() {
         clone.lock("d").acquire().await,
         Err(fencelock_core::Error::ClientClosed)
     ));
+}
+
+/// A guard lost at its local deadline (renewals unanswered, not refused)
+/// hands its lease back once the backend answers again, so the next holder
+/// need not wait out the TTL.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_at_the_deadline_is_handed_back() {
+    let faulty = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let guard = client(faulty.clone(), "a")
+        .lock("k")
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    // Renewals fail with a quick transient error until the deadline; the
+    // hand-back after the loss goes through.
+    faulty.set(Fault::RefuseRenewals);
+    assert_eq!(guard.lost().await, LossReason::Deadline);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while faulty.inspect(&key("k")).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the lost lease was not handed back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        matches!(guard.release().await, Err(Error::NotHeld { .. })),
+        "a handed-back lease is not held"
+    );
 }

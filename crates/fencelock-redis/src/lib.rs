@@ -74,6 +74,14 @@ impl fencelock_core::Driver for RedisDriver {
     ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
         Ok(Arc::new(RedisFence::connect(url).await?))
     }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }
 
 #[cfg(test)]

@@ -156,7 +156,10 @@ fn driver_for(url: &str) -> Result<(&'static dyn Driver, String)> {
     };
     let scheme = scheme.to_ascii_lowercase();
     let drivers = drivers();
-    if let Some(driver) = drivers.iter().find(|d| d.schemes().contains(&scheme.as_str())) {
+    if let Some(driver) = drivers
+        .iter()
+        .find(|d| d.schemes().contains(&scheme.as_str()))
+    {
         return Ok((*driver, format!("{scheme}://{rest}")));
     }
     if let Some((_, feature)) = FEATURES.iter().find(|(s, _)| *s == scheme) {
@@ -164,7 +167,10 @@ fn driver_for(url: &str) -> Result<(&'static dyn Driver, String)> {
             "this URL needs fencelock's `{feature}` cargo feature"
         )));
     }
-    let known: Vec<&str> = drivers.iter().flat_map(|d| d.schemes().iter().copied()).collect();
+    let known: Vec<&str> = drivers
+        .iter()
+        .flat_map(|d| d.schemes().iter().copied())
+        .collect();
     Err(Error::InvalidUrl(format!(
         "unknown scheme {scheme:?}; known: {}",
         known.join(", ")

@@ -1,6 +1,6 @@
 //! What the client adds on top of a backend, measured on the in-process
 //! memory backend so that no server takes part: acquire+release through
-//! `LockClient` (with and without the renewal watchdog), dropping a guard
+//! `LockClient` (with and without renewal), dropping a guard
 //! (background release), and one renewal through a guard. A regression in
 //! the client shows here without a server.
 //!

@@ -132,7 +132,7 @@ impl PostgresOptions {
         // No ping on checkout: it would double the round trips of every
         // lock operation (measured: docs/benchmarks.md). A connection that
         // died in the pool fails its statement with a transient error, which
-        // the waiting loop and the renewal watchdog retry.
+        // the waiting loop and the renewer retry.
         let options = PgPoolOptions::new()
             .max_connections(self.url.pool_max)
             .acquire_timeout(self.url.acquire_timeout)

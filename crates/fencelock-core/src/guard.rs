@@ -430,7 +430,11 @@ impl LockGuard {
         });
         shared.extend(sent, &grant);
         ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
-        renewer.register(Arc::clone(&shared), config.renew_every);
+        if !renewer.register(Arc::clone(&shared), config.renew_every) {
+            // The client was closed while this grant was on its way: it is
+            // released like every other lease the client held.
+            tokio::spawn(Arc::clone(&shared).close());
+        }
         Self {
             handle: GuardHandle { shared },
         }

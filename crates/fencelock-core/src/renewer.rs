@@ -142,8 +142,9 @@ impl Renewer {
     }
 
     /// Starts renewing `shared` every `renew_every` (if any) and watching
-    /// its deadline. Must be called on a tokio runtime.
-    pub(crate) fn register(&self, shared: Arc<Shared>, renew_every: Option<Duration>) {
+    /// its deadline; `false` (and nothing registered) once the client is
+    /// closed. Must be called on a tokio runtime.
+    pub(crate) fn register(&self, shared: Arc<Shared>, renew_every: Option<Duration>) -> bool {
         let id = shared.id;
         let now = Instant::now();
         let entry = Entry {
@@ -153,6 +154,9 @@ impl Renewer {
             shared,
         };
         let mut schedule = self.schedule();
+        if schedule.closed {
+            return false;
+        }
         let earliest = schedule.timers.first().map(|(at, _)| *at);
         let timer = entry.wanted_timer();
         schedule.entries.insert(id, Entry { timer, ..entry });
@@ -165,6 +169,7 @@ impl Renewer {
             drop(schedule);
             self.inner.wake.notify_one();
         }
+        true
     }
 
     /// Stops renewing guard `id` (released, dropped or detached). Does not

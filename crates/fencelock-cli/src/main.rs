@@ -10,7 +10,9 @@ mod run;
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{error::ErrorKind, Parser};
-use fencelock::{Backend, Backoff, Error, FencingToken, LockClient, LockKey, LockRequest, Owner};
+use fencelock::{
+    Backend, Backoff, Error, FencingToken, LeaseId, LockClient, LockKey, LockRequest, Owner,
+};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -311,10 +313,11 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             token,
             ttl,
         } => {
-            let (key, owner, token) = lease_id(&key, &owner, &token)?;
+            let lease = lease_id(&key, &owner, &token)?;
             let backend = open(&url, Deadline::now()).await?;
-            match backend.renew(&key, &owner, token, ttl).await {
+            match backend.renew(&lease, ttl).await {
                 Ok(grant) => {
+                    let LeaseId { key, owner, token } = &lease;
                     out.emit(
                         &json!({
                             "key": key, "owner": owner, "token": token,
@@ -329,20 +332,22 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                     );
                     Ok(exit::OK)
                 }
-                Err(Error::NotHeld { .. }) => not_held(&key, &owner, token),
+                Err(Error::NotHeld { .. }) => not_held(&lease),
                 Err(e) => Err(e),
             }
         }
         Command::Release { key, owner, token } => {
-            let (key, owner, token) = lease_id(&key, &owner, &token)?;
+            let lease = lease_id(&key, &owner, &token)?;
             let backend = open(&url, Deadline::now()).await?;
-            if backend.release(&key, &owner, token).await? {
-                out.emit(&json!({"key": key, "released": true}), || {
-                    format!("released {key}")
-                });
-                Ok(exit::OK)
-            } else {
-                not_held(&key, &owner, token)
+            match backend.release(&lease).await {
+                Ok(()) => {
+                    out.emit(&json!({"key": lease.key, "released": true}), || {
+                        format!("released {}", lease.key)
+                    });
+                    Ok(exit::OK)
+                }
+                Err(Error::NotHeld { .. }) => not_held(&lease),
+                Err(e) => Err(e),
             }
         }
         Command::Inspect { key } => {
@@ -409,14 +414,19 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn lease_id(key: &str, owner: &str, token: &str) -> Result<(LockKey, Owner, FencingToken), Error> {
-    Ok((LockKey::new(key)?, Owner::new(owner)?, token.parse()?))
+fn lease_id(key: &str, owner: &str, token: &str) -> Result<LeaseId, Error> {
+    Ok(LeaseId::new(
+        LockKey::new(key)?,
+        Owner::new(owner)?,
+        token.parse::<FencingToken>()?,
+    ))
 }
 
-fn not_held(key: &LockKey, owner: &Owner, token: FencingToken) -> Result<u8, Error> {
+fn not_held(lease: &LeaseId) -> Result<u8, Error> {
     eprintln!(
-        "fencelock: {key} is not held by {owner} with token {token} \
-         (it expired, was released, or was taken over)"
+        "fencelock: {} is not held by {} with token {} \
+         (it expired, was released, or was taken over)",
+        lease.key, lease.owner, lease.token
     );
     Ok(exit::NOT_HELD)
 }

@@ -1,6 +1,6 @@
 //! What the client adds on top of a backend, measured on the in-process
 //! memory backend so that no server takes part: acquire+release through
-//! `LockClient` (with and without the renewal watchdog), dropping a guard
+//! `LockClient` (with and without renewal), dropping a guard
 //! (background release), and one renewal through a guard. A regression in
 //! the client shows here without a server.
 //!
@@ -30,18 +30,16 @@ fn acquire_release(c: &mut Criterion) {
     let client = LockClient::new(Arc::clone(&backend));
     let mut group = c.benchmark_group("acquire_release");
     group.bench_function("backend_only", |b| {
-        let request = AcquireRequest {
-            key: LockKey::new("bench-backend").unwrap_or_else(|e| panic!("{e}")),
-            owner: Owner::new("bench").unwrap_or_else(|e| panic!("{e}")),
-            ttl: TTL,
-            kind: None,
-            data: None,
-        };
+        let request = AcquireRequest::new(
+            LockKey::new("bench-backend").unwrap_or_else(|e| panic!("{e}")),
+            Owner::new("bench").unwrap_or_else(|e| panic!("{e}")),
+            TTL,
+        );
         b.to_async(&rt).iter(|| async {
             match backend.try_acquire(&request).await {
                 Ok(Acquire::Granted(g)) => {
-                    let released = backend.release(&request.key, &request.owner, g.token);
-                    assert!(matches!(released.await, Ok(true)));
+                    let lease = request.lease(g.token);
+                    assert!(matches!(backend.release(&lease).await, Ok(())));
                 }
                 other => panic!("own key not granted: {other:?}"),
             }

@@ -1,4 +1,5 @@
-//! The contract between the client and a storage engine (`docs/semantics.md`).
+//! The contract between the client and a storage engine (see
+//! `docs/architecture.md`).
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
@@ -8,12 +9,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     error::Result,
-    types::{FencingToken, LockInfo, LockKey, Owner},
+    types::{FencingToken, LeaseId, LockInfo, LockKey, Owner},
     wake::WakeSubscription,
+    watch::Watch,
 };
 
 /// A request for a lease, already validated by the client.
+///
+/// Built with [`AcquireRequest::new`] and the `with_*` methods, so that a
+/// field added later never breaks a backend or a caller.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct AcquireRequest {
     /// The lock.
     pub key: LockKey,
@@ -25,10 +31,54 @@ pub struct AcquireRequest {
     pub kind: Option<String>,
     /// Optional JSON metadata stored with the lease.
     pub data: Option<serde_json::Value>,
+    /// When set, the grant's token must be greater than this floor as well
+    /// as greater than every token issued for the key before (I2). Quorum and
+    /// sharded backends use it to keep tokens monotonic across nodes and
+    /// shard moves. Only backends whose [`Capabilities::min_token`] is true
+    /// receive a request with a floor; the client refuses it for the others.
+    pub min_token: Option<FencingToken>,
+}
+
+impl AcquireRequest {
+    /// A request for `key` as `owner` for `ttl`, without label, data or floor.
+    pub fn new(key: LockKey, owner: Owner, ttl: Duration) -> Self {
+        Self {
+            key,
+            owner,
+            ttl,
+            kind: None,
+            data: None,
+            min_token: None,
+        }
+    }
+
+    /// With a label.
+    pub fn with_kind(mut self, kind: Option<String>) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// With JSON metadata.
+    pub fn with_data(mut self, data: Option<serde_json::Value>) -> Self {
+        self.data = data;
+        self
+    }
+
+    /// With a token floor (see [`AcquireRequest::min_token`]).
+    pub fn with_min_token(mut self, floor: Option<FencingToken>) -> Self {
+        self.min_token = floor;
+        self
+    }
+
+    /// The lease this request becomes once granted `token`.
+    pub fn lease(&self, token: FencingToken) -> LeaseId {
+        LeaseId::new(self.key.clone(), self.owner.clone(), token)
+    }
 }
 
 /// A lease the backend granted or extended.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The fencing token of the lease (unchanged by renewal).
     pub token: FencingToken,
@@ -38,6 +88,18 @@ pub struct Grant {
     pub ttl: Duration,
     /// When the lease ends, on the backend's clock (for display only).
     pub expires_at: DateTime<Utc>,
+}
+
+impl Grant {
+    /// A grant of `token` for `ttl`, ending at `expires_at` on the backend's
+    /// clock.
+    pub fn new(token: FencingToken, ttl: Duration, expires_at: DateTime<Utc>) -> Self {
+        Self {
+            token,
+            ttl,
+            expires_at,
+        }
+    }
 }
 
 /// The answer to [`Backend::try_acquire`].
@@ -51,8 +113,29 @@ pub enum Acquire {
     Held(Option<LockInfo>),
 }
 
+/// One lease to extend in a [`Backend::renew_many`] batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Renewal {
+    /// The lease.
+    pub lease: LeaseId,
+    /// The new lease length, from now on the backend's clock.
+    pub ttl: Duration,
+}
+
+impl Renewal {
+    /// Extend `lease` to `ttl` from now.
+    pub fn new(lease: LeaseId, ttl: Duration) -> Self {
+        Self { lease, ttl }
+    }
+}
+
 /// What a backend can do beyond the required operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+///
+/// Start from [`Capabilities::default`] (nothing claimed) and set what the
+/// backend offers; the conformance suite checks every claim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// [`Backend::subscribe`] delivers release wake-ups, so waiters need not poll.
     pub wakeups: bool,
@@ -63,10 +146,57 @@ pub struct Capabilities {
     /// (SQL backends, memory), so `stats` counts them; false where the engine
     /// deletes them itself (Redis key expiry, etcd lease revocation).
     pub keeps_expired: bool,
+    /// [`AcquireRequest::min_token`] is honoured: the grant's token is above
+    /// the floor.
+    pub min_token: bool,
+    /// [`Backend::watch`] streams holder changes, expiries included.
+    pub watch: bool,
+    /// [`Backend::renew_many`] renews a batch in one round trip rather than
+    /// one call per lease.
+    pub batch_renew: bool,
+}
+
+impl Capabilities {
+    /// Claims release wake-ups.
+    pub fn with_wakeups(mut self, yes: bool) -> Self {
+        self.wakeups = yes;
+        self
+    }
+
+    /// Claims leases that outlive the process.
+    pub fn with_persistent(mut self, yes: bool) -> Self {
+        self.persistent = yes;
+        self
+    }
+
+    /// Claims that expired leases stay stored until cleanup.
+    pub fn with_keeps_expired(mut self, yes: bool) -> Self {
+        self.keeps_expired = yes;
+        self
+    }
+
+    /// Claims support for token floors.
+    pub fn with_min_token(mut self, yes: bool) -> Self {
+        self.min_token = yes;
+        self
+    }
+
+    /// Claims a holder-change stream.
+    pub fn with_watch(mut self, yes: bool) -> Self {
+        self.watch = yes;
+        self
+    }
+
+    /// Claims one-round-trip batched renewal.
+    pub fn with_batch_renew(mut self, yes: bool) -> Self {
+        self.batch_renew = yes;
+        self
+    }
 }
 
 /// Operator statistics about a backend's lock table.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Stats {
     /// Unexpired leases.
     pub held: u64,
@@ -123,11 +253,18 @@ impl Stats {
 ///
 /// Every method is **one atomic step** on the backend (one statement, script,
 /// transaction or Txn), and every lease decision uses the backend's clock (I4).
-/// The invariants each implementation must keep are I1–I6 of `docs/semantics.md`; the
-/// conformance suite in `fencelock-testkit` checks them.
+/// The invariants each implementation must keep are I1–I6 of
+/// `docs/semantics.md`; the conformance suite in `fencelock-testkit` checks
+/// them, and checks every claim of [`Backend::capabilities`].
 ///
-/// Implementations classify their failures as transient or permanent
-/// ([`crate::BackendError`]) and report "not held" as [`crate::Error::NotHeld`].
+/// Implementations classify their failures ([`crate::BackendError`] with an
+/// [`crate::ErrorStatus`]) and report "this lease is not held" the same way
+/// everywhere: [`crate::Error::NotHeld`], from [`Backend::renew`],
+/// [`Backend::release`] and each item of [`Backend::renew_many`].
+///
+/// Methods added after the first release have default implementations
+/// (answering [`crate::Error::Unsupported`] or composing the required
+/// methods), so a new capability never breaks an existing backend.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Short name for logs and metrics: `memory`, `sqlite`, `postgres`, …
@@ -137,25 +274,35 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn capabilities(&self) -> Capabilities;
 
     /// Takes `key` if it is free or its lease has expired, drawing a new
-    /// token greater than every token issued for `key` before (I1, I2, I6).
+    /// token greater than every token issued for `key` before (I1, I2, I6)
+    /// and, when the request carries one, greater than its
+    /// [`min_token`](AcquireRequest::min_token).
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
 
-    /// Extends the lease of (`owner`, `token`) to `ttl` from now, only if that
-    /// exact lease is current and unexpired (I3). Otherwise
-    /// [`crate::Error::NotHeld`]. A backend that cannot change a lease's
-    /// length (an etcd keep-alive restores the length granted at acquire)
-    /// reports the length it did extend by in [`Grant::ttl`].
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant>;
+    /// Extends `lease` to `ttl` from now, only if that exact lease is current
+    /// and unexpired (I3); otherwise [`crate::Error::NotHeld`]. A backend
+    /// that cannot change a lease's length reports the length it did extend
+    /// by in [`Grant::ttl`].
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant>;
 
-    /// Removes the lease only if (`owner`, `token`) hold it (I3) and wakes
-    /// waiters. Returns whether a lease was removed.
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool>;
+    /// Extends every lease of the batch, each as [`Backend::renew`] would,
+    /// and answers one result per renewal, in order. The outer error means
+    /// the batch as a whole got no answer (nothing is known of any lease).
+    ///
+    /// The default renews one lease after another; backends that can do it
+    /// in one round trip override it and claim
+    /// [`Capabilities::batch_renew`].
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        let mut results = Vec::with_capacity(renewals.len());
+        for renewal in renewals {
+            results.push(self.renew(&renewal.lease, renewal.ttl).await);
+        }
+        Ok(results)
+    }
+
+    /// Removes `lease` only if it is current (I3) and wakes waiters;
+    /// otherwise [`crate::Error::NotHeld`].
+    async fn release(&self, lease: &LeaseId) -> Result<()>;
 
     /// The current unexpired lease on `key`, if any.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>>;
@@ -185,5 +332,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         let _ = key;
         Ok(None)
+    }
+
+    /// A stream of the holder changes of `key` from now on: acquisitions,
+    /// releases and expiries (see [`crate::HolderChange`]). Backends that offer it
+    /// claim [`Capabilities::watch`]; the default answers
+    /// [`crate::Error::Unsupported`].
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        let _ = key;
+        Err(crate::Error::unsupported(self.name(), "watch"))
     }
 }

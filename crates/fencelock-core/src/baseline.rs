@@ -1,7 +1,7 @@
 //! The engine's own limit, for `fencelock bench --baseline`: one lock cycle
 //! (acquire, then release) done with the backend's own statements, scripts
 //! or RPCs on a raw driver connection, with none of the library around it
-//! (no pool, no guard, no watchdog, no metrics). Each backend crate
+//! (no pool, no guard, no renewer, no metrics). Each backend crate
 //! implements it next to the code it mirrors, so the baseline cannot drift
 //! from what the library sends. Not a stable API.
 
@@ -16,13 +16,11 @@ pub const RAW_OWNER: &str = "fencelock-bench-raw";
 
 /// The request a raw cycle makes for `key`: [`RAW_OWNER`], no kind or data.
 pub fn raw_request(key: &str, ttl: Duration) -> Result<AcquireRequest> {
-    Ok(AcquireRequest {
-        key: LockKey::new(key)?,
-        owner: crate::Owner::new(RAW_OWNER)?,
+    Ok(AcquireRequest::new(
+        LockKey::new(key)?,
+        crate::Owner::new(RAW_OWNER)?,
         ttl,
-        kind: None,
-        data: None,
-    })
+    ))
 }
 
 /// The token of a granted acquisition, in [`RawCycle::acquire`]'s terms.
@@ -86,9 +84,13 @@ impl RawCycle for Direct {
     }
 
     async fn release(&mut self, key: &str, token: u64) -> Result<bool> {
-        self.backend
-            .release(&LockKey::new(key)?, &self.owner, FencingToken(token))
-            .await
+        let lease =
+            crate::LeaseId::new(LockKey::new(key)?, self.owner.clone(), FencingToken(token));
+        match self.backend.release(&lease).await {
+            Ok(()) => Ok(true),
+            Err(crate::Error::NotHeld { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -9,10 +9,12 @@ use crate::{
     backend::{Acquire, AcquireRequest, Backend, Grant, Stats},
     backoff::Backoff,
     clock::Sent,
-    error::{Error, Result},
+    error::{Error, ErrorStatus, Result},
     guard::{GuardConfig, GuardHandle, LockGuard},
     metrics as m,
-    types::{validate_ttl, LockInfo, LockKey, Owner},
+    renewer::Renewer,
+    types::{validate_ttl, FencingToken, LockInfo, LockKey, Owner},
+    watch::Watch,
 };
 
 /// Default lease length when neither the request nor the client sets one
@@ -120,18 +122,32 @@ impl LockClientBuilder {
                 ttl: self.ttl,
                 clock: self.clock,
                 op_timeout: self.op_timeout,
+                renewer: Renewer::default(),
             }),
         })
     }
 }
 
-#[derive(Debug)]
 struct ClientInner {
     backend: Arc<dyn Backend>,
     owner: Owner,
     ttl: Duration,
     clock: ClockPolicy,
     op_timeout: Duration,
+    /// Renews every lease this client (and its clones) holds.
+    renewer: Renewer,
+}
+
+impl std::fmt::Debug for ClientInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.backend)
+            .field("owner", &self.owner)
+            .field("ttl", &self.ttl)
+            .field("clock", &self.clock)
+            .field("op_timeout", &self.op_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Takes locks on one backend as one owner. Cheap to clone.
@@ -179,6 +195,7 @@ impl LockClient {
             wait: Duration::ZERO,
             kind: None,
             data: None,
+            min_token: None,
             renew_every: None,
             auto_renew: true,
         }
@@ -230,6 +247,32 @@ impl LockClient {
     pub async fn release_all(&self, owner: &Owner) -> Result<u64> {
         self.inner.backend.release_all(owner).await
     }
+
+    /// The holder changes of `key` from now on (acquisitions, releases and
+    /// expiries), where the backend claims [`crate::Capabilities::watch`];
+    /// [`Error::Unsupported`] elsewhere.
+    pub async fn watch(&self, key: &str) -> Result<Watch> {
+        let key = LockKey::new(key)?;
+        if !self.inner.backend.capabilities().watch {
+            return Err(Error::unsupported(self.inner.backend.name(), "watch"));
+        }
+        self.inner.backend.watch(&key).await
+    }
+
+    /// Releases every lock this client (or any clone of it) holds, and
+    /// refuses new acquisitions with [`Error::ClientClosed`].
+    ///
+    /// Each guard still in use reports the loss with
+    /// [`crate::LossReason::Closed`] (so `run` closures are cancelled), and
+    /// its own `release` then answers `Ok`. Releases run concurrently, each
+    /// bounded by the operation timeout; the first failure is returned after
+    /// all have been tried (a lease whose release failed ends by expiry).
+    pub async fn close(&self) -> Result<()> {
+        let guards = self.inner.renewer.close();
+        let releases = guards.into_iter().map(|shared| shared.close());
+        let results = futures_util::future::join_all(releases).await;
+        results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
 }
 
 /// An acquisition being built: `client.lock("key").ttl(..).wait(..).acquire()`.
@@ -243,6 +286,7 @@ pub struct LockRequest<'a> {
     wait: Duration,
     kind: Option<String>,
     data: Option<serde_json::Value>,
+    min_token: Option<FencingToken>,
     renew_every: Option<Duration>,
     auto_renew: bool,
 }
@@ -275,6 +319,15 @@ impl LockRequest<'_> {
     /// JSON metadata stored with the lease (at most 64 KiB serialized).
     pub fn data(mut self, data: serde_json::Value) -> Self {
         self.data = Some(data);
+        self
+    }
+
+    /// A floor for the grant's token: it will be greater than `floor` (as
+    /// well as greater than every token issued for the key before). Needs a
+    /// backend that claims [`crate::Capabilities::min_token`];
+    /// [`Error::Unsupported`] elsewhere, never a silently lower token.
+    pub fn min_token(mut self, floor: FencingToken) -> Self {
+        self.min_token = Some(floor);
         self
     }
 
@@ -325,13 +378,14 @@ impl LockRequest<'_> {
             }
             (true, Some(p)) => Some(p),
         };
-        let request = AcquireRequest {
-            key,
-            owner: self.owner.clone().unwrap_or_else(|| inner.owner.clone()),
-            ttl,
-            kind: self.kind.clone(),
-            data: self.data.clone(),
-        };
+        if self.min_token.is_some() && !inner.backend.capabilities().min_token {
+            return Err(Error::unsupported(inner.backend.name(), "min_token"));
+        }
+        let owner = self.owner.clone().unwrap_or_else(|| inner.owner.clone());
+        let request = AcquireRequest::new(key, owner, ttl)
+            .with_kind(self.kind.clone())
+            .with_data(self.data.clone())
+            .with_min_token(self.min_token);
         let config = GuardConfig {
             renew_every,
             clock: inner.clock,
@@ -352,6 +406,9 @@ impl LockRequest<'_> {
     /// than the lease, I5) is released and counted as a failed attempt. If
     /// the deadline passes that way, the error is a transient one saying so.
     pub async fn acquire(self) -> Result<LockGuard> {
+        if self.client.inner.renewer.is_closed() {
+            return Err(Error::ClientClosed);
+        }
         let (request, config) = self.validate()?;
         let span = tracing::debug_span!(
             "fencelock.acquire",
@@ -471,7 +528,7 @@ async fn acquire_loop(
                 if !before_deadline(Instant::now()) {
                     return Err(crate::BackendError::message(
                         name,
-                        true,
+                        ErrorStatus::Transient,
                         format!(
                             "the grant arrived after its {:?} lease had ended locally \
                              (round trip {:?}); use a longer TTL",
@@ -490,6 +547,7 @@ async fn acquire_loop(
                 tracing::debug!(token = %grant.token, ttl = ?grant.ttl, "acquired");
                 return Ok(LockGuard::start(
                     backend.clone(),
+                    &client.renewer,
                     request,
                     grant,
                     sent,
@@ -504,12 +562,10 @@ async fn acquire_loop(
             Ok(Err(e)) => return Err(e),
             Err(_elapsed) if before_deadline(Instant::now()) => None,
             Err(_elapsed) => {
-                return Err(crate::BackendError::message(
-                    name,
-                    true,
-                    format!("acquire did not answer within {:?}", client.op_timeout),
-                )
-                .into())
+                return Err(Error::OperationTimeout {
+                    operation: "acquire",
+                    after: client.op_timeout,
+                })
             }
         };
         let now = Instant::now();
@@ -560,9 +616,8 @@ async fn give_back_late_grant(
         token = %grant.token, ttl = ?grant.ttl, round_trip = ?sent.mono.elapsed(),
         "grant arrived after its lease had ended locally; releasing it"
     );
-    let release = client
-        .backend
-        .release(&request.key, &request.owner, grant.token);
+    let lease = request.lease(grant.token);
+    let release = client.backend.release(&lease);
     match tokio::time::timeout(client.op_timeout, release).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {

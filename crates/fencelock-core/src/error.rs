@@ -7,7 +7,7 @@
 
 use std::{error::Error as StdError, fmt, time::Duration};
 
-use crate::types::{FencingToken, LockKey, Owner};
+use crate::types::{FencingToken, LeaseId, LockKey, Owner};
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -22,6 +22,9 @@ pub enum LossReason {
     /// No renewal was confirmed before the conservative local deadline (I5), so
     /// the lease may end on the backend at any moment.
     Deadline,
+    /// The client was closed ([`crate::LockClient::close`]), which released
+    /// every lease it held.
+    Closed,
 }
 
 impl LossReason {
@@ -30,6 +33,7 @@ impl LossReason {
         match self {
             LossReason::Refused => "refused",
             LossReason::Deadline => "deadline",
+            LossReason::Closed => "closed",
         }
     }
 }
@@ -39,6 +43,7 @@ impl fmt::Display for LossReason {
         f.write_str(match self {
             LossReason::Refused => "the backend no longer has this lease",
             LossReason::Deadline => "no renewal was confirmed before the local deadline",
+            LossReason::Closed => "the client was closed and released it",
         })
     }
 }
@@ -103,22 +108,86 @@ pub enum Error {
     /// A connection URL that cannot be used. The message never contains a password.
     #[error("invalid URL: {0}")]
     InvalidUrl(String),
-    /// The backend cannot do this (e.g. a scheme whose cargo feature is off).
+    /// The backend cannot do this (e.g. a scheme whose cargo feature is off,
+    /// or an operation its [`crate::Capabilities`] do not claim).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A backend call got no answer within the client's own bound (the
+    /// client's operation timeout, or the part of a lease a renewal may
+    /// take). Nothing is known of its outcome: the request may or may not
+    /// have taken effect.
+    #[error("{operation} got no answer within {}", humantime::format_duration(*.after))]
+    OperationTimeout {
+        /// What was asked: `acquire`, `renew`, `release`, …
+        operation: &'static str,
+        /// How long the client waited.
+        after: Duration,
+    },
+    /// The client was closed: it takes no new locks.
+    #[error("the lock client was closed")]
+    ClientClosed,
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
 
 impl Error {
+    /// How this failure is classified: what the renewal task, the waiting
+    /// loop and the CLI's exit codes act on.
+    pub fn status(&self) -> ErrorStatus {
+        match self {
+            Error::Timeout { .. } | Error::OperationTimeout { .. } => ErrorStatus::Timeout,
+            Error::Backend(e) => e.status(),
+            _ => ErrorStatus::Permanent,
+        }
+    }
+
     /// Whether trying again later could succeed: a timeout, or a backend error
     /// its backend classified as transient (connection lost, busy, failover).
     pub fn is_transient(&self) -> bool {
+        self.status() != ErrorStatus::Permanent
+    }
+
+    /// [`Error::NotHeld`] for `lease`: the one way every backend says that
+    /// a renewal or release found another lease, or none.
+    pub fn not_held(lease: &LeaseId) -> Self {
+        Error::NotHeld {
+            key: lease.key.clone(),
+            owner: lease.owner.clone(),
+            token: lease.token,
+        }
+    }
+
+    /// [`Error::Unsupported`] for an operation `backend` does not offer.
+    pub fn unsupported(backend: &str, operation: &str) -> Self {
+        Error::Unsupported(format!(
+            "the {backend} backend does not support {operation}"
+        ))
+    }
+}
+
+/// How a failure is classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorStatus {
+    /// Retrying may succeed: connection refused or reset, server busy or
+    /// restarting, too many connections, leader election.
+    Transient,
+    /// Retrying will not help: bad input, permissions, a broken schema, a
+    /// corrupt database, an unsupported operation.
+    Permanent,
+    /// No answer came in time; the operation may or may not have taken
+    /// effect. Retrying may succeed.
+    Timeout,
+}
+
+impl ErrorStatus {
+    /// A short label (`transient`, `permanent`, `timeout`), e.g. for metrics.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Error::Timeout { .. } => true,
-            Error::Backend(e) => e.is_transient(),
-            _ => false,
+            ErrorStatus::Transient => "transient",
+            ErrorStatus::Permanent => "permanent",
+            ErrorStatus::Timeout => "timeout",
         }
     }
 }
@@ -126,7 +195,7 @@ impl Error {
 /// A failure inside a backend, classified once by the backend that saw it.
 pub struct BackendError {
     backend: &'static str,
-    transient: bool,
+    status: ErrorStatus,
     message: String,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
 }
@@ -139,7 +208,13 @@ impl BackendError {
         message: impl Into<String>,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        Self::message(backend, true, message).with_source(source)
+        Self::message(backend, ErrorStatus::Transient, message).with_source(source)
+    }
+
+    /// No answer within the backend's own time-out (connect or operation):
+    /// the outcome is unknown.
+    pub fn timeout(backend: &'static str, message: impl Into<String>) -> Self {
+        Self::message(backend, ErrorStatus::Timeout, message)
     }
 
     /// A failure that retrying will not fix: permissions, a broken schema,
@@ -149,27 +224,36 @@ impl BackendError {
         message: impl Into<String>,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        Self::message(backend, false, message).with_source(source)
+        Self::message(backend, ErrorStatus::Permanent, message).with_source(source)
     }
 
     /// A failure described by a message alone (e.g. a reply of the wrong shape).
-    pub fn message(backend: &'static str, transient: bool, message: impl Into<String>) -> Self {
+    pub fn message(backend: &'static str, status: ErrorStatus, message: impl Into<String>) -> Self {
         Self {
             backend,
-            transient,
+            status,
             message: message.into(),
             source: None,
         }
     }
 
-    fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+    /// Attaches the underlying error.
+    pub fn with_source(
+        mut self,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
         self.source = Some(source.into());
         self
     }
 
-    /// Whether retrying could help.
+    /// How this failure is classified.
+    pub fn status(&self) -> ErrorStatus {
+        self.status
+    }
+
+    /// Whether retrying could help (transient or timed out).
     pub fn is_transient(&self) -> bool {
-        self.transient
+        self.status != ErrorStatus::Permanent
     }
 
     /// The backend's name (`sqlite`, `postgres`, …).
@@ -182,7 +266,7 @@ impl fmt::Debug for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackendError")
             .field("backend", &self.backend)
-            .field("transient", &self.transient)
+            .field("status", &self.status)
             .field("message", &self.message)
             .field("source", &self.source)
             .finish()

@@ -18,8 +18,8 @@ use std::{
 use async_trait::async_trait;
 
 use crate::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, FencingToken, Grant, LockInfo,
-    LockKey, Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
+    LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };
 
 /// How the wrapped backend behaves.
@@ -32,6 +32,9 @@ pub enum Fault {
     Refuse = 1,
     /// Calls never answer (a blackholed network).
     Hang = 2,
+    /// Renewals fail at once with a transient error; every other call goes
+    /// through (a backend that answers but cannot extend leases).
+    RefuseRenewals = 3,
 }
 
 /// A backend whose calls can be made to fail or hang.
@@ -41,6 +44,7 @@ pub struct FaultyBackend {
     fault: AtomicU8,
     reply_delay_us: AtomicU64,
     renew_calls: AtomicUsize,
+    renew_batches: AtomicUsize,
 }
 
 impl FaultyBackend {
@@ -51,6 +55,7 @@ impl FaultyBackend {
             fault: AtomicU8::new(Fault::None as u8),
             reply_delay_us: AtomicU64::new(0),
             renew_calls: AtomicUsize::new(0),
+            renew_batches: AtomicUsize::new(0),
         })
     }
 
@@ -66,18 +71,44 @@ impl FaultyBackend {
         self.reply_delay_us.store(micros, Ordering::SeqCst);
     }
 
-    /// How many `renew` calls reached this wrapper (faulty or not).
+    /// How many leases this wrapper was asked to renew, one by one or in
+    /// batches (faulty or not).
     pub fn renew_calls(&self) -> usize {
         self.renew_calls.load(Ordering::SeqCst)
     }
 
+    /// How many `renew_many` batches reached this wrapper.
+    pub fn renew_batches(&self) -> usize {
+        self.renew_batches.load(Ordering::SeqCst)
+    }
+
+    fn gate_renewal(&self) -> Result<()> {
+        if self.fault.load(Ordering::SeqCst) == Fault::RefuseRenewals as u8 {
+            return Err(BackendError::message(
+                "faulty",
+                ErrorStatus::Transient,
+                "injected: renewal refused",
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     async fn gate(&self) -> Result<()> {
         match self.fault.load(Ordering::SeqCst) {
-            1 => Err(BackendError::message("faulty", true, "injected: connection refused").into()),
+            1 => Err(BackendError::message(
+                "faulty",
+                ErrorStatus::Transient,
+                "injected: connection refused",
+            )
+            .into()),
             2 => {
                 // Far longer than any test runs; dropped by the caller's deadline.
                 tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
-                Err(BackendError::message("faulty", true, "injected: hang").into())
+                Err(
+                    BackendError::message("faulty", ErrorStatus::Transient, "injected: hang")
+                        .into(),
+                )
             }
             _ => Ok(()),
         }
@@ -106,18 +137,19 @@ impl Backend for FaultyBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.call(self.inner.try_acquire(request)).await
     }
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
-        self.call(self.inner.renew(key, owner, token, ttl)).await
+        self.gate_renewal()?;
+        self.call(self.inner.renew(lease, ttl)).await
     }
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        self.call(self.inner.release(key, owner, token)).await
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_calls.fetch_add(renewals.len(), Ordering::SeqCst);
+        self.renew_batches.fetch_add(1, Ordering::SeqCst);
+        self.gate_renewal()?;
+        self.call(self.inner.renew_many(renewals)).await
+    }
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        self.call(self.inner.release(lease)).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.call(self.inner.inspect(key)).await
@@ -139,5 +171,8 @@ impl Backend for FaultyBackend {
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         self.call(self.inner.subscribe(key)).await
+    }
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        self.call(self.inner.watch(key)).await
     }
 }

@@ -1,30 +1,34 @@
-//! `LockGuard`: a held lease, its renewal watchdog and its loss signal.
+//! `LockGuard`: a held lease and its loss signal.
 //!
-//! Each guard owns one background task, the *watchdog*. It renews the lease
-//! every `renew_every` and, whether or not it renews, fires the loss signal
-//! when the conservative local deadline (I5) passes without a confirmed
-//! renewal. The deadline is computed from the instant *before* each request
-//! was sent, so the signal fires before the backend's lease can end.
+//! A guard does not run a task of its own: it registers with its client's
+//! renewer (`renewer.rs`), which renews it every `renew_every` and, whether or
+//! not it renews, fires the loss signal when the conservative local deadline
+//! (I5) passes without a confirmed renewal. The deadline is computed from the
+//! instant *before* each request was sent, so the signal fires before the
+//! backend's lease can end.
 
 use std::{
     fmt,
     future::Future,
-    sync::{Arc, Mutex, OnceLock, PoisonError},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, OnceLock, PoisonError,
+    },
     time::Duration,
 };
 
 use chrono::{DateTime, Utc};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     backend::{AcquireRequest, Backend, Grant},
-    backoff::Backoff,
     client::ClockPolicy,
-    clock::{boot_time, suspends, Sent},
-    error::{BackendError, Error, LossReason, Result},
+    clock::{boot_time, Sent},
+    error::{Error, LossReason, Result},
     metrics as m,
-    types::{FencingToken, LockKey, Owner},
+    renewer::Renewer,
+    types::{FencingToken, LeaseId, LockKey, Owner},
 };
 
 /// Settings a guard takes from its request and client.
@@ -35,12 +39,15 @@ pub(crate) struct GuardConfig {
     pub(crate) op_timeout: Duration,
 }
 
-struct Shared {
-    backend: Arc<dyn Backend>,
-    key: LockKey,
-    owner: Owner,
-    token: FencingToken,
-    ttl: Duration,
+/// What a guard, its handles and the renewer share.
+pub(crate) struct Shared {
+    /// The guard's id in its client's renewer.
+    pub(crate) id: u64,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) lease: LeaseId,
+    pub(crate) ttl: Duration,
+    pub(crate) renew_every: Option<Duration>,
+    renewer: Renewer,
     clock: ClockPolicy,
     op_timeout: Duration,
     granted_at: Instant,
@@ -53,57 +60,24 @@ struct Shared {
     granted_ttl: Mutex<Duration>,
     /// Whether the hold has been recorded in the metrics (on loss or finish,
     /// whichever comes first).
-    accounted: std::sync::atomic::AtomicBool,
+    accounted: AtomicBool,
     /// Backend-reported end of the lease, for display.
     expires_at: Mutex<DateTime<Utc>>,
     /// Cancelled once, when the lock is lost.
     lost: CancellationToken,
     reason: OnceLock<LossReason>,
-    /// Set when the guard is released or dropped: stops the watchdog.
-    stop: Stop,
-}
-
-/// A one-shot stop signal held inline (a `CancellationToken` would be one
-/// more allocation per held lock).
-#[derive(Default)]
-struct Stop {
-    stopped: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl Stop {
-    fn cancel(&self) {
-        self.stopped
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    fn is_cancelled(&self) -> bool {
-        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn cancelled(&self) {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            // Registered before the flag is read, so a cancel in between
-            // is not missed.
-            notified.as_mut().enable();
-            if self.is_cancelled() {
-                return;
-            }
-            notified.await;
-        }
-    }
+    /// Set when the guard is released, dropped or detached: a loss is no
+    /// longer signalled.
+    finished: AtomicBool,
 }
 
 impl Shared {
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether the boot-time clock is still inside the trusted window.
-    fn boot_ok(&self) -> bool {
+    pub(crate) fn boot_ok(&self) -> bool {
         let limit = *self
             .boot_deadline
             .lock()
@@ -115,7 +89,7 @@ impl Shared {
     }
 
     /// Records a confirmed grant/renewal whose request left at `sent`.
-    fn extend(&self, sent: Sent, grant: &Grant) {
+    pub(crate) fn extend(&self, sent: Sent, grant: &Grant) {
         let valid_for = self.clock.valid_for(grant.ttl);
         let trusted_until = sent.mono + valid_for;
         let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
@@ -138,10 +112,7 @@ impl Shared {
 
     /// Records the hold once: at loss, release, drop or detach.
     fn account_hold(&self) {
-        if self
-            .accounted
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.accounted.swap(true, Ordering::SeqCst) {
             return;
         }
         let backend = self.backend.name();
@@ -150,25 +121,28 @@ impl Shared {
             .record(self.granted_at.elapsed().as_secs_f64());
     }
 
-    fn declare_lost(&self, reason: LossReason) {
-        if self.stop.is_cancelled() || self.reason.set(reason).is_err() {
+    /// Signals the loss, once, unless the guard already finished.
+    pub(crate) fn declare_lost(&self, reason: LossReason) {
+        if self.finished.load(Ordering::SeqCst) || self.reason.set(reason).is_err() {
             return;
         }
         let backend = self.backend.name();
         ::metrics::counter!(m::LOCKS_LOST, "backend" => backend, "reason" => reason.as_str())
             .increment(1);
-        tracing::warn!(
-            key = %self.key, owner = %self.owner, token = %self.token, backend,
-            reason = reason.as_str(), "lock lost: {reason}"
-        );
+        if reason != LossReason::Closed {
+            tracing::warn!(
+                key = %self.lease.key, owner = %self.lease.owner, token = %self.lease.token,
+                backend, reason = reason.as_str(), "lock lost: {reason}"
+            );
+        }
         self.account_hold();
         self.lost.cancel();
     }
 
     fn lost_error(&self) -> Error {
         Error::LockLost {
-            key: self.key.clone(),
-            token: self.token,
+            key: self.lease.key.clone(),
+            token: self.lease.token,
             reason: self.reason.get().copied().unwrap_or(LossReason::Deadline),
         }
     }
@@ -177,24 +151,69 @@ impl Shared {
         !self.lost.is_cancelled() && Instant::now() < self.deadline() && self.boot_ok()
     }
 
-    /// One renewal round trip, bounded so that a hung connection costs one
-    /// attempt, not the whole remaining lease.
-    async fn renew_once(&self) -> Result<Grant> {
-        let bound = self
-            .op_timeout
-            .min(self.ttl / 3)
-            .max(Duration::from_millis(1));
-        let renew = self
-            .backend
-            .renew(&self.key, &self.owner, self.token, self.ttl);
-        match tokio::time::timeout(bound, renew).await {
+    /// How long one renewal may take: a hung connection costs one attempt,
+    /// not the whole remaining lease. Measured on the lease the backend
+    /// granted, which may be longer than the one asked for (etcd rounds up).
+    pub(crate) fn renew_bound(&self) -> Duration {
+        let granted = *self
+            .granted_ttl
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.op_timeout
+            .min(granted / 3)
+            .max(Duration::from_millis(1))
+    }
+
+    /// Stops renewal and records the hold; `true` the first time.
+    fn finish(&self) -> bool {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.renewer.deregister(self.id);
+        self.account_hold();
+        true
+    }
+
+    /// Releases the lease on the backend, bounded by the operation timeout.
+    async fn release(&self) -> Result<()> {
+        match tokio::time::timeout(self.op_timeout, self.backend.release(&self.lease)).await {
             Ok(result) => result,
-            Err(_) => Err(BackendError::message(
-                self.backend.name(),
-                true,
-                format!("renewal did not answer within {bound:?}"),
-            )
-            .into()),
+            Err(_) => Err(Error::OperationTimeout {
+                operation: "release",
+                after: self.op_timeout,
+            }),
+        }
+    }
+
+    /// After a loss at the local deadline the lease may still be live on
+    /// the backend (the renewals went unanswered, not refused): hands it
+    /// back so that the next holder need not wait out its TTL, and so that
+    /// a lease shared with other locks (etcd) does not keep this key alive.
+    /// Best effort: if the backend cannot be reached, the lease expires.
+    pub(crate) async fn release_after_loss(self: Arc<Self>) {
+        if self.finished.load(Ordering::SeqCst) {
+            return;
+        }
+        match self.release().await {
+            Ok(()) | Err(Error::NotHeld { .. }) => {}
+            Err(e) => tracing::debug!(
+                key = %self.lease.key, error = %e,
+                "could not hand back a lost lease; it will expire"
+            ),
+        }
+    }
+
+    /// Releases on behalf of [`crate::LockClient::close`]: the guard is
+    /// lost for its holder (reason [`LossReason::Closed`]) and its lease
+    /// freed.
+    pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
+        self.declare_lost(LossReason::Closed);
+        if !self.finish() {
+            return Ok(());
+        }
+        match self.release().await {
+            Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }
@@ -209,17 +228,22 @@ pub struct GuardHandle {
 impl GuardHandle {
     /// The lock's key.
     pub fn key(&self) -> &LockKey {
-        &self.shared.key
+        &self.shared.lease.key
     }
 
     /// The owner the lock is held as.
     pub fn owner(&self) -> &Owner {
-        &self.shared.owner
+        &self.shared.lease.owner
     }
 
     /// The fencing token of this grant: present it to every fenced resource.
     pub fn token(&self) -> FencingToken {
-        self.shared.token
+        self.shared.lease.token
+    }
+
+    /// The lease this guard holds: key, owner and token.
+    pub fn lease(&self) -> &LeaseId {
+        &self.shared.lease
     }
 
     /// The requested lease length.
@@ -271,7 +295,7 @@ impl GuardHandle {
             Ok(())
         } else {
             if !self.shared.lost.is_cancelled() {
-                // The deadline passed before the watchdog noticed.
+                // The deadline passed before the renewer noticed.
                 self.shared.declare_lost(LossReason::Deadline);
             }
             Err(self.shared.lost_error())
@@ -308,12 +332,24 @@ impl GuardHandle {
             return Err(self.shared.lost_error());
         }
         let sent = Sent::now();
-        match self.shared.renew_once().await {
+        let bound = self.shared.renew_bound();
+        let renewal = self
+            .shared
+            .backend
+            .renew(&self.shared.lease, self.shared.ttl);
+        let outcome = match tokio::time::timeout(bound, renewal).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::OperationTimeout {
+                operation: "renew",
+                after: bound,
+            }),
+        };
+        match outcome {
             Ok(grant) => {
                 self.shared.extend(sent, &grant);
                 ::metrics::counter!(m::RENEWALS, "backend" => self.shared.backend.name())
                     .increment(1);
-                // The watchdog may have given up at the deadline meanwhile;
+                // The renewer may have given up at the deadline meanwhile;
                 // a loss, once signalled, is final.
                 if self.shared.lost.is_cancelled() {
                     return Err(self.shared.lost_error());
@@ -362,41 +398,45 @@ impl fmt::Debug for GuardHandle {
 #[must_use = "dropping a guard releases the lock"]
 pub struct LockGuard {
     handle: GuardHandle,
-    finished: bool,
 }
 
 impl LockGuard {
     pub(crate) fn start(
         backend: Arc<dyn Backend>,
+        renewer: &Renewer,
         request: AcquireRequest,
         grant: Grant,
         sent: Sent,
         config: GuardConfig,
     ) -> Self {
         let shared = Arc::new(Shared {
+            id: renewer.next_id(),
+            lease: request.lease(grant.token),
             backend,
-            key: request.key,
-            owner: request.owner,
-            token: grant.token,
             ttl: request.ttl,
+            renew_every: config.renew_every,
+            renewer: renewer.clone(),
             clock: config.clock,
             op_timeout: config.op_timeout,
             granted_at: Instant::now(),
             deadline: Mutex::new(sent.mono),
             boot_deadline: Mutex::new(None),
             granted_ttl: Mutex::new(grant.ttl),
-            accounted: std::sync::atomic::AtomicBool::new(false),
+            accounted: AtomicBool::new(false),
             expires_at: Mutex::new(grant.expires_at),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
-            stop: Stop::default(),
+            finished: AtomicBool::new(false),
         });
         shared.extend(sent, &grant);
         ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
-        tokio::spawn(watchdog(Arc::clone(&shared), config.renew_every));
+        if !renewer.register(Arc::clone(&shared), config.renew_every) {
+            // The client was closed while this grant was on its way: it is
+            // released like every other lease the client held.
+            tokio::spawn(Arc::clone(&shared).close());
+        }
         Self {
             handle: GuardHandle { shared },
-            finished: false,
         }
     }
 
@@ -408,30 +448,22 @@ impl LockGuard {
     /// Stops renewal and releases the lease now.
     ///
     /// [`Error::NotHeld`] when the backend no longer had this lease (it was
-    /// lost, taken over or force-released).
-    pub async fn release(mut self) -> Result<()> {
-        self.finish();
-        let s = &self.handle.shared;
-        let released =
-            tokio::time::timeout(s.op_timeout, s.backend.release(&s.key, &s.owner, s.token)).await;
-        match released {
-            Ok(Ok(true)) => {
-                tracing::debug!(key = %s.key, token = %s.token, "released");
-                Ok(())
-            }
-            Ok(Ok(false)) => Err(Error::NotHeld {
-                key: s.key.clone(),
-                owner: s.owner.clone(),
-                token: s.token,
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(BackendError::message(
-                s.backend.name(),
-                true,
-                format!("release did not answer within {:?}", s.op_timeout),
-            )
-            .into()),
+    /// lost, taken over or force-released). `Ok` when the client was closed
+    /// ([`crate::LockClient::close`] released it already).
+    pub async fn release(self) -> Result<()> {
+        let shared = Arc::clone(&self.handle.shared);
+        // Finished first, so that dropping `self` does not release as well.
+        let first = shared.finish();
+        drop(self);
+        if !first {
+            // Only `close` finishes a guard that its holder still owns.
+            return Ok(());
         }
+        let released = shared.release().await;
+        if released.is_ok() {
+            tracing::debug!(key = %shared.lease.key, token = %shared.lease.token, "released");
+        }
+        released
     }
 
     /// Stops renewing and hands the lease over without releasing it: it stays
@@ -439,18 +471,9 @@ impl LockGuard {
     /// (owner, token), e.g. another process (`fencelock acquire` uses this).
     /// Read [`token`](GuardHandle::token) and [`owner`](GuardHandle::owner)
     /// first.
-    pub fn detach(mut self) {
-        self.finish();
-    }
-
-    /// Stops the watchdog and records the hold; idempotent.
-    fn finish(&mut self) {
-        if std::mem::replace(&mut self.finished, true) {
-            return;
-        }
-        let s = &self.handle.shared;
-        s.stop.cancel();
-        s.account_hold();
+    pub fn detach(self) {
+        // Finished, so that dropping `self` does not release.
+        self.handle.shared.finish();
     }
 }
 
@@ -469,121 +492,18 @@ impl fmt::Debug for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.finished {
+        let shared = Arc::clone(&self.handle.shared);
+        if !shared.finish() {
             return;
         }
-        self.finish();
-        let shared = Arc::clone(&self.handle.shared);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let release = shared
-                    .backend
-                    .release(&shared.key, &shared.owner, shared.token);
-                match tokio::time::timeout(shared.op_timeout, release).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(key = %shared.key, error = %e,
+                match shared.release().await {
+                    Ok(()) | Err(Error::NotHeld { .. }) => {}
+                    Err(e) => tracing::warn!(key = %shared.lease.key, error = %e,
                         "background release failed; the lease will expire"),
-                    Err(_) => tracing::warn!(key = %shared.key,
-                        "background release timed out; the lease will expire"),
                 }
             });
-        }
-    }
-}
-
-/// Sleeps until `at`, or forever when there is nothing to wait for.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The guard's background task: renews on schedule and declares the lock
-/// lost when the backend refuses or the local deadline passes.
-async fn watchdog(shared: Arc<Shared>, renew_every: Option<Duration>) {
-    let mut next_renewal = renew_every.map(|period| Instant::now() + period);
-    loop {
-        tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return,
-            // Monotonic timers do not run during a suspend; this notices,
-            // soon after a resume, that the boot-time clock has left the
-            // lease's window.
-            _ = suspends().notified() => {
-                if !shared.boot_ok() {
-                    shared.declare_lost(LossReason::Deadline);
-                    return;
-                }
-            }
-            _ = sleep_until(shared.deadline()) => {
-                // A manual renew may have moved the deadline while we slept.
-                if Instant::now() >= shared.deadline() {
-                    shared.declare_lost(LossReason::Deadline);
-                    return;
-                }
-            }
-            _ = sleep_until_some(next_renewal) => {
-                // Boxed: the renewal's state lives only while it runs, not
-                // in every idle guard's task.
-                match Box::pin(renew_until_confirmed(&shared)).await {
-                    Some(t_sent) => next_renewal = renew_every.map(|period| t_sent + period),
-                    None => return,
-                }
-            }
-        }
-    }
-}
-
-/// Renews, retrying transient failures with backoff for as long as the lease
-/// is still trusted locally. Returns the send instant of the confirmed
-/// renewal, or `None` when the guard stopped or was lost.
-async fn renew_until_confirmed(shared: &Shared) -> Option<Instant> {
-    let backend = shared.backend.name();
-    let mut backoff = Backoff::new(shared.ttl / 100, shared.ttl / 10);
-    loop {
-        let sent = Sent::now();
-        let outcome = tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return None,
-            _ = sleep_until(shared.deadline()) => None,
-            result = shared.renew_once() => Some(result),
-        };
-        if outcome.is_some() {
-            ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend)
-                .record(sent.mono.elapsed().as_secs_f64());
-        }
-        match outcome {
-            Some(Ok(grant)) => {
-                shared.extend(sent, &grant);
-                ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1);
-                tracing::trace!(key = %shared.key, token = %shared.token, "renewed");
-                return Some(sent.mono);
-            }
-            Some(Err(Error::NotHeld { .. })) => {
-                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-                shared.declare_lost(LossReason::Refused);
-                return None;
-            }
-            Some(Err(e)) => {
-                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-                tracing::warn!(
-                    key = %shared.key, token = %shared.token, error = %e,
-                    remaining = ?shared.deadline().saturating_duration_since(Instant::now()),
-                    "renewal failed; retrying while the lease is still trusted"
-                );
-            }
-            None => {}
-        }
-        if Instant::now() >= shared.deadline() {
-            shared.declare_lost(LossReason::Deadline);
-            return None;
-        }
-        tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return None,
-            _ = sleep_until(shared.deadline()) => {}
-            _ = tokio::time::sleep(backoff.next_pause()) => {}
         }
     }
 }

@@ -67,6 +67,7 @@ mod backoff;
 pub mod baseline;
 mod client;
 mod clock;
+mod driver;
 mod error;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -75,21 +76,25 @@ mod fence;
 mod guard;
 mod memory;
 pub mod metrics;
+mod renewer;
 mod types;
 mod wake;
+mod watch;
 
-pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Stats};
+pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats};
 pub use backoff::Backoff;
 pub use client::{ClockPolicy, LockClient, LockClientBuilder, LockRequest};
-pub use error::{BackendError, Error, LossReason, Result};
+pub use driver::{Driver, MemoryDriver};
+pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
 pub use fence::{Admission, Fence};
 pub use guard::{GuardHandle, LockGuard};
 pub use memory::{MemoryBackend, MemoryFence};
 pub use types::{
-    parse_duration, redact_url, validate_ttl, FencingToken, LockInfo, LockKey, Owner, MAX_NAME_LEN,
-    MAX_TTL,
+    parse_duration, redact_url, validate_ttl, FencingToken, LeaseId, LockInfo, LockKey, Owner,
+    MAX_NAME_LEN, MAX_TTL,
 };
 pub use wake::{WakeHub, WakeSubscription};
+pub use watch::{HolderChange, Watch, WatchFeeder};
 
 /// Re-exported so backends and users name the same versions.
 pub use async_trait::async_trait;

@@ -16,12 +16,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use tokio::sync::broadcast;
+
 use crate::{
     backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Stats},
     error::{Error, Result},
     fence::{Admission, Fence},
-    types::{FencingToken, LockInfo, LockKey, Owner},
+    types::{FencingToken, LeaseId, LockInfo, LockKey, Owner},
     wake::{WakeHub, WakeSubscription},
+    watch::{HolderChange, Watch, WatchFeeder},
 };
 
 #[derive(Debug)]
@@ -71,12 +74,32 @@ impl State {
     }
 }
 
+impl Lease {
+    fn id(&self, key: &LockKey) -> LeaseId {
+        LeaseId::new(key.clone(), self.owner.clone(), self.token)
+    }
+}
+
+/// A grant or a release, as told to the watchers: expiries are not events
+/// of the table (nothing happens when a lease runs out), so each watcher
+/// times them itself.
+#[derive(Clone, Debug)]
+enum TableEvent {
+    Granted { info: LockInfo, expires_at: Instant },
+    Released(LeaseId),
+}
+
+/// How many table events a slow watcher may fall behind before it re-reads
+/// the table instead.
+const EVENT_BUFFER: usize = 1024;
+
 /// In-process locks. Clones share the same locks, like connections to one
 /// server.
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
     wakeups: WakeHub,
+    events: broadcast::Sender<TableEvent>,
 }
 
 impl Default for MemoryBackend {
@@ -95,7 +118,21 @@ impl MemoryBackend {
                 epoch: (Instant::now(), Utc::now()),
             })),
             wakeups: WakeHub::new(),
+            events: broadcast::channel(EVENT_BUFFER).0,
         }
+    }
+
+    /// Tells the watchers (if any) about a release and wakes the waiters.
+    fn released(&self, lease: LeaseId) {
+        self.wakeups.notify(lease.key.as_str());
+        let _ = self.events.send(TableEvent::Released(lease));
+    }
+
+    /// The current lease of `key` and when it ends, if unexpired.
+    fn current(&self, key: &LockKey) -> Option<(LeaseId, Instant)> {
+        let now = Instant::now();
+        let state = self.state();
+        state.live(key, now).map(|l| (l.id(key), l.expires_at))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -112,11 +149,11 @@ impl Backend for MemoryBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: false,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_watch(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -125,8 +162,14 @@ impl Backend for MemoryBackend {
         if let Some(holder) = state.live(&request.key, now) {
             return Ok(Acquire::Held(Some(state.info(&request.key, holder, now))));
         }
-        state.last_token += 1;
-        let token = FencingToken(state.last_token);
+        let floor = request.min_token.map_or(0, FencingToken::get);
+        let Some(next) = state.last_token.max(floor).checked_add(1) else {
+            return Err(Error::InvalidArgument(format!(
+                "min_token {floor} leaves no token above it"
+            )));
+        };
+        state.last_token = next;
+        let token = FencingToken(next);
         let expires_at = now + request.ttl;
         state.leases.insert(
             request.key.clone(),
@@ -139,60 +182,49 @@ impl Backend for MemoryBackend {
                 expires_at,
             },
         );
-        Ok(Acquire::Granted(Grant {
-            token,
-            ttl: request.ttl,
-            expires_at: state.wall(expires_at),
-        }))
+        let grant = Grant::new(token, request.ttl, state.wall(expires_at));
+        let info = state
+            .leases
+            .get(&request.key)
+            .map(|l| state.info(&request.key, l, now));
+        drop(state);
+        if let Some(info) = info {
+            let _ = self.events.send(TableEvent::Granted { info, expires_at });
+        }
+        Ok(Acquire::Granted(grant))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         let now = Instant::now();
         let mut state = self.state();
         let expires_at = now + ttl;
-        match state.leases.get_mut(key) {
-            Some(lease)
-                if lease.expires_at > now && lease.owner == *owner && lease.token == token =>
+        match state.leases.get_mut(&lease.key) {
+            Some(held)
+                if held.expires_at > now
+                    && held.owner == lease.owner
+                    && held.token == lease.token =>
             {
-                lease.expires_at = expires_at;
+                held.expires_at = expires_at;
             }
-            _ => {
-                return Err(Error::NotHeld {
-                    key: key.clone(),
-                    owner: owner.clone(),
-                    token,
-                })
-            }
+            _ => return Err(Error::not_held(lease)),
         }
-        Ok(Grant {
-            token,
-            ttl,
-            expires_at: state.wall(expires_at),
-        })
+        Ok(Grant::new(lease.token, ttl, state.wall(expires_at)))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
         let now = Instant::now();
-        let released = {
+        {
             let mut state = self.state();
             let holds = state
-                .live(key, now)
-                .is_some_and(|l| l.owner == *owner && l.token == token);
-            if holds {
-                state.leases.remove(key);
+                .live(&lease.key, now)
+                .is_some_and(|l| l.owner == lease.owner && l.token == lease.token);
+            if !holds {
+                return Err(Error::not_held(lease));
             }
-            holds
-        };
-        if released {
-            self.wakeups.notify(key.as_str());
+            state.leases.remove(&lease.key);
         }
-        Ok(released)
+        self.released(lease.clone());
+        Ok(())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -224,31 +256,32 @@ impl Backend for MemoryBackend {
             }
             info
         };
-        if removed.is_some() {
-            self.wakeups.notify(key.as_str());
+        if let Some(info) = &removed {
+            self.released(LeaseId::new(key.clone(), info.owner.clone(), info.token));
         }
         Ok(removed)
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
         let now = Instant::now();
-        let released: Vec<LockKey> = {
+        let released: Vec<LeaseId> = {
             let mut state = self.state();
-            let keys: Vec<LockKey> = state
+            let leases: Vec<LeaseId> = state
                 .leases
                 .iter()
                 .filter(|(_, l)| l.expires_at > now && l.owner == *owner)
-                .map(|(k, _)| k.clone())
+                .map(|(k, l)| l.id(k))
                 .collect();
-            for key in &keys {
-                state.leases.remove(key);
+            for lease in &leases {
+                state.leases.remove(&lease.key);
             }
-            keys
+            leases
         };
-        for key in &released {
-            self.wakeups.notify(key.as_str());
+        let count = released.len() as u64;
+        for lease in released {
+            self.released(lease);
         }
-        Ok(released.len() as u64)
+        Ok(count)
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
@@ -277,6 +310,106 @@ impl Backend for MemoryBackend {
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.wakeups.subscribe(key.as_str())))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        let (feeder, watch) = Watch::channel();
+        // Subscribed before the table is read, so that no change between the
+        // read and the subscription is missed.
+        let events = self.events.subscribe();
+        let current = self.current(key);
+        tokio::spawn(feed_watch(
+            self.clone(),
+            key.clone(),
+            current,
+            events,
+            feeder,
+        ));
+        Ok(watch)
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One watcher: follows the table's events for `key` and times the current
+/// lease's end itself, until the watch is dropped.
+async fn feed_watch(
+    backend: MemoryBackend,
+    key: LockKey,
+    mut current: Option<(LeaseId, Instant)>,
+    mut events: broadcast::Receiver<TableEvent>,
+    feeder: WatchFeeder,
+) {
+    loop {
+        let change = tokio::select! {
+            biased;
+            _ = feeder.closed() => return,
+            event = events.recv() => match event {
+                Ok(TableEvent::Granted { info, expires_at }) if info.key == key => {
+                    // A takeover of an expired lease whose end this watcher
+                    // has not timed yet: report the expiry first.
+                    if let Some((old, _)) = current.take() {
+                        if old.token != info.token && !feeder.send(Ok(HolderChange::Expired(old))).await {
+                            return;
+                        }
+                    }
+                    current = Some((LeaseId::new(key.clone(), info.owner.clone(), info.token), expires_at));
+                    HolderChange::Acquired(info)
+                }
+                Ok(TableEvent::Released(lease)) if lease.key == key => {
+                    if current.as_ref().is_some_and(|(c, _)| *c == lease) {
+                        current = None;
+                    }
+                    HolderChange::Released(lease)
+                }
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Fell behind: the table itself says who holds the key
+                    // now; report the difference.
+                    let latest = backend.current(&key);
+                    if latest.as_ref().map(|(l, _)| l) == current.as_ref().map(|(l, _)| l) {
+                        continue;
+                    }
+                    if let Some((old, ends)) = current.take() {
+                        let gone = if ends <= Instant::now() {
+                            HolderChange::Expired(old)
+                        } else {
+                            HolderChange::Released(old)
+                        };
+                        if !feeder.send(Ok(gone)).await {
+                            return;
+                        }
+                    }
+                    current = latest;
+                    let Some((lease, _)) = &current else { continue };
+                    match backend.inspect(&key).await {
+                        Ok(Some(info)) if info.token == lease.token => HolderChange::Acquired(info),
+                        _ => continue,
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = sleep_until_some(current.as_ref().map(|(_, at)| *at)) => {
+                let Some((lease, _)) = current.take() else { continue };
+                match backend.current(&key) {
+                    // Renewed meanwhile: time the new end.
+                    Some((now, at)) if now == lease => {
+                        current = Some((now, at));
+                        continue;
+                    }
+                    _ => HolderChange::Expired(lease),
+                }
+            }
+        };
+        if !feeder.send(Ok(change)).await {
+            return;
+        }
     }
 }
 

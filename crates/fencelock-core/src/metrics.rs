@@ -18,12 +18,14 @@ pub const WAIT_SECONDS: &str = "fencelock_wait_seconds";
 pub const HOLD_SECONDS: &str = "fencelock_hold_seconds";
 /// Counter: renewals confirmed by the backend.
 pub const RENEWALS: &str = "fencelock_renewals_total";
-/// Histogram (seconds): round-trip time of each renewal attempt the watchdog
-/// makes, whether it succeeds or fails (a timed-out attempt records its bound).
+/// Histogram (seconds): round-trip time of each renewal attempt the renewer
+/// makes, one sample per lease of a batch, whether it succeeds or fails (a
+/// timed-out attempt records its bound).
 pub const RENEW_SECONDS: &str = "fencelock_renew_seconds";
 /// Counter: renewal attempts that failed (transient errors and refusals).
 pub const RENEWAL_FAILURES: &str = "fencelock_renewal_failures_total";
-/// Counter: locks lost while held; label `reason` = `refused` | `deadline`.
+/// Counter: locks lost while held; label `reason` = `refused` | `deadline`
+/// | `closed`.
 pub const LOCKS_LOST: &str = "fencelock_locks_lost_total";
 /// Counter: tokens a fence refused as stale; label `fence` = the fence's backend.
 pub const FENCE_REJECTIONS: &str = "fencelock_fence_rejections_total";

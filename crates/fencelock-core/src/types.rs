@@ -1,5 +1,5 @@
-//! The vocabulary of `docs/semantics.md`: keys, owners, tokens and what a
-//! backend reports about a lease.
+//! The vocabulary of `docs/semantics.md`: keys, owners, tokens, leases and
+//! what a backend reports about a lease.
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -183,6 +183,47 @@ impl FromStr for Owner {
 /// hiccup, outlasts it and every grant is lost at birth. Engines with a
 /// coarser minimum (etcd) round up and report it in [`crate::Grant::ttl`].
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// One grant: the key, who holds it and the grant's token. Renewal and
+/// release name a lease by all three, so that a stale holder (same owner,
+/// older token) can never touch its successor's lease (I3).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LeaseId {
+    /// The lock's key.
+    pub key: LockKey,
+    /// The holder.
+    pub owner: Owner,
+    /// The grant's fencing token.
+    pub token: FencingToken,
+}
+
+impl LeaseId {
+    /// The lease of `owner` on `key` granted with `token`.
+    pub fn new(key: LockKey, owner: Owner, token: FencingToken) -> Self {
+        Self { key, owner, token }
+    }
+
+    /// `Ok` when `found` (a renewal or release found this exact lease),
+    /// otherwise [`Error::NotHeld`]: the one way every backend answers "not
+    /// held".
+    pub fn found(&self, found: bool) -> Result<()> {
+        if found {
+            Ok(())
+        } else {
+            Err(Error::not_held(self))
+        }
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (owner {}, token {})",
+            self.key, self.owner, self.token
+        )
+    }
+}
 
 /// Rejects TTLs a backend must never be asked for: below the 100 ms minimum
 /// a guard cannot trust its lease for a round trip, and above [`MAX_TTL`].

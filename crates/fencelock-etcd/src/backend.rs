@@ -4,18 +4,18 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, FencingToken, Grant,
-    LockInfo, LockKey, Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };
 use serde_json::{json, Value};
 
@@ -28,6 +28,9 @@ use crate::{
 /// first. Bounded: when full it is cleared, and calls fall back to reading
 /// the key (correct, one round trip more).
 const LEASE_CACHE_LIMIT: usize = 4096;
+
+/// The most operations etcd accepts in one Txn by default (`--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
 
 type CacheKey = (LockKey, Owner, FencingToken);
 
@@ -43,12 +46,33 @@ struct Cached {
     expires_at: DateTime<Utc>,
 }
 
-/// Locks in etcd. Cheap to clone; clones share the gRPC channel.
+/// The etcd lease that the grants of one TTL share: its id, the TTL etcd
+/// granted (seconds), and the local instant just before the grant or the
+/// last keep-alive that etcd answered was sent. The lease ends no earlier
+/// than `refreshed + granted` (etcd counts from when the request arrived).
+#[derive(Clone, Copy, Debug)]
+struct SharedLease {
+    id: i64,
+    granted: i64,
+    refreshed: Instant,
+}
+
+impl SharedLease {
+    /// How long the lease lasts at least from now, on the local clock.
+    fn left(&self) -> Duration {
+        secs(self.granted).saturating_sub(self.refreshed.elapsed())
+    }
+}
+
+/// Locks in etcd. Cheap to clone; clones share the gRPC channel and the
+/// shared leases.
 #[derive(Clone)]
 pub struct EtcdBackend {
     client: Client,
     options: Arc<EtcdOptions>,
     leases: Arc<Mutex<HashMap<CacheKey, Cached>>>,
+    /// The lease new grants join, per asked TTL in seconds.
+    shared: Arc<Mutex<HashMap<i64, SharedLease>>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -128,14 +152,16 @@ fn wall_in(d: Duration) -> DateTime<Utc> {
 /// What is stored under a lock key. `acquired_ms` is the granting client's
 /// wall clock, for display and hold-time statistics only; expiry is etcd's
 /// lease.
-struct Stored {
-    owner: Owner,
+pub(crate) struct Stored {
+    pub(crate) owner: Owner,
+    /// The lease the grant was put on, or last moved to, by this crate.
+    lease: Option<i64>,
     kind: Option<String>,
     data: Option<Value>,
     acquired_ms: i64,
 }
 
-fn decode(kv: &KeyValue) -> Result<Stored> {
+pub(crate) fn decode(kv: &KeyValue) -> Result<Stored> {
     let v: Value = serde_json::from_slice(kv.value())
         .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
     let owner = v
@@ -145,30 +171,32 @@ fn decode(kv: &KeyValue) -> Result<Stored> {
         .ok_or_else(|| bad_value("lock value has no valid owner"))?;
     Ok(Stored {
         owner,
+        lease: v.get("lease").and_then(Value::as_i64),
         kind: v.get("kind").and_then(Value::as_str).map(str::to_owned),
         data: v.get("data").filter(|d| !d.is_null()).cloned(),
         acquired_ms: v.get("acquired_ms").and_then(Value::as_i64).unwrap_or(0),
     })
 }
 
-fn token_of(kv: &KeyValue) -> FencingToken {
+pub(crate) fn token_of(kv: &KeyValue) -> FencingToken {
     FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0))
 }
 
 impl EtcdBackend {
     /// Connects with `options`.
-    pub async fn connect(options: EtcdOptions) -> Result<Self> {
+    pub async fn connect_with(options: EtcdOptions) -> Result<Self> {
         let client = connect(&options).await?;
         Ok(Self {
             client,
             options: Arc::new(options),
             leases: Arc::default(),
+            shared: Arc::default(),
         })
     }
 
     /// Connects to `url` (see [`EtcdOptions::from_url`]).
-    pub async fn open(url: &str) -> Result<Self> {
-        Self::connect(EtcdOptions::from_url(url)?).await
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(EtcdOptions::from_url(url)?).await
     }
 
     /// The options in use.
@@ -213,19 +241,23 @@ impl EtcdBackend {
         self.cache().get(k).copied()
     }
 
-    /// The lease the key carries now if it is (owner, token)'s grant, by
-    /// reading the key; `None` when the key is gone or is another grant.
-    async fn current_lease(
+    /// The key as it is now if it is (owner, token)'s grant, on the lease
+    /// this crate put it on or moved it to; `None` when the key is gone, is
+    /// another grant, or was attached to another lease by someone else.
+    async fn current_grant(
         &self,
         key: &LockKey,
         owner: &Owner,
         token: FencingToken,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Option<KeyValue>> {
         let Some(kv) = self.get(key).await? else {
             return Ok(None);
         };
         let stored = decode(&kv)?;
-        Ok((token_of(&kv) == token && stored.owner == *owner).then_some(kv.lease()))
+        let ours = token_of(&kv) == token
+            && stored.owner == *owner
+            && stored.lease.is_none_or(|l| l == kv.lease());
+        Ok(ours.then_some(kv))
     }
 
     async fn get(&self, key: &LockKey) -> Result<Option<KeyValue>> {
@@ -240,8 +272,10 @@ impl EtcdBackend {
     }
 
     /// One keep-alive round trip: the lease's TTL in seconds (to which it
-    /// was just extended), `None` when the lease is gone.
+    /// was just extended), `None` when the lease is gone. A shared lease
+    /// that answers is remembered as refreshed from before the request.
     async fn keep_alive(&self, lease: i64) -> Result<Option<i64>> {
+        let sent = Instant::now();
         let kept = bounded(self.options.timeout, async {
             let (mut keeper, mut stream) = failover(self.options.timeout, || {
                 let mut c = self.client.clone();
@@ -257,169 +291,171 @@ impl EtcdBackend {
             }
         })
         .await;
+        let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
         match kept {
-            Ok(ttl) if ttl > 0 => Ok(Some(ttl)),
-            Ok(_) => Ok(None),
-            Err(e) if is_lease_not_found(&e) => Ok(None),
+            Ok(ttl) if ttl > 0 => {
+                if let Some(entry) = shared.values_mut().find(|l| l.id == lease) {
+                    entry.granted = ttl;
+                    entry.refreshed = entry.refreshed.max(sent);
+                }
+                Ok(Some(ttl))
+            }
+            Ok(_) => {
+                shared.retain(|_, l| l.id != lease);
+                Ok(None)
+            }
+            Err(e) if is_lease_not_found(&e) => {
+                shared.retain(|_, l| l.id != lease);
+                Ok(None)
+            }
             Err(e) => Err(map("lease keep-alive", e)),
         }
     }
 
-    /// A new lease of `ttl` seconds: (id, the TTL etcd granted, which may be
-    /// longer).
-    async fn grant_lease(&self, ttl: i64) -> Result<(i64, i64)> {
-        let lease = failover(self.options.timeout, || {
+    /// The shared lease for grants that ask for `ttl` seconds, granted on
+    /// first use, or again once less than half of it is left: a grant that
+    /// joins a lease ends with it, so the lease must still have most of its
+    /// TTL ahead. `fresh` is true when granted by this call.
+    async fn shared_lease(&self, ttl: i64) -> Result<(SharedLease, bool)> {
+        let current = self
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&ttl)
+            .copied();
+        if let Some(lease) = current.filter(|l| l.left() * 2 >= secs(l.granted)) {
+            return Ok((lease, false));
+        }
+        let refreshed = Instant::now();
+        let granted = failover(self.options.timeout, || {
             let mut c = self.client.clone();
             async move { c.lease_grant(ttl, None).await }
         })
         .await
         .map_err(|e| map("lease grant", e))?;
-        Ok((lease.id(), lease.ttl()))
+        let lease = SharedLease {
+            id: granted.id(),
+            granted: granted.ttl(),
+            refreshed,
+        };
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ttl, lease);
+        Ok((lease, true))
     }
 
-    /// Runs `txn`, which attaches a key to the fresh lease `lease`. If the
-    /// call fails, the lease is revoked: whether or not the put happened,
-    /// it must not outlive this failed call holding the key.
-    async fn txn_with_fresh_lease(&self, what: &str, txn: Txn, lease: i64) -> Result<TxnResponse> {
-        match failover(self.options.timeout, || {
+    /// Stops new grants from joining `lease` (it ended, or a write to it
+    /// has an unknown outcome); its grants keep it until they are gone.
+    fn retire(&self, lease: i64) {
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, l| l.id != lease);
+    }
+
+    /// Runs `txn`.
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        failover(self.options.timeout, || {
             let (mut c, t) = (self.client.clone(), txn.clone());
             async move { c.txn(t).await }
         })
         .await
-        {
-            Ok(resp) => Ok(resp),
-            Err(e) => {
-                let _ = self.revoke(lease).await;
-                // The fresh lease ran out before the Txn reached the leader
-                // (a slow leader, retries against a dead endpoint): nothing
-                // was written, and the next attempt gets a new lease.
-                if is_lease_not_found(&e) {
-                    return Err(BackendError::transient(
-                        NAME,
-                        format!("the new lease expired before the {what}"),
-                        e,
-                    )
-                    .into());
-                }
-                Err(map(what, e))
-            }
-        }
+        .map_err(|e| map(what, e))
     }
 
     /// Whether `full` is still the key created at revision `token` and
-    /// attached to `lease`: the grant is alive exactly as long as that lease.
-    async fn carries(&self, full: &str, token: FencingToken, lease: i64) -> Result<bool> {
+    /// attached to `lease`: the grant is alive exactly as long as that lease
+    /// carries it.
+    async fn carries(&self, full: &[u8], token: FencingToken, lease: i64) -> Result<bool> {
         let txn = Txn::new().when([
-            Compare::create_revision(full, CompareOp::Equal, revision(token)),
-            Compare::lease(full, CompareOp::Equal, lease),
+            Compare::create_revision(full.to_vec(), CompareOp::Equal, revision(token)),
+            Compare::lease(full.to_vec(), CompareOp::Equal, lease),
         ]);
-        let resp = failover(self.options.timeout, || {
-            let (mut c, t) = (self.client.clone(), txn.clone());
-            async move { c.txn(t).await }
-        })
-        .await
-        .map_err(|e| map("renewal check txn", e))?;
-        Ok(resp.succeeded())
+        Ok(self.txn("renewal check txn", txn).await?.succeeded())
     }
 
-    /// Moves the grant (`full` created at revision `token`, on lease `old`)
-    /// to a new lease of `ttl` seconds: the key keeps its value and its
-    /// create revision, hence its token. `Some((lease, granted ttl))` once
-    /// moved, or, when etcd rounds `ttl` up to `current` (the old lease's
-    /// TTL), the old lease unchanged; `None` when the key no longer carries
-    /// the grant.
-    async fn move_to_new_lease(
-        &self,
-        full: &str,
-        token: FencingToken,
-        old: i64,
-        ttl: i64,
-        current: i64,
-    ) -> Result<Option<(i64, i64)>> {
-        let (new, granted) = self.grant_lease(ttl).await?;
-        if granted == current {
-            let _ = self.revoke(new).await;
-            return Ok(self
-                .carries(full, token, old)
-                .await?
-                .then_some((old, current)));
-        }
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(full, CompareOp::Equal, revision(token)),
-                Compare::lease(full, CompareOp::Equal, old),
-            ])
-            .and_then([TxnOp::put(
-                full,
-                "",
-                Some(PutOptions::new().with_lease(new).with_ignore_value()),
-            )]);
-        let resp = self
-            .txn_with_fresh_lease("lease move txn", txn, new)
-            .await?;
-        if !resp.succeeded() {
-            let _ = self.revoke(new).await;
-            return Ok(None);
-        }
-        // The key left the old lease, so revoking it deletes nothing; it
-        // would otherwise linger until its TTL ran out.
-        if let Err(e) = self.revoke(old).await {
-            tracing::debug!(error = %e, "revoking a replaced etcd lease failed; it will expire");
-        }
-        Ok(Some((new, granted)))
+    /// Moves the grant `kv` (as just read) to this backend's shared lease
+    /// of `ttl` seconds: the key keeps its create revision, hence its token,
+    /// and its value records the new lease. The target lease is kept alive
+    /// first, so the grant lasts its TTL from before this call.
+    /// `Some((lease, granted ttl))` once moved, `None` when the key changed
+    /// since it was read. The old lease is left alone: other grants may
+    /// share it, and without them it simply expires.
+    async fn move_to_shared(&self, kv: &KeyValue, ttl: i64) -> Result<Option<(i64, i64)>> {
+        let (target, fresh) = self.shared_lease(ttl).await?;
+        let granted = if fresh {
+            target.granted
+        } else {
+            match self.keep_alive(target.id).await? {
+                Some(granted) => granted,
+                // Ended between the two calls: a new one next time.
+                None => {
+                    return Err(BackendError::message(
+                        NAME,
+                        ErrorStatus::Transient,
+                        "the shared lease ended while a grant moved to it",
+                    )
+                    .into())
+                }
+            }
+        };
+        let full = kv.key().to_vec();
+        let moved = if kv.lease() == target.id {
+            self.carries(&full, token_of(kv), target.id).await?
+        } else {
+            let mut value: Value = serde_json::from_slice(kv.value())
+                .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
+            value["lease"] = json!(target.id);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(full.clone(), CompareOp::Equal, kv.create_revision()),
+                    Compare::mod_revision(full.clone(), CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([TxnOp::put(
+                    full,
+                    value.to_string(),
+                    Some(PutOptions::new().with_lease(target.id)),
+                )]);
+            self.txn("lease move txn", txn).await?.succeeded()
+        };
+        Ok(moved.then_some((target.id, granted)))
     }
 
-    /// Renews the grant on `lease` for `ttl` seconds: `Some((lease, ttl))`
-    /// of the renewed grant, `None` when `lease` no longer carries it.
-    /// `asked` is the TTL asked for when `lease` was granted, if known: a
-    /// lease that etcd rounded up from `ttl` already is the lease `ttl`
-    /// gets, and moving it would only cost a grant and a revoke.
+    /// Renews the grant on `lease`, which this backend put it on: one
+    /// keep-alive, then the proof that the key still carries this grant on
+    /// that lease. `Some(granted ttl)`, or `None` when it does not.
     ///
-    /// The keep-alive comes first and the check that the key still carries
-    /// this grant on this lease second: a live lease alone proves nothing
-    /// (deleting the key leaves its lease alive), and a check before the
-    /// keep-alive would leave the key's removal in between unnoticed. The
-    /// core's send instant precedes both requests, so the guard's deadline
-    /// (I5) counts from before the keep-alive.
-    async fn renew_lease(
-        &self,
-        full: &str,
-        token: FencingToken,
-        lease: i64,
-        ttl: i64,
-        asked: Option<i64>,
-    ) -> Result<Option<(i64, i64)>> {
-        let Some(current) = self.keep_alive(lease).await? else {
+    /// The keep-alive comes first and the check second: a live lease alone
+    /// proves nothing (deleting the key leaves its lease alive), and a check
+    /// before the keep-alive would leave the key's removal in between
+    /// unnoticed. The core's send instant precedes both requests, so the
+    /// guard's deadline (I5) counts from before the keep-alive.
+    async fn renew_kept(&self, full: &str, token: FencingToken, lease: i64) -> Result<Option<i64>> {
+        let Some(granted) = self.keep_alive(lease).await? else {
             return Ok(None);
         };
-        if ttl != current && asked != Some(ttl) {
-            return self
-                .move_to_new_lease(full, token, lease, ttl, current)
-                .await;
-        }
         Ok(self
-            .carries(full, token, lease)
+            .carries(full.as_bytes(), token, lease)
             .await?
-            .then_some((lease, current)))
+            .then_some(granted))
     }
 
-    /// Revokes `lease`, which deletes the key attached to it. `false` when
-    /// the lease had already ended.
-    async fn revoke(&self, lease: i64) -> Result<bool> {
-        let revoked = failover(self.options.timeout, || {
-            let mut c = self.client.clone();
-            async move { c.lease_revoke(lease).await }
-        })
-        .await;
-        match revoked {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(map("lease revoke", e)),
-        }
+    /// Deletes `full` if it is still the key created at revision `token`;
+    /// whether it was.
+    async fn delete_grant(&self, full: &str, token: FencingToken) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                full,
+                CompareOp::Equal,
+                revision(token),
+            )])
+            .and_then([TxnOp::delete(full, None)]);
+        Ok(self.txn("delete txn", txn).await?.succeeded())
     }
 
     /// The lease's remaining TTL; `None` when it has ended.
-    async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
+    pub(crate) async fn remaining(&self, lease: i64) -> Result<Option<Duration>> {
         let ttl = failover(self.options.timeout, || {
             let mut c = self.client.clone();
             async move { c.lease_time_to_live(lease, None).await }
@@ -435,13 +471,24 @@ impl EtcdBackend {
 
     /// A lease as [`LockInfo`], or `None` if its lease has ended.
     async fn info(&self, key: LockKey, kv: &KeyValue) -> Result<Option<(LockInfo, i64)>> {
-        let stored = decode(kv)?;
         let Some(left) = self.remaining(kv.lease()).await? else {
             return Ok(None);
         };
         // TimeToLive reports whole seconds, rounded down; a key that still
         // exists has not expired, so report at least a millisecond.
-        let left = left.max(Duration::from_millis(1));
+        self.describe(key, kv, left.max(Duration::from_millis(1)))
+            .map(Some)
+    }
+
+    /// The grant `kv` of `key` as [`LockInfo`], its lease having `left` to
+    /// run, with its acquisition time in ms.
+    pub(crate) fn describe(
+        &self,
+        key: LockKey,
+        kv: &KeyValue,
+        left: Duration,
+    ) -> Result<(LockInfo, i64)> {
+        let stored = decode(kv)?;
         let token = token_of(kv);
         let expires_at = self
             .cache()
@@ -458,7 +505,28 @@ impl EtcdBackend {
             expires_at,
             expires_in: left,
         };
-        Ok(Some((info, stored.acquired_ms)))
+        Ok((info, stored.acquired_ms))
+    }
+
+    /// An etcd watch of `key` with `options`, once etcd confirmed it was
+    /// created, so that a change right after this returns is not missed.
+    pub(crate) async fn open_watch(
+        &self,
+        key: &LockKey,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        let full = self.key(key);
+        let mut stream = failover(self.options.timeout, || {
+            let (mut c, k, o) = (self.client.clone(), full.clone(), options.clone());
+            async move { c.watch(k, Some(o)).await }
+        })
+        .await
+        .map_err(|e| map("watch", e))?;
+        bounded(self.options.timeout, stream.message())
+            .await
+            .map_err(|e| map("watch", e))?
+            .ok_or_else(|| bad_value("watch closed before it was created"))?;
+        Ok(stream)
     }
 
     /// Every lock key starting with `start` (a literal prefix).
@@ -497,144 +565,250 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: false,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_batch_renew(true)
+            .with_watch(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        // The lease is granted right before the put-if-absent, never before
-        // waiting, so a waiter cannot win with a lease that ran out while it
-        // waited; the caller's t_sent precedes both requests.
-        let (lease, granted) = self.grant_lease(ttl_secs(request.ttl)).await?;
-        let granted = secs(granted);
-        let value = json!({
-            "owner": request.owner.as_str(),
-            "lease": lease,
-            "kind": request.kind,
-            "data": request.data,
-            "acquired_ms": Utc::now().timestamp_millis(),
-        });
+        let asked = ttl_secs(request.ttl);
         let key = self.key(&request.key);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                value.to_string(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key, None)]);
-        let resp = self
-            .txn_with_fresh_lease("put-if-absent txn", txn, lease)
-            .await?;
-        if resp.succeeded() {
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let token = FencingToken(u64::try_from(revision).unwrap_or(0));
-            if token.0 == 0 {
-                let _ = self.revoke(lease).await;
-                return Err(bad_value("txn response without a revision"));
+        // A lease that ended on the server before this backend noticed
+        // (nobody renewed it) refuses the put; a new one is granted once.
+        let mut attempts = 2;
+        loop {
+            attempts -= 1;
+            let (lease, fresh) = self.shared_lease(asked).await?;
+            let value = json!({
+                "owner": request.owner.as_str(),
+                "lease": lease.id,
+                "kind": request.kind,
+                "data": request.data,
+                "acquired_ms": Utc::now().timestamp_millis(),
+            })
+            .to_string();
+            // The grant ends with the shared lease: what is left of it,
+            // measured from before this call, is the TTL granted (all of
+            // it when granted by this call, after the caller's send
+            // instant).
+            let granted = if fresh {
+                secs(lease.granted)
+            } else {
+                lease.left()
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease.id)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let sent = failover(self.options.timeout, || {
+                let (mut c, t) = (self.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+            .await;
+            let resp = match sent {
+                Ok(resp) => resp,
+                Err(e) if is_lease_not_found(&e) => {
+                    self.retire(lease.id);
+                    if attempts > 0 {
+                        continue;
+                    }
+                    return Err(BackendError::transient(
+                        NAME,
+                        "the shared lease expired before the put-if-absent txn",
+                        e,
+                    )
+                    .into());
+                }
+                Err(e) => {
+                    // The put may have happened. Left there, the key would
+                    // live as long as the shared lease, i.e. as long as the
+                    // other grants on it are renewed: delete it if it is
+                    // exactly what this call wrote, and let no new grant
+                    // join that lease, so it ends with its current grants.
+                    self.retire(lease.id);
+                    let undo = Txn::new()
+                        .when([
+                            Compare::value(key.clone(), CompareOp::Equal, value),
+                            Compare::lease(key.clone(), CompareOp::Equal, lease.id),
+                        ])
+                        .and_then([TxnOp::delete(key.clone(), None)]);
+                    if let Err(undo) = self.txn("undo txn", undo).await {
+                        tracing::debug!(error = %undo, "undoing an unconfirmed etcd grant failed");
+                    }
+                    return Err(map("put-if-absent txn", e));
+                }
+            };
+            if resp.succeeded() {
+                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let token = FencingToken(u64::try_from(revision).unwrap_or(0));
+                if token.0 == 0 {
+                    return Err(bad_value("txn response without a revision"));
+                }
+                let expires_at = wall_in(granted);
+                self.remember(
+                    (request.key.clone(), request.owner.clone(), token),
+                    lease.id,
+                    asked,
+                    expires_at,
+                );
+                return Ok(Acquire::Granted(Grant::new(token, granted, expires_at)));
             }
-            let expires_at = wall_in(granted);
-            self.remember(
-                (request.key.clone(), request.owner.clone(), token),
-                lease,
-                ttl_secs(request.ttl),
-                expires_at,
-            );
-            return Ok(Acquire::Granted(Grant {
-                token,
-                ttl: granted,
-                expires_at,
-            }));
+            let holder = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                _ => None,
+            });
+            let info = match &holder {
+                Some(kv) => self.info(request.key.clone(), kv).await?,
+                None => None,
+            };
+            return Ok(Acquire::Held(info.map(|(i, _)| i)));
         }
-        let holder = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        // Our unused lease is revoked while we look up the holder's.
-        let (revoked, info) = tokio::join!(self.revoke(lease), async {
-            match &holder {
-                Some(kv) => self.info(request.key.clone(), kv).await,
-                None => Ok(None),
-            }
-        });
-        if let Err(e) = revoked {
-            tracing::debug!(error = %e, "revoking an unused etcd lease failed; it will expire");
-        }
-        Ok(Acquire::Held(info?.map(|(i, _)| i)))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let cache_key = (key.clone(), owner.clone(), token);
-        let full = self.key(key);
         let ttl = ttl_secs(ttl);
-        let renewed = |(lease, granted): (i64, i64)| {
+        let renewed = |etcd_lease: i64, granted: i64| {
             let granted = secs(granted);
             let expires_at = wall_in(granted);
-            self.remember(cache_key.clone(), lease, ttl, expires_at);
-            Grant {
-                token,
-                ttl: granted,
-                expires_at,
-            }
+            self.remember(cache_key.clone(), etcd_lease, ttl, expires_at);
+            Grant::new(token, granted, expires_at)
         };
-        // The lease is this grant's alone (granted for it, or moved to by a
-        // renewal with another TTL), so keeping it alive cannot extend a
-        // successor, which has its own.
-        let cached = self.cached(&cache_key);
-        if let Some(c) = cached {
-            let done = self
-                .renew_lease(&full, token, c.lease, ttl, Some(c.asked))
-                .await?;
-            if let Some(done) = done {
-                return Ok(renewed(done));
+        // Granted here with this TTL: keep its lease alive.
+        if let Some(c) = self.cached(&cache_key).filter(|c| c.asked == ttl) {
+            if let Some(granted) = self.renew_kept(&self.key(key), token, c.lease).await? {
+                return Ok(renewed(c.lease, granted));
             }
             self.cache().remove(&cache_key);
         }
-        // Nothing remembered (another process granted it), or the grant has
-        // left the remembered lease: another process may have renewed it
-        // with another TTL, which moves it to a new lease.
-        match self.current_lease(key, owner, token).await? {
-            Some(lease) if Some(lease) != cached.map(|c| c.lease) => {
-                if let Some(done) = self.renew_lease(&full, token, lease, ttl, None).await? {
-                    return Ok(renewed(done));
-                }
+        // Another TTL, a grant made elsewhere, or one that has left the
+        // remembered lease (another process renewed it with another TTL):
+        // move it to this backend's lease of that TTL, so that renewing it
+        // never keeps another process's lease (and its grants) alive.
+        if let Some(kv) = self.current_grant(key, owner, token).await? {
+            if let Some((etcd_lease, granted)) = self.move_to_shared(&kv, ttl).await? {
+                return Ok(renewed(etcd_lease, granted));
             }
-            _ => {}
         }
-        Err(Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        })
+        Err(Error::not_held(lease))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
-        // Revoking the grant's own lease deletes exactly this grant's key
-        // (atomically, on the server) and nothing else; the DELETE event
-        // wakes the watchers.
-        let cache_key = (key.clone(), owner.clone(), token);
-        let cached = self.cached(&cache_key).map(|c| c.lease);
-        if let Some(lease) = cached {
-            if self.revoke(lease).await? {
-                self.cache().remove(&cache_key);
-                return Ok(true);
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        // Grants made here and renewed with the TTL they have: one
+        // keep-alive per distinct lease, then one Txn reading every key.
+        // The rest (another TTL, unknown grants) go the way of `renew`.
+        let known: Vec<Option<Cached>> = renewals
+            .iter()
+            .map(|r| {
+                let k = (r.lease.key.clone(), r.lease.owner.clone(), r.lease.token);
+                self.cached(&k).filter(|c| c.asked == ttl_secs(r.ttl))
+            })
+            .collect();
+        let mut ids: Vec<i64> = known.iter().flatten().map(|c| c.lease).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let kept = futures_util::future::join_all(ids.iter().map(|&id| self.keep_alive(id))).await;
+        let kept: HashMap<i64, Result<Option<i64>>> = ids.into_iter().zip(kept).collect();
+        let fast: Vec<usize> = (0..renewals.len())
+            .filter(|&i| known[i].is_some_and(|c| matches!(kept.get(&c.lease), Some(Ok(Some(_))))))
+            .collect();
+        // One Txn for the batch, or one per MAX_TXN_OPS keys (sent together)
+        // for a batch larger than etcd accepts in one.
+        let checks = fast.chunks(MAX_TXN_OPS).map(|chunk| {
+            let reads: Vec<TxnOp> = chunk
+                .iter()
+                .map(|&i| TxnOp::get(self.key(&renewals[i].lease.key), None))
+                .collect();
+            self.txn("renewal check txn", Txn::new().and_then(reads))
+        });
+        let mut kvs: HashMap<usize, Option<KeyValue>> = HashMap::new();
+        for (chunk, resp) in fast
+            .chunks(MAX_TXN_OPS)
+            .zip(futures_util::future::join_all(checks).await)
+        {
+            let found = resp?.op_responses().into_iter().map(|op| match op {
+                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                _ => None,
+            });
+            kvs.extend(chunk.iter().copied().zip(found));
+        }
+        let slow = (0..renewals.len())
+            .filter(|i| known[*i].is_none())
+            .map(|i| {
+                let r = &renewals[i];
+                async move { (i, self.renew(&r.lease, r.ttl).await) }
+            });
+        let mut slow: HashMap<usize, Result<Grant>> = futures_util::future::join_all(slow)
+            .await
+            .into_iter()
+            .collect();
+        let mut results = Vec::with_capacity(renewals.len());
+        for (i, r) in renewals.iter().enumerate() {
+            if let Some(done) = slow.remove(&i) {
+                results.push(done);
+                continue;
             }
-            self.cache().remove(&cache_key);
+            let Some(c) = known[i] else {
+                results.push(Err(bad_value("a renewal got no answer")));
+                continue;
+            };
+            let cache_key = (r.lease.key.clone(), r.lease.owner.clone(), r.lease.token);
+            let granted = match kept.get(&c.lease) {
+                Some(Ok(Some(granted))) => *granted,
+                Some(Err(e)) => {
+                    results.push(Err(
+                        BackendError::message(NAME, e.status(), e.to_string()).into()
+                    ));
+                    continue;
+                }
+                _ => {
+                    self.cache().remove(&cache_key);
+                    results.push(Err(Error::not_held(&r.lease)));
+                    continue;
+                }
+            };
+            let carries = kvs
+                .get(&i)
+                .and_then(Option::as_ref)
+                .is_some_and(|kv| token_of(kv) == r.lease.token && kv.lease() == c.lease);
+            if !carries {
+                // Off the remembered lease: gone, or moved by another
+                // process; `renew` tells which.
+                self.cache().remove(&cache_key);
+                results.push(self.renew(&r.lease, r.ttl).await);
+                continue;
+            }
+            let granted = secs(granted);
+            let expires_at = wall_in(granted);
+            self.remember(cache_key, c.lease, c.asked, expires_at);
+            results.push(Ok(Grant::new(r.lease.token, granted, expires_at)));
         }
-        // As in renew: the grant may live on another lease than remembered.
-        match self.current_lease(key, owner, token).await? {
-            Some(lease) if Some(lease) != cached => self.revoke(lease).await,
-            _ => Ok(false),
+        Ok(results)
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        // Deleting the key (only the incarnation created at `token`) ends
+        // this grant alone; the shared lease goes on for the others, or
+        // expires when none is left. The DELETE event wakes the watchers.
+        let cache_key = (key.clone(), owner.clone(), token);
+        let full = self.key(key);
+        if self.cache().remove(&cache_key).is_some() {
+            return lease.found(self.delete_grant(&full, token).await?);
         }
+        // Not granted here: the owner must be checked by reading the key.
+        let deleted = match self.current_grant(key, owner, token).await? {
+            Some(_) => self.delete_grant(&full, token).await?,
+            None => false,
+        };
+        lease.found(deleted)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -658,9 +832,9 @@ impl Backend for EtcdBackend {
             return Ok(None);
         };
         let info = self.info(key.clone(), &kv).await?;
-        // Revoke rather than delete: the holder's keep-alives then fail too,
-        // so its guard notices the loss on its next renewal.
-        if info.is_some() && self.revoke(kv.lease()).await? {
+        // Only this key: its lease may carry other grants. The holder's
+        // next renewal finds the key gone.
+        if info.is_some() && self.delete_grant(&self.key(key), token_of(&kv)).await? {
             return Ok(info.map(|(i, _)| i));
         }
         Ok(None)
@@ -671,9 +845,13 @@ impl Backend for EtcdBackend {
         let mut released = 0;
         for kv in resp.take_kvs() {
             let Ok(stored) = decode(&kv) else { continue };
-            // The lease is this key incarnation's own: revoking it cannot
-            // touch a successor that took the key since the range read.
-            if stored.owner == *owner && self.revoke(kv.lease()).await? {
+            // Deleting only the incarnation read cannot touch a successor
+            // that took the key since the range read.
+            let Some(key) = self.user_key(&kv) else {
+                continue;
+            };
+            if stored.owner == *owner && self.delete_grant(&self.key(&key), token_of(&kv)).await? {
+                self.cache().remove(&(key, owner.clone(), token_of(&kv)));
                 released += 1;
             }
         }
@@ -696,20 +874,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let full = self.key(key);
-        let mut stream = failover(self.options.timeout, || {
-            let (mut c, k) = (self.client.clone(), full.clone());
-            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-            async move { c.watch(k, Some(options)).await }
-        })
-        .await
-        .map_err(|e| map("watch", e))?;
-        // Wait for the "created" answer so a release right after we return
-        // is not missed.
-        bounded(self.options.timeout, stream.message())
-            .await
-            .map_err(|e| map("watch", e))?
-            .ok_or_else(|| bad_value("watch closed before it was created"))?;
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let stream = self.open_watch(key, options).await?;
         let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
             loop {
                 match stream.message().await {
@@ -730,5 +896,9 @@ impl Backend for EtcdBackend {
             }
         });
         Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        crate::watch::watch(self, key).await
     }
 }

@@ -2,8 +2,9 @@
 //! costs in etcd, a put-if-absent Txn (`create_revision == 0` → put, else
 //! get) and a Delete, with raw `etcd-client` calls on one client (the
 //! library also shares one gRPC channel), connected with the backend's
-//! options. No lease: the library's extra LeaseGrant (and LeaseRevoke
-//! instead of Delete) is what per-lock TTLs cost. Not a stable API.
+//! options. No lease: the library attaches keys to a lease shared by the
+//! grants of one TTL, which costs no extra request per lock cycle (see
+//! `docs/etcd.md`). Not a stable API.
 
 use std::time::Duration;
 

@@ -23,15 +23,18 @@ pub(crate) fn is_lease_not_found(e: &EtcdError) -> bool {
 /// Classifies a driver error: lost connections, missing or changing
 /// leaders, timeouts and overload are transient; the rest permanent.
 pub(crate) fn map(context: &str, e: EtcdError) -> Error {
+    if matches!(&e, EtcdError::GRpcStatus(s) if s.code() == Code::DeadlineExceeded) {
+        // The `timeout` option fired ([`bounded`], or the channel's own
+        // request timeout): the request may or may not have taken effect.
+        return BackendError::timeout(NAME, format!("{context} got no answer in time"))
+            .with_source(e)
+            .into();
+    }
     let transient = match &e {
         EtcdError::IoError(_) | EtcdError::TransportError(_) => true,
         EtcdError::LeaseKeepAliveError(_) | EtcdError::WatchError(_) => true,
         EtcdError::GRpcStatus(s) => match s.code() {
-            Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Aborted
-            | Code::ResourceExhausted
-            | Code::Cancelled => true,
+            Code::Unavailable | Code::Aborted | Code::ResourceExhausted | Code::Cancelled => true,
             Code::Unknown | Code::Internal => {
                 let m = s.message();
                 m.contains("leader")
@@ -55,7 +58,7 @@ pub(crate) fn map(context: &str, e: EtcdError) -> Error {
 
 /// A stored value this crate never writes: permanent.
 pub(crate) fn bad_value(what: impl Into<String>) -> Error {
-    BackendError::message(NAME, false, what).into()
+    BackendError::message(NAME, fencelock_core::ErrorStatus::Permanent, what).into()
 }
 
 /// Whether the request failed before reaching any server: the balanced

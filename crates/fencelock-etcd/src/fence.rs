@@ -32,7 +32,7 @@ impl fmt::Debug for EtcdFence {
 
 impl EtcdFence {
     /// Connects with `options`.
-    pub async fn connect(options: EtcdOptions) -> Result<Self> {
+    pub async fn connect_with(options: EtcdOptions) -> Result<Self> {
         Ok(Self {
             client: connect(&options).await?,
             options,
@@ -40,8 +40,8 @@ impl EtcdFence {
     }
 
     /// Connects to `url` (see [`EtcdOptions::from_url`]).
-    pub async fn open(url: &str) -> Result<Self> {
-        Self::connect(EtcdOptions::from_url(url)?).await
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(EtcdOptions::from_url(url)?).await
     }
 
     fn key(&self, resource: &str) -> String {

@@ -1,14 +1,20 @@
 //! etcd v3 backend (and fence) for [fencelock](fencelock_core).
 //!
-//! - One etcd lease per grant, granted right before a put-if-absent Txn
-//!   (`create_revision == 0` → put with the lease, else get the holder).
+//! - The grants of one backend instance with the same TTL share one etcd
+//!   lease; acquire is one put-if-absent Txn (`create_revision == 0` → put
+//!   with the shared lease, else get the holder), release one delete Txn
+//!   (`create_revision == token`).
 //! - The fencing token is the key's **create revision**: cluster-wide
 //!   monotonic, never reused, unaffected by deletion, restarts or failover.
-//! - Renew is a `LeaseKeepAlive` on the grant's own lease followed by a Txn
+//!   It cannot be raised to a floor, so `min_token` is not offered.
+//! - Renew is a `LeaseKeepAlive` on the shared lease followed by a Txn
 //!   proving the key still carries the grant (its create revision and that
-//!   lease); a renewal with another TTL moves the key to a new lease of that
-//!   TTL. Release and force-release revoke the lease, which deletes the key.
-//! - Waiters watch the key for DELETE events.
+//!   lease); `renew_many` sends one keep-alive per distinct lease and one Txn
+//!   reading every key of the batch. A renewal with another TTL moves the key
+//!   to the shared lease of that TTL.
+//! - Waiters watch the key for DELETE events; `watch` follows a key's
+//!   holder changes, telling an expiry from a release by the deleted key's
+//!   lease.
 //! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
 //!   granted TTL is returned in `Grant::ttl`.
 //!
@@ -21,31 +27,63 @@ pub mod baseline;
 mod error;
 mod fence;
 mod options;
+mod watch;
 
 use std::sync::Arc;
+
+use async_trait::async_trait;
 
 pub use backend::EtcdBackend;
 pub use fence::EtcdFence;
 pub use options::{EtcdOptions, DEFAULT_PREFIX};
 
-/// Opens an etcd backend from an `etcd://host:port[,host:port…]` URL.
-pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-    Ok(Arc::new(EtcdBackend::open(url).await?))
-}
+/// Opens Etcd backends and fences from `etcd://host:port[,host:port…]` URLs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EtcdDriver;
 
-/// Opens an etcd fence from the same kind of URL.
-pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
-    Ok(Arc::new(EtcdFence::open(url).await?))
+#[async_trait]
+impl fencelock_core::Driver for EtcdDriver {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["etcd"]
+    }
+
+    async fn open_backend(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+        Ok(Arc::new(EtcdBackend::connect(url).await?))
+    }
+
+    async fn open_fence(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+        Ok(Arc::new(EtcdFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use fencelock_core::Driver;
+
     #[tokio::test]
     async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
     ) -> fencelock_testkit::TestResult {
         fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
-            |url| Box::pin(async move { super::open_backend(&url).await }),
-            |url| Box::pin(async move { super::open_fence(&url).await }),
+            |url| Box::pin(async move { super::EtcdDriver.open_backend(&url).await }),
+            |url| Box::pin(async move { super::EtcdDriver.open_fence(&url).await }),
             &["etcd://user:s3cret@host", "redis://user:s3cret@h:1"],
             "s3cret",
         )

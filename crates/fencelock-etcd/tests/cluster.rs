@@ -43,16 +43,10 @@ async fn leader(cluster: &EtcdCluster) -> TestResult<usize> {
 }
 
 async fn worker(id: usize, url: String, shared: Arc<Shared>) -> TestResult {
-    let backend = EtcdBackend::open(&url).await?;
+    let backend = EtcdBackend::connect(&url).await?;
     let key = LockKey::new(KEY)?;
     let owner = Owner::new(format!("worker-{id}"))?;
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl: Duration::from_secs(3),
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(3));
     while !shared.stop.load(Ordering::SeqCst) {
         match backend.try_acquire(&request).await {
             Ok(Acquire::Granted(g)) => {
@@ -66,7 +60,7 @@ async fn worker(id: usize, url: String, shared: Arc<Shared>) -> TestResult {
                 shared.inside.fetch_sub(1, Ordering::SeqCst);
                 shared.grants.fetch_add(1, Ordering::SeqCst);
                 // A release lost to the failover leaves the lease to expire.
-                if backend.release(&key, &owner, g.token).await.is_err() {
+                if backend.release(&request.lease(g.token)).await.is_err() {
                     shared.errors.fetch_add(1, Ordering::SeqCst);
                 }
             }

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use fencelock_core::Driver;
 use fencelock_testkit::{servers::etcd::EtcdCluster, timeouts, TestResult};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_and_operations_fail_within_the_timeout() -> TestResult {
     let etcd = EtcdCluster::start()?;
     timeouts::timeouts_are_honoured(&etcd.url(), Duration::from_secs(1), |url| {
-        Box::pin(async move { fencelock_etcd::open_backend(&url).await })
+        Box::pin(async move { fencelock_etcd::EtcdDriver.open_backend(&url).await })
     })
     .await
 }

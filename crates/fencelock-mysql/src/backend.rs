@@ -1,26 +1,21 @@
 //! [`MySqlBackend`]: atomic statements judged by the server's `NOW(6)`.
 
-use std::{fmt, future::Future, str::FromStr, time::Duration};
+use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Renewal, Result, Stats,
 };
-use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
-use sqlx::{
-    mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow},
-    pool::PoolConnection,
-    MySql, MySqlPool, Row,
-};
+use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session};
+use sqlx::{mysql::MySqlRow, MySql, MySqlPool, Row};
 
 use crate::{
     error::{bad_reply, is_deadlock, map, map_acquire},
-    schema::{self, Names},
+    options::MySqlOptions,
+    schema::Names,
 };
-
-/// URL schemes this crate accepts; the first is what the driver is given.
-pub(crate) const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
 /// The columns every lease-returning statement selects; `expires_in_us` is
 /// computed by the server so no client clock takes part (I4).
@@ -38,93 +33,10 @@ const DEADLOCK_RETRIES: u32 = 3;
 /// commit (a few milliseconds normally; long only if that session stalls).
 const TURN_WAIT_SECS: u32 = 10;
 
-/// How the backend was configured.
-#[derive(Clone, Debug)]
-pub struct MySqlOptions {
-    url: SqlUrl,
-}
-
-impl MySqlOptions {
-    /// Parses a `mysql://` or `mariadb://` URL. Besides the driver's own
-    /// parameters (`ssl-mode`, …) it accepts `table_prefix` (default
-    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
-    /// `10s`), and `connect_timeout` and `op_timeout` (default `5s` each).
-    pub fn from_url(url: &str) -> Result<Self> {
-        Ok(Self {
-            url: fencelock_sql_common::parse(url, SCHEMES, &[])?,
-        })
-    }
-
-    /// The table prefix in use.
-    pub fn table_prefix(&self) -> &str {
-        &self.url.prefix
-    }
-
-    pub(crate) fn names(&self) -> Names {
-        Names::new(&self.url.prefix)
-    }
-
-    /// Runs one operation within the operation time-out; giving up is a
-    /// transient error.
-    pub(crate) async fn bounded<T>(
-        &self,
-        context: &'static str,
-        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-    ) -> Result<T> {
-        bounded(self.url.op_timeout, op)
-            .await
-            .map_err(|e| map(context, e))
-    }
-
-    /// Opens the pool and the schema within the connect time-out.
-    pub(crate) async fn open(&self) -> Result<MySqlPool> {
-        let limit = self.url.connect_timeout;
-        let open = async {
-            let (pool, mut first) = self.pool().await?;
-            schema::ensure(&mut first, &self.names()).await?;
-            fencelock_sql_common::return_to_pool(first).await;
-            Ok(pool)
-        };
-        tokio::time::timeout(limit, open)
-            .await
-            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
-    }
-
-    /// How every session connects.
-    pub(crate) fn connect_options(&self) -> Result<MySqlConnectOptions> {
-        // Leases are DATETIME(6) values compared with NOW(6), both in the
-        // session's time zone, so every session must use the same one. UTC
-        // is forced whatever the URL says (`?timezone=` would otherwise let
-        // one client's leases look expired, or an hour longer, to others;
-        // `SYSTEM` would step back an hour at the end of daylight saving).
-        Ok(MySqlConnectOptions::from_str(self.url.driver_url.as_str())
-            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
-            .timezone(Some(String::from("+00:00"))))
-    }
-
-    /// A pool and its first connection.
-    async fn pool(&self) -> Result<(MySqlPool, PoolConnection<MySql>)> {
-        let connect = self.connect_options()?;
-        // No ping on checkout: it would double the round trips of every
-        // lock operation (measured: docs/benchmarks.md). A connection that
-        // died in the pool fails its statement with a transient error, which
-        // the waiting loop and the renewal watchdog retry.
-        let options = MySqlPoolOptions::new()
-            .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .test_before_acquire(false);
-        fencelock_sql_common::open_pool(
-            options,
-            connect,
-            self.url.connect_timeout,
-            crate::error::is_transient,
-        )
-        .await
-        .map_err(|e| map("connecting", e))
-    }
-}
-
 pub(crate) struct Sql {
+    /// `{tokens}` for [`raise_floor`].
+    tokens: String,
+    locks: String,
     pub(crate) acquire: String,
     pub(crate) acquire_result: String,
     renew: String,
@@ -166,6 +78,8 @@ impl Sql {
         ]
         .join(", ");
         Self {
+            tokens: tokens.clone(),
+            locks: locks.clone(),
             // The token is drawn only once this session holds the key's
             // named lock ("its turn"), which it keeps until `acquire_result`
             // has run, i.e. until after this statement committed. Without
@@ -256,11 +170,11 @@ impl MySqlBackend {
     /// Connects with the options of `url` (see [`MySqlOptions::from_url`])
     /// and creates the schema if needed.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::with_options(MySqlOptions::from_url(url)?).await
+        Self::connect_with(MySqlOptions::from_url(url)?).await
     }
 
     /// Connects with parsed options.
-    pub async fn with_options(options: MySqlOptions) -> Result<Self> {
+    pub async fn connect_with(options: MySqlOptions) -> Result<Self> {
         Ok(Self {
             sql: Sql::new(&options.names()),
             pool: options.open().await?,
@@ -277,6 +191,23 @@ impl MySqlBackend {
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
+}
+
+/// The statement that raises the token sequence to `floor` before an
+/// acquisition draws from it. MariaDB's SETVAL never moves a sequence
+/// back (it is a no-op below the current value), so concurrent floors and
+/// draws cannot make a token repeat or shrink (I2), and the draw that
+/// follows on this session is above the floor. SETVAL takes only a literal,
+/// hence the number in the text (an integer, so nothing to escape).
+fn raise_floor(sql: &Sql, floor: FencingToken) -> Result<String> {
+    // The sequence ends at i64::MAX - 1: the floor must leave a value above.
+    let floor = i64::try_from(floor.get())
+        .ok()
+        .filter(|f| *f < i64::MAX - 1)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
+        })?;
+    Ok(format!("SELECT SETVAL({}, {floor})", sql.tokens))
 }
 
 /// Reads a `utf8mb4_nopad_bin` column, which the driver reports as
@@ -314,15 +245,19 @@ impl Backend for MySqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: false,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_persistent(true)
+            .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_batch_renew(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let key = request.key.as_str();
+        let raise = request
+            .min_token
+            .map(|floor| raise_floor(&self.sql, floor))
+            .transpose()?;
         let acquire = async {
             let mut deadlocks = 0;
             let mut session = loop {
@@ -330,6 +265,9 @@ impl Backend for MySqlBackend {
                 // turn it held: after an error, or when the caller stops
                 // waiting between the two statements.
                 let mut session = self.session().await?;
+                if let Some(raise) = &raise {
+                    sqlx::query(raise).execute(session.conn()?).await?;
+                }
                 let upsert = sqlx::query(&self.sql.acquire)
                     .bind(key)
                     .bind(request.owner.as_str())
@@ -367,11 +305,7 @@ impl Backend for MySqlBackend {
         let info = lease(&row)?;
         let won: Option<bool> = row.try_get("won").map_err(|e| map("acquiring", e))?;
         Ok(if won == Some(true) {
-            Acquire::Granted(Grant {
-                token: info.token,
-                ttl: request.ttl,
-                expires_at: info.expires_at,
-            })
+            Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
         } else if info.expires_in.is_zero() {
             Acquire::Held(None)
         } else {
@@ -379,18 +313,8 @@ impl Backend for MySqlBackend {
         })
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
-        let not_held = || Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        };
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let expires_at = self
             .options
             .bounded("renewing", async {
@@ -417,15 +341,93 @@ impl Backend for MySqlBackend {
                 expires_at
             })
             .await?
-            .ok_or_else(not_held)?;
-        Ok(Grant {
-            token,
-            ttl,
-            expires_at,
-        })
+            .ok_or_else(|| Error::not_held(lease))?;
+        Ok(Grant::new(token, ttl, expires_at))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locks = &self.sql.locks;
+        // The batch as a derived table, one row per renewal with its ordinal.
+        let table = (1..=renewals.len())
+            .map(|i| match i {
+                1 => "SELECT ? AS k, ? AS o, ? AS t, ? AS ttl, 1 AS i".to_owned(),
+                i => format!("SELECT ?, ?, ?, ?, {i}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        let on = "l.`key` = b.k AND l.owner = b.o AND l.token = b.t";
+        // One UPDATE judges every lease as `renew` does (I3) and stamps the
+        // rows it extends with its own NOW(6), kept in a session variable;
+        // the read on the same session finds them by that stamp (MariaDB's
+        // UPDATE has no RETURNING). The variable may be left from an
+        // earlier batch of this session when nothing matched now, so the
+        // read also asks for a live lease: a row this UPDATE skipped was
+        // expired and stays so. A lease renewed by another session between
+        // the two statements reads as NotHeld: a loud answer, never a false
+        // "held".
+        let update = format!(
+            "UPDATE {locks} AS l JOIN ({table}) AS b ON {on}
+                SET l.expires_at = NOW(6) + INTERVAL b.ttl MICROSECOND,
+                    l.updated_at = (@fencelock_renewed := NOW(6))
+              WHERE l.expires_at > NOW(6)"
+        );
+        let read = format!(
+            "SELECT b.i, l.expires_at FROM ({table}) AS b JOIN {locks} AS l ON {on}
+              WHERE l.updated_at = @fencelock_renewed AND l.expires_at > NOW(6)"
+        );
+        let bind_batch = |sql| {
+            renewals.iter().fold(sqlx::query(sql), |query, r| {
+                query
+                    .bind(r.lease.key.as_str())
+                    .bind(r.lease.owner.as_str())
+                    .bind(r.lease.token.get())
+                    .bind(ttl_micros(r.ttl))
+            })
+        };
+        let rows = self
+            .options
+            .bounded("renewing a batch", async {
+                let mut s = self.session().await?;
+                let matched = bind_batch(&update)
+                    .execute(s.conn()?)
+                    .await?
+                    .rows_affected();
+                if matched == 0 {
+                    s.finish();
+                    return Ok(Vec::new());
+                }
+                let rows = bind_batch(&read).fetch_all(s.conn()?).await;
+                s.finish();
+                rows
+            })
+            .await?;
+        let mut renewed = vec![None; renewals.len()];
+        for row in &rows {
+            let get = |e: sqlx::Error| map("renewing a batch", e);
+            let i: i64 = row.try_get("i").map_err(get)?;
+            let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(get)?;
+            let slot = usize::try_from(i)
+                .ok()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| renewed.get_mut(i))
+                .ok_or_else(|| bad_reply(format!("renewal {i} of {}", renewals.len())))?;
+            *slot = Some(expires_at);
+        }
+        Ok(renewals
+            .iter()
+            .zip(renewed)
+            .map(|(r, expires_at)| match expires_at {
+                Some(at) => Ok(Grant::new(r.lease.token, r.ttl, at)),
+                None => Err(Error::not_held(&r.lease)),
+            })
+            .collect())
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let deleted = self
             .options
             .bounded("releasing", async {
@@ -441,7 +443,7 @@ impl Backend for MySqlBackend {
             })
             .await?
             .rows_affected();
-        Ok(deleted > 0)
+        lease.found(deleted > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

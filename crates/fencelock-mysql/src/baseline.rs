@@ -15,10 +15,7 @@ use fencelock_core::{
 use fencelock_sql_common::ttl_micros;
 use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, MySqlConnection, Row};
 
-use crate::{
-    backend::{MySqlOptions, Sql},
-    error::map,
-};
+use crate::{backend::Sql, error::map, options::MySqlOptions};
 
 /// Opens raw connections configured as the backend for the same URL.
 pub struct MySqlBaseline {

@@ -9,7 +9,7 @@ use sqlx::{MySqlConnection, MySqlPool};
 
 use fencelock_sql_common::Session;
 
-use crate::backend::MySqlOptions;
+use crate::options::MySqlOptions;
 
 /// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
 /// (`docs/semantics.md`, I7).
@@ -34,17 +34,17 @@ impl fmt::Debug for MySqlFence {
 impl MySqlFence {
     /// Connects with the options of `url` and creates the schema if needed.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::with_options(&MySqlOptions::from_url(url)?).await
+        Self::connect_with(MySqlOptions::from_url(url)?).await
     }
 
     /// Connects with parsed options.
-    pub async fn with_options(options: &MySqlOptions) -> Result<Self> {
+    pub async fn connect_with(options: MySqlOptions) -> Result<Self> {
         let pool = options.open().await?;
         let names = options.names();
         let fences = &names.fences;
         Ok(Self {
             pool,
-            options: options.clone(),
+            options,
             // Always storing max(stored, presented); the read that follows in
             // the same transaction shows the presented token exactly when it
             // was admitted.

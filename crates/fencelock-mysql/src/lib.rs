@@ -3,8 +3,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_core::Result<()> {
-//! let backend = fencelock_mysql::open_backend("mariadb://app@db.internal/app").await?;
-//! let client = fencelock_core::LockClient::new(backend);
+//! let backend = fencelock_mysql::MySqlBackend::connect("mariadb://app@db.internal/app").await?;
+//! let client = fencelock_core::LockClient::new(std::sync::Arc::new(backend));
 //! let guard = client.lock("order:1").acquire().await?;
 //! guard.release().await?;
 //! # Ok(()) }
@@ -22,20 +22,47 @@ mod backend;
 pub mod baseline;
 mod error;
 mod fence;
+mod options;
 mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{MySqlBackend, MySqlOptions};
+use async_trait::async_trait;
+use fencelock_core::{Backend, Driver, Fence, Result};
+
+pub use backend::MySqlBackend;
 pub use fence::MySqlFence;
+pub use options::MySqlOptions;
 
-/// Opens a [`MySqlBackend`] for a `mysql://` or `mariadb://` URL. Malformed
-/// URLs are [`fencelock_core::Error::InvalidUrl`], without the password.
-pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-    Ok(Arc::new(MySqlBackend::connect(url).await?))
-}
+/// The [`Driver`] of this crate's URLs (see [`MySqlOptions::from_url`]).
+/// Malformed URLs are [`fencelock_core::Error::InvalidUrl`], without the
+/// password.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MySqlDriver;
 
-/// Opens a [`MySqlFence`] for the same kind of URL.
-pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
-    Ok(Arc::new(MySqlFence::connect(url).await?))
+#[async_trait]
+impl Driver for MySqlDriver {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        options::SCHEMES
+    }
+
+    async fn open_backend(&self, url: &str) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(MySqlBackend::connect(url).await?))
+    }
+
+    async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
+        Ok(Arc::new(MySqlFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::{process::ExitCode, sync::Mutex};
 
+use fencelock_core::Driver;
 use fencelock_testkit::servers::{mariadb::MariaDbServer, url_factory::UrlFactory};
 
 fn main() -> ExitCode {
@@ -12,7 +13,7 @@ fn main() -> ExitCode {
     // returning the exit code.
     fencelock_testkit::run(UrlFactory::<Mutex<MariaDbServer>>::new(
         "mysql",
-        |url| Box::pin(async move { fencelock_mysql::open_backend(&url).await }),
-        Some(|url| Box::pin(async move { fencelock_mysql::open_fence(&url).await })),
+        |url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_fence(&url).await })),
     ))
 }

@@ -5,18 +5,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Driver, Error, FencingToken, LeaseId, LockKey, Owner, Renewal,
+};
 use fencelock_mysql::{MySqlBackend, MySqlFence};
 use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
-    Ok(AcquireRequest {
-        key: LockKey::new(key)?,
-        owner: Owner::new(owner)?,
+    Ok(AcquireRequest::new(
+        LockKey::new(key)?,
+        Owner::new(owner)?,
         ttl,
-        kind: None,
-        data: None,
-    })
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,11 +28,111 @@ async fn mariadb_specific() -> TestResult {
         fence_in_transaction(&base).await?;
         a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
         a_clients_time_zone_does_not_move_leases(&base).await?;
+        a_batch_on_one_session_answers_each_renewal_for_itself(&base).await?;
+        a_floor_raises_the_sequence_and_never_lowers_it(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
     result
+}
+
+/// Granted token of `key` for `owner`.
+async fn grant(backend: &MySqlBackend, key: &str, owner: &str, ttl: Duration) -> TestResult<u64> {
+    match backend.try_acquire(&request(key, owner, ttl)?).await? {
+        Acquire::Granted(g) => Ok(g.token.get()),
+        held => Err(format!("{key} not granted: {held:?}").into()),
+    }
+}
+
+/// Batches on one session (a pool of one): the stamp the first batch left
+/// in the session does not make a later batch's expired lease read as
+/// renewed; a lease named twice is extended once and answered twice; a
+/// lease of another key is untouched.
+async fn a_batch_on_one_session_answers_each_renewal_for_itself(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=batch_&pool_max=1");
+    let backend = MySqlBackend::connect(&url).await?;
+    let short = Duration::from_millis(600);
+    let long = Duration::from_secs(600);
+    let t = grant(&backend, "short", "o", short).await?;
+    let short_lease = LeaseId::new(LockKey::new("short")?, Owner::new("o")?, FencingToken(t));
+    let first = backend
+        .renew_many(&[Renewal::new(short_lease.clone(), short)])
+        .await?;
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    tokio::time::sleep(short + Duration::from_millis(300)).await;
+    let again = backend
+        .renew_many(&[Renewal::new(short_lease.clone(), long)])
+        .await?;
+    assert!(
+        matches!(again.as_slice(), [Err(Error::NotHeld { .. })]),
+        "an expired lease renewed: {again:?}"
+    );
+    let t = grant(&backend, "twice", "o", short).await?;
+    let other = grant(&backend, "other", "x", short).await?;
+    let twice = LeaseId::new(LockKey::new("twice")?, Owner::new("o")?, FencingToken(t));
+    let answers = backend
+        .renew_many(&[
+            Renewal::new(twice.clone(), long),
+            Renewal::new(short_lease, long),
+            Renewal::new(twice, long),
+        ])
+        .await?;
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [Ok(_), Err(Error::NotHeld { .. }), Ok(_)]
+        ),
+        "{answers:?}"
+    );
+    tokio::time::sleep(short + Duration::from_millis(300)).await;
+    let twice_info = backend.inspect(&LockKey::new("twice")?).await?;
+    assert!(
+        twice_info.is_some_and(|i| i.token.get() == t),
+        "twice not extended"
+    );
+    let other_info = backend.inspect(&LockKey::new("other")?).await?;
+    assert!(
+        other_info.is_none(),
+        "other was extended: {other_info:?} ({other})"
+    );
+    Ok(())
+}
+
+/// A floor above the sequence raises it; a floor below it changes nothing
+/// (SETVAL never moves a MariaDB sequence back), so the next token of any
+/// key is above both.
+async fn a_floor_raises_the_sequence_and_never_lowers_it(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=floors_");
+    let backend = MySqlBackend::connect(&url).await?;
+    let ttl = Duration::from_secs(60);
+    let high = backend
+        .try_acquire(&request("a", "o", ttl)?.with_min_token(Some(FencingToken(5_000_000))))
+        .await?;
+    let Acquire::Granted(high) = high else {
+        return Err(format!("a not granted: {high:?}").into());
+    };
+    assert!(high.token.get() > 5_000_000, "{high:?}");
+    let low = backend
+        .try_acquire(&request("b", "o", ttl)?.with_min_token(Some(FencingToken(10))))
+        .await?;
+    let Acquire::Granted(low) = low else {
+        return Err(format!("b not granted: {low:?}").into());
+    };
+    assert!(
+        low.token > high.token,
+        "a low floor lowered the sequence: {low:?}"
+    );
+    let plain = grant(&backend, "c", "o", ttl).await?;
+    assert!(plain > low.token.get(), "{plain} after {low:?}");
+    let refused = backend
+        .try_acquire(&request("d", "o", ttl)?.with_min_token(Some(FencingToken(u64::MAX))))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    Ok(())
 }
 
 /// An acquisition draws its token only once it holds the key's turn (a
@@ -208,7 +308,10 @@ async fn malformed_urls_hide_the_password() {
         "postgres://u:hunter2@localhost/db",
         "mysql://u:hunter2@[::1/db",
     ] {
-        let e = fencelock_mysql::open_backend(url).await.expect_err(url);
+        let e = fencelock_mysql::MySqlDriver
+            .open_backend(url)
+            .await
+            .expect_err(url);
         assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
         assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");

@@ -1,37 +1,23 @@
 //! [`PostgresBackend`]: every operation is one autocommit statement judged by
 //! the server's clock.
 
-use std::{
-    fmt,
-    future::Future,
-    str::FromStr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, OnceLock,
-    },
-    time::Duration,
-};
+use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeHub, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
 };
-use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session, SqlUrl};
-use sqlx::{
-    pool::PoolConnection,
-    postgres::{PgConnectOptions, PgPoolOptions, PgRow},
-    PgPool, Postgres, Row,
-};
+use fencelock_sql_common::{micros_to_duration, ttl_micros, Session};
+use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
 
 use crate::{
     error::{bad_reply, map},
-    listener::Listener,
-    schema::{self, Names},
+    listener::{self, Listener},
+    options::PostgresOptions,
+    schema::Names,
 };
-
-/// URL schemes this crate accepts.
-pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// The columns every lease-returning statement selects. `expires_in_us` is
 /// computed by the server so no client clock takes part (I4). Data travels
@@ -40,139 +26,12 @@ const LEASE_COLUMNS: &str =
     "key, owner, token, kind, data::text AS data, acquired_at, expires_at, \
      (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
 
-/// How the backend was configured.
-#[derive(Clone, Debug)]
-pub struct PostgresOptions {
-    url: SqlUrl,
-    synchronous_commit_off: bool,
-}
-
-impl PostgresOptions {
-    /// Parses a `postgres://` or `postgresql://` URL. Besides the driver's own
-    /// parameters (`sslmode`, …) it accepts `table_prefix` (default
-    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
-    /// `10s`), `connect_timeout` and `op_timeout` (default `5s` each) and
-    /// `synchronous_commit=off` (the relaxed durability mode of
-    /// `docs/postgres.md`).
-    pub fn from_url(url: &str) -> Result<Self> {
-        let url = fencelock_sql_common::parse(url, SCHEMES, &["synchronous_commit"])?;
-        let mut synchronous_commit_off = false;
-        for (name, value) in &url.extra {
-            if name == "synchronous_commit" {
-                synchronous_commit_off = match value.as_str() {
-                    "on" => false,
-                    "off" => true,
-                    _ => {
-                        return Err(fencelock_sql_common::invalid_url(
-                            &url.driver_url,
-                            "synchronous_commit must be on or off",
-                        ))
-                    }
-                };
-            }
-        }
-        Ok(Self {
-            url,
-            synchronous_commit_off,
-        })
-    }
-
-    /// The table prefix in use.
-    pub fn table_prefix(&self) -> &str {
-        &self.url.prefix
-    }
-
-    /// Whether lock statements commit without waiting for the WAL flush.
-    pub fn synchronous_commit_off(&self) -> bool {
-        self.synchronous_commit_off
-    }
-
-    pub(crate) fn names(&self) -> Names {
-        Names::new(&self.url.prefix)
-    }
-
-    /// How long connecting (schema check included) may take.
-    pub(crate) fn connect_timeout(&self) -> Duration {
-        self.url.connect_timeout
-    }
-
-    /// Runs one operation within the operation time-out; giving up is a
-    /// transient error.
-    pub(crate) async fn bounded<T>(
-        &self,
-        context: &'static str,
-        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-    ) -> Result<T> {
-        bounded(self.url.op_timeout, op)
-            .await
-            .map_err(|e| map(context, e))
-    }
-
-    /// Opens the pool and the schema within the connect time-out.
-    pub(crate) async fn open(&self, relaxed: bool) -> Result<PgPool> {
-        let limit = self.url.connect_timeout;
-        let open = async {
-            let (pool, mut first) = self.pool(relaxed).await?;
-            schema::ensure(&mut first, &self.names(), limit).await?;
-            fencelock_sql_common::return_to_pool(first).await;
-            Ok(pool)
-        };
-        tokio::time::timeout(limit, open)
-            .await
-            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
-    }
-
-    /// How to connect; `relaxed` applies `synchronous_commit = off`.
-    pub(crate) fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
-        let connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
-            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
-            .application_name("fencelock");
-        // A startup parameter, so it holds for every pooled session and no
-        // statement needs a `SET` round trip or a transaction.
-        Ok(if relaxed {
-            connect.options([("synchronous_commit", "off")])
-        } else {
-            connect
-        })
-    }
-
-    /// The wake-up listener's own connection: a pool of one, so that the
-    /// LISTEN session, which is held forever, never takes a slot of the
-    /// pool that runs the lock statements. Nothing connects until the
-    /// listener starts.
-    fn listener_pool(&self) -> Result<PgPool> {
-        Ok(PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(self.url.connect_timeout)
-            .connect_lazy_with(self.connect_options(false)?))
-    }
-
-    /// A pool and its first connection; `relaxed` applies
-    /// `synchronous_commit = off` to its sessions.
-    async fn pool(&self, relaxed: bool) -> Result<(PgPool, PoolConnection<Postgres>)> {
-        let connect = self.connect_options(relaxed)?;
-        // No ping on checkout: it would double the round trips of every
-        // lock operation (measured: docs/benchmarks.md). A connection that
-        // died in the pool fails its statement with a transient error, which
-        // the waiting loop and the renewal watchdog retry.
-        let options = PgPoolOptions::new()
-            .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .test_before_acquire(false);
-        fencelock_sql_common::open_pool(
-            options,
-            connect,
-            self.url.connect_timeout,
-            crate::error::is_transient,
-        )
-        .await
-        .map_err(|e| map("connecting", e))
-    }
-}
-
 pub(crate) struct Sql {
     pub(crate) acquire: String,
+    floor_gate: String,
+    raise_floor: String,
     renew: String,
+    renew_many: String,
     pub(crate) release: String,
     inspect: String,
     list: String,
@@ -184,7 +43,8 @@ pub(crate) struct Sql {
 
 impl Sql {
     pub(crate) fn new(n: &Names) -> Self {
-        let (locks, tokens, channel) = (&n.locks, &n.tokens, &n.channel);
+        let (locks, tokens) = (&n.locks, &n.tokens);
+        let channel = listener::channel_sql(locks);
         Self {
             // The upsert only overwrites an expired row (I1, I6). The token
             // is drawn from the sequence on every grant (I2).
@@ -203,9 +63,17 @@ impl Sql {
             // When the upsert did nothing, the second branch names the holder
             // from the statement's snapshot (it may miss a holder that
             // committed during the statement: then the answer is `Held(None)`).
+            //
+            // Every acquisition draws its tokens under a shared advisory
+            // lock on the sequence (`draws`, taken before the key's turn);
+            // raising the sequence to a floor (`raise_floor`) takes it
+            // exclusively, so no draw runs while the floor is set.
             acquire: format!(
-                "WITH turn AS MATERIALIZED (
-                   SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1))
+                "WITH draws AS MATERIALIZED (
+                   SELECT pg_advisory_xact_lock_shared(hashtext('{tokens}'), 0)
+                 ),
+                 turn AS MATERIALIZED (
+                   SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1)) FROM draws
                  ),
                  won AS (
                    INSERT INTO {locks} AS l
@@ -226,6 +94,30 @@ impl Sql {
                  SELECT false, {LEASE_COLUMNS} FROM {locks}
                   WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)"
             ),
+            // Run in the acquiring transaction before `acquire`, one after
+            // the other. With the exclusive lock, every draw before it has
+            // committed and none can start, so `last_value` is the highest
+            // token issued and setval moves the sequence forward only: the
+            // next draw is above the floor and above every earlier token
+            // (I2).
+            floor_gate: format!("SELECT pg_advisory_xact_lock(hashtext('{tokens}'), 0)"),
+            raise_floor: format!(
+                "SELECT setval('{tokens}', GREATEST($1::bigint, last_value)) FROM {tokens}"
+            ),
+            // One statement for the whole batch, each lease judged as
+            // `renew` judges it (I3); the ordinal says which renewals
+            // matched. A lease named twice matches one row, which is
+            // extended once; the other answer is NotHeld.
+            renew_many: format!(
+                "UPDATE {locks} AS l
+                    SET expires_at = now() + b.ttl_us * interval '1 microsecond',
+                        updated_at = now()
+                   FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                        WITH ORDINALITY AS b(key, owner, token, ttl_us, i)
+                  WHERE l.key = b.key AND l.owner = b.owner AND l.token = b.token
+                    AND l.expires_at > now()
+                  RETURNING b.i, l.expires_at"
+            ),
             renew: format!(
                 "UPDATE {locks} SET expires_at = now() + $4::bigint * interval '1 microsecond',
                         updated_at = now()
@@ -239,7 +131,7 @@ impl Sql {
                    DELETE FROM {locks}
                     WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
                    RETURNING key)
-                 SELECT pg_notify('{channel}', key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text FROM gone"
             ),
             inspect: format!(
                 "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
@@ -253,12 +145,12 @@ impl Sql {
             force_release: format!(
                 "WITH gone AS (
                    DELETE FROM {locks} WHERE key = $1 AND expires_at > now() RETURNING *)
-                 SELECT {LEASE_COLUMNS}, pg_notify('{channel}', key)::text FROM gone"
+                 SELECT {LEASE_COLUMNS}, pg_notify({channel}, key)::text FROM gone"
             ),
             release_all: format!(
                 "WITH gone AS (
                    DELETE FROM {locks} WHERE owner = $1 AND expires_at > now() RETURNING key)
-                 SELECT pg_notify('{channel}', key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text FROM gone"
             ),
             cleanup: format!("DELETE FROM {locks} WHERE expires_at <= now()"),
             // Live leases with their hold time, plus one row counting the
@@ -282,8 +174,6 @@ pub struct PostgresBackend {
     pool: PgPool,
     options: PostgresOptions,
     sql: Sql,
-    hub: WakeHub,
-    listening: Arc<AtomicBool>,
     /// Where the listener connects; it starts with the first waiter.
     listener_pool: PgPool,
     listener: OnceLock<Listener>,
@@ -302,17 +192,15 @@ impl PostgresBackend {
     /// and creates or upgrades the schema if needed. The wake-up listener
     /// connects when the first waiter subscribes.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::with_options(PostgresOptions::from_url(url)?).await
+        Self::connect_with(PostgresOptions::from_url(url)?).await
     }
 
     /// Connects with parsed options.
-    pub async fn with_options(options: PostgresOptions) -> Result<Self> {
-        let pool = options.open(options.synchronous_commit_off).await?;
+    pub async fn connect_with(options: PostgresOptions) -> Result<Self> {
+        let pool = options.open(options.synchronous_commit_off()).await?;
         Ok(Self {
             sql: Sql::new(&options.names()),
             pool,
-            hub: WakeHub::new(),
-            listening: Arc::new(AtomicBool::new(false)),
             listener_pool: options.listener_pool()?,
             listener: OnceLock::new(),
             options,
@@ -374,26 +262,55 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_batch_renew(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let floor = request
+            .min_token
+            .map(|floor| {
+                // The sequence stops at i64::MAX: a floor there leaves no
+                // token above it.
+                i64::try_from(floor.get())
+                    .ok()
+                    .filter(|f| *f < i64::MAX)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "min_token {floor} leaves no token above it"
+                        ))
+                    })
+            })
+            .transpose()?;
         let row = self
             .options
             .bounded("acquiring", async {
                 let mut s = self.session().await?;
-                let row = sqlx::query(&self.sql.acquire)
+                let acquire = sqlx::query(&self.sql.acquire)
                     .bind(request.key.as_str())
                     .bind(request.owner.as_str())
                     .bind(request.kind.as_deref())
                     .bind(data_text(request.data.as_ref()))
-                    .bind(ttl_micros(request.ttl))
-                    .fetch_optional(s.conn()?)
-                    .await;
+                    .bind(ttl_micros(request.ttl));
+                let row = match floor {
+                    // The common case stays one autocommit statement.
+                    None => acquire.fetch_optional(s.conn()?).await,
+                    Some(floor) => {
+                        let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
+                        sqlx::query(&self.sql.raise_floor)
+                            .bind(floor)
+                            .execute(&mut *tx)
+                            .await?;
+                        let row = acquire.fetch_optional(&mut *tx).await?;
+                        tx.commit().await?;
+                        Ok(row)
+                    }
+                };
                 s.finish();
                 row
             })
@@ -404,28 +321,15 @@ impl Backend for PostgresBackend {
         let info = lease(&row)?;
         let won: bool = row.try_get("won").map_err(|e| map("acquiring", e))?;
         Ok(if won {
-            Acquire::Granted(Grant {
-                token: info.token,
-                ttl: request.ttl,
-                expires_at: info.expires_at,
-            })
+            Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
         } else {
             Acquire::Held(Some(info))
         })
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
-        let not_held = || Error::NotHeld {
-            key: key.clone(),
-            owner: owner.clone(),
-            token,
-        };
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        let not_held = || Error::not_held(lease);
         let db_token = db_token(token).ok_or_else(not_held)?;
         let expires_at = self
             .options
@@ -443,16 +347,62 @@ impl Backend for PostgresBackend {
             })
             .await?
             .ok_or_else(not_held)?;
-        Ok(Grant {
-            token,
-            ttl,
-            expires_at,
-        })
+        Ok(Grant::new(token, ttl, expires_at))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&str> = renewals.iter().map(|r| r.lease.key.as_str()).collect();
+        let owners: Vec<&str> = renewals.iter().map(|r| r.lease.owner.as_str()).collect();
+        // A token above i64::MAX was never issued: -1 matches no row.
+        let tokens: Vec<i64> = renewals
+            .iter()
+            .map(|r| db_token(r.lease.token).unwrap_or(-1))
+            .collect();
+        let ttls: Vec<i64> = renewals.iter().map(|r| ttl_micros(r.ttl)).collect();
+        let rows = self
+            .options
+            .bounded("renewing a batch", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.renew_many)
+                    .bind(&keys)
+                    .bind(&owners)
+                    .bind(&tokens)
+                    .bind(&ttls)
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish();
+                rows
+            })
+            .await?;
+        let mut renewed = vec![None; renewals.len()];
+        for row in &rows {
+            let get = |e: sqlx::Error| map("renewing a batch", e);
+            let i: i64 = row.try_get("i").map_err(get)?;
+            let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(get)?;
+            let slot = usize::try_from(i)
+                .ok()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| renewed.get_mut(i))
+                .ok_or_else(|| bad_reply(format!("renewal {i} of {}", renewals.len())))?;
+            *slot = Some(expires_at);
+        }
+        Ok(renewals
+            .iter()
+            .zip(renewed)
+            .map(|(r, expires_at)| match expires_at {
+                Some(at) => Ok(Grant::new(r.lease.token, r.ttl, at)),
+                None => Err(Error::not_held(&r.lease)),
+            })
+            .collect())
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let Some(db_token) = db_token(token) else {
-            return Ok(false);
+            return Err(Error::not_held(lease));
         };
         let rows = self
             .options
@@ -468,7 +418,7 @@ impl Backend for PostgresBackend {
                 rows
             })
             .await?;
-        Ok(!rows.is_empty())
+        lease.found(!rows.is_empty())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -583,24 +533,73 @@ impl Backend for PostgresBackend {
         // The LISTEN session costs a connection of its own, so it is opened
         // only once somebody waits: a one-shot process that does not wait
         // uses one connection.
-        let mut starting = false;
-        self.listener.get_or_init(|| {
-            starting = true;
+        let listener = self.listener.get_or_init(|| {
             Listener::spawn(
                 self.listener_pool.clone(),
-                self.options.names().channel,
-                self.hub.clone(),
-                Arc::clone(&self.listening),
+                self.options.names().locks,
                 self.options.connect_timeout(),
             )
         });
-        // A subscription taken while the listener starts fires once it
-        // listens (it wakes everyone then), or ends if it cannot connect.
-        // While a running listener is down a subscription would never
-        // fire; say so, and the waiter backs off with jitter instead.
-        if !starting && !self.listening.load(Ordering::SeqCst) {
-            return Ok(None);
+        Ok(listener.subscribe(key).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
+    use fencelock_testkit::{servers::postgres::PostgresServer, TestResult};
+
+    use super::PostgresBackend;
+
+    /// Takes and releases `key` once, which notifies its channel.
+    async fn cycle(backend: &PostgresBackend, key: &LockKey) -> TestResult {
+        let owner = Owner::new("cycler")?;
+        let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(60));
+        let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
+            return Err(format!("{key} not granted").into());
+        };
+        backend
+            .release(&LeaseId::new(key.clone(), owner, grant.token))
+            .await?;
+        Ok(())
+    }
+
+    /// The listener receives the notices of the keys it has waiters for,
+    /// and no others: not those of a key nobody waits for, nor those of a
+    /// key whose last waiter has gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_waited_for_keys_reach_the_listener() -> TestResult {
+        let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
+        let url = server.url("postgres");
+        let waiter = PostgresBackend::connect(&url).await?;
+        let releaser = PostgresBackend::connect(&url).await?;
+        let (a, b, c) = (LockKey::new("a")?, LockKey::new("b")?, LockKey::new("c")?);
+        let mut on_b = waiter.subscribe(&b).await?.ok_or("no subscription")?;
+        for _ in 0..20 {
+            cycle(&releaser, &a).await?;
         }
-        Ok(Some(self.hub.subscribe(key.as_str())))
+        cycle(&releaser, &b).await?;
+        let woken = tokio::time::timeout(Duration::from_secs(10), on_b.woken()).await;
+        if !matches!(woken, Ok(true)) {
+            return Err(format!("b's release did not wake its waiter: {woken:?}").into());
+        }
+        let listener = waiter.listener.get().ok_or("no listener")?;
+        // Notices arrive in commit order: a's, had they been sent to this
+        // listener, would have come before b's.
+        assert_eq!(listener.notices(), 1, "notices of a key nobody waits for");
+        drop(on_b);
+        // Commands are served in order: once c is subscribed, b's channel
+        // has been unlistened.
+        let mut on_c = waiter.subscribe(&c).await?.ok_or("no subscription")?;
+        cycle(&releaser, &b).await?;
+        cycle(&releaser, &c).await?;
+        let woken = tokio::time::timeout(Duration::from_secs(10), on_c.woken()).await;
+        if !matches!(woken, Ok(true)) {
+            return Err(format!("c's release did not wake its waiter: {woken:?}").into());
+        }
+        assert_eq!(listener.notices(), 2, "notices of a key whose waiter left");
+        Ok(())
     }
 }

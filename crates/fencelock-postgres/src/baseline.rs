@@ -14,10 +14,7 @@ use fencelock_core::{
 use fencelock_sql_common::ttl_micros;
 use sqlx::{postgres::PgConnectOptions, ConnectOptions, PgConnection, Row};
 
-use crate::{
-    backend::{PostgresOptions, Sql},
-    error::map,
-};
+use crate::{backend::Sql, error::map, options::PostgresOptions};
 
 /// Opens raw connections configured as the backend for the same URL.
 pub struct PostgresBaseline {

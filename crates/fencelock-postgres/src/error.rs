@@ -23,19 +23,15 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Classifies a driver error as transient (retry may help) or permanent.
+/// Classifies a driver error: timed out (outcome unknown), transient
+/// (retry may help) or permanent.
 pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
-    let error = if is_transient(&e) {
-        BackendError::transient(BACKEND, context, e)
-    } else {
-        BackendError::permanent(BACKEND, context, e)
-    };
-    error.into()
+    fencelock_sql_common::classify(BACKEND, context, e, is_transient)
 }
 
 /// A reply that does not have the shape the statement promises.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
-    BackendError::message(BACKEND, false, what).into()
+    BackendError::message(BACKEND, fencelock_core::ErrorStatus::Permanent, what).into()
 }
 
 #[cfg(test)]

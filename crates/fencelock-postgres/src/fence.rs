@@ -8,7 +8,7 @@ use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
 use fencelock_sql_common::Session;
 use sqlx::{PgConnection, PgPool};
 
-use crate::{backend::PostgresOptions, error::bad_reply};
+use crate::{error::bad_reply, options::PostgresOptions};
 
 /// A fence kept in `<prefix>fences(resource, token)` (`docs/semantics.md`, I7).
 ///
@@ -37,19 +37,19 @@ impl PostgresFence {
     /// Connects with the options of `url` (the same URL as the backend's)
     /// and creates the schema if needed.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::with_options(&PostgresOptions::from_url(url)?).await
+        Self::connect_with(PostgresOptions::from_url(url)?).await
     }
 
     /// Connects with parsed options. The fence's own pool always commits
     /// synchronously, whatever the lock statements use: a lost admission
     /// would let a stale writer back in.
-    pub async fn with_options(options: &PostgresOptions) -> Result<Self> {
+    pub async fn connect_with(options: PostgresOptions) -> Result<Self> {
         let pool = options.open(false).await?;
         let names = options.names();
         let fences = &names.fences;
         Ok(Self {
             pool,
-            options: options.clone(),
+            options,
             // Always writing max(stored, presented) makes one statement both
             // decide and report: RETURNING shows the presented token exactly
             // when it was admitted. Tokens travel as text because sqlx has no

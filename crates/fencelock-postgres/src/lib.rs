@@ -2,10 +2,10 @@
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_core::Result<()> {
-//! let backend = fencelock_postgres::open_backend(
+//! let backend = fencelock_postgres::PostgresBackend::connect(
 //!     "postgres://app@db.internal/app?table_prefix=fencelock_",
 //! ).await?;
-//! let client = fencelock_core::LockClient::new(backend);
+//! let client = fencelock_core::LockClient::new(std::sync::Arc::new(backend));
 //! let guard = client.lock("order:1").acquire().await?;
 //! guard.release().await?;
 //! # Ok(()) }
@@ -24,21 +24,47 @@ pub mod baseline;
 mod error;
 mod fence;
 mod listener;
+mod options;
 mod schema;
 
 use std::sync::Arc;
 
-pub use backend::{PostgresBackend, PostgresOptions};
-pub use fence::PostgresFence;
+use async_trait::async_trait;
+use fencelock_core::{Backend, Driver, Fence, Result};
 
-/// Opens a [`PostgresBackend`] for a `postgres://` or `postgresql://` URL.
+pub use backend::PostgresBackend;
+pub use fence::PostgresFence;
+pub use options::PostgresOptions;
+
+/// The [`Driver`] of this crate's URLs (see [`PostgresOptions::from_url`]).
 /// Malformed URLs are [`fencelock_core::Error::InvalidUrl`], without the
 /// password.
-pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-    Ok(Arc::new(PostgresBackend::connect(url).await?))
-}
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PostgresDriver;
 
-/// Opens a [`PostgresFence`] for the same kind of URL.
-pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
-    Ok(Arc::new(PostgresFence::connect(url).await?))
+#[async_trait]
+impl Driver for PostgresDriver {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        options::SCHEMES
+    }
+
+    async fn open_backend(&self, url: &str) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(PostgresBackend::connect(url).await?))
+    }
+
+    async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
+        Ok(Arc::new(PostgresFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }

@@ -13,7 +13,6 @@ pub(crate) struct Names {
     pub locks: String,
     pub fences: String,
     pub tokens: String,
-    pub channel: String,
 }
 
 impl Names {
@@ -25,7 +24,6 @@ impl Names {
             locks: format!("{prefix}locks"),
             fences: format!("{prefix}fences"),
             tokens: format!("{prefix}tokens"),
-            channel: format!("{prefix}release"),
         }
     }
 }

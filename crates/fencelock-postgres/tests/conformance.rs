@@ -5,6 +5,7 @@
 
 use std::{process::ExitCode, sync::Mutex};
 
+use fencelock_core::Driver;
 use fencelock_testkit::servers::{postgres::PostgresServer, url_factory::UrlFactory};
 
 fn main() -> ExitCode {
@@ -12,7 +13,9 @@ fn main() -> ExitCode {
     // returning the exit code.
     fencelock_testkit::run(UrlFactory::<Mutex<PostgresServer>>::new(
         "postgres",
-        |url| Box::pin(async move { fencelock_postgres::open_backend(&url).await }),
-        Some(|url| Box::pin(async move { fencelock_postgres::open_fence(&url).await })),
+        |url| Box::pin(async move { fencelock_postgres::PostgresDriver.open_backend(&url).await }),
+        Some(|url| {
+            Box::pin(async move { fencelock_postgres::PostgresDriver.open_fence(&url).await })
+        }),
     ))
 }

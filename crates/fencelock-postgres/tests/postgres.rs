@@ -5,18 +5,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LockKey, Owner};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Driver, Error, FencingToken, LeaseId, LockKey, Owner,
+};
 use fencelock_postgres::{PostgresBackend, PostgresFence};
 use fencelock_testkit::{servers::postgres::PostgresServer, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
-    Ok(AcquireRequest {
-        key: LockKey::new(key)?,
-        owner: Owner::new(owner)?,
+    Ok(AcquireRequest::new(
+        LockKey::new(key)?,
+        Owner::new(owner)?,
         ttl,
-        kind: None,
-        data: None,
-    })
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,6 +28,8 @@ async fn postgres_specific() -> TestResult {
         fence_in_transaction(&base).await?;
         tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
         a_pool_of_one_still_works_and_wakes_waiters(&base).await?;
+        a_release_wakes_the_waiters_of_its_key_only(&base).await?;
+        floors_and_plain_draws_racing_keep_tokens_unique_and_growing(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
         a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
         a_schema_with_jsonb_data_is_upgraded(&base).await
@@ -137,6 +139,90 @@ async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
     Ok(())
 }
 
+/// Takes and releases `key` once as `owner`; returns the token.
+async fn cycle(
+    backend: &PostgresBackend,
+    key: &str,
+    owner: &str,
+    floor: Option<u64>,
+) -> TestResult<u64> {
+    let request =
+        request(key, owner, Duration::from_secs(60))?.with_min_token(floor.map(FencingToken));
+    let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
+        return Err(format!("{key} not granted").into());
+    };
+    backend
+        .release(&LeaseId::new(
+            LockKey::new(key)?,
+            Owner::new(owner)?,
+            grant.token,
+        ))
+        .await?;
+    Ok(grant.token.get())
+}
+
+/// Releases of one key do not wake the waiters of another (each key has its
+/// own channel), and do wake the waiters of their own.
+async fn a_release_wakes_the_waiters_of_its_key_only(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=wake_");
+    let waiter = PostgresBackend::connect(&url).await?;
+    let releaser = PostgresBackend::connect(&url).await?;
+    let (a, b) = (LockKey::new("a")?, LockKey::new("b")?);
+    let mut on_a = waiter.subscribe(&a).await?.ok_or("no subscription on a")?;
+    let mut on_b = waiter.subscribe(&b).await?.ok_or("no subscription on b")?;
+    for _ in 0..20 {
+        cycle(&releaser, "a", "o", None).await?;
+    }
+    let woken_a = tokio::time::timeout(Duration::from_secs(10), on_a.woken()).await;
+    assert!(matches!(woken_a, Ok(true)), "a's waiter: {woken_a:?}");
+    // a's waiter was woken, so a's notices have been read; b's waiter has
+    // had every chance to see one by mistake.
+    let woken_b = tokio::time::timeout(Duration::from_millis(500), on_b.woken()).await;
+    assert!(
+        woken_b.is_err(),
+        "a's releases woke b's waiter: {woken_b:?}"
+    );
+    Ok(())
+}
+
+/// Acquirers of different keys, some with floors, race: every token is
+/// above its floor, no two grants share a token (the sequence only moves
+/// forward), and each key's tokens grow (I2).
+async fn floors_and_plain_draws_racing_keep_tokens_unique_and_growing(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=floor_");
+    let backend = Arc::new(PostgresBackend::connect(&url).await?);
+    let tasks: Vec<_> = (0..4u64)
+        .map(|n| {
+            let backend = Arc::clone(&backend);
+            tokio::spawn(async move {
+                let key = format!("k{n}");
+                let mut tokens = Vec::new();
+                for round in 0..25u64 {
+                    // Even tasks raise the floor now and then, in steps.
+                    let floor = (n % 2 == 0 && round % 5 == 0).then_some(1_000 * (round + 1) + n);
+                    let token = cycle(&backend, &key, "o", floor).await?;
+                    if let Some(floor) = floor {
+                        assert!(token > floor, "{key}: token {token} under floor {floor}");
+                    }
+                    tokens.push(token);
+                }
+                TestResult::Ok(tokens)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        let tokens = task.await??;
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+        all.extend(tokens);
+    }
+    let count = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), count, "a token was issued twice");
+    Ok(())
+}
+
 /// A statement kept waiting on a row lock gives up after `op_timeout`, and
 /// the abandoned connection does not stay in the pool (of one).
 async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> TestResult {
@@ -201,9 +287,7 @@ async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     let renewed = tokio::time::timeout(
         bound,
         holder.renew(
-            &LockKey::new("k")?,
-            &owner,
-            grant.token,
+            &LeaseId::new(LockKey::new("k")?, owner.clone(), grant.token),
             Duration::from_secs(60),
         ),
     )
@@ -296,7 +380,10 @@ async fn malformed_urls_hide_the_password() {
         "postgres://u@localhost/db?password=hunter2&table_prefix=Bad-Name",
         "postgres://u:hunt/er2@localhost/db?table_prefix=Bad-Name",
     ] {
-        let e = fencelock_postgres::open_backend(url).await.expect_err(url);
+        let e = fencelock_postgres::PostgresDriver
+            .open_backend(url)
+            .await
+            .expect_err(url);
         assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
         assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");

@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
@@ -106,7 +106,7 @@ pub(crate) async fn connect(
 impl RedisBackend {
     /// Connects with `options`: one multiplexed command connection and one
     /// pub/sub connection for wake-ups.
-    pub async fn connect(options: RedisOptions) -> Result<Self> {
+    pub async fn connect_with(options: RedisOptions) -> Result<Self> {
         let scripts = Scripts::new();
         let keys = Keys::new(&options.prefix)?;
         // One bound for both connections: opening never takes longer than
@@ -131,8 +131,8 @@ impl RedisBackend {
     }
 
     /// Connects to `url` (see [`RedisOptions::from_url`]).
-    pub async fn open(url: &str) -> Result<Self> {
-        Self::connect(RedisOptions::from_url(url)?).await
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(RedisOptions::from_url(url)?).await
     }
 
     /// The options in use.
@@ -143,7 +143,7 @@ impl RedisBackend {
     /// SHA1 of the acquire script, e.g. to compare against a raw
     /// `redis-benchmark … EVALSHA` run or to check `SCRIPT EXISTS`. It takes
     /// `KEYS = [PREFIX:{KEY}, PREFIX:{KEY}:token]` and `ARGV = [owner, ttl_ms,
-    /// kind, data]`.
+    /// kind, data, min_token]` (the last three may be empty strings).
     pub fn acquire_script_sha(&self) -> &str {
         self.inner.scripts.acquire.get_hash()
     }
@@ -234,8 +234,36 @@ impl RedisBackend {
     }
 }
 
+/// The highest token floor the acquire script compares exactly (2^53).
+const MAX_FLOOR: u64 = 1 << 53;
+
+/// Whole milliseconds of `ttl`, at least one: PX cannot express less, and
+/// `Grant::ttl` must not claim more than the server will keep.
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The renew script's answer for `lease`: `{1, now_ms}` or `{0}`.
+fn renewed(lease: &LeaseId, ttl_ms: u64, row: &[Value]) -> Result<Grant> {
+    let renewed: i64 = field(row, 0)?;
+    if renewed != 1 {
+        return Err(Error::not_held(lease));
+    }
+    let now_ms: i64 = field(row, 1)?;
+    Ok(Grant::new(
+        lease.token,
+        Duration::from_millis(ttl_ms),
+        ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+    ))
+}
+
 fn bad_reply_transient(message: String) -> Error {
-    fencelock_core::BackendError::message(crate::error::NAME, true, message).into()
+    fencelock_core::BackendError::message(
+        crate::error::NAME,
+        fencelock_core::ErrorStatus::Transient,
+        message,
+    )
+    .into()
 }
 
 pub(crate) fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
@@ -310,20 +338,16 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: false,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_min_token(true)
+            .with_batch_renew(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let keys = &self.inner.keys;
-        // Whole milliseconds: PX cannot express less, and Grant.ttl must not
-        // claim more than the server will keep.
-        let ttl_ms = u64::try_from(request.ttl.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let ttl_ms = ttl_ms(request.ttl);
         let kind = request
             .kind
             .as_ref()
@@ -331,6 +355,18 @@ impl Backend for RedisBackend {
         let data = match &request.data {
             Some(d) => serde_json::to_string(d)
                 .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let floor = match request.min_token {
+            // Lua numbers are doubles: the script compares the floor with
+            // the counter exactly only below 2^53 (tokens drawn from the
+            // clock in microseconds stay far below it).
+            Some(floor) if floor.get() >= MAX_FLOOR => {
+                return Err(Error::InvalidArgument(format!(
+                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
+                )))
+            }
+            Some(floor) => floor.get().to_string(),
             None => String::new(),
         };
         let row: Vec<Value> = self
@@ -343,6 +379,7 @@ impl Backend for RedisBackend {
             .arg(ttl_ms)
             .arg(kind)
             .arg(data)
+            .arg(floor)
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map("acquire script", e))?;
@@ -352,58 +389,97 @@ impl Backend for RedisBackend {
         }
         let token: String = field(&row, 1)?;
         let now_ms: i64 = field(&row, 2)?;
-        let grant = Grant {
-            token: parse_token(&token)?,
-            ttl: Duration::from_millis(ttl_ms),
-            expires_at: ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
-        };
+        let grant = Grant::new(
+            parse_token(&token)?,
+            Duration::from_millis(ttl_ms),
+            ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+        );
         if let Err(e) = self.wait_replicas().await {
             // Do not leave a lease nobody will use behind.
-            let _ = self
-                .release(&request.key, &request.owner, grant.token)
-                .await;
+            let _ = self.release(&request.lease(grant.token)).await;
             return Err(e);
         }
         Ok(Acquire::Granted(grant))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let ttl_ms = ttl_ms(ttl);
         let row: Vec<Value> = self
             .inner
             .scripts
             .renew
-            .key(self.inner.keys.lease(key))
-            .arg(owner.as_str())
-            .arg(token.0.to_string())
+            .key(self.inner.keys.lease(&lease.key))
+            .arg(lease.owner.as_str())
+            .arg(lease.token.0.to_string())
             .arg(ttl_ms)
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map("renew script", e))?;
-        let renewed: i64 = field(&row, 0)?;
-        if renewed != 1 {
-            return Err(Error::NotHeld {
-                key: key.clone(),
-                owner: owner.clone(),
-                token,
-            });
-        }
-        let now_ms: i64 = field(&row, 1)?;
+        let grant = renewed(lease, ttl_ms, &row)?;
         self.wait_replicas().await?;
-        Ok(Grant {
-            token,
-            ttl: Duration::from_millis(ttl_ms),
-            expires_at: ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
-        })
+        Ok(grant)
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let script = &self.inner.scripts.renew;
+        let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
+        let mut pipe = redis::pipe();
+        for (renewal, ttl_ms) in renewals.iter().zip(&ttls) {
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(self.inner.keys.lease(&renewal.lease.key))
+                .arg(renewal.lease.owner.as_str())
+                .arg(renewal.lease.token.0.to_string())
+                .arg(ttl_ms);
+        }
+        let mut conn = self.conn();
+        let rows: Vec<Vec<Value>> = match pipe.query_async(&mut conn).await {
+            // The server lost its scripts (a restart, SCRIPT FLUSH): the
+            // script never ran, so loading it and sending the batch again
+            // renews nothing twice.
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                script
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| map("SCRIPT LOAD", e))?;
+                pipe.query_async(&mut conn).await
+            }
+            other => other,
+        }
+        .map_err(|e| map("renew pipeline", e))?;
+        if rows.len() != renewals.len() {
+            return Err(bad_reply(format!(
+                "{} answers to {} renewals",
+                rows.len(),
+                renewals.len()
+            )));
+        }
+        let mut results: Vec<Result<Grant>> = renewals
+            .iter()
+            .zip(&ttls)
+            .zip(&rows)
+            .map(|((renewal, ttl_ms), row)| renewed(&renewal.lease, *ttl_ms, row))
+            .collect();
+        // One WAIT covers every write of the batch; without its
+        // acknowledgement no renewal of the batch counts as confirmed.
+        if results.iter().any(Result::is_ok) {
+            if let Err(e) = self.wait_replicas().await {
+                let message = e.to_string();
+                for result in results.iter_mut().filter(|r| r.is_ok()) {
+                    *result = Err(bad_reply_transient(message.clone()));
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let removed: i64 = self
             .inner
             .scripts
@@ -416,7 +492,7 @@ impl Backend for RedisBackend {
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| map("release script", e))?;
-        Ok(removed == 1)
+        lease.found(removed == 1)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -461,8 +537,13 @@ impl Backend for RedisBackend {
         for (lease, _) in leases.into_iter().filter(|(l, _)| l.owner == *owner) {
             // Compare-and-delete per lease: one that changed hands since the
             // SCAN is left alone.
-            if self.release(&lease.key, owner, lease.token).await? {
-                released += 1;
+            match self
+                .release(&LeaseId::new(lease.key, owner.clone(), lease.token))
+                .await
+            {
+                Ok(()) => released += 1,
+                Err(Error::NotHeld { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(released)

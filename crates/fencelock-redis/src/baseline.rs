@@ -90,6 +90,7 @@ impl RawCycle for Worker {
             .arg(ttl_ms)
             .arg("")
             .arg("")
+            .arg("")
             .query_async(&mut self.conn)
             .await
             .map_err(|e| map("EVALSHA acquire", e))?;

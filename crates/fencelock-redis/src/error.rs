@@ -9,10 +9,16 @@ pub(crate) const NAME: &str = "redis";
 /// out a busy server can fix is transient; the rest (auth, wrong types,
 /// script bugs, bad config) is permanent.
 pub(crate) fn map(context: &str, e: RedisError) -> Error {
+    if e.is_timeout() {
+        // The `timeout` option fired (ours or the driver's response
+        // timeout): the command may or may not have run.
+        return BackendError::timeout(NAME, format!("{context} got no answer in time"))
+            .with_source(e)
+            .into();
+    }
     let transient = e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
-        || e.is_timeout()
         || matches!(
             e.kind(),
             ErrorKind::TryAgain
@@ -39,5 +45,5 @@ pub(crate) fn map(context: &str, e: RedisError) -> Error {
 /// A reply whose shape the scripts never produce: a bug or a foreign value
 /// under our key prefix, so retrying will not help.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
-    BackendError::message(NAME, false, what).into()
+    BackendError::message(NAME, fencelock_core::ErrorStatus::Permanent, what).into()
 }

@@ -35,7 +35,7 @@ impl fmt::Debug for RedisFence {
 
 impl RedisFence {
     /// Connects with `options` (the fence uses the same key prefix).
-    pub async fn connect(options: RedisOptions) -> Result<Self> {
+    pub async fn connect_with(options: RedisOptions) -> Result<Self> {
         let scripts = Scripts::new();
         let keys = Keys::new(&options.prefix)?;
         let (_, conn) = connect(&options, &scripts).await?;
@@ -48,8 +48,8 @@ impl RedisFence {
     }
 
     /// Connects to `url` (see [`RedisOptions::from_url`]).
-    pub async fn open(url: &str) -> Result<Self> {
-        Self::connect(RedisOptions::from_url(url)?).await
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(RedisOptions::from_url(url)?).await
     }
 }
 

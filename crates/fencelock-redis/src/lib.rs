@@ -17,7 +17,9 @@
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_core::Result<()> {
-//! let backend = fencelock_redis::open_backend("redis://127.0.0.1:6379/0?prefix=myapp").await?;
+//! let backend = std::sync::Arc::new(
+//!     fencelock_redis::RedisBackend::connect("redis://127.0.0.1:6379/0?prefix=myapp").await?,
+//! );
 //! let client = fencelock_core::LockClient::new(backend);
 //! let guard = client.lock("job:1").acquire().await?;
 //! guard.release().await?;
@@ -39,29 +41,59 @@ mod wakeups;
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 pub use backend::RedisBackend;
 pub use fence::RedisFence;
 pub use options::{RedisOptions, DEFAULT_PREFIX};
 
-/// Opens a Redis backend from a `redis://` (or, with the `tls` feature,
-/// `rediss://`) URL.
-pub async fn open_backend(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-    Ok(Arc::new(RedisBackend::open(url).await?))
-}
+/// Opens Redis backends and fences from `redis://` (with the `tls` feature also `rediss://`) URLs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RedisDriver;
 
-/// Opens a Redis fence from the same kind of URL (same key prefix rules).
-pub async fn open_fence(url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
-    Ok(Arc::new(RedisFence::open(url).await?))
+#[async_trait]
+impl fencelock_core::Driver for RedisDriver {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["redis", "rediss"]
+    }
+
+    async fn open_backend(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+        Ok(Arc::new(RedisBackend::connect(url).await?))
+    }
+
+    async fn open_fence(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+        Ok(Arc::new(RedisFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use fencelock_core::Driver;
+
     #[tokio::test]
     async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
     ) -> fencelock_testkit::TestResult {
         fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
-            |url| Box::pin(async move { super::open_backend(&url).await }),
-            |url| Box::pin(async move { super::open_fence(&url).await }),
+            |url| Box::pin(async move { super::RedisDriver.open_backend(&url).await }),
+            |url| Box::pin(async move { super::RedisDriver.open_fence(&url).await }),
             &["redis://user:s3cret@[::1", "postgres://user:s3cret@h/db"],
             "s3cret",
         )

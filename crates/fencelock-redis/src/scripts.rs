@@ -34,7 +34,8 @@ end
 "#;
 
 /// KEYS: lease, counter. ARGV: owner, ttl_ms, kind (`""` = none, else `=`
-/// followed by the kind), data (`""` = none).
+/// followed by the kind), data (`""` = none), token floor (`""` = none,
+/// else a decimal below 2^53).
 /// Returns `{1, token, now_ms}` or the holder as `describe` does (`found` = 1
 /// means held; the leading element is then 0 to tell it from a grant).
 const ACQUIRE: &str = r#"
@@ -51,6 +52,14 @@ local t = redis.call('TIME')
 -- above every token issued before, as long as the clock did not step back
 -- and the key was granted less than once per microsecond.
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- A floor raises the counter before the draw, in this same script, so the
+-- token is above the floor and above every token issued before (I2).
+if #ARGV[5] > 0 then
+  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if counter < tonumber(ARGV[5]) then
+    redis.call('SET', KEYS[2], ARGV[5])
+  end
+end
 local drawn = redis.call('INCR', KEYS[2])
 if drawn < now_us then
   drawn = now_us
@@ -70,6 +79,8 @@ return {1, token, now}
 "#;
 
 /// KEYS: lease. ARGV: owner, token, ttl_ms. Returns `{1, now_ms}` or `{0}`.
+/// A batch of renewals is a pipeline of this script (one round trip): one
+/// script over all the batch's keys would span hash slots under Cluster.
 const RENEW: &str = r#"
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if h[1] == ARGV[1] and h[2] == ARGV[2] then

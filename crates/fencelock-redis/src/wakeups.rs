@@ -50,9 +50,8 @@ async fn open(client: &Client, timeout: Duration) -> Result<(PubSubSink, PubSubS
     match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
         Ok(Ok(pubsub)) => Ok(pubsub.split()),
         Ok(Err(e)) => Err(map("pub/sub connect", e)),
-        Err(_) => Err(fencelock_core::BackendError::message(
+        Err(_) => Err(fencelock_core::BackendError::timeout(
             crate::error::NAME,
-            true,
             "pub/sub connect timed out",
         )
         .into()),
@@ -103,7 +102,7 @@ impl Wakeups {
             let sink = listening.sink.as_mut().ok_or_else(|| {
                 fencelock_core::BackendError::message(
                     crate::error::NAME,
-                    true,
+                    fencelock_core::ErrorStatus::Transient,
                     "the pub/sub connection is down",
                 )
             })?;
@@ -115,9 +114,8 @@ impl Wakeups {
                 }
                 Ok(Err(e)) => return Err(map("SUBSCRIBE", e)),
                 Err(_) => {
-                    return Err(fencelock_core::BackendError::message(
+                    return Err(fencelock_core::BackendError::timeout(
                         crate::error::NAME,
-                        true,
                         "SUBSCRIBE timed out",
                     )
                     .into())

@@ -1,10 +1,11 @@
 //! The conformance suite against throwaway `redis-server`s: one shared
 //! server (no persistence) for ordinary cases, each case under its own key
 //! prefix; a persistent server of its own (AOF, fsync always) for each case
-//! that restarts it. Stores are opened through the crate's URL entry points.
+//! that restarts it. Stores are opened through the crate's driver.
 
 use std::process::ExitCode;
 
+use fencelock_core::Driver;
 use fencelock_testkit::servers::{redis::RedisServer, url_factory::UrlFactory};
 
 fn main() -> ExitCode {
@@ -12,7 +13,7 @@ fn main() -> ExitCode {
     // returning the exit code.
     fencelock_testkit::run(UrlFactory::<RedisServer>::new(
         "redis",
-        |url| Box::pin(async move { fencelock_redis::open_backend(&url).await }),
-        Some(|url| Box::pin(async move { fencelock_redis::open_fence(&url).await })),
+        |url| Box::pin(async move { fencelock_redis::RedisDriver.open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_redis::RedisDriver.open_fence(&url).await })),
     ))
 }

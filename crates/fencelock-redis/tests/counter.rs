@@ -3,21 +3,17 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 
 async fn grant(backend: &RedisBackend, key: &LockKey) -> TestResult<u64> {
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: Owner::new("o")?,
-        ttl: Duration::from_secs(30),
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), Owner::new("o")?, Duration::from_secs(30));
     match backend.try_acquire(&request).await? {
         Acquire::Granted(g) => {
-            assert!(backend.release(key, &request.owner, g.token).await?);
+            backend
+                .release(&LeaseId::new(key.clone(), request.owner.clone(), g.token))
+                .await?;
             Ok(g.token.get())
         }
         held => Err(format!("not granted: {held:?}").into()),
@@ -27,7 +23,7 @@ async fn grant(backend: &RedisBackend, key: &LockKey) -> TestResult<u64> {
 #[tokio::test]
 async fn an_idle_counter_expires_and_reseeds_above_its_tokens() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::open(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url(0)).await?;
     let key = LockKey::new("order:1")?;
     let before = grant(&backend, &key).await?;
     let mut raw = redis::Client::open(server.url(0))?
@@ -54,7 +50,7 @@ async fn a_counter_restored_from_an_old_snapshot_does_not_reissue_tokens() -> Te
     // What a restart from an RDB snapshot taken before the last grants, or a
     // promoted replica that had not caught up, leaves behind.
     let server = RedisServer::start()?;
-    let backend = RedisBackend::open(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url(0)).await?;
     let key = LockKey::new("order:2")?;
     let mut raw = redis::Client::open(server.url(0))?
         .get_multiplexed_async_connection()

@@ -4,18 +4,12 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LeaseId, LockKey, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 
 fn request(key: &LockKey, owner: &Owner) -> AcquireRequest {
-    AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl: Duration::from_secs(60),
-        kind: None,
-        data: None,
-    }
+    AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(60))
 }
 
 /// Retries through the reconnect after the restart.
@@ -43,7 +37,7 @@ async fn grant_after_restart(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::open(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url(0)).await?;
     let owner = Owner::new("before-crash")?;
     let keys: Vec<LockKey> = (0..5)
         .map(|i| LockKey::new(format!("restart-{i}")))
@@ -59,7 +53,9 @@ async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
             highest = highest.max(g.token);
             let keep = i == keys.len() - 1 && round == 49;
             if !keep {
-                assert!(backend.release(key, &owner, g.token).await?);
+                backend
+                    .release(&LeaseId::new(key.clone(), owner.clone(), g.token))
+                    .await?;
             }
         }
     }

@@ -11,15 +11,9 @@ use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 async fn too_few_replicas_fail_transiently_and_leave_no_lease() -> TestResult {
     let server = RedisServer::start()?;
     let url = format!("{}?wait_replicas=1&wait_timeout=20ms", server.url(0));
-    let backend = RedisBackend::open(&url).await?;
+    let backend = RedisBackend::connect(&url).await?;
     let key = LockKey::new("wait")?;
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: Owner::new("w")?,
-        ttl: Duration::from_secs(30),
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), Owner::new("w")?, Duration::from_secs(30));
     let err = match backend.try_acquire(&request).await {
         Err(e) => e,
         Ok(a) => return Err(format!("acquire without the replica succeeded: {a:?}").into()),
@@ -31,7 +25,7 @@ async fn too_few_replicas_fail_transiently_and_leave_no_lease() -> TestResult {
         "the refused grant left a lease"
     );
 
-    let plain = RedisBackend::open(&server.url(0)).await?;
+    let plain = RedisBackend::connect(&server.url(0)).await?;
     assert!(matches!(
         plain.try_acquire(&request).await?,
         fencelock_core::Acquire::Granted(_)

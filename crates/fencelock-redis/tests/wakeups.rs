@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 
@@ -26,17 +26,11 @@ async fn a_key_channel_is_subscribed_only_while_someone_waits_for_it() -> TestRe
     let mut admin = redis::Client::open(server.url(0))?
         .get_multiplexed_async_connection()
         .await?;
-    let holder = RedisBackend::open(&server.url(0)).await?;
-    let waiter = RedisBackend::open(&server.url(0)).await?;
+    let holder = RedisBackend::connect(&server.url(0)).await?;
+    let waiter = RedisBackend::connect(&server.url(0)).await?;
     let key = LockKey::new("job")?;
     let owner = Owner::new("holder")?;
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl: Duration::from_secs(30),
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));
     let Acquire::Granted(grant) = holder.try_acquire(&request).await? else {
         return Err("free key not granted".into());
     };
@@ -53,7 +47,9 @@ async fn a_key_channel_is_subscribed_only_while_someone_waits_for_it() -> TestRe
         0,
         "only the waited key"
     );
-    assert!(holder.release(&key, &owner, grant.token).await?);
+    holder
+        .release(&LeaseId::new(key.clone(), owner.clone(), grant.token))
+        .await?;
     let woken = tokio::time::timeout(Duration::from_secs(10), subscription.woken()).await;
     assert_eq!(woken.ok(), Some(true), "the waiter was not woken");
 

@@ -7,7 +7,7 @@
 
 use std::{fmt, future::Future, time::Duration};
 
-use fencelock_core::Error;
+use fencelock_core::{BackendError, Error};
 use sqlx::pool::PoolConnection;
 use url::Url;
 
@@ -207,13 +207,39 @@ pub fn transient_driver_error(e: &sqlx::Error) -> bool {
 }
 
 /// The error of an operation that got no answer within `limit`: an I/O
-/// time-out, so [`transient_driver_error`] calls it transient. (Each
-/// backend's error mapping adds what was being done.)
+/// time-out, which [`classify`] reports as [`BackendError::timeout`].
+/// (Each backend's error mapping adds what was being done.)
 pub fn timed_out(limit: Duration) -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         format!("no answer from the server within {limit:?}"),
     ))
+}
+
+/// Whether `e` is an I/O time-out: the library's own ([`timed_out`]) or the
+/// socket's. Either way the request may or may not have taken effect.
+pub fn is_timed_out(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+}
+
+/// Turns a driver error met while `context` into a [`BackendError`] of
+/// `backend`: a time-out ([`is_timed_out`]) has an unknown outcome, and
+/// the rest is transient or permanent as the engine's `transient` rule
+/// says.
+pub fn classify(
+    backend: &'static str,
+    context: &'static str,
+    e: sqlx::Error,
+    transient: fn(&sqlx::Error) -> bool,
+) -> Error {
+    let error = if is_timed_out(&e) {
+        BackendError::timeout(backend, format!("{context}: {e}"))
+    } else if transient(&e) {
+        BackendError::transient(backend, context, e)
+    } else {
+        BackendError::permanent(backend, context, e)
+    };
+    error.into()
 }
 
 /// Runs `op`, giving up after `limit` with [`timed_out`]. A server that
@@ -406,6 +432,19 @@ mod tests {
             .expect_err("pending");
         assert!(transient_driver_error(&e), "{e}");
         assert!(e.to_string().contains("no answer"), "{e}");
+        let mapped = classify("test", "renewing", e, transient_driver_error);
+        assert_eq!(
+            mapped.status(),
+            fencelock_core::ErrorStatus::Timeout,
+            "{mapped}"
+        );
+        let refused = sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        let mapped = classify("test", "renewing", refused, transient_driver_error);
+        assert_eq!(
+            mapped.status(),
+            fencelock_core::ErrorStatus::Transient,
+            "{mapped}"
+        );
     }
 
     #[test]

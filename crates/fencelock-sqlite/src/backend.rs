@@ -10,18 +10,14 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LockInfo, LockKey,
-    Owner, Result, Stats, WakeHub, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
 };
 use rusqlite::{
     named_params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior,
 };
 
-use crate::{
-    clock::HostClock,
-    connection::{Db, SqliteOptions},
-    error,
-};
+use crate::{clock::HostClock, connection::Db, error, options::SqliteOptions};
 
 /// A lease is live iff it was taken during this boot, has not reached its
 /// end on the boot-time clock, and was not renewed "in the future" (which
@@ -132,8 +128,14 @@ pub struct SqliteBackend {
 }
 
 impl SqliteBackend {
-    /// Opens (and if needed creates) the lock database.
-    pub async fn open(options: SqliteOptions) -> Result<Self> {
+    /// Opens (and if needed creates) the lock database of a `sqlite://PATH`
+    /// URL (see [`SqliteOptions::from_url`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(SqliteOptions::from_url(url)?).await
+    }
+
+    /// Opens (and if needed creates) the lock database `options` name.
+    pub async fn connect_with(options: SqliteOptions) -> Result<Self> {
         let clock = HostClock::new()?;
         let db = Db::open(&options).await?;
         Ok(Self {
@@ -141,11 +143,6 @@ impl SqliteBackend {
             clock,
             wakeups: hub_for(options.path()),
         })
-    }
-
-    /// Opens the lock database at `path` with default options.
-    pub async fn open_path(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open(SqliteOptions::new(path.as_ref())).await
     }
 
     /// Runs `f` in an IMMEDIATE transaction with the clock read *after* the
@@ -208,11 +205,22 @@ pub(crate) fn acquire_in(
     if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
         return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
     }
+    // One counter for every key, raised to the floor first: the token is
+    // above the floor and above every token issued before (I2).
+    let floor = match request.min_token {
+        None => 0,
+        Some(floor) => i64::try_from(floor.get())
+            .ok()
+            .filter(|f| *f < i64::MAX)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
+            })?,
+    };
     let token: i64 = tx
         .query_row(
-            "UPDATE fencelock_counter SET last_token = last_token + 1 WHERE id = 1 \
+            "UPDATE fencelock_counter SET last_token = max(last_token, :floor) + 1 WHERE id = 1 \
              RETURNING last_token",
-            [],
+            named_params! {":floor": floor},
             |r| r.get(0),
         )
         .map_err(error::map)?;
@@ -237,13 +245,11 @@ pub(crate) fn acquire_in(
         },
     )
     .map_err(error::map)?;
-    Ok(Acquire::Granted(Grant {
-        token: FencingToken(
-            u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?,
-        ),
-        ttl: request.ttl,
-        expires_at: wall(wall_now + ttl_ms(request.ttl)),
-    }))
+    Ok(Acquire::Granted(Grant::new(
+        FencingToken(u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?),
+        request.ttl,
+        wall(wall_now + ttl_ms(request.ttl)),
+    )))
 }
 
 /// The body of a release, inside [`write_tx`]: whether the lease was removed.
@@ -267,6 +273,31 @@ pub(crate) fn release_in(
         )
         .map_err(error::map)?;
     Ok(n == 1)
+}
+
+/// The body of a renewal, inside [`write_tx`]: the new display expiry
+/// (wall-clock milliseconds) if `lease` was current and unexpired (I3).
+fn renew_in(tx: &Transaction<'_>, now: Now, lease: &LeaseId, ttl: Duration) -> Result<Option<i64>> {
+    // Tokens are stored as i64: a larger one was never issued.
+    let Ok(token) = i64::try_from(lease.token.get()) else {
+        return Ok(None);
+    };
+    let expires_ms = wall_now_ms() + ttl_ms(ttl);
+    let changed = tx
+        .prepare_cached(&format!(
+            "UPDATE fencelock_locks SET renewed_mono_us = :now, \
+             expires_mono_us = :now + :ttl, expires_at_ms = :wall_exp \
+             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+        ))
+        .and_then(|mut stmt| {
+            stmt.execute(named_params! {
+                ":now": now.us, ":ttl": ttl_us(ttl), ":wall_exp": expires_ms,
+                ":key": lease.key.as_str(), ":owner": lease.owner.as_str(), ":token": token,
+                ":boot": now.boot,
+            })
+        })
+        .map_err(error::map)?;
+    Ok((changed == 1).then_some(expires_ms))
 }
 
 /// The backend clock at one instant.
@@ -318,11 +349,12 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            wakeups: true,
-            persistent: true,
-            keeps_expired: true,
-        }
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_batch_renew(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -331,57 +363,41 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Grant> {
-        let (k, o) = (key.clone(), owner.clone());
-        let Ok(db_token) = i64::try_from(token.0) else {
-            return Err(Error::NotHeld {
-                key: k,
-                owner: o,
-                token,
-            });
-        };
-        let renewed = self
-            .write(move |tx, now| {
-                let expires_ms = wall_now_ms() + ttl_ms(ttl);
-                let changed = tx
-                    .execute(
-                        &format!(
-                            "UPDATE fencelock_locks SET renewed_mono_us = :now, \
-                             expires_mono_us = :now + :ttl, expires_at_ms = :wall_exp \
-                             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
-                        ),
-                        named_params! {
-                            ":now": now.us, ":ttl": ttl_us(ttl), ":wall_exp": expires_ms,
-                            ":key": k.as_str(), ":owner": o.as_str(), ":token": db_token, ":boot": now.boot,
-                        },
-                    )
-                    .map_err(error::map)?;
-                Ok((changed == 1).then_some(expires_ms))
-            })
-            .await?;
-        match renewed {
-            Some(expires_ms) => Ok(Grant {
-                token,
-                ttl,
-                expires_at: wall(expires_ms),
-            }),
-            None => Err(Error::NotHeld {
-                key: key.clone(),
-                owner: owner.clone(),
-                token,
-            }),
-        }
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let renewal = [Renewal::new(lease.clone(), ttl)];
+        let mut answers = self.renew_many(&renewal).await?;
+        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
     }
 
-    async fn release(&self, key: &LockKey, owner: &Owner, token: FencingToken) -> Result<bool> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = renewals.to_vec();
+        // One IMMEDIATE transaction for the batch: one write lock and one
+        // clock reading decide every lease of it.
+        let renewed = self
+            .write(move |tx, now| {
+                batch
+                    .iter()
+                    .map(|r| renew_in(tx, now, &r.lease, r.ttl))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .await?;
+        Ok(renewals
+            .iter()
+            .zip(renewed)
+            .map(|(r, expires_ms)| match expires_ms {
+                Some(ms) => Ok(Grant::new(r.lease.token, r.ttl, wall(ms))),
+                None => Err(Error::not_held(&r.lease)),
+            })
+            .collect())
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let Ok(db_token) = i64::try_from(token.0) else {
-            return Ok(false);
+            return Err(Error::not_held(lease));
         };
         let (k, o) = (key.clone(), owner.clone());
         let released = self
@@ -390,7 +406,7 @@ impl Backend for SqliteBackend {
         if released {
             self.wakeups.notify(key.as_str());
         }
-        Ok(released)
+        lease.found(released)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

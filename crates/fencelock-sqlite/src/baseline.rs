@@ -17,7 +17,8 @@ use rusqlite::Connection;
 use crate::{
     backend::{acquire_in, release_in, write_tx},
     clock::HostClock,
-    connection::{open_blocking, SqliteOptions},
+    connection::open_blocking,
+    options::SqliteOptions,
 };
 
 /// Opens raw connections to the file of a `sqlite://` URL.

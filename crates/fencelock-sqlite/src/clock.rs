@@ -55,7 +55,7 @@ impl HostClock {
             }),
             Err(why) => Err(fencelock_core::BackendError::message(
                 crate::error::NAME,
-                false,
+                fencelock_core::ErrorStatus::Permanent,
                 format!("the SQLite backend cannot read the host clock: {why}"),
             )
             .into()),

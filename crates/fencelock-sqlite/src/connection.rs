@@ -2,15 +2,18 @@
 //! blocking SQLite calls off the async runtime.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
-use fencelock_core::{parse_duration, Error, Result};
+use fencelock_core::Result;
 use rusqlite::Connection;
 
-use crate::error;
+use crate::{
+    error,
+    options::{SqliteOptions, Synchronous},
+};
 
 /// Everything fencelock keeps in the database. `IF NOT EXISTS` makes it
 /// idempotent, and running it in an IMMEDIATE transaction makes concurrent
@@ -47,101 +50,6 @@ CREATE TABLE IF NOT EXISTS fencelock_fences (
     token    TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
-
-/// How hard SQLite syncs commits to disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Synchronous {
-    /// fsync on every commit (default): a grant survives power loss.
-    Full,
-    /// WAL's NORMAL: survives process crashes; the last commits before a
-    /// power loss may roll back. All holders of a SQLite lock live on the
-    /// same host and die with it, but a fence elsewhere may have seen a
-    /// token that is then issued again — use `Full` when fences matter.
-    Normal,
-}
-
-/// Where and how to open a lock database.
-#[derive(Clone, Debug)]
-pub struct SqliteOptions {
-    path: PathBuf,
-    busy_timeout: Duration,
-    synchronous: Synchronous,
-}
-
-impl SqliteOptions {
-    /// A database file at `path`, created if missing, with its missing
-    /// parent directories (mode 0700).
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self {
-            path: path.into(),
-            busy_timeout: Duration::from_secs(5),
-            synchronous: Synchronous::Full,
-        }
-    }
-
-    /// Parses `sqlite://PATH[?busy_timeout=5s&synchronous=full|normal]`.
-    ///
-    /// `sqlite:///var/lib/app/locks.db` is an absolute path,
-    /// `sqlite://locks.db` a relative one.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let rest = url
-            .get(..9)
-            .filter(|scheme| scheme.eq_ignore_ascii_case("sqlite://"))
-            .map(|_| &url[9..])
-            .ok_or_else(|| Error::InvalidUrl(format!("{url:?} does not start with sqlite://")))?;
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if path.is_empty() {
-            return Err(Error::InvalidUrl(
-                "sqlite:// needs a file path, e.g. sqlite:///var/lib/app/locks.db".into(),
-            ));
-        }
-        let mut options = Self::new(path);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match name {
-                "busy_timeout" => {
-                    options.busy_timeout = parse_duration(value)
-                        .map_err(|e| Error::InvalidUrl(format!("busy_timeout: {e}")))?;
-                }
-                "synchronous" => {
-                    options.synchronous = match value.to_ascii_lowercase().as_str() {
-                        "full" => Synchronous::Full,
-                        "normal" => Synchronous::Normal,
-                        other => {
-                            return Err(Error::InvalidUrl(format!(
-                                "synchronous={other:?}: expected full or normal"
-                            )))
-                        }
-                    }
-                }
-                other => {
-                    return Err(Error::InvalidUrl(format!(
-                        "unknown sqlite option {other:?} (known: busy_timeout, synchronous)"
-                    )))
-                }
-            }
-        }
-        Ok(options)
-    }
-
-    /// How long a statement waits for another process's write lock before
-    /// failing with a transient error (default 5 s).
-    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
-        self
-    }
-
-    /// Commit durability (default [`Synchronous::Full`]).
-    pub fn synchronous(mut self, mode: Synchronous) -> Self {
-        self.synchronous = mode;
-        self
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
 
 /// One SQLite connection, used from blocking threads one call at a time.
 #[derive(Clone, Debug)]

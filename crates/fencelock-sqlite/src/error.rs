@@ -36,7 +36,7 @@ pub(crate) fn task(e: tokio::task::JoinError) -> Error {
 pub(crate) fn corrupt(what: String) -> Error {
     BackendError::message(
         NAME,
-        false,
+        fencelock_core::ErrorStatus::Permanent,
         format!("unexpected data in the lock table: {what}"),
     )
     .into()

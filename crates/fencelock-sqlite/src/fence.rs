@@ -4,10 +4,7 @@ use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, Result};
 use rusqlite::{named_params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::{
-    connection::{Db, SqliteOptions},
-    error,
-};
+use crate::{connection::Db, error, options::SqliteOptions};
 
 /// Fence tokens are stored as 20-digit zero-padded text so that SQLite's
 /// text comparison orders the whole `u64` range correctly.
@@ -89,8 +86,14 @@ pub struct SqliteFence {
 }
 
 impl SqliteFence {
+    /// Opens (and if needed creates) the fence tables in the database of a
+    /// `sqlite://PATH` URL.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(SqliteOptions::from_url(url)?).await
+    }
+
     /// Opens (and if needed creates) the fence tables in the database.
-    pub async fn open(options: SqliteOptions) -> Result<Self> {
+    pub async fn connect_with(options: SqliteOptions) -> Result<Self> {
         Ok(Self {
             db: Db::open(&options).await?,
         })

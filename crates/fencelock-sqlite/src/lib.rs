@@ -22,13 +22,13 @@
 //! ```
 //! use std::sync::Arc;
 //! use fencelock_core::LockClient;
-//! use fencelock_sqlite::SqliteBackend;
+//! use fencelock_sqlite::{SqliteBackend, SqliteOptions};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), fencelock_core::Error> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let path = dir.path().join("locks.db");
-//! let backend = SqliteBackend::open_path(&path).await?;
+//! let backend = SqliteBackend::connect_with(SqliteOptions::new(&path)).await?;
 //! let client = LockClient::new(Arc::new(backend));
 //! let guard = client.lock("nightly-report").acquire().await?;
 //! println!("token {}", guard.token());
@@ -45,25 +45,45 @@ mod clock;
 mod connection;
 mod error;
 mod fence;
+mod options;
 
 use std::sync::Arc;
 
-use fencelock_core::{Backend, Fence, Result};
+use async_trait::async_trait;
+use fencelock_core::{Backend, Driver, Fence, Result};
 
 pub use backend::SqliteBackend;
-pub use connection::{ensure_schema, SqliteOptions, Synchronous};
+pub use connection::ensure_schema;
 pub use fence::SqliteFence;
+pub use options::{SqliteOptions, Synchronous};
 
-/// Opens the backend for a `sqlite://PATH` URL (see [`SqliteOptions::from_url`]).
-pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
-    Ok(Arc::new(
-        SqliteBackend::open(SqliteOptions::from_url(url)?).await?,
-    ))
-}
+/// The [`Driver`] of `sqlite://PATH` URLs (see [`SqliteOptions::from_url`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SqliteDriver;
 
-/// Opens the fence for a `sqlite://PATH` URL.
-pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
-    Ok(Arc::new(
-        SqliteFence::open(SqliteOptions::from_url(url)?).await?,
-    ))
+#[async_trait]
+impl Driver for SqliteDriver {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["sqlite"]
+    }
+
+    async fn open_backend(&self, url: &str) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(SqliteBackend::connect(url).await?))
+    }
+
+    async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
+        Ok(Arc::new(SqliteFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
+    }
 }

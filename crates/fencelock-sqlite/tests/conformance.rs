@@ -19,11 +19,13 @@ struct SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
-        Ok(Arc::new(SqliteBackend::open(self.options.clone()).await?))
+        Ok(Arc::new(
+            SqliteBackend::connect_with(self.options.clone()).await?,
+        ))
     }
     async fn fence(&self) -> TestResult<Option<Arc<dyn Fence>>> {
         Ok(Some(Arc::new(
-            SqliteFence::open(self.options.clone()).await?,
+            SqliteFence::connect_with(self.options.clone()).await?,
         )))
     }
 }

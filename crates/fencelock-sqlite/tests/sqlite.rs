@@ -5,10 +5,11 @@
 
 use std::{sync::Arc, time::Duration};
 
+use fencelock_core::Driver;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LockKey, Owner,
+    Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LeaseId, LockKey, Owner, Renewal,
 };
-use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteFence, SqliteOptions};
+use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteDriver, SqliteFence, SqliteOptions};
 use fencelock_testkit::{
     async_trait,
     txfence::{self, FenceTransaction, TransactionalFence},
@@ -17,13 +18,11 @@ use fencelock_testkit::{
 use rusqlite::Connection;
 
 fn request(key: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        key: LockKey::new(key).unwrap(),
-        owner: Owner::new(owner).unwrap(),
-        ttl: Duration::from_secs(600),
-        kind: None,
-        data: None,
-    }
+    AcquireRequest::new(
+        LockKey::new(key).unwrap(),
+        Owner::new(owner).unwrap(),
+        Duration::from_secs(600),
+    )
 }
 
 async fn granted(backend: &SqliteBackend, key: &str, owner: &str) -> FencingToken {
@@ -43,7 +42,9 @@ fn tamper(path: &std::path::Path, sql: &str) {
 async fn a_lease_from_another_boot_is_expired() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path))
+        .await
+        .unwrap();
     let before = granted(&backend, "k", "old").await;
     tamper(
         &path,
@@ -58,9 +59,11 @@ async fn a_lease_from_another_boot_is_expired() {
     assert!(after > before);
     let stale = backend
         .renew(
-            &LockKey::new("k").unwrap(),
-            &Owner::new("old").unwrap(),
-            before,
+            &LeaseId::new(
+                LockKey::new("k").unwrap(),
+                Owner::new("old").unwrap(),
+                before,
+            ),
             Duration::from_secs(5),
         )
         .await;
@@ -72,7 +75,9 @@ async fn a_lease_renewed_in_the_clocks_future_is_expired() {
     // What a restarted clock without a boot id would look like.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path))
+        .await
+        .unwrap();
     granted(&backend, "k", "old").await;
     tamper(
         &path,
@@ -91,7 +96,9 @@ async fn a_lease_renewed_in_the_clocks_future_is_expired() {
 async fn wall_clock_times_take_no_part_in_decisions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::open_path(&path).await.unwrap();
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path))
+        .await
+        .unwrap();
     let token = granted(&backend, "past", "a").await;
     granted(&backend, "future", "a").await;
     // As if the wall clock had jumped a year either way since the grants.
@@ -129,7 +136,9 @@ async fn concurrent_first_opens_of_one_file_all_succeed() {
         let opens: Vec<_> = (0..16)
             .map(|_| {
                 let path = Arc::clone(&path);
-                tokio::spawn(async move { SqliteBackend::open_path(&*path).await })
+                tokio::spawn(async move {
+                    SqliteBackend::connect_with(SqliteOptions::new(&*path)).await
+                })
             })
             .collect();
         for open in opens {
@@ -148,7 +157,7 @@ async fn the_fence_commits_and_rolls_back_with_the_callers_transaction() -> Test
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("app.db");
     ensure_schema(&Connection::open(&path)?)?;
-    let fence = SqliteFence::open(SqliteOptions::new(&path)).await?;
+    let fence = SqliteFence::connect_with(SqliteOptions::new(&path)).await?;
     // With the rollback journal a transaction that has read blocks every
     // writer until it ends, so no newer admission can slip in behind its
     // reads: there is no snapshot to be stale.
@@ -170,7 +179,7 @@ async fn the_fence_in_a_wal_database_refuses_tokens_made_stale_after_the_snapsho
     let conn = Connection::open(&path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     ensure_schema(&conn)?;
-    let fence = SqliteFence::open(SqliteOptions::new(&path)).await?;
+    let fence = SqliteFence::connect_with(SqliteOptions::new(&path)).await?;
     txfence::fence_in_transaction(&Transactions {
         path,
         fence,
@@ -240,7 +249,7 @@ async fn urls_are_parsed_strictly() {
         "sqlite://{}?busy_timeout=250ms&synchronous=normal",
         dir.path().join("l.db").display()
     );
-    fencelock_sqlite::open_backend(&good).await.unwrap();
+    SqliteDriver.open_backend(&good).await.unwrap();
     for bad in [
         "sqlite://",
         "sqlite:relative.db",
@@ -249,7 +258,7 @@ async fn urls_are_parsed_strictly() {
         "sqlite:///tmp/x.db?synchronous=sometimes",
         "sqlite:///tmp/x.db?unknown=1",
     ] {
-        let r = fencelock_sqlite::open_backend(bad).await;
+        let r = SqliteDriver.open_backend(bad).await;
         assert!(matches!(r, Err(Error::InvalidUrl(_))), "{bad}: {r:?}");
     }
 }
@@ -260,17 +269,24 @@ async fn inspect_never_sees_a_held_lock_as_free_during_renewals() {
     let path = dir.path().join("locks.db");
     let key = LockKey::new("k").unwrap();
     let owner = Owner::new("holder").unwrap();
-    let holder = SqliteBackend::open_path(&path).await.unwrap();
+    let holder = SqliteBackend::connect_with(SqliteOptions::new(&path))
+        .await
+        .unwrap();
     let token = granted(&holder, "k", "holder").await;
     let renewers: Vec<_> = (0..3)
         .map(|_| {
             let (path, key, owner) = (path.clone(), key.clone(), owner.clone());
             tokio::spawn(async move {
-                let b = SqliteBackend::open_path(&path).await.unwrap();
+                let b = SqliteBackend::connect_with(SqliteOptions::new(&path))
+                    .await
+                    .unwrap();
                 for _ in 0..300 {
-                    b.renew(&key, &owner, token, Duration::from_secs(600))
-                        .await
-                        .unwrap();
+                    b.renew(
+                        &LeaseId::new(key.clone(), owner.clone(), token),
+                        Duration::from_secs(600),
+                    )
+                    .await
+                    .unwrap();
                 }
             })
         })
@@ -280,7 +296,9 @@ async fn inspect_never_sees_a_held_lock_as_free_during_renewals() {
         .map(|_| {
             let (path, key, done) = (path.clone(), key.clone(), Arc::clone(&done));
             tokio::spawn(async move {
-                let b = SqliteBackend::open_path(&path).await.unwrap();
+                let b = SqliteBackend::connect_with(SqliteOptions::new(&path))
+                    .await
+                    .unwrap();
                 let mut seen_free = 0;
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
                     if b.inspect(&key).await.unwrap().is_none() {
@@ -309,7 +327,7 @@ async fn opening_creates_the_missing_directories_of_the_file() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/a/b/locks.db", dir.path().display());
-    let backend = fencelock_sqlite::open_backend(&url).await.unwrap();
+    let backend = SqliteDriver.open_backend(&url).await.unwrap();
     let grant = backend.try_acquire(&request("k", "o")).await.unwrap();
     assert!(matches!(grant, Acquire::Granted(_)), "{grant:?}");
     assert!(dir.path().join("a/b/locks.db").is_file());
@@ -328,12 +346,69 @@ async fn a_directory_that_cannot_be_created_is_a_clear_permanent_error() {
     // A regular file where a directory should be: fails even as root.
     std::fs::write(dir.path().join("file"), "").unwrap();
     let path = dir.path().join("file/sub/locks.db");
-    let err = SqliteBackend::open_path(&path).await.unwrap_err();
+    let err = SqliteBackend::connect_with(SqliteOptions::new(&path))
+        .await
+        .unwrap_err();
     assert!(!err.is_transient(), "{err}");
     let shown = err.to_string();
     // Names the directory it could not create, not just the file.
     assert!(
         shown.contains(&format!("directory {}/file/sub ", dir.path().display())),
         "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn a_floor_beyond_the_counter_range_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(dir.path().join("l.db")))
+        .await
+        .unwrap();
+    let first = granted(&backend, "a", "o").await;
+    for floor in [u64::MAX, i64::MAX as u64] {
+        let refused = backend
+            .try_acquire(&request("b", "o").with_min_token(Some(FencingToken(floor))))
+            .await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{refused:?}"
+        );
+    }
+    // The refused floors neither took the key nor moved the counter.
+    assert_eq!(
+        granted(&backend, "b", "o").await,
+        FencingToken(first.get() + 1)
+    );
+}
+
+#[tokio::test]
+async fn a_batch_naming_one_lease_twice_renews_it_and_touches_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(dir.path().join("l.db")))
+        .await
+        .unwrap();
+    let (key, owner) = (LockKey::new("k").unwrap(), Owner::new("o").unwrap());
+    let token = granted(&backend, "k", "o").await;
+    let other = granted(&backend, "other", "x").await;
+    let lease = LeaseId::new(key.clone(), owner, token);
+    let ttl = Duration::from_secs(900);
+    let answers = backend
+        .renew_many(&[Renewal::new(lease.clone(), ttl), Renewal::new(lease, ttl)])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 2);
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let info = backend.inspect(&key).await.unwrap().unwrap();
+    assert_eq!(info.token, token);
+    assert!(info.expires_in > Duration::from_secs(600), "{info:?}");
+    let untouched = backend
+        .inspect(&LockKey::new("other").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(untouched.token, other);
+    assert!(
+        untouched.expires_in <= Duration::from_secs(600),
+        "{untouched:?}"
     );
 }

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use futures_util::future::BoxFuture;
 
 use crate::{
@@ -85,22 +85,21 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
     let key = LockKey::new("timeouts:blocked")?;
     let owner = Owner::new("timeouts")?;
     let granted = backend
-        .try_acquire(&AcquireRequest {
-            key: key.clone(),
-            owner: owner.clone(),
-            ttl: Duration::from_secs(120),
-            kind: None,
-            data: None,
-        })
+        .try_acquire(&AcquireRequest::new(
+            key.clone(),
+            owner.clone(),
+            Duration::from_secs(120),
+        ))
         .await?;
     let Acquire::Granted(grant) = granted else {
         return Err(format!("a free key was refused: {granted:?}").into());
     };
+    let lease = LeaseId::new(key.clone(), owner.clone(), grant.token);
     let held = hold(key.as_str().to_owned()).await?;
     fails_within(
         "a blocked renewal",
         op_timeout + SLACK,
-        backend.renew(&key, &owner, grant.token, Duration::from_secs(120)),
+        backend.renew(&lease, Duration::from_secs(120)),
     )
     .await?;
     let seen = tokio::time::timeout(op_timeout + SLACK, backend.inspect(&key)).await;
@@ -110,7 +109,7 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
         seen.as_ref().map(|l| l.token) == Some(grant.token),
         "inspect after a timed-out renewal: {seen:?}"
     );
-    backend.release(&key, &owner, grant.token).await?;
+    backend.release(&lease).await?;
     Ok(())
 }
 
@@ -141,23 +140,18 @@ pub async fn timeouts_are_honoured(
 
     let proxied = ProxiedUrl::start(url).await?;
     let backend = open(with_timeout(&proxied)).await?;
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl: Duration::from_secs(30),
-        kind: None,
-        data: None,
-    };
+    let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));
     let token = match backend.try_acquire(&request).await? {
         Acquire::Granted(g) => g.token,
         held => return Err(format!("{key} is not free: {held:?}").into()),
     };
     proxied.partition();
     let ttl = request.ttl;
-    fails_within("renew", bound, backend.renew(&key, &owner, token, ttl)).await?;
+    let lease = request.lease(token);
+    fails_within("renew", bound, backend.renew(&lease, ttl)).await?;
     fails_within("try_acquire", bound, backend.try_acquire(&request)).await?;
     fails_within("inspect", bound, backend.inspect(&key)).await?;
-    fails_within("release", bound, backend.release(&key, &owner, token)).await?;
+    fails_within("release", bound, backend.release(&lease)).await?;
     fails_within("list", bound, backend.list(None)).await?;
     fails_within("subscribe", bound, async {
         backend.subscribe(&key).await.map(|s| s.is_some())

@@ -92,8 +92,9 @@ pub use fencelock_core::*;
 /// applications need none of it. Each item is also at the crate root.
 pub mod backend {
     pub use fencelock_core::{
-        async_trait, Acquire, AcquireRequest, Backend, Backoff, Capabilities, Grant, Stats,
-        WakeHub, WakeSubscription,
+        async_trait, Acquire, AcquireRequest, Backend, BackendError, Backoff, Capabilities, Driver,
+        ErrorStatus, Grant, HolderChange, Renewal, Stats, WakeHub, WakeSubscription, Watch,
+        WatchFeeder,
     };
 }
 
@@ -113,106 +114,79 @@ pub use fencelock_redis as redis;
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
 
-/// The engines a URL can name.
-#[derive(Clone, Copy, Debug)]
-enum Engine {
-    Memory,
-    Sqlite,
-    Postgres,
-    MySql,
-    Redis,
-    Etcd,
+/// Every driver compiled in, memory first. Adding an engine adds a line
+/// here and a cargo feature, nothing else.
+pub fn drivers() -> Vec<&'static dyn Driver> {
+    #[allow(unused_mut)] // with no backend feature, only memory is listed
+    let mut drivers: Vec<&'static dyn Driver> = vec![&MemoryDriver];
+    #[cfg(feature = "sqlite")]
+    drivers.push(&fencelock_sqlite::SqliteDriver);
+    #[cfg(feature = "postgres")]
+    drivers.push(&fencelock_postgres::PostgresDriver);
+    #[cfg(feature = "mysql")]
+    drivers.push(&fencelock_mysql::MySqlDriver);
+    #[cfg(feature = "redis")]
+    drivers.push(&fencelock_redis::RedisDriver);
+    #[cfg(feature = "etcd")]
+    drivers.push(&fencelock_etcd::EtcdDriver);
+    drivers
 }
 
-impl Engine {
-    /// Reads the scheme (the text before `://`, case-insensitive).
-    fn of(url: &str) -> Result<Self> {
-        let Some((scheme, _)) = url.split_once("://").filter(|(s, _)| !s.is_empty()) else {
-            return Err(Error::InvalidUrl(format!(
-                "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
-                redact_url(url)
-            )));
-        };
-        Ok(match scheme.to_ascii_lowercase().as_str() {
-            "mem" | "memory" => Engine::Memory,
-            "sqlite" => Engine::Sqlite,
-            "postgres" | "postgresql" => Engine::Postgres,
-            "mysql" | "mariadb" => Engine::MySql,
-            "redis" | "rediss" => Engine::Redis,
-            "etcd" => Engine::Etcd,
-            other => {
-                return Err(Error::InvalidUrl(format!(
-                    "unknown scheme {other:?}; known: mem, sqlite, postgres, postgresql, mysql, \
-                     mariadb, redis, rediss, etcd"
-                )))
-            }
-        })
-    }
+/// The schemes of engines this build can be given a feature for, and the
+/// feature: to say which feature a URL needs when it is off.
+const FEATURES: &[(&str, &str)] = &[
+    ("sqlite", "sqlite"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("etcd", "etcd"),
+];
 
-    /// The error for an engine whose cargo feature was not compiled in.
-    #[allow(dead_code)] // unused when every backend feature is on
-    fn not_compiled(self) -> Error {
-        let feature = match self {
-            Engine::Memory => "(none)",
-            Engine::Sqlite => "sqlite",
-            Engine::Postgres => "postgres",
-            Engine::MySql => "mysql",
-            Engine::Redis => "redis",
-            Engine::Etcd => "etcd",
-        };
-        Error::Unsupported(format!(
+/// The driver for `url`'s scheme (case-insensitive), and `url` with its
+/// scheme in lower case (the backends parse only that form).
+fn driver_for(url: &str) -> Result<(&'static dyn Driver, String)> {
+    let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| !s.is_empty()) else {
+        return Err(Error::InvalidUrl(format!(
+            "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
+            redact_url(url)
+        )));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let drivers = drivers();
+    if let Some(driver) = drivers
+        .iter()
+        .find(|d| d.schemes().contains(&scheme.as_str()))
+    {
+        return Ok((*driver, format!("{scheme}://{rest}")));
+    }
+    if let Some((_, feature)) = FEATURES.iter().find(|(s, _)| *s == scheme) {
+        return Err(Error::Unsupported(format!(
             "this URL needs fencelock's `{feature}` cargo feature"
-        ))
+        )));
     }
-}
-
-/// `url` with its scheme in lower case: schemes are case-insensitive, and
-/// the backends parse only the lower-case form.
-fn lower_scheme(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
-        None => url.to_owned(),
-    }
+    let known: Vec<&str> = drivers
+        .iter()
+        .flat_map(|d| d.schemes().iter().copied())
+        .collect();
+    Err(Error::InvalidUrl(format!(
+        "unknown scheme {scheme:?}; known: {}",
+        known.join(", ")
+    )))
 }
 
 /// Opens the backend a URL names.
 pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
-    let url = &lower_scheme(url);
-    match Engine::of(url)? {
-        Engine::Memory => Ok(Arc::new(MemoryBackend::new())),
-        #[cfg(feature = "sqlite")]
-        Engine::Sqlite => fencelock_sqlite::open_backend(url).await,
-        #[cfg(feature = "postgres")]
-        Engine::Postgres => fencelock_postgres::open_backend(url).await,
-        #[cfg(feature = "mysql")]
-        Engine::MySql => fencelock_mysql::open_backend(url).await,
-        #[cfg(feature = "redis")]
-        Engine::Redis => fencelock_redis::open_backend(url).await,
-        #[cfg(feature = "etcd")]
-        Engine::Etcd => fencelock_etcd::open_backend(url).await,
-        #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled()),
-    }
+    let (driver, url) = driver_for(url)?;
+    driver.open_backend(&url).await
 }
 
 /// Opens the fence kept by the backend a URL names.
 pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
-    let url = &lower_scheme(url);
-    match Engine::of(url)? {
-        Engine::Memory => Ok(Arc::new(MemoryFence::new())),
-        #[cfg(feature = "sqlite")]
-        Engine::Sqlite => fencelock_sqlite::open_fence(url).await,
-        #[cfg(feature = "postgres")]
-        Engine::Postgres => fencelock_postgres::open_fence(url).await,
-        #[cfg(feature = "mysql")]
-        Engine::MySql => fencelock_mysql::open_fence(url).await,
-        #[cfg(feature = "redis")]
-        Engine::Redis => fencelock_redis::open_fence(url).await,
-        #[cfg(feature = "etcd")]
-        Engine::Etcd => fencelock_etcd::open_fence(url).await,
-        #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled()),
-    }
+    let (driver, url) = driver_for(url)?;
+    driver.open_fence(&url).await
 }
 
 /// The engine's own limit for `fencelock bench --baseline`: raw lock
@@ -221,24 +195,8 @@ pub async fn open_fence(url: &str) -> Result<Arc<dyn Fence>> {
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub async fn open_baseline(url: &str) -> Result<Box<dyn baseline::RawBaseline>> {
-    let url = &lower_scheme(url);
-    match Engine::of(url)? {
-        Engine::Memory => Ok(Box::new(baseline::DirectBaseline::new(
-            open_backend(url).await?,
-        )?)),
-        #[cfg(feature = "sqlite")]
-        Engine::Sqlite => fencelock_sqlite::baseline::open(url).await,
-        #[cfg(feature = "postgres")]
-        Engine::Postgres => fencelock_postgres::baseline::open(url).await,
-        #[cfg(feature = "mysql")]
-        Engine::MySql => fencelock_mysql::baseline::open(url).await,
-        #[cfg(feature = "redis")]
-        Engine::Redis => fencelock_redis::baseline::open(url).await,
-        #[cfg(feature = "etcd")]
-        Engine::Etcd => fencelock_etcd::baseline::open(url).await,
-        #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled()),
-    }
+    let (driver, url) = driver_for(url)?;
+    driver.open_baseline(&url).await
 }
 
 /// A [`LockClient`] with default settings on the backend a URL names.

@@ -197,7 +197,8 @@ pub struct Store {
 
 /// A failure of the store itself: the run cannot be judged.
 pub fn store_error(message: impl Into<String>) -> Error {
-    fencelock::BackendError::message("torture store", false, message).into()
+    fencelock::BackendError::message("torture store", fencelock::ErrorStatus::Permanent, message)
+        .into()
 }
 
 fn sql(e: rusqlite::Error) -> Error {

@@ -173,7 +173,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
 }
 
 fn harness_error(message: impl Into<String>) -> Error {
-    fencelock::BackendError::message("torture", false, message).into()
+    fencelock::BackendError::message("torture", fencelock::ErrorStatus::Permanent, message).into()
 }
 
 /// Runs `fencelock torture`; Ctrl-C or SIGTERM stops it, and every worker,

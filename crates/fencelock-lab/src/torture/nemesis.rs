@@ -148,7 +148,10 @@ async fn with_server<T: Send + 'static>(
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r)
-    .map_err(|e| fencelock::BackendError::message("torture server", false, e).into())
+    .map_err(|e| {
+        fencelock::BackendError::message("torture server", fencelock::ErrorStatus::Permanent, e)
+            .into()
+    })
 }
 
 /// What the nemesis works on.
@@ -183,7 +186,12 @@ impl Targets {
 fn signal(pid: u32, signal: Signal) -> Result<(), Error> {
     let pid = i32::try_from(pid).map_err(|_| Error::InvalidArgument(format!("pid {pid}")))?;
     kill(Pid::from_raw(pid), signal).map_err(|e| {
-        fencelock::BackendError::message("torture", false, format!("kill {signal}: {e}")).into()
+        fencelock::BackendError::message(
+            "torture",
+            fencelock::ErrorStatus::Permanent,
+            format!("kill {signal}: {e}"),
+        )
+        .into()
     })
 }
 

@@ -14,13 +14,9 @@ pub async fn inspect_reports_the_lease(store: &dyn Store) -> TestResult {
     let k = key("workflow:123");
     ensure!(b.inspect(&k).await?.is_none(), "a fresh key has a lease");
     let data = json!({"job": "nightly", "attempt": 3, "tags": ["a", "ü"]});
-    let req = AcquireRequest {
-        key: k.clone(),
-        owner: owner("worker-1"),
-        ttl: LONG_TTL,
-        kind: Some("workflow".into()),
-        data: Some(data.clone()),
-    };
+    let req = AcquireRequest::new(k.clone(), owner("worker-1"), LONG_TTL)
+        .with_kind(Some("workflow".into()))
+        .with_data(Some(data.clone()));
     let g = match b.try_acquire(&req).await? {
         fencelock_core::Acquire::Granted(g) => g,
         held => return Err(format!("free key not granted: {held:?}").into()),
@@ -105,13 +101,7 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
         ("n1", "node", "alice"),
     ];
     for (k, kind, o) in leases {
-        let req = AcquireRequest {
-            key: key(k),
-            owner: owner(o),
-            ttl: LONG_TTL,
-            kind: Some(kind.into()),
-            data: None,
-        };
+        let req = AcquireRequest::new(key(k), owner(o), LONG_TTL).with_kind(Some(kind.into()));
         ensure!(
             matches!(
                 b.try_acquire(&req).await?,

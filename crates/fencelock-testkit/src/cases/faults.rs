@@ -20,7 +20,8 @@ use fencelock_core::{
 use tokio::{sync::Mutex, task::JoinHandle, time::Instant};
 
 use super::{
-    client, ensure, fence_of, grant, key, owner, EXPIRY_SLACK, GUARD_TTL, LONG_TTL, SHORT_TTL,
+    client, ensure, fence_of, grant, key, owner, released, EXPIRY_SLACK, GUARD_TTL, LONG_TTL,
+    SHORT_TTL,
 };
 use crate::{
     fault::{Fault, FaultyBackend},
@@ -73,7 +74,7 @@ fn client_on(conn: &ProxiedBackend, name: &str) -> TestResult<LockClient> {
 async fn granted_short_ttl(direct: &dyn Backend) -> TestResult<Duration> {
     let probe = key("granted-ttl-probe");
     let g = grant(direct, &probe, &owner("probe"), SHORT_TTL).await?;
-    direct.release(&probe, &owner("probe"), g.token).await?;
+    released(direct, &probe, &owner("probe"), g.token).await?;
     Ok(g.ttl)
 }
 
@@ -585,15 +586,15 @@ pub async fn expired_holder_release_has_no_effect(store: &dyn Store) -> TestResu
         matches!(renewed, Err(Error::LockLost { .. })),
         "the old guard renewed: {renewed:?}"
     );
-    let released = a_guard.release().await;
+    let a_released = a_guard.release().await;
     ensure!(
-        matches!(released, Err(Error::NotHeld { .. })),
-        "the old guard's release gave {released:?}"
+        matches!(a_released, Err(Error::NotHeld { .. })),
+        "the old guard's release gave {a_released:?}"
     );
     // What a retried release or `fencelock release --owner --token` sends.
     let k = key("stale-release");
     ensure!(
-        !faulty.release(&k, &same, a_token).await?,
+        !released(&*faulty, &k, &same, a_token).await?,
         "a release with the old token removed a lease"
     );
 

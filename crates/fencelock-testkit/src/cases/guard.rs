@@ -160,13 +160,11 @@ pub async fn restart_keeps_or_loses_lock_honestly(store: &dyn Store) -> TestResu
         .await?;
     store.restart().await?;
     let other = store.connect().await?;
-    let rival = fencelock_core::AcquireRequest {
-        key: key("restart"),
-        owner: owner("rival"),
-        ttl: Duration::from_secs(30),
-        kind: None,
-        data: None,
-    };
+    let rival = fencelock_core::AcquireRequest::new(
+        key("restart"),
+        owner("rival"),
+        Duration::from_secs(30),
+    );
     // Probe for a while after the restart: whenever the rival wins, the
     // guard must have stopped trusting its lease by the time the answer is
     // back (the backend's lease ended before the rival's request arrived).

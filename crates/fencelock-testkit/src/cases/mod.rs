@@ -6,6 +6,7 @@
 //! up), then poll with a bound.
 
 mod admin;
+mod capabilities;
 mod exclusion;
 mod faults;
 mod fence;
@@ -16,7 +17,9 @@ mod tokens;
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Grant, LockKey, Owner};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Error, FencingToken, Grant, LeaseId, LockKey, Owner,
+};
 use futures_util::future::BoxFuture;
 
 use crate::suite::{Needs, Store, TestResult};
@@ -113,6 +116,11 @@ pub static CASES: &[Case] = &[
     case!(faults::ambiguous_acquire_is_resolved, NETWORK),
     case!(faults::renewal_under_latency_loses_before_expiry, NETWORK),
     case!(faults::expired_holder_release_has_no_effect),
+    case!(capabilities::renew_many_answers_each_lease),
+    case!(capabilities::min_token_floor_is_honoured_or_refused),
+    case!(capabilities::watch_reports_acquire_release_and_expiry),
+    case!(capabilities::wakeups_claim_holds),
+    case!(capabilities::close_releases_every_lease),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.
@@ -146,12 +154,26 @@ pub(crate) fn owner(name: &str) -> Owner {
 }
 
 pub(crate) fn request(key: &LockKey, owner: &Owner, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl,
-        kind: None,
-        data: None,
+    AcquireRequest::new(key.clone(), owner.clone(), ttl)
+}
+
+/// The lease of `owner` on `key` with `token`.
+pub(crate) fn lease(key: &LockKey, owner: &Owner, token: FencingToken) -> LeaseId {
+    LeaseId::new(key.clone(), owner.clone(), token)
+}
+
+/// Releases through the backend: `Ok(false)` when it answers
+/// [`Error::NotHeld`], the one way every backend says so.
+pub(crate) async fn released(
+    backend: &dyn Backend,
+    key: &LockKey,
+    owner: &Owner,
+    token: FencingToken,
+) -> fencelock_core::Result<bool> {
+    match backend.release(&lease(key, owner, token)).await {
+        Ok(()) => Ok(true),
+        Err(Error::NotHeld { .. }) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

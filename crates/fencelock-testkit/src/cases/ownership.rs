@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencelock_core::{Acquire, Error};
 
-use super::{ensure, grant, key, owner, request, wait_out, LONG_TTL, SHORT_TTL};
+use super::{ensure, grant, key, lease, owner, released, request, wait_out, LONG_TTL, SHORT_TTL};
 use crate::suite::{Store, TestResult};
 
 /// Another owner, with or without the right token, can neither renew nor
@@ -16,24 +16,24 @@ pub async fn i3_stranger_cannot_renew_or_release(store: &dyn Store) -> TestResul
     let (holder, stranger) = (owner("holder"), owner("stranger"));
     let g = grant(&*b, &k, &holder, LONG_TTL).await?;
     let before = b.inspect(&k).await?.ok_or("lease missing")?;
-    let renew = other.renew(&k, &stranger, g.token, LONG_TTL).await;
+    let renew = other.renew(&lease(&k, &stranger, g.token), LONG_TTL).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "a stranger renewed: {renew:?}"
     );
     ensure!(
-        !other.release(&k, &stranger, g.token).await?,
+        !released(&*other, &k, &stranger, g.token).await?,
         "a stranger released"
     );
     // The right owner with a wrong token is a stranger too.
     let wrong = fencelock_core::FencingToken(g.token.0.wrapping_add(1));
-    let renew = other.renew(&k, &holder, wrong, LONG_TTL).await;
+    let renew = other.renew(&lease(&k, &holder, wrong), LONG_TTL).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "a wrong token renewed: {renew:?}"
     );
     ensure!(
-        !other.release(&k, &holder, wrong).await?,
+        !released(&*other, &k, &holder, wrong).await?,
         "a wrong token released"
     );
     let after = b.inspect(&k).await?.ok_or("the lease vanished")?;
@@ -55,13 +55,13 @@ pub async fn i3_stale_holder_cannot_touch_successor(store: &dyn Store) -> TestRe
     let stale = grant(&*b, &k, &o, SHORT_TTL).await?;
     wait_out(&*b, &k, &stale).await?;
     let successor = grant(&*b, &k, &o, LONG_TTL).await?;
-    let renew = b.renew(&k, &o, stale.token, LONG_TTL).await;
+    let renew = b.renew(&lease(&k, &o, stale.token), LONG_TTL).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "the stale holder renewed: {renew:?}"
     );
     ensure!(
-        !b.release(&k, &o, stale.token).await?,
+        !released(&*b, &k, &o, stale.token).await?,
         "the stale holder released its successor"
     );
     let lease = b
@@ -83,13 +83,13 @@ pub async fn release_after_expiry_is_not_held(store: &dyn Store) -> TestResult {
     let o = owner("o");
     let g = grant(&*b, &k, &o, SHORT_TTL).await?;
     wait_out(&*b, &k, &g).await?;
-    let renew = b.renew(&k, &o, g.token, LONG_TTL).await;
+    let renew = b.renew(&lease(&k, &o, g.token), LONG_TTL).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "an expired lease was renewed: {renew:?}"
     );
     ensure!(
-        !b.release(&k, &o, g.token).await?,
+        !released(&*b, &k, &o, g.token).await?,
         "release of an expired lease returned true"
     );
     Ok(())

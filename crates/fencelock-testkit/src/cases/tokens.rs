@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencelock_core::FencingToken;
 
-use super::{ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use super::{ensure, grant, key, lease, owner, released, wait_out, LONG_TTL, SHORT_TTL};
 use crate::suite::{Store, TestResult};
 
 fn strictly_increasing(tokens: &[FencingToken]) -> bool {
@@ -21,7 +21,7 @@ pub async fn i2_grow_across_release(store: &dyn Store) -> TestResult {
         let g = grant(&*b, &k, &o, LONG_TTL).await?;
         tokens.push(g.token);
         ensure!(
-            b.release(&k, &o, g.token).await?,
+            released(&*b, &k, &o, g.token).await?,
             "release of a held lease returned false"
         );
     }
@@ -58,7 +58,10 @@ pub async fn i2_grow_across_cleanup(store: &dyn Store) -> TestResult {
     let (released, expired) = (key("i2-cleanup-released"), key("i2-cleanup-expired"));
     let o = owner("cleaner");
     let g1 = grant(&*b, &released, &o, LONG_TTL).await?;
-    ensure!(b.release(&released, &o, g1.token).await?, "release failed");
+    ensure!(
+        super::released(&*b, &released, &o, g1.token).await?,
+        "release failed"
+    );
     let g2 = grant(&*b, &expired, &o, SHORT_TTL).await?;
     wait_out(&*b, &expired, &g2).await?;
     b.cleanup_expired().await?;
@@ -91,7 +94,7 @@ pub async fn i2_grow_across_reconnect(store: &dyn Store) -> TestResult {
     let before = {
         let b = store.connect().await?;
         let g = grant(&*b, &k, &o, LONG_TTL).await?;
-        ensure!(b.release(&k, &o, g.token).await?, "release failed");
+        ensure!(released(&*b, &k, &o, g.token).await?, "release failed");
         g.token
     };
     let b = store.connect().await?;
@@ -112,7 +115,7 @@ pub async fn i2_grow_across_restart(store: &dyn Store) -> TestResult {
     let (t_free, t_live, live_ttl) = {
         let b = store.connect().await?;
         let g = grant(&*b, &free, &o, LONG_TTL).await?;
-        ensure!(b.release(&free, &o, g.token).await?, "release failed");
+        ensure!(released(&*b, &free, &o, g.token).await?, "release failed");
         let live_grant = grant(&*b, &live, &o, SHORT_TTL).await?;
         (g.token, live_grant.token, live_grant.ttl)
     };
@@ -167,7 +170,7 @@ pub async fn renewal_keeps_token(store: &dyn Store) -> TestResult {
     let g = grant(&*b, &k, &o, SHORT_TTL).await?;
     let mut last_expiry = g.expires_at;
     for _ in 0..3 {
-        let r = b.renew(&k, &o, g.token, LONG_TTL).await?;
+        let r = b.renew(&lease(&k, &o, g.token), LONG_TTL).await?;
         ensure!(
             r.token == g.token,
             "renewal changed the token: {} -> {}",

@@ -1,0 +1,412 @@
+//! The renewer: one scheduler per [`crate::LockClient`] that renews every
+//! lease the client holds and declares loss when a lease's local deadline
+//! passes.
+//!
+//! A task per held lock costs memory, a timer and a wake-up per release; a
+//! client holding 100,000 locks would run 100,000 tasks. Instead each client
+//! keeps one deadline-ordered schedule:
+//!
+//! - each registered guard has one timer: its next renewal, or its local
+//!   deadline (I5) while a renewal is in flight or when it does not renew;
+//! - when a renewal comes due, every other renewal due within a tenth of its
+//!   own period (at most [`MAX_BATCH_WINDOW`]) joins it, and the batch goes
+//!   to the backend as one [`Backend::renew_many`] call in a task of its
+//!   own, so that a hung call delays no other batch and no deadline;
+//! - a guard whose deadline passes before a renewal is confirmed is lost;
+//!   its lease is never trusted past `t_sent + ttl·(1−drift) − margin`.
+//!
+//! The scheduler task starts with the first guard and ends when the client
+//! holds none, so an idle client costs nothing. Releasing a guard removes its
+//! timer without waking the task.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+    },
+    time::Duration,
+};
+
+use rand::Rng;
+use tokio::{sync::Notify, time::Instant};
+
+use crate::{
+    backend::{Backend, Renewal},
+    backoff::Backoff,
+    clock::{suspends, Sent},
+    error::{Error, LossReason},
+    guard::Shared,
+    metrics as m,
+};
+
+/// Each renewal comes due up to this fraction of its period early, chosen at
+/// random, so that the clients of one backend do not renew in lockstep; and
+/// a renewal due within this fraction of its period joins the batch being
+/// sent. Renewing a lease a little early costs nothing; it turns thousands
+/// of renewals a second into a few round trips.
+const EARLY: f64 = 0.1;
+/// The longest a renewal is sent ahead of its time to join a batch.
+const MAX_BATCH_WINDOW: Duration = Duration::from_secs(1);
+/// Most leases in one `renew_many` call, to bound statement and reply size.
+const MAX_BATCH: usize = 1_000;
+
+/// One client's schedule. Cheap to clone; clones share it.
+#[derive(Clone, Default)]
+pub(crate) struct Renewer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    schedule: Mutex<Schedule>,
+    /// Wakes the task when a timer earlier than the one it sleeps for was
+    /// added.
+    wake: Notify,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct Schedule {
+    entries: HashMap<u64, Entry>,
+    /// `(when, guard id)`: each entry's one timer.
+    timers: BTreeSet<(Instant, u64)>,
+    running: bool,
+    closed: bool,
+}
+
+struct Entry {
+    shared: Arc<Shared>,
+    /// When the next renewal is due; `None` while one is in flight, or for
+    /// a guard that does not renew.
+    next_renewal: Option<Instant>,
+    timer: Instant,
+    backoff: Backoff,
+}
+
+impl Entry {
+    /// The timer this entry needs: its renewal if one is due, else its
+    /// deadline.
+    fn wanted_timer(&self) -> Instant {
+        let deadline = self.shared.deadline();
+        self.next_renewal.map_or(deadline, |r| r.min(deadline))
+    }
+}
+
+impl Schedule {
+    fn set_timer(&mut self, id: u64) -> Option<Instant> {
+        let entry = self.entries.get_mut(&id)?;
+        self.timers.remove(&(entry.timer, id));
+        entry.timer = entry.wanted_timer();
+        self.timers.insert((entry.timer, id));
+        Some(entry.timer)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        self.timers.remove(&(entry.timer, id));
+        Some(entry)
+    }
+}
+
+/// The next renewal of a lease confirmed by a request sent at `sent`:
+/// `period` later, less up to a tenth of it at random.
+fn jittered(sent: Instant, period: Duration) -> Instant {
+    let early = period.mul_f64(rand::thread_rng().gen_range(0.0..EARLY));
+    sent + period.saturating_sub(early)
+}
+
+/// How early a renewal of `period` may go to join a batch.
+fn batch_window(period: Option<Duration>) -> Duration {
+    period.map_or(Duration::ZERO, |p| p.mul_f64(EARLY).min(MAX_BATCH_WINDOW))
+}
+
+impl Renewer {
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        // Every update below leaves the schedule consistent between
+        // statements, so a panic elsewhere cannot leave it half-written.
+        self.inner
+            .schedule
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fresh id for a guard about to register.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether [`Renewer::close`] has run.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.schedule().closed
+    }
+
+    /// Starts renewing `shared` every `renew_every` (if any) and watching
+    /// its deadline; `false` (and nothing registered) once the client is
+    /// closed. Must be called on a tokio runtime.
+    pub(crate) fn register(&self, shared: Arc<Shared>, renew_every: Option<Duration>) -> bool {
+        let id = shared.id;
+        let now = Instant::now();
+        let entry = Entry {
+            next_renewal: renew_every.map(|period| jittered(now, period)),
+            backoff: Backoff::new(shared.ttl / 100, shared.ttl / 10),
+            timer: now,
+            shared,
+        };
+        let mut schedule = self.schedule();
+        if schedule.closed {
+            return false;
+        }
+        let earliest = schedule.timers.first().map(|(at, _)| *at);
+        let timer = entry.wanted_timer();
+        schedule.entries.insert(id, Entry { timer, ..entry });
+        schedule.timers.insert((timer, id));
+        if !schedule.running {
+            schedule.running = true;
+            drop(schedule);
+            tokio::spawn(run(self.clone()));
+        } else if earliest.is_none_or(|e| timer < e) {
+            drop(schedule);
+            self.inner.wake.notify_one();
+        }
+        true
+    }
+
+    /// Stops renewing guard `id` (released, dropped or detached). Does not
+    /// wake the task: at worst it wakes once for a timer that is gone.
+    pub(crate) fn deregister(&self, id: u64) {
+        self.schedule().remove(id);
+    }
+
+    /// Takes every registered guard out of the schedule and refuses new
+    /// ones; the caller releases them.
+    pub(crate) fn close(&self) -> Vec<Arc<Shared>> {
+        let mut schedule = self.schedule();
+        schedule.closed = true;
+        schedule.timers.clear();
+        let taken = schedule.entries.drain().map(|(_, e)| e.shared).collect();
+        drop(schedule);
+        self.inner.wake.notify_one();
+        taken
+    }
+
+    /// Collects what is due now: the guards whose deadline has passed, and a
+    /// batch of renewals. Returns when the task should look again.
+    fn due(&self, now: Instant) -> Due {
+        let mut schedule = self.schedule();
+        if schedule.entries.is_empty() {
+            schedule.running = false;
+            return Due::Idle;
+        }
+        let mut lost = Vec::new();
+        let mut batch = Vec::new();
+        let candidates: Vec<(Instant, u64)> = schedule
+            .timers
+            .range(..=(now + MAX_BATCH_WINDOW, u64::MAX))
+            .copied()
+            .collect();
+        for (at, id) in candidates {
+            let Some(entry) = schedule.entries.get_mut(&id) else {
+                continue;
+            };
+            if now >= entry.shared.deadline() {
+                if let Some(entry) = schedule.remove(id) {
+                    lost.push(entry.shared);
+                }
+                continue;
+            }
+            let window = batch_window(entry.shared.renew_every);
+            let renewal_due = entry.next_renewal.is_some_and(|r| r <= now + window);
+            if renewal_due && batch.len() < MAX_BATCH {
+                entry.next_renewal = None;
+                batch.push(Arc::clone(&entry.shared));
+                schedule.set_timer(id);
+            } else if at <= now {
+                // A deadline that moved later (a manual renew), or a
+                // renewal that did not fit in this batch: look again.
+                schedule.set_timer(id);
+            }
+        }
+        let next = schedule.timers.first().map(|(at, _)| *at);
+        Due::Work { lost, batch, next }
+    }
+
+    /// Records the outcome of one renewal of guard `shared.id`.
+    fn settle(&self, shared: &Arc<Shared>, sent: Sent, outcome: Result<crate::Grant, Error>) {
+        let backend = shared.backend.name();
+        match outcome {
+            Ok(grant) => {
+                shared.extend(sent, &grant);
+                ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1);
+                tracing::trace!(key = %shared.lease.key, token = %shared.lease.token, "renewed");
+                let mut schedule = self.schedule();
+                let Some(entry) = schedule.entries.get_mut(&shared.id) else {
+                    return;
+                };
+                entry.backoff.reset();
+                entry.next_renewal = shared.renew_every.map(|p| jittered(sent.mono, p));
+                let earliest = schedule.timers.first().map(|(at, _)| *at);
+                if let Some(timer) = schedule.set_timer(shared.id) {
+                    if earliest.is_none_or(|e| timer < e) {
+                        drop(schedule);
+                        self.inner.wake.notify_one();
+                    }
+                }
+            }
+            Err(Error::NotHeld { .. }) => {
+                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
+                self.deregister(shared.id);
+                shared.declare_lost(LossReason::Refused);
+            }
+            Err(e) => {
+                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
+                tracing::warn!(
+                    key = %shared.lease.key, token = %shared.lease.token, error = %e,
+                    remaining = ?shared.deadline().saturating_duration_since(Instant::now()),
+                    "renewal failed; retrying while the lease is still trusted"
+                );
+                let mut schedule = self.schedule();
+                let Some(entry) = schedule.entries.get_mut(&shared.id) else {
+                    return;
+                };
+                entry.next_renewal = Some(Instant::now() + entry.backoff.next_pause());
+                let earliest = schedule.timers.first().map(|(at, _)| *at);
+                if let Some(timer) = schedule.set_timer(shared.id) {
+                    if earliest.is_none_or(|e| timer < e) {
+                        drop(schedule);
+                        self.inner.wake.notify_one();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every registered guard, for the suspend check.
+    fn all(&self) -> Vec<Arc<Shared>> {
+        self.schedule()
+            .entries
+            .values()
+            .map(|e| Arc::clone(&e.shared))
+            .collect()
+    }
+}
+
+enum Due {
+    /// Nothing registered: the task ends (the next registration starts one).
+    Idle,
+    Work {
+        lost: Vec<Arc<Shared>>,
+        batch: Vec<Arc<Shared>>,
+        next: Option<Instant>,
+    },
+}
+
+/// The scheduler task.
+async fn run(renewer: Renewer) {
+    loop {
+        let now = Instant::now();
+        let (lost, batch, next) = match renewer.due(now) {
+            Due::Idle => return,
+            Due::Work { lost, batch, next } => (lost, batch, next),
+        };
+        for shared in lost {
+            shared.declare_lost(LossReason::Deadline);
+            tokio::spawn(shared.release_after_loss());
+        }
+        if !batch.is_empty() {
+            tokio::spawn(renew_batch(renewer.clone(), batch));
+        }
+        tokio::select! {
+            biased;
+            _ = renewer.inner.wake.notified() => {}
+            // Monotonic timers do not run during a suspend; this notices,
+            // soon after a resume, that the boot-time clock has left some
+            // leases' windows.
+            _ = suspends().notified() => {
+                for shared in renewer.all() {
+                    if !shared.boot_ok() {
+                        renewer.deregister(shared.id);
+                        shared.declare_lost(LossReason::Deadline);
+                        tokio::spawn(shared.release_after_loss());
+                    }
+                }
+            }
+            _ = sleep_until_some(next) => {}
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One `renew_many` round trip for `batch`, bounded so that a hung call
+/// costs one attempt, not the leases' whole remaining time.
+async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
+    let Some(first) = batch.first() else { return };
+    let backend: Arc<dyn Backend> = Arc::clone(&first.backend);
+    let name = backend.name();
+    let bound = batch
+        .iter()
+        .map(|s| s.renew_bound())
+        .min()
+        .unwrap_or(Duration::from_millis(1));
+    let renewals: Vec<Renewal> = batch
+        .iter()
+        .map(|s| Renewal::new(s.lease.clone(), s.ttl))
+        .collect();
+    let sent = Sent::now();
+    let answer = tokio::time::timeout(bound, backend.renew_many(&renewals)).await;
+    // One sample per lease: each waited the batch's round trip.
+    ::metrics::histogram!(m::RENEW_SECONDS, "backend" => name)
+        .record_many(sent.mono.elapsed().as_secs_f64(), batch.len());
+    match answer {
+        Ok(Ok(results)) if results.len() == batch.len() => {
+            for (shared, outcome) in batch.iter().zip(results) {
+                renewer.settle(shared, sent, outcome);
+            }
+        }
+        Ok(Ok(results)) => {
+            let count = results.len();
+            for shared in &batch {
+                renewer.settle(
+                    shared,
+                    sent,
+                    Err(crate::BackendError::message(
+                        name,
+                        crate::ErrorStatus::Transient,
+                        format!(
+                            "renew_many answered {count} results for {} leases",
+                            batch.len()
+                        ),
+                    )
+                    .into()),
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            let message = e.to_string();
+            let status = e.status();
+            for shared in &batch {
+                let e = crate::BackendError::message(name, status, message.clone());
+                renewer.settle(shared, sent, Err(e.into()));
+            }
+        }
+        Err(_) => {
+            for shared in &batch {
+                renewer.settle(
+                    shared,
+                    sent,
+                    Err(Error::OperationTimeout {
+                        operation: "renew",
+                        after: bound,
+                    }),
+                );
+            }
+        }
+    }
+}

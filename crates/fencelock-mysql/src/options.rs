@@ -1,0 +1,105 @@
+//! [`MySqlOptions`]: what a URL configures, and opening pools with it.
+
+use std::{future::Future, str::FromStr};
+
+use fencelock_core::Result;
+use fencelock_sql_common::{bounded, SqlUrl};
+use sqlx::{
+    mysql::{MySqlConnectOptions, MySqlPoolOptions},
+    pool::PoolConnection,
+    MySql, MySqlPool,
+};
+
+use crate::{
+    error::map,
+    schema::{self, Names},
+};
+
+/// URL schemes this crate accepts; the first is what the driver is given.
+pub(crate) const SCHEMES: &[&str] = &["mysql", "mariadb"];
+
+/// How the backend was configured.
+#[derive(Clone, Debug)]
+pub struct MySqlOptions {
+    pub(crate) url: SqlUrl,
+}
+
+impl MySqlOptions {
+    /// Parses a `mysql://` or `mariadb://` URL. Besides the driver's own
+    /// parameters (`ssl-mode`, …) it accepts `table_prefix` (default
+    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
+    /// `10s`), and `connect_timeout` and `op_timeout` (default `5s` each).
+    pub fn from_url(url: &str) -> Result<Self> {
+        Ok(Self {
+            url: fencelock_sql_common::parse(url, SCHEMES, &[])?,
+        })
+    }
+
+    /// The table prefix in use.
+    pub fn table_prefix(&self) -> &str {
+        &self.url.prefix
+    }
+
+    pub(crate) fn names(&self) -> Names {
+        Names::new(&self.url.prefix)
+    }
+
+    /// Runs one operation within the operation time-out; giving up is a
+    /// transient error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        context: &'static str,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op)
+            .await
+            .map_err(|e| map(context, e))
+    }
+
+    /// Opens the pool and the schema within the connect time-out.
+    pub(crate) async fn open(&self) -> Result<MySqlPool> {
+        let limit = self.url.connect_timeout;
+        let open = async {
+            let (pool, mut first) = self.pool().await?;
+            schema::ensure(&mut first, &self.names()).await?;
+            fencelock_sql_common::return_to_pool(first).await;
+            Ok(pool)
+        };
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
+    }
+
+    /// How every session connects.
+    pub(crate) fn connect_options(&self) -> Result<MySqlConnectOptions> {
+        // Leases are DATETIME(6) values compared with NOW(6), both in the
+        // session's time zone, so every session must use the same one. UTC
+        // is forced whatever the URL says (`?timezone=` would otherwise let
+        // one client's leases look expired, or an hour longer, to others;
+        // `SYSTEM` would step back an hour at the end of daylight saving).
+        Ok(MySqlConnectOptions::from_str(self.url.driver_url.as_str())
+            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
+            .timezone(Some(String::from("+00:00"))))
+    }
+
+    /// A pool and its first connection.
+    async fn pool(&self) -> Result<(MySqlPool, PoolConnection<MySql>)> {
+        let connect = self.connect_options()?;
+        // No ping on checkout: it would double the round trips of every
+        // lock operation (measured: docs/benchmarks.md). A connection that
+        // died in the pool fails its statement with a transient error, which
+        // the waiting loop and the renewer retry.
+        let options = MySqlPoolOptions::new()
+            .max_connections(self.url.pool_max)
+            .acquire_timeout(self.url.acquire_timeout)
+            .test_before_acquire(false);
+        fencelock_sql_common::open_pool(
+            options,
+            connect,
+            self.url.connect_timeout,
+            crate::error::is_transient,
+        )
+        .await
+        .map_err(|e| map("connecting", e))
+    }
+}

@@ -1,0 +1,149 @@
+//! [`PostgresOptions`]: what a URL configures, and opening pools with it.
+
+use std::{future::Future, str::FromStr, time::Duration};
+
+use fencelock_core::Result;
+use fencelock_sql_common::{bounded, SqlUrl};
+use sqlx::{
+    pool::PoolConnection,
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool, Postgres,
+};
+
+use crate::{
+    error::map,
+    schema::{self, Names},
+};
+
+/// URL schemes this crate accepts.
+pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// How the backend was configured.
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    url: SqlUrl,
+    synchronous_commit_off: bool,
+}
+
+impl PostgresOptions {
+    /// Parses a `postgres://` or `postgresql://` URL. Besides the driver's own
+    /// parameters (`sslmode`, …) it accepts `table_prefix` (default
+    /// `fencelock_`), `pool_max` (default 10), `acquire_timeout` (default
+    /// `10s`), `connect_timeout` and `op_timeout` (default `5s` each) and
+    /// `synchronous_commit=off` (the relaxed durability mode of
+    /// `docs/postgres.md`).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let url = fencelock_sql_common::parse(url, SCHEMES, &["synchronous_commit"])?;
+        let mut synchronous_commit_off = false;
+        for (name, value) in &url.extra {
+            if name == "synchronous_commit" {
+                synchronous_commit_off = match value.as_str() {
+                    "on" => false,
+                    "off" => true,
+                    _ => {
+                        return Err(fencelock_sql_common::invalid_url(
+                            &url.driver_url,
+                            "synchronous_commit must be on or off",
+                        ))
+                    }
+                };
+            }
+        }
+        Ok(Self {
+            url,
+            synchronous_commit_off,
+        })
+    }
+
+    /// The table prefix in use.
+    pub fn table_prefix(&self) -> &str {
+        &self.url.prefix
+    }
+
+    /// Whether lock statements commit without waiting for the WAL flush.
+    pub fn synchronous_commit_off(&self) -> bool {
+        self.synchronous_commit_off
+    }
+
+    pub(crate) fn names(&self) -> Names {
+        Names::new(&self.url.prefix)
+    }
+
+    /// How long connecting (schema check included) may take.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.url.connect_timeout
+    }
+
+    /// Runs one operation within the operation time-out; giving up is a
+    /// transient error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        context: &'static str,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op)
+            .await
+            .map_err(|e| map(context, e))
+    }
+
+    /// Opens the pool and the schema within the connect time-out.
+    pub(crate) async fn open(&self, relaxed: bool) -> Result<PgPool> {
+        let limit = self.url.connect_timeout;
+        let open = async {
+            let (pool, mut first) = self.pool(relaxed).await?;
+            schema::ensure(&mut first, &self.names(), limit).await?;
+            fencelock_sql_common::return_to_pool(first).await;
+            Ok(pool)
+        };
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
+    }
+
+    /// How to connect; `relaxed` applies `synchronous_commit = off`.
+    pub(crate) fn connect_options(&self, relaxed: bool) -> Result<PgConnectOptions> {
+        let connect = PgConnectOptions::from_str(self.url.driver_url.as_str())
+            .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
+            .application_name("fencelock");
+        // A startup parameter, so it holds for every pooled session and no
+        // statement needs a `SET` round trip or a transaction.
+        Ok(if relaxed {
+            connect.options([("synchronous_commit", "off")])
+        } else {
+            connect
+        })
+    }
+
+    /// The wake-up listener's own connection: a pool of one, so that the
+    /// LISTEN session, which is held forever, never takes a slot of the
+    /// pool that runs the lock statements. Nothing connects until the
+    /// listener starts.
+    pub(crate) fn listener_pool(&self) -> Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(self.url.connect_timeout)
+            .connect_lazy_with(self.connect_options(false)?))
+    }
+
+    /// A pool and its first connection; `relaxed` applies
+    /// `synchronous_commit = off` to its sessions.
+    async fn pool(&self, relaxed: bool) -> Result<(PgPool, PoolConnection<Postgres>)> {
+        let connect = self.connect_options(relaxed)?;
+        // No ping on checkout: it would double the round trips of every
+        // lock operation (measured: docs/benchmarks.md). A connection that
+        // died in the pool fails its statement with a transient error, which
+        // the waiting loop and the renewer retry.
+        let options = PgPoolOptions::new()
+            .max_connections(self.url.pool_max)
+            .acquire_timeout(self.url.acquire_timeout)
+            .test_before_acquire(false);
+        fencelock_sql_common::open_pool(
+            options,
+            connect,
+            self.url.connect_timeout,
+            crate::error::is_transient,
+        )
+        .await
+        .map_err(|e| map("connecting", e))
+    }
+}

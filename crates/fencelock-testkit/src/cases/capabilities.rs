@@ -1,0 +1,241 @@
+//! The operations that grew the trait after the exclusive lock: batched
+//! renewal, token floors, holder-change streams, release wake-ups and
+//! `LockClient::close`. Every backend runs every case: where it claims a
+//! capability the case checks that the claim holds, and where it does not,
+//! that the operation is refused with a typed error rather than ignored.
+
+use std::time::Duration;
+
+use fencelock_core::{
+    Acquire, AcquireRequest, Error, FencingToken, HolderChange, LossReason, Renewal, Watch,
+};
+
+use super::{client, ensure, grant, key, lease, owner, request, LONG_TTL, SHORT_TTL};
+use crate::suite::{Store, TestResult};
+
+/// How long a claimed signal (a wake-up, a holder change) may take.
+const SIGNAL_BOUND: Duration = Duration::from_secs(10);
+
+/// `renew_many` answers one result per lease, in order: the held ones are
+/// extended with their tokens kept, a stale one is `NotHeld`, and an empty
+/// batch is an empty answer.
+pub async fn renew_many_answers_each_lease(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let o = owner("batch");
+    let (k1, k2, k3) = (key("batch:1"), key("batch:2"), key("batch:3"));
+    let g1 = grant(&*b, &k1, &o, SHORT_TTL).await?;
+    let g2 = grant(&*b, &k2, &o, SHORT_TTL).await?;
+    let g3 = grant(&*b, &k3, &o, LONG_TTL).await?;
+    let stale = FencingToken(g3.token.get() - 1);
+    let answers = b
+        .renew_many(&[
+            Renewal::new(lease(&k1, &o, g1.token), LONG_TTL),
+            Renewal::new(lease(&k3, &o, stale), LONG_TTL),
+            Renewal::new(lease(&k2, &o, g2.token), LONG_TTL),
+        ])
+        .await?;
+    ensure!(answers.len() == 3, "{} answers for 3 leases", answers.len());
+    let mut answers = answers.into_iter();
+    match answers.next() {
+        Some(Ok(renewed)) => ensure!(
+            renewed.token == g1.token && renewed.ttl >= LONG_TTL,
+            "{k1} renewed as {renewed:?}"
+        ),
+        other => return Err(format!("{k1}: {other:?}").into()),
+    }
+    match answers.next() {
+        Some(Err(Error::NotHeld { .. })) => {}
+        other => return Err(format!("the stale lease was answered {other:?}").into()),
+    }
+    match answers.next() {
+        Some(Ok(renewed)) => ensure!(renewed.token == g2.token, "{k2} renewed as {renewed:?}"),
+        other => return Err(format!("{k2}: {other:?}").into()),
+    }
+    // Renewed to the long TTL: still held well after the short one ended.
+    tokio::time::sleep(g1.ttl.max(g2.ttl) + Duration::from_millis(200)).await;
+    for (k, g) in [(&k1, &g1), (&k2, &g2)] {
+        let info = b.inspect(k).await?;
+        ensure!(
+            info.as_ref().is_some_and(|i| i.token == g.token),
+            "{k} was not extended by renew_many: {info:?}"
+        );
+    }
+    let empty = b.renew_many(&[]).await?;
+    ensure!(empty.is_empty(), "an empty batch was answered {empty:?}");
+    Ok(())
+}
+
+/// A backend that claims `min_token` grants above the floor and keeps I2
+/// afterwards; one that does not is never sent a floor (the client refuses
+/// it with `Unsupported`).
+pub async fn min_token_floor_is_honoured_or_refused(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let o = owner("floor");
+    let k = key("floor");
+    if !b.capabilities().min_token {
+        let c = client(store, "floor").await?;
+        let refused = c
+            .lock("floor")
+            .min_token(FencingToken(1_000))
+            .acquire()
+            .await;
+        ensure!(
+            matches!(refused, Err(Error::Unsupported(_))),
+            "a floor on a backend without min_token gave {refused:?}"
+        );
+        return Ok(());
+    }
+    let first = grant(&*b, &k, &o, LONG_TTL).await?;
+    b.release(&lease(&k, &o, first.token)).await?;
+    let floor = FencingToken(first.token.get() + 1_000_000);
+    let floored = match b
+        .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(floor)))
+        .await?
+    {
+        Acquire::Granted(g) => g,
+        held => return Err(format!("free key not granted with a floor: {held:?}").into()),
+    };
+    ensure!(
+        floored.token > floor,
+        "token {} is not above the floor {floor}",
+        floored.token
+    );
+    // A floor on a held key changes nothing.
+    let rival = AcquireRequest::new(k.clone(), owner("rival"), LONG_TTL)
+        .with_min_token(Some(FencingToken(floor.get() * 2)));
+    ensure!(
+        matches!(b.try_acquire(&rival).await?, Acquire::Held(_)),
+        "a floor took a held key"
+    );
+    b.release(&lease(&k, &o, floored.token)).await?;
+    let after = grant(&*b, &k, &o, LONG_TTL).await?;
+    ensure!(
+        after.token > floored.token,
+        "token {} after a floored grant {} (I2)",
+        after.token,
+        floored.token
+    );
+    // A floor below the key's tokens does not lower them.
+    b.release(&lease(&k, &o, after.token)).await?;
+    let low = match b
+        .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(FencingToken(1))))
+        .await?
+    {
+        Acquire::Granted(g) => g,
+        held => return Err(format!("free key not granted: {held:?}").into()),
+    };
+    ensure!(low.token > after.token, "a low floor lowered the token");
+    Ok(())
+}
+
+/// A backend that claims `watch` reports an acquisition, a release and an
+/// expiry of the watched key, in order; one that does not answers
+/// `Unsupported`.
+pub async fn watch_reports_acquire_release_and_expiry(store: &dyn Store) -> TestResult {
+    let watcher = store.connect().await?;
+    let k = key("watched");
+    if !watcher.capabilities().watch {
+        let refused = watcher.watch(&k).await;
+        ensure!(
+            matches!(refused, Err(Error::Unsupported(_))),
+            "watch without the capability gave {:?}",
+            refused.map(|_| "a stream")
+        );
+        return Ok(());
+    }
+    let mut changes = watcher.watch(&k).await?;
+    let b = store.connect().await?;
+    let o = owner("holder");
+    let g = grant(&*b, &k, &o, LONG_TTL).await?;
+    match next_change(&mut changes).await? {
+        HolderChange::Acquired(info) => ensure!(
+            info.token == g.token && info.owner == o,
+            "acquired {info:?}, expected token {}",
+            g.token
+        ),
+        other => return Err(format!("expected the acquisition, saw {other:?}").into()),
+    }
+    b.release(&lease(&k, &o, g.token)).await?;
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        seen == HolderChange::Released(lease(&k, &o, g.token)),
+        "expected the release, saw {seen:?}"
+    );
+    let short = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        matches!(seen, HolderChange::Acquired(ref i) if i.token == short.token),
+        "expected the second acquisition, saw {seen:?}"
+    );
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        seen == HolderChange::Expired(lease(&k, &o, short.token)),
+        "expected the expiry of token {}, saw {seen:?}",
+        short.token
+    );
+    Ok(())
+}
+
+/// The next change of `watch`, within [`SIGNAL_BOUND`].
+async fn next_change(watch: &mut Watch) -> TestResult<HolderChange> {
+    match tokio::time::timeout(SIGNAL_BOUND, watch.next()).await {
+        Ok(Some(change)) => Ok(change?),
+        Ok(None) => Err("the watch ended".into()),
+        Err(_) => Err(format!("no holder change within {SIGNAL_BOUND:?}").into()),
+    }
+}
+
+/// A backend that claims `wakeups` wakes a subscriber when another
+/// connection releases the key.
+pub async fn wakeups_claim_holds(store: &dyn Store) -> TestResult {
+    let waiter = store.connect().await?;
+    let k = key("woken");
+    let subscription = waiter.subscribe(&k).await?;
+    let Some(mut subscription) = subscription else {
+        ensure!(
+            !waiter.capabilities().wakeups,
+            "wakeups claimed, but subscribe gave no subscription"
+        );
+        return Ok(());
+    };
+    if !waiter.capabilities().wakeups {
+        return Ok(());
+    }
+    let b = store.connect().await?;
+    let o = owner("holder");
+    let g = grant(&*b, &k, &o, LONG_TTL).await?;
+    b.release(&lease(&k, &o, g.token)).await?;
+    let woken = tokio::time::timeout(SIGNAL_BOUND, subscription.woken()).await;
+    ensure!(
+        matches!(woken, Ok(true)),
+        "wakeups claimed, but a release woke nobody within {SIGNAL_BOUND:?} ({woken:?})"
+    );
+    Ok(())
+}
+
+/// `LockClient::close` releases every lease of the client (other
+/// connections see the keys free), tells each guard why, and refuses new
+/// acquisitions.
+pub async fn close_releases_every_lease(store: &dyn Store) -> TestResult {
+    let c = client(store, "closing").await?;
+    let a = c.lock("close:a").ttl(LONG_TTL).acquire().await?;
+    let b = c.clone().lock("close:b").ttl(LONG_TTL).acquire().await?;
+    c.close().await?;
+    let other = store.connect().await?;
+    for k in ["close:a", "close:b"] {
+        let info = other.inspect(&key(k)).await?;
+        ensure!(info.is_none(), "{k} still held after close: {info:?}");
+    }
+    ensure!(
+        a.loss_reason() == Some(LossReason::Closed) && !b.is_valid(),
+        "guards after close: {a:?} {b:?}"
+    );
+    a.release().await?;
+    drop(b);
+    let refused = c.lock("close:c").acquire().await;
+    ensure!(
+        matches!(refused, Err(Error::ClientClosed)),
+        "acquire after close gave {refused:?}"
+    );
+    Ok(())
+}

@@ -138,6 +138,12 @@ struct ClientInner {
     renewer: Renewer,
 }
 
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        self.renewer.client_dropped();
+    }
+}
+
 impl std::fmt::Debug for ClientInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")

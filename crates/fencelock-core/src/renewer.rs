@@ -15,9 +15,11 @@
 //! - a guard whose deadline passes before a renewal is confirmed is lost;
 //!   its lease is never trusted past `t_sent + ttl·(1−drift) − margin`.
 //!
-//! The scheduler task starts with the first guard and ends when the client
-//! holds none, so an idle client costs nothing. Releasing a guard removes its
-//! timer without waking the task.
+//! The scheduler task starts with the client's first guard and ends when the
+//! client is dropped and holds none; in between an idle client's task sleeps
+//! with nothing to wake for, so a lock cycle spawns no task. Taking a lock
+//! wakes the task only if its first timer is earlier than the task's next
+//! look, and releasing one only removes its timer.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -73,6 +75,13 @@ struct Schedule {
     timers: BTreeSet<(Instant, u64)>,
     running: bool,
     closed: bool,
+    /// The client (every clone of it) is gone: the task ends once the
+    /// last guard is.
+    client_gone: bool,
+    /// When the sleeping task will next look; `None` while it has nothing
+    /// to wake for. A timer later than this needs no wake-up: the task
+    /// sees it when it looks.
+    sleeps_until: Option<Instant>,
 }
 
 struct Entry {
@@ -94,6 +103,16 @@ impl Entry {
 }
 
 impl Schedule {
+    /// Whether the task must be woken to see a timer at `at`; records that
+    /// it will look by then.
+    fn wake_for(&mut self, at: Instant) -> bool {
+        if self.sleeps_until.is_some_and(|s| s <= at) {
+            return false;
+        }
+        self.sleeps_until = Some(at);
+        true
+    }
+
     fn set_timer(&mut self, id: u64) -> Option<Instant> {
         let entry = self.entries.get_mut(&id)?;
         self.timers.remove(&(entry.timer, id));
@@ -157,15 +176,15 @@ impl Renewer {
         if schedule.closed {
             return false;
         }
-        let earliest = schedule.timers.first().map(|(at, _)| *at);
         let timer = entry.wanted_timer();
         schedule.entries.insert(id, Entry { timer, ..entry });
         schedule.timers.insert((timer, id));
         if !schedule.running {
             schedule.running = true;
+            schedule.sleeps_until = Some(timer);
             drop(schedule);
             tokio::spawn(run(self.clone()));
-        } else if earliest.is_none_or(|e| timer < e) {
+        } else if schedule.wake_for(timer) {
             drop(schedule);
             self.inner.wake.notify_one();
         }
@@ -173,9 +192,22 @@ impl Renewer {
     }
 
     /// Stops renewing guard `id` (released, dropped or detached). Does not
-    /// wake the task: at worst it wakes once for a timer that is gone.
+    /// wake the task (at worst it wakes once for a timer that is gone),
+    /// unless it may end: the client is gone and this was its last guard.
     pub(crate) fn deregister(&self, id: u64) {
-        self.schedule().remove(id);
+        let mut schedule = self.schedule();
+        schedule.remove(id);
+        if schedule.client_gone && schedule.entries.is_empty() {
+            drop(schedule);
+            self.inner.wake.notify_one();
+        }
+    }
+
+    /// The client and all its clones were dropped: the task ends once the
+    /// guards that outlive the client are gone.
+    pub(crate) fn client_dropped(&self) {
+        self.schedule().client_gone = true;
+        self.inner.wake.notify_one();
     }
 
     /// Takes every registered guard out of the schedule and refuses new
@@ -194,7 +226,9 @@ impl Renewer {
     /// batch of renewals. Returns when the task should look again.
     fn due(&self, now: Instant) -> Due {
         let mut schedule = self.schedule();
-        if schedule.entries.is_empty() {
+        // An idle client keeps its task (sleeping, with nothing to wake for)
+        // so that a lock cycle costs no task spawn.
+        if schedule.entries.is_empty() && (schedule.client_gone || schedule.closed) {
             schedule.running = false;
             return Due::Idle;
         }
@@ -228,6 +262,7 @@ impl Renewer {
             }
         }
         let next = schedule.timers.first().map(|(at, _)| *at);
+        schedule.sleeps_until = next;
         Due::Work { lost, batch, next }
     }
 
@@ -245,9 +280,8 @@ impl Renewer {
                 };
                 entry.backoff.reset();
                 entry.next_renewal = shared.renew_every.map(|p| jittered(sent.mono, p));
-                let earliest = schedule.timers.first().map(|(at, _)| *at);
                 if let Some(timer) = schedule.set_timer(shared.id) {
-                    if earliest.is_none_or(|e| timer < e) {
+                    if schedule.wake_for(timer) {
                         drop(schedule);
                         self.inner.wake.notify_one();
                     }
@@ -270,9 +304,8 @@ impl Renewer {
                     return;
                 };
                 entry.next_renewal = Some(Instant::now() + entry.backoff.next_pause());
-                let earliest = schedule.timers.first().map(|(at, _)| *at);
                 if let Some(timer) = schedule.set_timer(shared.id) {
-                    if earliest.is_none_or(|e| timer < e) {
+                    if schedule.wake_for(timer) {
                         drop(schedule);
                         self.inner.wake.notify_one();
                     }

@@ -535,3 +535,33 @@ async fn a_lease_lost_at_the_deadline_is_handed_back() {
         "a handed-back lease is not held"
     );
 }
+
+/// One task per client, not per lock: a client's renewer task lives while
+/// the client does (lock cycles spawn nothing), and ends once the client and
+/// its last guard are gone.
+#[tokio::test(start_paused = true)]
+async fn one_renewer_task_per_client_for_its_lifetime() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let memory = Arc::new(MemoryBackend::new());
+    let client = client(memory, "a");
+    for _ in 0..100 {
+        let guard = client.lock("k").ttl(TTL).acquire().await.unwrap();
+        guard.release().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(metrics.num_alive_tasks(), 1, "the client's renewer only");
+    let kept = client.lock("kept").ttl(TTL).acquire().await.unwrap();
+    drop(client);
+    // A guard that outlives its client is still renewed.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(kept.is_valid());
+    kept.release().await.unwrap();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        0,
+        "the renewer outlived its client"
+    );
+}

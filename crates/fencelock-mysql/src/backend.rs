@@ -404,26 +404,18 @@ impl Backend for MySqlBackend {
                 rows
             })
             .await?;
-        let mut renewed = vec![None; renewals.len()];
-        for row in &rows {
-            let get = |e: sqlx::Error| map("renewing a batch", e);
-            let i: i64 = row.try_get("i").map_err(get)?;
-            let expires_at: DateTime<Utc> = row.try_get("expires_at").map_err(get)?;
-            let slot = usize::try_from(i)
-                .ok()
-                .and_then(|i| i.checked_sub(1))
-                .and_then(|i| renewed.get_mut(i))
-                .ok_or_else(|| bad_reply(format!("renewal {i} of {}", renewals.len())))?;
-            *slot = Some(expires_at);
-        }
-        Ok(renewals
+        let get = |e: sqlx::Error| map("renewing a batch", e);
+        let extended = rows
             .iter()
-            .zip(renewed)
-            .map(|(r, expires_at)| match expires_at {
-                Some(at) => Ok(Grant::new(r.lease.token, r.ttl, at)),
-                None => Err(Error::not_held(&r.lease)),
+            .map(|row| {
+                Ok((
+                    row.try_get("i").map_err(get)?,
+                    row.try_get("expires_at").map_err(get)?,
+                ))
             })
-            .collect())
+            .collect::<Result<Vec<(i64, DateTime<Utc>)>>>()?;
+        fencelock_sql_common::batch_answers(renewals, extended)
+            .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {

@@ -371,6 +371,33 @@ pub fn micros_to_duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
+/// The answers of a batched renewal, in the batch's order, from what its
+/// statement reported: the 1-based position of each renewal it extended and
+/// that lease's new end. A renewal it did not extend was not held. `Err`
+/// carries a position outside the batch (a reply of the wrong shape).
+pub fn batch_answers(
+    renewals: &[fencelock_core::Renewal],
+    extended: impl IntoIterator<Item = (i64, sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>)>,
+) -> std::result::Result<Vec<fencelock_core::Result<fencelock_core::Grant>>, i64> {
+    let mut ends = vec![None; renewals.len()];
+    for (i, expires_at) in extended {
+        let slot = usize::try_from(i)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| ends.get_mut(i))
+            .ok_or(i)?;
+        *slot = Some(expires_at);
+    }
+    Ok(renewals
+        .iter()
+        .zip(ends)
+        .map(|(r, end)| match end {
+            Some(at) => Ok(fencelock_core::Grant::new(r.lease.token, r.ttl, at)),
+            None => Err(Error::not_held(&r.lease)),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

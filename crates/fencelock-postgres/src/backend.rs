@@ -4,7 +4,6 @@
 use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
     LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
@@ -377,16 +376,8 @@ impl Backend for PostgresBackend {
                 rows
             })
             .await?;
-        let get = |e: sqlx::Error| map("renewing a batch", e);
-        let extended = rows
-            .iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("i").map_err(get)?,
-                    row.try_get("expires_at").map_err(get)?,
-                ))
-            })
-            .collect::<Result<Vec<(i64, DateTime<Utc>)>>>()?;
+        let extended =
+            fencelock_sql_common::extended(&rows).map_err(|e| map("renewing a batch", e))?;
         fencelock_sql_common::batch_answers(renewals, extended)
             .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
     }

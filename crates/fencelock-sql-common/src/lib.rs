@@ -371,6 +371,27 @@ pub fn micros_to_duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
+/// What a batched renewal's statement reported, read from its rows: each
+/// row's `i` (the renewal's 1-based position in the batch) and
+/// `expires_at` (the lease's new end), ready for [`batch_answers`].
+pub fn extended<R>(
+    rows: &[R],
+) -> std::result::Result<
+    Vec<(i64, sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>)>,
+    sqlx::Error,
+>
+where
+    R: sqlx::Row,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>:
+        sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'static str: sqlx::ColumnIndex<R>,
+{
+    rows.iter()
+        .map(|row| Ok((row.try_get("i")?, row.try_get("expires_at")?)))
+        .collect()
+}
+
 /// The answers of a batched renewal, in the batch's order, from what its
 /// statement reported: the 1-based position of each renewal it extended and
 /// that lease's new end. A renewal it did not extend was not held. `Err`

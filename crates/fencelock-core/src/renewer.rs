@@ -234,9 +234,17 @@ impl Renewer {
         }
         let mut lost = Vec::new();
         let mut batch = Vec::new();
+        // Every timer that has come, and at most a batch of those about to:
+        // a client with 100,000 leases must not walk a second's worth of
+        // timers at each wake-up.
+        let mut upcoming = 0;
         let candidates: Vec<(Instant, u64)> = schedule
             .timers
             .range(..=(now + MAX_BATCH_WINDOW, u64::MAX))
+            .take_while(|(at, _)| {
+                upcoming += usize::from(*at > now);
+                upcoming <= MAX_BATCH
+            })
             .copied()
             .collect();
         for (at, id) in candidates {
@@ -266,50 +274,79 @@ impl Renewer {
         Due::Work { lost, batch, next }
     }
 
-    /// Records the outcome of one renewal of guard `shared.id`.
-    fn settle(&self, shared: &Arc<Shared>, sent: Sent, outcome: Result<crate::Grant, Error>) {
-        let backend = shared.backend.name();
-        match outcome {
-            Ok(grant) => {
+    /// Records the outcomes of one batch: the confirmed renewals under one
+    /// lock of the schedule and one metrics update, then each failure.
+    fn settle(
+        &self,
+        batch: &[Arc<Shared>],
+        sent: Sent,
+        outcomes: Vec<Result<crate::Grant, Error>>,
+    ) {
+        let Some(first) = batch.first() else { return };
+        let backend = first.backend.name();
+        let mut failed = Vec::new();
+        let mut renewed = 0_u64;
+        let mut wake = false;
+        {
+            let mut schedule = self.schedule();
+            for (shared, outcome) in batch.iter().zip(outcomes) {
+                let grant = match outcome {
+                    Ok(grant) => grant,
+                    Err(e) => {
+                        failed.push((shared, e));
+                        continue;
+                    }
+                };
                 shared.extend(sent, &grant);
-                ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1);
-                tracing::trace!(key = %shared.lease.key, token = %shared.lease.token, "renewed");
-                let mut schedule = self.schedule();
+                renewed += 1;
                 let Some(entry) = schedule.entries.get_mut(&shared.id) else {
-                    return;
+                    continue;
                 };
                 entry.backoff.reset();
                 entry.next_renewal = shared.renew_every.map(|p| jittered(sent.mono, p));
                 if let Some(timer) = schedule.set_timer(shared.id) {
-                    if schedule.wake_for(timer) {
-                        drop(schedule);
-                        self.inner.wake.notify_one();
-                    }
+                    wake |= schedule.wake_for(timer);
                 }
             }
-            Err(Error::NotHeld { .. }) => {
-                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-                self.deregister(shared.id);
-                shared.declare_lost(LossReason::Refused);
-            }
-            Err(e) => {
-                ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-                tracing::warn!(
-                    key = %shared.lease.key, token = %shared.lease.token, error = %e,
-                    remaining = ?shared.deadline().saturating_duration_since(Instant::now()),
-                    "renewal failed; retrying while the lease is still trusted"
-                );
-                let mut schedule = self.schedule();
-                let Some(entry) = schedule.entries.get_mut(&shared.id) else {
-                    return;
-                };
-                entry.next_renewal = Some(Instant::now() + entry.backoff.next_pause());
-                if let Some(timer) = schedule.set_timer(shared.id) {
-                    if schedule.wake_for(timer) {
-                        drop(schedule);
-                        self.inner.wake.notify_one();
-                    }
-                }
+        }
+        if wake {
+            self.inner.wake.notify_one();
+        }
+        if renewed > 0 {
+            ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(renewed);
+            tracing::trace!(renewed, "renewal batch confirmed");
+        }
+        if !failed.is_empty() {
+            ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend)
+                .increment(failed.len() as u64);
+        }
+        for (shared, error) in failed {
+            self.failed(shared, error);
+        }
+    }
+
+    /// Records a renewal of `shared` that the backend refused or did not
+    /// answer.
+    fn failed(&self, shared: &Arc<Shared>, error: Error) {
+        if let Error::NotHeld { .. } = error {
+            self.deregister(shared.id);
+            shared.declare_lost(LossReason::Refused);
+            return;
+        }
+        tracing::warn!(
+            key = %shared.lease.key, token = %shared.lease.token, %error,
+            remaining = ?shared.deadline().saturating_duration_since(Instant::now()),
+            "renewal failed; retrying while the lease is still trusted"
+        );
+        let mut schedule = self.schedule();
+        let Some(entry) = schedule.entries.get_mut(&shared.id) else {
+            return;
+        };
+        entry.next_renewal = Some(Instant::now() + entry.backoff.next_pause());
+        if let Some(timer) = schedule.set_timer(shared.id) {
+            if schedule.wake_for(timer) {
+                drop(schedule);
+                self.inner.wake.notify_one();
             }
         }
     }
@@ -397,49 +434,42 @@ async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
     // One sample per lease: each waited the batch's round trip.
     ::metrics::histogram!(m::RENEW_SECONDS, "backend" => name)
         .record_many(sent.mono.elapsed().as_secs_f64(), batch.len());
-    match answer {
-        Ok(Ok(results)) if results.len() == batch.len() => {
-            for (shared, outcome) in batch.iter().zip(results) {
-                renewer.settle(shared, sent, outcome);
-            }
-        }
+    let outcomes: Vec<Result<crate::Grant, Error>> = match answer {
+        Ok(Ok(results)) if results.len() == batch.len() => results,
         Ok(Ok(results)) => {
-            let count = results.len();
-            for shared in &batch {
-                renewer.settle(
-                    shared,
-                    sent,
+            let message = format!(
+                "renew_many answered {} results for {} leases",
+                results.len(),
+                batch.len()
+            );
+            batch
+                .iter()
+                .map(|_| {
                     Err(crate::BackendError::message(
                         name,
                         crate::ErrorStatus::Transient,
-                        format!(
-                            "renew_many answered {count} results for {} leases",
-                            batch.len()
-                        ),
+                        message.clone(),
                     )
-                    .into()),
-                );
-            }
+                    .into())
+                })
+                .collect()
         }
         Ok(Err(e)) => {
-            let message = e.to_string();
-            let status = e.status();
-            for shared in &batch {
-                let e = crate::BackendError::message(name, status, message.clone());
-                renewer.settle(shared, sent, Err(e.into()));
-            }
+            let (message, status) = (e.to_string(), e.status());
+            batch
+                .iter()
+                .map(|_| Err(crate::BackendError::message(name, status, message.clone()).into()))
+                .collect()
         }
-        Err(_) => {
-            for shared in &batch {
-                renewer.settle(
-                    shared,
-                    sent,
-                    Err(Error::OperationTimeout {
-                        operation: "renew",
-                        after: bound,
-                    }),
-                );
-            }
-        }
-    }
+        Err(_) => batch
+            .iter()
+            .map(|_| {
+                Err(Error::OperationTimeout {
+                    operation: "renew",
+                    after: bound,
+                })
+            })
+            .collect(),
+    };
+    renewer.settle(&batch, sent, outcomes);
 }

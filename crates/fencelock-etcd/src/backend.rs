@@ -25,14 +25,15 @@ use crate::{
 };
 
 /// Lease ids of grants this backend made, so renew and release need no read
-/// first. Bounded: when full it is cleared, and calls fall back to reading
-/// the key (correct, one round trip more).
-const LEASE_CACHE_LIMIT: usize = 4096;
+/// first. Entries leave on release; a grant never released (its holder lost
+/// it, or it was taken with `fencelock acquire`) is swept once its lease has
+/// ended, whenever the cache has grown past this many entries and twice the
+/// size left by the last sweep. Clearing it instead would send every held
+/// lock of a large client down the slow path at once.
+const LEASE_CACHE_SWEEP: usize = 4096;
 
 /// The most operations etcd accepts in one Txn by default (`--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
-
-type CacheKey = (LockKey, Owner, FencingToken);
 
 /// A grant made here: its lease, the TTL in seconds asked for when that
 /// lease was granted or last renewed (etcd may have granted more), and the
@@ -44,6 +45,25 @@ struct Cached {
     lease: i64,
     asked: i64,
     expires_at: DateTime<Utc>,
+}
+
+/// The grants this backend made (see [`LEASE_CACHE_SWEEP`]).
+#[derive(Default)]
+struct LeaseCache {
+    grants: HashMap<LeaseId, Cached>,
+    /// Size at which the next sweep of ended grants runs.
+    sweep_at: usize,
+}
+
+impl LeaseCache {
+    fn insert(&mut self, lease: LeaseId, cached: Cached) {
+        if self.grants.len() >= self.sweep_at.max(LEASE_CACHE_SWEEP) {
+            let now = Utc::now();
+            self.grants.retain(|_, c| c.expires_at > now);
+            self.sweep_at = self.grants.len() * 2;
+        }
+        self.grants.insert(lease, cached);
+    }
 }
 
 /// The etcd lease that the grants of one TTL share: its id, the TTL etcd
@@ -70,7 +90,7 @@ impl SharedLease {
 pub struct EtcdBackend {
     client: Client,
     options: Arc<EtcdOptions>,
-    leases: Arc<Mutex<HashMap<CacheKey, Cached>>>,
+    leases: Arc<Mutex<LeaseCache>>,
     /// The lease new grants join, per asked TTL in seconds.
     shared: Arc<Mutex<HashMap<i64, SharedLease>>>,
 }
@@ -217,28 +237,30 @@ impl EtcdBackend {
         LockKey::new(raw.strip_prefix(&self.locks_prefix())?).ok()
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Cached>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, LeaseCache> {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remember(&self, k: CacheKey, lease: i64, asked: i64, expires_at: DateTime<Utc>) {
+    fn remember(&self, grant: &LeaseId, lease: i64, asked: i64, expires_at: DateTime<Utc>) {
+        let cached = Cached {
+            lease,
+            asked,
+            expires_at,
+        };
         let mut cache = self.cache();
-        if cache.len() >= LEASE_CACHE_LIMIT {
-            cache.clear();
+        match cache.grants.get_mut(grant) {
+            Some(entry) => *entry = cached,
+            None => cache.insert(grant.clone(), cached),
         }
-        cache.insert(
-            k,
-            Cached {
-                lease,
-                asked,
-                expires_at,
-            },
-        );
     }
 
     /// What this backend remembers of a grant it made or renewed.
-    fn cached(&self, k: &CacheKey) -> Option<Cached> {
-        self.cache().get(k).copied()
+    fn cached(&self, grant: &LeaseId) -> Option<Cached> {
+        self.cache().grants.get(grant).copied()
+    }
+
+    fn forget(&self, grant: &LeaseId) -> bool {
+        self.cache().grants.remove(grant).is_some()
     }
 
     /// The key as it is now if it is (owner, token)'s grant, on the lease
@@ -490,14 +512,14 @@ impl EtcdBackend {
     ) -> Result<(LockInfo, i64)> {
         let stored = decode(kv)?;
         let token = token_of(kv);
+        let grant = LeaseId::new(key, stored.owner, token);
         let expires_at = self
-            .cache()
-            .get(&(key.clone(), stored.owner.clone(), token))
+            .cached(&grant)
             .filter(|c| c.lease == kv.lease())
             .map_or_else(|| wall_in(left), |c| c.expires_at);
         let info = LockInfo {
-            key,
-            owner: stored.owner,
+            key: grant.key,
+            owner: grant.owner,
             token,
             kind: stored.kind,
             data: stored.data,
@@ -651,11 +673,13 @@ impl Backend for EtcdBackend {
                     return Err(bad_value("txn response without a revision"));
                 }
                 let expires_at = wall_in(granted);
-                self.remember(
-                    (request.key.clone(), request.owner.clone(), token),
-                    lease.id,
-                    asked,
-                    expires_at,
+                self.cache().insert(
+                    request.lease(token),
+                    Cached {
+                        lease: lease.id,
+                        asked,
+                        expires_at,
+                    },
                 );
                 return Ok(Acquire::Granted(Grant::new(token, granted, expires_at)));
             }
@@ -673,20 +697,19 @@ impl Backend for EtcdBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let cache_key = (key.clone(), owner.clone(), token);
         let ttl = ttl_secs(ttl);
         let renewed = |etcd_lease: i64, granted: i64| {
             let granted = secs(granted);
             let expires_at = wall_in(granted);
-            self.remember(cache_key.clone(), etcd_lease, ttl, expires_at);
+            self.remember(lease, etcd_lease, ttl, expires_at);
             Grant::new(token, granted, expires_at)
         };
         // Granted here with this TTL: keep its lease alive.
-        if let Some(c) = self.cached(&cache_key).filter(|c| c.asked == ttl) {
+        if let Some(c) = self.cached(lease).filter(|c| c.asked == ttl) {
             if let Some(granted) = self.renew_kept(&self.key(key), token, c.lease).await? {
                 return Ok(renewed(c.lease, granted));
             }
-            self.cache().remove(&cache_key);
+            self.forget(lease);
         }
         // Another TTL, a grant made elsewhere, or one that has left the
         // remembered lease (another process renewed it with another TTL):
@@ -706,10 +729,7 @@ impl Backend for EtcdBackend {
         // The rest (another TTL, unknown grants) go the way of `renew`.
         let known: Vec<Option<Cached>> = renewals
             .iter()
-            .map(|r| {
-                let k = (r.lease.key.clone(), r.lease.owner.clone(), r.lease.token);
-                self.cached(&k).filter(|c| c.asked == ttl_secs(r.ttl))
-            })
+            .map(|r| self.cached(&r.lease).filter(|c| c.asked == ttl_secs(r.ttl)))
             .collect();
         let mut ids: Vec<i64> = known.iter().flatten().map(|c| c.lease).collect();
         ids.sort_unstable();
@@ -759,7 +779,6 @@ impl Backend for EtcdBackend {
                 results.push(Err(bad_value("a renewal got no answer")));
                 continue;
             };
-            let cache_key = (r.lease.key.clone(), r.lease.owner.clone(), r.lease.token);
             let granted = match kept.get(&c.lease) {
                 Some(Ok(Some(granted))) => *granted,
                 Some(Err(e)) => {
@@ -769,7 +788,7 @@ impl Backend for EtcdBackend {
                     continue;
                 }
                 _ => {
-                    self.cache().remove(&cache_key);
+                    self.forget(&r.lease);
                     results.push(Err(Error::not_held(&r.lease)));
                     continue;
                 }
@@ -781,13 +800,13 @@ impl Backend for EtcdBackend {
             if !carries {
                 // Off the remembered lease: gone, or moved by another
                 // process; `renew` tells which.
-                self.cache().remove(&cache_key);
+                self.forget(&r.lease);
                 results.push(self.renew(&r.lease, r.ttl).await);
                 continue;
             }
             let granted = secs(granted);
             let expires_at = wall_in(granted);
-            self.remember(cache_key, c.lease, c.asked, expires_at);
+            self.remember(&r.lease, c.lease, c.asked, expires_at);
             results.push(Ok(Grant::new(r.lease.token, granted, expires_at)));
         }
         Ok(results)
@@ -798,9 +817,8 @@ impl Backend for EtcdBackend {
         // Deleting the key (only the incarnation created at `token`) ends
         // this grant alone; the shared lease goes on for the others, or
         // expires when none is left. The DELETE event wakes the watchers.
-        let cache_key = (key.clone(), owner.clone(), token);
         let full = self.key(key);
-        if self.cache().remove(&cache_key).is_some() {
+        if self.forget(lease) {
             return lease.found(self.delete_grant(&full, token).await?);
         }
         // Not granted here: the owner must be checked by reading the key.
@@ -851,7 +869,7 @@ impl Backend for EtcdBackend {
                 continue;
             };
             if stored.owner == *owner && self.delete_grant(&self.key(&key), token_of(&kv)).await? {
-                self.cache().remove(&(key, owner.clone(), token_of(&kv)));
+                self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
                 released += 1;
             }
         }
@@ -900,5 +918,48 @@ impl Backend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         crate::watch::watch(self, key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(i: u64) -> LeaseId {
+        LeaseId::new(
+            LockKey::new(format!("k{i}")).expect("valid key"),
+            Owner::new("o").expect("valid owner"),
+            FencingToken(i + 1),
+        )
+    }
+
+    fn cached(expires_at: DateTime<Utc>) -> Cached {
+        Cached {
+            lease: 1,
+            asked: 30,
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn a_full_lease_cache_sweeps_ended_grants_and_keeps_live_ones() {
+        let live = Utc::now() + chrono::Duration::hours(1);
+        let ended = Utc::now() - chrono::Duration::seconds(1);
+        let mut cache = LeaseCache::default();
+        let total = 3 * LEASE_CACHE_SWEEP as u64;
+        for i in 0..total {
+            // Every fourth grant was never released and has ended.
+            cache.insert(grant(i), cached(if i % 4 == 0 { ended } else { live }));
+        }
+        for i in 0..total {
+            let kept = cache.grants.contains_key(&grant(i));
+            if i % 4 != 0 {
+                assert!(kept, "live grant {i} was dropped from the cache");
+            }
+        }
+        assert!(
+            cache.grants.len() < total as usize,
+            "ended grants were never swept"
+        );
     }
 }

@@ -7,8 +7,8 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
     LockKey, Owner, Renewal, Result, Stats,
 };
-use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, Session};
-use sqlx::{mysql::MySqlRow, MySql, MySqlPool, Row};
+use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
+use sqlx::{mysql::MySqlRow, MySql, Row};
 
 use crate::{
     error::{bad_reply, is_deadlock, map, map_acquire},
@@ -152,7 +152,7 @@ impl Sql {
 
 /// The MySQL/MariaDB lock backend. See `docs/mysql.md`.
 pub struct MySqlBackend {
-    pool: MySqlPool,
+    pool: ConnectionPool<MySql>,
     options: MySqlOptions,
     sql: Sql,
 }
@@ -183,12 +183,7 @@ impl MySqlBackend {
 
     /// Takes a pooled connection for one operation.
     async fn session(&self) -> std::result::Result<Session<MySql>, sqlx::Error> {
-        Session::acquire(&self.pool).await
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        self.pool.session().await
     }
 }
 
@@ -336,8 +331,7 @@ impl Backend for MySqlBackend {
                     .bind(token.get())
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                expires_at
+                s.finish_after(expires_at)
             })
             .await?
             .ok_or_else(|| Error::not_held(lease))?;
@@ -399,8 +393,7 @@ impl Backend for MySqlBackend {
                     return Ok(Vec::new());
                 }
                 let rows = bind_batch(&read).fetch_all(s.conn()?).await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         let extended =
@@ -421,8 +414,7 @@ impl Backend for MySqlBackend {
                     .bind(token.get())
                     .execute(s.conn()?)
                     .await;
-                s.finish();
-                done
+                s.finish_after(done)
             })
             .await?
             .rows_affected();
@@ -437,8 +429,7 @@ impl Backend for MySqlBackend {
                     .bind(key.as_str())
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                row
+                s.finish_after(row)
             })
             .await?
             .as_ref()
@@ -456,8 +447,7 @@ impl Backend for MySqlBackend {
                     .bind(prefix)
                     .fetch_all(s.conn()?)
                     .await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?
             .iter()
@@ -503,8 +493,7 @@ impl Backend for MySqlBackend {
                     .bind(owner.as_str())
                     .execute(s.conn()?)
                     .await;
-                s.finish();
-                done
+                s.finish_after(done)
             })
             .await?
             .rows_affected())
@@ -516,8 +505,7 @@ impl Backend for MySqlBackend {
             .bounded("cleaning up", async {
                 let mut s = self.session().await?;
                 let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
-                s.finish();
-                done
+                s.finish_after(done)
             })
             .await?
             .rows_affected())
@@ -529,8 +517,7 @@ impl Backend for MySqlBackend {
             .bounded("computing stats", async {
                 let mut s = self.session().await?;
                 let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         let mut leases = Vec::with_capacity(rows.len());

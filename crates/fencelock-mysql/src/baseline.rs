@@ -27,7 +27,7 @@ pub struct MySqlBaseline {
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = MySqlOptions::from_url(url)?;
     let names = options.names();
-    options.open().await?.close().await;
+    drop(options.open().await?);
     Ok(Box::new(MySqlBaseline {
         connect: options.connect_options()?,
         sql: std::sync::Arc::new(Sql::new(&names)),

@@ -5,9 +5,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
-use sqlx::{MySqlConnection, MySqlPool};
+use sqlx::{MySql, MySqlConnection};
 
-use fencelock_sql_common::Session;
+use fencelock_sql_common::ConnectionPool;
 
 use crate::options::MySqlOptions;
 
@@ -18,7 +18,7 @@ use crate::options::MySqlOptions;
 /// [`MySqlFence::admit_in`] inside the transaction of the protected write.
 #[derive(Clone)]
 pub struct MySqlFence {
-    pool: MySqlPool,
+    pool: ConnectionPool<MySql>,
     options: MySqlOptions,
     upsert: String,
     read: String,
@@ -131,7 +131,7 @@ impl Fence for MySqlFence {
         let current = self
             .options
             .bounded("admitting a token", async {
-                let mut s = Session::acquire(&self.pool).await?;
+                let mut s = self.pool.session().await?;
                 let mut tx = sqlx::Connection::begin(s.conn()?).await?;
                 let current = self.admit_on(&mut tx, resource, token).await?;
                 tx.commit().await?;
@@ -146,13 +146,12 @@ impl Fence for MySqlFence {
         let current: Option<u64> = self
             .options
             .bounded("reading a fence", async {
-                let mut s = Session::acquire(&self.pool).await?;
+                let mut s = self.pool.session().await?;
                 let current = sqlx::query_scalar(&self.read)
                     .bind(resource)
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                current
+                s.finish_after(current)
             })
             .await?;
         Ok(current.map(FencingToken))

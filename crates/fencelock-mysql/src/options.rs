@@ -3,12 +3,8 @@
 use std::{future::Future, str::FromStr};
 
 use fencelock_core::Result;
-use fencelock_sql_common::{bounded, SqlUrl};
-use sqlx::{
-    mysql::{MySqlConnectOptions, MySqlPoolOptions},
-    pool::PoolConnection,
-    MySql, MySqlPool,
-};
+use fencelock_sql_common::{bounded, ConnectionPool, Session, SqlUrl};
+use sqlx::{mysql::MySqlConnectOptions, MySql};
 
 use crate::{
     error::map,
@@ -57,12 +53,13 @@ impl MySqlOptions {
     }
 
     /// Opens the pool and the schema within the connect time-out.
-    pub(crate) async fn open(&self) -> Result<MySqlPool> {
+    pub(crate) async fn open(&self) -> Result<ConnectionPool<MySql>> {
         let limit = self.url.connect_timeout;
         let open = async {
             let (pool, mut first) = self.pool().await?;
-            schema::ensure(&mut first, &self.names()).await?;
-            fencelock_sql_common::return_to_pool(first).await;
+            let conn = first.conn().map_err(|e| map("connecting", e))?;
+            schema::ensure(conn, &self.names()).await?;
+            first.finish();
             Ok(pool)
         };
         tokio::time::timeout(limit, open)
@@ -83,19 +80,11 @@ impl MySqlOptions {
     }
 
     /// A pool and its first connection.
-    async fn pool(&self) -> Result<(MySqlPool, PoolConnection<MySql>)> {
-        let connect = self.connect_options()?;
-        // No ping on checkout: it would double the round trips of every
-        // lock operation (measured: docs/benchmarks.md). A connection that
-        // died in the pool fails its statement with a transient error, which
-        // the waiting loop and the renewer retry.
-        let options = MySqlPoolOptions::new()
-            .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .test_before_acquire(false);
+    async fn pool(&self) -> Result<(ConnectionPool<MySql>, Session<MySql>)> {
         fencelock_sql_common::open_pool(
-            options,
-            connect,
+            self.connect_options()?,
+            self.url.pool_max,
+            self.url.acquire_timeout,
             self.url.connect_timeout,
             crate::error::is_transient,
         )

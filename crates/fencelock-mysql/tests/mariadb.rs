@@ -142,7 +142,8 @@ async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> Tes
     use sqlx::{Acquire as _, Row as _};
     let url = format!("{base}?table_prefix=turn_");
     let backend = Arc::new(MySqlBackend::connect(&url).await?);
-    let mut slow = backend.pool().acquire().await?;
+    let slow = sqlx::MySqlPool::connect(base).await?;
+    let mut slow = slow.acquire().await?;
     let slow = slow.acquire().await?;
     // Stand in for an acquisition of `k` that holds its turn.
     let turn = "CONCAT('fencelock:', MD5(CONCAT('turn_locks', CHAR(0), 'k')))";
@@ -266,9 +267,8 @@ async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
 async fn fence_in_transaction(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=txfence_");
     let fence = MySqlFence::connect(&url).await?;
-    let backend = MySqlBackend::connect(&url).await?;
     txfence::fence_in_transaction(&Transactions {
-        pool: backend.pool().clone(),
+        pool: sqlx::MySqlPool::connect(base).await?,
         fence,
     })
     .await

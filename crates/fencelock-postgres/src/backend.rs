@@ -8,7 +8,7 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
     LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
 };
-use fencelock_sql_common::{micros_to_duration, ttl_micros, Session};
+use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
 
 use crate::{
@@ -170,7 +170,7 @@ impl Sql {
 /// The PostgreSQL lock backend. See `docs/postgres.md` for the schema, the
 /// statements and why they keep invariants I1–I6.
 pub struct PostgresBackend {
-    pool: PgPool,
+    pool: ConnectionPool<Postgres>,
     options: PostgresOptions,
     sql: Sql,
     /// Where the listener connects; it starts with the first waiter.
@@ -208,12 +208,7 @@ impl PostgresBackend {
 
     /// Takes a pooled connection for one operation.
     async fn session(&self) -> std::result::Result<Session<Postgres>, sqlx::Error> {
-        Session::acquire(&self.pool).await
-    }
-
-    /// The connection pool, e.g. to run the in-transaction fence on it.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.pool.session().await
     }
 }
 
@@ -310,8 +305,7 @@ impl Backend for PostgresBackend {
                         Ok(row)
                     }
                 };
-                s.finish();
-                row
+                s.finish_after(row)
             })
             .await?;
         let Some(row) = row else {
@@ -341,8 +335,7 @@ impl Backend for PostgresBackend {
                     .bind(ttl_micros(ttl))
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                expires_at
+                s.finish_after(expires_at)
             })
             .await?
             .ok_or_else(not_held)?;
@@ -372,8 +365,7 @@ impl Backend for PostgresBackend {
                     .bind(&ttls)
                     .fetch_all(s.conn()?)
                     .await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         let extended =
@@ -397,8 +389,7 @@ impl Backend for PostgresBackend {
                     .bind(db_token)
                     .fetch_all(s.conn()?)
                     .await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         lease.found(!rows.is_empty())
@@ -412,8 +403,7 @@ impl Backend for PostgresBackend {
                     .bind(key.as_str())
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                row
+                s.finish_after(row)
             })
             .await?
             .as_ref()
@@ -429,8 +419,7 @@ impl Backend for PostgresBackend {
                     .bind(prefix)
                     .fetch_all(s.conn()?)
                     .await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?
             .iter()
@@ -446,8 +435,7 @@ impl Backend for PostgresBackend {
                     .bind(key.as_str())
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                row
+                s.finish_after(row)
             })
             .await?
             .as_ref()
@@ -464,8 +452,7 @@ impl Backend for PostgresBackend {
                     .bind(owner.as_str())
                     .fetch_all(s.conn()?)
                     .await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         Ok(rows.len() as u64)
@@ -477,8 +464,7 @@ impl Backend for PostgresBackend {
             .bounded("cleaning up", async {
                 let mut s = self.session().await?;
                 let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
-                s.finish();
-                done
+                s.finish_after(done)
             })
             .await?
             .rows_affected())
@@ -490,8 +476,7 @@ impl Backend for PostgresBackend {
             .bounded("computing stats", async {
                 let mut s = self.session().await?;
                 let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
-                s.finish();
-                rows
+                s.finish_after(rows)
             })
             .await?;
         let mut leases = Vec::with_capacity(rows.len());

@@ -28,7 +28,7 @@ pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = PostgresOptions::from_url(url)?;
     let relaxed = options.synchronous_commit_off();
     let names = options.names();
-    options.open(relaxed).await?.close().await;
+    drop(options.open(relaxed).await?);
     let sql = Sql::new(&names);
     Ok(Box::new(PostgresBaseline {
         connect: options.connect_options(relaxed)?,

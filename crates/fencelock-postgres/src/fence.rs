@@ -5,8 +5,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
-use fencelock_sql_common::Session;
-use sqlx::{PgConnection, PgPool};
+use fencelock_sql_common::ConnectionPool;
+use sqlx::{PgConnection, Postgres};
 
 use crate::{error::bad_reply, options::PostgresOptions};
 
@@ -21,7 +21,7 @@ use crate::{error::bad_reply, options::PostgresOptions};
 /// the write commit (or roll back) together.
 #[derive(Clone)]
 pub struct PostgresFence {
-    pool: PgPool,
+    pool: ConnectionPool<Postgres>,
     options: PostgresOptions,
     admit_sql: String,
     highest_sql: String,
@@ -134,10 +134,9 @@ impl Fence for PostgresFence {
         let stored = self
             .options
             .bounded("admitting a token", async {
-                let mut s = Session::acquire(&self.pool).await?;
+                let mut s = self.pool.session().await?;
                 let stored = admit(s.conn()?, &self.admit_sql, resource, token).await;
-                s.finish();
-                stored
+                s.finish_after(stored)
             })
             .await?;
         admission(&stored, token)
@@ -147,13 +146,12 @@ impl Fence for PostgresFence {
         let stored: Option<String> = self
             .options
             .bounded("reading a fence", async {
-                let mut s = Session::acquire(&self.pool).await?;
+                let mut s = self.pool.session().await?;
                 let stored = sqlx::query_scalar(&self.highest_sql)
                     .bind(resource)
                     .fetch_optional(s.conn()?)
                     .await;
-                s.finish();
-                stored
+                s.finish_after(stored)
             })
             .await?;
         stored.as_deref().map(parse_token).transpose()

@@ -3,9 +3,8 @@
 use std::{future::Future, str::FromStr, time::Duration};
 
 use fencelock_core::Result;
-use fencelock_sql_common::{bounded, SqlUrl};
+use fencelock_sql_common::{bounded, ConnectionPool, Session, SqlUrl};
 use sqlx::{
-    pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool, Postgres,
 };
@@ -87,12 +86,13 @@ impl PostgresOptions {
     }
 
     /// Opens the pool and the schema within the connect time-out.
-    pub(crate) async fn open(&self, relaxed: bool) -> Result<PgPool> {
+    pub(crate) async fn open(&self, relaxed: bool) -> Result<ConnectionPool<Postgres>> {
         let limit = self.url.connect_timeout;
         let open = async {
             let (pool, mut first) = self.pool(relaxed).await?;
-            schema::ensure(&mut first, &self.names(), limit).await?;
-            fencelock_sql_common::return_to_pool(first).await;
+            let conn = first.conn().map_err(|e| map("connecting", e))?;
+            schema::ensure(conn, &self.names(), limit).await?;
+            first.finish();
             Ok(pool)
         };
         tokio::time::timeout(limit, open)
@@ -127,19 +127,11 @@ impl PostgresOptions {
 
     /// A pool and its first connection; `relaxed` applies
     /// `synchronous_commit = off` to its sessions.
-    async fn pool(&self, relaxed: bool) -> Result<(PgPool, PoolConnection<Postgres>)> {
-        let connect = self.connect_options(relaxed)?;
-        // No ping on checkout: it would double the round trips of every
-        // lock operation (measured: docs/benchmarks.md). A connection that
-        // died in the pool fails its statement with a transient error, which
-        // the waiting loop and the renewer retry.
-        let options = PgPoolOptions::new()
-            .max_connections(self.url.pool_max)
-            .acquire_timeout(self.url.acquire_timeout)
-            .test_before_acquire(false);
+    async fn pool(&self, relaxed: bool) -> Result<(ConnectionPool<Postgres>, Session<Postgres>)> {
         fencelock_sql_common::open_pool(
-            options,
-            connect,
+            self.connect_options(relaxed)?,
+            self.url.pool_max,
+            self.url.acquire_timeout,
             self.url.connect_timeout,
             crate::error::is_transient,
         )

@@ -58,7 +58,7 @@ async fn concurrent_schema_creation(base: &str) -> TestResult {
 async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=order_");
     let backend = Arc::new(PostgresBackend::connect(&url).await?);
-    let pool = backend.pool().clone();
+    let pool = sqlx::PgPool::connect(base).await?;
     let last_value = || async {
         sqlx::query_scalar::<_, i64>("SELECT last_value FROM order_tokens")
             .fetch_one(&pool)
@@ -351,9 +351,8 @@ async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
 async fn fence_in_transaction(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=txfence_");
     let fence = PostgresFence::connect(&url).await?;
-    let backend = PostgresBackend::connect(&url).await?;
     txfence::fence_in_transaction(&Transactions {
-        pool: backend.pool().clone(),
+        pool: sqlx::PgPool::connect(base).await?,
         fence,
     })
     .await

@@ -249,12 +249,16 @@ fn renewed(lease: &LeaseId, ttl_ms: u64, row: &[Value]) -> Result<Grant> {
     if renewed != 1 {
         return Err(Error::not_held(lease));
     }
-    let now_ms: i64 = field(row, 1)?;
-    Ok(Grant::new(
+    Ok(renewal_grant(lease, ttl_ms, field(row, 1)?))
+}
+
+/// The grant of a renewal of `lease` by `ttl_ms` at `now_ms` (server clock).
+fn renewal_grant(lease: &LeaseId, ttl_ms: u64, now_ms: i64) -> Grant {
+    Grant::new(
         lease.token,
         Duration::from_millis(ttl_ms),
         ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
-    ))
+    )
 }
 
 fn bad_reply_transient(message: String) -> Error {
@@ -424,46 +428,39 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let script = &self.inner.scripts.renew;
+        let mut invocation = self.inner.scripts.renew_many.prepare_invoke();
         let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
-        let mut pipe = redis::pipe();
         for (renewal, ttl_ms) in renewals.iter().zip(&ttls) {
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(1)
-                .arg(self.inner.keys.lease(&renewal.lease.key))
+            invocation
+                .key(self.inner.keys.lease(&renewal.lease.key))
                 .arg(renewal.lease.owner.as_str())
-                .arg(renewal.lease.token.0.to_string())
-                .arg(ttl_ms);
+                .arg(renewal.lease.token.0)
+                .arg(*ttl_ms);
         }
-        let mut conn = self.conn();
-        let rows: Vec<Vec<Value>> = match pipe.query_async(&mut conn).await {
-            // The server lost its scripts (a restart, SCRIPT FLUSH): the
-            // script never ran, so loading it and sending the batch again
-            // renews nothing twice.
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                script
-                    .prepare_invoke()
-                    .load_async(&mut conn)
-                    .await
-                    .map_err(|e| map("SCRIPT LOAD", e))?;
-                pipe.query_async(&mut conn).await
-            }
-            other => other,
-        }
-        .map_err(|e| map("renew pipeline", e))?;
-        if rows.len() != renewals.len() {
+        let answers: Vec<i64> = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("renew script", e))?;
+        let Some((&now_ms, renewed)) = answers.split_first() else {
+            return Err(bad_reply("the renew script answered nothing"));
+        };
+        if renewed.len() != renewals.len() {
             return Err(bad_reply(format!(
                 "{} answers to {} renewals",
-                rows.len(),
+                renewed.len(),
                 renewals.len()
             )));
         }
         let mut results: Vec<Result<Grant>> = renewals
             .iter()
             .zip(&ttls)
-            .zip(&rows)
-            .map(|((renewal, ttl_ms), row)| renewed(&renewal.lease, *ttl_ms, row))
+            .zip(renewed)
+            .map(|((renewal, &ttl_ms), &renewed)| {
+                let lease = &renewal.lease;
+                lease
+                    .found(renewed == 1)
+                    .map(|()| renewal_grant(lease, ttl_ms, now_ms))
+            })
             .collect();
         // One WAIT covers every write of the batch; without its
         // acknowledgement no renewal of the batch counts as confirmed.

@@ -79,8 +79,6 @@ return {1, token, now}
 "#;
 
 /// KEYS: lease. ARGV: owner, token, ttl_ms. Returns `{1, now_ms}` or `{0}`.
-/// A batch of renewals is a pipeline of this script (one round trip): one
-/// script over all the batch's keys would span hash slots under Cluster.
 const RENEW: &str = r#"
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
@@ -90,6 +88,29 @@ if h[1] == ARGV[1] and h[2] == ARGV[2] then
   return {1, now}
 end
 return {0}
+"#;
+
+/// A batch of renewals in one script: KEYS: the leases; ARGV: owner, token,
+/// ttl_ms for each lease in turn. Returns `{now_ms, r1, r2, …}`, `ri` being
+/// 1 when lease i was renewed (as `RENEW` would) and 0 when it is not held.
+/// One script rather than a pipeline of `RENEW`s: the client encodes and
+/// parses one command, and the server runs one script. (Under Redis Cluster
+/// a batch must first be split by hash slot.)
+const RENEW_MANY: &str = r#"
+local now = now_ms()
+local out = {now}
+for i = 1, #KEYS do
+  local owner, token, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local h = redis.call('HMGET', KEYS[i], 'owner', 'token')
+  if h[1] == owner and h[2] == token then
+    redis.call('HSET', KEYS[i], 'expires', string.format('%d', now + tonumber(ttl)))
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    out[i + 1] = 1
+  else
+    out[i + 1] = 0
+  end
+end
+return out
 "#;
 
 /// KEYS: lease. ARGV: owner, token, channel, user key. Returns 1 or 0.
@@ -134,6 +155,7 @@ return {1}
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) renew: Script,
+    pub(crate) renew_many: Script,
     pub(crate) release: Script,
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
@@ -146,6 +168,7 @@ impl Scripts {
         Self {
             acquire: with_describe(ACQUIRE),
             renew: with_describe(RENEW),
+            renew_many: with_describe(RENEW_MANY),
             release: Script::new(RELEASE),
             inspect: with_describe(INSPECT),
             force_release: with_describe(FORCE_RELEASE),
@@ -153,10 +176,11 @@ impl Scripts {
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 6] {
+    pub(crate) fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.renew,
+            &self.renew_many,
             &self.release,
             &self.inspect,
             &self.force_release,

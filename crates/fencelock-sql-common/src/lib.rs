@@ -8,8 +8,11 @@
 use std::{fmt, future::Future, time::Duration};
 
 use fencelock_core::{BackendError, Error};
-use sqlx::pool::PoolConnection;
 use url::Url;
+
+mod pool;
+
+pub use pool::{open_pool, ConnectionPool, Session};
 
 /// The prefix used when the URL names none.
 pub const DEFAULT_PREFIX: &str = "fencelock_";
@@ -254,109 +257,6 @@ pub async fn bounded<T>(
     tokio::time::timeout(limit, op)
         .await
         .unwrap_or_else(|_| Err(timed_out(limit)))
-}
-
-/// A pooled connection for one operation. Unless the operation ends with
-/// [`Session::finish`], the connection leaves the pool and is closed when
-/// the session is dropped. That covers an operation abandoned mid-statement
-/// (a [`bounded`] time-out, or a caller that stops waiting): the driver
-/// would otherwise take the connection back and "test" it with a ping that,
-/// against a server that has stopped answering, never completes and keeps
-/// the pool slot for ever. It also releases whatever the session held on the
-/// server (MySQL named locks end with the session).
-pub struct Session<DB: sqlx::Database> {
-    conn: Option<PoolConnection<DB>>,
-}
-
-impl<DB: sqlx::Database> Session<DB> {
-    /// Takes a connection from `pool`.
-    pub async fn acquire(pool: &sqlx::Pool<DB>) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            conn: Some(pool.acquire().await?),
-        })
-    }
-
-    /// The connection, for statements.
-    pub fn conn(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
-        self.conn
-            .as_deref_mut()
-            .ok_or_else(|| sqlx::Error::Protocol("session already handed back".into()))
-    }
-
-    /// Hands the connection back to the pool: every statement on it has
-    /// completed.
-    pub fn finish(mut self) {
-        drop(self.conn.take());
-    }
-}
-
-impl<DB: sqlx::Database> Drop for Session<DB> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            // Detached, the connection no longer counts against the pool
-            // and is dropped without a goodbye, which could block too.
-            drop(conn.detach());
-        }
-    }
-}
-
-/// Opens a pool whose first connection is made now, within `limit`, and
-/// handed to the caller (for the schema check), so that a one-shot process
-/// uses exactly one connection. Refused connections (the driver's pool
-/// retries them) and errors that `transient` accepts, such as "too many
-/// connections", are retried until four fifths of `limit` have passed; if
-/// that ends without an answer, one direct attempt in the time left names
-/// the cause ("connection refused") instead of a bare time-out.
-pub async fn open_pool<DB: sqlx::Database>(
-    options: sqlx::pool::PoolOptions<DB>,
-    connect: <DB::Connection as sqlx::Connection>::Options,
-    limit: Duration,
-    transient: fn(&sqlx::Error) -> bool,
-) -> Result<(sqlx::Pool<DB>, PoolConnection<DB>), sqlx::Error> {
-    use sqlx::{ConnectOptions, Connection};
-    let pool = options.connect_lazy_with(connect.clone());
-    let first = limit.mul_f64(0.8);
-    let retry_until = tokio::time::Instant::now() + first;
-    let mut backoff =
-        fencelock_core::Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-    let attempts = async {
-        loop {
-            match pool.acquire().await {
-                Ok(conn) => return Ok(conn),
-                Err(sqlx::Error::PoolTimedOut) => return Err(None),
-                Err(e) if transient(&e) => {
-                    let pause = backoff.next_pause();
-                    if tokio::time::Instant::now() + pause >= retry_until {
-                        return Err(Some(e));
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(Some(e)),
-            }
-        }
-    };
-    match tokio::time::timeout_at(retry_until, attempts).await {
-        Ok(Ok(conn)) => return Ok((pool, conn)),
-        Ok(Err(Some(e))) => return Err(e),
-        Ok(Err(None)) | Err(_) => {}
-    }
-    let silent = timed_out(limit);
-    match tokio::time::timeout(limit.saturating_sub(first), connect.connect()).await {
-        Ok(Err(cause)) => Err(cause),
-        Ok(Ok(late)) => {
-            // It answered at last; the pool will connect on its own.
-            let _ = late.close().await;
-            Err(silent)
-        }
-        Err(_) => Err(silent),
-    }
-}
-
-/// Hands the connection that [`open_pool`] made back to the pool and waits
-/// until it is idle there. Dropping it would return it in the background,
-/// and an operation starting meanwhile would open a second connection.
-pub async fn return_to_pool<DB: sqlx::Database>(mut conn: PoolConnection<DB>) {
-    conn.return_to_pool().await;
 }
 
 /// Converts a TTL to whole microseconds for SQL interval arithmetic.

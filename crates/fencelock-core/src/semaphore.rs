@@ -132,7 +132,7 @@ impl SemaphoreRequest<'_> {
         self
     }
 
-    /// Checks the name and the number of permits: `Ok(longest slot key)`.
+    /// Checks the name and the number of permits.
     fn validate_shape(&self) -> Result<()> {
         if self.permits == 0 || self.permits > MAX_PERMITS {
             return Err(Error::InvalidArgument(format!(
@@ -141,9 +141,8 @@ impl SemaphoreRequest<'_> {
             )));
         }
         LockKey::new(self.name.as_str())?;
-        // The longest slot key (index `permits`, which `acquire` inspects)
-        // must be a valid key too.
-        LockKey::new(semaphore_slot_key(&self.name, self.permits))?;
+        // The longest slot key must be a valid key too.
+        LockKey::new(semaphore_slot_key(&self.name, self.permits - 1))?;
         Ok(())
     }
 
@@ -172,13 +171,14 @@ impl SemaphoreRequest<'_> {
 
     /// Takes a free permit, waiting up to [`wait`](Self::wait) for one.
     ///
-    /// Tries the slots in a random rotation (so that concurrent acquirers
-    /// spread out), and while waiting sleeps until a wake-up on any slot
+    /// Tries slot 0 first and then the others in a random rotation (so that
+    /// concurrent acquirers spread out), and while waiting sleeps until a wake-up on any slot
     /// (semaphores of at most 64 permits, on backends with wake-ups), the
     /// earliest expiry among the holders, or a jittered backoff.
     ///
-    /// [`Error::PermitsMismatch`] when a lease met on the way (or on the
-    /// slot just past this size) was taken with another number of permits;
+    /// [`Error::PermitsMismatch`] when a lease met on the way was taken with
+    /// another number of permits (`docs/semaphore.md` says exactly when that
+    /// is detected);
     /// [`Error::Timeout`] (naming the semaphore) when the deadline passes.
     pub async fn acquire(self) -> Result<Permit> {
         let inner = &self.client.inner;
@@ -218,20 +218,24 @@ impl SemaphoreRequest<'_> {
             self.subscribe_all(inner.op_timeout.min(self.wait)).await
         };
 
-        // A client that asks for fewer permits than the holders used never
-        // tries their upper slots: the first slot past its own range tells.
-        let beyond = LockKey::new(semaphore_slot_key(&self.name, self.permits))?;
-        let holder = bounded(inner.op_timeout, backend.inspect(&beyond)).await?;
-        if let Some(holder) = holder {
-            self.check_size(&holder)?;
-        }
-
         let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
         loop {
-            let start = rand::thread_rng().gen_range(0..self.permits);
+            // Slot 0 first, so that a semaphore in use nearly always has
+            // slot 0 held and every acquisition learns its size there;
+            // the others in a random rotation, so that racers spread out.
+            let others = self.permits - 1;
+            let start = if others == 0 {
+                0
+            } else {
+                rand::thread_rng().gen_range(0..others)
+            };
             let mut earliest: Option<Duration> = None;
             for step in 0..self.permits {
-                let slot = (start + step) % self.permits;
+                let slot = if step == 0 {
+                    0
+                } else {
+                    1 + (start + step - 1) % others
+                };
                 let mut slot_request = request.clone();
                 slot_request.key = LockKey::new(semaphore_slot_key(&self.name, slot))?;
                 match attempt(inner, &slot_request, config, deadline, started).await? {

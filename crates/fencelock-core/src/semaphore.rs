@@ -431,6 +431,11 @@ impl Permit {
         self.guard.release().await
     }
 
+    /// The permit's guard, for code that handles any held lease alike.
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Stops renewing without releasing (see [`LockGuard::detach`]).
     pub fn detach(self) {
         self.guard.detach();

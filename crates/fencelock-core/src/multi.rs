@@ -244,7 +244,14 @@ impl MultiGuard {
                 Box::pin(async move { (key, lost.await) })
             })
             .collect();
-        async move { select_all(parts).await.0 }
+        async move {
+            if parts.is_empty() {
+                // Never the case (`acquire` refuses an empty list); a guard
+                // of nothing is never lost.
+                return std::future::pending().await;
+            }
+            select_all(parts).await.0
+        }
     }
 
     /// Stops renewal and releases every part now, concurrently. The first

@@ -147,6 +147,11 @@ impl SemaphoreRequest<'_> {
     }
 
     fn timeout(&self) -> Error {
+        if !self.wait.is_zero() {
+            let backend = self.client.inner.backend.name();
+            ::metrics::counter!(crate::metrics::ACQUIRE_TIMEOUTS, "backend" => backend)
+                .increment(1);
+        }
         match LockKey::new(self.name.as_str()) {
             Ok(key) => Error::Timeout {
                 key,
@@ -255,10 +260,14 @@ impl SemaphoreRequest<'_> {
                     Attempt::Held(None) => {
                         // The backend did not say who holds it (a race inside
                         // its statement): ask, so that a mismatch is not missed.
-                        let holder =
-                            bounded(inner.op_timeout, backend.inspect(&slot_request.key)).await?;
-                        if let Some(holder) = holder {
-                            self.check_size(&holder)?;
+                        // A transient failure to ask only skips the check.
+                        match bounded(inner.op_timeout, backend.inspect(&slot_request.key)).await {
+                            Ok(Some(holder)) => self.check_size(&holder)?,
+                            Ok(None) => {}
+                            Err(e) if e.is_transient() => {
+                                tracing::debug!(error = %e, "could not inspect a busy slot");
+                            }
+                            Err(e) => return Err(e),
                         }
                     }
                     Attempt::Retry => {}

@@ -102,10 +102,17 @@ pub struct LockArgs {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a command while holding a lock.
+    /// Run a command while holding a lock, a semaphore permit, or several
+    /// locks.
     ///
     /// The command gets FENCELOCK_KEY, FENCELOCK_OWNER and FENCELOCK_TOKEN in
-    /// its environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
+    /// its environment, and FENCELOCK_KEYS and FENCELOCK_TOKENS: every key
+    /// held and its token, one a line, in the same sorted order. With
+    /// several KEYs all are taken or none (in sorted order, within one
+    /// --wait); FENCELOCK_KEY and FENCELOCK_TOKEN are then the first key
+    /// sorted. With --permits N, KEY names a semaphore of N permits and
+    /// FENCELOCK_KEY is the permit's own key,
+    /// fencelock/semaphore/KEY/SLOT, which its token fences. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
     /// it. If the lock is lost, the command gets SIGTERM, then SIGKILL after
     /// --kill-after, and fencelock exits 76. Otherwise the exit code is the
     /// command's (128+N if killed by signal N); 75 if the lock was not
@@ -113,6 +120,15 @@ pub enum Command {
     Run {
         #[command(flatten)]
         lock: LockArgs,
+
+        /// More keys to hold at the same time as KEY (all or none).
+        #[arg(value_name = "KEYS")]
+        more_keys: Vec<String>,
+
+        /// Take one permit of the semaphore KEY of N permits (1–10000)
+        /// instead of the lock KEY; every holder must give the same N.
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
 
         /// Grace period between SIGTERM and SIGKILL when the lock is lost.
         #[arg(long, default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
@@ -137,10 +153,16 @@ pub enum Command {
     /// the backend granted (etcd rounds short TTLs up). The lease lasts that
     /// long unless renewed (`fencelock renew`) or released (`fencelock
     /// release`) with the printed owner and token. Exit 0 if acquired, 75 if
-    /// not.
+    /// not. With --permits N, takes one permit of the semaphore KEY and
+    /// prints the permit's own key (fencelock/semaphore/KEY/SLOT, the key
+    /// `renew` and `release` take) and `permit=SLOT/N` too.
     Acquire {
         #[command(flatten)]
         lock: LockArgs,
+
+        /// Take one permit of the semaphore KEY of N permits (1–10000).
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
     },
 
     /// Extend a lease held by OWNER with TOKEN. Exit 1 if not held.

@@ -8,7 +8,8 @@ pub const OK: u8 = 0;
 /// The lease is not held by the given owner/token (renew, release,
 /// force-release), or the key is free (inspect).
 pub const NOT_HELD: u8 = 1;
-/// Bad input: unknown flag, bad duration, invalid key, malformed URL…
+/// Bad input: unknown flag, bad duration, invalid key, malformed URL, a
+/// `--permits` other than the one a semaphore's live permits were taken with…
 pub const USAGE: u8 = 2;
 /// The command could not be started (not found, not executable).
 pub const CANNOT_EXEC: u8 = 126;
@@ -38,7 +39,8 @@ pub fn code_for(error: &Error) -> u8 {
         | Error::InvalidToken(_)
         | Error::InvalidArgument(_)
         | Error::InvalidUrl(_)
-        | Error::Unsupported(_) => USAGE,
+        | Error::Unsupported(_)
+        | Error::PermitsMismatch { .. } => USAGE,
         _ => UNAVAILABLE,
     }
 }

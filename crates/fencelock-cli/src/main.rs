@@ -220,27 +220,121 @@ async fn acquire(
     }
     match result {
         Ok(guard) => {
-            if guard.granted_ttl() > lock.ttl {
-                out.note(format_args!(
-                    "the backend granted {} for --ttl {} (its minimum)",
-                    human_duration(guard.granted_ttl()),
-                    human_duration(lock.ttl)
-                ));
-            }
+            note_granted(&guard, lock, out);
             Ok(Some(guard))
         }
         Err(Error::Timeout { .. }) => {
-            let holder = client.inspect(&lock.key).await.ok().flatten();
-            // The user's --wait, including any time spent reaching the backend.
-            let waited = if lock.wait.is_zero() {
-                String::new()
-            } else {
-                format!(" within {}", human_duration(lock.wait))
-            };
-            match holder {
-                Some(info) => out.note(format_args!("not acquired{waited}: {}", describe(&info))),
-                None => out.note(format_args!("not acquired{waited}: {} was held", lock.key)),
+            not_acquired(client, lock, &lock.key, out).await;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Says so when the backend granted more than --ttl (etcd rounds up).
+fn note_granted(guard: &fencelock::GuardHandle, lock: &LockArgs, out: Output) {
+    if guard.granted_ttl() > lock.ttl {
+        out.note(format_args!(
+            "the backend granted {} for --ttl {} (its minimum)",
+            human_duration(guard.granted_ttl()),
+            human_duration(lock.ttl)
+        ));
+    }
+}
+
+/// The user's --wait, including any time spent reaching the backend.
+fn waited(lock: &LockArgs) -> String {
+    if lock.wait.is_zero() {
+        String::new()
+    } else {
+        format!(" within {}", human_duration(lock.wait))
+    }
+}
+
+/// Reports who holds `key`, which kept the acquisition from succeeding.
+async fn not_acquired(client: &LockClient, lock: &LockArgs, key: &str, out: Output) {
+    let waited = waited(lock);
+    match client.inspect(key).await.ok().flatten() {
+        Some(info) => out.note(format_args!("not acquired{waited}: {}", describe(&info))),
+        None => out.note(format_args!("not acquired{waited}: {key} was held")),
+    }
+}
+
+/// `--permits` names one semaphore: refused beside more keys.
+fn check_permits(more_keys: &[String], permits: Option<u32>) -> Result<(), Error> {
+    if permits.is_some() && !more_keys.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--permits takes one semaphore name, not several keys".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes a permit of the semaphore `lock.key`; `Ok(None)` = every permit
+/// was held (already reported).
+async fn take_permit(
+    client: &LockClient,
+    lock: &LockArgs,
+    permits: u32,
+    deadline: Deadline,
+    out: Output,
+) -> Result<Option<fencelock::Permit>, Error> {
+    let mut request = client
+        .semaphore(lock.key.as_str(), permits)
+        .ttl(lock.ttl)
+        .wait(deadline.remaining());
+    if let Some(kind) = &lock.kind {
+        request = request.kind(kind.as_str());
+    }
+    if let Some(data) = &lock.data {
+        request = request.data(data.clone());
+    }
+    match request.acquire().await {
+        Ok(permit) => {
+            note_granted(&permit, lock, out);
+            Ok(Some(permit))
+        }
+        Err(Error::Timeout { .. }) => {
+            out.note(format_args!(
+                "not acquired{}: all {permits} permits of {} were held",
+                waited(lock),
+                lock.key
+            ));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes KEY and every one of `more_keys`, or none; `Ok(None)` = some key
+/// was held elsewhere until the deadline (already reported).
+async fn take_all(
+    client: &LockClient,
+    lock: &LockArgs,
+    more_keys: &[String],
+    deadline: Deadline,
+    out: Output,
+) -> Result<Option<fencelock::MultiGuard>, Error> {
+    let keys = std::iter::once(&lock.key).chain(more_keys).cloned();
+    let mut request = client
+        .lock_all(keys)
+        .ttl(lock.ttl)
+        .wait(deadline.remaining());
+    if let Some(kind) = &lock.kind {
+        request = request.kind(kind.as_str());
+    }
+    if let Some(data) = &lock.data {
+        request = request.data(data.clone());
+    }
+    match request.acquire().await {
+        Ok(all) => {
+            if let Some(first) = all.guards().first() {
+                note_granted(first, lock, out);
             }
+            Ok(Some(all))
+        }
+        Err(Error::Timeout { key, .. }) => {
+            not_acquired(client, lock, key.as_str(), out).await;
             Ok(None)
         }
         Err(e) => Err(e),
@@ -267,37 +361,69 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
     match command {
         Command::Run {
             lock,
+            more_keys,
+            permits,
             kill_after,
             foreground,
             command,
         } => {
+            check_permits(&more_keys, permits)?;
             // --wait covers reaching the backend as well as the lock.
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
-            match acquire(&client, &lock, deadline, true, out).await? {
-                Some(guard) => run::run_child(guard, &command, kill_after, foreground, out).await,
+            let held = match permits {
+                Some(n) => take_permit(&client, &lock, n, deadline, out)
+                    .await?
+                    .map(|permit| run::Held::One(permit.into_guard())),
+                None if more_keys.is_empty() => acquire(&client, &lock, deadline, true, out)
+                    .await?
+                    .map(run::Held::One),
+                None => take_all(&client, &lock, &more_keys, deadline, out)
+                    .await?
+                    .map(run::Held::All),
+            };
+            match held {
+                Some(held) => run::run_child(held, &command, kill_after, foreground, out).await,
                 None => Ok(exit::NOT_ACQUIRED),
             }
         }
-        Command::Acquire { lock } => {
+        Command::Acquire { lock, permits } => {
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
-            let Some(guard) = acquire(&client, &lock, deadline, false, out).await? else {
-                return Ok(exit::NOT_ACQUIRED);
+            let (guard, permit) = match permits {
+                Some(n) => match take_permit(&client, &lock, n, deadline, out).await? {
+                    Some(permit) => {
+                        let slot = permit.slot();
+                        (permit.into_guard(), Some((slot, n)))
+                    }
+                    None => return Ok(exit::NOT_ACQUIRED),
+                },
+                None => match acquire(&client, &lock, deadline, false, out).await? {
+                    Some(guard) => (guard, None),
+                    None => return Ok(exit::NOT_ACQUIRED),
+                },
             };
             let granted = guard.granted_ttl();
-            let shown = json!({
+            let mut shown = json!({
                 "key": guard.key(), "owner": guard.owner(), "token": guard.token(),
                 "expires_at": guard.expires_at(), "ttl_ms": millis(granted),
             });
+            if let Some((slot, n)) = permit {
+                shown["semaphore"] = json!(lock.key);
+                shown["permit"] = json!(slot);
+                shown["permits"] = json!(n);
+            }
             if out.json {
                 println!("{shown}");
             } else {
                 // Even with --quiet: it is the result, and `renew` and
                 // `release` need both the owner and the token. One line of
                 // name=value fields that scripts can pick apart.
+                let permit = permit
+                    .map(|(slot, n)| format!(" permit={slot}/{n}"))
+                    .unwrap_or_default();
                 println!(
-                    "acquired {} token={} owner={} expires_in={}",
+                    "acquired {} token={} owner={} expires_in={}{permit}",
                     guard.key(),
                     guard.token(),
                     guard.owner(),

@@ -1,9 +1,9 @@
 //! `fencelock run`: hold a lock while a command runs; stop the command when
 //! the lock is lost.
 
-use std::{io::IsTerminal, process::ExitStatus, time::Duration};
+use std::{future::Future, io::IsTerminal, pin::Pin, process::ExitStatus, time::Duration};
 
-use fencelock::{Error, LockClient, LockGuard};
+use fencelock::{Error, FencingToken, LockClient, LockGuard, LockKey, LossReason, MultiGuard};
 use nix::{
     sys::{
         signal::{kill, pthread_sigmask, SigSet, SigmaskHow, Signal},
@@ -110,9 +110,86 @@ fn status_code(status: ExitStatus) -> u8 {
     }
 }
 
-/// Runs `argv` under `guard`; returns fencelock's exit code.
+/// A loss of any lease of a [`Held`]: its key, token and reason.
+type Lost = Pin<Box<dyn Future<Output = (LockKey, FencingToken, LossReason)> + Send>>;
+
+/// What the command runs under: one lease (a lock or a semaphore permit)
+/// or all of several keys.
+pub enum Held {
+    /// A lock, or a permit's guard.
+    One(LockGuard),
+    /// Every key of `fencelock run K1 K2 …`.
+    All(MultiGuard),
+}
+
+impl Held {
+    /// Every lease held, sorted by key.
+    fn guards(&self) -> &[LockGuard] {
+        match self {
+            Held::One(guard) => std::slice::from_ref(guard),
+            Held::All(all) => all.guards(),
+        }
+    }
+
+    /// The environment the command gets: the first key's lease under the
+    /// single-key names, and every key and token one a line (keys cannot
+    /// contain newlines) under the plural ones.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let guards = self.guards();
+        let lines =
+            |f: fn(&LockGuard) -> String| guards.iter().map(f).collect::<Vec<_>>().join("\n");
+        let mut env = vec![
+            ("FENCELOCK_KEYS", lines(|g| g.key().to_string())),
+            ("FENCELOCK_TOKENS", lines(|g| g.token().to_string())),
+        ];
+        if let Some(first) = guards.first() {
+            env.push(("FENCELOCK_KEY", first.key().to_string()));
+            env.push(("FENCELOCK_OWNER", first.owner().to_string()));
+            env.push(("FENCELOCK_TOKEN", first.token().to_string()));
+        }
+        env
+    }
+
+    /// Completes when any lease is lost: which, and why.
+    fn lost(&self) -> Lost {
+        match self {
+            Held::One(guard) => {
+                let (key, token, lost) = (guard.key().clone(), guard.token(), guard.lost());
+                Box::pin(async move { (key, token, lost.await) })
+            }
+            Held::All(all) => {
+                let tokens = all.tokens();
+                let lost = all.lost();
+                Box::pin(async move {
+                    let (key, reason) = lost.await;
+                    let token = tokens
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map_or(FencingToken(0), |(_, t)| *t);
+                    (key, token, reason)
+                })
+            }
+        }
+    }
+
+    /// The first lease already lost, if any.
+    fn loss(&self) -> Option<(LockKey, FencingToken, LossReason)> {
+        self.guards()
+            .iter()
+            .find_map(|g| g.loss_reason().map(|r| (g.key().clone(), g.token(), r)))
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        match self {
+            Held::One(guard) => guard.release().await,
+            Held::All(all) => all.release().await,
+        }
+    }
+}
+
+/// Runs `argv` under `held`; returns fencelock's exit code.
 pub async fn run_child(
-    guard: LockGuard,
+    held: Held,
     argv: &[String],
     kill_after: Duration,
     foreground: bool,
@@ -129,11 +206,7 @@ pub async fn run_child(
     let terminal = if foreground { None } else { Terminal::claim() };
 
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .env("FENCELOCK_KEY", guard.key().as_str())
-        .env("FENCELOCK_OWNER", guard.owner().as_str())
-        .env("FENCELOCK_TOKEN", guard.token().to_string());
+    command.args(args).envs(held.env());
     if !foreground {
         command.process_group(0);
     }
@@ -141,7 +214,7 @@ pub async fn run_child(
         Ok(child) => child,
         Err(e) => {
             eprintln!("fencelock: cannot run {program:?}: {e}");
-            release(guard, out).await;
+            release(held, out).await;
             return Ok(if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -152,7 +225,7 @@ pub async fn run_child(
     let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
         // The child exited and was reaped already; only its status is left.
         let status = child.wait().await.map_err(child_error)?;
-        release(guard, out).await;
+        release(held, out).await;
         return Ok(status_code(status));
     };
     let target = Target {
@@ -162,7 +235,7 @@ pub async fn run_child(
     if let Some(terminal) = &terminal {
         terminal.lend(target.pid);
     }
-    let handle = guard.handle();
+    let mut lost = held.lost();
     let mut stopped = false;
     loop {
         tokio::select! {
@@ -171,26 +244,24 @@ pub async fn run_child(
                 let status = status.map_err(child_error)?;
                 // Lost at about the moment the command ended: whatever it
                 // did last may have been done without the lock.
-                if let Some(reason) = handle.loss_reason() {
+                if let Some((key, token, reason)) = held.loss() {
                     eprintln!(
-                        "fencelock: lost lock {} (token {}) as {program:?} exited: {reason}",
-                        handle.key(), handle.token()
+                        "fencelock: lost lock {key} (token {token}) as {program:?} exited: {reason}"
                     );
                     return Ok(exit::LOST);
                 }
-                release(guard, out).await;
+                release(held, out).await;
                 return Ok(status_code(status));
             }
-            reason = handle.lost() => {
+            (key, token, reason) = &mut lost => {
                 eprintln!(
-                    "fencelock: lost lock {} (token {}): {reason}; stopping {program:?}",
-                    handle.key(), handle.token()
+                    "fencelock: lost lock {key} (token {token}): {reason}; stopping {program:?}"
                 );
                 stop(&mut child, target, kill_after).await;
                 // Usually refused (the lease is gone), but after a deadline
                 // loss the lease may still exist: free it for the next holder
                 // if the backend answers quickly.
-                let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), held.release()).await;
                 return Ok(exit::LOST);
             }
             Some(sig) = signals.recv() => target.send(sig),
@@ -264,10 +335,14 @@ async fn stop(child: &mut Child, target: Target, grace: Duration) {
     }
 }
 
-async fn release(guard: LockGuard, out: Output) {
-    let key = guard.key().clone();
-    if let Err(e) = guard.release().await {
-        out.note(format_args!("could not release {key}: {e}"));
+async fn release(held: Held, out: Output) {
+    let key = held.guards().first().map(|g| g.key().clone());
+    let several = held.guards().len() > 1;
+    if let Err(e) = held.release().await {
+        match (key, several) {
+            (Some(key), false) => out.note(format_args!("could not release {key}: {e}")),
+            _ => out.note(format_args!("could not release every key: {e}")),
+        }
     }
 }
 

@@ -128,14 +128,14 @@ impl LockClientBuilder {
     }
 }
 
-struct ClientInner {
-    backend: Arc<dyn Backend>,
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<dyn Backend>,
     owner: Owner,
     ttl: Duration,
     clock: ClockPolicy,
-    op_timeout: Duration,
+    pub(crate) op_timeout: Duration,
     /// Renews every lease this client (and its clones) holds.
-    renewer: Renewer,
+    pub(crate) renewer: Renewer,
 }
 
 impl Drop for ClientInner {
@@ -159,7 +159,7 @@ impl std::fmt::Debug for ClientInner {
 /// Takes locks on one backend as one owner. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct LockClient {
-    inner: Arc<ClientInner>,
+    pub(crate) inner: Arc<ClientInner>,
 }
 
 impl LockClient {
@@ -351,7 +351,7 @@ impl LockRequest<'_> {
         self
     }
 
-    fn validate(&self) -> Result<(AcquireRequest, GuardConfig)> {
+    pub(crate) fn validate(&self) -> Result<(AcquireRequest, GuardConfig)> {
         let inner = &self.client.inner;
         let key = LockKey::new(self.key.as_str())?;
         let ttl = validate_ttl(self.ttl.unwrap_or(inner.ttl))?;
@@ -518,61 +518,10 @@ async fn acquire_loop(
     };
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
     loop {
-        ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
-        let sent = Sent::now();
-        let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(&request)).await;
-        let holder = match attempt {
-            Ok(Ok(Acquire::Granted(grant)))
-                if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) =>
-            {
-                // The answer took longer than the lease is trusted (I5), so
-                // the lease may already have ended on the backend: a guard
-                // for it would be lost at birth. Hand it back rather than
-                // make the next holder wait out its TTL, and count the
-                // attempt as failed.
-                give_back_late_grant(client, &request, &grant, sent).await;
-                if !before_deadline(Instant::now()) {
-                    return Err(crate::BackendError::message(
-                        name,
-                        ErrorStatus::Transient,
-                        format!(
-                            "the grant arrived after its {:?} lease had ended locally \
-                             (round trip {:?}); use a longer TTL",
-                            grant.ttl,
-                            sent.mono.elapsed()
-                        ),
-                    )
-                    .into());
-                }
-                None
-            }
-            Ok(Ok(Acquire::Granted(grant))) => {
-                ::metrics::counter!(m::ACQUIRE_SUCCESSES, "backend" => name).increment(1);
-                ::metrics::histogram!(m::WAIT_SECONDS, "backend" => name)
-                    .record(started.elapsed().as_secs_f64());
-                tracing::debug!(token = %grant.token, ttl = ?grant.ttl, "acquired");
-                return Ok(LockGuard::start(
-                    backend.clone(),
-                    &client.renewer,
-                    request,
-                    grant,
-                    sent,
-                    config,
-                ));
-            }
-            Ok(Ok(Acquire::Held(holder))) => holder,
-            Ok(Err(e)) if e.is_transient() && before_deadline(Instant::now()) => {
-                tracing::debug!(error = %e, "transient error while acquiring; retrying");
-                None
-            }
-            Ok(Err(e)) => return Err(e),
-            Err(_elapsed) if before_deadline(Instant::now()) => None,
-            Err(_elapsed) => {
-                return Err(Error::OperationTimeout {
-                    operation: "acquire",
-                    after: client.op_timeout,
-                })
-            }
+        let holder = match attempt(client, &request, config, deadline, started).await? {
+            Attempt::Granted(guard) => return Ok(guard),
+            Attempt::Held(holder) => holder,
+            Attempt::Retry => None,
         };
         let now = Instant::now();
         if !before_deadline(now) {
@@ -607,6 +556,87 @@ async fn acquire_loop(
             }
             None => tokio::time::sleep(pause).await,
         }
+    }
+}
+
+/// The outcome of one [`attempt`].
+pub(crate) enum Attempt {
+    /// Granted: the guard is live and registered with the renewer.
+    Granted(LockGuard),
+    /// Someone else holds the key (and who, where the backend says).
+    Held(Option<LockInfo>),
+    /// No grant this time (a transient error, a late grant given back, no
+    /// answer) but the deadline has not passed: try again.
+    Retry,
+}
+
+/// One try at `request` within a wait that ends at `deadline` (`None`:
+/// never), for `acquire_loop` and for callers that choose among keys
+/// themselves (semaphores). Failures past the deadline, and permanent ones,
+/// are errors.
+pub(crate) async fn attempt(
+    client: &ClientInner,
+    request: &AcquireRequest,
+    config: GuardConfig,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Result<Attempt> {
+    let backend = &client.backend;
+    let name = backend.name();
+    let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
+    ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
+    let sent = Sent::now();
+    let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(request)).await;
+    match attempt {
+        Ok(Ok(Acquire::Granted(grant)))
+            if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) =>
+        {
+            // The answer took longer than the lease is trusted (I5), so
+            // the lease may already have ended on the backend: a guard
+            // for it would be lost at birth. Hand it back rather than
+            // make the next holder wait out its TTL, and count the
+            // attempt as failed.
+            give_back_late_grant(client, request, &grant, sent).await;
+            if !before_deadline(Instant::now()) {
+                return Err(crate::BackendError::message(
+                    name,
+                    ErrorStatus::Transient,
+                    format!(
+                        "the grant arrived after its {:?} lease had ended locally \
+                         (round trip {:?}); use a longer TTL",
+                        grant.ttl,
+                        sent.mono.elapsed()
+                    ),
+                )
+                .into());
+            }
+            Ok(Attempt::Retry)
+        }
+        Ok(Ok(Acquire::Granted(grant))) => {
+            ::metrics::counter!(m::ACQUIRE_SUCCESSES, "backend" => name).increment(1);
+            ::metrics::histogram!(m::WAIT_SECONDS, "backend" => name)
+                .record(started.elapsed().as_secs_f64());
+            tracing::debug!(token = %grant.token, ttl = ?grant.ttl, "acquired");
+            Ok(Attempt::Granted(LockGuard::start(
+                backend.clone(),
+                &client.renewer,
+                request.clone(),
+                grant,
+                sent,
+                config,
+            )))
+        }
+        Ok(Ok(Acquire::Held(holder))) => Ok(Attempt::Held(holder)),
+        Ok(Err(e)) if e.is_transient() && before_deadline(Instant::now()) => {
+            tracing::debug!(error = %e, "transient error while acquiring; retrying");
+            Ok(Attempt::Retry)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_elapsed) if before_deadline(Instant::now()) => Ok(Attempt::Retry),
+        Err(_elapsed) => Err(Error::OperationTimeout {
+            operation: "acquire",
+            after: client.op_timeout,
+        }),
     }
 }
 

@@ -123,6 +123,18 @@ pub enum Error {
         /// How long the client waited.
         after: Duration,
     },
+    /// A semaphore was asked for with a number of permits other than the
+    /// one its live permits were taken with (see `docs/semaphore.md`): a
+    /// semaphore's size never changes silently.
+    #[error("semaphore {name} has {existing} permits, not {requested}")]
+    PermitsMismatch {
+        /// The semaphore.
+        name: String,
+        /// The number of permits a live permit was taken with.
+        existing: u32,
+        /// The number of permits asked for.
+        requested: u32,
+    },
     /// The client was closed: it takes no new locks.
     #[error("the lock client was closed")]
     ClientClosed,

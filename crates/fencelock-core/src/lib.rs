@@ -9,6 +9,9 @@
 //!
 //! - [`LockClient`] (built with [`LockClient::builder`]) and [`LockRequest`]:
 //!   acquisition with a TTL, waiting, `run`/`with_lock` helpers;
+//! - [`LockClient::semaphore`] ([`Permit`]) and [`LockClient::lock_all`]
+//!   ([`MultiGuard`]): counting semaphores and all-or-nothing multi-key
+//!   locks, both made of ordinary leases;
 //! - [`LockGuard`] and [`GuardHandle`]: a held lock, renewed in the
 //!   background, with [`check`](GuardHandle::check),
 //!   [`lost`](GuardHandle::lost) and the grant's [`FencingToken`];
@@ -76,7 +79,9 @@ mod fence;
 mod guard;
 mod memory;
 pub mod metrics;
+mod multi;
 mod renewer;
+mod semaphore;
 mod types;
 mod wake;
 mod watch;
@@ -89,6 +94,10 @@ pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
 pub use fence::{Admission, Fence};
 pub use guard::{GuardHandle, LockGuard};
 pub use memory::{MemoryBackend, MemoryFence};
+pub use multi::{MultiGuard, MultiLockRequest};
+pub use semaphore::{
+    semaphore_slot_key, Permit, PermitHolder, SemaphoreRequest, MAX_PERMITS, SEMAPHORE_PREFIX,
+};
 pub use types::{
     parse_duration, redact_url, validate_ttl, FencingToken, LeaseId, LockInfo, LockKey, Owner,
     MAX_NAME_LEN, MAX_TTL,

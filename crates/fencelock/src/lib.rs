@@ -76,6 +76,12 @@ use std::sync::Arc;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/semaphore.md")]
+mod semaphore_md {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/multi-key.md")]
+mod multi_key_md {}
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../../docs/postgres.md")]
 mod postgres_md {}

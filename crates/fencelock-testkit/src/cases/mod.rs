@@ -12,7 +12,9 @@ mod faults;
 mod fence;
 mod guard;
 mod input;
+mod multi;
 mod ownership;
+mod semaphore;
 mod tokens;
 
 use std::{sync::Arc, time::Duration};
@@ -121,6 +123,17 @@ pub static CASES: &[Case] = &[
     case!(capabilities::watch_reports_acquire_release_and_expiry),
     case!(capabilities::wakeups_claim_holds),
     case!(capabilities::close_releases_every_lease),
+    case!(semaphore::never_more_than_n_holders),
+    case!(semaphore::expired_permit_comes_back),
+    case!(semaphore::permits_mismatch_is_an_error),
+    case!(semaphore::wait_times_out_when_full),
+    case!(semaphore::release_frees_a_permit_for_a_waiter),
+    case!(semaphore::holders_and_count_agree),
+    case!(semaphore::permit_tokens_fence_their_slot, FENCE),
+    case!(multi::opposite_orders_never_deadlock),
+    case!(multi::partial_failure_leaves_nothing_held),
+    case!(multi::loss_of_one_part_is_signalled),
+    case!(multi::tokens_per_key_match_inspect),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.

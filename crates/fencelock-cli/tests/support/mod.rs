@@ -1,0 +1,88 @@
+//! What the semaphore and multi-key CLI tests share: the binary on a
+//! SQLite file of their own, and reading its output.
+
+#![allow(dead_code)] // each test file uses part of it
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// A temporary directory holding the test's lock file.
+pub struct Store {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+}
+
+impl Store {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = dir.path().join("locks.db");
+        Self { dir, db }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        fencelock(&self.db, args)
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("fencelock runs")
+    }
+
+    /// Waits (bounded) until `path` exists and is not empty.
+    pub fn wait_for_file(&self, path: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(path).map_or(true, |s| s.trim().is_empty()) {
+            assert!(
+                Instant::now() < deadline,
+                "{} never appeared",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn fencelock(db: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("FENCELOCK_URL", format!("sqlite://{}", db.display()))
+        .env_remove("RUST_LOG")
+        .args(args);
+    cmd
+}
+
+pub fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One `name=value` field of `acquire`'s human line.
+pub fn field(out: &Output, name: &str) -> String {
+    assert_eq!(code(out), 0, "acquire failed: {}", stderr(out));
+    let line = stdout(out);
+    let prefix = format!("{name}=");
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_owned()
+}
+
+/// The key `acquire` printed (the word after `acquired`).
+pub fn acquired_key(out: &Output) -> String {
+    assert_eq!(code(out), 0, "acquire failed: {}", stderr(out));
+    stdout(out)
+        .split(' ')
+        .nth(1)
+        .expect("acquire prints the key")
+        .to_owned()
+}

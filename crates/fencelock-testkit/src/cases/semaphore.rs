@@ -1,0 +1,374 @@
+//! Semaphores (`docs/semaphore.md`): at most N permits, each a lease that
+//! comes back by expiry, fenced per slot key, and a size that never changes
+//! silently.
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use fencelock_core::{semaphore_slot_key, Error, LockClient, MAX_PERMITS};
+use serde_json::json;
+
+use super::{client, ensure, fence_of, key, EXPIRY_SLACK, LONG_TTL, SHORT_TTL};
+use crate::suite::{Store, TestResult};
+
+/// How long a waiter in these cases may wait before the case calls it stuck.
+const LONG_WAIT: Duration = Duration::from_secs(60);
+
+/// 16 racers, one try each, on a free semaphore of 3: exactly 3 win, on
+/// three different slots. Then 12 workers on 3 connections take and give
+/// back permits 5 times each while counting holders: never more than 3.
+pub async fn never_more_than_n_holders(store: &dyn Store) -> TestResult {
+    const N: u32 = 3;
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        clients.push(client(store, &format!("sem-racer-{i}")).await?);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let client = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .semaphore("sem-race", N)
+                .ttl(LONG_TTL)
+                .try_acquire()
+                .await
+        }));
+    }
+    let mut permits = Vec::new();
+    for task in tasks {
+        if let Some(permit) = task.await?? {
+            permits.push(permit);
+        }
+    }
+    let slots: BTreeSet<u32> = permits.iter().map(|p| p.slot()).collect();
+    ensure!(
+        permits.len() == N as usize && slots.len() == N as usize,
+        "{} racers won, on slots {slots:?}",
+        permits.len()
+    );
+    for permit in permits {
+        permit.release().await?;
+    }
+
+    let holding = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for i in 0..12 {
+        let client = clients[i % clients.len()].clone();
+        let (holding, most) = (Arc::clone(&holding), Arc::clone(&most));
+        workers.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let permit = client
+                    .semaphore("sem-churn", N)
+                    .ttl(LONG_TTL)
+                    .wait(LONG_WAIT)
+                    .acquire()
+                    .await?;
+                // Counted only between the grant and the release, so the
+                // count never exceeds the leases that exist.
+                let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                holding.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await?;
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(
+        (1..=N as usize).contains(&most),
+        "{most} permits of {N} were held at once"
+    );
+    Ok(())
+}
+
+/// A holder that stops renewing without releasing (a crash) loses its
+/// permit at expiry, and a waiter gets it with a higher token.
+pub async fn expired_permit_comes_back(store: &dyn Store) -> TestResult {
+    let crashed = client(store, "sem-crashed").await?;
+    let waiter = client(store, "sem-waiter").await?;
+    let permit = crashed
+        .semaphore("sem-crash", 1)
+        .ttl(SHORT_TTL)
+        .acquire()
+        .await?;
+    let (old_token, granted) = (permit.token(), permit.granted_ttl());
+    permit.detach();
+    ensure!(
+        waiter
+            .semaphore("sem-crash", 1)
+            .try_acquire()
+            .await?
+            .is_none(),
+        "a second permit of one was granted while the first was live"
+    );
+    let regained = waiter
+        .semaphore("sem-crash", 1)
+        .ttl(LONG_TTL)
+        .wait(granted + EXPIRY_SLACK)
+        .acquire()
+        .await?;
+    ensure!(
+        regained.slot() == 0 && regained.token() > old_token,
+        "regained slot {} with token {} after token {old_token}",
+        regained.slot(),
+        regained.token()
+    );
+    regained.release().await?;
+    Ok(())
+}
+
+/// Another number of permits for a semaphore with live permits is
+/// `PermitsMismatch`, for a bigger and a smaller size, and takes nothing;
+/// sizes of 0 or above the limit are invalid arguments.
+pub async fn permits_mismatch_is_an_error(store: &dyn Store) -> TestResult {
+    let first = client(store, "sem-first").await?;
+    let second = client(store, "sem-second").await?;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            first
+                .semaphore("sem-size", 2)
+                .ttl(LONG_TTL)
+                .acquire()
+                .await?,
+        );
+    }
+    for requested in [3, 1] {
+        match second
+            .semaphore("sem-size", requested)
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+        {
+            Err(Error::PermitsMismatch {
+                name,
+                existing,
+                requested: asked,
+            }) => ensure!(
+                name == "sem-size" && existing == 2 && asked == requested,
+                "mismatch reported {name} {existing} {asked}"
+            ),
+            other => return Err(format!("{requested} permits over 2: {other:?}").into()),
+        }
+    }
+    // With one of the two released, slot 0 stays held: still refused.
+    let slot1 = held.pop().ok_or("no second permit")?;
+    ensure!(
+        slot1.slot() == 1,
+        "the second permit is on slot {}",
+        slot1.slot()
+    );
+    slot1.release().await?;
+    let bigger = second.semaphore("sem-size", 3).try_acquire().await;
+    ensure!(
+        matches!(bigger, Err(Error::PermitsMismatch { existing: 2, .. })),
+        "3 permits over one live permit of 2: {bigger:?}"
+    );
+    ensure!(
+        second.semaphore("sem-size", 2).count().await? == 1,
+        "a refused acquisition took a permit"
+    );
+    for bad in [0, MAX_PERMITS + 1] {
+        let r = second.semaphore("sem-bad", bad).try_acquire().await;
+        ensure!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "{bad} permits gave {r:?}"
+        );
+    }
+    let r = second.semaphore("", 1).try_acquire().await;
+    ensure!(
+        matches!(r, Err(Error::InvalidKey(_))),
+        "empty name gave {r:?}"
+    );
+    Ok(())
+}
+
+/// With every permit held, a waiter gets `Timeout` (naming the semaphore)
+/// after its wait, and `try_acquire` answers `None`.
+pub async fn wait_times_out_when_full(store: &dyn Store) -> TestResult {
+    let holder = client(store, "sem-holder").await?;
+    let waiter = client(store, "sem-waiter").await?;
+    let _a = holder
+        .semaphore("sem-full", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let _b = holder
+        .semaphore("sem-full", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let started = tokio::time::Instant::now();
+    let result = waiter
+        .semaphore("sem-full", 2)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    match result {
+        Err(Error::Timeout { key, .. }) => {
+            ensure!(key.as_str() == "sem-full", "timeout names {key}")
+        }
+        other => return Err(format!("expected Timeout, got {other:?}").into()),
+    }
+    ensure!(
+        started.elapsed() >= Duration::from_millis(300),
+        "gave up before the wait ended"
+    );
+    ensure!(
+        waiter
+            .semaphore("sem-full", 2)
+            .try_acquire()
+            .await?
+            .is_none(),
+        "try_acquire on a full semaphore returned a permit"
+    );
+    Ok(())
+}
+
+/// A released permit goes to a waiter, on the released slot, with a
+/// higher token.
+pub async fn release_frees_a_permit_for_a_waiter(store: &dyn Store) -> TestResult {
+    let holder = client(store, "sem-holder").await?;
+    let waiter = client(store, "sem-waiter").await?;
+    let a = holder
+        .semaphore("sem-hand", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let b = holder
+        .semaphore("sem-hand", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .semaphore("sem-hand", 2)
+            .ttl(LONG_TTL)
+            .wait(LONG_WAIT)
+            .acquire()
+            .await
+    });
+    // The permits outlast the wait: the waiter can only get this one.
+    let (slot, token) = (b.slot(), b.token());
+    b.release().await?;
+    let got = waiting.await??;
+    ensure!(
+        got.slot() == slot && got.token() > token && got.owner().as_str() == "sem-waiter",
+        "waiter got slot {} token {} as {}; released slot {slot} token {token}",
+        got.slot(),
+        got.token(),
+        got.owner()
+    );
+    got.release().await?;
+    a.release().await?;
+    Ok(())
+}
+
+/// `holders` and `count` agree with each other and with `inspect` of the
+/// slot keys; the caller's kind and data round-trip; a semaphore whose name
+/// extends this one's is not counted.
+pub async fn holders_and_count_agree(store: &dyn Store) -> TestResult {
+    let c = client(store, "sem-monitor").await?;
+    ensure!(
+        c.semaphore("sem-mon", 3).count().await? == 0,
+        "a fresh semaphore has holders"
+    );
+    let data = json!({ "job": 7, "tags": ["a", "b"] });
+    let p1 = c
+        .semaphore("sem-mon", 3)
+        .ttl(LONG_TTL)
+        .kind("encoder")
+        .data(data.clone())
+        .acquire()
+        .await?;
+    let p2 = c.semaphore("sem-mon", 3).ttl(LONG_TTL).acquire().await?;
+    let _other = c
+        .semaphore("sem-mon/sub", 1)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let holders = c.semaphore("sem-mon", 3).holders().await?;
+    ensure!(
+        c.semaphore("sem-mon", 3).count().await? == 2 && holders.len() == 2,
+        "holders {holders:?}"
+    );
+    for (holder, permit) in holders.iter().zip([&p1, &p2]) {
+        let on_backend = c
+            .inspect(&semaphore_slot_key("sem-mon", holder.slot))
+            .await?
+            .ok_or("a listed permit is not on the backend")?;
+        ensure!(
+            holder.slot == permit.slot()
+                && holder.permits == 3
+                && holder.lease.token == permit.token()
+                && on_backend.token == permit.token()
+                && holder.lease.owner.as_str() == "sem-monitor",
+            "holder {holder:?}, permit {permit:?}, backend {on_backend:?}"
+        );
+    }
+    ensure!(
+        holders[0].lease.kind.as_deref() == Some("encoder")
+            && holders[0].lease.data.as_ref() == Some(&data)
+            && holders[1].lease.data.is_none(),
+        "kind/data did not round-trip: {holders:?}"
+    );
+    p2.release().await?;
+    ensure!(
+        c.semaphore("sem-mon", 3).count().await? == 1,
+        "count after a release"
+    );
+    p1.release().await?;
+    Ok(())
+}
+
+/// Each permit's token is admitted by the store's fence on the permit's
+/// slot key; after a crashed holder's permit is taken over, its token is
+/// refused there as stale.
+pub async fn permit_tokens_fence_their_slot(store: &dyn Store) -> TestResult {
+    let fence = fence_of(store).await?;
+    let crashed = client(store, "sem-stale").await?;
+    let next: LockClient = client(store, "sem-next").await?;
+    let old = crashed
+        .semaphore("sem-fence", 1)
+        .ttl(SHORT_TTL)
+        .acquire()
+        .await?;
+    let resource = old.key().as_str().to_owned();
+    ensure!(
+        resource == semaphore_slot_key("sem-fence", 0),
+        "permit key {resource}"
+    );
+    fence.admit(&resource, old.token()).await?;
+    let (old_token, granted) = (old.token(), old.granted_ttl());
+    old.detach();
+    let new = next
+        .semaphore("sem-fence", 1)
+        .ttl(LONG_TTL)
+        .wait(granted + EXPIRY_SLACK)
+        .acquire()
+        .await?;
+    ensure!(
+        new.key() == &key(&resource),
+        "the new permit is on {}",
+        new.key()
+    );
+    fence.admit(&resource, new.token()).await?;
+    let stale = fence.admit(&resource, old_token).await;
+    ensure!(
+        matches!(stale, Err(Error::Stale { .. })),
+        "the crashed holder's token was admitted after its successor's: {stale:?}"
+    );
+    new.release().await?;
+    Ok(())
+}

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::{
     backoff::Backoff,
-    client::{attempt, Attempt, LockClient},
+    client::{attempt, Attempt, LockClient, WAIT_BACKOFF},
     error::{Error, Result},
     guard::{GuardHandle, LockGuard},
     types::{LockInfo, LockKey},
@@ -35,8 +35,6 @@ const MAX_WAKEUP_SLOTS: u32 = 64;
 const META: &str = "fencelock_semaphore";
 /// The member holding the caller's own data.
 const USER_DATA: &str = "data";
-/// Same backoff as a single lock's wait.
-const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
 /// The key of permit `slot` of semaphore `name`: the key its lease is on,
 /// and the resource name to fence its token with.

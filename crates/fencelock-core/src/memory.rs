@@ -154,6 +154,7 @@ impl Backend for MemoryBackend {
             .with_keeps_expired(true)
             .with_min_token(true)
             .with_watch(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -310,6 +311,22 @@ impl Backend for MemoryBackend {
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.wakeups.subscribe(key.as_str())))
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.leases.get_mut(&lease.key) {
+            Some(held)
+                if held.expires_at > now
+                    && held.owner == lease.owner
+                    && held.token == lease.token =>
+            {
+                held.data = data;
+                Ok(())
+            }
+            _ => Err(Error::not_held(lease)),
+        }
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {

@@ -7,12 +7,14 @@
 
 mod admin;
 mod capabilities;
+mod election;
 mod exclusion;
 mod faults;
 mod fence;
 mod guard;
 mod input;
 mod ownership;
+mod resume;
 mod tokens;
 
 use std::{sync::Arc, time::Duration};
@@ -121,6 +123,13 @@ pub static CASES: &[Case] = &[
     case!(capabilities::watch_reports_acquire_release_and_expiry),
     case!(capabilities::wakeups_claim_holds),
     case!(capabilities::close_releases_every_lease),
+    case!(capabilities::set_data_replaces_the_holders_data_or_is_refused),
+    case!(capabilities::client_watch_sees_acquire_release_and_expiry),
+    case!(election::one_leader_among_racing_candidates),
+    case!(election::standby_takes_over_after_resignation),
+    case!(election::standby_takes_over_after_leader_expiry, FENCE),
+    case!(resume::validate_is_true_only_for_the_current_token),
+    case!(resume::resume_reattaches_to_the_exact_lease),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.

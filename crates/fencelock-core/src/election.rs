@@ -274,6 +274,12 @@ impl Leadership {
     pub fn key(&self) -> &LockKey {
         self.guard.key()
     }
+
+    /// The leader's guard, for code that supervises work under any lock
+    /// (`fencelock elect` hands it to the same supervision as `run`).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
 }
 
 /// Who leads an election, as the backend reports it.

@@ -82,6 +82,12 @@ use std::sync::Arc;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/election.md")]
+mod election_md {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/reentry.md")]
+mod reentry_md {}
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../../docs/postgres.md")]
 mod postgres_md {}

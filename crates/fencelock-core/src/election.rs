@@ -108,6 +108,19 @@ impl Election {
         self
     }
 
+    /// The key, refusing an empty name (which would name the prefix itself)
+    /// and names that make an invalid key.
+    fn checked_key(&self) -> Result<String> {
+        if self.name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "an election's name must not be empty".into(),
+            ));
+        }
+        let key = self.key();
+        LockKey::new(key.as_str())?;
+        Ok(key)
+    }
+
     fn request(&self, wait: Duration) -> LockRequest<'_> {
         let mut request = self.client.lock(self.key()).wait(wait);
         if let Some(ttl) = self.ttl {
@@ -133,6 +146,7 @@ impl Election {
     /// [`campaign`](Election::campaign) waiting at most `wait`;
     /// [`Error::Timeout`] after it.
     pub async fn campaign_for(&self, wait: Duration) -> Result<Leadership> {
+        self.checked_key()?;
         let guard = self.request(wait).acquire().await?;
         Ok(Leadership {
             guard,
@@ -142,7 +156,7 @@ impl Election {
 
     /// The current leader, if any.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let key = self.key();
+        let key = self.checked_key()?;
         Ok(self.client.inspect(&key).await?.map(Leader::from))
     }
 
@@ -151,7 +165,7 @@ impl Election {
     /// lease. Uses the backend's watch where it has one and polls
     /// otherwise (see [`LockClient::watch`]).
     pub async fn observe(&self) -> Result<LeaderWatch> {
-        let key = self.key();
+        let key = self.checked_key()?;
         // Watch first, then read: a change between the two is in the watch,
         // and the read decides which of the watch's first items are older.
         let changes = self.client.watch(&key).await?;
@@ -404,6 +418,23 @@ mod tests {
     }
 
     const TTL: Duration = Duration::from_secs(3);
+
+    #[tokio::test]
+    async fn bad_names_are_typed_errors() {
+        let c = client(&MemoryBackend::new(), "a");
+        assert!(matches!(
+            c.election("").campaign().await,
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            c.election("tab\there").leader().await,
+            Err(Error::InvalidKey(_))
+        ));
+        assert!(matches!(
+            c.election("x".repeat(250)).observe().await,
+            Err(Error::InvalidKey(_))
+        ));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_standby_takes_over_after_resignation_and_after_a_crash() {

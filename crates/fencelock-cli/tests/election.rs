@@ -1,5 +1,6 @@
 //! `fencelock elect` and `fencelock leader`, run as separate processes
-//! against one SQLite file (docs/election.md).
+//! against one SQLite file (docs/election.md), and a takeover on Redis (a
+//! backend whose observation is polled and whose waiters are woken).
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -15,15 +16,19 @@ const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 /// Far longer than any step needs; a bound, not a measurement.
 const BOUND: Duration = Duration::from_secs(30);
 
-fn fencelock(db: &Path, args: &[&str]) -> Command {
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+fn fencelock(url: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
-    cmd.env("FENCELOCK_URL", format!("sqlite://{}", db.display()))
+    cmd.env("FENCELOCK_URL", url)
         .env_remove("RUST_LOG")
         .args(args);
     cmd
 }
 
-fn run(db: &Path, args: &[&str]) -> Output {
+fn run(db: &str, args: &[&str]) -> Output {
     fencelock(db, args).output().unwrap()
 }
 
@@ -31,7 +36,7 @@ fn code(out: &Output) -> i32 {
     out.status.code().expect("exited normally")
 }
 
-fn spawn(db: &Path, args: &[&str]) -> Child {
+fn spawn(db: &str, args: &[&str]) -> Child {
     fencelock(db, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -76,7 +81,7 @@ fn wait_exit(child: Child) -> Output {
 #[test]
 fn elect_runs_the_command_as_leader_and_exits_with_its_code() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("locks.db");
+    let db = sqlite(dir.path());
     let out = run(
         &db,
         &[
@@ -108,8 +113,19 @@ fn elect_runs_the_command_as_leader_and_exits_with_its_code() {
 #[test]
 fn standby_leads_after_the_leader_ends_and_leader_reports_both() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("locks.db");
-    let (term_a, stop) = (dir.path().join("a.term"), dir.path().join("stop"));
+    standby_leads_after_the_leader_ends(&sqlite(dir.path()), dir.path());
+}
+
+#[test]
+fn redis_standby_leads_after_the_leader_ends() {
+    let server = fencelock_testkit::servers::redis::RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    standby_leads_after_the_leader_ends(&server.url(0), dir.path());
+}
+
+fn standby_leads_after_the_leader_ends(db: &str, dir: &Path) {
+    let db = db.to_owned();
+    let (term_a, stop) = (dir.join("a.term"), dir.join("stop"));
     let a = spawn(
         &db,
         &[
@@ -164,7 +180,7 @@ fn standby_leads_after_the_leader_ends_and_leader_reports_both() {
 #[test]
 fn a_deposed_leaders_command_is_stopped_with_76() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("locks.db");
+    let db = sqlite(dir.path());
     let (term, stop) = (dir.path().join("term"), dir.path().join("never"));
     let leader = spawn(
         &db,
@@ -189,7 +205,7 @@ fn a_deposed_leaders_command_is_stopped_with_76() {
 #[test]
 fn leader_watch_prints_each_election_and_vacancy() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("locks.db");
+    let db = sqlite(dir.path());
     assert_eq!(code(&run(&db, &["list"])), 0);
     let mut watch = spawn(&db, &["leader", "w", "--watch", "--json"]);
     let (tx, lines) = mpsc::channel();

@@ -23,6 +23,11 @@ pub(crate) fn ttl(s: &str) -> Result<Duration, String> {
     fencelock::validate_ttl(d).map_err(|e| e.to_string())
 }
 
+/// `--value`: JSON when it parses as JSON, otherwise the text as a string.
+fn value(s: &str) -> Result<serde_json::Value, String> {
+    Ok(serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::String(s.to_owned())))
+}
+
 fn json(s: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
 }
@@ -221,6 +226,65 @@ pub enum Command {
     /// operation and prints fencelock/limit. Reports; asserts nothing.
     #[cfg(feature = "lab")]
     Bench(fencelock_lab::bench::BenchArgs),
+
+    /// Run a command while leader of election NAME; wait as a standby first.
+    ///
+    /// The leader holds the key fencelock/election/NAME. The command gets
+    /// FENCELOCK_KEY, FENCELOCK_OWNER and FENCELOCK_TOKEN (the term, a
+    /// fencing token greater than every earlier leader's) and is supervised
+    /// as by `run`: if the leadership is lost, it gets SIGTERM, then SIGKILL
+    /// after --kill-after, and fencelock exits 76. Otherwise the exit code is
+    /// the command's; 75 if not elected within --wait. See docs/election.md.
+    Elect {
+        /// The election's name.
+        name: String,
+
+        /// The leader's lease length; a crashed leader is replaced at most
+        /// this long after its last renewal.
+        #[arg(long, short = 't', default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
+        ttl: Duration,
+
+        /// The value the leader publishes (JSON, or else a string), e.g. its
+        /// address; `fencelock leader` shows it.
+        #[arg(long, value_parser = value)]
+        value: Option<serde_json::Value>,
+
+        /// How long to wait as a standby (`forever` = no limit).
+        #[arg(long, short = 'w', default_value = "forever", value_parser = wait, allow_hyphen_values = true)]
+        wait: Duration,
+
+        /// Owner name [default: hostname:pid:random].
+        #[arg(long)]
+        owner: Option<String>,
+
+        /// Grace period between SIGTERM and SIGKILL when leadership is lost.
+        #[arg(long, default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
+        kill_after: Duration,
+
+        /// Keep the command in fencelock's process group (see `run`).
+        #[arg(long)]
+        foreground: bool,
+
+        /// The command and its arguments.
+        #[arg(required = true, last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+
+    /// Show the leader of election NAME: owner and term. Exit 1 if none.
+    ///
+    /// With --json: {"owner", "term", "value", "expires_in_ms"} (null when
+    /// there is no leader). With --watch, prints the current leader and then
+    /// one line (one JSON object, with "event": "elected" or "vacant") per
+    /// change until interrupted; a vacancy says whether the leader resigned
+    /// or its lease expired.
+    Leader {
+        /// The election's name.
+        name: String,
+
+        /// Follow the changes.
+        #[arg(long)]
+        watch: bool,
+    },
 
     /// Remove a lock whoever holds it. Its holder notices at its next
     /// renewal. Exit 1 if it was not held.

@@ -530,6 +530,67 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
             }
         }
+        Command::Elect {
+            name,
+            ttl,
+            value,
+            wait,
+            owner,
+            kill_after,
+            foreground,
+            command,
+        } => {
+            let deadline = Deadline::after(wait);
+            let client = client(&url, owner.as_deref(), deadline).await?;
+            let mut election = client.election(name.as_str()).ttl(ttl);
+            if let Some(value) = value {
+                election = election.value(value);
+            }
+            match election.campaign_for(deadline.remaining()).await {
+                Ok(leadership) => {
+                    let guard = leadership.into_guard();
+                    run::run_child(run::Held::One(guard), &command, kill_after, foreground, out)
+                        .await
+                }
+                Err(Error::Timeout { .. }) => {
+                    let leader = election.leader().await.ok().flatten();
+                    match leader {
+                        Some(l) => out.note(format_args!(
+                            "not elected within {}: {name} is led by {} (term {})",
+                            human_duration(wait),
+                            l.owner,
+                            l.term
+                        )),
+                        None => {
+                            out.note(format_args!("not elected within {}", human_duration(wait)))
+                        }
+                    }
+                    Ok(exit::NOT_ACQUIRED)
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Command::Leader { name, watch } => {
+            let client = client(&url, None, Deadline::now()).await?;
+            let election = client.election(name.as_str());
+            if watch {
+                let mut changes = election.observe().await?;
+                while let Some(change) = changes.next().await {
+                    output::leader_change(out, &name, &change?);
+                }
+                return Ok(exit::UNAVAILABLE);
+            }
+            match election.leader().await? {
+                Some(leader) => {
+                    out.emit(&leader, || output::leader(&name, &leader));
+                    Ok(exit::OK)
+                }
+                None => {
+                    out.emit(&serde_json::Value::Null, || format!("{name} has no leader"));
+                    Ok(exit::NOT_HELD)
+                }
+            }
+        }
         #[cfg(feature = "lab")]
         Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock::{LockInfo, Stats};
+use fencelock::{Leader, LeaderChange, LockInfo, Stats};
 use serde::Serialize;
 
 /// Where and how to print.
@@ -123,4 +123,44 @@ pub fn stats(s: &Stats) -> String {
         secs(s.max_hold_seconds),
         s.expired_not_cleaned
     )
+}
+
+/// One line naming an election's leader.
+pub fn leader(name: &str, leader: &Leader) -> String {
+    format!(
+        "{name} is led by {} (term {}), expires in {}",
+        leader.owner,
+        leader.term,
+        human_duration(leader.expires_in)
+    )
+}
+
+/// One line (or JSON object) per change of an election's leader.
+pub fn leader_change(out: Output, name: &str, change: &LeaderChange) {
+    match change {
+        LeaderChange::Elected(l) => out.emit(
+            &serde_json::json!({
+                "event": "elected", "owner": l.owner, "term": l.term, "value": l.value,
+                "expires_in_ms": u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX),
+            }),
+            || leader(name, l),
+        ),
+        LeaderChange::Vacant {
+            previous_term,
+            expired,
+        } => out.emit(
+            &serde_json::json!({
+                "event": "vacant", "previous_term": previous_term, "expired": expired,
+            }),
+            || {
+                let how = if *expired {
+                    "its lease expired"
+                } else {
+                    "it resigned"
+                };
+                format!("{name} has no leader: term {previous_term} ended ({how})")
+            },
+        ),
+        _ => {}
+    }
 }

@@ -154,6 +154,9 @@ pub struct Capabilities {
     /// [`Backend::renew_many`] renews a batch in one round trip rather than
     /// one call per lease.
     pub batch_renew: bool,
+    /// [`Backend::set_data`] replaces a held lease's JSON data in one atomic
+    /// step (what an election leader's `proclaim` uses).
+    pub set_data: bool,
 }
 
 impl Capabilities {
@@ -190,6 +193,12 @@ impl Capabilities {
     /// Claims one-round-trip batched renewal.
     pub fn with_batch_renew(mut self, yes: bool) -> Self {
         self.batch_renew = yes;
+        self
+    }
+
+    /// Claims [`Backend::set_data`].
+    pub fn with_set_data(mut self, yes: bool) -> Self {
+        self.set_data = yes;
         self
     }
 }
@@ -341,5 +350,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         let _ = key;
         Err(crate::Error::unsupported(self.name(), "watch"))
+    }
+
+    /// Replaces the JSON data of `lease` (its token, owner, expiry and kind
+    /// unchanged), only if that exact lease is current and unexpired (I3);
+    /// otherwise [`crate::Error::NotHeld`]. One atomic step, like
+    /// [`Backend::renew`]. Backends that offer it claim
+    /// [`Capabilities::set_data`]; the default answers
+    /// [`crate::Error::Unsupported`].
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let _ = (lease, data);
+        Err(crate::Error::unsupported(self.name(), "set_data"))
     }
 }

@@ -83,6 +83,7 @@ pub struct LockClientBuilder {
     ttl: Duration,
     clock: ClockPolicy,
     op_timeout: Duration,
+    watch_interval: Duration,
 }
 
 impl LockClientBuilder {
@@ -111,6 +112,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// How often [`LockClient::watch`] inspects the key on backends without
+    /// a native holder-change stream (default 200 ms): the latency of such a
+    /// watch is up to this plus one round trip.
+    pub fn watch_interval(mut self, interval: Duration) -> Self {
+        self.watch_interval = interval;
+        self
+    }
+
     /// Validates the settings. The first client built in a process also
     /// describes the metrics to the installed recorder ([`m::describe`]).
     pub fn build(self) -> Result<LockClient> {
@@ -119,6 +128,11 @@ impl LockClientBuilder {
         if self.op_timeout.is_zero() {
             return Err(Error::InvalidArgument("op_timeout must be positive".into()));
         }
+        if self.watch_interval.is_zero() {
+            return Err(Error::InvalidArgument(
+                "watch_interval must be positive".into(),
+            ));
+        }
         Ok(LockClient {
             inner: Arc::new(ClientInner {
                 backend: self.backend,
@@ -126,6 +140,7 @@ impl LockClientBuilder {
                 ttl: self.ttl,
                 clock: self.clock,
                 op_timeout: self.op_timeout,
+                watch_interval: self.watch_interval,
                 renewer: Renewer::default(),
             }),
         })
@@ -138,6 +153,7 @@ pub(crate) struct ClientInner {
     ttl: Duration,
     clock: ClockPolicy,
     pub(crate) op_timeout: Duration,
+    watch_interval: Duration,
     /// Renews every lease this client (and its clones) holds.
     pub(crate) renewer: Renewer,
 }
@@ -182,6 +198,7 @@ impl LockClient {
             ttl: DEFAULT_TTL,
             clock: ClockPolicy::default(),
             op_timeout: DEFAULT_OP_TIMEOUT,
+            watch_interval: crate::poll::DEFAULT_POLL_INTERVAL,
         }
     }
 
@@ -259,14 +276,35 @@ impl LockClient {
     }
 
     /// The holder changes of `key` from now on (acquisitions, releases and
-    /// expiries), where the backend claims [`crate::Capabilities::watch`];
-    /// [`Error::Unsupported`] elsewhere.
+    /// expiries). Backends that claim [`crate::Capabilities::watch`] stream
+    /// them natively; on the others the client inspects the key every
+    /// [`LockClientBuilder::watch_interval`] and reports the differences,
+    /// in a task that ends when the [`Watch`] is dropped (a lease that
+    /// begins and ends between two polls is then not seen).
     pub async fn watch(&self, key: &str) -> Result<Watch> {
         let key = LockKey::new(key)?;
-        if !self.inner.backend.capabilities().watch {
-            return Err(Error::unsupported(self.inner.backend.name(), "watch"));
+        let backend = &self.inner.backend;
+        if backend.capabilities().watch {
+            return backend.watch(&key).await;
         }
-        self.inner.backend.watch(&key).await
+        crate::poll::poll_watch(
+            Arc::clone(backend),
+            key,
+            self.inner.watch_interval,
+            self.inner.op_timeout,
+        )
+        .await
+    }
+
+    /// The leader election `name` on this client's backend (see
+    /// [`crate::Election`]).
+    pub fn election(&self, name: impl Into<String>) -> crate::election::Election {
+        crate::election::Election::new(self.clone(), name.into())
+    }
+
+    /// The client's operation timeout.
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.inner.op_timeout
     }
 
     /// Releases every lock this client (or any clone of it) holds, and
@@ -367,14 +405,7 @@ impl LockRequest<'_> {
             }
         }
         if let Some(data) = &self.data {
-            let len = serde_json::to_vec(data)
-                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?
-                .len();
-            if len > MAX_DATA_LEN {
-                return Err(Error::InvalidArgument(format!(
-                    "lock data is {len} bytes serialized; the limit is {MAX_DATA_LEN}"
-                )));
-            }
+            check_data(data)?;
         }
         let trusted = inner.clock.valid_for(ttl);
         let renew_every = match (self.auto_renew, self.renew_every) {
@@ -640,6 +671,158 @@ pub(crate) async fn attempt(
         Err(_elapsed) => Err(Error::OperationTimeout {
             operation: "acquire",
             after: client.op_timeout,
+        }),
+    }
+}
+
+/// Refuses lease data larger than [`MAX_DATA_LEN`] serialized.
+pub(crate) fn check_data(data: &serde_json::Value) -> Result<()> {
+    let len = serde_json::to_vec(data)
+        .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?
+        .len();
+    if len > MAX_DATA_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "lock data is {len} bytes serialized; the limit is {MAX_DATA_LEN}"
+        )));
+    }
+    Ok(())
+}
+
+/// Sequencer checks and re-attachment (see `docs/reentry.md`).
+impl LockClient {
+    /// Whether `token` is the token of the current unexpired lease on `key`:
+    /// the check a resource can make with a holder's (key, token) pair when
+    /// it keeps no fence of its own (Chubby's sequencer check). A `true`
+    /// answer can be out of date as soon as it arrives; a fence
+    /// ([`crate::Fence`]) also refuses writes that arrive late.
+    pub async fn validate(&self, key: &str, token: FencingToken) -> Result<bool> {
+        let key = LockKey::new(key)?;
+        let current = bounded(
+            self.inner.op_timeout,
+            "inspect",
+            self.inner.backend.inspect(&key),
+        )
+        .await?;
+        Ok(current.is_some_and(|lease| lease.token == token))
+    }
+
+    /// Re-attaches to a lease this process (or another one) took and
+    /// detached, known by its (key, owner, token): renews that exact lease
+    /// to confirm it ([`Error::NotHeld`] when it is no longer current) and
+    /// returns a guard renewed by this client, as [`LockRequest::acquire`]
+    /// would. Await the returned request, after setting
+    /// [`ttl`](ResumeRequest::ttl) or [`renew_every`](ResumeRequest::renew_every)
+    /// if needed.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use fencelock_core::{LockClient, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock_core::Error> {
+    /// let client = LockClient::new(Arc::new(MemoryBackend::new()));
+    /// let guard = client.lock("job").ttl(Duration::from_secs(30)).acquire().await?;
+    /// let (owner, token) = (guard.owner().clone(), guard.token());
+    /// guard.detach();
+    /// let again = client.resume("job", owner, token).ttl(Duration::from_secs(30)).await?;
+    /// assert_eq!(again.token(), token);
+    /// again.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn resume(
+        &self,
+        key: impl Into<String>,
+        owner: Owner,
+        token: FencingToken,
+    ) -> ResumeRequest<'_> {
+        ResumeRequest {
+            request: self.lock(key).owner(owner),
+            token,
+        }
+    }
+}
+
+/// A re-attachment being built by [`LockClient::resume`]; await it.
+#[derive(Debug)]
+#[must_use = "a resume request does nothing until awaited"]
+pub struct ResumeRequest<'a> {
+    request: LockRequest<'a>,
+    token: FencingToken,
+}
+
+impl<'a> ResumeRequest<'a> {
+    /// Lease length from now on (default: the client's TTL).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.request = self.request.ttl(ttl);
+        self
+    }
+
+    /// Renewal period (default: a third of the TTL), as
+    /// [`LockRequest::renew_every`].
+    pub fn renew_every(mut self, period: Duration) -> Self {
+        self.request = self.request.renew_every(period);
+        self
+    }
+
+    async fn attach(self) -> Result<LockGuard> {
+        let client = &self.request.client.inner;
+        if client.renewer.is_closed() {
+            return Err(Error::ClientClosed);
+        }
+        let (request, config) = self.request.validate()?;
+        let lease = request.lease(self.token);
+        let sent = Sent::now();
+        let grant = bounded(
+            client.op_timeout,
+            "renew",
+            client.backend.renew(&lease, request.ttl),
+        )
+        .await?;
+        if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) {
+            // As for a late grant (I5): the lease may have ended already, so
+            // no guard is made for it; it ends by expiry.
+            return Err(crate::BackendError::message(
+                client.backend.name(),
+                ErrorStatus::Transient,
+                format!(
+                    "the renewal confirming {lease} arrived after its {:?} lease had \
+                     ended locally; use a longer TTL",
+                    grant.ttl
+                ),
+            )
+            .into());
+        }
+        Ok(LockGuard::start(
+            Arc::clone(&client.backend),
+            &client.renewer,
+            request,
+            grant,
+            sent,
+            config,
+        ))
+    }
+}
+
+impl<'a> std::future::IntoFuture for ResumeRequest<'a> {
+    type Output = Result<LockGuard>;
+    type IntoFuture = futures_util::future::BoxFuture<'a, Result<LockGuard>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.attach())
+    }
+}
+
+/// `call` bounded by the operation timeout.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    operation: &'static str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Error::OperationTimeout {
+            operation,
+            after: timeout,
         }),
     }
 }

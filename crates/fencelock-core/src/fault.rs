@@ -175,4 +175,8 @@ impl Backend for FaultyBackend {
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         self.call(self.inner.watch(key)).await
     }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        self.call(self.inner.set_data(lease, data)).await
+    }
 }

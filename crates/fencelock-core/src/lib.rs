@@ -21,6 +21,10 @@
 //!   [`LossReason`], [`Result`];
 //! - [`LockKey`], [`Owner`], [`LockInfo`], [`ClockPolicy`], and the
 //!   [`metrics`] names;
+//! - [`Election`], [`Leadership`], [`Leader`], [`LeaderWatch`]: leader
+//!   election on the lock, with the term as fencing token
+//!   (`docs/election.md`); [`LockClient::validate`] and
+//!   [`LockClient::resume`] (`docs/reentry.md`);
 //! - [`MemoryBackend`] and [`MemoryFence`]: in-process implementations for
 //!   tests and single-process programs.
 //!
@@ -71,6 +75,7 @@ pub mod baseline;
 mod client;
 mod clock;
 mod driver;
+mod election;
 mod error;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -80,6 +85,7 @@ mod guard;
 mod memory;
 pub mod metrics;
 mod multi;
+mod poll;
 mod renewer;
 mod semaphore;
 mod types;
@@ -88,8 +94,9 @@ mod watch;
 
 pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats};
 pub use backoff::Backoff;
-pub use client::{ClockPolicy, LockClient, LockClientBuilder, LockRequest};
+pub use client::{ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest};
 pub use driver::{Driver, MemoryDriver};
+pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
 pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
 pub use fence::{Admission, Fence};
 pub use guard::{GuardHandle, LockGuard};

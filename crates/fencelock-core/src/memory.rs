@@ -122,10 +122,16 @@ impl MemoryBackend {
         }
     }
 
-    /// Tells the watchers (if any) about a release and wakes the waiters.
+    /// Tells the watchers (if any) about a release. Called with the table
+    /// locked, so that watchers see releases and grants in the order the
+    /// table saw them (a woken waiter's grant never overtakes the release).
+    fn announce_release(&self, _table: &State, lease: &LeaseId) {
+        let _ = self.events.send(TableEvent::Released(lease.clone()));
+    }
+
+    /// Wakes the waiters of a released lease (after the table is unlocked).
     fn released(&self, lease: LeaseId) {
         self.wakeups.notify(lease.key.as_str());
-        let _ = self.events.send(TableEvent::Released(lease));
     }
 
     /// The current lease of `key` and when it ends, if unexpired.
@@ -154,6 +160,7 @@ impl Backend for MemoryBackend {
             .with_keeps_expired(true)
             .with_min_token(true)
             .with_watch(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -187,10 +194,11 @@ impl Backend for MemoryBackend {
             .leases
             .get(&request.key)
             .map(|l| state.info(&request.key, l, now));
-        drop(state);
+        // Sent under the table's lock, like releases (see `announce_release`).
         if let Some(info) = info {
             let _ = self.events.send(TableEvent::Granted { info, expires_at });
         }
+        drop(state);
         Ok(Acquire::Granted(grant))
     }
 
@@ -222,6 +230,7 @@ impl Backend for MemoryBackend {
                 return Err(Error::not_held(lease));
             }
             state.leases.remove(&lease.key);
+            self.announce_release(&state, lease);
         }
         self.released(lease.clone());
         Ok(())
@@ -251,8 +260,10 @@ impl Backend for MemoryBackend {
         let removed = {
             let mut state = self.state();
             let info = state.live(key, now).map(|l| state.info(key, l, now));
-            if info.is_some() {
+            if let Some(info) = &info {
                 state.leases.remove(key);
+                let lease = LeaseId::new(key.clone(), info.owner.clone(), info.token);
+                self.announce_release(&state, &lease);
             }
             info
         };
@@ -274,6 +285,7 @@ impl Backend for MemoryBackend {
                 .collect();
             for lease in &leases {
                 state.leases.remove(&lease.key);
+                self.announce_release(&state, lease);
             }
             leases
         };
@@ -310,6 +322,22 @@ impl Backend for MemoryBackend {
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.wakeups.subscribe(key.as_str())))
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.leases.get_mut(&lease.key) {
+            Some(held)
+                if held.expires_at > now
+                    && held.owner == lease.owner
+                    && held.token == lease.token =>
+            {
+                held.data = data;
+                Ok(())
+            }
+            _ => Err(Error::not_held(lease)),
+        }
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {

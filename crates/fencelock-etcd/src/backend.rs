@@ -592,6 +592,7 @@ impl Backend for EtcdBackend {
             .with_persistent(true)
             .with_batch_renew(true)
             .with_watch(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -827,6 +828,46 @@ impl Backend for EtcdBackend {
             None => false,
         };
         lease.found(deleted)
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<Value>) -> Result<()> {
+        // Read, then one Txn that puts the new value only if the key is still
+        // that read's incarnation (create_revision = token) and unchanged
+        // since (mod_revision, so the same owner and etcd lease). The Put
+        // names the same lease, so the grant's expiry and token stay. A
+        // concurrent move to another shared lease by the holder's own
+        // renewal changes mod_revision: read again, a few times.
+        for _ in 0..3 {
+            let Some(kv) = self
+                .current_grant(&lease.key, &lease.owner, lease.token)
+                .await?
+            else {
+                return Err(Error::not_held(lease));
+            };
+            let mut value: Value = serde_json::from_slice(kv.value())
+                .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
+            value["data"] = data.clone().unwrap_or(Value::Null);
+            let full = kv.key().to_vec();
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(full.clone(), CompareOp::Equal, revision(lease.token)),
+                    Compare::mod_revision(full.clone(), CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([TxnOp::put(
+                    full,
+                    value.to_string(),
+                    Some(PutOptions::new().with_lease(kv.lease())),
+                )]);
+            if self.txn("set_data txn", txn).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(BackendError::message(
+            NAME,
+            ErrorStatus::Transient,
+            "the lease kept changing while its data was set",
+        )
+        .into())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -48,6 +48,7 @@ pub(crate) struct Sql {
     release_all: String,
     cleanup: String,
     stats: String,
+    set_data: String,
 }
 
 impl Sql {
@@ -119,6 +120,11 @@ impl Sql {
             ),
             inspect: format!(
                 "SELECT {LEASE_COLUMNS} FROM {locks} WHERE `key` = ? AND expires_at > NOW(6)"
+            ),
+            // CLIENT_FOUND_ROWS: a match counts even when the data is the same.
+            set_data: format!(
+                "UPDATE {locks} SET data = ?
+                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
             ),
             // A literal prefix test: LEFT() has no wildcards to escape.
             list: format!(
@@ -244,6 +250,7 @@ impl Backend for MySqlBackend {
             .with_keeps_expired(true)
             .with_min_token(true)
             .with_batch_renew(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -419,6 +426,26 @@ impl Backend for MySqlBackend {
             .await?
             .rows_affected();
         lease.found(deleted > 0)
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let changed = self
+            .options
+            .bounded("setting data", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.set_data)
+                    .bind(data.as_ref())
+                    .bind(lease.key.as_str())
+                    .bind(lease.owner.as_str())
+                    .bind(lease.token.get())
+                    .execute(s.conn()?)
+                    .await;
+                s.finish();
+                done
+            })
+            .await?
+            .rows_affected();
+        lease.found(changed > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

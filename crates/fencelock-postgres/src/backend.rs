@@ -38,6 +38,7 @@ pub(crate) struct Sql {
     release_all: String,
     cleanup: String,
     stats: String,
+    set_data: String,
 }
 
 impl Sql {
@@ -134,6 +135,10 @@ impl Sql {
             ),
             inspect: format!(
                 "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
+            ),
+            set_data: format!(
+                "UPDATE {locks} SET data = $4::json
+                  WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()"
             ),
             // `starts_with` compares literally: no LIKE wildcards to escape.
             list: format!(
@@ -262,6 +267,7 @@ impl Backend for PostgresBackend {
             .with_keeps_expired(true)
             .with_min_token(true)
             .with_batch_renew(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -393,6 +399,29 @@ impl Backend for PostgresBackend {
             })
             .await?;
         lease.found(!rows.is_empty())
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let Some(db_token) = db_token(lease.token) else {
+            return Err(Error::not_held(lease));
+        };
+        let changed = self
+            .options
+            .bounded("setting data", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.set_data)
+                    .bind(lease.key.as_str())
+                    .bind(lease.owner.as_str())
+                    .bind(db_token)
+                    .bind(data_text(data.as_ref()))
+                    .execute(s.conn()?)
+                    .await;
+                s.finish();
+                done
+            })
+            .await?
+            .rows_affected();
+        lease.found(changed > 0)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -347,6 +347,7 @@ impl Backend for RedisBackend {
             .with_persistent(true)
             .with_min_token(true)
             .with_batch_renew(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -490,6 +491,27 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| map("release script", e))?;
         lease.found(removed == 1)
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let data = match &data {
+            Some(d) => serde_json::to_string(d)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let changed: i64 = self
+            .inner
+            .scripts
+            .set_data
+            .key(self.inner.keys.lease(&lease.key))
+            .arg(lease.owner.as_str())
+            .arg(lease.token.0.to_string())
+            .arg(data)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| map("set_data script", e))?;
+        lease.found(changed == 1)?;
+        self.wait_replicas().await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

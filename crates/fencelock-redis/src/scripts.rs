@@ -124,6 +124,21 @@ end
 return 0
 "#;
 
+/// KEYS: lease. ARGV: owner, token, data (`""` = none). Returns 1 or 0.
+/// HSET and HDEL keep the key's PTTL, so the lease's end does not move.
+const SET_DATA: &str = r#"
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+if h[1] == ARGV[1] and h[2] == ARGV[2] then
+  if #ARGV[3] > 0 then
+    redis.call('HSET', KEYS[1], 'data', ARGV[3])
+  else
+    redis.call('HDEL', KEYS[1], 'data')
+  end
+  return 1
+end
+return 0
+"#;
+
 /// KEYS: lease. Returns `describe`.
 const INSPECT: &str = "return describe(KEYS[1])";
 
@@ -160,6 +175,7 @@ pub(crate) struct Scripts {
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
     pub(crate) fence_admit: Script,
+    pub(crate) set_data: Script,
 }
 
 impl Scripts {
@@ -173,10 +189,11 @@ impl Scripts {
             inspect: with_describe(INSPECT),
             force_release: with_describe(FORCE_RELEASE),
             fence_admit: Script::new(FENCE_ADMIT),
+            set_data: Script::new(SET_DATA),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    pub(crate) fn all(&self) -> [&Script; 8] {
         [
             &self.acquire,
             &self.renew,
@@ -185,6 +202,7 @@ impl Scripts {
             &self.inspect,
             &self.force_release,
             &self.fence_admit,
+            &self.set_data,
         ]
     }
 }

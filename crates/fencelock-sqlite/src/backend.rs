@@ -355,6 +355,7 @@ impl Backend for SqliteBackend {
             .with_keeps_expired(true)
             .with_min_token(true)
             .with_batch_renew(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -392,6 +393,31 @@ impl Backend for SqliteBackend {
                 None => Err(Error::not_held(&r.lease)),
             })
             .collect())
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        // Tokens are stored as i64: a larger one was never issued.
+        let Ok(token) = i64::try_from(lease.token.get()) else {
+            return Err(Error::not_held(lease));
+        };
+        let (key, owner) = (lease.key.clone(), lease.owner.clone());
+        let data = data.map(|d| d.to_string());
+        let changed = self
+            .write(move |tx, now| {
+                tx.execute(
+                    &format!(
+                        "UPDATE fencelock_locks SET data = :data \
+                         WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+                    ),
+                    named_params! {
+                        ":data": data, ":key": key.as_str(), ":owner": owner.as_str(),
+                        ":token": token, ":boot": now.boot, ":now": now.us,
+                    },
+                )
+                .map_err(error::map)
+            })
+            .await?;
+        lease.found(changed == 1)
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {

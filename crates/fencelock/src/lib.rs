@@ -55,7 +55,13 @@
 //!   fences that admit inside your own transaction;
 //! - [`Error`] is the one error type; [`Error::is_transient`] says whether
 //!   a retry could help, and [`LossReason`] why a lock was lost;
-//! - [`metrics`] names what the library records.
+//! - [`metrics`] names what the library records;
+//! - [`LockClient::election`] gives an [`Election`]: `campaign` for a
+//!   [`Leadership`] whose term is a fencing token, `leader`, `observe`
+//!   (a [`LeaderWatch`] of [`LeaderChange`]s, expiries included) and `run`
+//!   (`docs/election.md`); [`LockClient::watch`] follows any key on every
+//!   backend; [`LockClient::validate`] and [`LockClient::resume`] check and
+//!   re-attach to a lease by its token (`docs/reentry.md`).
 //!
 //! The guarantees (I1–I7) and how each backend keeps them are described in
 //! `docs/semantics.md` and `docs/<backend>.md` of the repository.
@@ -82,6 +88,12 @@ mod semaphore_md {}
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/multi-key.md")]
 mod multi_key_md {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/election.md")]
+mod election_md {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/reentry.md")]
+mod reentry_md {}
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../../docs/postgres.md")]
 mod postgres_md {}

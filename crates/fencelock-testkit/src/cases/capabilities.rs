@@ -239,3 +239,115 @@ pub async fn close_releases_every_lease(store: &dyn Store) -> TestResult {
     );
     Ok(())
 }
+
+/// A backend that claims `set_data` replaces the holder's data in place
+/// (token, owner and lease kept; `inspect` shows the new data) and answers
+/// `NotHeld` to a stale token, another owner and a released lease; one that
+/// does not answers `Unsupported`, and so does a leader's `proclaim`.
+pub async fn set_data_replaces_the_holders_data_or_is_refused(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    let (k, o) = (key("proclaimed"), owner("holder"));
+    let g = match b
+        .try_acquire(&request(&k, &o, LONG_TTL).with_data(Some(serde_json::json!({"v": 1}))))
+        .await?
+    {
+        Acquire::Granted(g) => g,
+        held => return Err(format!("free key not granted: {held:?}").into()),
+    };
+    let mine = lease(&k, &o, g.token);
+    if !b.capabilities().set_data {
+        let refused = b.set_data(&mine, Some(serde_json::json!(2))).await;
+        ensure!(
+            matches!(refused, Err(Error::Unsupported(_))),
+            "set_data without the capability gave {refused:?}"
+        );
+        let c = client(store, "leader").await?;
+        let leadership = c.election("unsupported").ttl(LONG_TTL).campaign().await?;
+        let refused = leadership.proclaim(serde_json::json!(2)).await;
+        ensure!(
+            matches!(refused, Err(Error::Unsupported(_))),
+            "proclaim without set_data gave {refused:?}"
+        );
+        return Ok(());
+    }
+    let other = store.connect().await?;
+    other
+        .set_data(&mine, Some(serde_json::json!({"v": 2, "s": "ü"})))
+        .await?;
+    let info = other.inspect(&k).await?.ok_or("the lease vanished")?;
+    ensure!(
+        info.data == Some(serde_json::json!({"v": 2, "s": "ü"}))
+            && info.token == g.token
+            && info.owner == o,
+        "after set_data the lease is {info:?} (token {})",
+        g.token
+    );
+    for wrong in [
+        lease(&k, &o, FencingToken(g.token.get() - 1)),
+        lease(&k, &o, FencingToken(g.token.get() + 1)),
+        lease(&k, &owner("stranger"), g.token),
+    ] {
+        let refused = other.set_data(&wrong, Some(serde_json::json!(3))).await;
+        ensure!(
+            matches!(refused, Err(Error::NotHeld { .. })),
+            "set_data for {wrong} gave {refused:?}"
+        );
+    }
+    b.set_data(&mine, None).await?;
+    let info = other.inspect(&k).await?.ok_or("the lease vanished")?;
+    ensure!(
+        info.data.is_none() && info.token == g.token,
+        "after clearing the data the lease is {info:?}"
+    );
+    // Still renewable as the same lease, data intact.
+    b.set_data(&mine, Some(serde_json::json!("kept"))).await?;
+    let renewed = b.renew(&mine, LONG_TTL).await?;
+    ensure!(renewed.token == g.token, "renewal changed the token");
+    let info = other.inspect(&k).await?;
+    ensure!(
+        info.as_ref().and_then(|i| i.data.clone()) == Some(serde_json::json!("kept")),
+        "renewal lost the data: {info:?}"
+    );
+    b.release(&mine).await?;
+    let refused = b.set_data(&mine, Some(serde_json::json!(4))).await;
+    ensure!(
+        matches!(refused, Err(Error::NotHeld { .. })),
+        "set_data after release gave {refused:?}"
+    );
+    Ok(())
+}
+
+/// `LockClient::watch` reports an acquisition, a release and an expiry on
+/// every backend: natively where `watch` is claimed, by polling elsewhere.
+pub async fn client_watch_sees_acquire_release_and_expiry(store: &dyn Store) -> TestResult {
+    let c = client(store, "watcher").await?;
+    let mut changes = c.watch("client-watched").await?;
+    let b = store.connect().await?;
+    let (k, o) = (key("client-watched"), owner("holder"));
+    let g = grant(&*b, &k, &o, LONG_TTL).await?;
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        matches!(seen, HolderChange::Acquired(ref i) if i.token == g.token && i.owner == o),
+        "expected the acquisition of token {}, saw {seen:?}",
+        g.token
+    );
+    b.release(&lease(&k, &o, g.token)).await?;
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        seen == HolderChange::Released(lease(&k, &o, g.token)),
+        "expected the release, saw {seen:?}"
+    );
+    let short = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        matches!(seen, HolderChange::Acquired(ref i) if i.token == short.token),
+        "expected the second acquisition, saw {seen:?}"
+    );
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        seen == HolderChange::Expired(lease(&k, &o, short.token)),
+        "expected the expiry of token {}, saw {seen:?}",
+        short.token
+    );
+    Ok(())
+}

@@ -7,6 +7,7 @@
 
 mod admin;
 mod capabilities;
+mod election;
 mod exclusion;
 mod faults;
 mod fence;
@@ -14,6 +15,7 @@ mod guard;
 mod input;
 mod multi;
 mod ownership;
+mod resume;
 mod semaphore;
 mod tokens;
 
@@ -134,6 +136,13 @@ pub static CASES: &[Case] = &[
     case!(multi::partial_failure_leaves_nothing_held),
     case!(multi::loss_of_one_part_is_signalled),
     case!(multi::tokens_per_key_match_inspect),
+    case!(capabilities::set_data_replaces_the_holders_data_or_is_refused),
+    case!(capabilities::client_watch_sees_acquire_release_and_expiry),
+    case!(election::one_leader_among_racing_candidates),
+    case!(election::standby_takes_over_after_resignation),
+    case!(election::standby_takes_over_after_leader_expiry, FENCE),
+    case!(resume::validate_is_true_only_for_the_current_token),
+    case!(resume::resume_reattaches_to_the_exact_lease),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.

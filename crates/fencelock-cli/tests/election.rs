@@ -1,0 +1,251 @@
+//! `fencelock elect` and `fencelock leader`, run as separate processes
+//! against one SQLite file (docs/election.md), and a takeover on Redis (a
+//! backend whose observation is polled and whose waiters are woken).
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// Far longer than any step needs; a bound, not a measurement.
+const BOUND: Duration = Duration::from_secs(30);
+
+fn sqlite(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+fn fencelock(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("FENCELOCK_URL", url)
+        .env_remove("RUST_LOG")
+        .args(args);
+    cmd
+}
+
+fn run(db: &str, args: &[&str]) -> Output {
+    fencelock(db, args).output().unwrap()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+fn spawn(db: &str, args: &[&str]) -> Child {
+    fencelock(db, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `path` to exist (written by a command under test).
+fn wait_for_file(path: &Path) -> String {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text.trim().to_owned();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A command that writes its term to `term` and runs until `stop` exists.
+fn lead_until(term: &Path, stop: &Path) -> String {
+    format!(
+        "echo \"$FENCELOCK_TOKEN\" > {}.tmp && mv {0}.tmp {0}; \
+         while [ ! -e {} ]; do sleep 0.02; done",
+        term.display(),
+        stop.display()
+    )
+}
+
+fn wait_exit(child: Child) -> Output {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    rx.recv_timeout(BOUND).expect("the process ended")
+}
+
+#[test]
+fn elect_runs_the_command_as_leader_and_exits_with_its_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite(dir.path());
+    let out = run(
+        &db,
+        &[
+            "elect",
+            "jobs",
+            "--ttl",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$FENCELOCK_KEY $FENCELOCK_TOKEN\"; exit 7",
+        ],
+    );
+    assert_eq!(code(&out), 7, "{}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8_lossy(&out.stdout);
+    let (key, term) = line.trim().split_once(' ').unwrap();
+    assert_eq!(key, "fencelock/election/jobs");
+    assert!(term.parse::<u64>().unwrap() > 0);
+    // Resigned when the command ended.
+    let leader = run(&db, &["leader", "jobs"]);
+    assert_eq!(
+        code(&leader),
+        1,
+        "{}",
+        String::from_utf8_lossy(&leader.stdout)
+    );
+}
+
+#[test]
+fn standby_leads_after_the_leader_ends_and_leader_reports_both() {
+    let dir = tempfile::tempdir().unwrap();
+    standby_leads_after_the_leader_ends(&sqlite(dir.path()), dir.path());
+}
+
+#[test]
+fn redis_standby_leads_after_the_leader_ends() {
+    let server = fencelock_testkit::servers::redis::RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    standby_leads_after_the_leader_ends(&server.url(0), dir.path());
+}
+
+fn standby_leads_after_the_leader_ends(db: &str, dir: &Path) {
+    let db = db.to_owned();
+    let (term_a, stop) = (dir.join("a.term"), dir.join("stop"));
+    let a = spawn(
+        &db,
+        &[
+            "elect",
+            "svc",
+            "--owner",
+            "node-a",
+            "--value",
+            "10.0.0.1:80",
+            "--",
+            "sh",
+            "-c",
+            &lead_until(&term_a, &stop),
+        ],
+    );
+    let first: u64 = wait_for_file(&term_a).parse().unwrap();
+    let shown = run(&db, &["leader", "svc", "--json"]);
+    assert_eq!(code(&shown), 0);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["owner"], "node-a");
+    assert_eq!(shown["term"], first);
+    assert_eq!(shown["value"], "10.0.0.1:80");
+    assert!(shown["expires_in_ms"].as_u64().unwrap() > 0, "{shown}");
+
+    let busy = run(&db, &["elect", "svc", "--wait", "200ms", "--", "true"]);
+    assert_eq!(code(&busy), 75, "{}", String::from_utf8_lossy(&busy.stderr));
+
+    let b = spawn(
+        &db,
+        &[
+            "elect",
+            "svc",
+            "--owner",
+            "node-b",
+            "--wait",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$FENCELOCK_TOKEN\"",
+        ],
+    );
+    std::fs::write(&stop, "").unwrap();
+    let a = wait_exit(a);
+    assert_eq!(code(&a), 0, "{}", String::from_utf8_lossy(&a.stderr));
+    let b = wait_exit(b);
+    assert_eq!(code(&b), 0, "{}", String::from_utf8_lossy(&b.stderr));
+    let second: u64 = String::from_utf8_lossy(&b.stdout).trim().parse().unwrap();
+    assert!(second > first, "term {second} after term {first}");
+}
+
+#[test]
+fn a_deposed_leaders_command_is_stopped_with_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite(dir.path());
+    let (term, stop) = (dir.path().join("term"), dir.path().join("never"));
+    let leader = spawn(
+        &db,
+        &[
+            "elect",
+            "deposed",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &lead_until(&term, &stop),
+        ],
+    );
+    wait_for_file(&term);
+    let forced = run(&db, &["force-release", "fencelock/election/deposed"]);
+    assert_eq!(code(&forced), 0);
+    let out = wait_exit(leader);
+    assert_eq!(code(&out), 76, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn leader_watch_prints_each_election_and_vacancy() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite(dir.path());
+    assert_eq!(code(&run(&db, &["list"])), 0);
+    let mut watch = spawn(&db, &["leader", "w", "--watch", "--json"]);
+    let (tx, lines) = mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> serde_json::Value {
+        serde_json::from_str(&lines.recv_timeout(BOUND).expect("a change is printed")).unwrap()
+    };
+    let (term, go) = (dir.path().join("term"), dir.path().join("go"));
+    let leader = spawn(
+        &db,
+        &[
+            "elect",
+            "w",
+            "--owner",
+            "watched",
+            "--",
+            "sh",
+            "-c",
+            &lead_until(&term, &go),
+        ],
+    );
+    let t: u64 = wait_for_file(&term).parse().unwrap();
+    let elected = next();
+    assert_eq!(elected["event"], "elected", "{elected}");
+    assert_eq!(elected["owner"], "watched");
+    assert_eq!(elected["term"], t);
+    // The leader steps down only once its election was seen.
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(code(&wait_exit(leader)), 0);
+    let vacant = next();
+    assert_eq!(vacant["event"], "vacant", "{vacant}");
+    assert_eq!(vacant["previous_term"], t);
+    assert_eq!(vacant["expired"], false);
+    watch.kill().unwrap();
+    let _ = watch.wait();
+}

@@ -1,0 +1,97 @@
+//! The capability cases catch a false claim: a backend that claims
+//! `set_data` without implementing it fails
+//! `capabilities::set_data_replaces_the_holders_data_or_is_refused`, and the
+//! same backend without the claim passes it (refused as `Unsupported`).
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Grant, LeaseId, LockInfo, LockKey,
+    MemoryBackend, Owner, Result, Stats,
+};
+use fencelock_testkit::{async_trait, cases::CASES, Store, TestResult};
+
+/// The memory backend with `set_data` left to the trait's default, and
+/// claimed or not.
+#[derive(Debug)]
+struct Claims {
+    inner: MemoryBackend,
+    set_data: bool,
+}
+
+#[async_trait]
+impl Backend for Claims {
+    fn name(&self) -> &'static str {
+        "claims"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default().with_set_data(self.set_data)
+    }
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.inner.try_acquire(request).await
+    }
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inner.force_release(key).await
+    }
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        self.inner.release_all(owner).await
+    }
+    async fn cleanup_expired(&self) -> Result<u64> {
+        self.inner.cleanup_expired().await
+    }
+    async fn stats(&self) -> Result<Stats> {
+        self.inner.stats().await
+    }
+}
+
+struct ClaimsStore {
+    inner: MemoryBackend,
+    set_data: bool,
+}
+
+#[async_trait]
+impl Store for ClaimsStore {
+    async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
+        Ok(Arc::new(Claims {
+            inner: self.inner.clone(),
+            set_data: self.set_data,
+        }))
+    }
+}
+
+async fn set_data_case(set_data: bool) -> TestResult {
+    let case = CASES
+        .iter()
+        .find(|c| c.name == "capabilities::set_data_replaces_the_holders_data_or_is_refused")
+        .unwrap();
+    let store = ClaimsStore {
+        inner: MemoryBackend::new(),
+        set_data,
+    };
+    (case.run)(&store).await
+}
+
+#[tokio::test]
+async fn a_false_set_data_claim_fails_the_case() {
+    let verdict = set_data_case(true).await;
+    assert!(verdict.is_err(), "a false claim passed");
+}
+
+#[tokio::test]
+async fn no_claim_passes_the_case_as_unsupported() {
+    set_data_case(false).await.unwrap();
+}

@@ -14,14 +14,25 @@ const SPECIAL: &[char] = &['%', '{', '}', '*', '?', '[', ']', '\\'];
 /// Percent-encodes the characters that matter to hash tags and globs.
 pub(crate) fn encode(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
-    for c in key.chars() {
-        if SPECIAL.contains(&c) {
-            out.push_str(&format!("%{:02X}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
+    encode_into(&mut out, key);
     out
+}
+
+/// Appends [`encode`]`(key)` to `out`. Every special character is ASCII, so
+/// the key is copied in runs between them: this runs for every key of every
+/// command.
+fn encode_into(out: &mut String, key: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut rest = key;
+    while let Some(i) = rest.find(SPECIAL) {
+        out.push_str(&rest[..i]);
+        let byte = rest.as_bytes()[i];
+        out.push('%');
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xF)]));
+        rest = &rest[i + 1..];
+    }
+    out.push_str(rest);
 }
 
 /// Reverses [`encode`]; `None` for text [`encode`] never produces.
@@ -71,12 +82,24 @@ impl Keys {
         })
     }
 
+    /// `PREFIX:{ENC}` followed by `suffix`, built without `format!`: it
+    /// names the key of every command.
+    fn tagged(&self, key: &str, suffix: &str) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + key.len() + suffix.len() + 12);
+        out.push_str(&self.prefix);
+        out.push_str(":{");
+        encode_into(&mut out, key);
+        out.push('}');
+        out.push_str(suffix);
+        out
+    }
+
     pub(crate) fn lease(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}", self.prefix, encode(key.as_str()))
+        self.tagged(key.as_str(), "")
     }
 
     pub(crate) fn counter(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}:token", self.prefix, encode(key.as_str()))
+        self.tagged(key.as_str(), ":token")
     }
 
     pub(crate) fn fence(&self, resource: &str) -> String {
@@ -86,7 +109,7 @@ impl Keys {
     /// The pub/sub channel release notices of `key` go to (under the key's
     /// hash tag); the payload is the user key.
     pub(crate) fn channel(&self, key: &str) -> String {
-        format!("{}:{{{}}}:released", self.prefix, encode(key))
+        self.tagged(key, ":released")
     }
 
     /// A SCAN pattern matching the lease hashes (not counters) of keys that
@@ -132,6 +155,9 @@ mod tests {
         let k = LockKey::new("a}{b")?;
         let name = keys.lease(&k);
         assert_eq!(name, "fl:{a%7D%7Bb}");
+        assert_eq!(keys.counter(&k), "fl:{a%7D%7Bb}:token");
+        assert_eq!(keys.channel("a*%"), "fl:{a%2A%25}:released");
+        assert_eq!(encode("é[x]\\"), "é%5Bx%5D%5C");
         assert_eq!(keys.user_key(name.as_bytes()), Some(k.clone()));
         assert_eq!(keys.user_key(keys.counter(&k).as_bytes()), None);
         Ok(())

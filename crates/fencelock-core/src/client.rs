@@ -324,22 +324,33 @@ impl LockClient {
 }
 
 /// An acquisition being built: `client.lock("key").ttl(..).wait(..).acquire()`.
-#[derive(Debug)]
+///
+/// Semaphores and multi-key locks keep one as the template of the leases
+/// they take, so the options are declared and checked in one place.
+#[derive(Clone, Debug)]
 #[must_use = "a lock request does nothing until acquired"]
 pub struct LockRequest<'a> {
-    client: &'a LockClient,
+    pub(crate) client: &'a LockClient,
     key: String,
     owner: Option<Owner>,
     ttl: Option<Duration>,
-    wait: Duration,
+    pub(crate) wait: Duration,
     kind: Option<String>,
-    data: Option<serde_json::Value>,
+    pub(crate) data: Option<serde_json::Value>,
     min_token: Option<FencingToken>,
     renew_every: Option<Duration>,
     auto_renew: bool,
 }
 
 impl LockRequest<'_> {
+    /// The same options for another key.
+    pub(crate) fn for_key(&self, key: String) -> Self {
+        Self {
+            key,
+            ..self.clone()
+        }
+    }
+
     /// Lease length; renewal extends it by this much each time.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);

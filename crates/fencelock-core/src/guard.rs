@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     backend::{AcquireRequest, Backend, Grant},
-    client::ClockPolicy,
+    client::{bounded, ClockPolicy},
     clock::{boot_time, Sent},
     error::{Error, LossReason, Result},
     metrics as m,
@@ -176,13 +176,12 @@ impl Shared {
 
     /// Releases the lease on the backend, bounded by the operation timeout.
     async fn release(&self) -> Result<()> {
-        match tokio::time::timeout(self.op_timeout, self.backend.release(&self.lease)).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::OperationTimeout {
-                operation: "release",
-                after: self.op_timeout,
-            }),
-        }
+        bounded(
+            self.op_timeout,
+            "release",
+            self.backend.release(&self.lease),
+        )
+        .await
     }
 
     /// After a loss at the local deadline the lease may still be live on
@@ -337,14 +336,7 @@ impl GuardHandle {
             .shared
             .backend
             .renew(&self.shared.lease, self.shared.ttl);
-        let outcome = match tokio::time::timeout(bound, renewal).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(Error::OperationTimeout {
-                operation: "renew",
-                after: bound,
-            }),
-        };
-        match outcome {
+        match bounded(bound, "renew", renewal).await {
             Ok(grant) => {
                 self.shared.extend(sent, &grant);
                 ::metrics::counter!(m::RENEWALS, "backend" => self.shared.backend.name())

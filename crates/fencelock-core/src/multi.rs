@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::{
-    client::LockClient,
+    client::{LockClient, LockRequest},
     error::{Error, LossReason, Result},
     guard::LockGuard,
     types::{FencingToken, LockKey},
@@ -43,13 +43,8 @@ impl LockClient {
         K: Into<String>,
     {
         MultiLockRequest {
-            client: self,
             keys: keys.into_iter().map(Into::into).collect(),
-            ttl: None,
-            wait: Duration::ZERO,
-            kind: None,
-            data: None,
-            renew_every: None,
+            parts: self.lock(String::new()),
         }
     }
 }
@@ -59,63 +54,46 @@ impl LockClient {
 #[derive(Debug)]
 #[must_use = "a lock request does nothing until acquired"]
 pub struct MultiLockRequest<'a> {
-    client: &'a LockClient,
     keys: BTreeSet<String>,
-    ttl: Option<Duration>,
-    wait: Duration,
-    kind: Option<String>,
-    data: Option<Value>,
-    renew_every: Option<Duration>,
+    /// The options every part is taken with (its key is not used).
+    parts: LockRequest<'a>,
 }
 
 impl MultiLockRequest<'_> {
     /// Lease length of every part.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.parts = self.parts.ttl(ttl);
         self
     }
 
     /// How long the whole call may wait (default: not at all): one deadline
     /// shared by every key, not a wait per key.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.parts = self.parts.wait(wait);
         self
     }
 
     /// A label stored with every part's lease.
     pub fn kind(mut self, kind: impl Into<String>) -> Self {
-        self.kind = Some(kind.into());
+        self.parts = self.parts.kind(kind);
         self
     }
 
     /// JSON metadata stored with every part's lease.
     pub fn data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.parts = self.parts.data(data);
         self
     }
 
     /// Renewal period of every part (default: a third of the TTL).
     pub fn renew_every(mut self, period: Duration) -> Self {
-        self.renew_every = Some(period);
+        self.parts = self.parts.renew_every(period);
         self
     }
 
     /// The request for one part, waiting at most `wait`.
-    fn part(&self, key: &str, wait: Duration) -> crate::LockRequest<'_> {
-        let mut part = self.client.lock(key).wait(wait);
-        if let Some(ttl) = self.ttl {
-            part = part.ttl(ttl);
-        }
-        if let Some(kind) = &self.kind {
-            part = part.kind(kind.clone());
-        }
-        if let Some(data) = &self.data {
-            part = part.data(data.clone());
-        }
-        if let Some(period) = self.renew_every {
-            part = part.renew_every(period);
-        }
-        part
+    fn part(&self, key: &str, wait: Duration) -> LockRequest<'_> {
+        self.parts.for_key(key.to_owned()).wait(wait)
     }
 
     /// Takes every key, in sorted order, each waiting within what is left of
@@ -132,7 +110,7 @@ impl MultiLockRequest<'_> {
         for key in &self.keys {
             self.part(key, Duration::ZERO).validate()?;
         }
-        let deadline = Instant::now().checked_add(self.wait);
+        let deadline = Instant::now().checked_add(self.parts.wait);
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
         for key in &self.keys {
             let left = deadline.map_or(Duration::MAX, |d| {
@@ -145,7 +123,7 @@ impl MultiLockRequest<'_> {
                     return Err(match e {
                         Error::Timeout { key, .. } => Error::Timeout {
                             key,
-                            waited: self.wait,
+                            waited: self.parts.wait,
                         },
                         other => other,
                     });

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 use crate::{
     backend::Backend,
-    error::{Error, Result},
+    client::bounded,
+    error::Result,
     types::{LeaseId, LockInfo, LockKey},
     watch::{HolderChange, Watch, WatchFeeder},
 };
@@ -61,25 +62,11 @@ pub(crate) async fn poll_watch(
     op_timeout: Duration,
 ) -> Result<Watch> {
     let sent = Instant::now();
-    let current = inspect(&*backend, &key, op_timeout).await?;
+    let current = bounded(op_timeout, "inspect", backend.inspect(&key)).await?;
     let seen = current.as_ref().map(|info| Seen::new(info, sent));
     let (feeder, watch) = Watch::channel();
     tokio::spawn(feed(backend, key, interval, op_timeout, seen, feeder));
     Ok(watch)
-}
-
-async fn inspect(
-    backend: &dyn Backend,
-    key: &LockKey,
-    op_timeout: Duration,
-) -> Result<Option<LockInfo>> {
-    match tokio::time::timeout(op_timeout, backend.inspect(key)).await {
-        Ok(answer) => answer,
-        Err(_) => Err(Error::OperationTimeout {
-            operation: "inspect",
-            after: op_timeout,
-        }),
-    }
 }
 
 async fn feed(
@@ -101,7 +88,7 @@ async fn feed(
             _ = ticks.tick() => {}
         }
         let sent = Instant::now();
-        let current = match inspect(&*backend, &key, op_timeout).await {
+        let current = match bounded(op_timeout, "inspect", backend.inspect(&key)).await {
             Ok(current) => current,
             Err(e) if e.is_transient() => {
                 // The next poll tries again; an observer cares about changes,

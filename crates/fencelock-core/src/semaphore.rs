@@ -7,7 +7,7 @@
 //! in each permit's data, which is how a client asking for another `N`
 //! finds out (see [`Error::PermitsMismatch`]).
 
-use std::{fmt, future::Future, time::Duration};
+use std::{fmt, time::Duration};
 
 use futures_util::future::select_all;
 use rand::Rng;
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::{
     backoff::Backoff,
-    client::{attempt, Attempt, LockClient, WAIT_BACKOFF},
+    client::{attempt, bounded, Attempt, LockClient, LockRequest, WAIT_BACKOFF},
     error::{Error, Result},
     guard::{GuardHandle, LockGuard},
     types::{LockInfo, LockKey},
@@ -69,14 +69,9 @@ impl LockClient {
     /// ```
     pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> SemaphoreRequest<'_> {
         SemaphoreRequest {
-            client: self,
             name: name.into(),
             permits,
-            ttl: None,
-            wait: Duration::ZERO,
-            kind: None,
-            data: None,
-            renew_every: None,
+            permit: self.lock(String::new()),
         }
     }
 }
@@ -86,33 +81,29 @@ impl LockClient {
 #[derive(Debug)]
 #[must_use = "a semaphore request does nothing until acquired"]
 pub struct SemaphoreRequest<'a> {
-    client: &'a LockClient,
     name: String,
     permits: u32,
-    ttl: Option<Duration>,
-    wait: Duration,
-    kind: Option<String>,
-    data: Option<Value>,
-    renew_every: Option<Duration>,
+    /// The options the permit's lease is taken with (its key is the slot's).
+    permit: LockRequest<'a>,
 }
 
 impl SemaphoreRequest<'_> {
     /// Lease length of the permit; renewal extends it by this much each time.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.permit = self.permit.ttl(ttl);
         self
     }
 
     /// How long to wait for a free permit (default: not at all). One
     /// deadline for the whole call, however many slots it tries.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.permit = self.permit.wait(wait);
         self
     }
 
     /// A label stored with the permit's lease.
     pub fn kind(mut self, kind: impl Into<String>) -> Self {
-        self.kind = Some(kind.into());
+        self.permit = self.permit.kind(kind);
         self
     }
 
@@ -120,13 +111,13 @@ impl SemaphoreRequest<'_> {
     /// [`holders`](Self::holders)). The semaphore's size is stored beside
     /// it, which takes a few dozen bytes of the 64 KiB limit.
     pub fn data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.permit = self.permit.data(data);
         self
     }
 
     /// Renewal period (default: a third of the TTL).
     pub fn renew_every(mut self, period: Duration) -> Self {
-        self.renew_every = Some(period);
+        self.permit = self.permit.renew_every(period);
         self
     }
 
@@ -145,15 +136,15 @@ impl SemaphoreRequest<'_> {
     }
 
     fn timeout(&self) -> Error {
-        if !self.wait.is_zero() {
-            let backend = self.client.inner.backend.name();
+        if !self.permit.wait.is_zero() {
+            let backend = self.permit.client.inner.backend.name();
             ::metrics::counter!(crate::metrics::ACQUIRE_TIMEOUTS, "backend" => backend)
                 .increment(1);
         }
         match LockKey::new(self.name.as_str()) {
             Ok(key) => Error::Timeout {
                 key,
-                waited: self.wait,
+                waited: self.permit.wait,
             },
             Err(e) => e,
         }
@@ -184,41 +175,33 @@ impl SemaphoreRequest<'_> {
     /// is detected);
     /// [`Error::Timeout`] (naming the semaphore) when the deadline passes.
     pub async fn acquire(self) -> Result<Permit> {
-        let inner = &self.client.inner;
+        let inner = &self.permit.client.inner;
         if inner.renewer.is_closed() {
             return Err(Error::ClientClosed);
         }
         self.validate_shape()?;
         let mut meta = json!({ META: { "permits": self.permits } });
-        if let Some(data) = &self.data {
+        if let Some(data) = &self.permit.data {
             meta[USER_DATA] = data.clone();
         }
-        let mut base = self
-            .client
-            .lock(semaphore_slot_key(&self.name, 0))
-            .data(meta);
-        if let Some(ttl) = self.ttl {
-            base = base.ttl(ttl);
-        }
-        if let Some(kind) = &self.kind {
-            base = base.kind(kind.clone());
-        }
-        if let Some(period) = self.renew_every {
-            base = base.renew_every(period);
-        }
-        let (request, config) = base.validate()?;
+        let (request, config) = self
+            .permit
+            .for_key(semaphore_slot_key(&self.name, 0))
+            .data(meta)
+            .validate()?;
         let backend = &inner.backend;
         let started = Instant::now();
-        let deadline = started.checked_add(self.wait);
+        let deadline = started.checked_add(self.permit.wait);
         let past = |now: Instant| deadline.is_some_and(|d| now >= d);
 
-        let mut wakeups = if self.wait.is_zero()
+        let mut wakeups = if self.permit.wait.is_zero()
             || !backend.capabilities().wakeups
             || self.permits > MAX_WAKEUP_SLOTS
         {
             Vec::new()
         } else {
-            self.subscribe_all(inner.op_timeout.min(self.wait)).await
+            self.subscribe_all(inner.op_timeout.min(self.permit.wait))
+                .await
         };
 
         let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
@@ -259,7 +242,13 @@ impl SemaphoreRequest<'_> {
                         // The backend did not say who holds it (a race inside
                         // its statement): ask, so that a mismatch is not missed.
                         // A transient failure to ask only skips the check.
-                        match bounded(inner.op_timeout, backend.inspect(&slot_request.key)).await {
+                        match bounded(
+                            inner.op_timeout,
+                            "inspect",
+                            backend.inspect(&slot_request.key),
+                        )
+                        .await
+                        {
                             Ok(Some(holder)) => self.check_size(&holder)?,
                             Ok(None) => {}
                             Err(e) if e.is_transient() => {
@@ -272,7 +261,7 @@ impl SemaphoreRequest<'_> {
                 }
                 // One deadline for the whole call; a call without a wait
                 // still tries every slot once.
-                if !self.wait.is_zero() && past(Instant::now()) {
+                if !self.permit.wait.is_zero() && past(Instant::now()) {
                     return Err(self.timeout());
                 }
             }
@@ -310,7 +299,7 @@ impl SemaphoreRequest<'_> {
     /// One subscription per slot, all or none: a waiter that missed the
     /// wake-ups of some slots would sleep through their releases.
     async fn subscribe_all(&self, bound: Duration) -> Vec<WakeSubscription> {
-        let backend = &self.client.inner.backend;
+        let backend = &self.permit.client.inner.backend;
         let mut subs = Vec::with_capacity(self.permits as usize);
         for slot in 0..self.permits {
             let Ok(key) = LockKey::new(semaphore_slot_key(&self.name, slot)) else {
@@ -342,9 +331,9 @@ impl SemaphoreRequest<'_> {
     /// Includes permits taken with another size; each says its own.
     pub async fn holders(&self) -> Result<Vec<PermitHolder>> {
         LockKey::new(self.name.as_str())?;
-        let inner = &self.client.inner;
+        let inner = &self.permit.client.inner;
         let prefix = format!("{SEMAPHORE_PREFIX}{}/", self.name);
-        let leases = bounded(inner.op_timeout, inner.backend.list(Some(&prefix))).await?;
+        let leases = bounded(inner.op_timeout, "list", inner.backend.list(Some(&prefix))).await?;
         let mut holders: Vec<PermitHolder> = leases
             .into_iter()
             .filter_map(|mut lease| {
@@ -367,16 +356,6 @@ impl SemaphoreRequest<'_> {
     /// How many permits are held now (see [`holders`](Self::holders)).
     pub async fn count(&self) -> Result<usize> {
         Ok(self.holders().await?.len())
-    }
-}
-
-async fn bounded<T>(bound: Duration, call: impl Future<Output = Result<T>>) -> Result<T> {
-    match tokio::time::timeout(bound, call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::OperationTimeout {
-            operation: "inspect",
-            after: bound,
-        }),
     }
 }
 

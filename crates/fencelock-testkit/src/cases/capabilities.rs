@@ -143,18 +143,27 @@ pub async fn watch_reports_acquire_release_and_expiry(store: &dyn Store) -> Test
         );
         return Ok(());
     }
-    let mut changes = watcher.watch(&k).await?;
+    let changes = watcher.watch(&k).await?;
+    sees_acquire_release_and_expiry(store, changes, "watched").await
+}
+
+/// Takes `name` for a long TTL, releases it, takes it for a short one and
+/// lets it expire, checking that `changes` (a watch of `name` made before)
+/// reports each step, in order.
+async fn sees_acquire_release_and_expiry(
+    store: &dyn Store,
+    mut changes: Watch,
+    name: &str,
+) -> TestResult {
     let b = store.connect().await?;
-    let o = owner("holder");
+    let (k, o) = (key(name), owner("holder"));
     let g = grant(&*b, &k, &o, LONG_TTL).await?;
-    match next_change(&mut changes).await? {
-        HolderChange::Acquired(info) => ensure!(
-            info.token == g.token && info.owner == o,
-            "acquired {info:?}, expected token {}",
-            g.token
-        ),
-        other => return Err(format!("expected the acquisition, saw {other:?}").into()),
-    }
+    let seen = next_change(&mut changes).await?;
+    ensure!(
+        matches!(seen, HolderChange::Acquired(ref i) if i.token == g.token && i.owner == o),
+        "expected the acquisition of token {}, saw {seen:?}",
+        g.token
+    );
     b.release(&lease(&k, &o, g.token)).await?;
     let seen = next_change(&mut changes).await?;
     ensure!(
@@ -321,33 +330,6 @@ pub async fn set_data_replaces_the_holders_data_or_is_refused(store: &dyn Store)
 /// every backend: natively where `watch` is claimed, by polling elsewhere.
 pub async fn client_watch_sees_acquire_release_and_expiry(store: &dyn Store) -> TestResult {
     let c = client(store, "watcher").await?;
-    let mut changes = c.watch("client-watched").await?;
-    let b = store.connect().await?;
-    let (k, o) = (key("client-watched"), owner("holder"));
-    let g = grant(&*b, &k, &o, LONG_TTL).await?;
-    let seen = next_change(&mut changes).await?;
-    ensure!(
-        matches!(seen, HolderChange::Acquired(ref i) if i.token == g.token && i.owner == o),
-        "expected the acquisition of token {}, saw {seen:?}",
-        g.token
-    );
-    b.release(&lease(&k, &o, g.token)).await?;
-    let seen = next_change(&mut changes).await?;
-    ensure!(
-        seen == HolderChange::Released(lease(&k, &o, g.token)),
-        "expected the release, saw {seen:?}"
-    );
-    let short = grant(&*b, &k, &o, SHORT_TTL).await?;
-    let seen = next_change(&mut changes).await?;
-    ensure!(
-        matches!(seen, HolderChange::Acquired(ref i) if i.token == short.token),
-        "expected the second acquisition, saw {seen:?}"
-    );
-    let seen = next_change(&mut changes).await?;
-    ensure!(
-        seen == HolderChange::Expired(lease(&k, &o, short.token)),
-        "expected the expiry of token {}, saw {seen:?}",
-        short.token
-    );
-    Ok(())
+    let changes = c.watch("client-watched").await?;
+    sees_acquire_release_and_expiry(store, changes, "client-watched").await
 }

@@ -51,63 +51,106 @@ pub(crate) struct Shared {
     clock: ClockPolicy,
     op_timeout: Duration,
     granted_at: Instant,
-    /// Latest instant until which the lease is trusted locally.
-    deadline: Mutex<Instant>,
-    /// The same limit on the boot-time clock, which keeps counting while the
-    /// machine is suspended (see `clock.rs`).
-    boot_deadline: Mutex<Option<Duration>>,
-    /// The TTL the backend last granted (etcd may round up).
-    granted_ttl: Mutex<Duration>,
+    /// What each confirmed grant or renewal updates, under one lock.
+    trust: Mutex<Trust>,
     /// Whether the hold has been recorded in the metrics (on loss or finish,
     /// whichever comes first).
     accounted: AtomicBool,
-    /// Backend-reported end of the lease, for display.
-    expires_at: Mutex<DateTime<Utc>>,
-    /// Cancelled once, when the lock is lost.
-    lost: CancellationToken,
+    lost: LossSignal,
     reason: OnceLock<LossReason>,
     /// Set when the guard is released, dropped or detached: a loss is no
     /// longer signalled.
     finished: AtomicBool,
 }
 
+/// How far a lease is trusted, as of the last confirmed grant or renewal.
+#[derive(Clone, Copy)]
+struct Trust {
+    /// Latest instant until which the lease is trusted locally.
+    deadline: Instant,
+    /// The same limit on the boot-time clock, which keeps counting while the
+    /// machine is suspended (see `clock.rs`).
+    boot_deadline: Option<Duration>,
+    /// The TTL the backend last granted (etcd may round up).
+    granted_ttl: Duration,
+    /// Backend-reported end of the lease, for display.
+    expires_at: DateTime<Utc>,
+}
+
+impl Trust {
+    fn boot_ok(&self) -> bool {
+        match (self.boot_deadline, boot_time()) {
+            (Some(limit), Some(now)) => now < limit,
+            _ => true,
+        }
+    }
+}
+
+/// The loss signal: fired once. The cancellation token that waiters use is
+/// made only when someone first asks for it: most guards are never waited
+/// on, and a token costs an allocation of about a hundred bytes per held
+/// lock.
+#[derive(Default)]
+struct LossSignal {
+    fired: AtomicBool,
+    token: Mutex<Option<CancellationToken>>,
+}
+
+impl LossSignal {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<CancellationToken>> {
+        self.token.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fire(&self) {
+        let token = self.lock();
+        self.fired.store(true, Ordering::SeqCst);
+        if let Some(token) = token.as_ref() {
+            token.cancel();
+        }
+    }
+
+    fn has_fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// The token cancelled when the signal fires (already cancelled if it
+    /// has). Made under the same lock as `fire` sets the flag, so it cannot
+    /// miss a loss.
+    fn token(&self) -> CancellationToken {
+        let mut token = self.lock();
+        let token = token.get_or_insert_with(CancellationToken::new);
+        if self.fired.load(Ordering::SeqCst) {
+            token.cancel();
+        }
+        token.clone()
+    }
+}
+
 impl Shared {
+    fn trust(&self) -> Trust {
+        *self.trust.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+        self.trust().deadline
     }
 
     /// Whether the boot-time clock is still inside the trusted window.
     pub(crate) fn boot_ok(&self) -> bool {
-        let limit = *self
-            .boot_deadline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match (limit, boot_time()) {
-            (Some(limit), Some(now)) => now < limit,
-            _ => true,
-        }
+        self.trust().boot_ok()
     }
 
     /// Records a confirmed grant/renewal whose request left at `sent`.
     pub(crate) fn extend(&self, sent: Sent, grant: &Grant) {
         let valid_for = self.clock.valid_for(grant.ttl);
         let trusted_until = sent.mono + valid_for;
-        let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
-        if trusted_until > *deadline {
-            *deadline = trusted_until;
-            *self
-                .boot_deadline
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = sent.boot.map(|b| b + valid_for);
+        let mut trust = self.trust.lock().unwrap_or_else(PoisonError::into_inner);
+        if trusted_until > trust.deadline {
+            trust.deadline = trusted_until;
+            trust.boot_deadline = sent.boot.map(|b| b + valid_for);
         }
-        *self
-            .granted_ttl
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = grant.ttl;
-        *self
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = grant.expires_at;
+        trust.granted_ttl = grant.ttl;
+        trust.expires_at = grant.expires_at;
     }
 
     /// Records the hold once: at loss, release, drop or detach.
@@ -136,7 +179,7 @@ impl Shared {
             );
         }
         self.account_hold();
-        self.lost.cancel();
+        self.lost.fire();
     }
 
     fn lost_error(&self) -> Error {
@@ -148,17 +191,18 @@ impl Shared {
     }
 
     fn is_valid(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < self.deadline() && self.boot_ok()
+        if self.lost.has_fired() {
+            return false;
+        }
+        let trust = self.trust();
+        Instant::now() < trust.deadline && trust.boot_ok()
     }
 
     /// How long one renewal may take: a hung connection costs one attempt,
     /// not the whole remaining lease. Measured on the lease the backend
     /// granted, which may be longer than the one asked for (etcd rounds up).
     pub(crate) fn renew_bound(&self) -> Duration {
-        let granted = *self
-            .granted_ttl
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let granted = self.trust().granted_ttl;
         self.op_timeout
             .min(granted / 3)
             .max(Duration::from_millis(1))
@@ -253,21 +297,13 @@ impl GuardHandle {
     /// The lease length the backend last granted; longer than
     /// [`ttl`](Self::ttl) where the backend rounds up (etcd).
     pub fn granted_ttl(&self) -> Duration {
-        *self
-            .shared
-            .granted_ttl
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.trust().granted_ttl
     }
 
     /// End of the lease as the backend last reported it (backend clock; for
     /// display, not for decisions — use [`remaining`](Self::remaining)).
     pub fn expires_at(&self) -> DateTime<Utc> {
-        *self
-            .shared
-            .expires_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.trust().expires_at
     }
 
     /// Whether the lease is still trusted locally: not lost, and the local
@@ -293,7 +329,7 @@ impl GuardHandle {
         if self.is_valid() {
             Ok(())
         } else {
-            if !self.shared.lost.is_cancelled() {
+            if !self.shared.lost.has_fired() {
                 // The deadline passed before the renewer noticed.
                 self.shared.declare_lost(LossReason::Deadline);
             }
@@ -311,7 +347,7 @@ impl GuardHandle {
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         let shared = Arc::clone(&self.shared);
         async move {
-            shared.lost.cancelled().await;
+            shared.lost.token().cancelled_owned().await;
             shared.reason.get().copied().unwrap_or(LossReason::Deadline)
         }
     }
@@ -319,7 +355,7 @@ impl GuardHandle {
     /// A token cancelled when the lock is lost, to hand to work that should
     /// stop then. Cancelling it yourself does not affect the lock.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.shared.lost.child_token()
+        self.shared.lost.token().child_token()
     }
 
     /// Renews now, in addition to the background renewal.
@@ -327,7 +363,7 @@ impl GuardHandle {
     /// the renewal was in flight (the guard is then lost); a transient error
     /// if the backend did not answer in time.
     pub async fn renew(&self) -> Result<()> {
-        if self.shared.lost.is_cancelled() {
+        if self.shared.lost.has_fired() {
             return Err(self.shared.lost_error());
         }
         let sent = Sent::now();
@@ -343,7 +379,7 @@ impl GuardHandle {
                     .increment(1);
                 // The renewer may have given up at the deadline meanwhile;
                 // a loss, once signalled, is final.
-                if self.shared.lost.is_cancelled() {
+                if self.shared.lost.has_fired() {
                     return Err(self.shared.lost_error());
                 }
                 Ok(())
@@ -411,12 +447,14 @@ impl LockGuard {
             clock: config.clock,
             op_timeout: config.op_timeout,
             granted_at: Instant::now(),
-            deadline: Mutex::new(sent.mono),
-            boot_deadline: Mutex::new(None),
-            granted_ttl: Mutex::new(grant.ttl),
+            trust: Mutex::new(Trust {
+                deadline: sent.mono,
+                boot_deadline: None,
+                granted_ttl: grant.ttl,
+                expires_at: grant.expires_at,
+            }),
             accounted: AtomicBool::new(false),
-            expires_at: Mutex::new(grant.expires_at),
-            lost: CancellationToken::new(),
+            lost: LossSignal::default(),
             reason: OnceLock::new(),
             finished: AtomicBool::new(false),
         });

@@ -90,7 +90,10 @@ struct Entry {
     /// a guard that does not renew.
     next_renewal: Option<Instant>,
     timer: Instant,
-    backoff: Backoff,
+    /// Paces retries after failed renewals; made at the first failure and
+    /// dropped at the next success, as most leases never need one (an
+    /// entry is kept per held lock, so its size counts).
+    backoff: Option<Box<Backoff>>,
 }
 
 impl Entry {
@@ -168,7 +171,7 @@ impl Renewer {
         let now = Instant::now();
         let entry = Entry {
             next_renewal: renew_every.map(|period| jittered(now, period)),
-            backoff: Backoff::new(shared.ttl / 100, shared.ttl / 10),
+            backoff: None,
             timer: now,
             shared,
         };
@@ -302,7 +305,7 @@ impl Renewer {
                 let Some(entry) = schedule.entries.get_mut(&shared.id) else {
                     continue;
                 };
-                entry.backoff.reset();
+                entry.backoff = None;
                 entry.next_renewal = shared.renew_every.map(|p| jittered(sent.mono, p));
                 if let Some(timer) = schedule.set_timer(shared.id) {
                     wake |= schedule.wake_for(timer);
@@ -342,7 +345,11 @@ impl Renewer {
         let Some(entry) = schedule.entries.get_mut(&shared.id) else {
             return;
         };
-        entry.next_renewal = Some(Instant::now() + entry.backoff.next_pause());
+        let ttl = shared.ttl;
+        let backoff = entry
+            .backoff
+            .get_or_insert_with(|| Box::new(Backoff::new(ttl / 100, ttl / 10)));
+        entry.next_renewal = Some(Instant::now() + backoff.next_pause());
         if let Some(timer) = schedule.set_timer(shared.id) {
             if schedule.wake_for(timer) {
                 drop(schedule);

@@ -1,7 +1,7 @@
 //! The vocabulary of `docs/semantics.md`: keys, owners, tokens, leases and
 //! what a backend reports about a lease.
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::{fmt, str::FromStr, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
@@ -74,9 +74,11 @@ pub(crate) fn validate_resource(resource: &str) -> Result<()> {
 
 /// The name of a lock, e.g. `workflow:123`: 1–255 bytes of UTF-8 with no NUL
 /// or control characters.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct LockKey(String);
+///
+/// Cheap to clone: a held lock's key is named by its guard, its renewal
+/// schedule and some backends' caches, which share one copy.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LockKey(Arc<str>);
 
 impl LockKey {
     /// Validates `key`.
@@ -90,12 +92,18 @@ impl LockKey {
     pub fn new(key: impl Into<String>) -> Result<Self> {
         let key = key.into();
         validate_name("lock key", &key).map_err(Error::InvalidKey)?;
-        Ok(Self(key))
+        Ok(Self(key.into()))
     }
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for LockKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 
@@ -126,16 +134,17 @@ impl FromStr for LockKey {
 
 /// Who holds a lock. The default, [`Owner::generate`], is unique per process
 /// start, so two runs of the same program never share an identity.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct Owner(String);
+///
+/// Cheap to clone: every lease a client holds names the same owner.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(Arc<str>);
 
 impl Owner {
     /// Validates an owner name (same rule as keys).
     pub fn new(owner: impl Into<String>) -> Result<Self> {
         let owner = owner.into();
         validate_name("owner", &owner).map_err(Error::InvalidOwner)?;
-        Ok(Self(owner))
+        Ok(Self(owner.into()))
     }
 
     /// `hostname:pid:random`: the host and process for people reading a lock
@@ -148,12 +157,18 @@ impl Owner {
             .filter(|h| validate_name("host", h).is_ok() && h.len() <= 200)
             .unwrap_or_else(|| "unknown-host".to_owned());
         let nonce: u32 = rand::thread_rng().gen();
-        Self(format!("{host}:{}:{nonce:08x}", std::process::id()))
+        Self(format!("{host}:{}:{nonce:08x}", std::process::id()).into())
     }
 
     /// The owner as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for Owner {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

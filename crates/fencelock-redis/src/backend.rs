@@ -18,7 +18,7 @@ use crate::{
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
-    scripts::Scripts,
+    scripts::{Call, Scripts},
     wakeups::Wakeups,
 };
 
@@ -374,10 +374,7 @@ impl Backend for RedisBackend {
             Some(floor) => floor.get().to_string(),
             None => String::new(),
         };
-        let row: Vec<Value> = self
-            .inner
-            .scripts
-            .acquire
+        let row: Vec<Value> = Call::new(&self.inner.scripts.acquire, 2)
             .key(keys.lease(&request.key))
             .key(keys.counter(&request.key))
             .arg(request.owner.as_str())
@@ -385,7 +382,7 @@ impl Backend for RedisBackend {
             .arg(kind)
             .arg(data)
             .arg(floor)
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("acquire script", e))?;
         let granted: i64 = field(&row, 0)?;
@@ -409,15 +406,12 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         let ttl_ms = ttl_ms(ttl);
-        let row: Vec<Value> = self
-            .inner
-            .scripts
-            .renew
+        let row: Vec<Value> = Call::new(&self.inner.scripts.renew, 1)
             .key(self.inner.keys.lease(&lease.key))
             .arg(lease.owner.as_str())
-            .arg(lease.token.0.to_string())
+            .arg(lease.token.0)
             .arg(ttl_ms)
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("renew script", e))?;
         let grant = renewed(lease, ttl_ms, &row)?;
@@ -429,17 +423,18 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.inner.scripts.renew_many.prepare_invoke();
+        let mut call = Call::new(&self.inner.scripts.renew_many, renewals.len());
         let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
+        for renewal in renewals {
+            call.key(self.inner.keys.lease(&renewal.lease.key));
+        }
         for (renewal, ttl_ms) in renewals.iter().zip(&ttls) {
-            invocation
-                .key(self.inner.keys.lease(&renewal.lease.key))
-                .arg(renewal.lease.owner.as_str())
+            call.arg(renewal.lease.owner.as_str())
                 .arg(renewal.lease.token.0)
                 .arg(*ttl_ms);
         }
-        let answers: Vec<i64> = invocation
-            .invoke_async(&mut self.conn())
+        let answers: Vec<i64> = call
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("renew script", e))?;
         let Some((&now_ms, renewed)) = answers.split_first() else {
@@ -478,16 +473,13 @@ impl Backend for RedisBackend {
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let removed: i64 = self
-            .inner
-            .scripts
-            .release
+        let removed: i64 = Call::new(&self.inner.scripts.release, 1)
             .key(self.inner.keys.lease(key))
             .arg(owner.as_str())
-            .arg(token.0.to_string())
+            .arg(token.0)
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("release script", e))?;
         lease.found(removed == 1)
@@ -499,15 +491,12 @@ impl Backend for RedisBackend {
                 .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
             None => String::new(),
         };
-        let changed: i64 = self
-            .inner
-            .scripts
-            .set_data
+        let changed: i64 = Call::new(&self.inner.scripts.set_data, 1)
             .key(self.inner.keys.lease(&lease.key))
             .arg(lease.owner.as_str())
-            .arg(lease.token.0.to_string())
+            .arg(lease.token.0)
             .arg(data)
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("set_data script", e))?;
         lease.found(changed == 1)?;
@@ -515,12 +504,9 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row: Vec<Value> = self
-            .inner
-            .scripts
-            .inspect
+        let row: Vec<Value> = Call::new(&self.inner.scripts.inspect, 1)
             .key(self.inner.keys.lease(key))
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("inspect script", e))?;
         parse_describe(key, &row)
@@ -537,14 +523,11 @@ impl Backend for RedisBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row: Vec<Value> = self
-            .inner
-            .scripts
-            .force_release
+        let row: Vec<Value> = Call::new(&self.inner.scripts.force_release, 1)
             .key(self.inner.keys.lease(key))
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
-            .invoke_async(&mut self.conn())
+            .invoke(&mut self.conn())
             .await
             .map_err(|e| map("force-release script", e))?;
         parse_describe(key, &row)

@@ -12,7 +12,7 @@ use crate::{
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
-    scripts::Scripts,
+    scripts::{Call, Scripts},
 };
 
 /// A fence in Redis: one string per resource (`PREFIX:fence:{RESOURCE}`)
@@ -66,12 +66,10 @@ impl Fence for RedisFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
-        let row: Vec<Value> = self
-            .scripts
-            .fence_admit
+        let row: Vec<Value> = Call::new(&self.scripts.fence_admit, 1)
             .key(self.keys.fence(resource))
-            .arg(token.0.to_string())
-            .invoke_async(&mut self.conn.clone())
+            .arg(token.0)
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| map("fence script", e))?;
         let admitted: i64 = row

@@ -7,7 +7,10 @@
 //! prefix literal, and is prefix-preserving (`enc(a + b) == enc(a) + enc(b)`),
 //! so `list(prefix)` is a SCAN for `PREFIX:{enc(prefix)*}`.
 
+use std::{fmt, io::Write};
+
 use fencelock_core::{Error, LockKey, Result};
+use redis::{RedisWrite, ToRedisArgs};
 
 const SPECIAL: &[char] = &['%', '{', '}', '*', '?', '[', ']', '\\'];
 
@@ -18,21 +21,27 @@ pub(crate) fn encode(key: &str) -> String {
     out
 }
 
-/// Appends [`encode`]`(key)` to `out`. Every special character is ASCII, so
-/// the key is copied in runs between them: this runs for every key of every
-/// command.
+/// Appends [`encode`]`(key)` to `out`.
 fn encode_into(out: &mut String, key: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    encode_runs(key, |run| out.push_str(run));
+}
+
+/// Hands [`encode`]`(key)` to `push` in pieces. Every special character is
+/// ASCII, so the key goes out in runs between them: this runs for every key
+/// of every command.
+fn encode_runs(key: &str, mut push: impl FnMut(&str)) {
+    const ESCAPES: [&str; 8] = ["%25", "%7B", "%7D", "%2A", "%3F", "%5B", "%5D", "%5C"];
     let mut rest = key;
     while let Some(i) = rest.find(SPECIAL) {
-        out.push_str(&rest[..i]);
-        let byte = rest.as_bytes()[i];
-        out.push('%');
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xF)]));
+        push(&rest[..i]);
+        let special = SPECIAL
+            .iter()
+            .position(|&c| rest[i..].starts_with(c))
+            .map_or("", |s| ESCAPES[s]);
+        push(special);
         rest = &rest[i + 1..];
     }
-    out.push_str(rest);
+    push(rest);
 }
 
 /// Reverses [`encode`]; `None` for text [`encode`] never produces.
@@ -68,6 +77,45 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// A key name, `PREFIX:{ENC}SUFFIX`, not yet written anywhere. As a command
+/// argument it is encoded straight into the command's buffer: every lock
+/// operation names one or two keys, and building each as a `String` first
+/// cost an allocation and a copy per key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tagged<'a> {
+    prefix: &'a str,
+    key: &'a str,
+    suffix: &'static str,
+}
+
+impl Tagged<'_> {
+    fn write_runs(&self, mut push: impl FnMut(&str)) {
+        push(self.prefix);
+        push(":{");
+        encode_runs(self.key, &mut push);
+        push("}");
+        push(self.suffix);
+    }
+}
+
+impl fmt::Display for Tagged<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut result = Ok(());
+        self.write_runs(|run| result = result.and_then(|()| f.write_str(run)));
+        result
+    }
+}
+
+impl ToRedisArgs for Tagged<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // The writer appends to the command's own buffer, which cannot fail.
+        self.write_runs(|run| {
+            let _ = arg.write_all(run.as_bytes());
+        });
+    }
+}
+
 /// The key names of one backend.
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
@@ -82,23 +130,21 @@ impl Keys {
         })
     }
 
-    /// `PREFIX:{ENC}` followed by `suffix`, built without `format!`: it
-    /// names the key of every command.
-    fn tagged(&self, key: &str, suffix: &str) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + key.len() + suffix.len() + 12);
-        out.push_str(&self.prefix);
-        out.push_str(":{");
-        encode_into(&mut out, key);
-        out.push('}');
-        out.push_str(suffix);
-        out
+    /// `PREFIX:{ENC}` followed by `suffix`: the name of a key of `key`'s
+    /// lock, written where it is used (see [`Tagged`]).
+    fn tagged<'a>(&'a self, key: &'a str, suffix: &'static str) -> Tagged<'a> {
+        Tagged {
+            prefix: &self.prefix,
+            key,
+            suffix,
+        }
     }
 
-    pub(crate) fn lease(&self, key: &LockKey) -> String {
+    pub(crate) fn lease<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
         self.tagged(key.as_str(), "")
     }
 
-    pub(crate) fn counter(&self, key: &LockKey) -> String {
+    pub(crate) fn counter<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
         self.tagged(key.as_str(), ":token")
     }
 
@@ -108,7 +154,7 @@ impl Keys {
 
     /// The pub/sub channel release notices of `key` go to (under the key's
     /// hash tag); the payload is the user key.
-    pub(crate) fn channel(&self, key: &str) -> String {
+    pub(crate) fn channel<'a>(&'a self, key: &'a str) -> Tagged<'a> {
         self.tagged(key, ":released")
     }
 
@@ -153,13 +199,38 @@ mod tests {
     fn lease_names_parse_back() -> Result<()> {
         let keys = Keys::new("fl")?;
         let k = LockKey::new("a}{b")?;
-        let name = keys.lease(&k);
+        let name = keys.lease(&k).to_string();
         assert_eq!(name, "fl:{a%7D%7Bb}");
-        assert_eq!(keys.counter(&k), "fl:{a%7D%7Bb}:token");
-        assert_eq!(keys.channel("a*%"), "fl:{a%2A%25}:released");
+        assert_eq!(keys.counter(&k).to_string(), "fl:{a%7D%7Bb}:token");
+        assert_eq!(keys.channel("a*%").to_string(), "fl:{a%2A%25}:released");
         assert_eq!(encode("é[x]\\"), "é%5Bx%5D%5C");
         assert_eq!(keys.user_key(name.as_bytes()), Some(k.clone()));
-        assert_eq!(keys.user_key(keys.counter(&k).as_bytes()), None);
+        assert_eq!(keys.user_key(keys.counter(&k).to_string().as_bytes()), None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_name_written_into_a_command_is_its_display_form() -> Result<()> {
+        let keys = Keys::new("fl")?;
+        let k = LockKey::new("glob*?[a-z]{x}%_\\ 🔒")?;
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(keys.lease(&k)).arg(keys.counter(&k));
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .skip(1)
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                redis::Arg::Cursor => Vec::new(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                keys.lease(&k).to_string().into_bytes(),
+                keys.counter(&k).to_string().into_bytes()
+            ]
+        );
+        assert_eq!(keys.user_key(&args[0]), Some(k));
         Ok(())
     }
 

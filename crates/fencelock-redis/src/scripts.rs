@@ -1,5 +1,5 @@
 //! The Lua scripts. Each operation is one script, so one round trip and one
-//! atomic step on the server; `redis::Script` sends EVALSHA and falls back to
+//! atomic step on the server; a [`Call`] sends EVALSHA and falls back to
 //! SCRIPT LOAD + EVALSHA on NOSCRIPT (e.g. after a restart or SCRIPT FLUSH).
 //!
 //! Every script reads the clock with `TIME` *before* writing. Redis 5.0+
@@ -11,7 +11,9 @@
 //! `1.7e+15`). Lua doubles hold integers exactly up to 2^53, which
 //! microsecond timestamps stay below for the next ~200 years.
 
-use redis::Script;
+use redis::{
+    aio::ConnectionLike, Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ToRedisArgs,
+};
 
 /// Shared Lua: the holder of KEYS[1] in the shape every script returns:
 /// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
@@ -204,5 +206,50 @@ impl Scripts {
             &self.fence_admit,
             &self.set_data,
         ]
+    }
+}
+
+/// One `EVALSHA` of a script, its keys and arguments written straight into
+/// the command. (`redis::ScriptInvocation` keeps a vector per key and
+/// argument and copies them all into a command when sent: on the hot path
+/// that was an allocation per argument of every lock operation.)
+pub(crate) struct Call<'a> {
+    script: &'a Script,
+    cmd: Cmd,
+}
+
+impl<'a> Call<'a> {
+    /// A call of `script` with `keys` keys, to be added with [`Call::key`]
+    /// before any [`Call::arg`].
+    pub(crate) fn new(script: &'a Script, keys: usize) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        Self { script, cmd }
+    }
+
+    /// Appends `KEYS[i]`.
+    pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(key);
+        self
+    }
+
+    /// Appends `ARGV[i]`.
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call, loading the script first if the server has lost it.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            answer => answer,
+        }
     }
 }

@@ -88,8 +88,12 @@ impl Api {
     }
 
     async fn acquire(&self, key: &str, body: Value) -> (StatusCode, Value) {
-        self.send(Method::POST, &format!("/v1/locks/{key}/acquire"), Some(body))
-            .await
+        self.send(
+            Method::POST,
+            &format!("/v1/locks/{key}/acquire"),
+            Some(body),
+        )
+        .await
     }
 }
 
@@ -126,7 +130,16 @@ async fn a_lock_is_acquired_inspected_renewed_and_released() {
 
     let (status, lock) = api.send(Method::GET, "/v1/locks/order:1", None).await;
     assert_eq!(status, StatusCode::OK);
-    for field in ["key", "kind", "owner", "token", "acquired_at", "expires_at", "ttl_ms", "data"] {
+    for field in [
+        "key",
+        "kind",
+        "owner",
+        "token",
+        "acquired_at",
+        "expires_at",
+        "ttl_ms",
+        "data",
+    ] {
         assert!(!lock[field].is_null(), "{field} missing from {lock}");
     }
     assert_eq!(lock["data"], json!({"step": 2}));
@@ -153,12 +166,14 @@ async fn a_lock_is_acquired_inspected_renewed_and_released() {
     for (owner, t) in [("bob", token), ("alice", token - 1)] {
         let body = json!({"owner": owner, "token": t});
         refused(
-            &api.send(Method::POST, "/v1/locks/order:1/renew", Some(body.clone())).await,
+            &api.send(Method::POST, "/v1/locks/order:1/renew", Some(body.clone()))
+                .await,
             StatusCode::CONFLICT,
             "not_held",
         );
         refused(
-            &api.send(Method::POST, "/v1/locks/order:1/release", Some(body)).await,
+            &api.send(Method::POST, "/v1/locks/order:1/release", Some(body))
+                .await,
             StatusCode::CONFLICT,
             "not_held",
         );
@@ -179,7 +194,10 @@ async fn a_lock_is_acquired_inspected_renewed_and_released() {
     let (status, next) = api.acquire("order:1", json!({"ttl_ms": 1000})).await;
     assert_eq!(status, StatusCode::OK);
     assert!(next["token"].as_u64().unwrap() > token, "{next}");
-    assert!(!next["owner"].as_str().unwrap().is_empty(), "a generated owner");
+    assert!(
+        !next["owner"].as_str().unwrap().is_empty(),
+        "a generated owner"
+    );
 }
 
 #[tokio::test]
@@ -202,7 +220,8 @@ async fn bad_input_is_a_400_with_a_one_line_reason() {
     let api = Api::start(false).await;
     let post = Method::POST;
     refused(
-        &api.raw(post.clone(), "/v1/locks/k/acquire", "{\"ttl_ms\": ").await,
+        &api.raw(post.clone(), "/v1/locks/k/acquire", "{\"ttl_ms\": ")
+            .await,
         StatusCode::BAD_REQUEST,
         "bad_request",
     );
@@ -214,35 +233,81 @@ async fn bad_input_is_a_400_with_a_one_line_reason() {
     let cases = [
         ("/v1/locks/k/acquire", json!({}), "bad_request"),
         ("/v1/locks/k/acquire", json!({"ttl_ms": -1}), "bad_request"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": "30s"}), "bad_request"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": 1000, "color": 1}), "bad_request"),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": "30s"}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "color": 1}),
+            "bad_request",
+        ),
         ("/v1/locks/k/acquire", json!({"ttl_ms": 0}), "invalid_ttl"),
         ("/v1/locks/k/acquire", json!({"ttl_ms": 99}), "invalid_ttl"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": u64::MAX}), "invalid_ttl"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": 1000, "wait_ms": 3_600_000}), "bad_request"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": 1000, "owner": ""}), "invalid_owner"),
-        ("/v1/locks/k/acquire", json!({"ttl_ms": 1000, "kind": ""}), "bad_request"),
-        ("/v1/locks/a%01b/acquire", json!({"ttl_ms": 1000}), "invalid_key"),
-        ("/v1/locks/%FF/acquire", json!({"ttl_ms": 1000}), "bad_request"),
-        ("/v1/locks/k/renew", json!({"owner": "o", "token": 1, "ttl_ms": 5}), "invalid_ttl"),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": u64::MAX}),
+            "invalid_ttl",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "wait_ms": 3_600_000}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "owner": ""}),
+            "invalid_owner",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "kind": ""}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/a%01b/acquire",
+            json!({"ttl_ms": 1000}),
+            "invalid_key",
+        ),
+        (
+            "/v1/locks/%FF/acquire",
+            json!({"ttl_ms": 1000}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/renew",
+            json!({"owner": "o", "token": 1, "ttl_ms": 5}),
+            "invalid_ttl",
+        ),
         ("/v1/locks/k/release", json!({"owner": "o"}), "bad_request"),
-        ("/v1/locks/k/release", json!({"owner": "o", "token": -3}), "bad_request"),
+        (
+            "/v1/locks/k/release",
+            json!({"owner": "o", "token": -3}),
+            "bad_request",
+        ),
         ("/v1/fences/r/admit", json!({"token": "x"}), "bad_request"),
         ("/v1/fences/a%00b/admit", json!({"token": 1}), "invalid_key"),
     ];
     for (path, body, code) in cases {
         let answer = api.send(post.clone(), path, Some(body.clone())).await;
-        assert_eq!(answer.0, StatusCode::BAD_REQUEST, "{path} {body}: {answer:?}");
+        assert_eq!(
+            answer.0,
+            StatusCode::BAD_REQUEST,
+            "{path} {body}: {answer:?}"
+        );
         refused(&answer, StatusCode::BAD_REQUEST, code);
     }
     let long = "k".repeat(256);
     refused(
-        &api.send(Method::GET, &format!("/v1/locks/{long}"), None).await,
+        &api.send(Method::GET, &format!("/v1/locks/{long}"), None)
+            .await,
         StatusCode::BAD_REQUEST,
         "invalid_key",
     );
     refused(
-        &api.send(Method::PUT, "/v1/kv/k", Some(json!({"value": 1}))).await,
+        &api.send(Method::PUT, "/v1/kv/k", Some(json!({"value": 1})))
+            .await,
         StatusCode::BAD_REQUEST,
         "bad_request",
     );
@@ -315,18 +380,34 @@ async fn tokens_are_required_and_admin_routes_need_an_admin() {
 #[tokio::test]
 async fn fences_and_the_fenced_store_refuse_lower_tokens() {
     let api = Api::start(false).await;
-    let admit = |t: u64| api.send(Method::POST, "/v1/fences/ledger/admit", Some(json!({"token": t})));
+    let admit = |t: u64| {
+        api.send(
+            Method::POST,
+            "/v1/fences/ledger/admit",
+            Some(json!({"token": t})),
+        )
+    };
     let (status, fence) = admit(5).await;
     assert_eq!(status, StatusCode::OK, "{fence}");
     assert_eq!(fence["current"], 5);
-    assert_eq!(admit(5).await.0, StatusCode::OK, "the same holder writes again");
+    assert_eq!(
+        admit(5).await.0,
+        StatusCode::OK,
+        "the same holder writes again"
+    );
     let stale = admit(4).await;
     refused(&stale, StatusCode::CONFLICT, "stale");
     assert_eq!(stale.1["current"], 5);
     let (_, current) = api.send(Method::GET, "/v1/fences/ledger", None).await;
     assert_eq!(current["current"], 5);
 
-    let put = |t: u64, v: Value| api.send(Method::PUT, "/v1/kv/ledger", Some(json!({"token": t, "value": v})));
+    let put = |t: u64, v: Value| {
+        api.send(
+            Method::PUT,
+            "/v1/kv/ledger",
+            Some(json!({"token": t, "value": v})),
+        )
+    };
     refused(&put(4, json!("old")).await, StatusCode::CONFLICT, "stale");
     let (status, stored) = put(5, json!({"balance": 10})).await;
     assert_eq!(status, StatusCode::OK, "{stored}");
@@ -337,7 +418,10 @@ async fn fences_and_the_fenced_store_refuse_lower_tokens() {
     assert_eq!(late.1["current"], 7);
     let (status, value) = api.send(Method::GET, "/v1/kv/ledger", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(value, json!({"key": "ledger", "token": 7, "value": {"balance": 12}}));
+    assert_eq!(
+        value,
+        json!({"key": "ledger", "token": 7, "value": {"balance": 12}})
+    );
     refused(
         &api.send(Method::GET, "/v1/kv/empty", None).await,
         StatusCode::NOT_FOUND,
@@ -348,9 +432,8 @@ async fn fences_and_the_fenced_store_refuse_lower_tokens() {
 /// Follows `/v1/events` (filtered by `query`) until `kinds` have all been
 /// seen, in order.
 async fn expect_events(
-    events: &mut (impl futures_util::Stream<
-        Item = Result<eventsource_stream::Event, impl std::fmt::Debug>,
-    > + Unpin),
+    events: &mut (impl futures_util::Stream<Item = Result<eventsource_stream::Event, impl std::fmt::Debug>>
+              + Unpin),
     kinds: &[&str],
 ) -> Vec<Value> {
     let mut seen = Vec::new();
@@ -414,8 +497,18 @@ async fn events_report_acquisitions_releases_losses_expiries_and_fenced_out_writ
     assert_eq!(seen[1]["key"], "short");
     assert_eq!(seen[1]["token"], grant["token"]);
 
-    api.send(Method::POST, "/v1/fences/f/admit", Some(json!({"token": 9}))).await;
-    api.send(Method::POST, "/v1/fences/f/admit", Some(json!({"token": 3}))).await;
+    api.send(
+        Method::POST,
+        "/v1/fences/f/admit",
+        Some(json!({"token": 9})),
+    )
+    .await;
+    api.send(
+        Method::POST,
+        "/v1/fences/f/admit",
+        Some(json!({"token": 3})),
+    )
+    .await;
     let seen = expect_events(&mut events, &["fenced_out"]).await;
     assert_eq!(seen[0]["token"], 3);
     assert_eq!(seen[0]["current"], 9);
@@ -431,12 +524,17 @@ async fn events_report_acquisitions_releases_losses_expiries_and_fenced_out_writ
 #[tokio::test]
 async fn a_long_poll_is_woken_by_the_release_and_counted_as_a_waiter() {
     let api = Arc::new(Api::start(false).await);
-    let (_, first) = api.acquire("queue", json!({"owner": "a", "ttl_ms": 60000})).await;
+    let (_, first) = api
+        .acquire("queue", json!({"owner": "a", "ttl_ms": 60000}))
+        .await;
     let waiter = {
         let api = Arc::clone(&api);
         tokio::spawn(async move {
-            api.acquire("queue", json!({"owner": "b", "ttl_ms": 5000, "wait_ms": 30000}))
-                .await
+            api.acquire(
+                "queue",
+                json!({"owner": "b", "ttl_ms": 5000, "wait_ms": 30000}),
+            )
+            .await
         })
     };
     // The waiter shows in the statistics while it waits.
@@ -467,7 +565,10 @@ async fn a_long_poll_is_woken_by_the_release_and_counted_as_a_waiter() {
 
     // A wait that runs out is a 409 with the holder.
     let timed_out = api
-        .acquire("queue", json!({"owner": "c", "ttl_ms": 5000, "wait_ms": 50}))
+        .acquire(
+            "queue",
+            json!({"owner": "c", "ttl_ms": 5000, "wait_ms": 50}),
+        )
         .await;
     refused(&timed_out, StatusCode::CONFLICT, "held");
     assert_eq!(timed_out.1["holder"]["owner"], "b");
@@ -476,7 +577,8 @@ async fn a_long_poll_is_woken_by_the_release_and_counted_as_a_waiter() {
 #[tokio::test]
 async fn metrics_have_help_lines_and_the_scrape_time_gauges() {
     let api = Api::start(false).await;
-    api.acquire("m:1", json!({"ttl_ms": 60000, "kind": "workflow"})).await;
+    api.acquire("m:1", json!({"ttl_ms": 60000, "kind": "workflow"}))
+        .await;
     api.acquire("m:2", json!({"ttl_ms": 60000})).await;
     let response = api.request(Method::GET, "/metrics").send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);

@@ -80,9 +80,9 @@ impl Connection {
             return Err(bad("no host".to_owned()));
         }
         let mut token = base.password().map(percent_decode);
-        let mut http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT);
+        // No overall time-out on the client: the event stream of `subscribe`
+        // lasts as long as its waiter; `call` bounds every other request.
+        let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
         for (name, value) in base.query_pairs() {
             match name.as_ref() {
                 "token_file" => {
@@ -149,7 +149,7 @@ impl Connection {
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
     ) -> Result<(StatusCode, Vec<u8>)> {
-        let mut request = self.request(method, url);
+        let mut request = self.request(method, url).timeout(REQUEST_TIMEOUT);
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -453,8 +453,6 @@ impl Backend for HttpBackend {
         let response = self
             .conn
             .request(Method::GET, url)
-            // The stream lasts as long as the waiter: no overall time-out.
-            .timeout(Duration::from_secs(u64::from(u32::MAX)))
             .send()
             .await
             .map_err(transport)?;

@@ -12,6 +12,8 @@
 
 use std::process::Command;
 
+mod support;
+
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
@@ -195,5 +197,27 @@ fn inapplicable_faults_are_usage_errors() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(why), "{args:?}: {stderr}");
+    }
+}
+
+/// Through the lock service: the workers reach `fencelock serve` over
+/// HTTP, through proxies that cut, delay and reset their connections.
+/// Seed 2 draws pause and partition among the first faults.
+#[test]
+fn http_service_all_faults() {
+    let service = support::LockService::start(&[]);
+    let (code, report) = torture(&[
+        "--url",
+        &service.url,
+        "--duration",
+        "30s",
+        "--ttl",
+        "1s",
+        "--seed",
+        "2",
+    ]);
+    assert_survived(code, &report);
+    for kind in ["pause", "partition"] {
+        assert!(faults(&report, kind) > 0, "no {kind} fault");
     }
 }

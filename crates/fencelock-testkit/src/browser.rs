@@ -152,9 +152,10 @@ impl Browser {
                 return Ok(value);
             }
             if Instant::now() >= deadline {
-                return Err(
-                    format!("timed out after {timeout:?} waiting for {what} (last: {value})").into(),
-                );
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what} (last: {value})"
+                )
+                .into());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -192,7 +193,9 @@ impl Browser {
 /// 12345." line.
 fn started_port(line: &str) -> Option<u16> {
     let rest = line.split("started successfully on port ").nth(1)?;
-    rest.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok()
+    rest.trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .ok()
 }
 
 fn truthy(value: &Value) -> bool {

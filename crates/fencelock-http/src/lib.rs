@@ -1,0 +1,9 @@
+//! The `http://` and `https://` backend of fencelock: locks taken through a
+//! `fencelock serve` lock service (`docs/http.md`).
+//!
+//! The [`wire`] module holds the JSON bodies of the REST API, shared by the
+//! service and this client so that the two never disagree.
+
+#![forbid(unsafe_code)]
+
+pub mod wire;

@@ -1,0 +1,407 @@
+//! The REST handlers (`docs/http.md`).
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Query, Request, State},
+    http::{request::Parts, StatusCode},
+    Extension, Json,
+};
+use fencelock_core::{validate_ttl, Error, FencingToken, LeaseId, LockInfo, LockKey, Owner, Stats};
+use fencelock_http::wire::{
+    AcquireBody, AdmitBody, CapabilitiesBody, FenceBody, GrantBody, InfoBody, KvBody, KvPutBody,
+    LockBody, LockList, ReleaseBody, RenewBody,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::{
+    auth::{admin_only, Role},
+    error::ApiError,
+    Service,
+};
+
+/// Longest long poll of an acquisition: past it, a client should ask again
+/// (proxies and load balancers drop idle requests around a minute).
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Lease length of a renewal that names none: the library's default TTL.
+const DEFAULT_RENEW_TTL: Duration = Duration::from_secs(30);
+/// Bound on one backend call made by a handler.
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A JSON body whose every parse failure is a 400 with serde's one-line
+/// reason (axum's own `Json` answers 415/422 for some).
+pub(crate) struct Body<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("unreadable body: {e}")))?;
+        serde_json::from_slice(&bytes)
+            .map(Body)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+    }
+}
+
+/// The one path parameter (a key or a resource), percent-decoded; a
+/// decoding failure is a 400.
+pub(crate) struct Name(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Name {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|p| Name(p.0))
+            .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))
+    }
+}
+
+impl Name {
+    fn key(&self) -> Result<LockKey, ApiError> {
+        Ok(LockKey::new(self.0.as_str())?)
+    }
+}
+
+/// Bounds a backend call like the library does, as a 503 when it hangs.
+async fn bounded<T>(
+    operation: &'static str,
+    call: impl std::future::Future<Output = fencelock_core::Result<T>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(OP_TIMEOUT, call).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Error::OperationTimeout {
+            operation,
+            after: OP_TIMEOUT,
+        }
+        .into()),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[derive(Serialize)]
+pub(crate) struct Health {
+    status: &'static str,
+    backend: &'static str,
+}
+
+/// 200 once the backend answers a read.
+pub(crate) async fn healthz(State(s): State<Service>) -> ApiResult<Health> {
+    let probe = LockKey::new("fencelock/healthz")?;
+    let backend = s.inner.client.backend();
+    bounded("inspect", backend.inspect(&probe)).await?;
+    Ok(Json(Health {
+        status: "ok",
+        backend: backend.name(),
+    }))
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::not_found("no such route; see docs/http.md")
+}
+
+pub(crate) async fn info(State(s): State<Service>) -> Json<InfoBody> {
+    let backend = s.inner.client.backend();
+    Json(InfoBody {
+        backend: backend.name().to_owned(),
+        capabilities: CapabilitiesBody::from(backend.capabilities()),
+    })
+}
+
+/// Counts a long-polling acquisition for the `waiters` figures while it
+/// waits, however it ends (the client may hang up).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) async fn acquire(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<AcquireBody>,
+) -> ApiResult<GrantBody> {
+    let key = name.key()?;
+    let wait = Duration::from_millis(body.wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
+        return Err(ApiError::bad_request(format!(
+            "wait_ms {} is longer than the {} ms maximum",
+            ms(wait),
+            ms(MAX_WAIT)
+        )));
+    }
+    let owner = match body.owner {
+        Some(owner) => Owner::new(owner)?,
+        None => Owner::generate(),
+    };
+    let client = &s.inner.client;
+    // The service holds no lease: its HTTP client renews and releases.
+    let mut request = client
+        .lock(key.as_str())
+        .ttl(Duration::from_millis(body.ttl_ms))
+        .wait(wait)
+        .owner(owner)
+        .auto_renew(false);
+    if let Some(kind) = body.kind {
+        request = request.kind(kind);
+    }
+    if let Some(data) = body.data {
+        request = request.data(data);
+    }
+    if let Some(floor) = body.min_token {
+        request = request.min_token(FencingToken(floor));
+    }
+    let _waiting = (!wait.is_zero()).then(|| {
+        s.inner.waiters.fetch_add(1, Ordering::Relaxed);
+        Waiting(&s.inner.waiters)
+    });
+    match request.acquire().await {
+        Ok(guard) => {
+            let grant = GrantBody {
+                key: key.to_string(),
+                owner: guard.owner().to_string(),
+                token: guard.token().get(),
+                expires_at: guard.expires_at(),
+                ttl_ms: ms(guard.granted_ttl()),
+            };
+            guard.detach();
+            s.inner.events.granted(&grant);
+            Ok(Json(grant))
+        }
+        Err(Error::Timeout { .. }) => {
+            // Who holds it is a courtesy: a failed look-up still answers 409.
+            let holder = bounded("inspect", client.backend().inspect(&key))
+                .await
+                .ok()
+                .flatten();
+            Err(ApiError::held(key.as_str(), holder))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn lease(key: LockKey, owner: String, token: u64) -> Result<LeaseId, ApiError> {
+    Ok(LeaseId::new(key, Owner::new(owner)?, FencingToken(token)))
+}
+
+pub(crate) async fn renew(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<RenewBody>,
+) -> ApiResult<GrantBody> {
+    let lease = lease(name.key()?, body.owner, body.token)?;
+    let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
+    let grant = bounded("renew", s.inner.client.backend().renew(&lease, ttl)).await?;
+    let grant = GrantBody {
+        key: lease.key.to_string(),
+        owner: lease.owner.to_string(),
+        token: grant.token.get(),
+        expires_at: grant.expires_at,
+        ttl_ms: ms(grant.ttl),
+    };
+    s.inner.events.renewed(&grant);
+    Ok(Json(grant))
+}
+
+#[derive(Serialize)]
+pub(crate) struct Released {
+    released: bool,
+}
+
+pub(crate) async fn release(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<ReleaseBody>,
+) -> ApiResult<Released> {
+    let lease = lease(name.key()?, body.owner, body.token)?;
+    bounded("release", s.inner.client.backend().release(&lease)).await?;
+    s.inner.events.gone(
+        "released",
+        lease.key.as_str(),
+        Some(lease.owner.as_str()),
+        lease.token.get(),
+    );
+    Ok(Json(Released { released: true }))
+}
+
+pub(crate) async fn inspect(State(s): State<Service>, name: Name) -> ApiResult<LockBody> {
+    let key = name.key()?;
+    match bounded("inspect", s.inner.client.backend().inspect(&key)).await? {
+        Some(info) => Ok(Json(s.inner.events.body(info))),
+        None => Err(ApiError::not_found(format!("lock {key} is not held"))),
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ListQuery {
+    prefix: Option<String>,
+}
+
+pub(crate) async fn list(
+    State(s): State<Service>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<LockList> {
+    let locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
+    Ok(Json(LockList {
+        locks: locks.into_iter().map(|l| s.inner.events.body(l)).collect(),
+    }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct Removed {
+    removed: LockBody,
+}
+
+pub(crate) async fn force_release(
+    State(s): State<Service>,
+    Extension(role): Extension<Role>,
+    name: Name,
+) -> ApiResult<Removed> {
+    admin_only(role)?;
+    let key = name.key()?;
+    match bounded(
+        "force_release",
+        s.inner.client.backend().force_release(&key),
+    )
+    .await?
+    {
+        Some(info) => {
+            tracing::info!(key = %info.key, owner = %info.owner, token = %info.token, "force-released");
+            s.inner.events.gone(
+                "lost",
+                info.key.as_str(),
+                Some(info.owner.as_str()),
+                info.token.get(),
+            );
+            Ok(Json(Removed {
+                removed: s.inner.events.body(info),
+            }))
+        }
+        None => Err(ApiError::not_found(format!("lock {key} is not held"))),
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct StatsBody {
+    #[serde(flatten)]
+    stats: Stats,
+    /// Acquisitions long-polling through this service now.
+    waiters: u64,
+}
+
+pub(crate) async fn stats(State(s): State<Service>) -> ApiResult<StatsBody> {
+    let stats = bounded("stats", s.inner.client.backend().stats()).await?;
+    Ok(Json(StatsBody {
+        stats,
+        waiters: s.inner.waiters.load(Ordering::Relaxed),
+    }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct Cleaned {
+    deleted: u64,
+}
+
+pub(crate) async fn cleanup(
+    State(s): State<Service>,
+    Extension(role): Extension<Role>,
+) -> ApiResult<Cleaned> {
+    admin_only(role)?;
+    let deleted = bounded("cleanup", s.inner.client.backend().cleanup_expired()).await?;
+    Ok(Json(Cleaned { deleted }))
+}
+
+fn fence(s: &Service) -> Result<&dyn fencelock_core::Fence, ApiError> {
+    s.inner.fence.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported",
+            "this service has no fence",
+        )
+    })
+}
+
+/// Admits `token` at `resource`, reporting a refusal on the event stream.
+async fn admit_token(s: &Service, resource: &str, token: FencingToken) -> Result<(), ApiError> {
+    match bounded("admit", fence(s)?.admit(resource, token)).await {
+        Err(e) => {
+            if let Some(current) = e.current() {
+                s.inner.events.fenced_out(resource, token.get(), current);
+            }
+            Err(e)
+        }
+        ok => ok,
+    }
+}
+
+pub(crate) async fn admit(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<AdmitBody>,
+) -> ApiResult<FenceBody> {
+    admit_token(&s, &name.0, FencingToken(body.token)).await?;
+    let current = bounded("highest", fence(&s)?.highest(&name.0)).await?;
+    Ok(Json(FenceBody {
+        resource: name.0,
+        current: current.map(FencingToken::get),
+    }))
+}
+
+pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiResult<FenceBody> {
+    LockKey::new(name.0.as_str()).map_err(|e| match e {
+        Error::InvalidKey(m) => Error::InvalidKey(m.replacen("lock key", "resource name", 1)),
+        e => e,
+    })?;
+    let current = bounded("highest", fence(&s)?.highest(&name.0)).await?;
+    Ok(Json(FenceBody {
+        resource: name.0,
+        current: current.map(FencingToken::get),
+    }))
+}
+
+pub(crate) async fn kv_put(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<KvPutBody>,
+) -> ApiResult<KvBody> {
+    let key = name.key()?;
+    // One writer at a time, so that the admission and the write it allows
+    // are one step: a lower token cannot slip in between.
+    let mut kv = s.inner.kv.lock().await;
+    admit_token(&s, key.as_str(), FencingToken(body.token)).await?;
+    let value = KvBody {
+        key: key.to_string(),
+        token: body.token,
+        value: body.value,
+    };
+    kv.insert(key.to_string(), value.clone());
+    Ok(Json(value))
+}
+
+pub(crate) async fn kv_get(State(s): State<Service>, name: Name) -> ApiResult<KvBody> {
+    let key = name.key()?;
+    match s.inner.kv.lock().await.get(key.as_str()) {
+        Some(value) => Ok(Json(value.clone())),
+        None => Err(ApiError::not_found(format!("no value for {key}"))),
+    }
+}
+
+impl crate::events::Events {
+    /// A lease as the API shows it, with the TTL last granted through this
+    /// service when it knows it.
+    pub(crate) fn body(&self, info: LockInfo) -> LockBody {
+        let ttl_ms = self.ttl_ms(info.key.as_str(), info.token.get());
+        LockBody { info, ttl_ms }
+    }
+}

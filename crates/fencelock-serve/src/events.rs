@@ -1,0 +1,311 @@
+//! `GET /v1/events`: server-sent events of acquisitions, releases, expiries,
+//! losses and fenced-out tokens (`docs/http.md`).
+//!
+//! Two sources feed one broadcast channel. What the service does itself
+//! (grants, releases, force-releases, fence refusals) is published at once.
+//! What happens elsewhere (clients using the backend directly, and expiries,
+//! which no call announces) is found by listing the backend every
+//! interval while someone follows the stream and comparing with the last
+//! view. Both go through one table of known leases, so a change is reported
+//! once whichever source sees it first. `Backend::watch` streams one key,
+//! not a whole table, so the listing is what covers every backend alike.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use axum::{
+    extract::{Query, State},
+    response::sse::{Event, KeepAlive, Sse},
+};
+use chrono::Utc;
+use fencelock_http::wire::{EventBody, GrantBody, LockBody};
+use futures_util::{stream, Stream};
+use serde::Deserialize;
+use tokio::{sync::broadcast, time::Instant};
+
+use crate::{api::OP_TIMEOUT, Service};
+
+/// Events a slow follower may fall behind by before it is told to resync.
+const BUFFER: usize = 1024;
+
+/// A lease the event stream has reported.
+#[derive(Debug)]
+struct Known {
+    token: u64,
+    owner: String,
+    /// When the lease ends, on this process's clock (from the backend's
+    /// `expires_in`): tells an expiry from a release seen only by listing.
+    ends: Instant,
+    ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    leases: HashMap<String, Known>,
+    /// Whether `leases` reflects a listing of the backend; false while
+    /// nobody follows the stream (then nothing is tracked).
+    seeded: bool,
+}
+
+/// The event channel and the table of known leases.
+#[derive(Debug)]
+pub(crate) struct Events {
+    tx: broadcast::Sender<EventBody>,
+    table: Mutex<Table>,
+}
+
+impl Events {
+    pub(crate) fn new() -> Self {
+        Self {
+            tx: broadcast::channel(BUFFER).0,
+            table: Mutex::default(),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, event: EventBody) {
+        // No receiver is not an error: nobody follows the stream.
+        let _ = self.tx.send(event);
+    }
+
+    /// The TTL last granted through this service for `key`'s lease `token`.
+    pub(crate) fn ttl_ms(&self, key: &str, token: u64) -> Option<u64> {
+        self.table()
+            .leases
+            .get(key)
+            .filter(|k| k.token == token)
+            .and_then(|k| k.ttl_ms)
+    }
+
+    /// The service granted a lease.
+    pub(crate) fn granted(&self, grant: &GrantBody) {
+        let ends = Instant::now() + Duration::from_millis(grant.ttl_ms);
+        let mut table = self.table();
+        if table
+            .leases
+            .get(&grant.key)
+            .is_some_and(|k| k.token == grant.token)
+        {
+            return;
+        }
+        table.leases.insert(
+            grant.key.clone(),
+            Known {
+                token: grant.token,
+                owner: grant.owner.clone(),
+                ends,
+                ttl_ms: Some(grant.ttl_ms),
+            },
+        );
+        drop(table);
+        self.publish(EventBody {
+            kind: "acquired".to_owned(),
+            key: grant.key.clone(),
+            owner: Some(grant.owner.clone()),
+            token: grant.token,
+            lock: None,
+            current: None,
+            at: Utc::now(),
+        });
+    }
+
+    /// The service renewed a lease: keeps its end and TTL current.
+    pub(crate) fn renewed(&self, grant: &GrantBody) {
+        if let Some(known) = self.table().leases.get_mut(&grant.key) {
+            if known.token == grant.token {
+                known.ends = Instant::now() + Duration::from_millis(grant.ttl_ms);
+                known.ttl_ms = Some(grant.ttl_ms);
+            }
+        }
+    }
+
+    /// A lease ended through the service (`released`, or `lost` when
+    /// force-released). Always published: a follower waiting for the key
+    /// must hear of it even if the listing reported the lease already.
+    pub(crate) fn gone(&self, kind: &str, key: &str, owner: Option<&str>, token: u64) {
+        {
+            let mut table = self.table();
+            if table.leases.get(key).is_some_and(|k| k.token == token) {
+                table.leases.remove(key);
+            }
+        }
+        self.publish(EventBody {
+            kind: kind.to_owned(),
+            key: key.to_owned(),
+            owner: owner.map(str::to_owned),
+            token,
+            lock: None,
+            current: None,
+            at: Utc::now(),
+        });
+    }
+
+    /// A fence refused `token` at `resource`.
+    pub(crate) fn fenced_out(&self, resource: &str, token: u64, current: u64) {
+        self.publish(EventBody {
+            kind: "fenced_out".to_owned(),
+            key: resource.to_owned(),
+            owner: None,
+            token,
+            lock: None,
+            current: Some(current),
+            at: Utc::now(),
+        });
+    }
+
+    /// Compares a listing of the backend with the known leases and
+    /// publishes the differences.
+    fn observe(&self, locks: Vec<fencelock_core::LockInfo>, seen_at: Instant) {
+        let mut out = Vec::new();
+        {
+            let mut table = self.table();
+            let mut current: HashMap<String, fencelock_core::LockInfo> =
+                locks.into_iter().map(|l| (l.key.to_string(), l)).collect();
+            if table.seeded {
+                let gone: Vec<String> = table
+                    .leases
+                    .iter()
+                    .filter(|(key, known)| {
+                        current
+                            .get(*key)
+                            .is_none_or(|l| l.token.get() != known.token)
+                    })
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                for key in gone {
+                    if let Some(known) = table.leases.remove(&key) {
+                        let kind = if known.ends <= seen_at {
+                            "expired"
+                        } else {
+                            "released"
+                        };
+                        out.push(event(kind, &key, Some(known.owner), known.token));
+                    }
+                }
+            }
+            for (key, info) in current.drain() {
+                let ends = seen_at + info.expires_in;
+                match table.leases.get_mut(&key) {
+                    Some(known) if known.token == info.token.get() => known.ends = ends,
+                    _ => {
+                        let known = Known {
+                            token: info.token.get(),
+                            owner: info.owner.to_string(),
+                            ends,
+                            ttl_ms: None,
+                        };
+                        if table.seeded {
+                            let mut e =
+                                event("acquired", &key, Some(known.owner.clone()), known.token);
+                            e.lock = Some(LockBody { info, ttl_ms: None });
+                            out.push(e);
+                        }
+                        table.leases.insert(key, known);
+                    }
+                }
+            }
+            table.seeded = true;
+        }
+        for e in out {
+            self.publish(e);
+        }
+    }
+
+    fn forget(&self) {
+        let mut table = self.table();
+        table.leases.clear();
+        table.seeded = false;
+    }
+}
+
+fn event(kind: &str, key: &str, owner: Option<String>, token: u64) -> EventBody {
+    EventBody {
+        kind: kind.to_owned(),
+        key: key.to_owned(),
+        owner,
+        token,
+        lock: None,
+        current: None,
+        at: Utc::now(),
+    }
+}
+
+/// Lists the backend every `interval` while the stream has followers,
+/// until the service shuts down.
+pub(crate) fn spawn_poller(service: &Service, interval: Duration) {
+    let service = service.clone();
+    tokio::spawn(async move {
+        let inner = &service.inner;
+        loop {
+            tokio::select! {
+                _ = inner.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if inner.events.tx.receiver_count() == 0 {
+                inner.events.forget();
+                continue;
+            }
+            let seen_at = Instant::now();
+            let listing = tokio::time::timeout(OP_TIMEOUT, inner.client.backend().list(None)).await;
+            match listing {
+                Ok(Ok(locks)) => inner.events.observe(locks, seen_at),
+                Ok(Err(e)) => tracing::debug!(error = %e, "event listing failed; trying again"),
+                Err(_) => tracing::debug!("event listing got no answer; trying again"),
+            }
+        }
+    });
+}
+
+#[derive(Deserialize)]
+pub(crate) struct EventQuery {
+    /// Only events of this key.
+    key: Option<String>,
+    /// Only events of keys with this prefix.
+    prefix: Option<String>,
+}
+
+/// `GET /v1/events`. The subscription is taken before the response head is
+/// sent, so a client that has the head sees every later event.
+pub(crate) async fn stream(
+    State(service): State<Service>,
+    Query(q): Query<EventQuery>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = service.inner.events.tx.subscribe();
+    let shutdown = service.inner.shutdown.clone();
+    let matches = move |e: &EventBody| {
+        q.key.as_deref().is_none_or(|k| e.key == k)
+            && q.prefix.as_deref().is_none_or(|p| e.key.starts_with(p))
+    };
+    let events = stream::unfold((rx, shutdown), move |(mut rx, shutdown)| {
+        let matches = matches.clone();
+        async move {
+            loop {
+                let received = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    r = rx.recv() => r,
+                };
+                let event = match received {
+                    Ok(e) if matches(&e) => Event::default()
+                        .event(e.kind.clone())
+                        .json_data(&e)
+                        .unwrap_or_else(|_| Event::default().event("error")),
+                    Ok(_) => continue,
+                    // Events were dropped: the follower should reload the list.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        Event::default().event("resync").data("{}")
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                };
+                return Some((Ok(event), (rx, shutdown)));
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

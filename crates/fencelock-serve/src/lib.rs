@@ -1,0 +1,175 @@
+//! `fencelock serve`: any fencelock backend as a lock service over HTTP
+//! (`docs/http.md`).
+//!
+//! The service is a thin REST layer over a [`LockClient`] and a [`Fence`]:
+//! every grant, renewal and release is one call of the backend, so leases,
+//! tokens and fences keep I1–I7 (`docs/semantics.md`) exactly as in the
+//! library. The service holds no lease itself: its HTTP clients renew and
+//! release by (owner, token).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+//! use fencelock_serve::{Server, Service};
+//!
+//! let client = LockClient::new(Arc::new(MemoryBackend::new()));
+//! let service = Service::builder(client).fence(Arc::new(MemoryFence::new())).build();
+//! let server = Server::bind("127.0.0.1:0".parse().unwrap(), service).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.run(std::future::pending()).await
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod api;
+mod auth;
+mod dashboard;
+mod error;
+mod events;
+mod metrics;
+mod server;
+
+use std::{
+    sync::{atomic::AtomicU64, Arc},
+    time::Duration,
+};
+
+use axum::{
+    routing::{get, post, put},
+    Router,
+};
+use fencelock_core::{CancellationToken, Fence, LockClient};
+
+pub use auth::{Role, Tokens};
+pub use fencelock_http::wire;
+pub use server::{Server, ServerHandle};
+
+/// How often the event stream lists the backend to see changes made by
+/// other clients and expiries, while someone follows it.
+const DEFAULT_EVENTS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The lock service's shared state: what [`router`] serves.
+#[derive(Clone, Debug)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: LockClient,
+    fence: Option<Arc<dyn Fence>>,
+    tokens: Option<Tokens>,
+    events: events::Events,
+    kv: tokio::sync::Mutex<std::collections::HashMap<String, wire::KvBody>>,
+    waiters: AtomicU64,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    shutdown: CancellationToken,
+}
+
+/// Builds a [`Service`].
+#[derive(Debug)]
+#[must_use]
+pub struct ServiceBuilder {
+    client: LockClient,
+    fence: Option<Arc<dyn Fence>>,
+    tokens: Option<Tokens>,
+    events_interval: Duration,
+}
+
+impl ServiceBuilder {
+    /// The fence behind `/v1/fences` and the fenced key-value store
+    /// (without one, those routes answer 400 `unsupported`).
+    pub fn fence(mut self, fence: Arc<dyn Fence>) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Requires a bearer token from `tokens` on every route but `/healthz`.
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// How often `/v1/events` lists the backend for changes made by other
+    /// clients and for expiries (default 500 ms), while someone follows it.
+    pub fn events_interval(mut self, interval: Duration) -> Self {
+        self.events_interval = interval;
+        self
+    }
+
+    /// The service. Installs the Prometheus recorder of `/metrics` as the
+    /// process's `metrics` recorder unless one is installed already, and
+    /// starts the event poller (it stops with [`Service::shutdown`]); call
+    /// it inside a tokio runtime.
+    pub fn build(self) -> Service {
+        let shutdown = CancellationToken::new();
+        let events = events::Events::new();
+        let service = Service {
+            inner: Arc::new(Inner {
+                client: self.client,
+                fence: self.fence,
+                tokens: self.tokens,
+                events,
+                kv: Default::default(),
+                waiters: AtomicU64::new(0),
+                metrics: metrics::handle(),
+                shutdown,
+            }),
+        };
+        events::spawn_poller(&service, self.events_interval);
+        service
+    }
+}
+
+impl Service {
+    /// A service over `client`'s backend, without fence or tokens.
+    pub fn builder(client: LockClient) -> ServiceBuilder {
+        ServiceBuilder {
+            client,
+            fence: None,
+            tokens: None,
+            events_interval: DEFAULT_EVENTS_INTERVAL,
+        }
+    }
+
+    /// Ends the event streams and the event poller, so that a graceful
+    /// shutdown does not wait for clients that follow `/v1/events`.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+}
+
+/// The service's routes (`docs/http.md`). Every route but `/healthz` needs
+/// a bearer token when the service has [`Tokens`].
+pub fn router(service: Service) -> Router {
+    let v1 = Router::new()
+        .route("/v1/info", get(api::info))
+        .route("/v1/locks", get(api::list))
+        .route(
+            "/v1/locks/{key}",
+            get(api::inspect).delete(api::force_release),
+        )
+        .route("/v1/locks/{key}/acquire", post(api::acquire))
+        .route("/v1/locks/{key}/renew", post(api::renew))
+        .route("/v1/locks/{key}/release", post(api::release))
+        .route("/v1/stats", get(api::stats))
+        .route("/v1/cleanup", post(api::cleanup))
+        .route("/v1/events", get(events::stream))
+        .route("/v1/fences/{resource}", get(api::fence_current))
+        .route("/v1/fences/{resource}/admit", post(api::admit))
+        .route("/v1/kv/{key}", put(api::kv_put).get(api::kv_get))
+        .route("/metrics", get(metrics::scrape))
+        .route_layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            auth::require,
+        ));
+    // The dashboard's page merges its routes here: `.merge(dashboard::routes())`.
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .merge(v1)
+        .merge(dashboard::routes())
+        .fallback(api::not_found)
+        .with_state(service)
+}

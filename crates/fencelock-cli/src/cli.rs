@@ -286,6 +286,11 @@ pub enum Command {
         watch: bool,
     },
 
+    /// Serve the backend of --url as a lock service over HTTP: REST for any
+    /// language, server-sent events, Prometheus /metrics (docs/http.md).
+    /// Clients use it with --url http://HOST:PORT.
+    Serve(crate::serve::ServeArgs),
+
     /// Remove a lock whoever holds it. Its holder notices at its next
     /// renewal. Exit 1 if it was not held.
     ForceRelease {

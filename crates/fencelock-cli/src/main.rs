@@ -6,6 +6,7 @@ mod exit;
 mod lab;
 mod output;
 mod run;
+mod serve;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
@@ -591,6 +592,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
             }
         }
+        Command::Serve(args) => serve::run(&url, args, out).await,
         #[cfg(feature = "lab")]
         Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }

@@ -6,4 +6,9 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "client")]
+mod client;
 pub mod wire;
+
+#[cfg(feature = "client")]
+pub use client::{HttpBackend, HttpDriver, HttpFence, TOKEN_ENV};

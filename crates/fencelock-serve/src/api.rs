@@ -293,6 +293,19 @@ pub(crate) async fn force_release(
 }
 
 #[derive(Serialize)]
+pub(crate) struct ReleasedAll {
+    released: u64,
+}
+
+/// Releases every lease of an owner: the owner name is the credential, as
+/// with `release`.
+pub(crate) async fn release_all(State(s): State<Service>, name: Name) -> ApiResult<ReleasedAll> {
+    let owner = Owner::new(name.0)?;
+    let released = bounded("release_all", s.inner.client.backend().release_all(&owner)).await?;
+    Ok(Json(ReleasedAll { released }))
+}
+
+#[derive(Serialize)]
 pub(crate) struct StatsBody {
     #[serde(flatten)]
     stats: Stats,

@@ -7,15 +7,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use axum::http::{header, Method, Request, StatusCode};
-use bytes::Bytes;
 use fantoccini::Locator;
 use fencelock_core::{LockClient, LockKey, MemoryFence, ELECTION_PREFIX};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
 use fencelock_sqlite::SqliteBackend;
 use fencelock_testkit::{browser::Browser, TestResult};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -28,7 +25,7 @@ const WAIT: Duration = Duration::from_secs(30);
 struct Fixture {
     server: ServerHandle,
     client: LockClient,
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: reqwest::Client,
     _dir: TempDir,
 }
 
@@ -43,7 +40,7 @@ impl Fixture {
             .fence(Arc::new(MemoryFence::new()))
             .build();
         let server = Server::bind("127.0.0.1:0".parse()?, service).await?.spawn();
-        let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let http = reqwest::Client::new();
         Ok(Self {
             server,
             client,
@@ -63,15 +60,16 @@ impl Fixture {
         path: &str,
         body: Value,
     ) -> TestResult<(StatusCode, Value)> {
-        let request = Request::builder()
-            .method(method)
-            .uri(self.url(path))
-            .header(header::AUTHORIZATION, format!("Bearer {CLIENT}"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(serde_json::to_vec(&body)?)))?;
-        let response = self.http.request(request).await?;
+        let mut request = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(CLIENT);
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
         let status = response.status();
-        let bytes = response.into_body().collect().await?.to_bytes();
+        let bytes = response.bytes().await?;
         let json = if bytes.is_empty() {
             Value::Null
         } else {

@@ -5,13 +5,10 @@
 
 use std::{collections::BTreeMap, collections::BTreeSet, path::PathBuf, sync::Arc};
 
-use axum::http::{Method, Request, StatusCode};
-use bytes::Bytes;
 use fencelock_core::{metrics, LockClient, MemoryBackend};
 use fencelock_serve::{Server, Service};
 use fencelock_testkit::TestResult;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
+use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -50,30 +47,22 @@ async fn known_metrics() -> TestResult<BTreeSet<String>> {
     let server = Server::bind("127.0.0.1:0".parse()?, Service::builder(client).build())
         .await?
         .spawn();
-    let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let http = reqwest::Client::new();
     let base = format!("http://{}", server.local_addr());
-    let call = |method: Method, path: &str, body: &str| {
-        Request::builder()
-            .method(method)
-            .uri(format!("{base}{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_owned())))
-    };
     let grant = http
-        .request(call(
-            Method::POST,
-            "/v1/locks/docs/acquire",
-            r#"{"ttl_ms": 10000, "kind": "docs"}"#,
-        )?)
+        .post(format!("{base}/v1/locks/docs/acquire"))
+        .json(&serde_json::json!({"ttl_ms": 10_000, "kind": "docs"}))
+        .send()
         .await?;
     assert_eq!(grant.status(), StatusCode::OK);
-    let grant: Value = serde_json::from_slice(&grant.into_body().collect().await?.to_bytes())?;
-    let scrape = http.request(call(Method::GET, "/metrics", "")?).await?;
+    let grant: Value = grant.json().await?;
+    let scrape = http.get(format!("{base}/metrics")).send().await?;
     assert_eq!(scrape.status(), StatusCode::OK);
-    let text = String::from_utf8(scrape.into_body().collect().await?.to_bytes().to_vec())?;
-    let release = serde_json::json!({"owner": grant["owner"], "token": grant["token"]}).to_string();
+    let text = scrape.text().await?;
     let released = http
-        .request(call(Method::POST, "/v1/locks/docs/release", &release)?)
+        .post(format!("{base}/v1/locks/docs/release"))
+        .json(&serde_json::json!({"owner": grant["owner"], "token": grant["token"]}))
+        .send()
         .await?;
     assert_eq!(released.status(), StatusCode::OK);
     server.shutdown().await;

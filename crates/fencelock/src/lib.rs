@@ -16,6 +16,7 @@
 //! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+ (MySQL 8: see docs) |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
+//! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
 //! | `mem://` | always | in-process, for tests |
 //!
 //! `tls` adds TLS to every enabled server backend.
@@ -119,6 +120,9 @@ pub mod backend {
 /// The etcd backend's own API (options, fence).
 #[cfg(feature = "etcd")]
 pub use fencelock_etcd as etcd;
+/// The `http://` backend's own API (the lock service's wire types).
+#[cfg(feature = "http")]
+pub use fencelock_http as http;
 /// The MySQL/MariaDB backend's own API (options, in-transaction fence).
 #[cfg(feature = "mysql")]
 pub use fencelock_mysql as mysql;
@@ -147,6 +151,8 @@ pub fn drivers() -> Vec<&'static dyn Driver> {
     drivers.push(&fencelock_redis::RedisDriver);
     #[cfg(feature = "etcd")]
     drivers.push(&fencelock_etcd::EtcdDriver);
+    #[cfg(feature = "http")]
+    drivers.push(&fencelock_http::HttpDriver);
     drivers
 }
 
@@ -161,6 +167,8 @@ const FEATURES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("etcd", "etcd"),
+    ("http", "http"),
+    ("https", "http"),
 ];
 
 /// The driver for `url`'s scheme (case-insensitive), and `url` with its

@@ -1,0 +1,91 @@
+//! `fencelock serve`: the backend of `--url` as a lock service over HTTP
+//! (the `fencelock-serve` crate; API in `docs/http.md`).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Args;
+use fencelock::{Error, LockClient};
+use fencelock_serve::{Server, Service, Tokens};
+
+use crate::output::Output;
+
+/// Options of `fencelock serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free one; the address is
+    /// printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub listen: SocketAddr,
+
+    /// Require a bearer token on every route but /healthz: one
+    /// `client TOKEN` or `admin TOKEN` a line; only admin tokens may
+    /// force-release and clean up (docs/http.md).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// How often /v1/events lists the backend for changes made by other
+    /// clients and for expiries, while someone follows it.
+    #[arg(long, default_value = "500ms", value_parser = crate::cli::duration)]
+    pub events_interval: Duration,
+}
+
+/// Serves until SIGINT or SIGTERM, then shuts down cleanly.
+pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
+    let backend = fencelock::open_backend(url).await?;
+    let fence = fencelock::open_fence(url).await?;
+    let mut service = Service::builder(LockClient::new(backend))
+        .fence(fence)
+        .events_interval(args.events_interval);
+    if let Some(path) = &args.token_file {
+        service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
+    }
+    let listen = args.listen;
+    let mut server = Server::bind(listen, service.build())
+        .await
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
+    let scheme = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => {
+            server = server.tls(cert, key);
+            "https"
+        }
+        _ => "http",
+    };
+    let addr = server.local_addr();
+    if out.json {
+        println!(
+            "{}",
+            serde_json::json!({ "listening": format!("{scheme}://{addr}") })
+        );
+    } else if !out.quiet {
+        println!("listening on {scheme}://{addr}");
+    }
+    server
+        .run(stop_signal())
+        .await
+        .map_err(|e| Error::InvalidArgument(format!("the lock service failed: {e}")))?;
+    Ok(0)
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! The backend, fence and driver that speak to a `fencelock serve` service.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fencelock_core::Admission;
+use fencelock_core::{
+    redact_url, Acquire, AcquireRequest, Backend, BackendError, Capabilities, Driver, Error,
+    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
+    WakeSubscription,
+};
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde::{de::DeserializeOwned, Serialize};
+use url::Url;
+
+use crate::wire::{
+    AcquireBody, AdmitBody, ErrorBody, FenceBody, GrantBody, InfoBody, LockBody, LockList,
+    ReleaseBody, RenewBody,
+};
+
+const NAME: &str = "http";
+/// Bound on connecting to the service.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Backstop on one request; the client bounds its calls more tightly.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The environment variable read for a bearer token when the URL has none.
+pub const TOKEN_ENV: &str = "FENCELOCK_HTTP_TOKEN";
+
+/// `http://` and `https://`: a lock service started with `fencelock serve`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpDriver;
+
+#[async_trait]
+impl Driver for HttpDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["http", "https"]
+    }
+
+    async fn open_backend(&self, url: &str) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(HttpBackend::connect(url).await?))
+    }
+
+    async fn open_fence(&self, url: &str) -> Result<Arc<dyn Fence>> {
+        Ok(Arc::new(HttpFence {
+            conn: Connection::new(url)?,
+        }))
+    }
+}
+
+/// How requests reach the service: the base URL, the bearer token and one
+/// pooled HTTP client.
+#[derive(Clone)]
+struct Connection {
+    base: Url,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("base", &self.base.as_str())
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Parses `http[s]://[:TOKEN@]host:port[/prefix][?token_file=PATH]`.
+    fn new(url: &str) -> Result<Self> {
+        let bad = |why: String| Error::InvalidUrl(format!("{}: {why}", redact_url(url)));
+        let mut base = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        if base.host_str().is_none_or(str::is_empty) {
+            return Err(bad("no host".to_owned()));
+        }
+        let mut token = base.password().map(percent_decode);
+        for (name, value) in base.query_pairs() {
+            match name.as_ref() {
+                "token_file" => {
+                    let text = std::fs::read_to_string(value.as_ref())
+                        .map_err(|e| bad(format!("cannot read token_file {value}: {e}")))?;
+                    token = Some(text.trim().to_owned());
+                }
+                other => return Err(bad(format!("unknown option {other:?}; known: token_file"))),
+            }
+        }
+        if token.is_none() {
+            token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+        }
+        let _ = base.set_password(None);
+        let _ = base.set_username("");
+        base.set_query(None);
+        base.set_fragment(None);
+        if base.path_segments().is_none() {
+            return Err(bad("not a base URL".to_owned()));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| BackendError::permanent(NAME, "cannot build the HTTP client", e))?;
+        Ok(Self { base, token, http })
+    }
+
+    /// The URL of `segments` under the base, each percent-encoded (a key
+    /// may contain `/`).
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        url
+    }
+
+    fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Sends a request and returns the status and the body's bytes. Every
+    /// failure is classified here, once.
+    async fn call(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&(impl Serialize + Sync)>,
+    ) -> Result<(StatusCode, Vec<u8>)> {
+        let mut request = self.request(method, url);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport)?;
+        Ok((status, bytes.to_vec()))
+    }
+
+    /// A call whose only success is 200 with a `T` body; `expected` lists
+    /// the refusal codes the caller handles (returned as `Err(Ok(body))`).
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&(impl Serialize + Sync)>,
+        expected: &[StatusCode],
+    ) -> Result<std::result::Result<T, ErrorBody>> {
+        let (status, bytes) = self.call(method, url, body).await?;
+        if status == StatusCode::OK {
+            return serde_json::from_slice(&bytes).map(Ok).map_err(|e| {
+                // A 200 whose body does not parse was cut or garbled: what
+                // the service did is unknown, never a success.
+                Error::from(BackendError::timeout(
+                    NAME,
+                    format!("unreadable answer from the lock service: {e}"),
+                ))
+            });
+        }
+        let refusal = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
+            error: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
+            code: String::new(),
+            holder: None,
+            current: None,
+        });
+        if expected.contains(&status) {
+            return Ok(Err(refusal));
+        }
+        Err(refused(status, refusal))
+    }
+}
+
+/// The userinfo password is percent-encoded in a URL.
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("t={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map_or_else(|| s.to_owned(), |(_, v)| v.into_owned())
+}
+
+/// A request that got no (complete) answer. Only a refused connection
+/// proves that the service did nothing; anything else may have taken effect.
+fn transport(e: reqwest::Error) -> Error {
+    let message = "the lock service did not answer";
+    if e.is_connect() {
+        BackendError::transient(NAME, "cannot connect to the lock service", e).into()
+    } else {
+        BackendError::message(NAME, ErrorStatus::Timeout, format!("{message}: {e}")).into()
+    }
+}
+
+/// A refusal the caller did not expect, as the error the service meant.
+fn refused(status: StatusCode, body: ErrorBody) -> Error {
+    let message = body.error;
+    match body.code.as_str() {
+        "invalid_key" => return Error::InvalidKey(message),
+        "invalid_owner" => return Error::InvalidOwner(message),
+        "invalid_ttl" => return Error::InvalidTtl(message),
+        "invalid_token" => return Error::InvalidToken(message),
+        "unsupported" => return Error::Unsupported(message),
+        "bad_request" => return Error::InvalidArgument(message),
+        _ => {}
+    }
+    let message = format!("{status}: {message}");
+    let status = match status {
+        StatusCode::GATEWAY_TIMEOUT => ErrorStatus::Timeout,
+        StatusCode::SERVICE_UNAVAILABLE if body.code == "timeout" => ErrorStatus::Timeout,
+        StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::TOO_MANY_REQUESTS => ErrorStatus::Transient,
+        _ => ErrorStatus::Permanent,
+    };
+    BackendError::message(NAME, status, message).into()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A grant as the service reported it. Only the granted length matters to
+/// the guard: its deadline is counted from before the request was sent
+/// (I5), never from this answer's `expires_at`.
+fn grant(body: GrantBody) -> Grant {
+    Grant::new(
+        FencingToken(body.token),
+        Duration::from_millis(body.ttl_ms),
+        body.expires_at,
+    )
+}
+
+/// Locks through a `fencelock serve` service.
+///
+/// Each operation is one request; the service makes one backend call of
+/// it, so this backend keeps what the service's backend keeps. Release
+/// wake-ups come from the service's event stream (`GET /v1/events?key=`).
+#[derive(Clone, Debug)]
+pub struct HttpBackend {
+    conn: Connection,
+    capabilities: Capabilities,
+}
+
+impl HttpBackend {
+    /// Connects to the service `url` names and learns what its backend can
+    /// do (`GET /v1/info`).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let conn = Connection::new(url)?;
+        let info: InfoBody = conn
+            .json(Method::GET, conn.url(&["v1", "info"]), None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        let remote = info.capabilities;
+        let capabilities = Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(remote.persistent)
+            .with_keeps_expired(remote.keeps_expired)
+            .with_min_token(remote.min_token);
+        Ok(Self { conn, capabilities })
+    }
+
+    fn lock_url(&self, key: &LockKey, action: Option<&str>) -> Url {
+        match action {
+            Some(a) => self.conn.url(&["v1", "locks", key.as_str(), a]),
+            None => self.conn.url(&["v1", "locks", key.as_str()]),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for HttpBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let body = AcquireBody {
+            owner: Some(request.owner.to_string()),
+            ttl_ms: millis(request.ttl),
+            wait_ms: None,
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            min_token: request.min_token.map(FencingToken::get),
+        };
+        let url = self.lock_url(&request.key, Some("acquire"));
+        match self
+            .conn
+            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(g) => Ok(Acquire::Granted(grant(g))),
+            Err(refusal) if refusal.code == "held" => Ok(Acquire::Held(refusal.holder)),
+            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
+    }
+
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let body = RenewBody {
+            owner: lease.owner.to_string(),
+            token: lease.token.get(),
+            ttl_ms: Some(millis(ttl)),
+        };
+        let url = self.lock_url(&lease.key, Some("renew"));
+        match self
+            .conn
+            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(g) => Ok(grant(g)),
+            Err(_) => Err(Error::not_held(lease)),
+        }
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let body = ReleaseBody {
+            owner: lease.owner.to_string(),
+            token: lease.token.get(),
+        };
+        let url = self.lock_url(&lease.key, Some("release"));
+        match self
+            .conn
+            .json::<serde_json::Value>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::not_held(lease)),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let url = self.lock_url(key, None);
+        Ok(self
+            .conn
+            .json::<LockBody>(Method::GET, url, None::<&()>, &[StatusCode::NOT_FOUND])
+            .await?
+            .ok()
+            .map(|l| l.info))
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        let mut url = self.conn.url(&["v1", "locks"]);
+        if let Some(prefix) = prefix {
+            url.query_pairs_mut().append_pair("prefix", prefix);
+        }
+        let list: LockList = self
+            .conn
+            .json(Method::GET, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(list.locks.into_iter().map(|l| l.info).collect())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        #[derive(serde::Deserialize)]
+        struct Removed {
+            removed: LockBody,
+        }
+        let url = self.lock_url(key, None);
+        Ok(self
+            .conn
+            .json::<Removed>(Method::DELETE, url, None::<&()>, &[StatusCode::NOT_FOUND])
+            .await?
+            .ok()
+            .map(|r| r.removed.info))
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        #[derive(serde::Deserialize)]
+        struct Released {
+            released: u64,
+        }
+        let url = self.conn.url(&["v1", "owners", owner.as_str(), "release"]);
+        let r: Released = self
+            .conn
+            .json(Method::POST, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(r.released)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        #[derive(serde::Deserialize)]
+        struct Cleaned {
+            deleted: u64,
+        }
+        let url = self.conn.url(&["v1", "cleanup"]);
+        let r: Cleaned = self
+            .conn
+            .json(Method::POST, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(r.deleted)
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let url = self.conn.url(&["v1", "stats"]);
+        self.conn
+            .json(Method::GET, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))
+    }
+
+    /// Follows `GET /v1/events?key=KEY`: every release, expiry or loss of
+    /// the key is a wake-up. The service subscribes before it answers, so
+    /// once this returns no later release is missed.
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        let mut url = self.conn.url(&["v1", "events"]);
+        url.query_pairs_mut().append_pair("key", key.as_str());
+        let response = self
+            .conn
+            .request(Method::GET, url)
+            // The stream lasts as long as the waiter: no overall time-out.
+            .timeout(Duration::from_secs(u64::from(u32::MAX)))
+            .send()
+            .await
+            .map_err(transport)?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let body = response.json::<ErrorBody>().await.map_err(transport)?;
+            return Err(refused(status, body));
+        }
+        use eventsource_stream::Eventsource;
+        let wakeups = response
+            .bytes_stream()
+            .eventsource()
+            // A broken stream ends the subscription: the waiter backs off.
+            .take_while(|e| std::future::ready(e.is_ok()))
+            .filter_map(|e| {
+                let wake = e.is_ok_and(|e| {
+                    matches!(e.event.as_str(), "released" | "expired" | "lost" | "resync")
+                });
+                std::future::ready(wake.then_some(()))
+            });
+        Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+}
+
+/// The fence of a `fencelock serve` service (`/v1/fences`).
+#[derive(Clone, Debug)]
+pub struct HttpFence {
+    conn: Connection,
+}
+
+impl HttpFence {
+    /// The fence of the service `url` names.
+    pub fn new(url: &str) -> Result<Self> {
+        Ok(Self {
+            conn: Connection::new(url)?,
+        })
+    }
+}
+
+#[async_trait]
+impl Fence for HttpFence {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        let url = self.conn.url(&["v1", "fences", resource, "admit"]);
+        let body = AdmitBody { token: token.get() };
+        match self
+            .conn
+            .json::<FenceBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(_) => Ok(Admission::Admitted),
+            Err(ErrorBody {
+                current: Some(current),
+                ..
+            }) => Ok(Admission::Stale {
+                current: FencingToken(current),
+            }),
+            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let url = self.conn.url(&["v1", "fences", resource]);
+        let body: FenceBody = self
+            .conn
+            .json(Method::GET, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(body.current.map(FencingToken))
+    }
+}

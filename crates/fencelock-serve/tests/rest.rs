@@ -1,0 +1,616 @@
+//! The REST contract of `docs/http.md`, against a real server on a loopback
+//! port over the memory backend.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{sync::Arc, time::Duration};
+
+use eventsource_stream::Eventsource;
+use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "admin-0123456789abcdef";
+const CLIENT: &str = "client-0123456789abcdef";
+/// Bound on waiting for an event that must come; never a timing assertion.
+const EVENT_BOUND: Duration = Duration::from_secs(10);
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    token: Option<&'static str>,
+    _server: Arc<ServerHandle>,
+}
+
+impl Api {
+    async fn start(tokens: bool) -> Self {
+        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        let mut service = Service::builder(client)
+            .fence(Arc::new(MemoryFence::new()))
+            .events_interval(Duration::from_millis(20));
+        if tokens {
+            let file = format!("# test tokens\nadmin {ADMIN}\nclient {CLIENT}\n");
+            service = service.tokens(Tokens::parse(&file).unwrap());
+        }
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), service.build())
+            .await
+            .unwrap();
+        let base = format!("http://{}", server.local_addr());
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            token: tokens.then_some(ADMIN),
+            _server: Arc::new(server.spawn()),
+        }
+    }
+
+    fn as_token(&self, token: Option<&'static str>) -> Self {
+        Self {
+            base: self.base.clone(),
+            http: self.http.clone(),
+            token,
+            _server: Arc::clone(&self._server),
+        }
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut r = self.request(method, path);
+        if let Some(body) = body {
+            r = r.json(&body);
+        }
+        let response = r.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    async fn raw(&self, method: Method, path: &str, body: &'static str) -> (StatusCode, Value) {
+        let response = self
+            .request(method, path)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap())
+    }
+
+    async fn acquire(&self, key: &str, body: Value) -> (StatusCode, Value) {
+        self.send(
+            Method::POST,
+            &format!("/v1/locks/{key}/acquire"),
+            Some(body),
+        )
+        .await
+    }
+}
+
+/// A refusal: the status, a one-line reason and the expected code.
+fn refused(answer: &(StatusCode, Value), status: StatusCode, code: &str) {
+    assert_eq!(answer.0, status, "{answer:?}");
+    assert_eq!(answer.1["code"], code, "{answer:?}");
+    let reason = answer.1["error"].as_str().unwrap();
+    assert!(!reason.is_empty() && !reason.contains('\n'), "{reason:?}");
+}
+
+#[tokio::test]
+async fn a_lock_is_acquired_inspected_renewed_and_released() {
+    let api = Api::start(false).await;
+    let (status, grant) = api
+        .acquire(
+            "order:1",
+            json!({"owner": "alice", "ttl_ms": 30000, "kind": "workflow", "data": {"step": 2}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    assert_eq!(grant["key"], "order:1");
+    assert_eq!(grant["owner"], "alice");
+    assert_eq!(grant["ttl_ms"], 30000);
+    assert!(grant["expires_at"].is_string());
+    let token = grant["token"].as_u64().unwrap();
+
+    let held = api
+        .acquire("order:1", json!({"owner": "bob", "ttl_ms": 30000}))
+        .await;
+    refused(&held, StatusCode::CONFLICT, "held");
+    assert_eq!(held.1["holder"]["owner"], "alice");
+    assert_eq!(held.1["holder"]["token"], token);
+
+    let (status, lock) = api.send(Method::GET, "/v1/locks/order:1", None).await;
+    assert_eq!(status, StatusCode::OK);
+    for field in [
+        "key",
+        "kind",
+        "owner",
+        "token",
+        "acquired_at",
+        "expires_at",
+        "ttl_ms",
+        "data",
+    ] {
+        assert!(!lock[field].is_null(), "{field} missing from {lock}");
+    }
+    assert_eq!(lock["data"], json!({"step": 2}));
+    assert_eq!(lock["kind"], "workflow");
+
+    let (status, list) = api.send(Method::GET, "/v1/locks?prefix=order:", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["locks"].as_array().unwrap().len(), 1);
+    let (_, none) = api.send(Method::GET, "/v1/locks?prefix=zzz", None).await;
+    assert_eq!(none["locks"], json!([]));
+
+    let renewed = api
+        .send(
+            Method::POST,
+            "/v1/locks/order:1/renew",
+            Some(json!({"owner": "alice", "token": token, "ttl_ms": 60000})),
+        )
+        .await;
+    assert_eq!(renewed.0, StatusCode::OK, "{renewed:?}");
+    assert_eq!(renewed.1["token"], token);
+    assert_eq!(renewed.1["ttl_ms"], 60000);
+
+    // A stranger and a stale token neither renew nor release (I3).
+    for (owner, t) in [("bob", token), ("alice", token - 1)] {
+        let body = json!({"owner": owner, "token": t});
+        refused(
+            &api.send(Method::POST, "/v1/locks/order:1/renew", Some(body.clone()))
+                .await,
+            StatusCode::CONFLICT,
+            "not_held",
+        );
+        refused(
+            &api.send(Method::POST, "/v1/locks/order:1/release", Some(body))
+                .await,
+            StatusCode::CONFLICT,
+            "not_held",
+        );
+    }
+    let released = api
+        .send(
+            Method::POST,
+            "/v1/locks/order:1/release",
+            Some(json!({"owner": "alice", "token": token})),
+        )
+        .await;
+    assert_eq!(released.0, StatusCode::OK, "{released:?}");
+    refused(
+        &api.send(Method::GET, "/v1/locks/order:1", None).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+    let (status, next) = api.acquire("order:1", json!({"ttl_ms": 1000})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(next["token"].as_u64().unwrap() > token, "{next}");
+    assert!(
+        !next["owner"].as_str().unwrap().is_empty(),
+        "a generated owner"
+    );
+}
+
+#[tokio::test]
+async fn keys_are_percent_decoded_from_the_path() {
+    let api = Api::start(false).await;
+    let (status, grant) = api
+        .acquire("jobs%2Fnightly%20report", json!({"ttl_ms": 5000}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    assert_eq!(grant["key"], "jobs/nightly report");
+    let (status, lock) = api
+        .send(Method::GET, "/v1/locks/jobs%2Fnightly%20report", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(lock["key"], "jobs/nightly report");
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_with_a_one_line_reason() {
+    let api = Api::start(false).await;
+    let post = Method::POST;
+    refused(
+        &api.raw(post.clone(), "/v1/locks/k/acquire", "{\"ttl_ms\": ")
+            .await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
+    refused(
+        &api.raw(post.clone(), "/v1/locks/k/acquire", "[1, 2]").await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
+    let cases = [
+        ("/v1/locks/k/acquire", json!({}), "bad_request"),
+        ("/v1/locks/k/acquire", json!({"ttl_ms": -1}), "bad_request"),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": "30s"}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "color": 1}),
+            "bad_request",
+        ),
+        ("/v1/locks/k/acquire", json!({"ttl_ms": 0}), "invalid_ttl"),
+        ("/v1/locks/k/acquire", json!({"ttl_ms": 99}), "invalid_ttl"),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": u64::MAX}),
+            "invalid_ttl",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "wait_ms": 3_600_000}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "owner": ""}),
+            "invalid_owner",
+        ),
+        (
+            "/v1/locks/k/acquire",
+            json!({"ttl_ms": 1000, "kind": ""}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/a%01b/acquire",
+            json!({"ttl_ms": 1000}),
+            "invalid_key",
+        ),
+        (
+            "/v1/locks/%FF/acquire",
+            json!({"ttl_ms": 1000}),
+            "bad_request",
+        ),
+        (
+            "/v1/locks/k/renew",
+            json!({"owner": "o", "token": 1, "ttl_ms": 5}),
+            "invalid_ttl",
+        ),
+        ("/v1/locks/k/release", json!({"owner": "o"}), "bad_request"),
+        (
+            "/v1/locks/k/release",
+            json!({"owner": "o", "token": -3}),
+            "bad_request",
+        ),
+        ("/v1/fences/r/admit", json!({"token": "x"}), "bad_request"),
+        ("/v1/fences/a%00b/admit", json!({"token": 1}), "invalid_key"),
+    ];
+    for (path, body, code) in cases {
+        let answer = api.send(post.clone(), path, Some(body.clone())).await;
+        assert_eq!(
+            answer.0,
+            StatusCode::BAD_REQUEST,
+            "{path} {body}: {answer:?}"
+        );
+        refused(&answer, StatusCode::BAD_REQUEST, code);
+    }
+    let long = "k".repeat(256);
+    refused(
+        &api.send(Method::GET, &format!("/v1/locks/{long}"), None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_key",
+    );
+    refused(
+        &api.send(Method::PUT, "/v1/kv/k", Some(json!({"value": 1})))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
+    refused(
+        &api.send(Method::GET, "/v2/nothing", None).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_required_and_admin_routes_need_an_admin() {
+    let admin = Api::start(true).await;
+    let anonymous = admin.as_token(None);
+    let client = admin.as_token(Some(CLIENT));
+
+    let (status, health) = anonymous.send(Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK, "{health}");
+    for path in ["/v1/locks", "/v1/stats", "/metrics", "/v1/events"] {
+        refused(
+            &anonymous.send(Method::GET, path, None).await,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        );
+    }
+    let wrong = admin.as_token(Some("client-0123456789abcdeX"));
+    refused(
+        &wrong.send(Method::GET, "/v1/locks", None).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+
+    let (status, grant) = client.acquire("stuck", json!({"ttl_ms": 60000})).await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    refused(
+        &client.send(Method::DELETE, "/v1/locks/stuck", None).await,
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    );
+    refused(
+        &client.send(Method::POST, "/v1/cleanup", None).await,
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    );
+    let (status, removed) = admin.send(Method::DELETE, "/v1/locks/stuck", None).await;
+    assert_eq!(status, StatusCode::OK, "{removed}");
+    assert_eq!(removed["removed"]["token"], grant["token"]);
+    refused(
+        &admin.send(Method::DELETE, "/v1/locks/stuck", None).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+    let (status, cleaned) = admin.send(Method::POST, "/v1/cleanup", None).await;
+    assert_eq!(status, StatusCode::OK, "{cleaned}");
+    assert!(cleaned["deleted"].is_u64());
+    // The holder learns of the loss at its next renewal.
+    refused(
+        &client
+            .send(
+                Method::POST,
+                "/v1/locks/stuck/renew",
+                Some(json!({"owner": grant["owner"], "token": grant["token"]})),
+            )
+            .await,
+        StatusCode::CONFLICT,
+        "not_held",
+    );
+}
+
+#[tokio::test]
+async fn fences_and_the_fenced_store_refuse_lower_tokens() {
+    let api = Api::start(false).await;
+    let admit = |t: u64| {
+        api.send(
+            Method::POST,
+            "/v1/fences/ledger/admit",
+            Some(json!({"token": t})),
+        )
+    };
+    let (status, fence) = admit(5).await;
+    assert_eq!(status, StatusCode::OK, "{fence}");
+    assert_eq!(fence["current"], 5);
+    assert_eq!(
+        admit(5).await.0,
+        StatusCode::OK,
+        "the same holder writes again"
+    );
+    let stale = admit(4).await;
+    refused(&stale, StatusCode::CONFLICT, "stale");
+    assert_eq!(stale.1["current"], 5);
+    let (_, current) = api.send(Method::GET, "/v1/fences/ledger", None).await;
+    assert_eq!(current["current"], 5);
+
+    let put = |t: u64, v: Value| {
+        api.send(
+            Method::PUT,
+            "/v1/kv/ledger",
+            Some(json!({"token": t, "value": v})),
+        )
+    };
+    refused(&put(4, json!("old")).await, StatusCode::CONFLICT, "stale");
+    let (status, stored) = put(5, json!({"balance": 10})).await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    let (status, stored) = put(7, json!({"balance": 12})).await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    let late = put(6, json!({"balance": 0})).await;
+    refused(&late, StatusCode::CONFLICT, "stale");
+    assert_eq!(late.1["current"], 7);
+    let (status, value) = api.send(Method::GET, "/v1/kv/ledger", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        value,
+        json!({"key": "ledger", "token": 7, "value": {"balance": 12}})
+    );
+    refused(
+        &api.send(Method::GET, "/v1/kv/empty", None).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+}
+
+/// Follows `/v1/events` (filtered by `query`) until `kinds` have all been
+/// seen, in order.
+async fn expect_events(
+    events: &mut (impl futures_util::Stream<Item = Result<eventsource_stream::Event, impl std::fmt::Debug>>
+              + Unpin),
+    kinds: &[&str],
+) -> Vec<Value> {
+    let mut seen = Vec::new();
+    let mut want = kinds.iter().peekable();
+    tokio::time::timeout(EVENT_BOUND, async {
+        while let Some(kind) = want.peek() {
+            let event = events.next().await.expect("the stream ended").unwrap();
+            let body: Value = serde_json::from_str(&event.data).unwrap();
+            assert_eq!(body["type"], event.event, "{body}");
+            if event.event == **kind {
+                want.next();
+                seen.push(body);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("events {kinds:?} did not all arrive; saw {seen:?}"));
+    seen
+}
+
+async fn follow(
+    api: &Api,
+    query: &str,
+) -> impl futures_util::Stream<Item = Result<eventsource_stream::Event, impl std::fmt::Debug>> + Unpin
+{
+    let response = api
+        .request(Method::GET, &format!("/v1/events{query}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.bytes_stream().eventsource()
+}
+
+#[tokio::test]
+async fn events_report_acquisitions_releases_losses_expiries_and_fenced_out_writes() {
+    let api = Api::start(false).await;
+    let mut events = follow(&api, "").await;
+    let (_, grant) = api
+        .acquire("ev", json!({"owner": "o", "ttl_ms": 30000, "kind": "job"}))
+        .await;
+    api.send(
+        Method::POST,
+        "/v1/locks/ev/release",
+        Some(json!({"owner": "o", "token": grant["token"]})),
+    )
+    .await;
+    let seen = expect_events(&mut events, &["acquired", "released"]).await;
+    assert_eq!(seen[0]["key"], "ev");
+    assert_eq!(seen[0]["token"], grant["token"]);
+    assert_eq!(seen[1]["token"], grant["token"]);
+
+    let (_, grant) = api.acquire("ev", json!({"ttl_ms": 30000})).await;
+    api.send(Method::DELETE, "/v1/locks/ev", None).await;
+    let seen = expect_events(&mut events, &["acquired", "lost"]).await;
+    assert_eq!(seen[1]["token"], grant["token"]);
+
+    // No call announces an expiry: the listing finds it.
+    let (_, grant) = api.acquire("short", json!({"ttl_ms": 150})).await;
+    let seen = expect_events(&mut events, &["acquired", "expired"]).await;
+    assert_eq!(seen[1]["key"], "short");
+    assert_eq!(seen[1]["token"], grant["token"]);
+
+    api.send(
+        Method::POST,
+        "/v1/fences/f/admit",
+        Some(json!({"token": 9})),
+    )
+    .await;
+    api.send(
+        Method::POST,
+        "/v1/fences/f/admit",
+        Some(json!({"token": 3})),
+    )
+    .await;
+    let seen = expect_events(&mut events, &["fenced_out"]).await;
+    assert_eq!(seen[0]["token"], 3);
+    assert_eq!(seen[0]["current"], 9);
+
+    // A filtered stream sees only its key.
+    let mut only = follow(&api, "?key=mine").await;
+    api.acquire("other", json!({"ttl_ms": 30000})).await;
+    api.acquire("mine", json!({"ttl_ms": 30000})).await;
+    let seen = expect_events(&mut only, &["acquired"]).await;
+    assert_eq!(seen[0]["key"], "mine");
+}
+
+#[tokio::test]
+async fn a_long_poll_is_woken_by_the_release_and_counted_as_a_waiter() {
+    let api = Arc::new(Api::start(false).await);
+    let (_, first) = api
+        .acquire("queue", json!({"owner": "a", "ttl_ms": 60000}))
+        .await;
+    let waiter = {
+        let api = Arc::clone(&api);
+        tokio::spawn(async move {
+            api.acquire(
+                "queue",
+                json!({"owner": "b", "ttl_ms": 5000, "wait_ms": 30000}),
+            )
+            .await
+        })
+    };
+    // The waiter shows in the statistics while it waits.
+    tokio::time::timeout(EVENT_BOUND, async {
+        loop {
+            let (_, stats) = api.send(Method::GET, "/v1/stats", None).await;
+            if stats["waiters"] == 1 {
+                assert_eq!(stats["held"], 1, "{stats}");
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiter never showed in /v1/stats");
+    api.send(
+        Method::POST,
+        "/v1/locks/queue/release",
+        Some(json!({"owner": "a", "token": first["token"]})),
+    )
+    .await;
+    let (status, second) = waiter.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["owner"], "b");
+    assert!(second["token"].as_u64() > first["token"].as_u64());
+    let (_, stats) = api.send(Method::GET, "/v1/stats", None).await;
+    assert_eq!(stats["waiters"], 0, "{stats}");
+
+    // A wait that runs out is a 409 with the holder.
+    let timed_out = api
+        .acquire(
+            "queue",
+            json!({"owner": "c", "ttl_ms": 5000, "wait_ms": 50}),
+        )
+        .await;
+    refused(&timed_out, StatusCode::CONFLICT, "held");
+    assert_eq!(timed_out.1["holder"]["owner"], "b");
+}
+
+#[tokio::test]
+async fn metrics_have_help_lines_and_the_scrape_time_gauges() {
+    let api = Api::start(false).await;
+    api.acquire("m:1", json!({"ttl_ms": 60000, "kind": "workflow"}))
+        .await;
+    api.acquire("m:2", json!({"ttl_ms": 60000})).await;
+    let response = api.request(Method::GET, "/metrics").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    for help in [
+        "# HELP fencelock_backend_held ",
+        "# HELP fencelock_service_waiters ",
+        "# HELP fencelock_backend_expired_not_cleaned ",
+        "# HELP fencelock_backend_oldest_hold_seconds ",
+        "# HELP fencelock_acquire_attempts_total ",
+        "# HELP fencelock_acquire_successes_total ",
+    ] {
+        assert!(text.contains(help), "{help} missing from\n{text}");
+    }
+    for sample in [
+        "fencelock_backend_held{backend=\"memory\",kind=\"workflow\"} 1",
+        "fencelock_backend_held{backend=\"memory\",kind=\"\"} 1",
+        "fencelock_service_waiters{backend=\"memory\"} 0",
+        "fencelock_backend_expired_not_cleaned{backend=\"memory\"} 0",
+    ] {
+        assert!(text.contains(sample), "{sample} missing from\n{text}");
+    }
+    // Every fencelock metric has its HELP line.
+    for line in text.lines().filter(|l| l.starts_with("fencelock_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        assert!(
+            text.contains(&format!("# HELP {base} ")) || text.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}"
+        );
+    }
+}

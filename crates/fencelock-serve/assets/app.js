@@ -297,6 +297,8 @@ async function readEvents(body) {
     buffer += value;
     let newline;
     while ((newline = buffer.search(/\r\n|\r|\n/)) >= 0) {
+      // A CR at the end of a chunk may be the first half of a CRLF.
+      if (buffer[newline] === "\r" && newline === buffer.length - 1) break;
       const line = buffer.slice(0, newline);
       buffer = buffer.slice(newline + (buffer.startsWith("\r\n", newline) ? 2 : 1));
       if (line === "") {

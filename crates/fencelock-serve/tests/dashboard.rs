@@ -444,3 +444,76 @@ async fn screenshot() -> TestResult {
     fixture.server.shutdown().await;
     Ok(())
 }
+
+/// The page's own logic, run in the browser: the event-stream parser across
+/// chunk boundaries, and the merge of a late snapshot with the events that
+/// overtook it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_parses_split_events_and_merges_late_snapshots() -> TestResult {
+    let fixture = Fixture::start().await?;
+    let browser = Browser::launch(800, 600).await?;
+    browser.client().goto(&fixture.url("/?refresh=0")).await?;
+    // Without a token the page's first reads end at once; then nothing of
+    // its own runs beside the scripts below.
+    browser
+        .wait_for(
+            "the page's first reads to end",
+            WAIT,
+            "return document.getElementById('status').dataset.state === 'auth' && snapshotsInFlight === 0;",
+            vec![],
+        )
+        .await?;
+
+    let parsed = browser
+        .client()
+        .execute(
+            r#"return (async () => {
+                const seen = [];
+                const original = handleEvent;
+                handleEvent = (name, data) => seen.push([name, data]);
+                const chunks = ["event: acq", "uired\r", "\ndata: {\"key\":\"a\",", "\"token\":1}\r\n\r",
+                                "\n: keep-alive\n\nevent: released\ndata: {\"key\":\"a\",\"token\":1}\n\n"];
+                const encoder = new TextEncoder();
+                const body = new ReadableStream({
+                    start(c) { for (const chunk of chunks) c.enqueue(encoder.encode(chunk)); c.close(); },
+                });
+                try { await readEvents(body); } finally { handleEvent = original; }
+                return seen;
+            })();"#,
+            vec![],
+        )
+        .await?;
+    assert_eq!(
+        parsed,
+        json!([["acquired", {"key": "a", "token": 1}], ["released", {"key": "a", "token": 1}]])
+    );
+
+    let merged = browser
+        .client()
+        .execute(
+            r#"
+            const lease = { key: "k", owner: "o", token: 5, acquired_at: "2026-01-01T00:00:00Z",
+                            expires_at: "2026-01-01T00:00:10Z", expires_in_ms: 9000 };
+            // A release event arrives while a snapshot that still lists the lease is on its way.
+            const since = journal.length;
+            snapshotsInFlight += 1;
+            forget("k", 5);
+            applySnapshot([lease], since);
+            snapshotsInFlight -= 1;
+            if (snapshotsInFlight === 0) journal = [];
+            const staleSnapshotIgnored = !locks.has("k");
+            // A release of an old token leaves the newer lease of the key.
+            applySnapshot([Object.assign({}, lease, { token: 6 })], 0);
+            forget("k", 5);
+            const newerLeaseKept = locks.has("k") && locks.get("k").info.token === 6;
+            return [staleSnapshotIgnored, newerLeaseKept];
+            "#,
+            vec![],
+        )
+        .await?;
+    assert_eq!(merged, json!([true, true]));
+
+    browser.close().await?;
+    fixture.server.shutdown().await;
+    Ok(())
+}

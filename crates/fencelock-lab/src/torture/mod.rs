@@ -158,6 +158,9 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
         "etcd" => "etcd",
+        // A `fencelock serve` service: the faults act on the HTTP
+        // connections between the workers and the service.
+        "http" | "https" => "http",
         "mem" | "memory" => {
             return Err(Error::InvalidArgument(
                 "torture needs a backend shared by processes; mem:// lives in one".into(),

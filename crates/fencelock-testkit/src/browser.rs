@@ -14,12 +14,17 @@
 
 use std::{
     io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
     process::{Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
 use fantoccini::{error::CmdError, Client, ClientBuilder};
+use nix::{
+    sys::signal::{killpg, Signal},
+    unistd::Pid,
+};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -37,8 +42,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// dropped (or, cleanly, with [`Browser::close`]).
 pub struct Browser {
     client: Client,
-    // Dropped after the client (field order): the driver's process, then the
-    // profile directory it used.
+    // Dropped after the client, in field order: the browser's processes, the
+    // driver's, then the profile directory they used.
+    _group: ProcessGroup,
     _driver: ChildProcess,
     _profile: TempDir,
 }
@@ -53,8 +59,13 @@ impl Browser {
 
         // `--port=0` lets the OS choose; the driver prints what it got, so no
         // other process can take the port between choosing and binding.
+        // Its own process group, so that dropping the session kills the
+        // browser's processes too: ending the WebDriver session does not
+        // always outlive a failed test, and a killed driver leaves Chromium
+        // running.
         let mut child = Command::new(&chromedriver)
             .arg("--port=0")
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -63,6 +74,7 @@ impl Browser {
             .stdout
             .take()
             .ok_or("chromedriver's stdout was not captured")?;
+        let group = ProcessGroup(Pid::from_raw(i32::try_from(child.id())?));
         let mut driver = ChildProcess::new("chromedriver", child);
         let (port_tx, port_rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -125,6 +137,7 @@ impl Browser {
             .map_err(|e| format!("chromedriver could not start {}: {e}", chromium.display()))?;
         Ok(Self {
             client,
+            _group: group,
             _driver: driver,
             _profile: profile,
         })
@@ -186,6 +199,17 @@ impl Browser {
     pub async fn close(self) -> TestResult {
         self.client.clone().close().await?;
         Ok(())
+    }
+}
+
+/// The process group of the driver and every browser process it started,
+/// killed on drop (also when the launch fails half-way).
+struct ProcessGroup(Pid);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // The group may be gone already; the driver is reaped by its handle.
+        let _ = killpg(self.0, Signal::SIGKILL);
     }
 }
 

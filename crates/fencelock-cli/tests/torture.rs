@@ -12,6 +12,8 @@
 
 use std::process::Command;
 
+mod support;
+
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
@@ -198,54 +200,12 @@ fn inapplicable_faults_are_usage_errors() {
     }
 }
 
-/// A `fencelock serve` process over SQLite, stopped when dropped.
-struct Service {
-    child: std::process::Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Service {
-    fn start() -> Self {
-        use std::io::BufRead;
-        let dir = tempfile::tempdir().unwrap();
-        let db = format!("sqlite://{}", dir.path().join("locks.db").display());
-        let mut child = Command::new(BIN)
-            .env_remove("FENCELOCK_URL")
-            .args(["--url", &db, "serve", "--listen", "127.0.0.1:0"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Self {
-            child,
-            url,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Through the lock service: the workers reach `fencelock serve` over
 /// HTTP, through proxies that cut, delay and reset their connections.
 /// Seed 2 draws pause and partition among the first faults.
 #[test]
 fn http_service_all_faults() {
-    let service = Service::start();
+    let service = support::LockService::start(&[]);
     let (code, report) = torture(&[
         "--url",
         &service.url,

@@ -416,7 +416,7 @@ impl LockRequest<'_> {
             }
         }
         if let Some(data) = &self.data {
-            check_data(data)?;
+            validate_data(data)?;
         }
         let trusted = inner.clock.valid_for(ttl);
         let renew_every = match (self.auto_renew, self.renew_every) {
@@ -686,8 +686,10 @@ pub(crate) async fn attempt(
     }
 }
 
-/// Refuses lease data larger than [`MAX_DATA_LEN`] serialized.
-pub(crate) fn check_data(data: &serde_json::Value) -> Result<()> {
+/// Refuses lease data larger than 64 KiB serialized: the rule the client
+/// applies to `data` before it reaches a backend, for callers that hand
+/// data to a backend themselves (the lock service).
+pub fn validate_data(data: &serde_json::Value) -> Result<()> {
     let len = serde_json::to_vec(data)
         .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?
         .len();

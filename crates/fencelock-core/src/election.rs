@@ -14,7 +14,7 @@ use futures_util::Stream;
 use serde::Serialize;
 
 use crate::{
-    client::{bounded, check_data, LockClient, LockRequest},
+    client::{bounded, validate_data, LockClient, LockRequest},
     error::{Error, LossReason, Result},
     guard::{GuardHandle, LockGuard},
     types::{FencingToken, LockInfo, LockKey, Owner},
@@ -243,7 +243,7 @@ impl Leadership {
     /// ([`Error::NotHeld`] otherwise). Needs a backend that claims
     /// [`crate::Capabilities::set_data`].
     pub async fn proclaim(&self, value: serde_json::Value) -> Result<()> {
-        check_data(&value)?;
+        validate_data(&value)?;
         let backend = self.client.backend();
         if !backend.capabilities().set_data {
             return Err(Error::unsupported(backend.name(), "set_data"));

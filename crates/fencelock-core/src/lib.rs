@@ -94,7 +94,9 @@ mod watch;
 
 pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats};
 pub use backoff::Backoff;
-pub use client::{ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest};
+pub use client::{
+    validate_data, ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest,
+};
 pub use driver::{Driver, MemoryDriver};
 pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
 pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};

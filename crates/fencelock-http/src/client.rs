@@ -15,8 +15,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
 use crate::wire::{
-    AcquireBody, AdmitBody, ErrorBody, FenceBody, GrantBody, InfoBody, LockBody, LockList,
-    ReleaseBody, RenewBody,
+    AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody, GrantBody, InfoBody, LockBody,
+    LockList, ReleaseBody, RenewBody,
 };
 
 const NAME: &str = "http";
@@ -258,7 +258,8 @@ impl HttpBackend {
             .with_wakeups(true)
             .with_persistent(remote.persistent)
             .with_keeps_expired(remote.keeps_expired)
-            .with_min_token(remote.min_token);
+            .with_min_token(remote.min_token)
+            .with_set_data(remote.set_data);
         Ok(Self { conn, capabilities })
     }
 
@@ -327,6 +328,26 @@ impl Backend for HttpBackend {
         match self
             .conn
             .json::<serde_json::Value>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::not_held(lease)),
+        }
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        if !self.capabilities.set_data {
+            return Err(Error::unsupported(NAME, "set_data"));
+        }
+        let body = DataBody {
+            owner: lease.owner.to_string(),
+            token: lease.token.get(),
+            data,
+        };
+        let url = self.lock_url(&lease.key, Some("data"));
+        match self
+            .conn
+            .json::<serde_json::Value>(Method::PUT, url, Some(&body), &[StatusCode::CONFLICT])
             .await?
         {
             Ok(_) => Ok(()),

@@ -69,6 +69,18 @@ pub struct ReleaseBody {
     pub token: u64,
 }
 
+/// `PUT /v1/locks/{key}/data`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataBody {
+    /// The holder.
+    pub owner: String,
+    /// The grant's token.
+    pub token: u64,
+    /// The new data (`null` removes it).
+    pub data: Option<serde_json::Value>,
+}
+
 /// A lease as `GET /v1/locks/{key}` and `GET /v1/locks` show it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LockBody {

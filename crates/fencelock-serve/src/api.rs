@@ -8,10 +8,12 @@ use axum::{
     http::{request::Parts, StatusCode},
     Extension, Json,
 };
-use fencelock_core::{validate_ttl, Error, FencingToken, LeaseId, LockInfo, LockKey, Owner, Stats};
+use fencelock_core::{
+    validate_data, validate_ttl, Error, FencingToken, LeaseId, LockInfo, LockKey, Owner, Stats,
+};
 use fencelock_http::wire::{
-    AcquireBody, AdmitBody, CapabilitiesBody, FenceBody, GrantBody, InfoBody, KvBody, KvPutBody,
-    LockBody, LockList, ReleaseBody, RenewBody,
+    AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, KvBody,
+    KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -233,6 +235,29 @@ pub(crate) async fn release(
         lease.token.get(),
     );
     Ok(Json(Released { released: true }))
+}
+
+/// Replaces a held lease's data (an election leader's `proclaim`).
+pub(crate) async fn set_data(
+    State(s): State<Service>,
+    name: Name,
+    Body(body): Body<DataBody>,
+) -> ApiResult<Updated> {
+    let lease = lease(name.key()?, body.owner, body.token)?;
+    if let Some(data) = &body.data {
+        validate_data(data)?;
+    }
+    bounded(
+        "set_data",
+        s.inner.client.backend().set_data(&lease, body.data),
+    )
+    .await?;
+    Ok(Json(Updated { updated: true }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct Updated {
+    updated: bool,
 }
 
 pub(crate) async fn inspect(State(s): State<Service>, name: Name) -> ApiResult<LockBody> {

@@ -13,7 +13,8 @@ use fencelock_http::wire::ErrorBody;
 #[derive(Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
-    body: ErrorBody,
+    // Boxed: handlers pass refusals up through `?` on every path.
+    body: Box<ErrorBody>,
 }
 
 impl ApiError {
@@ -26,12 +27,12 @@ impl ApiError {
             .join(" ");
         Self {
             status,
-            body: ErrorBody {
+            body: Box::new(ErrorBody {
                 error,
                 code: code.to_owned(),
                 holder: None,
                 current: None,
-            },
+            }),
         }
     }
 
@@ -99,6 +100,6 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        (self.status, Json(*self.body)).into_response()
     }
 }

@@ -1,5 +1,5 @@
-//! What the semaphore and multi-key CLI tests share: the binary on a
-//! SQLite file of their own, and reading its output.
+//! What the CLI tests share: the binary on a SQLite file of their own,
+//! reading its output, and a `fencelock serve` process.
 
 #![allow(dead_code)] // each test file uses part of it
 
@@ -85,4 +85,60 @@ pub fn acquired_key(out: &Output) -> String {
         .nth(1)
         .expect("acquire prints the key")
         .to_owned()
+}
+
+/// A `fencelock serve` process over a SQLite file of its own, on a free
+/// loopback port; killed when dropped.
+pub struct LockService {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, as the service printed it.
+    pub url: String,
+    pub store: Store,
+}
+
+impl LockService {
+    /// Starts `fencelock serve --listen 127.0.0.1:0 ARGS…` and reads the
+    /// address it prints.
+    pub fn start(args: &[&str]) -> Self {
+        let store = Store::new();
+        let (child, url) = Self::spawn_on(&store.db, args);
+        Self { child, url, store }
+    }
+
+    /// Another service over the lock file of `store`.
+    pub fn start_on(store: &Store, args: &[&str]) -> Self {
+        let own = Store::new();
+        let (child, url) = Self::spawn_on(&store.db, args);
+        Self {
+            child,
+            url,
+            store: own,
+        }
+    }
+
+    fn spawn_on(db: &Path, args: &[&str]) -> (std::process::Child, String) {
+        use std::io::BufRead;
+        let mut child = fencelock(db, &["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("fencelock serve starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("the address line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        (child, url)
+    }
+}
+
+impl Drop for LockService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -105,11 +105,10 @@ fn encode(key: &str) -> String {
         .collect()
 }
 
-/// Opens the page at `path` and enters the admin token, then waits until the event
-/// stream is live.
-async fn open_page(browser: &Browser, fixture: &Fixture, path: &str) -> TestResult {
-    let page = browser.client();
-    page.goto(&fixture.url(path)).await?;
+/// Opens the page at `path`, which asks for a token, enters `token` and
+/// waits until the event stream is live.
+async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str) -> TestResult {
+    browser.client().goto(&fixture.url(path)).await?;
     // Without a token the service answers 401 and the page asks for one.
     browser
         .wait_for(
@@ -119,14 +118,7 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str) -> TestResu
             vec![],
         )
         .await?;
-    page.find(Locator::Css("#token"))
-        .await?
-        .send_keys(ADMIN)
-        .await?;
-    page.find(Locator::Css("#token-form button[type=submit]"))
-        .await?
-        .click()
-        .await?;
+    use_token(browser, token).await?;
     browser
         .wait_for(
             "the event stream to be live",
@@ -136,6 +128,39 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str) -> TestResu
         )
         .await?;
     Ok(())
+}
+
+/// Types `token` into the page's token field and submits it.
+async fn use_token(browser: &Browser, token: &str) -> TestResult {
+    let page = browser.client();
+    let field = page.find(Locator::Css("#token")).await?;
+    field.clear().await?;
+    field.send_keys(token).await?;
+    page.find(Locator::Css("#token-form button[type=submit]"))
+        .await?
+        .click()
+        .await?;
+    browser
+        .wait_for(
+            "the page to keep the token",
+            WAIT,
+            "return sessionStorage.getItem('fencelock.token') === arguments[0];",
+            vec![json!(token)],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Clicks the force-release button of `key` in `table` and accepts the
+/// confirmation; returns its question.
+async fn force_release(browser: &Browser, table: &str, key: &str) -> TestResult<String> {
+    browser
+        .client()
+        .find(Locator::Css(&release_button(table, key)))
+        .await?
+        .click()
+        .await?;
+    browser.accept_dialog(WAIT).await
 }
 
 /// The cells' text of the row of `key` in table `arguments[0]` once it shows
@@ -199,7 +224,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     let browser = Browser::launch(1280, 1000).await?;
     // Without periodic re-reads of the list, only the event stream can
     // update the page between the steps below.
-    open_page(&browser, &fixture, "/?refresh=0").await?;
+    open_page(&browser, &fixture, "/?refresh=0", CLIENT).await?;
 
     // A lock acquired through the API appears, its data shown as text.
     let key = "orders:42 <b>&</b>";
@@ -285,15 +310,31 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     let second_token = second["token"].as_u64().ok_or("token")?;
     assert!(second_token > first_token);
     row(&browser, "locks", key, second_token).await?;
-    browser
-        .client()
-        .find(Locator::Css(&release_button("locks", key)))
-        .await?
-        .click()
-        .await?;
-    let question = browser.accept_dialog(WAIT).await?;
+    // With the client token the service refuses, and the page says so.
+    let question = force_release(&browser, "locks", key).await?;
     assert!(question.contains(key), "{question}");
     assert!(question.contains("worker-2"), "{question}");
+    browser
+        .wait_for(
+            "the page to report the refusal",
+            WAIT,
+            "return document.getElementById('notice').textContent.includes('admin token');",
+            vec![],
+        )
+        .await?;
+    row(&browser, "locks", key, second_token).await?;
+    assert!(
+        fixture
+            .client
+            .backend()
+            .inspect(&LockKey::new(key)?)
+            .await?
+            .is_some(),
+        "a client token force-released a lock"
+    );
+    // With the admin token it goes.
+    use_token(&browser, ADMIN).await?;
+    force_release(&browser, "locks", key).await?;
     browser
         .wait_for(
             "the force-released lock to go",
@@ -339,7 +380,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
 async fn screenshot() -> TestResult {
     let fixture = Fixture::start().await?;
     let browser = Browser::launch(1280, 1100).await?;
-    open_page(&browser, &fixture, "/").await?;
+    open_page(&browser, &fixture, "/", ADMIN).await?;
 
     let mut expected = 0;
     for (key, owner, kind, data) in [

@@ -71,7 +71,8 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Parses `http[s]://[:TOKEN@]host:port[/prefix][?token_file=PATH]`.
+    /// Parses
+    /// `http[s]://[:TOKEN@]host:port[/prefix][?token_file=PATH][&ca_file=PATH]`.
     fn new(url: &str) -> Result<Self> {
         let bad = |why: String| Error::InvalidUrl(format!("{}: {why}", redact_url(url)));
         let mut base = Url::parse(url).map_err(|e| bad(e.to_string()))?;
@@ -79,6 +80,9 @@ impl Connection {
             return Err(bad("no host".to_owned()));
         }
         let mut token = base.password().map(percent_decode);
+        // No overall time-out on the client: the event stream of `subscribe`
+        // lasts as long as its waiter; `call` bounds every other request.
+        let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
         for (name, value) in base.query_pairs() {
             match name.as_ref() {
                 "token_file" => {
@@ -86,7 +90,21 @@ impl Connection {
                         .map_err(|e| bad(format!("cannot read token_file {value}: {e}")))?;
                     token = Some(text.trim().to_owned());
                 }
-                other => return Err(bad(format!("unknown option {other:?}; known: token_file"))),
+                "ca_file" => {
+                    // A private CA, as internal services usually have.
+                    let pem = std::fs::read(value.as_ref())
+                        .map_err(|e| bad(format!("cannot read ca_file {value}: {e}")))?;
+                    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                        .map_err(|e| bad(format!("ca_file {value}: {e}")))?;
+                    for cert in certs {
+                        http = http.add_root_certificate(cert);
+                    }
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown option {other:?}; known: token_file, ca_file"
+                    )))
+                }
             }
         }
         if token.is_none() {
@@ -99,9 +117,7 @@ impl Connection {
         if base.path_segments().is_none() {
             return Err(bad("not a base URL".to_owned()));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
+        let http = http
             .build()
             .map_err(|e| BackendError::permanent(NAME, "cannot build the HTTP client", e))?;
         Ok(Self { base, token, http })
@@ -133,7 +149,7 @@ impl Connection {
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
     ) -> Result<(StatusCode, Vec<u8>)> {
-        let mut request = self.request(method, url);
+        let mut request = self.request(method, url).timeout(REQUEST_TIMEOUT);
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -437,8 +453,6 @@ impl Backend for HttpBackend {
         let response = self
             .conn
             .request(Method::GET, url)
-            // The stream lasts as long as the waiter: no overall time-out.
-            .timeout(Duration::from_secs(u64::from(u32::MAX)))
             .send()
             .await
             .map_err(transport)?;
@@ -511,5 +525,59 @@ impl Fence for HttpFence {
             .await?
             .map_err(|e| refused(StatusCode::OK, e))?;
         Ok(body.current.map(FencingToken))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+    use super::*;
+
+    #[test]
+    fn the_password_is_the_token_and_never_shown() {
+        let conn = Connection::new("http://:s3cr%2Bt@127.0.0.1:7878").unwrap();
+        assert_eq!(conn.token.as_deref(), Some("s3cr+t"));
+        assert_eq!(conn.base.as_str(), "http://127.0.0.1:7878/");
+        let shown = format!("{conn:?}");
+        assert!(!shown.contains("s3cr"), "{shown}");
+    }
+
+    #[test]
+    fn a_token_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  abcdef0123456789\n").unwrap();
+        let conn = Connection::new(&format!("http://h:1?token_file={}", path.display())).unwrap();
+        assert_eq!(conn.token.as_deref(), Some("abcdef0123456789"));
+        assert!(conn.base.query().is_none());
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_url_errors_without_the_password() {
+        for url in [
+            "http://:hunter2@h:1?bogus=1",
+            "http://:hunter2@h:1?token_file=/nonexistent/token",
+            "http://:hunter2@:1",
+        ] {
+            match Connection::new(url) {
+                Err(Error::InvalidUrl(m)) => {
+                    assert!(!m.contains("hunter2"), "{m}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_one_percent_encoded_segment_under_the_base_path() {
+        let conn = Connection::new("https://h:1/locks/").unwrap();
+        let url = conn.url(&["v1", "locks", "jobs/nightly report?", "acquire"]);
+        assert_eq!(
+            url.as_str(),
+            "https://h:1/locks/v1/locks/jobs%2Fnightly%20report%3F/acquire"
+        );
+        let root = Connection::new("http://h:1").unwrap();
+        assert_eq!(root.url(&["v1", "info"]).as_str(), "http://h:1/v1/info");
     }
 }

@@ -177,8 +177,9 @@ pub(crate) async fn acquire(
                 expires_at: guard.expires_at(),
                 ttl_ms: ms(guard.granted_ttl()),
             };
+            let ends = tokio::time::Instant::now() + guard.remaining();
             guard.detach();
-            s.inner.events.granted(&grant);
+            s.inner.events.granted(&grant, ends);
             Ok(Json(grant))
         }
         Err(Error::Timeout { .. }) => {
@@ -204,6 +205,7 @@ pub(crate) async fn renew(
 ) -> ApiResult<GrantBody> {
     let lease = lease(name.key()?, body.owner, body.token)?;
     let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
+    let sent = tokio::time::Instant::now();
     let grant = bounded("renew", s.inner.client.backend().renew(&lease, ttl)).await?;
     let grant = GrantBody {
         key: lease.key.to_string(),
@@ -212,7 +214,7 @@ pub(crate) async fn renew(
         expires_at: grant.expires_at,
         ttl_ms: ms(grant.ttl),
     };
-    s.inner.events.renewed(&grant);
+    s.inner.events.renewed(&grant, sent);
     Ok(Json(grant))
 }
 

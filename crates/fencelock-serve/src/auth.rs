@@ -123,7 +123,10 @@ pub(crate) async fn require(
                 .headers()
                 .get(AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                .and_then(|v| v.split_once(' '))
+                // The scheme is case-insensitive (RFC 9110).
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token);
             match presented.and_then(|t| tokens.role(t.trim())) {
                 Some(role) => role,
                 None => {

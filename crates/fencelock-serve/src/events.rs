@@ -37,8 +37,10 @@ const BUFFER: usize = 1024;
 struct Known {
     token: u64,
     owner: String,
-    /// When the lease ends, on this process's clock (from the backend's
-    /// `expires_in`): tells an expiry from a release seen only by listing.
+    /// No later than when the lease ends, on this process's clock: a lease
+    /// that vanished from a listing after this instant expired, before it
+    /// was released. Every estimate errs early (clocks started before the
+    /// backend call), so an expiry is never reported as a release.
     ends: Instant,
     ttl_ms: Option<u64>,
 }
@@ -84,9 +86,8 @@ impl Events {
             .and_then(|k| k.ttl_ms)
     }
 
-    /// The service granted a lease.
-    pub(crate) fn granted(&self, grant: &GrantBody) {
-        let ends = Instant::now() + Duration::from_millis(grant.ttl_ms);
+    /// The service granted a lease, trusted until `ends` (I5).
+    pub(crate) fn granted(&self, grant: &GrantBody, ends: Instant) {
         let mut table = self.table();
         if table
             .leases
@@ -116,11 +117,12 @@ impl Events {
         });
     }
 
-    /// The service renewed a lease: keeps its end and TTL current.
-    pub(crate) fn renewed(&self, grant: &GrantBody) {
+    /// The service renewed a lease with a call sent at `sent`: keeps its
+    /// end and TTL current.
+    pub(crate) fn renewed(&self, grant: &GrantBody, sent: Instant) {
         if let Some(known) = self.table().leases.get_mut(&grant.key) {
             if known.token == grant.token {
-                known.ends = Instant::now() + Duration::from_millis(grant.ttl_ms);
+                known.ends = sent + Duration::from_millis(grant.ttl_ms);
                 known.ttl_ms = Some(grant.ttl_ms);
             }
         }
@@ -160,9 +162,9 @@ impl Events {
         });
     }
 
-    /// Compares a listing of the backend with the known leases and
-    /// publishes the differences.
-    fn observe(&self, locks: Vec<fencelock_core::LockInfo>, seen_at: Instant) {
+    /// Compares a listing of the backend, asked for at `asked` and answered
+    /// by `answered`, with the known leases and publishes the differences.
+    fn observe(&self, locks: Vec<fencelock_core::LockInfo>, asked: Instant, answered: Instant) {
         let mut out = Vec::new();
         {
             let mut table = self.table();
@@ -181,7 +183,7 @@ impl Events {
                     .collect();
                 for key in gone {
                     if let Some(known) = table.leases.remove(&key) {
-                        let kind = if known.ends <= seen_at {
+                        let kind = if known.ends <= answered {
                             "expired"
                         } else {
                             "released"
@@ -191,7 +193,7 @@ impl Events {
                 }
             }
             for (key, info) in current.drain() {
-                let ends = seen_at + info.expires_in;
+                let ends = asked + info.expires_in;
                 match table.leases.get_mut(&key) {
                     Some(known) if known.token == info.token.get() => known.ends = ends,
                     _ => {
@@ -252,10 +254,10 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration) {
                 inner.events.forget();
                 continue;
             }
-            let seen_at = Instant::now();
+            let asked = Instant::now();
             let listing = tokio::time::timeout(OP_TIMEOUT, inner.client.backend().list(None)).await;
             match listing {
-                Ok(Ok(locks)) => inner.events.observe(locks, seen_at),
+                Ok(Ok(locks)) => inner.events.observe(locks, asked, Instant::now()),
                 Ok(Err(e)) => tracing::debug!(error = %e, "event listing failed; trying again"),
                 Err(_) => tracing::debug!("event listing got no answer; trying again"),
             }

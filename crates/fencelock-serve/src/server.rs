@@ -92,7 +92,7 @@ impl Server {
         ServerHandle {
             addr,
             stop: stop.drop_guard(),
-            task: Some(task),
+            task,
         }
     }
 }
@@ -101,8 +101,9 @@ impl Server {
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
+    /// Dropping it cancels the server's shutdown token.
     stop: tokio_util::sync::DropGuard,
-    task: Option<JoinHandle<()>>,
+    task: JoinHandle<()>,
 }
 
 impl ServerHandle {
@@ -112,15 +113,11 @@ impl ServerHandle {
     }
 
     /// Shuts down and waits until requests in flight have been answered.
-    pub async fn shutdown(mut self) {
-        if let Some(task) = self.task.take() {
-            // Dropping the guard signals the server to stop.
-            drop(std::mem::replace(
-                &mut self.stop,
-                CancellationToken::new().drop_guard(),
-            ));
-            let _ = task.await;
-        }
+    pub async fn shutdown(self) {
+        let ServerHandle { stop, task, .. } = self;
+        drop(stop);
+        // A panic in the server task has been logged by the runtime already.
+        let _ = task.await;
     }
 }
 

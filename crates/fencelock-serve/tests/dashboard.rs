@@ -201,6 +201,22 @@ async fn row(browser: &Browser, table: &str, key: &str, token: u64) -> TestResul
         .collect())
 }
 
+/// Waits until the locks, elections and semaphores tables show `counts`
+/// rows.
+async fn shown(browser: &Browser, filter: &str, counts: [u64; 3]) -> TestResult {
+    browser
+        .wait_for(
+            &format!("{counts:?} rows with filter {filter}"),
+            WAIT,
+            "return ['locks', 'elections', 'semaphores']
+                 .map((t) => document.querySelectorAll('#' + t + ' tbody tr').length)
+                 .every((n, i) => n === arguments[0][i]);",
+            vec![json!(counts)],
+        )
+        .await?;
+    Ok(())
+}
+
 /// The CSS selector of the force-release button of `key`'s row.
 fn release_button(table: &str, key: &str) -> String {
     let quoted = key.replace('\\', "\\\\").replace('"', "\\\"");
@@ -252,6 +268,39 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
         )
         .await?;
     assert_eq!(markup, json!(0), "data reached the page as markup");
+
+    // The filters narrow every lease section.
+    let page = browser.client();
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("fencelock/")
+        .await?;
+    shown(&browser, "prefix fencelock/", [0, 1, 1]).await?;
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .clear()
+        .await?;
+    // Clearing by WebDriver fires no input event: type into it instead.
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("o")
+        .await?;
+    shown(&browser, "prefix o", [1, 0, 0]).await?;
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("\u{E003}")
+        .await?;
+    shown(&browser, "no prefix", [1, 1, 1]).await?;
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_value("workflow")
+        .await?;
+    shown(&browser, "kind workflow", [1, 0, 0]).await?;
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_value("")
+        .await?;
+    shown(&browser, "all kinds", [1, 1, 1]).await?;
 
     // Released through the API: the row goes, the log says so.
     let (status, body) = fixture

@@ -25,6 +25,7 @@
 
 mod api;
 mod auth;
+mod dashboard;
 mod error;
 mod events;
 mod metrics;
@@ -170,6 +171,7 @@ pub fn router(service: Service) -> Router {
     Router::new()
         .route("/healthz", get(api::healthz))
         .merge(v1)
+        .merge(dashboard::routes())
         .fallback(api::not_found)
         .with_state(service)
 }

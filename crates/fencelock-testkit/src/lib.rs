@@ -19,7 +19,11 @@
 //!   runs.
 //! - [`silent`]: a TCP server that accepts connections and never answers,
 //!   for connect and operation timeouts.
+//! - [`browser`] (feature `browser`): a headless Chromium driven over
+//!   WebDriver, for tests of the dashboard of `fencelock serve`.
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod cases;
 pub mod proxy;
 pub mod servers;

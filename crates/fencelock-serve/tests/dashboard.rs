@@ -1,0 +1,609 @@
+//! The dashboard in a real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`; a missing one fails the test, naming the package).
+//!
+//! The service runs in-process on a random loopback port over a SQLite file,
+//! with a client and an admin token. Every wait is for what the page shows,
+//! polled within a deadline that only bounds a failure.
+
+use std::{sync::Arc, time::Duration};
+
+use fantoccini::Locator;
+use fencelock_core::{LockClient, LockKey, MemoryFence, ELECTION_PREFIX};
+use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use fencelock_sqlite::SqliteBackend;
+use fencelock_testkit::{browser::Browser, TestResult};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const ADMIN: &str = "admin-0123456789abcdef";
+const CLIENT: &str = "client-0123456789abcdef";
+/// Bounds each wait for the page; reached only when the page is wrong.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The service over a SQLite file, and a library client of the same file.
+struct Fixture {
+    server: ServerHandle,
+    client: LockClient,
+    http: reqwest::Client,
+    _dir: TempDir,
+}
+
+impl Fixture {
+    async fn start() -> TestResult<Self> {
+        let dir = tempfile::tempdir()?;
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        let client = LockClient::new(Arc::new(SqliteBackend::connect(&url).await?));
+        let tokens = Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n"))?;
+        let service = Service::builder(client.clone())
+            .tokens(tokens)
+            .fence(Arc::new(MemoryFence::new()))
+            .build();
+        let server = Server::bind("127.0.0.1:0".parse()?, service).await?.spawn();
+        let http = reqwest::Client::new();
+        Ok(Self {
+            server,
+            client,
+            http,
+            _dir: dir,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.local_addr())
+    }
+
+    /// One REST call with the client token: status and JSON body.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Value,
+    ) -> TestResult<(StatusCode, Value)> {
+        let mut request = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(CLIENT);
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        let json = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)?
+        };
+        Ok((status, json))
+    }
+
+    /// Acquires `key` through the REST API; returns the grant.
+    async fn acquire(&self, key: &str, body: Value) -> TestResult<Value> {
+        let (status, grant) = self
+            .call(
+                Method::POST,
+                &format!("/v1/locks/{}/acquire", encode(key)),
+                body,
+            )
+            .await?;
+        assert_eq!(status, StatusCode::OK, "acquire {key}: {grant}");
+        Ok(grant)
+    }
+}
+
+/// Percent-encodes a key for a path segment (every byte outside the
+/// unreserved set).
+fn encode(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Opens the page at `path`, which asks for a token, enters `token` and
+/// waits until the event stream is live.
+async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str) -> TestResult {
+    browser.client().goto(&fixture.url(path)).await?;
+    // Without a token the service answers 401 and the page asks for one.
+    browser
+        .wait_for(
+            "the page to ask for a token",
+            WAIT,
+            "return document.getElementById('status').dataset.state === 'auth';",
+            vec![],
+        )
+        .await?;
+    use_token(browser, token).await?;
+    browser
+        .wait_for(
+            "the event stream to be live",
+            WAIT,
+            "return document.getElementById('status').dataset.state === 'live';",
+            vec![],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Types `token` into the page's token field and submits it.
+async fn use_token(browser: &Browser, token: &str) -> TestResult {
+    let page = browser.client();
+    let field = page.find(Locator::Css("#token")).await?;
+    field.clear().await?;
+    field.send_keys(token).await?;
+    page.find(Locator::Css("#token-form button[type=submit]"))
+        .await?
+        .click()
+        .await?;
+    browser
+        .wait_for(
+            "the page to keep the token",
+            WAIT,
+            "return sessionStorage.getItem('fencelock.token') === arguments[0];",
+            vec![json!(token)],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Clicks the force-release button of `key` in `table` and accepts the
+/// confirmation; returns its question.
+async fn force_release(browser: &Browser, table: &str, key: &str) -> TestResult<String> {
+    browser
+        .client()
+        .find(Locator::Css(&release_button(table, key)))
+        .await?
+        .click()
+        .await?;
+    browser.accept_dialog(WAIT).await
+}
+
+/// The cells' text of the row of `key` in table `arguments[0]` once it shows
+/// token `arguments[2]`, else null.
+const ROW: &str = r#"
+    const row = Array.from(document.querySelectorAll('#' + arguments[0] + ' tbody tr'))
+        .find((r) => r.dataset.key === arguments[1]);
+    if (!row) return null;
+    const cells = Array.from(row.children).map((c) => c.textContent);
+    return cells.includes(String(arguments[2])) ? cells : null;
+"#;
+
+const NO_ROW: &str = r#"
+    return !Array.from(document.querySelectorAll('#' + arguments[0] + ' tbody tr'))
+        .some((r) => r.dataset.key === arguments[1]);
+"#;
+
+/// Whether the event log has an event of `type` for `key`.
+const LOGGED: &str = r#"
+    return Array.from(document.querySelectorAll('#events li.event-' + arguments[0]))
+        .some((li) => li.querySelector('.key').textContent === arguments[1]);
+"#;
+
+/// Waits until table `table` shows `key` with `token`; returns its cells.
+async fn row(browser: &Browser, table: &str, key: &str, token: u64) -> TestResult<Vec<String>> {
+    let found = browser
+        .wait_for(
+            &format!("{key} with token {token} in #{table}"),
+            WAIT,
+            ROW,
+            vec![json!(table), json!(key), json!(token)],
+        )
+        .await?;
+    let cells = found.as_array().ok_or("the cells are an array")?;
+    Ok(cells
+        .iter()
+        .map(|c| c.as_str().unwrap_or_default().to_owned())
+        .collect())
+}
+
+/// Waits until the locks, elections and semaphores tables show `counts`
+/// rows.
+async fn shown(browser: &Browser, filter: &str, counts: [u64; 3]) -> TestResult {
+    browser
+        .wait_for(
+            &format!("{counts:?} rows with filter {filter}"),
+            WAIT,
+            "return ['locks', 'elections', 'semaphores']
+                 .map((t) => document.querySelectorAll('#' + t + ' tbody tr').length)
+                 .every((n, i) => n === arguments[0][i]);",
+            vec![json!(counts)],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The CSS selector of the force-release button of `key`'s row.
+fn release_button(table: &str, key: &str) -> String {
+    let quoted = key.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("#{table} tbody tr[data-key=\"{quoted}\"] button")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
+    let fixture = Fixture::start().await?;
+    // An election leader and a semaphore permit, taken by a library client
+    // of the same database before the page opens: the page's first
+    // snapshot shows them. (Changes made beside the service reach the page
+    // by the service's periodic listing, which this test does not time.)
+    let leadership = fixture.client.election("scheduler").campaign().await?;
+    let permit = fixture
+        .client
+        .semaphore("encoders", 3)
+        .data(json!({"job": 7}))
+        .acquire()
+        .await?;
+    let browser = Browser::launch(1280, 1000).await?;
+    // Without periodic re-reads of the list, only the event stream can
+    // update the page between the steps below.
+    open_page(&browser, &fixture, "/?refresh=0", CLIENT).await?;
+
+    // A lock acquired through the API appears, its data shown as text.
+    let key = "orders:42 <b>&</b>";
+    let first = fixture
+        .acquire(
+            key,
+            json!({"owner": "worker-1", "ttl_ms": 60_000, "kind": "workflow",
+                   "data": {"note": "<img src=x onerror=alert(1)>"}}),
+        )
+        .await?;
+    let first_token = first["token"].as_u64().ok_or("token")?;
+    let cells = row(&browser, "locks", key, first_token).await?;
+    assert_eq!(cells[0], key);
+    assert_eq!(cells[1], "workflow");
+    assert_eq!(cells[2], "worker-1");
+    assert!(
+        cells[6].contains("<img src=x onerror=alert(1)>"),
+        "{cells:?}"
+    );
+    let markup = browser
+        .client()
+        .execute(
+            "return document.querySelectorAll('#locks tbody img, #locks tbody b').length;",
+            vec![],
+        )
+        .await?;
+    assert_eq!(markup, json!(0), "data reached the page as markup");
+
+    // The filters narrow every lease section.
+    let page = browser.client();
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("fencelock/")
+        .await?;
+    shown(&browser, "prefix fencelock/", [0, 1, 1]).await?;
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .clear()
+        .await?;
+    // Clearing by WebDriver fires no input event: type into it instead.
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("o")
+        .await?;
+    shown(&browser, "prefix o", [1, 0, 0]).await?;
+    page.find(Locator::Css("#filter-prefix"))
+        .await?
+        .send_keys("\u{E003}")
+        .await?;
+    shown(&browser, "no prefix", [1, 1, 1]).await?;
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_value("workflow")
+        .await?;
+    shown(&browser, "kind workflow", [1, 0, 0]).await?;
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_value("")
+        .await?;
+    shown(&browser, "all kinds", [1, 1, 1]).await?;
+
+    // Released through the API: the row goes, the log says so.
+    let (status, body) = fixture
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{}/release", encode(key)),
+            json!({"owner": "worker-1", "token": first_token}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    browser
+        .wait_for(
+            "the released lock to go",
+            WAIT,
+            NO_ROW,
+            vec![json!("locks"), json!(key)],
+        )
+        .await?;
+    browser
+        .wait_for(
+            "a released event",
+            WAIT,
+            LOGGED,
+            vec![json!("released"), json!(key)],
+        )
+        .await?;
+
+    // The leader and the permit taken before the page opened show in their
+    // own sections only.
+    let election_key = format!("{ELECTION_PREFIX}scheduler");
+    let cells = row(
+        &browser,
+        "elections",
+        &election_key,
+        leadership.term().get(),
+    )
+    .await?;
+    assert_eq!(cells[0], "scheduler");
+    let permit_key = permit.key().as_str().to_owned();
+    let cells = row(&browser, "semaphores", &permit_key, permit.token().get()).await?;
+    assert_eq!(cells[0], "encoders");
+    assert_eq!(cells[1], format!("{} of 3", permit.slot()));
+    assert_eq!(cells[6], r#"{"job":7}"#);
+    for hidden in [&election_key, &permit_key] {
+        let absent = browser
+            .client()
+            .execute(NO_ROW, vec![json!("locks"), json!(hidden)])
+            .await?;
+        assert_eq!(absent, json!(true), "{hidden} is listed among the locks");
+    }
+
+    // Acquired again, then force-released from the page's button.
+    let second = fixture
+        .acquire(key, json!({"owner": "worker-2", "ttl_ms": 60_000}))
+        .await?;
+    let second_token = second["token"].as_u64().ok_or("token")?;
+    assert!(second_token > first_token);
+    row(&browser, "locks", key, second_token).await?;
+    // With the client token the service refuses, and the page says so.
+    let question = force_release(&browser, "locks", key).await?;
+    assert!(question.contains(key), "{question}");
+    assert!(question.contains("worker-2"), "{question}");
+    browser
+        .wait_for(
+            "the page to report the refusal",
+            WAIT,
+            "return document.getElementById('notice').textContent.includes('admin token');",
+            vec![],
+        )
+        .await?;
+    row(&browser, "locks", key, second_token).await?;
+    assert!(
+        fixture
+            .client
+            .backend()
+            .inspect(&LockKey::new(key)?)
+            .await?
+            .is_some(),
+        "a client token force-released a lock"
+    );
+    // With the admin token it goes.
+    use_token(&browser, ADMIN).await?;
+    force_release(&browser, "locks", key).await?;
+    browser
+        .wait_for(
+            "the force-released lock to go",
+            WAIT,
+            NO_ROW,
+            vec![json!("locks"), json!(key)],
+        )
+        .await?;
+    browser
+        .wait_for(
+            "a lost event",
+            WAIT,
+            LOGGED,
+            vec![json!("lost"), json!(key)],
+        )
+        .await?;
+    let held = fixture
+        .client
+        .backend()
+        .inspect(&LockKey::new(key)?)
+        .await?;
+    assert!(held.is_none(), "still held after force-release: {held:?}");
+    let (status, _) = fixture
+        .call(
+            Method::GET,
+            &format!("/v1/locks/{}", encode(key)),
+            Value::Null,
+        )
+        .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    permit.release().await?;
+    leadership.resign().await?;
+    browser.close().await?;
+    fixture.server.shutdown().await;
+    Ok(())
+}
+
+/// Makes `docs/images/dashboard.png`: `cargo test -p fencelock-serve --test
+/// dashboard -- --ignored screenshot`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/images/dashboard.png; run by hand after changing the page"]
+async fn screenshot() -> TestResult {
+    let fixture = Fixture::start().await?;
+    let browser = Browser::launch(1280, 1100).await?;
+    open_page(&browser, &fixture, "/", ADMIN).await?;
+
+    let mut expected = 0;
+    for (key, owner, kind, data) in [
+        (
+            "workflow:8841",
+            "api-7f9c:4411",
+            "workflow",
+            json!({"tenant": "acme"}),
+        ),
+        (
+            "node:8841:fetch-calendars",
+            "worker-3:1207",
+            "node",
+            json!({"attempt": 2}),
+        ),
+        (
+            "resource:database:calendar_db",
+            "migrator:88",
+            "resource",
+            json!(null),
+        ),
+        (
+            "report:nightly",
+            "cron-1:5120",
+            "job",
+            json!({"date": "2026-11-22"}),
+        ),
+    ] {
+        let mut body = json!({"owner": owner, "ttl_ms": 120_000, "kind": kind});
+        if !data.is_null() {
+            body["data"] = data;
+        }
+        fixture.acquire(key, body).await?;
+        expected += 1;
+    }
+    // Something released, and a stale token refused by a fence, for the log.
+    let gone = fixture
+        .acquire(
+            "workflow:8839",
+            json!({"owner": "api-7f9c:4411", "ttl_ms": 30_000, "kind": "workflow"}),
+        )
+        .await?;
+    fixture
+        .call(
+            Method::POST,
+            "/v1/locks/workflow%3A8839/release",
+            json!({"owner": "api-7f9c:4411", "token": gone["token"]}),
+        )
+        .await?;
+    fixture
+        .call(
+            Method::POST,
+            "/v1/fences/calendar_db/admit",
+            json!({"token": 9}),
+        )
+        .await?;
+    fixture
+        .call(
+            Method::POST,
+            "/v1/fences/calendar_db/admit",
+            json!({"token": 4}),
+        )
+        .await?;
+    let leadership = fixture
+        .client
+        .election("scheduler")
+        .value(json!({"addr": "10.0.0.7:8080"}))
+        .campaign()
+        .await?;
+    let permits = [
+        fixture.client.semaphore("encoders", 3).acquire().await?,
+        fixture.client.semaphore("encoders", 3).acquire().await?,
+    ];
+    expected += 3;
+    browser
+        .wait_for(
+            "every lease on the page",
+            WAIT,
+            "return document.querySelectorAll('tbody tr').length === arguments[0];",
+            vec![json!(expected)],
+        )
+        .await?;
+    browser
+        .wait_for(
+            "the fenced-out event",
+            WAIT,
+            LOGGED,
+            vec![json!("fenced-out"), json!("calendar_db")],
+        )
+        .await?;
+    let png = browser.client().screenshot().await?;
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/images/dashboard.png");
+    std::fs::create_dir_all(path.parent().ok_or("docs/images")?)?;
+    std::fs::write(&path, png)?;
+
+    for permit in permits {
+        permit.release().await?;
+    }
+    leadership.resign().await?;
+    browser.close().await?;
+    fixture.server.shutdown().await;
+    Ok(())
+}
+
+/// The page's own logic, run in the browser: the event-stream parser across
+/// chunk boundaries, and the merge of a late snapshot with the events that
+/// overtook it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_parses_split_events_and_merges_late_snapshots() -> TestResult {
+    let fixture = Fixture::start().await?;
+    let browser = Browser::launch(800, 600).await?;
+    browser.client().goto(&fixture.url("/?refresh=0")).await?;
+    // Without a token the page's first reads end at once; then nothing of
+    // its own runs beside the scripts below.
+    browser
+        .wait_for(
+            "the page's first reads to end",
+            WAIT,
+            "return document.getElementById('status').dataset.state === 'auth' && snapshotsInFlight === 0;",
+            vec![],
+        )
+        .await?;
+
+    let parsed = browser
+        .client()
+        .execute(
+            r#"return (async () => {
+                const seen = [];
+                const original = handleEvent;
+                handleEvent = (name, data) => seen.push([name, data]);
+                const chunks = ["event: acq", "uired\r", "\ndata: {\"key\":\"a\",", "\"token\":1}\r\n\r",
+                                "\n: keep-alive\n\nevent: released\ndata: {\"key\":\"a\",\"token\":1}\n\n"];
+                const encoder = new TextEncoder();
+                const body = new ReadableStream({
+                    start(c) { for (const chunk of chunks) c.enqueue(encoder.encode(chunk)); c.close(); },
+                });
+                try { await readEvents(body); } finally { handleEvent = original; }
+                return seen;
+            })();"#,
+            vec![],
+        )
+        .await?;
+    assert_eq!(
+        parsed,
+        json!([["acquired", {"key": "a", "token": 1}], ["released", {"key": "a", "token": 1}]])
+    );
+
+    let merged = browser
+        .client()
+        .execute(
+            r#"
+            const lease = { key: "k", owner: "o", token: 5, acquired_at: "2026-01-01T00:00:00Z",
+                            expires_at: "2026-01-01T00:00:10Z", expires_in_ms: 9000 };
+            // A release event arrives while a snapshot that still lists the lease is on its way.
+            const since = journal.length;
+            snapshotsInFlight += 1;
+            forget("k", 5);
+            applySnapshot([lease], since);
+            snapshotsInFlight -= 1;
+            if (snapshotsInFlight === 0) journal = [];
+            const staleSnapshotIgnored = !locks.has("k");
+            // A release of an old token leaves the newer lease of the key.
+            applySnapshot([Object.assign({}, lease, { token: 6 })], 0);
+            forget("k", 5);
+            const newerLeaseKept = locks.has("k") && locks.get("k").info.token === 6;
+            return [staleSnapshotIgnored, newerLeaseKept];
+            "#,
+            vec![],
+        )
+        .await?;
+    assert_eq!(merged, json!([true, true]));
+
+    browser.close().await?;
+    fixture.server.shutdown().await;
+    Ok(())
+}

@@ -70,7 +70,10 @@ struct Inner {
 
 #[derive(Default)]
 struct Schedule {
-    entries: HashMap<u64, Entry>,
+    /// By guard id. The ids are the client's own counter, not input, so
+    /// the hash need not resist flooding; several lookups per renewal made
+    /// the default SipHash show in profiles of clients holding many locks.
+    entries: HashMap<u64, Entry, foldhash::fast::RandomState>,
     /// `(when, guard id)`: each entry's one timer.
     timers: BTreeSet<(Instant, u64)>,
     running: bool,

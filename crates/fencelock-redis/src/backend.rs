@@ -81,8 +81,11 @@ pub(crate) async fn connect(
     scripts: &Scripts,
 ) -> Result<(Client, BoundedConnection)> {
     let client = client(options)?;
+    // No response timeout here: `BoundedConnection` bounds every request
+    // (reconnection included) by the same `timeout`, and a second timer per
+    // command is not free: each one registered with tokio's time driver can
+    // wake the runtime's other worker.
     let config = ConnectionManagerConfig::new()
-        .set_response_timeout(options.timeout)
         .set_connection_timeout(options.timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
@@ -423,7 +426,16 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let mut call = Call::new(&self.inner.scripts.renew_many, renewals.len());
+        // Room for the batch: the first renewal's key and owner, twice over
+        // for the encoding and the prefix, and two decimal numbers.
+        let per_renewal =
+            renewals[0].lease.key.as_str().len() * 2 + renewals[0].lease.owner.as_str().len() + 64;
+        let mut call = Call::with_capacity(
+            &self.inner.scripts.renew_many,
+            renewals.len(),
+            renewals.len() * 4,
+            renewals.len() * per_renewal,
+        );
         let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
         for renewal in renewals {
             call.key(self.inner.keys.lease(&renewal.lease.key));

@@ -27,21 +27,48 @@ fn encode_into(out: &mut String, key: &str) {
 }
 
 /// Hands [`encode`]`(key)` to `push` in pieces. Every special character is
-/// ASCII, so the key goes out in runs between them: this runs for every key
-/// of every command.
+/// ASCII, so the key goes out in runs between them, found by a table
+/// lookup per byte: this runs for every key of every command, renewals
+/// included, and most keys have no special character at all.
 fn encode_runs(key: &str, mut push: impl FnMut(&str)) {
-    const ESCAPES: [&str; 8] = ["%25", "%7B", "%7D", "%2A", "%3F", "%5B", "%5D", "%5C"];
-    let mut rest = key;
-    while let Some(i) = rest.find(SPECIAL) {
-        push(&rest[..i]);
-        let special = SPECIAL
-            .iter()
-            .position(|&c| rest[i..].starts_with(c))
-            .map_or("", |s| ESCAPES[s]);
-        push(special);
-        rest = &rest[i + 1..];
+    let bytes = key.as_bytes();
+    let mut run_start = 0;
+    while let Some(offset) = bytes[run_start..]
+        .iter()
+        .position(|&b| ESCAPED[usize::from(b)])
+    {
+        let at = run_start + offset;
+        push(&key[run_start..at]);
+        push(escape(bytes[at]).unwrap_or_default());
+        run_start = at + 1;
     }
-    push(rest);
+    push(&key[run_start..]);
+}
+
+/// `ESCAPED[b]`: whether byte `b` is one of [`SPECIAL`].
+static ESCAPED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = escape(b as u8).is_some();
+        b += 1;
+    }
+    table
+};
+
+/// The percent-encoding of a byte of [`SPECIAL`], `None` for the rest.
+const fn escape(byte: u8) -> Option<&'static str> {
+    Some(match byte {
+        b'%' => "%25",
+        b'{' => "%7B",
+        b'}' => "%7D",
+        b'*' => "%2A",
+        b'?' => "%3F",
+        b'[' => "%5B",
+        b']' => "%5D",
+        b'\\' => "%5C",
+        _ => return None,
+    })
 }
 
 /// Reverses [`encode`]; `None` for text [`encode`] never produces.
@@ -192,6 +219,16 @@ mod tests {
             let e = encode(k);
             assert!(!e.contains(['{', '}', '*', '?', '[', ']', '\\']), "{e}");
             assert_eq!(decode(&e).as_deref(), Some(k));
+        }
+    }
+
+    #[test]
+    fn exactly_the_special_characters_are_escaped_as_their_hex() {
+        for byte in 0..=u8::MAX {
+            let expected = SPECIAL
+                .contains(&char::from(byte))
+                .then(|| format!("%{byte:02X}"));
+            assert_eq!(escape(byte).map(str::to_owned), expected, "byte {byte}");
         }
     }
 

@@ -222,8 +222,21 @@ impl<'a> Call<'a> {
     /// A call of `script` with `keys` keys, to be added with [`Call::key`]
     /// before any [`Call::arg`].
     pub(crate) fn new(script: &'a Script, keys: usize) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys);
+        Self::with_capacity(script, keys, 0, 0)
+    }
+
+    /// As [`Call::new`], with room for `args` keys and arguments of
+    /// `bytes` bytes in all, so that a large batch is not copied as its
+    /// command grows.
+    pub(crate) fn with_capacity(
+        script: &'a Script,
+        keys: usize,
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        let hash = script.get_hash();
+        let mut cmd = Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 20 + bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(keys);
         Self { script, cmd }
     }
 

@@ -51,6 +51,10 @@ struct Table {
     /// Whether `leases` reflects a listing of the backend; false while
     /// nobody follows the stream (then nothing is tracked).
     seeded: bool,
+    /// When the listing last applied was asked for: a listing asked for
+    /// earlier is an older view and is dropped, so that two listings
+    /// answered out of order never report a change twice or backwards.
+    listed_at: Option<Instant>,
 }
 
 /// The event channel and the table of known leases.
@@ -168,6 +172,10 @@ impl Events {
         let mut out = Vec::new();
         {
             let mut table = self.table();
+            if table.listed_at.is_some_and(|at| asked < at) {
+                return;
+            }
+            table.listed_at = Some(asked);
             let mut current: HashMap<String, fencelock_core::LockInfo> =
                 locks.into_iter().map(|l| (l.key.to_string(), l)).collect();
             if table.seeded {
@@ -224,6 +232,17 @@ impl Events {
         let mut table = self.table();
         table.leases.clear();
         table.seeded = false;
+        table.listed_at = None;
+    }
+
+    /// Lists the backend and compares the listing with the known leases.
+    async fn list(&self, backend: &dyn fencelock_core::Backend) {
+        let asked = Instant::now();
+        match tokio::time::timeout(OP_TIMEOUT, backend.list(None)).await {
+            Ok(Ok(locks)) => self.observe(locks, asked, Instant::now()),
+            Ok(Err(e)) => tracing::debug!(error = %e, "event listing failed; trying again"),
+            Err(_) => tracing::debug!("event listing got no answer; trying again"),
+        }
     }
 }
 
@@ -254,13 +273,7 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration) {
                 inner.events.forget();
                 continue;
             }
-            let asked = Instant::now();
-            let listing = tokio::time::timeout(OP_TIMEOUT, inner.client.backend().list(None)).await;
-            match listing {
-                Ok(Ok(locks)) => inner.events.observe(locks, asked, Instant::now()),
-                Ok(Err(e)) => tracing::debug!(error = %e, "event listing failed; trying again"),
-                Err(_) => tracing::debug!("event listing got no answer; trying again"),
-            }
+            inner.events.list(inner.client.backend().as_ref()).await;
         }
     });
 }
@@ -273,13 +286,23 @@ pub(crate) struct EventQuery {
     prefix: Option<String>,
 }
 
-/// `GET /v1/events`. The subscription is taken before the response head is
-/// sent, so a client that has the head sees every later event.
+/// `GET /v1/events`. The subscription is taken, and the table of known
+/// leases seeded from a listing if nobody followed the stream before, before
+/// the response head is sent: a client that has the head sees every later
+/// change, including those made outside the service and expiries, which
+/// only a comparison with that first listing can reveal.
 pub(crate) async fn stream(
     State(service): State<Service>,
     Query(q): Query<EventQuery>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = service.inner.events.tx.subscribe();
+    if !service.inner.events.table().seeded {
+        service
+            .inner
+            .events
+            .list(service.inner.client.backend().as_ref())
+            .await;
+    }
     let shutdown = service.inner.shutdown.clone();
     let matches = move |e: &EventBody| {
         q.key.as_deref().is_none_or(|k| e.key == k)

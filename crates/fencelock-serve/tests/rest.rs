@@ -21,12 +21,16 @@ struct Api {
     base: String,
     http: reqwest::Client,
     token: Option<&'static str>,
+    /// A library client of the service's backend, for changes made
+    /// outside the service.
+    direct: LockClient,
     _server: Arc<ServerHandle>,
 }
 
 impl Api {
     async fn start(tokens: bool) -> Self {
         let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        let direct = client.clone();
         let mut service = Service::builder(client)
             .fence(Arc::new(MemoryFence::new()))
             .events_interval(Duration::from_millis(20));
@@ -42,6 +46,7 @@ impl Api {
             base,
             http: reqwest::Client::new(),
             token: tokens.then_some(ADMIN),
+            direct,
             _server: Arc::new(server.spawn()),
         }
     }
@@ -51,6 +56,7 @@ impl Api {
             base: self.base.clone(),
             http: self.http.clone(),
             token,
+            direct: self.direct.clone(),
             _server: Arc::clone(&self._server),
         }
     }
@@ -519,6 +525,37 @@ async fn events_report_acquisitions_releases_losses_expiries_and_fenced_out_writ
     api.acquire("mine", json!({"ttl_ms": 30000})).await;
     let seen = expect_events(&mut only, &["acquired"]).await;
     assert_eq!(seen[0]["key"], "mine");
+}
+
+#[tokio::test]
+async fn the_first_follower_hears_of_changes_made_outside_the_service_after_its_head() {
+    let api = Api::start(false).await;
+    let before = api
+        .direct
+        .lock("before")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // Nobody followed the stream until now: the head comes after the
+    // service has listed the backend, so a lock taken directly right after
+    // it is a change, not part of the first view.
+    let mut events = follow(&api, "").await;
+    let outside = api
+        .direct
+        .lock("outside")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let seen = expect_events(&mut events, &["acquired"]).await;
+    assert_eq!(seen[0]["key"], "outside");
+    assert_eq!(seen[0]["token"], outside.token().get());
+    // And the lock held before the head was in that first view.
+    before.release().await.unwrap();
+    let seen = expect_events(&mut events, &["released"]).await;
+    assert_eq!(seen[0]["key"], "before");
+    outside.release().await.unwrap();
 }
 
 #[tokio::test]

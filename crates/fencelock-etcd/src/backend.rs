@@ -526,6 +526,7 @@ impl EtcdBackend {
             acquired_at: DateTime::from_timestamp_millis(stored.acquired_ms).unwrap_or_default(),
             expires_at,
             expires_in: left,
+            mode: fencelock_core::LockMode::Exclusive,
         };
         Ok((info, stored.acquired_ms))
     }

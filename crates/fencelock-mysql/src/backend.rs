@@ -235,6 +235,7 @@ fn lease(row: &MySqlRow) -> Result<LockInfo> {
         acquired_at: row.try_get("acquired_at").map_err(get)?,
         expires_at: row.try_get("expires_at").map_err(get)?,
         expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
+        mode: fencelock_core::LockMode::Exclusive,
     })
 }
 

@@ -332,6 +332,7 @@ fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
         acquired_at: ms_to_time(acquired_ms(row)?),
         expires_at: ms_to_time(expires_ms),
         expires_in: Duration::from_millis(remaining),
+        mode: fencelock_core::LockMode::Exclusive,
     }))
 }
 

@@ -65,6 +65,7 @@ impl RawLease {
             |what: &str, e: &dyn std::fmt::Display| error::corrupt(format!("{what}: {e}"));
         Ok(LockInfo {
             expires_in: micros(self.expires_mono_us - now_us),
+            mode: fencelock_core::LockMode::Exclusive,
             key: LockKey::new(self.key).map_err(|e| corrupt("key", &e))?,
             owner: Owner::new(self.owner).map_err(|e| corrupt("owner", &e))?,
             token: FencingToken(u64::try_from(self.token).map_err(|e| corrupt("token", &e))?),

@@ -11,6 +11,9 @@ use fencelock_core::{Error, LockKey, Result};
 
 const SPECIAL: &[char] = &['%', '{', '}', '*', '?', '[', ']', '\\'];
 
+/// The suffix of a key's readers set (docs/rwlock.md).
+const READERS: &str = ":readers";
+
 /// Percent-encodes the characters that matter to hash tags and globs.
 pub(crate) fn encode(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
@@ -102,8 +105,28 @@ impl Keys {
         self.tagged(key.as_str(), ":token")
     }
 
+    /// The key's readers (a sorted set of tokens by lease end).
+    pub(crate) fn readers(&self, key: &LockKey) -> String {
+        self.tagged(key.as_str(), READERS)
+    }
+
+    /// The details of the key's readers (a hash by token).
+    pub(crate) fn readers_info(&self, key: &LockKey) -> String {
+        self.tagged(key.as_str(), ":readers:info")
+    }
+
+    /// A waiting writer's intent on the key.
+    pub(crate) fn intent(&self, key: &LockKey) -> String {
+        self.tagged(key.as_str(), ":intent")
+    }
+
     pub(crate) fn fence(&self, resource: &str) -> String {
         format!("{}:fence:{{{}}}", self.prefix, encode(resource))
+    }
+
+    /// The highest writer token of a fenced resource, in its slot.
+    pub(crate) fn fence_writer(&self, resource: &str) -> String {
+        format!("{}:fence:{{{}}}:writer", self.prefix, encode(resource))
     }
 
     /// The pub/sub channel release notices of `key` go to (under the key's
@@ -119,6 +142,12 @@ impl Keys {
         format!("{}:{{{}*}}", self.prefix, encode(prefix.unwrap_or("")))
     }
 
+    /// A SCAN pattern matching the readers sets of keys that start with
+    /// `prefix`.
+    pub(crate) fn readers_pattern(&self, prefix: Option<&str>) -> String {
+        format!("{}{READERS}", self.lease_pattern(prefix))
+    }
+
     /// The user key of a lease hash name found by SCAN.
     pub(crate) fn user_key(&self, lease: &[u8]) -> Option<LockKey> {
         let s = std::str::from_utf8(lease).ok()?;
@@ -127,6 +156,11 @@ impl Keys {
             .strip_prefix(":{")?
             .strip_suffix('}')?;
         LockKey::new(decode(inner)?).ok()
+    }
+
+    /// The user key of a readers set name found by SCAN.
+    pub(crate) fn readers_user_key(&self, readers: &[u8]) -> Option<LockKey> {
+        self.user_key(readers.strip_suffix(READERS.as_bytes())?)
     }
 }
 
@@ -160,6 +194,13 @@ mod tests {
         assert_eq!(encode("é[x]\\"), "é%5Bx%5D%5C");
         assert_eq!(keys.user_key(name.as_bytes()), Some(k.clone()));
         assert_eq!(keys.user_key(keys.counter(&k).as_bytes()), None);
+        assert_eq!(keys.readers(&k), "fl:{a%7D%7Bb}:readers");
+        assert_eq!(
+            keys.readers_user_key(keys.readers(&k).as_bytes()),
+            Some(k.clone())
+        );
+        assert_eq!(keys.user_key(keys.readers(&k).as_bytes()), None);
+        assert_eq!(keys.readers_user_key(name.as_bytes()), None);
         Ok(())
     }
 

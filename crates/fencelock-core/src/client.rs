@@ -748,21 +748,25 @@ impl LockClient {
     /// the check a resource can make with a holder's (key, token) pair when
     /// it keeps no fence of its own (Chubby's sequencer check). A `true`
     /// answer can be out of date as soon as it arrives; a fence
-    /// ([`crate::Fence`]) also refuses writes that arrive late.
+    /// ([`crate::Fence`]) also refuses writes that arrive late. On a key
+    /// held by readers, any current reader's token is valid.
     pub async fn validate(&self, key: &str, token: FencingToken) -> Result<bool> {
-        if self.inner.backend.capabilities().shared {
-            // Several readers may hold the key: any of them is current.
-            let holders = bounded(self.inner.op_timeout, "list", self.holders(key)).await?;
-            return Ok(holders.iter().any(|lease| lease.token == token));
-        }
-        let key = LockKey::new(key)?;
+        let lock_key = LockKey::new(key)?;
         let current = bounded(
             self.inner.op_timeout,
             "inspect",
-            self.inner.backend.inspect(&key),
+            self.inner.backend.inspect(&lock_key),
         )
         .await?;
-        Ok(current.is_some_and(|lease| lease.token == token))
+        match current {
+            Some(lease) if lease.token == token => Ok(true),
+            // Read-held: inspect shows one reader, and any of them is current.
+            Some(lease) if lease.mode == LockMode::Shared => {
+                let holders = bounded(self.inner.op_timeout, "list", self.holders(key)).await?;
+                Ok(holders.iter().any(|lease| lease.token == token))
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Re-attaches to a lease this process (or another one) took and
@@ -898,10 +902,11 @@ impl<'a> std::future::IntoFuture for ResumeRequest<'a> {
 /// assert_eq!(b.mode(), LockMode::Shared);
 /// assert!(b.token() > a.token());
 /// assert!(client.rwlock("catalog").write().try_acquire().await?.is_none());
+/// let last_reader = b.token();
 /// a.release().await?;
 /// b.release().await?;
 /// let writer = client.rwlock("catalog").write().acquire().await?;
-/// assert!(writer.token() > b.token());
+/// assert!(writer.token() > last_reader);
 /// # Ok(())
 /// # }
 /// ```

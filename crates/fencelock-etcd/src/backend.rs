@@ -33,6 +33,9 @@ use crate::{
 /// lock of a large client down the slow path at once.
 const LEASE_CACHE_SWEEP: usize = 4096;
 
+/// What follows a lock key in the keys of its readers.
+const READERS: &str = "\0r/";
+
 /// Numbers reader keys apart within this process (see
 /// `EtcdBackend::try_acquire_shared`).
 static NEXT_READER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -242,26 +245,26 @@ impl EtcdBackend {
         LockKey::new(raw.strip_prefix(&self.locks_prefix())?).ok()
     }
 
-    /// Where reader leases live (docs/rwlock.md): `P/readers/K\0<name>`.
-    /// Keys hold no NUL, so the prefix of one key's readers never covers
-    /// another key's.
-    fn readers_root(&self) -> String {
-        format!("{}/readers/", self.options.prefix)
-    }
-
+    /// Where reader leases live (docs/rwlock.md): `P/locks/K\0r/<name>`,
+    /// beside the writer's `P/locks/K` and the intent `P/locks/K\0i`. Keys
+    /// hold no NUL, so these never collide with another key's, a range
+    /// of the lock keys holds them too (`user_key` skips them), and one
+    /// watch of `[P/locks/K, P/locks/K\x01)` sees every release of the key.
     fn readers_prefix(&self, key: &LockKey) -> String {
-        format!("{}{}\0", self.readers_root(), key.as_str())
+        format!("{}{READERS}", self.key(key))
     }
 
     /// A waiting writer's intent on `key`: its owner, on a lease.
     fn intent_key(&self, key: &LockKey) -> String {
-        format!("{}/intents/{}", self.options.prefix, key.as_str())
+        format!("{}\0i", self.key(key))
     }
 
     /// The user key of a reader's key.
     fn reader_user_key(&self, kv: &KeyValue) -> Option<LockKey> {
         let raw = std::str::from_utf8(kv.key()).ok()?;
-        let (key, _) = raw.strip_prefix(&self.readers_root())?.split_once('\0')?;
+        let (key, _) = raw
+            .strip_prefix(&self.locks_prefix())?
+            .split_once(READERS)?;
         LockKey::new(key).ok()
     }
 
@@ -570,7 +573,11 @@ impl EtcdBackend {
             acquired_at: DateTime::from_timestamp_millis(stored.acquired_ms).unwrap_or_default(),
             expires_at,
             expires_in: left,
-            mode: if kv.key().starts_with(self.readers_root().as_bytes()) {
+            mode: if kv
+                .key()
+                .windows(READERS.len())
+                .any(|w| w == READERS.as_bytes())
+            {
                 LockMode::Shared
             } else {
                 LockMode::Exclusive
@@ -736,23 +743,12 @@ impl EtcdBackend {
     }
 
     async fn scan(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
-        let prefix = prefix.unwrap_or("");
-        let mut kvs = self
-            .range(format!("{}{prefix}", self.locks_prefix()))
-            .await?
-            .take_kvs();
-        let readers = self
-            .range(format!("{}{prefix}", self.readers_root()))
-            .await?
-            .take_kvs();
-        let writers = kvs.len();
-        kvs.extend(readers);
-        let lookups = kvs.iter().enumerate().filter_map(|(i, kv)| {
-            let key = if i < writers {
-                self.user_key(kv)?
-            } else {
-                self.reader_user_key(kv)?
-            };
+        let start = format!("{}{}", self.locks_prefix(), prefix.unwrap_or(""));
+        let mut resp = self.range(start).await?;
+        let kvs = resp.take_kvs();
+        // Writers and readers; intents are no leases.
+        let lookups = kvs.iter().filter_map(|kv| {
+            let key = self.user_key(kv).or_else(|| self.reader_user_key(kv))?;
             Some(self.info(key, kv))
         });
         let mut found = Vec::new();
@@ -1134,25 +1130,24 @@ impl Backend for EtcdBackend {
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
         let mut released = 0;
-        let mut readers = self.range(self.readers_root()).await?;
-        for kv in readers.take_kvs() {
-            let Ok(stored) = decode(&kv) else { continue };
-            if stored.owner == *owner {
-                let full = String::from_utf8_lossy(kv.key()).into_owned();
-                released += u64::from(self.delete_grant(&full, token_of(&kv)).await?);
-            }
-        }
         let mut resp = self.range(self.locks_prefix()).await?;
         for kv in resp.take_kvs() {
             let Ok(stored) = decode(&kv) else { continue };
+            if stored.owner != *owner {
+                continue;
+            }
             // Deleting only the incarnation read cannot touch a successor
             // that took the key since the range read.
-            let Some(key) = self.user_key(&kv) else {
-                continue;
-            };
-            if stored.owner == *owner && self.delete_grant(&self.key(&key), token_of(&kv)).await? {
-                self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
-                released += 1;
+            let full = String::from_utf8_lossy(kv.key()).into_owned();
+            match self.user_key(&kv) {
+                Some(key) if self.delete_grant(&full, token_of(&kv)).await? => {
+                    self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
+                    released += 1;
+                }
+                None if self.reader_user_key(&kv).is_some() => {
+                    released += u64::from(self.delete_grant(&full, token_of(&kv)).await?);
+                }
+                _ => {}
             }
         }
         Ok(released)
@@ -1174,7 +1169,13 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        // The writer's key and everything after it up to `K\x01`: its
+        // readers and intent, so a reader's release wakes a waiting writer
+        // and a withdrawn intent waiting readers.
+        let end = format!("{}\u{1}", self.key(key));
+        let options = WatchOptions::new()
+            .with_filters([WatchFilterType::NoPut])
+            .with_range(end);
         let stream = self.open_watch(key, options).await?;
         let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
             loop {

@@ -102,6 +102,12 @@ pub struct LockArgs {
     /// JSON metadata stored with the lease.
     #[arg(long, value_parser = json)]
     pub data: Option<serde_json::Value>,
+
+    /// Take the reader's side of the read-write lock KEY: shared with other
+    /// --shared holders, excluded by (and excluding) a plain holder of KEY.
+    /// See docs/rwlock.md.
+    #[arg(long)]
+    pub shared: bool,
 }
 
 /// The commands.
@@ -180,6 +186,9 @@ pub enum Command {
         /// The fencing token of the lease.
         #[arg(long)]
         token: String,
+        /// The lease is a reader's (`acquire --shared`).
+        #[arg(long)]
+        shared: bool,
         /// New lease length, from now. A backend rounds it up to what it can
         /// express (etcd: whole seconds, at least about 2 s); the length
         /// printed is the one the backend granted.
@@ -197,9 +206,14 @@ pub enum Command {
         /// The fencing token of the lease.
         #[arg(long)]
         token: String,
+        /// The lease is a reader's (`acquire --shared`).
+        #[arg(long)]
+        shared: bool,
     },
 
-    /// Show who holds a lock. Exit 0 if held, 1 if free.
+    /// Show who holds a lock: its holder, or every reader of a read-write
+    /// lock (JSON: the holder whose lease ends last, with `mode` and a
+    /// `holders` array). Exit 0 if held, 1 if free.
     Inspect {
         /// The lock's key.
         key: String,

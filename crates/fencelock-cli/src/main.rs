@@ -190,6 +190,7 @@ async fn client(url: &str, owner: Option<&str>, deadline: Deadline) -> Result<Lo
 fn request<'a>(client: &'a LockClient, lock: &LockArgs, deadline: Deadline) -> LockRequest<'a> {
     let mut request = client
         .lock(lock.key.as_str())
+        .shared(lock.shared)
         .ttl(lock.ttl)
         .wait(deadline.remaining());
     if let Some(kind) = &lock.kind {
@@ -261,11 +262,17 @@ async fn not_acquired(client: &LockClient, lock: &LockArgs, key: &str, out: Outp
     }
 }
 
-/// `--permits` names one semaphore: refused beside more keys.
-fn check_permits(more_keys: &[String], permits: Option<u32>) -> Result<(), Error> {
+/// `--permits` names one semaphore: refused beside more keys; `--shared`
+/// names one read-write lock: refused beside either.
+fn check_permits(more_keys: &[String], permits: Option<u32>, shared: bool) -> Result<(), Error> {
     if permits.is_some() && !more_keys.is_empty() {
         return Err(Error::InvalidArgument(
             "--permits takes one semaphore name, not several keys".into(),
+        ));
+    }
+    if shared && (permits.is_some() || !more_keys.is_empty()) {
+        return Err(Error::InvalidArgument(
+            "--shared takes one read-write lock, not a semaphore or several keys".into(),
         ));
     }
     Ok(())
@@ -368,7 +375,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             foreground,
             command,
         } => {
-            check_permits(&more_keys, permits)?;
+            check_permits(&more_keys, permits, lock.shared)?;
             // --wait covers reaching the backend as well as the lock.
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
@@ -389,6 +396,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::Acquire { lock, permits } => {
+            check_permits(&[], permits, lock.shared)?;
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
             let (guard, permit) = match permits {
@@ -408,6 +416,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             let mut shown = json!({
                 "key": guard.key(), "owner": guard.owner(), "token": guard.token(),
                 "expires_at": guard.expires_at(), "ttl_ms": millis(granted),
+                "mode": guard.mode(),
             });
             if let Some((slot, n)) = permit {
                 shown["semaphore"] = json!(lock.key);
@@ -420,9 +429,12 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 // Even with --quiet: it is the result, and `renew` and
                 // `release` need both the owner and the token. One line of
                 // name=value fields that scripts can pick apart.
-                let permit = permit
+                let mut permit = permit
                     .map(|(slot, n)| format!(" permit={slot}/{n}"))
                     .unwrap_or_default();
+                if lock.shared {
+                    permit.push_str(" mode=shared");
+                }
                 println!(
                     "acquired {} token={} owner={} expires_in={}{permit}",
                     guard.key(),
@@ -439,10 +451,16 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             owner,
             token,
             ttl,
+            shared,
         } => {
             let lease = lease_id(&key, &owner, &token)?;
             let backend = open(&url, Deadline::now()).await?;
-            match backend.renew(&lease, ttl).await {
+            let renewed = if shared {
+                backend.renew_shared(&lease, ttl).await
+            } else {
+                backend.renew(&lease, ttl).await
+            };
+            match renewed {
                 Ok(grant) => {
                     let LeaseId { key, owner, token } = &lease;
                     out.emit(
@@ -463,10 +481,20 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 Err(e) => Err(e),
             }
         }
-        Command::Release { key, owner, token } => {
+        Command::Release {
+            key,
+            owner,
+            token,
+            shared,
+        } => {
             let lease = lease_id(&key, &owner, &token)?;
             let backend = open(&url, Deadline::now()).await?;
-            match backend.release(&lease).await {
+            let released = if shared {
+                backend.release_shared(&lease).await
+            } else {
+                backend.release(&lease).await
+            };
+            match released {
                 Ok(()) => {
                     out.emit(&json!({"key": lease.key, "released": true}), || {
                         format!("released {}", lease.key)
@@ -480,6 +508,16 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
         Command::Inspect { key } => {
             let client = client(&url, None, Deadline::now()).await?;
             match client.inspect(&key).await? {
+                Some(info) if info.mode == fencelock::LockMode::Shared => {
+                    // Every reader, not only the one inspect reports.
+                    let holders = client.holders(&key).await?;
+                    let mut shown = json!(info);
+                    shown["holders"] = json!(holders);
+                    out.emit(&shown, || {
+                        holders.iter().map(describe).collect::<Vec<_>>().join("\n")
+                    });
+                    Ok(exit::OK)
+                }
                 Some(info) => {
                     out.emit(&info, || describe(&info));
                     Ok(exit::OK)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock::{Leader, LeaderChange, LockInfo, Stats};
+use fencelock::{Leader, LeaderChange, LockInfo, LockMode, Stats};
 use serde::Serialize;
 
 /// Where and how to print.
@@ -50,8 +50,12 @@ pub fn describe(info: &LockInfo) -> String {
         .as_deref()
         .map(|k| format!(", kind {k}"))
         .unwrap_or_default();
+    let reader = match info.mode {
+        LockMode::Shared => "read-",
+        LockMode::Exclusive => "",
+    };
     format!(
-        "{} is held by {} (token {}{kind}), expires in {}",
+        "{} is {reader}held by {} (token {}{kind}), expires in {}",
         info.key,
         info.owner,
         info.token,
@@ -64,19 +68,20 @@ pub fn table(leases: &[LockInfo]) -> String {
     if leases.is_empty() {
         return "no locks held".into();
     }
-    let rows: Vec<[String; 5]> = leases
+    let rows: Vec<[String; 6]> = leases
         .iter()
         .map(|l| {
             [
                 l.key.to_string(),
                 l.owner.to_string(),
                 l.token.to_string(),
+                l.mode.to_string(),
                 l.kind.clone().unwrap_or_else(|| "-".into()),
                 human_duration(l.expires_in),
             ]
         })
         .collect();
-    let header = ["KEY", "OWNER", "TOKEN", "KIND", "EXPIRES IN"].map(String::from);
+    let header = ["KEY", "OWNER", "TOKEN", "MODE", "KIND", "EXPIRES IN"].map(String::from);
     let mut widths = header.clone().map(|h| h.chars().count());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -157,6 +157,10 @@ pub struct Capabilities {
     /// [`Backend::set_data`] replaces a held lease's JSON data in one atomic
     /// step (what an election leader's `proclaim` uses).
     pub set_data: bool,
+    /// Read-write locks: [`Backend::try_acquire_shared`] and the other
+    /// reader operations, writer intents, and an exclusive
+    /// [`Backend::try_acquire`] that waits for readers (`docs/rwlock.md`).
+    pub shared: bool,
 }
 
 impl Capabilities {
@@ -199,6 +203,12 @@ impl Capabilities {
     /// Claims [`Backend::set_data`].
     pub fn with_set_data(mut self, yes: bool) -> Self {
         self.set_data = yes;
+        self
+    }
+
+    /// Claims read-write locks ([`Capabilities::shared`]).
+    pub fn with_shared(mut self, yes: bool) -> Self {
+        self.shared = yes;
         self
     }
 }
@@ -286,6 +296,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// token greater than every token issued for `key` before (I1, I2, I6)
     /// and, when the request carries one, greater than its
     /// [`min_token`](AcquireRequest::min_token).
+    ///
+    /// On a backend that claims [`Capabilities::shared`] this is the
+    /// writer's side of a read-write lock: it is also refused while an
+    /// unexpired reader holds `key` (answering
+    /// [`Acquire::Held`] with that reader, [`crate::LockMode::Shared`]), and a
+    /// grant withdraws the requesting owner's writer intent on `key`.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
 
     /// Extends `lease` to `ttl` from now, only if that exact lease is current
@@ -361,5 +377,61 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
         let _ = (lease, data);
         Err(crate::Error::unsupported(self.name(), "set_data"))
+    }
+
+    /// Takes a reader's lease on `key` (`docs/rwlock.md`): granted while no
+    /// unexpired exclusive lease and no unexpired writer intent (of any
+    /// owner: tasks of one process share it) exists on `key`, whatever
+    /// readers hold it, with a token drawn
+    /// from the same per-key counter as [`Backend::try_acquire`] (I2 across
+    /// both modes). Otherwise [`Acquire::Held`] with the writer, if any.
+    /// Backends that offer it claim [`Capabilities::shared`]; the default
+    /// answers [`crate::Error::Unsupported`].
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let _ = request;
+        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    }
+
+    /// Extends the reader lease `lease`, as [`Backend::renew`] does for an
+    /// exclusive one: only that exact (key, owner, token), unexpired (I3).
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let _ = (lease, ttl);
+        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    }
+
+    /// Extends a batch of reader leases, as [`Backend::renew_many`] does for
+    /// exclusive ones. The default renews one after another.
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        let mut results = Vec::with_capacity(renewals.len());
+        for renewal in renewals {
+            results.push(self.renew_shared(&renewal.lease, renewal.ttl).await);
+        }
+        Ok(results)
+    }
+
+    /// Removes the reader lease `lease` only if it is current (I3) and wakes
+    /// waiters; otherwise [`crate::Error::NotHeld`].
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let _ = lease;
+        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    }
+
+    /// Records that `owner` waits to write `key` for the next `ttl` (backend
+    /// clock): until it expires, is withdrawn or `owner` is granted `key`,
+    /// new readers are refused, so that a stream of readers cannot starve a
+    /// writer. An intent is a lease too: a writer that dies while waiting
+    /// blocks readers for at most `ttl`. One intent per key; a later one
+    /// replaces an expired one or one of the same owner, and leaves another
+    /// owner's live intent in place (that writer is served first).
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        let _ = (key, owner, ttl);
+        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    }
+
+    /// Withdraws `owner`'s writer intent on `key`, if it has one (a writer
+    /// that stopped waiting), and wakes waiting readers.
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let _ = (key, owner);
+        Err(crate::Error::unsupported(self.name(), "shared locks"))
     }
 }

@@ -10,10 +10,10 @@ use crate::{
     backoff::Backoff,
     clock::Sent,
     error::{Error, ErrorStatus, Result},
-    guard::{GuardConfig, GuardHandle, LockGuard},
+    guard::{release_as, GuardConfig, GuardHandle, LockGuard},
     metrics as m,
     renewer::Renewer,
-    types::{validate_ttl, FencingToken, LockInfo, LockKey, Owner},
+    types::{validate_ttl, FencingToken, LockInfo, LockKey, LockMode, Owner},
     watch::Watch,
 };
 
@@ -225,7 +225,25 @@ impl LockClient {
             min_token: None,
             renew_every: None,
             auto_renew: true,
+            mode: LockMode::Exclusive,
         }
+    }
+
+    /// The read-write lock on `key` (see [`RwLock`]).
+    pub fn rwlock(&self, key: impl Into<String>) -> RwLock<'_> {
+        RwLock {
+            client: self,
+            key: key.into(),
+        }
+    }
+
+    /// Every unexpired lease on exactly `key`: its writer, or its readers
+    /// (by token), or nothing.
+    pub async fn holders(&self, key: &str) -> Result<Vec<LockInfo>> {
+        let key = LockKey::new(key)?;
+        let mut found = self.inner.backend.list(Some(key.as_str())).await?;
+        found.retain(|lease| lease.key == key);
+        Ok(found)
     }
 
     /// One attempt with default settings: `Ok(None)` when someone else holds
@@ -340,6 +358,7 @@ pub struct LockRequest<'a> {
     min_token: Option<FencingToken>,
     renew_every: Option<Duration>,
     auto_renew: bool,
+    mode: LockMode,
 }
 
 impl LockRequest<'_> {
@@ -433,6 +452,9 @@ impl LockRequest<'_> {
         if self.min_token.is_some() && !inner.backend.capabilities().min_token {
             return Err(Error::unsupported(inner.backend.name(), "min_token"));
         }
+        if self.mode == LockMode::Shared && !inner.backend.capabilities().shared {
+            return Err(Error::unsupported(inner.backend.name(), "shared locks"));
+        }
         let owner = self.owner.clone().unwrap_or_else(|| inner.owner.clone());
         let request = AcquireRequest::new(key, owner, ttl)
             .with_kind(self.kind.clone())
@@ -442,6 +464,7 @@ impl LockRequest<'_> {
             renew_every,
             clock: inner.clock,
             op_timeout: inner.op_timeout,
+            mode: self.mode,
         };
         Ok((request, config))
     }
@@ -466,6 +489,7 @@ impl LockRequest<'_> {
             "fencelock.acquire",
             key = %request.key,
             owner = %request.owner,
+            mode = %config.mode,
             backend = self.client.inner.backend.name(),
         );
         acquire_loop(&self.client.inner, request, config, self.wait)
@@ -563,14 +587,24 @@ async fn acquire_loop(
         }
     };
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
+    let mut intent = WriteIntent::new(client, &request, config, wait);
     loop {
-        let holder = match attempt(client, &request, config, deadline, started).await? {
-            Attempt::Granted(guard) => return Ok(guard),
-            Attempt::Held(holder) => holder,
-            Attempt::Retry => None,
+        let outcome = attempt(client, &request, config, deadline, started).await;
+        let holder = match outcome {
+            Ok(Attempt::Granted(guard)) => return Ok(guard),
+            Ok(Attempt::Held(holder)) => holder,
+            Ok(Attempt::Retry) => None,
+            Err(e) => {
+                intent.withdraw(client, &request).await;
+                return Err(e);
+            }
         };
+        if let Some(reader) = holder.as_ref().filter(|h| h.mode == LockMode::Shared) {
+            intent.post(client, &request, reader).await;
+        }
         let now = Instant::now();
         if !before_deadline(now) {
+            intent.withdraw(client, &request).await;
             // A single try that found the key held is not a timeout.
             if !wait.is_zero() {
                 ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
@@ -587,6 +621,9 @@ async fn acquire_loop(
         if let Some(holder) = holder {
             // The holder's lease ends on its own: no point sleeping past that.
             pause = pause.min(holder.expires_in + Duration::from_millis(1));
+        }
+        if let Some(refresh) = intent.refresh_every() {
+            pause = pause.min(refresh);
         }
         match wakeups.as_mut() {
             Some(sub) => {
@@ -632,7 +669,13 @@ pub(crate) async fn attempt(
     let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
     ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
     let sent = Sent::now();
-    let attempt = tokio::time::timeout(client.op_timeout, backend.try_acquire(request)).await;
+    let call = async {
+        match config.mode {
+            LockMode::Exclusive => backend.try_acquire(request).await,
+            LockMode::Shared => backend.try_acquire_shared(request).await,
+        }
+    };
+    let attempt = tokio::time::timeout(client.op_timeout, call).await;
     match attempt {
         Ok(Ok(Acquire::Granted(grant)))
             if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) =>
@@ -642,7 +685,7 @@ pub(crate) async fn attempt(
             // for it would be lost at birth. Hand it back rather than
             // make the next holder wait out its TTL, and count the
             // attempt as failed.
-            give_back_late_grant(client, request, &grant, sent).await;
+            give_back_late_grant(client, request, config.mode, &grant, sent).await;
             if !before_deadline(Instant::now()) {
                 return Err(crate::BackendError::message(
                     name,
@@ -707,16 +750,25 @@ impl LockClient {
     /// the check a resource can make with a holder's (key, token) pair when
     /// it keeps no fence of its own (Chubby's sequencer check). A `true`
     /// answer can be out of date as soon as it arrives; a fence
-    /// ([`crate::Fence`]) also refuses writes that arrive late.
+    /// ([`crate::Fence`]) also refuses writes that arrive late. On a key
+    /// held by readers, any current reader's token is valid.
     pub async fn validate(&self, key: &str, token: FencingToken) -> Result<bool> {
-        let key = LockKey::new(key)?;
+        let lock_key = LockKey::new(key)?;
         let current = bounded(
             self.inner.op_timeout,
             "inspect",
-            self.inner.backend.inspect(&key),
+            self.inner.backend.inspect(&lock_key),
         )
         .await?;
-        Ok(current.is_some_and(|lease| lease.token == token))
+        match current {
+            Some(lease) if lease.token == token => Ok(true),
+            // Read-held: inspect shows one reader, and any of them is current.
+            Some(lease) if lease.mode == LockMode::Shared => {
+                let holders = bounded(self.inner.op_timeout, "list", self.holders(key)).await?;
+                Ok(holders.iter().any(|lease| lease.token == token))
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Re-attaches to a lease this process (or another one) took and
@@ -825,6 +877,140 @@ impl<'a> std::future::IntoFuture for ResumeRequest<'a> {
     }
 }
 
+/// The read-write lock on one key: `client.rwlock(key).read()` or
+/// `.write()`, each a [`LockRequest`] with the usual options (`ttl`,
+/// `wait`, `kind`, `data`, …). See `docs/rwlock.md`.
+///
+/// Many readers or one writer. Every grant, read or write, draws its token
+/// from the key's one counter, so tokens of both sides compare (I2), and
+/// [`crate::Fence::admit_shared`] fences both. A writer is exactly an
+/// exclusive [`LockClient::lock`] of the key: a plain lock excludes the
+/// key's readers and they exclude it. A writer that waits records an
+/// intent (a lease of its own, of the writer's TTL) that stops new readers,
+/// so a stream of readers cannot starve it.
+///
+/// There is no upgrade from read to write: two readers that both try to
+/// upgrade wait for each other forever. Release the read guard and take
+/// the write side (re-reading what you read under it).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use fencelock_core::{LockClient, LockMode, MemoryBackend};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), fencelock_core::Error> {
+/// let client = LockClient::new(Arc::new(MemoryBackend::new()));
+/// let a = client.rwlock("catalog").read().acquire().await?;
+/// let b = client.rwlock("catalog").read().acquire().await?;
+/// assert_eq!(b.mode(), LockMode::Shared);
+/// assert!(b.token() > a.token());
+/// assert!(client.rwlock("catalog").write().try_acquire().await?.is_none());
+/// let last_reader = b.token();
+/// a.release().await?;
+/// b.release().await?;
+/// let writer = client.rwlock("catalog").write().acquire().await?;
+/// assert!(writer.token() > last_reader);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RwLock<'a> {
+    client: &'a LockClient,
+    key: String,
+}
+
+impl<'a> RwLock<'a> {
+    /// The reader's side: shared with other readers. Needs a backend that
+    /// claims [`crate::Capabilities::shared`] ([`Error::Unsupported`]
+    /// elsewhere).
+    pub fn read(&self) -> LockRequest<'a> {
+        LockRequest {
+            mode: LockMode::Shared,
+            ..self.client.lock(self.key.clone())
+        }
+    }
+
+    /// The writer's side: the same as [`LockClient::lock`] on the key.
+    pub fn write(&self) -> LockRequest<'a> {
+        self.client.lock(self.key.clone())
+    }
+}
+
+impl LockRequest<'_> {
+    /// Takes the reader's side of the key (as [`RwLock::read`]) when
+    /// `shared` is true; what `fencelock run --shared` uses.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.mode = if shared {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
+        self
+    }
+}
+
+/// A waiting writer's intent (`docs/rwlock.md`): posted when the key is
+/// found held by a reader, refreshed while the writer keeps waiting, and
+/// withdrawn when it stops waiting without a grant (a grant withdraws it on
+/// the backend). Only waiting exclusive requests on backends with shared
+/// locks post one; a single try never does, so it cannot block readers.
+struct WriteIntent {
+    /// How often the intent is refreshed, when this request posts one.
+    refresh: Option<Duration>,
+    posted: bool,
+}
+
+impl WriteIntent {
+    fn new(
+        client: &ClientInner,
+        request: &AcquireRequest,
+        config: GuardConfig,
+        wait: Duration,
+    ) -> Self {
+        let posts = config.mode == LockMode::Exclusive
+            && !wait.is_zero()
+            && client.backend.capabilities().shared;
+        // Three refreshes per intent TTL: one lost refresh never lets the
+        // intent lapse while the writer waits.
+        Self {
+            refresh: posts.then(|| request.ttl / 3),
+            posted: false,
+        }
+    }
+
+    /// How long the writer may sleep before it must refresh its intent.
+    fn refresh_every(&self) -> Option<Duration> {
+        self.refresh.filter(|_| self.posted)
+    }
+
+    /// Posts (or refreshes) the intent; a failure only costs fairness.
+    async fn post(&mut self, client: &ClientInner, request: &AcquireRequest, reader: &LockInfo) {
+        if self.refresh.is_none() {
+            return;
+        }
+        let post = client
+            .backend
+            .post_write_intent(&request.key, &request.owner, request.ttl);
+        match bounded(client.op_timeout, "post_write_intent", post).await {
+            Ok(()) => self.posted = true,
+            Err(e) => tracing::debug!(error = %e, reader = %reader.owner,
+                "could not post the writer's intent; readers may still come first"),
+        }
+    }
+
+    /// Withdraws a posted intent so that readers need not wait out its TTL.
+    async fn withdraw(&mut self, client: &ClientInner, request: &AcquireRequest) {
+        if !std::mem::take(&mut self.posted) {
+            return;
+        }
+        let withdraw = client
+            .backend
+            .withdraw_write_intent(&request.key, &request.owner);
+        if let Err(e) = bounded(client.op_timeout, "withdraw_write_intent", withdraw).await {
+            tracing::debug!(error = %e, "could not withdraw the writer's intent; it will expire");
+        }
+    }
+}
+
 /// `call` bounded by the operation timeout.
 pub(crate) async fn bounded<T>(
     timeout: Duration,
@@ -845,6 +1031,7 @@ pub(crate) async fn bounded<T>(
 async fn give_back_late_grant(
     client: &ClientInner,
     request: &AcquireRequest,
+    mode: LockMode,
     grant: &Grant,
     sent: Sent,
 ) {
@@ -853,7 +1040,7 @@ async fn give_back_late_grant(
         "grant arrived after its lease had ended locally; releasing it"
     );
     let lease = request.lease(grant.token);
-    let release = client.backend.release(&lease);
+    let release = release_as(&*client.backend, &lease, mode);
     match tokio::time::timeout(client.op_timeout, release).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {

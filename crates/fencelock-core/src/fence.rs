@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use crate::{
     error::{Error, Result},
     metrics as m,
-    types::{validate_resource, FencingToken},
+    types::{validate_resource, FencingToken, LockMode},
 };
 
 /// The outcome of offering a token to a fence.
@@ -74,6 +74,69 @@ pub trait Fence: Send + Sync + fmt::Debug {
     async fn admit(&self, resource: &str, token: FencingToken) -> Result<()> {
         validate_resource(resource)?;
         self.try_admit(resource, token)
+            .await?
+            .into_result(self.name(), resource, token)
+    }
+
+    /// Whether this fence understands read-write locks
+    /// ([`Fence::try_admit_as`]). On such a fence [`Fence::try_admit`] is
+    /// the writer's admission and records the writer's token as well.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Atomically admits `token` of a lease held in `mode`
+    /// (`docs/rwlock.md`): a writer's ([`LockMode::Exclusive`]) iff it is at
+    /// least the highest token admitted in either mode, a reader's
+    /// ([`LockMode::Shared`]) iff it is at least the highest *writer* token
+    /// admitted, so that readers of one generation do not refuse one
+    /// another while every reader and writer older than the last writer is
+    /// refused. A refusal reports the floor the token missed. The default
+    /// answers [`Error::Unsupported`]; fences that implement it claim
+    /// [`Fence::shared`].
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
+        let _ = (resource, token, mode);
+        Err(Error::unsupported(self.name(), "shared admission"))
+    }
+
+    /// The highest writer token admitted for `resource`, if any; the
+    /// default answers [`Error::Unsupported`].
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let _ = resource;
+        Err(Error::unsupported(self.name(), "shared admission"))
+    }
+
+    /// Admits `token` of a lease held in `mode` (see [`Fence::try_admit_as`])
+    /// or fails with [`Error::Stale`]. A guard's
+    /// [`mode`](crate::GuardHandle::mode) says which to pass.
+    ///
+    /// ```
+    /// # use fencelock_core::{Fence, FencingToken, LockMode, MemoryFence};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock_core::Error> {
+    /// let fence = MemoryFence::new();
+    /// fence.admit_shared("report", FencingToken(7), LockMode::Exclusive).await?;
+    /// // Two readers after that writer, in any order.
+    /// fence.admit_shared("report", FencingToken(9), LockMode::Shared).await?;
+    /// fence.admit_shared("report", FencingToken(8), LockMode::Shared).await?;
+    /// // A writer must be above every reader.
+    /// assert!(fence.admit_shared("report", FencingToken(8), LockMode::Exclusive).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn admit_shared(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<()> {
+        validate_resource(resource)?;
+        self.try_admit_as(resource, token, mode)
             .await?
             .into_result(self.name(), resource, token)
     }

@@ -28,7 +28,7 @@ use crate::{
     error::{Error, LossReason, Result},
     metrics as m,
     renewer::Renewer,
-    types::{FencingToken, LeaseId, LockKey, Owner},
+    types::{FencingToken, LeaseId, LockKey, LockMode, Owner},
 };
 
 /// Settings a guard takes from its request and client.
@@ -37,6 +37,8 @@ pub(crate) struct GuardConfig {
     pub(crate) renew_every: Option<Duration>,
     pub(crate) clock: ClockPolicy,
     pub(crate) op_timeout: Duration,
+    /// A writer's (or plain lock's) lease, or a reader's.
+    pub(crate) mode: LockMode,
 }
 
 /// What a guard, its handles and the renewer share.
@@ -45,6 +47,7 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) lease: LeaseId,
+    pub(crate) mode: LockMode,
     pub(crate) ttl: Duration,
     pub(crate) renew_every: Option<Duration>,
     renewer: Renewer,
@@ -223,7 +226,7 @@ impl Shared {
         bounded(
             self.op_timeout,
             "release",
-            self.backend.release(&self.lease),
+            release_as(&*self.backend, &self.lease, self.mode),
         )
         .await
     }
@@ -261,6 +264,19 @@ impl Shared {
     }
 }
 
+/// Releases `lease` held in `mode`: the one place that picks the backend
+/// call for each side of a read-write lock.
+pub(crate) async fn release_as(
+    backend: &dyn Backend,
+    lease: &LeaseId,
+    mode: LockMode,
+) -> Result<()> {
+    match mode {
+        LockMode::Exclusive => backend.release(lease).await,
+        LockMode::Shared => backend.release_shared(lease).await,
+    }
+}
+
 /// A cheap, cloneable view of a held lock: what `with_lock` closures get, and
 /// what a [`LockGuard`] dereferences to.
 #[derive(Clone)]
@@ -287,6 +303,12 @@ impl GuardHandle {
     /// The lease this guard holds: key, owner and token.
     pub fn lease(&self) -> &LeaseId {
         &self.shared.lease
+    }
+
+    /// Whether this is a writer's (or plain lock's) lease or a reader's;
+    /// what to pass to [`crate::Fence::admit_shared`].
+    pub fn mode(&self) -> LockMode {
+        self.shared.mode
     }
 
     /// The requested lease length.
@@ -368,10 +390,13 @@ impl GuardHandle {
         }
         let sent = Sent::now();
         let bound = self.shared.renew_bound();
-        let renewal = self
-            .shared
-            .backend
-            .renew(&self.shared.lease, self.shared.ttl);
+        let (backend, lease, ttl) = (&self.shared.backend, &self.shared.lease, self.shared.ttl);
+        let renewal = async move {
+            match self.shared.mode {
+                LockMode::Exclusive => backend.renew(lease, ttl).await,
+                LockMode::Shared => backend.renew_shared(lease, ttl).await,
+            }
+        };
         match bounded(bound, "renew", renewal).await {
             Ok(grant) => {
                 self.shared.extend(sent, &grant);
@@ -401,6 +426,7 @@ impl GuardHandle {
             .field("key", &self.key().as_str())
             .field("owner", &self.owner().as_str())
             .field("token", &self.token().get())
+            .field("mode", &self.mode())
             .field("valid", &self.is_valid())
             .field("remaining", &self.remaining())
             .field("ttl", &self.ttl())
@@ -440,6 +466,7 @@ impl LockGuard {
         let shared = Arc::new(Shared {
             id: renewer.next_id(),
             lease: request.lease(grant.token),
+            mode: config.mode,
             backend,
             ttl: request.ttl,
             renew_every: config.renew_every,

@@ -95,7 +95,7 @@ mod watch;
 pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats};
 pub use backoff::Backoff;
 pub use client::{
-    validate_data, ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest,
+    validate_data, ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
 };
 pub use driver::{Driver, MemoryDriver};
 pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
@@ -108,8 +108,8 @@ pub use semaphore::{
     semaphore_slot_key, Permit, PermitHolder, SemaphoreRequest, MAX_PERMITS, SEMAPHORE_PREFIX,
 };
 pub use types::{
-    parse_duration, redact_url, validate_ttl, FencingToken, LeaseId, LockInfo, LockKey, Owner,
-    MAX_NAME_LEN, MAX_TTL,
+    parse_duration, redact_url, validate_ttl, FencingToken, LeaseId, LockInfo, LockKey, LockMode,
+    Owner, MAX_NAME_LEN, MAX_TTL,
 };
 pub use wake::{WakeHub, WakeSubscription};
 pub use watch::{HolderChange, Watch, WatchFeeder};

@@ -22,7 +22,7 @@ use crate::{
     backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Stats},
     error::{Error, Result},
     fence::{Admission, Fence},
-    types::{FencingToken, LeaseId, LockInfo, LockKey, Owner},
+    types::{FencingToken, LeaseId, LockInfo, LockKey, LockMode, Owner},
     wake::{WakeHub, WakeSubscription},
     watch::{HolderChange, Watch, WatchFeeder},
 };
@@ -35,11 +35,18 @@ struct Lease {
     data: Option<serde_json::Value>,
     acquired_at: Instant,
     expires_at: Instant,
+    mode: LockMode,
 }
 
 #[derive(Debug)]
 struct State {
+    /// Exclusive leases (writers and plain locks).
     leases: HashMap<LockKey, Lease>,
+    /// Reader leases per key, expired ones included until cleanup or the
+    /// next grant on the key.
+    readers: HashMap<LockKey, Vec<Lease>>,
+    /// A waiting writer's intent per key: its owner and when it ends.
+    intents: HashMap<LockKey, (Owner, Instant)>,
     last_token: u64,
     /// Maps tokio instants to wall-clock times for [`LockInfo`].
     epoch: (Instant, DateTime<Utc>),
@@ -66,11 +73,69 @@ impl State {
             acquired_at: self.wall(lease.acquired_at),
             expires_at: self.wall(lease.expires_at),
             expires_in: lease.expires_at.saturating_duration_since(now),
+            mode: lease.mode,
         }
     }
 
     fn live(&self, key: &LockKey, now: Instant) -> Option<&Lease> {
         self.leases.get(key).filter(|l| l.expires_at > now)
+    }
+
+    /// The unexpired reader of `key` whose lease ends last: what a waiting
+    /// writer is told it waits for.
+    fn last_reader(&self, key: &LockKey, now: Instant) -> Option<&Lease> {
+        self.readers
+            .get(key)?
+            .iter()
+            .filter(|l| l.expires_at > now)
+            .max_by_key(|l| l.expires_at)
+    }
+
+    /// Every unexpired lease, exclusive and shared.
+    fn all_live(&self, now: Instant) -> impl Iterator<Item = (&LockKey, &Lease)> {
+        let readers = self
+            .readers
+            .iter()
+            .flat_map(|(k, ls)| ls.iter().map(move |l| (k, l)));
+        self.leases
+            .iter()
+            .chain(readers)
+            .filter(move |(_, l)| l.expires_at > now)
+    }
+
+    /// The next token of the key's counter (one counter for every key),
+    /// above `floor` when the request has one.
+    fn next_token(&mut self, floor: Option<FencingToken>) -> Result<FencingToken> {
+        let floor = floor.map_or(0, FencingToken::get);
+        let Some(next) = self.last_token.max(floor).checked_add(1) else {
+            return Err(Error::InvalidArgument(format!(
+                "min_token {floor} leaves no token above it"
+            )));
+        };
+        self.last_token = next;
+        Ok(FencingToken(next))
+    }
+
+    fn reader_mut(&mut self, lease: &LeaseId, now: Instant) -> Option<&mut Lease> {
+        self.readers
+            .get_mut(&lease.key)?
+            .iter_mut()
+            .find(|l| l.expires_at > now && l.owner == lease.owner && l.token == lease.token)
+    }
+
+    /// Removes the reader lease `lease` if it is live; whether it was.
+    fn remove_reader(&mut self, lease: &LeaseId, now: Instant) -> bool {
+        let Some(readers) = self.readers.get_mut(&lease.key) else {
+            return false;
+        };
+        let before = readers.len();
+        readers
+            .retain(|l| !(l.expires_at > now && l.owner == lease.owner && l.token == lease.token));
+        let removed = readers.len() < before;
+        if readers.is_empty() {
+            self.readers.remove(&lease.key);
+        }
+        removed
     }
 }
 
@@ -114,6 +179,8 @@ impl MemoryBackend {
         Self {
             state: Arc::new(Mutex::new(State {
                 leases: HashMap::new(),
+                readers: HashMap::new(),
+                intents: HashMap::new(),
                 last_token: 0,
                 epoch: (Instant::now(), Utc::now()),
             })),
@@ -161,6 +228,7 @@ impl Backend for MemoryBackend {
             .with_min_token(true)
             .with_watch(true)
             .with_set_data(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -169,14 +237,18 @@ impl Backend for MemoryBackend {
         if let Some(holder) = state.live(&request.key, now) {
             return Ok(Acquire::Held(Some(state.info(&request.key, holder, now))));
         }
-        let floor = request.min_token.map_or(0, FencingToken::get);
-        let Some(next) = state.last_token.max(floor).checked_add(1) else {
-            return Err(Error::InvalidArgument(format!(
-                "min_token {floor} leaves no token above it"
-            )));
-        };
-        state.last_token = next;
-        let token = FencingToken(next);
+        if let Some(reader) = state.last_reader(&request.key, now) {
+            return Ok(Acquire::Held(Some(state.info(&request.key, reader, now))));
+        }
+        let token = state.next_token(request.min_token)?;
+        state.readers.remove(&request.key);
+        if state
+            .intents
+            .get(&request.key)
+            .is_some_and(|(owner, _)| *owner == request.owner)
+        {
+            state.intents.remove(&request.key);
+        }
         let expires_at = now + request.ttl;
         state.leases.insert(
             request.key.clone(),
@@ -187,6 +259,7 @@ impl Backend for MemoryBackend {
                 data: request.data.clone(),
                 acquired_at: now,
                 expires_at,
+                mode: LockMode::Exclusive,
             },
         );
         let grant = Grant::new(token, request.ttl, state.wall(expires_at));
@@ -239,19 +312,19 @@ impl Backend for MemoryBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let now = Instant::now();
         let state = self.state();
-        Ok(state.live(key, now).map(|l| state.info(key, l, now)))
+        let current = state.live(key, now).or_else(|| state.last_reader(key, now));
+        Ok(current.map(|l| state.info(key, l, now)))
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         let now = Instant::now();
         let state = self.state();
         let mut found: Vec<LockInfo> = state
-            .leases
-            .iter()
-            .filter(|(k, l)| l.expires_at > now && k.as_str().starts_with(prefix.unwrap_or("")))
+            .all_live(now)
+            .filter(|(k, _)| k.as_str().starts_with(prefix.unwrap_or("")))
             .map(|(k, l)| state.info(k, l, now))
             .collect();
-        found.sort_by(|a, b| a.key.cmp(&b.key));
+        found.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
         Ok(found)
     }
 
@@ -259,13 +332,22 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let removed = {
             let mut state = self.state();
+            // Readers and a writer's intent go too: after an operator's
+            // force-release the key is free for anyone.
+            state.intents.remove(key);
+            let readers = state.readers.remove(key).unwrap_or_default();
+            let reader = readers
+                .iter()
+                .filter(|l| l.expires_at > now)
+                .max_by_key(|l| l.token)
+                .map(|l| state.info(key, l, now));
             let info = state.live(key, now).map(|l| state.info(key, l, now));
             if let Some(info) = &info {
                 state.leases.remove(key);
                 let lease = LeaseId::new(key.clone(), info.owner.clone(), info.token);
                 self.announce_release(&state, &lease);
             }
-            info
+            info.or(reader)
         };
         if let Some(info) = &removed {
             self.released(LeaseId::new(key.clone(), info.owner.clone(), info.token));
@@ -287,7 +369,18 @@ impl Backend for MemoryBackend {
                 state.leases.remove(&lease.key);
                 self.announce_release(&state, lease);
             }
-            leases
+            let readers: Vec<LeaseId> = state
+                .readers
+                .iter()
+                .flat_map(|(k, ls)| ls.iter().map(move |l| (k, l)))
+                .filter(|(_, l)| l.expires_at > now && l.owner == *owner)
+                .map(|(k, l)| l.id(k))
+                .collect();
+            for lease in &readers {
+                state.remove_reader(lease, now);
+            }
+            state.intents.retain(|_, (o, _)| o != owner);
+            leases.into_iter().chain(readers).collect()
         };
         let count = released.len() as u64;
         for lease in released {
@@ -301,19 +394,26 @@ impl Backend for MemoryBackend {
         let mut state = self.state();
         let before = state.leases.len();
         state.leases.retain(|_, l| l.expires_at > now);
-        Ok((before - state.leases.len()) as u64)
+        let mut removed = (before - state.leases.len()) as u64;
+        for readers in state.readers.values_mut() {
+            let before = readers.len();
+            readers.retain(|l| l.expires_at > now);
+            removed += (before - readers.len()) as u64;
+        }
+        state.readers.retain(|_, ls| !ls.is_empty());
+        state.intents.retain(|_, (_, ends)| *ends > now);
+        Ok(removed)
     }
 
     async fn stats(&self) -> Result<Stats> {
         let now = Instant::now();
         let state = self.state();
         let live: Vec<(LockInfo, Duration)> = state
-            .leases
-            .iter()
-            .filter(|(_, l)| l.expires_at > now)
+            .all_live(now)
             .map(|(k, l)| (state.info(k, l, now), now - l.acquired_at))
             .collect();
-        let expired = (state.leases.len() - live.len()) as u64;
+        let stored = state.leases.len() + state.readers.values().map(Vec::len).sum::<usize>();
+        let expired = (stored - live.len()) as u64;
         Ok(Stats::from_leases(
             live.iter().map(|(i, d)| (i, *d)),
             expired,
@@ -338,6 +438,89 @@ impl Backend for MemoryBackend {
             }
             _ => Err(Error::not_held(lease)),
         }
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(holder) = state.live(&request.key, now) {
+            return Ok(Acquire::Held(Some(state.info(&request.key, holder, now))));
+        }
+        if state
+            .intents
+            .get(&request.key)
+            .is_some_and(|(_, ends)| *ends > now)
+        {
+            return Ok(Acquire::Held(None));
+        }
+        let token = state.next_token(request.min_token)?;
+        let expires_at = now + request.ttl;
+        let readers = state.readers.entry(request.key.clone()).or_default();
+        readers.retain(|l| l.expires_at > now);
+        readers.push(Lease {
+            owner: request.owner.clone(),
+            token,
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            acquired_at: now,
+            expires_at,
+            mode: LockMode::Shared,
+        });
+        Ok(Acquire::Granted(Grant::new(
+            token,
+            request.ttl,
+            state.wall(expires_at),
+        )))
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let expires_at = now + ttl;
+        match state.reader_mut(lease, now) {
+            Some(held) => held.expires_at = expires_at,
+            None => return Err(Error::not_held(lease)),
+        }
+        Ok(Grant::new(lease.token, ttl, state.wall(expires_at)))
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let now = Instant::now();
+        if !self.state().remove_reader(lease, now) {
+            return Err(Error::not_held(lease));
+        }
+        self.released(lease.clone());
+        Ok(())
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let taken = state
+            .intents
+            .get(key)
+            .is_some_and(|(other, ends)| *ends > now && other != owner);
+        if !taken {
+            state
+                .intents
+                .insert(key.clone(), (owner.clone(), now + ttl));
+        }
+        Ok(())
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let withdrawn = {
+            let mut state = self.state();
+            let mine = state.intents.get(key).is_some_and(|(o, _)| o == owner);
+            if mine {
+                state.intents.remove(key);
+            }
+            mine
+        };
+        if withdrawn {
+            self.wakeups.notify(key.as_str());
+        }
+        Ok(())
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
@@ -444,7 +627,16 @@ async fn feed_watch(
 /// An in-process fence. Clones share the same records.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryFence {
-    highest: Arc<Mutex<HashMap<String, FencingToken>>>,
+    highest: Arc<Mutex<HashMap<String, Highest>>>,
+}
+
+/// What a fence remembers of one resource.
+#[derive(Clone, Copy, Debug)]
+struct Highest {
+    /// The highest token admitted in either mode.
+    any: FencingToken,
+    /// The highest exclusive (writer) token admitted, if any.
+    writer: Option<FencingToken>,
 }
 
 impl MemoryFence {
@@ -461,18 +653,45 @@ impl Fence for MemoryFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
-        let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = highest.entry(resource.to_owned()).or_insert(token);
-        if token >= *current {
-            *current = token;
-            Ok(Admission::Admitted)
-        } else {
-            Ok(Admission::Stale { current: *current })
-        }
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
         let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(highest.get(resource).copied())
+        Ok(highest.get(resource).map(|h| h.any))
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
+        let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = highest.entry(resource.to_owned()).or_insert(Highest {
+            any: token,
+            writer: None,
+        });
+        let (floor, writer) = match mode {
+            LockMode::Exclusive => (current.any, Some(token)),
+            LockMode::Shared => (current.writer.unwrap_or(token), current.writer),
+        };
+        if token >= floor {
+            current.any = current.any.max(token);
+            current.writer = writer;
+            Ok(Admission::Admitted)
+        } else {
+            Ok(Admission::Stale { current: floor })
+        }
+    }
+
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(highest.get(resource).and_then(|h| h.writer))
     }
 }

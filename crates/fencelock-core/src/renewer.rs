@@ -40,6 +40,7 @@ use crate::{
     error::{Error, LossReason},
     guard::Shared,
     metrics as m,
+    types::LockMode,
 };
 
 /// Each renewal comes due up to this fraction of its period early, chosen at
@@ -424,9 +425,28 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// One `renew_many` round trip for `batch`, bounded so that a hung call
-/// costs one attempt, not the leases' whole remaining time.
+/// Renews `batch`: exclusive leases in one `renew_many` call, reader leases
+/// in one `renew_many_shared` call, concurrently, so that a client without
+/// readers makes exactly the calls it made before read-write locks.
 async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
+    let (shared, exclusive): (Vec<_>, Vec<_>) =
+        batch.into_iter().partition(|s| s.mode == LockMode::Shared);
+    match (exclusive.is_empty(), shared.is_empty()) {
+        (false, true) => renew_one_mode(renewer, exclusive, LockMode::Exclusive).await,
+        (true, false) => renew_one_mode(renewer, shared, LockMode::Shared).await,
+        _ => {
+            tokio::join!(
+                renew_one_mode(renewer.clone(), exclusive, LockMode::Exclusive),
+                renew_one_mode(renewer, shared, LockMode::Shared)
+            );
+        }
+    }
+}
+
+/// One `renew_many` (or `renew_many_shared`) round trip for `batch`, all
+/// held in `mode`, bounded so that a hung call costs one attempt, not the
+/// leases' whole remaining time.
+async fn renew_one_mode(renewer: Renewer, batch: Vec<Arc<Shared>>, mode: LockMode) {
     let Some(first) = batch.first() else { return };
     let backend: Arc<dyn Backend> = Arc::clone(&first.backend);
     let name = backend.name();
@@ -440,7 +460,13 @@ async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
         .map(|s| Renewal::new(s.lease.clone(), s.ttl))
         .collect();
     let sent = Sent::now();
-    let answer = tokio::time::timeout(bound, backend.renew_many(&renewals)).await;
+    let call = async {
+        match mode {
+            LockMode::Exclusive => backend.renew_many(&renewals).await,
+            LockMode::Shared => backend.renew_many_shared(&renewals).await,
+        }
+    };
+    let answer = tokio::time::timeout(bound, call).await;
     // One sample per lease: each waited the batch's round trip.
     ::metrics::histogram!(m::RENEW_SECONDS, "backend" => name)
         .record_many(sent.mono.elapsed().as_secs_f64(), batch.len());

@@ -340,6 +340,38 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Which side of a key a lease holds (see `docs/rwlock.md`).
+///
+/// An exclusive lease is a writer: it excludes every other lease on its key.
+/// Shared leases (readers) exclude only exclusive ones. Both draw their
+/// tokens from the key's one counter (I2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockMode {
+    /// A writer, or a plain lock: the only lease on its key.
+    #[default]
+    Exclusive,
+    /// A reader: one of any number of shared leases, while no exclusive one
+    /// is held.
+    Shared,
+}
+
+impl LockMode {
+    /// `exclusive` or `shared`, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Shared => "shared",
+        }
+    }
+}
+
+impl fmt::Display for LockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a backend reports about a lease. Times come from the backend's clock.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LockInfo {
@@ -361,6 +393,10 @@ pub struct LockInfo {
     /// that readers need not compare their own clock with the backend's.
     #[serde(rename = "expires_in_ms", with = "duration_ms")]
     pub expires_in: Duration,
+    /// Whether this is a writer's (or plain lock's) lease or a reader's.
+    /// Absent in JSON written before read-write locks: exclusive.
+    #[serde(default)]
+    pub mode: LockMode,
 }
 
 mod duration_ms {

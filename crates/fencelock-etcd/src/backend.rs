@@ -15,7 +15,8 @@ use etcd_client::{
 };
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
+    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Watch,
 };
 use serde_json::{json, Value};
 
@@ -31,6 +32,13 @@ use crate::{
 /// size left by the last sweep. Clearing it instead would send every held
 /// lock of a large client down the slow path at once.
 const LEASE_CACHE_SWEEP: usize = 4096;
+
+/// What follows a lock key in the keys of its readers.
+const READERS: &str = "\0r/";
+
+/// Numbers reader keys apart within this process (see
+/// `EtcdBackend::try_acquire_shared`).
+static NEXT_READER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The most operations etcd accepts in one Txn by default (`--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
@@ -235,6 +243,45 @@ impl EtcdBackend {
     fn user_key(&self, kv: &KeyValue) -> Option<LockKey> {
         let raw = std::str::from_utf8(kv.key()).ok()?;
         LockKey::new(raw.strip_prefix(&self.locks_prefix())?).ok()
+    }
+
+    /// Where reader leases live (docs/rwlock.md): `P/locks/K\0r/<name>`,
+    /// beside the writer's `P/locks/K` and the intent `P/locks/K\0i`. Keys
+    /// hold no NUL, so these never collide with another key's, a range
+    /// of the lock keys holds them too (`user_key` skips them), and one
+    /// watch of `[P/locks/K, P/locks/K\x01)` sees every release of the key.
+    fn readers_prefix(&self, key: &LockKey) -> String {
+        format!("{}{READERS}", self.key(key))
+    }
+
+    /// A waiting writer's intent on `key`: its owner, on a lease.
+    fn intent_key(&self, key: &LockKey) -> String {
+        format!("{}\0i", self.key(key))
+    }
+
+    /// The user key of a reader's key.
+    fn reader_user_key(&self, kv: &KeyValue) -> Option<LockKey> {
+        let raw = std::str::from_utf8(kv.key()).ok()?;
+        let (key, _) = raw
+            .strip_prefix(&self.locks_prefix())?
+            .split_once(READERS)?;
+        LockKey::new(key).ok()
+    }
+
+    /// The reader key of `lease` as it is now, if it is that (owner,
+    /// token)'s grant on the lease this crate put it on.
+    async fn reader(&self, lease: &LeaseId) -> Result<Option<KeyValue>> {
+        let mut resp = self.range(self.readers_prefix(&lease.key)).await?;
+        for kv in resp.take_kvs() {
+            if token_of(&kv) != lease.token {
+                continue;
+            }
+            let stored = decode(&kv)?;
+            if stored.owner == lease.owner && stored.lease.is_none_or(|l| l == kv.lease()) {
+                return Ok(Some(kv));
+            }
+        }
+        Ok(None)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, LeaseCache> {
@@ -526,6 +573,15 @@ impl EtcdBackend {
             acquired_at: DateTime::from_timestamp_millis(stored.acquired_ms).unwrap_or_default(),
             expires_at,
             expires_in: left,
+            mode: if kv
+                .key()
+                .windows(READERS.len())
+                .any(|w| w == READERS.as_bytes())
+            {
+                LockMode::Shared
+            } else {
+                LockMode::Exclusive
+            },
         };
         Ok((info, stored.acquired_ms))
     }
@@ -551,53 +607,20 @@ impl EtcdBackend {
         Ok(stream)
     }
 
-    /// Every lock key starting with `start` (a literal prefix).
-    async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
-        failover(self.options.timeout, || {
-            let (mut c, k) = (self.client.clone(), start.clone());
-            async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
-        })
-        .await
-        .map_err(|e| map("range", e))
-    }
-
-    async fn scan(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
-        let start = format!("{}{}", self.locks_prefix(), prefix.unwrap_or(""));
-        let mut resp = self.range(start).await?;
-        let kvs = resp.take_kvs();
-        let lookups = kvs.iter().filter_map(|kv| {
-            let key = self.user_key(kv)?;
-            Some(self.info(key, kv))
-        });
-        let mut found = Vec::new();
-        for r in futures_util::future::join_all(lookups).await {
-            if let Some(entry) = r? {
-                found.push(entry);
-            }
-        }
-        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-        Ok(found)
-    }
-}
-
-#[async_trait]
-impl Backend for EtcdBackend {
-    fn name(&self) -> &'static str {
-        "etcd"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .with_wakeups(true)
-            .with_persistent(true)
-            .with_batch_renew(true)
-            .with_watch(true)
-            .with_set_data(true)
-    }
-
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+    /// Puts `request`'s grant, under the key `name` gives for the shared
+    /// lease it joins, when every compare of `when` holds, with `extra` ops;
+    /// `Err(response)` (of the `or_else` reads) when one does not. Whether a
+    /// writer's (`remember`: into the lease cache) or a reader's.
+    async fn put_grant(
+        &self,
+        request: &AcquireRequest,
+        name: impl Fn(i64) -> String,
+        when: &[Compare],
+        extra: &[TxnOp],
+        or_else: &[TxnOp],
+        remember: bool,
+    ) -> Result<std::result::Result<Grant, TxnResponse>> {
         let asked = ttl_secs(request.ttl);
-        let key = self.key(&request.key);
         // A lease that ended on the server before this backend noticed
         // (nobody renewed it) refuses the put; a new one is granted once.
         let mut attempts = 2;
@@ -621,14 +644,17 @@ impl Backend for EtcdBackend {
             } else {
                 lease.left()
             };
+            let key = name(lease.id);
+            let mut ops = vec![TxnOp::put(
+                key.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )];
+            ops.extend_from_slice(extra);
             let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(lease.id)),
-                )])
-                .or_else([TxnOp::get(key.clone(), None)]);
+                .when(when.to_vec())
+                .and_then(ops)
+                .or_else(or_else.to_vec());
             let sent = failover(self.options.timeout, || {
                 let (mut c, t) = (self.client.clone(), txn.clone());
                 async move { c.txn(t).await }
@@ -674,26 +700,219 @@ impl Backend for EtcdBackend {
                     return Err(bad_value("txn response without a revision"));
                 }
                 let expires_at = wall_in(granted);
-                self.cache().insert(
-                    request.lease(token),
-                    Cached {
-                        lease: lease.id,
-                        asked,
-                        expires_at,
-                    },
-                );
-                return Ok(Acquire::Granted(Grant::new(token, granted, expires_at)));
+                if remember {
+                    self.cache().insert(
+                        request.lease(token),
+                        Cached {
+                            lease: lease.id,
+                            asked,
+                            expires_at,
+                        },
+                    );
+                }
+                return Ok(Ok(Grant::new(token, granted, expires_at)));
             }
-            let holder = resp.op_responses().into_iter().find_map(|op| match op {
-                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-                _ => None,
-            });
-            let info = match &holder {
-                Some(kv) => self.info(request.key.clone(), kv).await?,
-                None => None,
-            };
-            return Ok(Acquire::Held(info.map(|(i, _)| i)));
+            return Ok(Err(resp));
         }
+    }
+
+    /// The live reader of `key` whose lease ends last.
+    async fn last_reader(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let mut resp = self.range(self.readers_prefix(key)).await?;
+        let kvs = resp.take_kvs();
+        let infos = futures_util::future::join_all(kvs.iter().map(|kv| self.info(key.clone(), kv)));
+        let mut last: Option<LockInfo> = None;
+        for info in infos.await {
+            if let Some((info, _)) = info? {
+                if last.as_ref().is_none_or(|l| info.expires_in > l.expires_in) {
+                    last = Some(info);
+                }
+            }
+        }
+        Ok(last)
+    }
+
+    /// Every lock key starting with `start` (a literal prefix).
+    async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
+        failover(self.options.timeout, || {
+            let (mut c, k) = (self.client.clone(), start.clone());
+            async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
+        })
+        .await
+        .map_err(|e| map("range", e))
+    }
+
+    async fn scan(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
+        let start = format!("{}{}", self.locks_prefix(), prefix.unwrap_or(""));
+        let mut resp = self.range(start).await?;
+        let kvs = resp.take_kvs();
+        // Writers and readers; intents are no leases.
+        let lookups = kvs.iter().filter_map(|kv| {
+            let key = self.user_key(kv).or_else(|| self.reader_user_key(kv))?;
+            Some(self.info(key, kv))
+        });
+        let mut found = Vec::new();
+        for r in futures_util::future::join_all(lookups).await {
+            if let Some(entry) = r? {
+                found.push(entry);
+            }
+        }
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key).then(a.0.token.cmp(&b.0.token)));
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_batch_renew(true)
+            .with_watch(true)
+            .with_set_data(true)
+            .with_shared(true)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let key = self.key(&request.key);
+        let readers = self.readers_prefix(&request.key);
+        let intent = self.intent_key(&request.key);
+        // Free of readers too (docs/rwlock.md): a range compare holds for an
+        // empty range. A grant withdraws its owner's intent (a nested Txn).
+        let when = [
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(readers.clone(), CompareOp::Equal, 0).with_prefix(),
+        ];
+        let withdraw = TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(
+                    intent.clone(),
+                    CompareOp::Equal,
+                    request.owner.as_str(),
+                )])
+                .and_then([TxnOp::delete(intent, None)]),
+        );
+        let or_else = [
+            TxnOp::get(key.clone(), None),
+            TxnOp::get(readers, Some(GetOptions::new().with_prefix().with_limit(1))),
+        ];
+        let refused = match self
+            .put_grant(request, |_| key.clone(), &when, &[withdraw], &or_else, true)
+            .await?
+        {
+            Ok(grant) => return Ok(Acquire::Granted(grant)),
+            Err(resp) => resp,
+        };
+        // The writer if any, else a reader (then the waiting writer posts
+        // its intent).
+        let holder = refused.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let info = match &holder {
+            Some(kv) => self.info(request.key.clone(), kv).await?,
+            None => None,
+        };
+        Ok(Acquire::Held(info.map(|(i, _)| i)))
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let key = self.key(&request.key);
+        let when = [
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(self.intent_key(&request.key), CompareOp::Equal, 0),
+        ];
+        let readers = self.readers_prefix(&request.key);
+        // A name no other reader has: the shared lease's id is this
+        // backend's alone, the counter this process's.
+        let name = |lease: i64| {
+            let n = NEXT_READER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{readers}{lease:x}-{n}")
+        };
+        let or_else = [TxnOp::get(key, None)];
+        let refused = match self
+            .put_grant(request, name, &when, &[], &or_else, false)
+            .await?
+        {
+            Ok(grant) => return Ok(Acquire::Granted(grant)),
+            Err(resp) => resp,
+        };
+        let writer = refused.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let info = match &writer {
+            Some(kv) => self.info(request.key.clone(), kv).await?,
+            None => None,
+        };
+        Ok(Acquire::Held(info.map(|(i, _)| i)))
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        // Found by a range read each time (no cache of readers' keys); kept
+        // on, or moved to, this backend's shared lease of the TTL.
+        let ttl = ttl_secs(ttl);
+        if let Some(kv) = self.reader(lease).await? {
+            if let Some((_, granted)) = self.move_to_shared(&kv, ttl).await? {
+                let granted = secs(granted);
+                return Ok(Grant::new(lease.token, granted, wall_in(granted)));
+            }
+        }
+        Err(Error::not_held(lease))
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let deleted = match self.reader(lease).await? {
+            Some(kv) => {
+                let full = String::from_utf8_lossy(kv.key()).into_owned();
+                self.delete_grant(&full, lease.token).await?
+            }
+            None => false,
+        };
+        lease.found(deleted)
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        // On the shared lease of the TTL, which lasts at least half of it
+        // from now: posted every third of it while the writer waits, the
+        // intent never lapses, and ends at most one TTL after the writer.
+        let (lease, _) = self.shared_lease(ttl_secs(ttl)).await?;
+        let intent = self.intent_key(key);
+        let put = TxnOp::put(
+            intent.clone(),
+            owner.as_str(),
+            Some(PutOptions::new().with_lease(lease.id)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                intent.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([put.clone()])
+            .or_else([TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(intent, CompareOp::Equal, owner.as_str())])
+                    .and_then([put]),
+            )]);
+        self.txn("intent txn", txn).await.map(|_| ())
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let intent = self.intent_key(key);
+        let txn = Txn::new()
+            .when([Compare::value(
+                intent.clone(),
+                CompareOp::Equal,
+                owner.as_str(),
+            )])
+            .and_then([TxnOp::delete(intent, None)]);
+        self.txn("intent txn", txn).await.map(|_| ())
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
@@ -871,10 +1090,10 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let Some(kv) = self.get(key).await? else {
-            return Ok(None);
-        };
-        Ok(self.info(key.clone(), &kv).await?.map(|(i, _)| i))
+        if let Some(kv) = self.get(key).await? {
+            return Ok(self.info(key.clone(), &kv).await?.map(|(i, _)| i));
+        }
+        self.last_reader(key).await
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
@@ -887,8 +1106,18 @@ impl Backend for EtcdBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        // Readers and a writer's intent go too: the key is freed entirely.
+        let reader = self.last_reader(key).await?;
+        let readers = Txn::new().and_then([
+            TxnOp::delete(
+                self.readers_prefix(key),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
+            TxnOp::delete(self.intent_key(key), None),
+        ]);
+        self.txn("force-release txn", readers).await?;
         let Some(kv) = self.get(key).await? else {
-            return Ok(None);
+            return Ok(reader);
         };
         let info = self.info(key.clone(), &kv).await?;
         // Only this key: its lease may carry other grants. The holder's
@@ -900,18 +1129,25 @@ impl Backend for EtcdBackend {
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let mut resp = self.range(self.locks_prefix()).await?;
         let mut released = 0;
+        let mut resp = self.range(self.locks_prefix()).await?;
         for kv in resp.take_kvs() {
             let Ok(stored) = decode(&kv) else { continue };
+            if stored.owner != *owner {
+                continue;
+            }
             // Deleting only the incarnation read cannot touch a successor
             // that took the key since the range read.
-            let Some(key) = self.user_key(&kv) else {
-                continue;
-            };
-            if stored.owner == *owner && self.delete_grant(&self.key(&key), token_of(&kv)).await? {
-                self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
-                released += 1;
+            let full = String::from_utf8_lossy(kv.key()).into_owned();
+            match self.user_key(&kv) {
+                Some(key) if self.delete_grant(&full, token_of(&kv)).await? => {
+                    self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
+                    released += 1;
+                }
+                None if self.reader_user_key(&kv).is_some() => {
+                    released += u64::from(self.delete_grant(&full, token_of(&kv)).await?);
+                }
+                _ => {}
             }
         }
         Ok(released)
@@ -933,7 +1169,13 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        // The writer's key and everything after it up to `K\x01`: its
+        // readers and intent, so a reader's release wakes a waiting writer
+        // and a withdrawn intent waiting readers.
+        let end = format!("{}\u{1}", self.key(key));
+        let options = WatchOptions::new()
+            .with_filters([WatchFilterType::NoPut])
+            .with_range(end);
         let stream = self.open_watch(key, options).await?;
         let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
             loop {

@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use fencelock_core::{Admission, Fence, FencingToken, Result};
+use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
 
 use crate::{
     backend::connect,
@@ -13,7 +13,9 @@ use crate::{
 };
 
 /// A fence in etcd: one key per resource (`PREFIX/fences/RESOURCE`) holding
-/// the highest admitted token. Admission reads the record and raises it with
+/// the highest admitted token, followed by `/W` when the highest admitted
+/// writer token `W` is lower (read-write locks, `docs/rwlock.md`; a record
+/// without it, as every record from before, is a writer's). Admission reads the record and raises it with
 /// a Txn that compares the record's mod revision, retrying on a concurrent
 /// change (tokens are compared as numbers in Rust, not as bytes in etcd).
 #[derive(Clone)]
@@ -48,8 +50,9 @@ impl EtcdFence {
         format!("{}/fences/{resource}", self.options.prefix)
     }
 
-    /// The current record: (highest token, mod revision; 0 when absent).
-    async fn read(&self, key: &str) -> Result<(Option<FencingToken>, i64)> {
+    /// The current record: (highest token and highest writer token, mod
+    /// revision; 0 when absent).
+    async fn read(&self, key: &str) -> Result<(Option<(u64, u64)>, i64)> {
         let mut resp = failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), key.to_owned());
             async move { c.get(k, None).await }
@@ -59,11 +62,14 @@ impl EtcdFence {
         match resp.take_kvs().into_iter().next() {
             None => Ok((None, 0)),
             Some(kv) => {
-                let token = std::str::from_utf8(kv.value())
+                let record = std::str::from_utf8(kv.value())
                     .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
+                    .and_then(|s| match s.split_once('/') {
+                        None => s.parse::<u64>().ok().map(|t| (t, t)),
+                        Some((h, w)) => Some((h.parse::<u64>().ok()?, w.parse::<u64>().ok()?)),
+                    })
                     .ok_or_else(|| bad_value("fence record is not a u64"))?;
-                Ok((Some(FencingToken(token)), kv.mod_revision()))
+                Ok((Some(record), kv.mod_revision()))
             }
         }
     }
@@ -76,21 +82,59 @@ impl Fence for EtcdFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let (record, _) = self.read(&self.key(resource)).await?;
+        Ok(record
+            .map(|(_, writer)| writer)
+            .filter(|w| *w > 0)
+            .map(FencingToken))
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
         let key = self.key(resource);
+        let t = token.get();
         loop {
             let (current, revision) = self.read(&key).await?;
-            match current {
-                Some(current) if current > token => return Ok(Admission::Stale { current }),
-                Some(current) if current == token => return Ok(Admission::Admitted),
-                _ => {}
+            // The floor the token must reach, and the record after it.
+            let (floor, highest, writer) = match (mode, current) {
+                (LockMode::Exclusive, None) => (0, t, t),
+                (LockMode::Exclusive, Some((h, _))) => (h, t, t),
+                (LockMode::Shared, None) => (0, t, 0),
+                (LockMode::Shared, Some((h, w))) => (w, h.max(t), w),
+            };
+            if t < floor {
+                return Ok(Admission::Stale {
+                    current: FencingToken(floor),
+                });
             }
+            if current == Some((highest, writer)) {
+                return Ok(Admission::Admitted);
+            }
+            let record = if highest == writer {
+                highest.to_string()
+            } else {
+                format!("{highest}/{writer}")
+            };
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     key.clone(),
                     CompareOp::Equal,
                     revision,
                 )])
-                .and_then([TxnOp::put(key.clone(), token.0.to_string(), None)]);
+                .and_then([TxnOp::put(key.clone(), record, None)]);
             let resp = failover(self.options.timeout, || {
                 let (mut c, t) = (self.client.clone(), txn.clone());
                 async move { c.txn(t).await }
@@ -106,6 +150,7 @@ impl Fence for EtcdFence {
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        Ok(self.read(&self.key(resource)).await?.0)
+        let (record, _) = self.read(&self.key(resource)).await?;
+        Ok(record.map(|(highest, _)| FencingToken(highest)))
     }
 }

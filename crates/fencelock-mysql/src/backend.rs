@@ -5,10 +5,10 @@ use std::{fmt, time::Duration};
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, Owner, Renewal, Result, Stats,
+    LockKey, LockMode, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
-use sqlx::{mysql::MySqlRow, MySql, Row};
+use sqlx::{mysql::MySqlRow, MySql, MySqlConnection, Row};
 
 use crate::{
     error::{bad_reply, is_deadlock, map, map_acquire},
@@ -32,10 +32,37 @@ const DEADLOCK_RETRIES: u32 = 3;
 /// commit (a few milliseconds normally; long only if that session stalls).
 const TURN_WAIT_SECS: u32 = 10;
 
+/// A locks row that stores nothing: its lease ended, no reader's lease on
+/// the key lives past now, and no writer's intent does.
+const DEAD: &str = "expires_at <= NOW(6) AND (readers_until IS NULL OR readers_until <= NOW(6)) \
+                    AND (intent_until IS NULL OR intent_until <= NOW(6))";
+
+/// `expires_at` of a locks row made for readers or an intent: long past.
+const NO_LEASE: &str = "'1970-01-01 00:00:01'";
+
 pub(crate) struct Sql {
     /// `{tokens}` for [`raise_floor`].
     tokens: String,
     locks: String,
+    take_turn: String,
+    give_turn: String,
+    gate: String,
+    horizon: String,
+    shared_insert: String,
+    shared_granted: String,
+    shared_renew: String,
+    shared_renewed: String,
+    shared_release: String,
+    recompute_horizon: String,
+    last_reader: String,
+    list_readers: String,
+    stats_readers: String,
+    cleanup_readers: String,
+    post_intent: String,
+    withdraw_intent: String,
+    owner_reader_keys: String,
+    release_owner_readers: String,
+    force_delete_readers: String,
     pub(crate) acquire: String,
     pub(crate) acquire_result: String,
     renew: String,
@@ -43,7 +70,6 @@ pub(crate) struct Sql {
     pub(crate) release: String,
     inspect: String,
     list: String,
-    force_select: String,
     force_delete: String,
     release_all: String,
     cleanup: String,
@@ -53,7 +79,7 @@ pub(crate) struct Sql {
 
 impl Sql {
     pub(crate) fn new(n: &Names) -> Self {
-        let (locks, tokens) = (&n.locks, &n.tokens);
+        let (locks, tokens, readers) = (&n.locks, &n.tokens, &n.readers);
         // The name of the key's named lock: at most 64 characters whatever
         // the prefix and key, distinct per table and key. Takes the key as a
         // parameter.
@@ -61,10 +87,15 @@ impl Sql {
         // ON DUPLICATE KEY UPDATE assigns left to right and later
         // assignments see earlier results, so every assignment tests the
         // *old* `expires_at`, which is therefore assigned last.
-        let take = |column: &str, value: &str| {
-            format!("{column} = IF(expires_at <= NOW(6), {value}, {column})")
-        };
+        // Free: the lease ended and so did every reader's (docs/rwlock.md).
+        let free = "expires_at <= NOW(6) AND (readers_until IS NULL OR readers_until <= NOW(6))";
+        let take = |column: &str, value: &str| format!("{column} = IF({free}, {value}, {column})");
+        // A grant withdraws its owner's intent; `intent_until` first, while
+        // `intent_owner` still names the intent's owner.
+        let mine = format!("{free} AND intent_owner <=> VALUES(owner)");
         let updates = [
+            format!("intent_until = IF({mine}, NULL, intent_until)"),
+            format!("intent_owner = IF({mine}, NULL, intent_owner)"),
             take("owner", "VALUES(owner)"),
             take("kind", "VALUES(kind)"),
             take("data", "VALUES(data)"),
@@ -80,6 +111,99 @@ impl Sql {
         Self {
             tokens: tokens.clone(),
             locks: locks.clone(),
+            // Reader operations run under the key's turn, the named lock
+            // every acquisition of the key holds while it decides: a
+            // writer's upsert cannot decide between a reader's look and
+            // its write. Each statement after taking the turn reads the
+            // newest committed rows (autocommit).
+            take_turn: format!("SELECT GET_LOCK({turn}, {TURN_WAIT_SECS})"),
+            give_turn: format!("SELECT RELEASE_LOCK({turn})"),
+            gate: format!(
+                "SELECT {LEASE_COLUMNS}, expires_at > NOW(6) AS live,
+                        COALESCE(intent_until > NOW(6), FALSE) AS intent
+                   FROM {locks} WHERE `key` = ?"
+            ),
+            // The key's reader horizon reaches the reader lease's end (a row
+            // holding no lease is made for a key that has none).
+            horizon: format!(
+                "INSERT INTO {locks}
+                   (`key`, owner, token, acquired_at, expires_at, updated_at, readers_until)
+                 VALUES (?, ?, 0, NOW(6), {NO_LEASE}, NOW(6), ?)
+                 ON DUPLICATE KEY UPDATE readers_until =
+                   GREATEST(COALESCE(readers_until, VALUES(readers_until)), VALUES(readers_until))"
+            ),
+            shared_insert: format!(
+                "INSERT INTO {readers}
+                   (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
+                 VALUES (?, ?, NEXTVAL({tokens}), ?, ?, NOW(6),
+                         NOW(6) + INTERVAL ? MICROSECOND, NOW(6))"
+            ),
+            shared_granted: format!(
+                "SELECT {LEASE_COLUMNS}, 1 AS shared FROM {readers}
+                  WHERE `key` = ? AND token = LASTVAL({tokens})"
+            ),
+            shared_renew: format!(
+                "UPDATE {readers}
+                    SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, updated_at = NOW(6)
+                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
+            ),
+            shared_renewed: format!(
+                "SELECT expires_at FROM {readers} WHERE `key` = ? AND token = ?"
+            ),
+            shared_release: format!(
+                "DELETE FROM {readers}
+                  WHERE `key` = ? AND owner = ? AND token = ? AND expires_at > NOW(6)"
+            ),
+            recompute_horizon: format!(
+                "UPDATE {locks} SET readers_until =
+                   (SELECT MAX(expires_at) FROM {readers} WHERE `key` = ? AND expires_at > NOW(6))
+                  WHERE `key` = ?"
+            ),
+            last_reader: format!(
+                "SELECT {LEASE_COLUMNS}, 1 AS shared FROM {readers}
+                  WHERE `key` = ? AND expires_at > NOW(6) ORDER BY expires_at DESC LIMIT 1"
+            ),
+            list_readers: format!(
+                "SELECT {LEASE_COLUMNS}, 1 AS shared FROM {readers}
+                  WHERE expires_at > NOW(6) AND (? IS NULL OR LEFT(`key`, CHAR_LENGTH(?)) = ?)"
+            ),
+            stats_readers: format!(
+                "SELECT e.expired, l.*
+                   FROM (SELECT COUNT(*) AS expired FROM {readers} WHERE expires_at <= NOW(6)) e
+                   LEFT JOIN (
+                     SELECT {LEASE_COLUMNS}, 1 AS shared,
+                            TIMESTAMPDIFF(MICROSECOND, acquired_at, NOW(6)) AS held_us
+                       FROM {readers} WHERE expires_at > NOW(6)) l ON TRUE"
+            ),
+            cleanup_readers: format!("DELETE FROM {readers} WHERE expires_at <= NOW(6)"),
+            // On the key's locks row (made if missing), which the readers'
+            // gate reads under the turn. Another owner's live intent stays:
+            // `intent_owner` is decided on the old values, then
+            // `intent_until` follows whoever owns it now.
+            post_intent: format!(
+                "INSERT INTO {locks}
+                   (`key`, owner, token, acquired_at, expires_at, updated_at,
+                    intent_owner, intent_until)
+                 VALUES (?, ?, 0, NOW(6), {NO_LEASE}, NOW(6), ?, NOW(6) + INTERVAL ? MICROSECOND)
+                 ON DUPLICATE KEY UPDATE
+                   intent_owner = IF(intent_owner <=> VALUES(intent_owner)
+                                       OR intent_until IS NULL OR intent_until <= NOW(6),
+                                     VALUES(intent_owner), intent_owner),
+                   intent_until = IF(intent_owner <=> VALUES(intent_owner),
+                                     VALUES(intent_until), intent_until)"
+            ),
+            withdraw_intent: format!(
+                "UPDATE {locks} SET intent_owner = NULL, intent_until = NULL
+                  WHERE `key` = ? AND intent_owner = ?"
+            ),
+            owner_reader_keys: format!(
+                "SELECT DISTINCT `key` FROM {readers}
+                  WHERE owner = ? AND expires_at > NOW(6) ORDER BY `key`"
+            ),
+            release_owner_readers: format!(
+                "DELETE FROM {readers} WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"
+            ),
+            force_delete_readers: format!("DELETE FROM {readers} WHERE `key` = ?"),
             // The token is drawn only once this session holds the key's
             // named lock ("its turn"), which it keeps until `acquire_result`
             // has run, i.e. until after this statement committed. Without
@@ -132,21 +256,16 @@ impl Sql {
                   WHERE expires_at > NOW(6) AND (? IS NULL OR LEFT(`key`, CHAR_LENGTH(?)) = ?)
                   ORDER BY `key`"
             ),
-            // Lock the live row, then delete exactly that lease, in one short
-            // transaction (MySQL 8 has no DELETE … RETURNING).
-            force_select: format!(
-                "SELECT {LEASE_COLUMNS} FROM {locks}
-                  WHERE `key` = ? AND expires_at > NOW(6) FOR UPDATE"
-            ),
-            force_delete: format!("DELETE FROM {locks} WHERE `key` = ? AND token = ?"),
+            // The whole row: writer, reader horizon and intent.
+            force_delete: format!("DELETE FROM {locks} WHERE `key` = ?"),
             release_all: format!("DELETE FROM {locks} WHERE owner = ? AND expires_at > NOW(6)"),
-            cleanup: format!("DELETE FROM {locks} WHERE expires_at <= NOW(6)"),
+            cleanup: format!("DELETE FROM {locks} WHERE {DEAD}"),
             // The expired count joined to every live lease (or to one row of
             // NULLs): one statement, one NOW(6). A UNION would be shorter but
             // MariaDB widens the unioned BIGINT UNSIGNED token to DECIMAL.
             stats: format!(
                 "SELECT e.expired, l.*
-                   FROM (SELECT COUNT(*) AS expired FROM {locks} WHERE expires_at <= NOW(6)) e
+                   FROM (SELECT COUNT(*) AS expired FROM {locks} WHERE {DEAD}) e
                    LEFT JOIN (
                      SELECT {LEASE_COLUMNS},
                             TIMESTAMPDIFF(MICROSECOND, acquired_at, NOW(6)) AS held_us
@@ -190,6 +309,23 @@ impl MySqlBackend {
     /// Takes a pooled connection for one operation.
     async fn session(&self) -> std::result::Result<Session<MySql>, sqlx::Error> {
         self.pool.session().await
+    }
+
+    /// The live reader of `key` whose lease ends last.
+    async fn last_reader(&self, key: &str) -> Result<Option<LockInfo>> {
+        self.options
+            .bounded("inspecting", async {
+                let mut s = self.session().await?;
+                let row = sqlx::query(&self.sql.last_reader)
+                    .bind(key)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish_after(row)
+            })
+            .await?
+            .as_ref()
+            .map(lease)
+            .transpose()
     }
 }
 
@@ -235,7 +371,78 @@ fn lease(row: &MySqlRow) -> Result<LockInfo> {
         acquired_at: row.try_get("acquired_at").map_err(get)?,
         expires_at: row.try_get("expires_at").map_err(get)?,
         expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
+        // Statements that return readers select `shared`; the others
+        // return writers only.
+        mode: match row.try_get::<Option<i64>, _>("shared") {
+            Ok(Some(1)) => LockMode::Shared,
+            _ => LockMode::Exclusive,
+        },
     })
+}
+
+/// Runs `$body` (statements on `$conn`) on one session while it holds
+/// `$key`'s turn, bounded by the operation timeout. On any failure the
+/// session is closed rather than pooled, which frees the turn.
+macro_rules! under_turn {
+    ($self:ident, $operation:expr, $key:expr, |$conn:ident| $body:block) => {
+        $self.options.bounded($operation, async {
+            let mut s = $self.session().await?;
+            take_turn(s.conn()?, &$self.sql, $key).await?;
+            let $conn = s.conn()?;
+            let value: std::result::Result<_, sqlx::Error> = async { $body }.await;
+            let value = value?;
+            give_turn(s.conn()?, &$self.sql, $key).await?;
+            s.finish();
+            Ok(value)
+        })
+    };
+}
+
+/// Takes `key`'s turn on `conn` (a transient error if another session
+/// keeps it past the wait). The caller gives it back with
+/// [`give_turn`], or drops the session, which closes it and frees the turn.
+async fn take_turn(
+    conn: &mut MySqlConnection,
+    sql: &Sql,
+    key: &str,
+) -> std::result::Result<(), sqlx::Error> {
+    let got: Option<i64> = sqlx::query_scalar(&sql.take_turn)
+        .bind(key)
+        .fetch_one(&mut *conn)
+        .await?;
+    if got == Some(1) {
+        Ok(())
+    } else {
+        Err(sqlx::Error::PoolTimedOut)
+    }
+}
+
+async fn give_turn(
+    conn: &mut MySqlConnection,
+    sql: &Sql,
+    key: &str,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(&sql.give_turn)
+        .bind(key)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Stats rows (`stats` or `stats_readers`): the expired count on every row,
+/// and a live lease with its hold time on each row that has one.
+fn stats_rows(rows: &[MySqlRow]) -> Result<(Vec<(LockInfo, Duration)>, u64)> {
+    let mut leases = Vec::with_capacity(rows.len());
+    let mut expired = 0;
+    for row in rows {
+        let count: i64 = row.try_get("expired").map_err(|e| map("stats", e))?;
+        expired = u64::try_from(count).unwrap_or(0);
+        if text(row, "lock_key")?.is_some() {
+            let held: i64 = row.try_get("held_us").map_err(|e| map("stats", e))?;
+            leases.push((lease(row)?, micros_to_duration(held)));
+        }
+    }
+    Ok((leases, expired))
 }
 
 #[async_trait]
@@ -251,6 +458,7 @@ impl Backend for MySqlBackend {
             .with_min_token(true)
             .with_batch_renew(true)
             .with_set_data(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -308,7 +516,9 @@ impl Backend for MySqlBackend {
         Ok(if won == Some(true) {
             Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
         } else if info.expires_in.is_zero() {
-            Acquire::Held(None)
+            // No live writer: readers kept it out, if anyone (a waiting
+            // writer is told which, to post its intent).
+            Acquire::Held(self.last_reader(key).await?)
         } else {
             Acquire::Held(Some(info))
         })
@@ -449,7 +659,8 @@ impl Backend for MySqlBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.options
+        let writer = self
+            .options
             .bounded("inspecting", async {
                 let mut s = self.session().await?;
                 let row = sqlx::query(&self.sql.inspect)
@@ -458,61 +669,61 @@ impl Backend for MySqlBackend {
                     .await;
                 s.finish_after(row)
             })
-            .await?
-            .as_ref()
-            .map(lease)
-            .transpose()
+            .await?;
+        match writer.as_ref().map(lease).transpose()? {
+            Some(writer) => Ok(Some(writer)),
+            None => self.last_reader(key.as_str()).await,
+        }
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.options
-            .bounded("listing", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.list)
-                    .bind(prefix)
-                    .bind(prefix)
-                    .bind(prefix)
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
-            })
-            .await?
-            .iter()
-            .map(lease)
-            .collect()
+        let mut leases = Vec::new();
+        for sql in [&self.sql.list, &self.sql.list_readers] {
+            let rows = self
+                .options
+                .bounded("listing", async {
+                    let mut s = self.session().await?;
+                    let rows = sqlx::query(sql)
+                        .bind(prefix)
+                        .bind(prefix)
+                        .bind(prefix)
+                        .fetch_all(s.conn()?)
+                        .await;
+                    s.finish_after(rows)
+                })
+                .await?;
+            for row in &rows {
+                leases.push(lease(row)?);
+            }
+        }
+        leases.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
+        Ok(leases)
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let forced = self
-            .options
-            .bounded("force-releasing", async {
-                let mut s = self.session().await?;
-                let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                let row = sqlx::query(&self.sql.force_select)
-                    .bind(key.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some(row) = row else {
-                    tx.commit().await?;
-                    s.finish();
-                    return Ok(None);
-                };
-                let token: u64 = row.try_get("token")?;
-                sqlx::query(&self.sql.force_delete)
-                    .bind(key.as_str())
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                s.finish();
-                Ok(Some(row))
-            })
-            .await?;
+        let k = key.as_str();
+        let forced = under_turn!(self, "force-releasing", k, |conn| {
+            // The key is freed entirely; the answer is the writer,
+            // else the newest reader.
+            let writer = sqlx::query(&self.sql.inspect)
+                .bind(k)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let reader = sqlx::query(&self.sql.last_reader)
+                .bind(k)
+                .fetch_optional(&mut *conn)
+                .await?;
+            for sql in [&self.sql.force_delete, &self.sql.force_delete_readers] {
+                sqlx::query(sql).bind(k).execute(&mut *conn).await?;
+            }
+            Ok(writer.or(reader))
+        })
+        .await?;
         forced.as_ref().map(lease).transpose()
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        Ok(self
+        let writers = self
             .options
             .bounded("releasing all", async {
                 let mut s = self.session().await?;
@@ -523,19 +734,201 @@ impl Backend for MySqlBackend {
                 s.finish_after(done)
             })
             .await?
-            .rows_affected())
+            .rows_affected();
+        let keys: Vec<Vec<u8>> = self
+            .options
+            .bounded("releasing all", async {
+                let mut s = self.session().await?;
+                let keys = sqlx::query_scalar(&self.sql.owner_reader_keys)
+                    .bind(owner.as_str())
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish_after(keys)
+            })
+            .await?;
+        let mut readers = 0;
+        // One key's turn at a time: its horizon is recomputed from a
+        // current view, as a reader's release does.
+        for key in keys {
+            let key = String::from_utf8(key).map_err(|_| bad_reply("a key is not UTF-8"))?;
+            let k = key.as_str();
+            readers += under_turn!(self, "releasing all", k, |conn| {
+                let gone = sqlx::query(&self.sql.release_owner_readers)
+                    .bind(k)
+                    .bind(owner.as_str())
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                sqlx::query(&self.sql.recompute_horizon)
+                    .bind(k)
+                    .bind(k)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(gone)
+            })
+            .await?;
+        }
+        Ok(writers + readers)
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
-        Ok(self
-            .options
-            .bounded("cleaning up", async {
+        let mut removed = 0;
+        for sql in [&self.sql.cleanup, &self.sql.cleanup_readers] {
+            removed += self
+                .options
+                .bounded("cleaning up", async {
+                    let mut s = self.session().await?;
+                    let done = sqlx::query(sql).execute(s.conn()?).await;
+                    s.finish_after(done)
+                })
+                .await?
+                .rows_affected();
+        }
+        Ok(removed)
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let key = request.key.as_str();
+        let raise = request
+            .min_token
+            .map(|floor| raise_floor(&self.sql, floor))
+            .transpose()?;
+        let (granted, row) = under_turn!(self, "acquiring a read lock", key, |conn| {
+            let gate = sqlx::query(&self.sql.gate)
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = gate {
+                let live: Option<bool> = row.try_get("live")?;
+                let intent: Option<bool> = row.try_get("intent")?;
+                if live == Some(true) {
+                    return Ok((false, Some(row)));
+                }
+                if intent == Some(true) {
+                    return Ok((false, None));
+                }
+            }
+            if let Some(raise) = &raise {
+                sqlx::query(raise).execute(&mut *conn).await?;
+            }
+            sqlx::query(&self.sql.shared_insert)
+                .bind(key)
+                .bind(request.owner.as_str())
+                .bind(request.kind.as_deref())
+                .bind(request.data.as_ref())
+                .bind(ttl_micros(request.ttl))
+                .execute(&mut *conn)
+                .await?;
+            let row = sqlx::query(&self.sql.shared_granted)
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await?;
+            let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
+                row.try_get("expires_at")?;
+            sqlx::query(&self.sql.horizon)
+                .bind(key)
+                .bind(request.owner.as_str())
+                .bind(expires_at)
+                .execute(&mut *conn)
+                .await?;
+            Ok((true, Some(row)))
+        })
+        .await?;
+        let info = row.as_ref().map(lease).transpose()?;
+        Ok(match (granted, info) {
+            (true, Some(info)) => {
+                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
+            }
+            (_, info) => Acquire::Held(info),
+        })
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let key = lease.key.as_str();
+        let expires_at = under_turn!(self, "renewing a read lock", key, |conn| {
+            let matched = sqlx::query(&self.sql.shared_renew)
+                .bind(ttl_micros(ttl))
+                .bind(key)
+                .bind(lease.owner.as_str())
+                .bind(lease.token.get())
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if matched == 0 {
+                return Ok(None);
+            }
+            let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
+                sqlx::query_scalar(&self.sql.shared_renewed)
+                    .bind(key)
+                    .bind(lease.token.get())
+                    .fetch_one(&mut *conn)
+                    .await?;
+            sqlx::query(&self.sql.horizon)
+                .bind(key)
+                .bind(lease.owner.as_str())
+                .bind(expires_at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Some(expires_at))
+        })
+        .await?
+        .ok_or_else(|| Error::not_held(lease))?;
+        Ok(Grant::new(lease.token, ttl, expires_at))
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let key = lease.key.as_str();
+        let released = under_turn!(self, "releasing a read lock", key, |conn| {
+            let gone = sqlx::query(&self.sql.shared_release)
+                .bind(key)
+                .bind(lease.owner.as_str())
+                .bind(lease.token.get())
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if gone > 0 {
+                sqlx::query(&self.sql.recompute_horizon)
+                    .bind(key)
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(gone > 0)
+        })
+        .await?;
+        lease.found(released)
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.options
+            .bounded("posting a writer's intent", async {
                 let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
+                let done = sqlx::query(&self.sql.post_intent)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(owner.as_str())
+                    .bind(ttl_micros(ttl))
+                    .execute(s.conn()?)
+                    .await;
                 s.finish_after(done)
             })
-            .await?
-            .rows_affected())
+            .await?;
+        Ok(())
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.options
+            .bounded("withdrawing a writer's intent", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.withdraw_intent)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .execute(s.conn()?)
+                    .await;
+                s.finish_after(done)
+            })
+            .await?;
+        Ok(())
     }
 
     async fn stats(&self) -> Result<Stats> {
@@ -547,19 +940,22 @@ impl Backend for MySqlBackend {
                 s.finish_after(rows)
             })
             .await?;
-        let mut leases = Vec::with_capacity(rows.len());
-        let mut expired = 0;
-        for row in &rows {
-            let count: i64 = row.try_get("expired").map_err(|e| map("stats", e))?;
-            expired = u64::try_from(count).unwrap_or(0);
-            if text(row, "lock_key")?.is_some() {
-                let held: i64 = row.try_get("held_us").map_err(|e| map("stats", e))?;
-                leases.push((lease(row)?, micros_to_duration(held)));
-            }
-        }
+        let (mut leases, expired) = stats_rows(&rows)?;
+        let rows = self
+            .options
+            .bounded("computing stats", async {
+                let mut s = self.session().await?;
+                let rows = sqlx::query(&self.sql.stats_readers)
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish_after(rows)
+            })
+            .await?;
+        let (readers, expired_readers) = stats_rows(&rows)?;
+        leases.extend(readers);
         Ok(Stats::from_leases(
             leases.iter().map(|(l, d)| (l, *d)),
-            expired,
+            expired + expired_readers,
         ))
     }
 }

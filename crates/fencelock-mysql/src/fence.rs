@@ -4,7 +4,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
+use fencelock_core::{Admission, Fence, FencingToken, LockKey, LockMode, Result};
 use sqlx::{MySql, MySqlConnection};
 
 use fencelock_sql_common::ConnectionPool;
@@ -21,8 +21,11 @@ pub struct MySqlFence {
     pool: ConnectionPool<MySql>,
     options: MySqlOptions,
     upsert: String,
+    upsert_reader: String,
     read: String,
+    read_writer: String,
     read_latest: String,
+    read_latest_writer: String,
 }
 
 impl fmt::Debug for MySqlFence {
@@ -48,11 +51,31 @@ impl MySqlFence {
             // Always storing max(stored, presented); the read that follows in
             // the same transaction shows the presented token exactly when it
             // was admitted.
+            // A writer's admission also becomes the highest writer token
+            // (assigned first: it tests the old `token`).
             upsert: format!(
-                "INSERT INTO {fences} (resource, token) VALUES (?, ?)
-                 ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+                "INSERT INTO {fences} (resource, token, writer_token) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE
+                   writer_token = IF(VALUES(token) >= token, VALUES(token), writer_token),
+                   token = GREATEST(token, VALUES(token))"
+            ),
+            // A reader's is decided against the highest writer token (NULL in
+            // a row from before read-write locks, whose token was a
+            // writer's; 0 for none yet), made explicit first; reading it
+            // back shows whether the reader reached it.
+            upsert_reader: format!(
+                "INSERT INTO {fences} (resource, token, writer_token) VALUES (?, ?, 0)
+                 ON DUPLICATE KEY UPDATE
+                   writer_token = COALESCE(writer_token, token),
+                   token = IF(VALUES(token) >= writer_token, GREATEST(token, VALUES(token)), token)"
             ),
             read: format!("SELECT token FROM {fences} WHERE resource = ?"),
+            read_writer: format!(
+                "SELECT COALESCE(writer_token, token) FROM {fences} WHERE resource = ?"
+            ),
+            read_latest_writer: format!(
+                "SELECT writer_token FROM {fences} WHERE resource = ? FOR UPDATE"
+            ),
             // A locking read: it sees the latest committed row (which the
             // upsert has locked already), whereas a plain SELECT in a
             // REPEATABLE READ transaction that has read anything before
@@ -84,40 +107,94 @@ impl MySqlFence {
         resource: &str,
         token: FencingToken,
     ) -> Result<()> {
+        self.admit_shared_in(conn, resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    /// Admits `token` of a lease held in `mode` (a read-write lock's reader
+    /// or writer, see [`Fence::admit_shared`]) on `conn`, as
+    /// [`MySqlFence::admit_in`] does.
+    pub async fn admit_shared_in(
+        &self,
+        conn: &mut MySqlConnection,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<()> {
         LockKey::new(resource)?;
         let current = self
             .options
-            .bounded("admitting a token", self.admit_on(conn, resource, token))
+            .bounded(
+                "admitting a token",
+                self.admit_on(conn, resource, token, mode),
+            )
             .await?;
-        admission(current, token).into_result("mysql", resource, token)
+        admission(current, token, mode).into_result("mysql", resource, token)
     }
 
-    /// The upsert and the read back; the token stored now.
+    /// The upsert and the read back: for a writer the token stored now, for
+    /// a reader the highest writer token (0: none).
     async fn admit_on(
         &self,
         conn: &mut MySqlConnection,
         resource: &str,
         token: FencingToken,
+        mode: LockMode,
     ) -> std::result::Result<u64, sqlx::Error> {
-        sqlx::query(&self.upsert)
-            .bind(resource)
-            .bind(token.get())
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query_scalar(&self.read_latest)
+        let (upsert, read) = match mode {
+            LockMode::Exclusive => (&self.upsert, &self.read_latest),
+            LockMode::Shared => (&self.upsert_reader, &self.read_latest_writer),
+        };
+        let query = sqlx::query(upsert).bind(resource).bind(token.get());
+        let query = match mode {
+            LockMode::Exclusive => query.bind(token.get()),
+            LockMode::Shared => query,
+        };
+        query.execute(&mut *conn).await?;
+        sqlx::query_scalar(read)
             .bind(resource)
             .fetch_one(&mut *conn)
             .await
     }
 }
 
-fn admission(current: u64, token: FencingToken) -> Admission {
-    if current == token.get() {
+fn admission(current: u64, token: FencingToken, mode: LockMode) -> Admission {
+    let admitted = match mode {
+        LockMode::Exclusive => current == token.get(),
+        LockMode::Shared => current <= token.get(),
+    };
+    if admitted {
         Admission::Admitted
     } else {
         Admission::Stale {
             current: FencingToken(current),
         }
+    }
+}
+
+impl MySqlFence {
+    /// A stored token, or none for a missing row (or, with `zero_is_none`,
+    /// the 0 of "no writer yet").
+    async fn read_token(
+        &self,
+        sql: &str,
+        resource: &str,
+        zero_is_none: bool,
+    ) -> Result<Option<FencingToken>> {
+        let current: Option<u64> = self
+            .options
+            .bounded("reading a fence", async {
+                let mut s = self.pool.session().await?;
+                let current = sqlx::query_scalar(sql)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish_after(current)
+            })
+            .await?;
+        Ok(current
+            .filter(|t| !(zero_is_none && *t == 0))
+            .map(FencingToken))
     }
 }
 
@@ -128,32 +205,39 @@ impl Fence for MySqlFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        self.read_token(&self.read, resource, false).await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
         let current = self
             .options
             .bounded("admitting a token", async {
                 let mut s = self.pool.session().await?;
                 let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                let current = self.admit_on(&mut tx, resource, token).await?;
+                let current = self.admit_on(&mut tx, resource, token, mode).await?;
                 tx.commit().await?;
                 s.finish();
                 Ok(current)
             })
             .await?;
-        Ok(admission(current, token))
+        Ok(admission(current, token, mode))
     }
 
-    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let current: Option<u64> = self
-            .options
-            .bounded("reading a fence", async {
-                let mut s = self.pool.session().await?;
-                let current = sqlx::query_scalar(&self.read)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(current)
-            })
-            .await?;
-        Ok(current.map(FencingToken))
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        self.read_token(&self.read_writer, resource, true).await
     }
 }

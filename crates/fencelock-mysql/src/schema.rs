@@ -9,6 +9,7 @@ use crate::error::map;
 pub(crate) struct Names {
     pub prefix: String,
     pub locks: String,
+    pub readers: String,
     pub fences: String,
     pub tokens: String,
 }
@@ -20,6 +21,7 @@ impl Names {
         Self {
             prefix: prefix.to_owned(),
             locks: format!("{prefix}locks"),
+            readers: format!("{prefix}readers"),
             fences: format!("{prefix}fences"),
             tokens: format!("{prefix}tokens"),
         }
@@ -45,6 +47,7 @@ const TEXT: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin
 /// uses one connection.
 pub(crate) async fn ensure(conn: &mut MySqlConnection, n: &Names) -> fencelock_core::Result<()> {
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
+    let readers = &n.readers;
     if present(&mut *conn, n).await? {
         return Ok(());
     }
@@ -71,6 +74,35 @@ pub(crate) async fn ensure(conn: &mut MySqlConnection, n: &Names) -> fencelock_c
             "CREATE TABLE IF NOT EXISTS {fences} (
                resource {TEXT} NOT NULL PRIMARY KEY,
                token BIGINT UNSIGNED NOT NULL
+             ) ENGINE=InnoDB"
+        ),
+        // Read-write locks (docs/rwlock.md), added in place to tables made
+        // before them: nullable columns (no rewrite of the rows' data).
+        // `readers_until` ends with the key's last reader lease, on the
+        // row that the writer's upsert re-reads under its row lock;
+        // `intent_*` is a waiting writer's intent; a fence's
+        // `writer_token` is its highest writer token (NULL in rows from
+        // before, whose token was a writer's; 0 while only readers were
+        // admitted).
+        format!(
+            "ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS readers_until DATETIME(6) NULL,
+               ADD COLUMN IF NOT EXISTS intent_owner {TEXT} NULL,
+               ADD COLUMN IF NOT EXISTS intent_until DATETIME(6) NULL"
+        ),
+        format!("ALTER TABLE {fences} ADD COLUMN IF NOT EXISTS writer_token BIGINT UNSIGNED NULL"),
+        // Created last: its presence means the whole schema is current.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {readers} (
+               `key` {TEXT} NOT NULL,
+               owner {TEXT} NOT NULL,
+               token BIGINT UNSIGNED NOT NULL,
+               kind {TEXT} NULL,
+               data JSON NULL,
+               acquired_at DATETIME(6) NOT NULL,
+               expires_at DATETIME(6) NOT NULL,
+               updated_at DATETIME(6) NOT NULL,
+               PRIMARY KEY (`key`, token),
+               KEY {p}readers_owner_idx (owner)
              ) ENGINE=InnoDB"
         ),
     ];
@@ -116,18 +148,20 @@ async fn create_if_missing(
     Ok(())
 }
 
-/// Whether all three objects exist. The locks table is created after the
-/// sequence and before the fences table, so all three means "complete".
+/// Whether all four tables exist. They are created (and the older ones
+/// upgraded) in order, the readers table last, so all four means
+/// "complete".
 async fn present(conn: &mut MySqlConnection, n: &Names) -> fencelock_core::Result<bool> {
     let found: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES
-          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?)",
+          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?)",
     )
     .bind(&n.tokens)
     .bind(&n.locks)
     .bind(&n.fences)
+    .bind(&n.readers)
     .fetch_one(conn)
     .await
     .map_err(|e| map("reading the schema", e))?;
-    Ok(found == 3)
+    Ok(found == 4)
 }

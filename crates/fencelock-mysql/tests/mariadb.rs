@@ -6,7 +6,8 @@
 use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Driver, Error, FencingToken, LeaseId, LockKey, Owner, Renewal,
+    Acquire, AcquireRequest, Backend, Driver, Error, Fence, FencingToken, LeaseId, LockKey,
+    LockMode, Owner, Renewal,
 };
 use fencelock_mysql::{MySqlBackend, MySqlFence};
 use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
@@ -30,7 +31,8 @@ async fn mariadb_specific() -> TestResult {
         a_clients_time_zone_does_not_move_leases(&base).await?;
         a_batch_on_one_session_answers_each_renewal_for_itself(&base).await?;
         a_floor_raises_the_sequence_and_never_lowers_it(&base).await?;
-        a_waiting_statement_times_out_and_the_pool_recovers(&base).await
+        a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
+        tables_from_before_read_write_locks_are_upgraded(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -214,6 +216,58 @@ async fn a_clients_time_zone_does_not_move_leases(base: &str) -> TestResult {
         matches!(rival, Acquire::Held(_)),
         "a 60 s lease from another time zone was taken: {rival:?}"
     );
+    Ok(())
+}
+
+/// Tables made before read-write locks (no readers table, no reader or
+/// intent columns, a fence without a writer token) are upgraded on
+/// connect: a live lease stays a writer that keeps readers out, and an
+/// admitted fence token counts as a writer's.
+async fn tables_from_before_read_write_locks_are_upgraded(base: &str) -> TestResult {
+    let text = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin";
+    let others = sqlx::MySqlPool::connect(base).await?;
+    for ddl in [
+        "CREATE SEQUENCE rw2_tokens ENGINE=InnoDB".to_owned(),
+        format!(
+            "CREATE TABLE rw2_locks (`key` {text} NOT NULL PRIMARY KEY, owner {text} NOT NULL,
+               token BIGINT UNSIGNED NOT NULL, kind {text} NULL, data JSON NULL,
+               acquired_at DATETIME(6) NOT NULL, expires_at DATETIME(6) NOT NULL,
+               updated_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE rw2_fences (resource {text} NOT NULL PRIMARY KEY,
+               token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+        ),
+        "INSERT INTO rw2_locks VALUES ('old', 'someone', NEXTVAL(rw2_tokens), NULL, NULL,
+           NOW(6), NOW(6) + INTERVAL 1 MINUTE, NOW(6))"
+            .to_owned(),
+        "INSERT INTO rw2_fences VALUES ('orders', 7)".to_owned(),
+    ] {
+        sqlx::query(&ddl).execute(&others).await?;
+    }
+    let url = format!("{base}?table_prefix=rw2_");
+    let backend = MySqlBackend::connect(&url).await?;
+    let reader = request("old", "reader", Duration::from_secs(60))?;
+    match backend.try_acquire_shared(&reader).await? {
+        Acquire::Held(Some(writer)) => assert_eq!(writer.owner.as_str(), "someone"),
+        other => return Err(format!("a reader beside the old lease: {other:?}").into()),
+    }
+    let reader = request("fresh", "reader", Duration::from_secs(60))?;
+    assert!(matches!(
+        backend.try_acquire_shared(&reader).await?,
+        Acquire::Granted(_)
+    ));
+    let fence = MySqlFence::connect(&url).await?;
+    assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
+    let stale = fence
+        .admit_shared("orders", FencingToken(6), LockMode::Shared)
+        .await;
+    assert!(matches!(stale, Err(Error::Stale { current, .. }) if current == FencingToken(7)));
+    fence
+        .admit_shared("orders", FencingToken(8), LockMode::Shared)
+        .await?;
+    assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
+    assert_eq!(fence.highest("orders").await?, Some(FencingToken(8)));
     Ok(())
 }
 

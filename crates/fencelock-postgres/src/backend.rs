@@ -6,7 +6,7 @@ use std::{fmt, sync::OnceLock, time::Duration};
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
@@ -25,8 +25,24 @@ const LEASE_COLUMNS: &str =
     "key, owner, token, kind, data::text AS data, acquired_at, expires_at, \
      (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires_in_us";
 
+/// A locks row that stores nothing is dead: its lease ended, no reader's
+/// lease on the key lives past now, and no writer's intent does.
+const DEAD: &str = "expires_at <= now() AND (readers_until IS NULL OR readers_until <= now()) \
+                    AND (intent_until IS NULL OR intent_until <= now())";
+
 pub(crate) struct Sql {
     pub(crate) acquire: String,
+    turn: String,
+    lock_keys: String,
+    shared_gate: String,
+    shared_insert: String,
+    writer: String,
+    renew_many_shared: String,
+    release_shared: String,
+    post_intent: String,
+    withdraw_intent: String,
+    owner_reader_keys: String,
+    release_all_readers: String,
     floor_gate: String,
     raise_floor: String,
     renew: String,
@@ -43,7 +59,7 @@ pub(crate) struct Sql {
 
 impl Sql {
     pub(crate) fn new(n: &Names) -> Self {
-        let (locks, tokens) = (&n.locks, &n.tokens);
+        let (locks, tokens, readers) = (&n.locks, &n.tokens, &n.readers);
         let channel = listener::channel_sql(locks);
         Self {
             // The upsert only overwrites an expired row (I1, I6). The token
@@ -85,14 +101,130 @@ impl Sql {
                      owner = EXCLUDED.owner, token = nextval('{tokens}'),
                      kind = EXCLUDED.kind, data = EXCLUDED.data,
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
-                     updated_at = EXCLUDED.updated_at
+                     updated_at = EXCLUDED.updated_at,
+                     intent_owner = NULLIF(l.intent_owner, EXCLUDED.owner),
+                     intent_until = CASE WHEN l.intent_owner = EXCLUDED.owner THEN NULL
+                                         ELSE l.intent_until END
                    WHERE l.expires_at <= now()
+                     AND (l.readers_until IS NULL OR l.readers_until <= now())
                    RETURNING *
                  )
-                 SELECT true AS won, {LEASE_COLUMNS} FROM won
+                 SELECT true AS won, {LEASE_COLUMNS}, false AS shared FROM won
                  UNION ALL
-                 SELECT false, {LEASE_COLUMNS} FROM {locks}
-                  WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)"
+                 SELECT false, {LEASE_COLUMNS}, false FROM {locks}
+                  WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)
+                 UNION ALL
+                 (SELECT false, {LEASE_COLUMNS}, true FROM {readers}
+                   WHERE key = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM won)
+                   ORDER BY expires_at DESC LIMIT 1)"
+            ),
+            // Readers take the key's turn in a statement of their own, so
+            // that the statements after it see every grant committed
+            // before (a single statement's snapshot predates its locks).
+            turn: format!(
+                "WITH draws AS MATERIALIZED (
+                   SELECT pg_advisory_xact_lock_shared(hashtext('{tokens}'), 0)
+                 )
+                 SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext($1))::text FROM draws"
+            ),
+            // The turns of several keys, always in key order (no deadlock
+            // between two batches).
+            lock_keys: format!(
+                "SELECT pg_advisory_xact_lock(hashtext('{locks}'), hashtext(k))::text
+                   FROM (SELECT DISTINCT k FROM unnest($1::text[]) AS k ORDER BY k) AS sorted"
+            ),
+            // A reader passes the gate on the key's locks row: no live
+            // writer, no live intent. Passing raises the row's reader
+            // horizon, which the writer's upsert re-checks on the newest row
+            // version. A key without a row gets one that holds no lease.
+            shared_gate: format!(
+                "INSERT INTO {locks} AS l
+                   (key, owner, token, acquired_at, expires_at, updated_at, readers_until)
+                 VALUES ($1, $2, 0, now(), '-infinity', now(),
+                         now() + $3::bigint * interval '1 microsecond')
+                 ON CONFLICT (key) DO UPDATE
+                   SET readers_until = GREATEST(l.readers_until, EXCLUDED.readers_until)
+                 WHERE l.expires_at <= now()
+                   AND (l.intent_until IS NULL OR l.intent_until <= now())
+                 RETURNING key"
+            ),
+            shared_insert: format!(
+                "INSERT INTO {readers}
+                   (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
+                 VALUES ($1, $2, nextval('{tokens}'), $3::text, $4::text::json, now(),
+                         now() + $5::bigint * interval '1 microsecond', now())
+                 RETURNING {LEASE_COLUMNS}, true AS shared"
+            ),
+            writer: format!(
+                "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
+            ),
+            renew_many_shared: format!(
+                "WITH r AS (
+                   UPDATE {readers} AS l
+                      SET expires_at = now() + b.ttl_us * interval '1 microsecond',
+                          updated_at = now()
+                     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                          WITH ORDINALITY AS b(key, owner, token, ttl_us, i)
+                    WHERE l.key = b.key AND l.owner = b.owner AND l.token = b.token
+                      AND l.expires_at > now()
+                    RETURNING b.i, l.key, l.expires_at),
+                 horizon AS (
+                   UPDATE {locks} AS l SET readers_until = GREATEST(l.readers_until, x.e)
+                     FROM (SELECT key, max(expires_at) AS e FROM r GROUP BY key) AS x
+                    WHERE l.key = x.key)
+                 SELECT i, expires_at FROM r"
+            ),
+            // Under the key's turn: the horizon becomes the end of the
+            // remaining readers (this statement's snapshot still shows the
+            // one it deletes, hence the exclusion).
+            release_shared: format!(
+                "WITH gone AS (
+                   DELETE FROM {readers}
+                    WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
+                   RETURNING key),
+                 horizon AS (
+                   UPDATE {locks} SET readers_until = (
+                     SELECT max(expires_at) FROM {readers} AS r
+                      WHERE r.key = $1 AND r.expires_at > now()
+                        AND NOT (r.owner = $2 AND r.token = $3))
+                    WHERE key = $1 AND EXISTS (SELECT 1 FROM gone))
+                 SELECT pg_notify({channel}, key)::text FROM gone"
+            ),
+            // On the key's locks row (one that holds no lease if the key
+            // has none), which the readers' gate re-checks. Another owner's
+            // live intent stays.
+            post_intent: format!(
+                "INSERT INTO {locks} AS l
+                   (key, owner, token, acquired_at, expires_at, updated_at,
+                    intent_owner, intent_until)
+                 VALUES ($1, $2, 0, now(), '-infinity', now(),
+                         $2, now() + $3::bigint * interval '1 microsecond')
+                 ON CONFLICT (key) DO UPDATE
+                   SET intent_owner = EXCLUDED.intent_owner,
+                       intent_until = EXCLUDED.intent_until
+                 WHERE l.intent_owner = EXCLUDED.intent_owner
+                    OR l.intent_until IS NULL OR l.intent_until <= now()"
+            ),
+            withdraw_intent: format!(
+                "WITH gone AS (
+                   UPDATE {locks} SET intent_owner = NULL, intent_until = NULL
+                    WHERE key = $1 AND intent_owner = $2 RETURNING key)
+                 SELECT pg_notify({channel}, key)::text FROM gone"
+            ),
+            owner_reader_keys: format!(
+                "SELECT DISTINCT key FROM {readers} WHERE owner = $1 AND expires_at > now()"
+            ),
+            release_all_readers: format!(
+                "WITH gone AS (
+                   DELETE FROM {readers}
+                    WHERE owner = $1 AND key = ANY($2::text[]) AND expires_at > now()
+                   RETURNING key),
+                 horizon AS (
+                   UPDATE {locks} AS l SET readers_until = (
+                     SELECT max(expires_at) FROM {readers} AS r
+                      WHERE r.key = l.key AND r.expires_at > now() AND r.owner <> $1)
+                    WHERE l.key = ANY($2::text[]))
+                 SELECT pg_notify({channel}, key)::text FROM gone"
             ),
             // Run in the acquiring transaction before `acquire`, one after
             // the other. With the exclusive lock, every draw before it has
@@ -133,8 +265,14 @@ impl Sql {
                    RETURNING key)
                  SELECT pg_notify({channel}, key)::text FROM gone"
             ),
+            // The writer, else the reader whose lease ends last.
             inspect: format!(
-                "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
+                "(SELECT {LEASE_COLUMNS}, false AS shared FROM {locks}
+                   WHERE key = $1 AND expires_at > now())
+                 UNION ALL
+                 (SELECT {LEASE_COLUMNS}, true FROM {readers}
+                   WHERE key = $1 AND expires_at > now() ORDER BY expires_at DESC LIMIT 1)
+                 LIMIT 1"
             ),
             set_data: format!(
                 "UPDATE {locks} SET data = $4::json
@@ -142,31 +280,52 @@ impl Sql {
             ),
             // `starts_with` compares literally: no LIKE wildcards to escape.
             list: format!(
-                "SELECT {LEASE_COLUMNS} FROM {locks}
+                "SELECT {LEASE_COLUMNS}, false AS shared FROM {locks}
                   WHERE expires_at > now() AND ($1::text IS NULL OR starts_with(key, $1))
-                  ORDER BY key"
+                 UNION ALL
+                 SELECT {LEASE_COLUMNS}, true FROM {readers}
+                  WHERE expires_at > now() AND ($1::text IS NULL OR starts_with(key, $1))
+                  ORDER BY key, token"
             ),
+            // Under the key's turn (readers may be joining): the key is freed
+            // entirely, writer, readers, horizon and intent; the answer is
+            // the writer, else the newest reader.
             force_release: format!(
-                "WITH gone AS (
-                   DELETE FROM {locks} WHERE key = $1 AND expires_at > now() RETURNING *)
-                 SELECT {LEASE_COLUMNS}, pg_notify({channel}, key)::text FROM gone"
+                "WITH w AS (DELETE FROM {locks} WHERE key = $1 RETURNING *),
+                 r AS (DELETE FROM {readers} WHERE key = $1 RETURNING *),
+                 live AS (
+                   SELECT {LEASE_COLUMNS}, false AS shared FROM w WHERE expires_at > now()
+                   UNION ALL
+                   (SELECT {LEASE_COLUMNS}, true FROM r WHERE expires_at > now()
+                     ORDER BY token DESC LIMIT 1))
+                 SELECT *, pg_notify({channel}, key)::text FROM live LIMIT 1"
             ),
             release_all: format!(
                 "WITH gone AS (
                    DELETE FROM {locks} WHERE owner = $1 AND expires_at > now() RETURNING key)
                  SELECT pg_notify({channel}, key)::text FROM gone"
             ),
-            cleanup: format!("DELETE FROM {locks} WHERE expires_at <= now()"),
+            cleanup: format!(
+                "WITH w AS (DELETE FROM {locks} WHERE {DEAD} RETURNING 1),
+                      r AS (DELETE FROM {readers} WHERE expires_at <= now() RETURNING 1)
+                 SELECT (SELECT count(*) FROM w) + (SELECT count(*) FROM r)"
+            ),
             // Live leases with their hold time, plus one row counting the
             // expired ones: the whole picture from one snapshot.
             stats: format!(
                 "SELECT {LEASE_COLUMNS},
                         (extract(epoch FROM now() - acquired_at) * 1000000)::bigint AS held_us,
-                        NULL::bigint AS expired
+                        NULL::bigint AS expired, false AS shared
                    FROM {locks} WHERE expires_at > now()
                  UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
-                   FROM {locks} WHERE expires_at <= now()"
+                 SELECT {LEASE_COLUMNS},
+                        (extract(epoch FROM now() - acquired_at) * 1000000)::bigint,
+                        NULL::bigint, true
+                   FROM {readers} WHERE expires_at > now()
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                        (SELECT count(*) FROM {locks} WHERE {DEAD})
+                        + (SELECT count(*) FROM {readers} WHERE expires_at <= now()), NULL"
             ),
         }
     }
@@ -217,6 +376,36 @@ impl PostgresBackend {
     }
 }
 
+/// The request's token floor as a sequence value.
+fn floor(request: &AcquireRequest) -> Result<Option<i64>> {
+    request
+        .min_token
+        .map(|floor| {
+            // The sequence stops at i64::MAX: a floor there leaves no
+            // token above it.
+            i64::try_from(floor.get())
+                .ok()
+                .filter(|f| *f < i64::MAX)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
+                })
+        })
+        .transpose()
+}
+
+/// The batch's columns for `unnest`: keys, owners, tokens, TTLs.
+fn batch_columns(renewals: &[Renewal]) -> (Vec<&str>, Vec<&str>, Vec<i64>, Vec<i64>) {
+    let keys = renewals.iter().map(|r| r.lease.key.as_str()).collect();
+    let owners = renewals.iter().map(|r| r.lease.owner.as_str()).collect();
+    // A token above i64::MAX was never issued: -1 matches no row.
+    let tokens = renewals
+        .iter()
+        .map(|r| db_token(r.lease.token).unwrap_or(-1))
+        .collect();
+    let ttls = renewals.iter().map(|r| ttl_micros(r.ttl)).collect();
+    (keys, owners, tokens, ttls)
+}
+
 /// Tokens come from a bigint sequence, so any value above `i64::MAX` was
 /// never issued and cannot hold a lease.
 fn db_token(token: FencingToken) -> Option<i64> {
@@ -251,6 +440,12 @@ fn lease(row: &PgRow) -> Result<LockInfo> {
         acquired_at: row.try_get("acquired_at").map_err(get)?,
         expires_at: row.try_get("expires_at").map_err(get)?,
         expires_in: micros_to_duration(row.try_get("expires_in_us").map_err(get)?),
+        // Statements that can return readers select `shared`; the others
+        // return writers only.
+        mode: match row.try_get::<Option<bool>, _>("shared") {
+            Ok(Some(true)) => LockMode::Shared,
+            _ => LockMode::Exclusive,
+        },
     })
 }
 
@@ -268,24 +463,11 @@ impl Backend for PostgresBackend {
             .with_min_token(true)
             .with_batch_renew(true)
             .with_set_data(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let floor = request
-            .min_token
-            .map(|floor| {
-                // The sequence stops at i64::MAX: a floor there leaves no
-                // token above it.
-                i64::try_from(floor.get())
-                    .ok()
-                    .filter(|f| *f < i64::MAX)
-                    .ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "min_token {floor} leaves no token above it"
-                        ))
-                    })
-            })
-            .transpose()?;
+        let floor = floor(request)?;
         let row = self
             .options
             .bounded("acquiring", async {
@@ -352,14 +534,7 @@ impl Backend for PostgresBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<&str> = renewals.iter().map(|r| r.lease.key.as_str()).collect();
-        let owners: Vec<&str> = renewals.iter().map(|r| r.lease.owner.as_str()).collect();
-        // A token above i64::MAX was never issued: -1 matches no row.
-        let tokens: Vec<i64> = renewals
-            .iter()
-            .map(|r| db_token(r.lease.token).unwrap_or(-1))
-            .collect();
-        let ttls: Vec<i64> = renewals.iter().map(|r| ttl_micros(r.ttl)).collect();
+        let (keys, owners, tokens, ttls) = batch_columns(renewals);
         let rows = self
             .options
             .bounded("renewing a batch", async {
@@ -460,10 +635,20 @@ impl Backend for PostgresBackend {
         self.options
             .bounded("force-releasing", async {
                 let mut s = self.session().await?;
-                let row = sqlx::query(&self.sql.force_release)
-                    .bind(key.as_str())
-                    .fetch_optional(s.conn()?)
-                    .await;
+                let row = async {
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    sqlx::query(&self.sql.turn)
+                        .bind(key.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                    let row = sqlx::query(&self.sql.force_release)
+                        .bind(key.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(row)
+                }
+                .await;
                 s.finish_after(row)
             })
             .await?
@@ -473,30 +658,223 @@ impl Backend for PostgresBackend {
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let rows = self
+        let released = self
             .options
             .bounded("releasing all", async {
                 let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.release_all)
-                    .bind(owner.as_str())
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
+                let released = async {
+                    let writers = sqlx::query(&self.sql.release_all)
+                        .bind(owner.as_str())
+                        .fetch_all(s.conn()?)
+                        .await?
+                        .len();
+                    // Readers under their keys' turns, so that each key's
+                    // reader horizon is recomputed from a current view.
+                    let keys: Vec<String> = sqlx::query_scalar(&self.sql.owner_reader_keys)
+                        .bind(owner.as_str())
+                        .fetch_all(s.conn()?)
+                        .await?;
+                    if keys.is_empty() {
+                        return Ok(writers);
+                    }
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    sqlx::query(&self.sql.lock_keys)
+                        .bind(&keys)
+                        .execute(&mut *tx)
+                        .await?;
+                    let readers = sqlx::query(&self.sql.release_all_readers)
+                        .bind(owner.as_str())
+                        .bind(&keys)
+                        .fetch_all(&mut *tx)
+                        .await?
+                        .len();
+                    tx.commit().await?;
+                    Ok(writers + readers)
+                }
+                .await;
+                s.finish_after(released)
             })
             .await?;
-        Ok(rows.len() as u64)
+        Ok(released as u64)
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
-        Ok(self
+        let removed: i64 = self
             .options
             .bounded("cleaning up", async {
                 let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.cleanup).execute(s.conn()?).await;
+                let done = sqlx::query_scalar(&self.sql.cleanup)
+                    .fetch_one(s.conn()?)
+                    .await;
                 s.finish_after(done)
             })
-            .await?
-            .rows_affected())
+            .await?;
+        Ok(u64::try_from(removed).unwrap_or(0))
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let floor = floor(request)?;
+        let key = request.key.as_str();
+        let (held, row) = self
+            .options
+            .bounded("acquiring a read lock", async {
+                let mut s = self.session().await?;
+                let answer = async {
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    if let Some(floor) = floor {
+                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
+                        sqlx::query(&self.sql.raise_floor)
+                            .bind(floor)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    sqlx::query(&self.sql.turn)
+                        .bind(key)
+                        .execute(&mut *tx)
+                        .await?;
+                    let passed = sqlx::query(&self.sql.shared_gate)
+                        .bind(key)
+                        .bind(request.owner.as_str())
+                        .bind(ttl_micros(request.ttl))
+                        .fetch_optional(&mut *tx)
+                        .await?
+                        .is_some();
+                    let answer = if passed {
+                        let row = sqlx::query(&self.sql.shared_insert)
+                            .bind(key)
+                            .bind(request.owner.as_str())
+                            .bind(request.kind.as_deref())
+                            .bind(data_text(request.data.as_ref()))
+                            .bind(ttl_micros(request.ttl))
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        (false, Some(row))
+                    } else {
+                        let writer = sqlx::query(&self.sql.writer)
+                            .bind(key)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        (true, writer)
+                    };
+                    tx.commit().await?;
+                    Ok(answer)
+                }
+                .await;
+                s.finish_after(answer)
+            })
+            .await?;
+        let info = row.as_ref().map(lease).transpose()?;
+        Ok(match (held, info) {
+            (false, Some(info)) => {
+                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
+            }
+            (_, info) => Acquire::Held(info),
+        })
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let renewal = [Renewal::new(lease.clone(), ttl)];
+        let mut answers = self.renew_many_shared(&renewal).await?;
+        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
+    }
+
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (keys, owners, tokens, ttls) = batch_columns(renewals);
+        let rows = self
+            .options
+            .bounded("renewing read locks", async {
+                let mut s = self.session().await?;
+                let rows = async {
+                    // Under the keys' turns: a release recomputing a key's
+                    // reader horizon never overwrites this extension of it.
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    sqlx::query(&self.sql.lock_keys)
+                        .bind(&keys)
+                        .execute(&mut *tx)
+                        .await?;
+                    let rows = sqlx::query(&self.sql.renew_many_shared)
+                        .bind(&keys)
+                        .bind(&owners)
+                        .bind(&tokens)
+                        .bind(&ttls)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+                .await;
+                s.finish_after(rows)
+            })
+            .await?;
+        let extended =
+            fencelock_sql_common::extended(&rows).map_err(|e| map("renewing read locks", e))?;
+        fencelock_sql_common::batch_answers(renewals, extended)
+            .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let Some(db_token) = db_token(lease.token) else {
+            return Err(Error::not_held(lease));
+        };
+        let key = lease.key.as_str();
+        let rows = self
+            .options
+            .bounded("releasing a read lock", async {
+                let mut s = self.session().await?;
+                let rows = async {
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    sqlx::query(&self.sql.turn)
+                        .bind(key)
+                        .execute(&mut *tx)
+                        .await?;
+                    let rows = sqlx::query(&self.sql.release_shared)
+                        .bind(key)
+                        .bind(lease.owner.as_str())
+                        .bind(db_token)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+                .await;
+                s.finish_after(rows)
+            })
+            .await?;
+        lease.found(!rows.is_empty())
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.options
+            .bounded("posting a writer's intent", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.post_intent)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .bind(ttl_micros(ttl))
+                    .execute(s.conn()?)
+                    .await;
+                s.finish_after(done)
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.options
+            .bounded("withdrawing a writer's intent", async {
+                let mut s = self.session().await?;
+                let done = sqlx::query(&self.sql.withdraw_intent)
+                    .bind(key.as_str())
+                    .bind(owner.as_str())
+                    .fetch_all(s.conn()?)
+                    .await;
+                s.finish_after(done)
+            })
+            .await?;
+        Ok(())
     }
 
     async fn stats(&self) -> Result<Stats> {

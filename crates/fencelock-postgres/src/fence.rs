@@ -4,7 +4,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockKey, Result};
+use fencelock_core::{Admission, Fence, FencingToken, LockKey, LockMode, Result};
 use fencelock_sql_common::ConnectionPool;
 use sqlx::{PgConnection, Postgres};
 
@@ -24,7 +24,9 @@ pub struct PostgresFence {
     pool: ConnectionPool<Postgres>,
     options: PostgresOptions,
     admit_sql: String,
+    admit_reader_sql: String,
     highest_sql: String,
+    highest_writer_sql: String,
 }
 
 impl fmt::Debug for PostgresFence {
@@ -54,12 +56,34 @@ impl PostgresFence {
             // decide and report: RETURNING shows the presented token exactly
             // when it was admitted. Tokens travel as text because sqlx has no
             // u64 <-> numeric mapping without extra crates.
+            // A writer's admission also becomes the highest writer token.
             admit_sql: format!(
-                "INSERT INTO {fences} AS f (resource, token) VALUES ($1, $2::numeric)
-                 ON CONFLICT (resource) DO UPDATE SET token = GREATEST(f.token, EXCLUDED.token)
+                "INSERT INTO {fences} AS f (resource, token, writer_token)
+                 VALUES ($1, $2::numeric, $2::numeric)
+                 ON CONFLICT (resource) DO UPDATE SET
+                   token = GREATEST(f.token, EXCLUDED.token),
+                   writer_token = CASE WHEN EXCLUDED.token >= f.token THEN EXCLUDED.token
+                                       ELSE f.writer_token END
                  RETURNING token::text"
             ),
+            // A reader's is decided against the highest writer token (NULL:
+            // a row from before read-write locks, whose token was a
+            // writer's; -1: no writer yet), which it returns: the reader
+            // was admitted iff that is not above its token. The row keeps
+            // its writer token explicitly from then on.
+            admit_reader_sql: format!(
+                "INSERT INTO {fences} AS f (resource, token, writer_token)
+                 VALUES ($1, $2::numeric, -1)
+                 ON CONFLICT (resource) DO UPDATE SET
+                   token = CASE WHEN EXCLUDED.token >= COALESCE(f.writer_token, f.token)
+                                THEN GREATEST(f.token, EXCLUDED.token) ELSE f.token END,
+                   writer_token = COALESCE(f.writer_token, f.token)
+                 RETURNING writer_token::text"
+            ),
             highest_sql: format!("SELECT token::text FROM {fences} WHERE resource = $1"),
+            highest_writer_sql: format!(
+                "SELECT COALESCE(writer_token, token)::text FROM {fences} WHERE resource = $1"
+            ),
         })
     }
 
@@ -83,15 +107,56 @@ impl PostgresFence {
         resource: &str,
         token: FencingToken,
     ) -> Result<()> {
+        self.admit_shared_in(conn, resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    /// Admits `token` of a lease held in `mode` (a read-write lock's reader
+    /// or writer, see [`Fence::admit_shared`]) on `conn`, as
+    /// [`PostgresFence::admit_in`] does.
+    pub async fn admit_shared_in(
+        &self,
+        conn: &mut PgConnection,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<()> {
         LockKey::new(resource)?;
         self.options
             .bounded(
                 "admitting a token",
-                admit(conn, &self.admit_sql, resource, token),
+                admit(conn, self.admit_sql(mode), resource, token),
             )
             .await
-            .and_then(|stored| admission(&stored, token))?
+            .and_then(|stored| admission(&stored, token, mode))?
             .into_result("postgres", resource, token)
+    }
+
+    fn admit_sql(&self, mode: LockMode) -> &str {
+        match mode {
+            LockMode::Exclusive => &self.admit_sql,
+            LockMode::Shared => &self.admit_reader_sql,
+        }
+    }
+
+    /// A stored token, or none for the -1 of "no writer yet".
+    async fn read_token(&self, sql: &str, resource: &str) -> Result<Option<FencingToken>> {
+        let stored: Option<String> = self
+            .options
+            .bounded("reading a fence", async {
+                let mut s = self.pool.session().await?;
+                let stored = sqlx::query_scalar(sql)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish_after(stored)
+            })
+            .await?;
+        stored
+            .filter(|t| !t.starts_with('-'))
+            .as_deref()
+            .map(parse_token)
+            .transpose()
     }
 }
 
@@ -115,9 +180,19 @@ async fn admit(
         .await
 }
 
-fn admission(stored: &str, token: FencingToken) -> Result<Admission> {
+/// What the admission statement of `mode` returned says: for a writer the
+/// highest token now stored (its own iff admitted), for a reader the
+/// highest writer token (-1 for none), which it had to reach.
+fn admission(stored: &str, token: FencingToken, mode: LockMode) -> Result<Admission> {
+    if stored.starts_with('-') {
+        return Ok(Admission::Admitted);
+    }
     let current = parse_token(stored)?;
-    Ok(if current == token {
+    let admitted = match mode {
+        LockMode::Exclusive => current == token,
+        LockMode::Shared => current <= token,
+    };
+    Ok(if admitted {
         Admission::Admitted
     } else {
         Admission::Stale { current }
@@ -131,29 +206,36 @@ impl Fence for PostgresFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        self.read_token(&self.highest_sql, resource).await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
         let stored = self
             .options
             .bounded("admitting a token", async {
                 let mut s = self.pool.session().await?;
-                let stored = admit(s.conn()?, &self.admit_sql, resource, token).await;
+                let stored = admit(s.conn()?, self.admit_sql(mode), resource, token).await;
                 s.finish_after(stored)
             })
             .await?;
-        admission(&stored, token)
+        admission(&stored, token, mode)
     }
 
-    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let stored: Option<String> = self
-            .options
-            .bounded("reading a fence", async {
-                let mut s = self.pool.session().await?;
-                let stored = sqlx::query_scalar(&self.highest_sql)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(stored)
-            })
-            .await?;
-        stored.as_deref().map(parse_token).transpose()
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        self.read_token(&self.highest_writer_sql, resource).await
     }
 }

@@ -11,6 +11,7 @@ use crate::error::map;
 pub(crate) struct Names {
     pub prefix: String,
     pub locks: String,
+    pub readers: String,
     pub fences: String,
     pub tokens: String,
 }
@@ -22,6 +23,7 @@ impl Names {
         Self {
             prefix: prefix.to_owned(),
             locks: format!("{prefix}locks"),
+            readers: format!("{prefix}readers"),
             fences: format!("{prefix}fences"),
             tokens: format!("{prefix}tokens"),
         }
@@ -31,7 +33,10 @@ impl Names {
 /// The schema this code needs; recorded in the locks table's comment as
 /// `fencelock schema <n>` once every object of that version exists.
 /// Version 2: lease data is `json` (was `jsonb`, which refuses `\u0000`).
-const VERSION: u32 = 2;
+/// Version 3: read-write locks (`docs/rwlock.md`): the readers table, the
+/// key's reader horizon and writer intent on the locks row, and the fence's
+/// highest writer token.
+const VERSION: u32 = 3;
 const VERSION_TAG: &str = "fencelock schema ";
 
 /// Makes sure the schema of [`VERSION`] (or newer) exists, on `conn`, the
@@ -56,6 +61,7 @@ pub(crate) async fn ensure(
         return Ok(());
     }
     let (p, tokens, locks, fences) = (&n.prefix, &n.tokens, &n.locks, &n.fences);
+    let readers = &n.readers;
     let objects = [
         (
             tokens.clone(),
@@ -92,6 +98,26 @@ pub(crate) async fn ensure(
                  token numeric(20, 0) NOT NULL
              )"
             ),
+        ),
+        (
+            readers.clone(),
+            format!(
+                "CREATE TABLE {readers} (
+                 key text COLLATE \"C\" NOT NULL,
+                 owner text NOT NULL,
+                 token bigint NOT NULL,
+                 kind text,
+                 data json,
+                 acquired_at timestamptz NOT NULL,
+                 expires_at timestamptz NOT NULL,
+                 updated_at timestamptz NOT NULL,
+                 PRIMARY KEY (key, token)
+             )"
+            ),
+        ),
+        (
+            format!("{p}readers_owner_idx"),
+            format!("CREATE INDEX {p}readers_owner_idx ON {readers} (owner)"),
         ),
     ];
     let fail = |e| map("creating the schema", e);
@@ -135,6 +161,25 @@ pub(crate) async fn ensure(
     if data_type.as_deref() == Some("jsonb") {
         sqlx::query(&format!(
             "ALTER TABLE {locks} ALTER COLUMN data TYPE json USING data::json"
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+    }
+    // From version 2: nullable columns without defaults, so adding them
+    // only changes the catalog. `readers_until` is the end of the key's
+    // last reader lease, kept on the row that the writer's upsert locks and
+    // re-checks; `intent_*` is a waiting writer's intent; a fence's
+    // `writer_token` is its highest writer token (NULL in rows from before:
+    // their tokens were all writers'; -1 when only readers were admitted).
+    for (table, column, kind) in [
+        (locks, "readers_until", "timestamptz"),
+        (locks, "intent_owner", "text"),
+        (locks, "intent_until", "timestamptz"),
+        (fences, "writer_token", "numeric(20, 0)"),
+    ] {
+        sqlx::query(&format!(
+            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}"
         ))
         .execute(&mut *tx)
         .await

@@ -6,7 +6,8 @@
 use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Driver, Error, FencingToken, LeaseId, LockKey, Owner,
+    Acquire, AcquireRequest, Backend, Driver, Error, Fence, FencingToken, LeaseId, LockKey,
+    LockMode, Owner,
 };
 use fencelock_postgres::{PostgresBackend, PostgresFence};
 use fencelock_testkit::{servers::postgres::PostgresServer, timeouts, txfence, TestResult};
@@ -32,7 +33,8 @@ async fn postgres_specific() -> TestResult {
         floors_and_plain_draws_racing_keep_tokens_unique_and_growing(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
         a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
-        a_schema_with_jsonb_data_is_upgraded(&base).await
+        a_schema_with_jsonb_data_is_upgraded(&base).await?;
+        a_schema_from_before_read_write_locks_is_upgraded(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -331,6 +333,53 @@ async fn a_schema_with_jsonb_data_is_upgraded(base: &str) -> TestResult {
     ));
     let seen = backend.inspect(&LockKey::new("new")?).await?;
     assert_eq!(seen.and_then(|l| l.data), Some(data));
+    Ok(())
+}
+
+/// Tables of schema 2 (before read-write locks) gain the readers table,
+/// the reader horizon, the intent and the fence's writer token on connect:
+/// a live lease stays a writer that keeps readers out, and an admitted
+/// fence token counts as a writer's.
+async fn a_schema_from_before_read_write_locks_is_upgraded(base: &str) -> TestResult {
+    let others = sqlx::PgPool::connect(base).await?;
+    for ddl in [
+        "CREATE SEQUENCE rw2_tokens AS bigint",
+        "CREATE TABLE rw2_locks (key text COLLATE \"C\" PRIMARY KEY, owner text NOT NULL,
+           token bigint NOT NULL, kind text, data json, acquired_at timestamptz NOT NULL,
+           expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)",
+        "CREATE INDEX rw2_locks_owner_idx ON rw2_locks (owner)",
+        "CREATE INDEX rw2_locks_expires_idx ON rw2_locks (expires_at)",
+        "CREATE TABLE rw2_fences (resource text PRIMARY KEY, token numeric(20, 0) NOT NULL)",
+        "COMMENT ON TABLE rw2_locks IS 'fencelock schema 2'",
+        "INSERT INTO rw2_locks VALUES ('old', 'someone', nextval('rw2_tokens'), NULL, NULL,
+           now(), now() + interval '1 minute', now())",
+        "INSERT INTO rw2_fences VALUES ('orders', 7)",
+    ] {
+        sqlx::query(ddl).execute(&others).await?;
+    }
+    let url = format!("{base}?table_prefix=rw2_");
+    let backend = PostgresBackend::connect(&url).await?;
+    let reader = request("old", "reader", Duration::from_secs(60))?;
+    match backend.try_acquire_shared(&reader).await? {
+        Acquire::Held(Some(writer)) => assert_eq!(writer.owner.as_str(), "someone"),
+        other => return Err(format!("a reader beside the old lease: {other:?}").into()),
+    }
+    let reader = request("fresh", "reader", Duration::from_secs(60))?;
+    assert!(matches!(
+        backend.try_acquire_shared(&reader).await?,
+        Acquire::Granted(_)
+    ));
+    let fence = PostgresFence::connect(&url).await?;
+    assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
+    let stale = fence
+        .admit_shared("orders", FencingToken(6), LockMode::Shared)
+        .await;
+    assert!(matches!(stale, Err(Error::Stale { current, .. }) if current == FencingToken(7)));
+    fence
+        .admit_shared("orders", FencingToken(8), LockMode::Shared)
+        .await?;
+    assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
+    assert_eq!(fence.highest("orders").await?, Some(FencingToken(8)));
     Ok(())
 }
 

@@ -6,11 +6,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, Owner, Renewal, Result, Stats, WakeSubscription,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
-    Client, Value,
+    Client, Script, Value,
 };
 
 use crate::{
@@ -176,6 +176,145 @@ impl RedisBackend {
         Ok(())
     }
 
+    /// One acquisition by `script` (the writer's or the reader's): the
+    /// same keys, arguments and answer.
+    async fn acquire_with(
+        &self,
+        script: &Script,
+        mode: LockMode,
+        request: &AcquireRequest,
+    ) -> Result<Acquire> {
+        let keys = &self.inner.keys;
+        let ttl_ms = ttl_ms(request.ttl);
+        let kind = request
+            .kind
+            .as_ref()
+            .map_or_else(String::new, |k| format!("={k}"));
+        let data = match &request.data {
+            Some(d) => serde_json::to_string(d)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let floor = match request.min_token {
+            // Lua numbers are doubles: the script compares the floor with
+            // the counter exactly only below 2^53 (tokens drawn from the
+            // clock in microseconds stay far below it).
+            Some(floor) if floor.get() >= MAX_FLOOR => {
+                return Err(Error::InvalidArgument(format!(
+                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
+                )))
+            }
+            Some(floor) => floor.get().to_string(),
+            None => String::new(),
+        };
+        let row: Vec<Value> = Call::new(script, 5)
+            .key(keys.lease(&request.key))
+            .key(keys.counter(&request.key))
+            .key(keys.readers(&request.key))
+            .key(keys.readers_info(&request.key))
+            .key(keys.intent(&request.key))
+            .arg(request.owner.as_str())
+            .arg(ttl_ms)
+            .arg(kind)
+            .arg(data)
+            .arg(floor)
+            .invoke(&mut self.conn())
+            .await
+            .map_err(|e| map("acquire script", e))?;
+        let granted: i64 = field(&row, 0)?;
+        if granted != 1 {
+            return Ok(Acquire::Held(parse_describe(&request.key, &row)?));
+        }
+        let token: String = field(&row, 1)?;
+        let now_ms: i64 = field(&row, 2)?;
+        let grant = Grant::new(
+            parse_token(&token)?,
+            Duration::from_millis(ttl_ms),
+            ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
+        );
+        if let Err(e) = self.wait_replicas().await {
+            // Do not leave a lease nobody will use behind.
+            let lease = request.lease(grant.token);
+            let _ = match mode {
+                LockMode::Exclusive => self.release(&lease).await,
+                LockMode::Shared => self.release_shared(&lease).await,
+            };
+            return Err(e);
+        }
+        Ok(Acquire::Granted(grant))
+    }
+
+    /// One batch of renewals by `script`, which takes the
+    /// `keys_per_lease` keys `add_keys` adds for each lease, then each
+    /// lease's owner, token and TTL, and answers `{now_ms, r1, r2, …}`.
+    async fn renew_batch(
+        &self,
+        script: &Script,
+        renewals: &[Renewal],
+        keys_per_lease: usize,
+        add_keys: impl Fn(&mut Call<'_>, &LockKey),
+    ) -> Result<Vec<Result<Grant>>> {
+        let Some(first) = renewals.first() else {
+            return Ok(Vec::new());
+        };
+        // Room for the batch: each key of the first lease twice over (for
+        // the encoding and the prefix), its owner, and two decimal numbers.
+        let per_renewal = (first.lease.key.as_str().len() * 2 + 24) * keys_per_lease
+            + first.lease.owner.as_str().len()
+            + 40;
+        let mut call = Call::with_capacity(
+            script,
+            renewals.len() * keys_per_lease,
+            renewals.len() * (keys_per_lease + 3),
+            renewals.len() * per_renewal,
+        );
+        for renewal in renewals {
+            add_keys(&mut call, &renewal.lease.key);
+        }
+        let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
+        for (renewal, ttl_ms) in renewals.iter().zip(&ttls) {
+            call.arg(renewal.lease.owner.as_str())
+                .arg(renewal.lease.token.0)
+                .arg(*ttl_ms);
+        }
+        let answers: Vec<i64> = call
+            .invoke(&mut self.conn())
+            .await
+            .map_err(|e| map("renew script", e))?;
+        let Some((&now_ms, renewed)) = answers.split_first() else {
+            return Err(bad_reply("the renew script answered nothing"));
+        };
+        if renewed.len() != renewals.len() {
+            return Err(bad_reply(format!(
+                "{} answers to {} renewals",
+                renewed.len(),
+                renewals.len()
+            )));
+        }
+        let mut results: Vec<Result<Grant>> = renewals
+            .iter()
+            .zip(&ttls)
+            .zip(renewed)
+            .map(|((renewal, &ttl_ms), &renewed)| {
+                let lease = &renewal.lease;
+                lease
+                    .found(renewed == 1)
+                    .map(|()| renewal_grant(lease, ttl_ms, now_ms))
+            })
+            .collect();
+        // One WAIT covers every write of the batch; without its
+        // acknowledgement no renewal of the batch counts as confirmed.
+        if results.iter().any(Result::is_ok) {
+            if let Err(e) = self.wait_replicas().await {
+                let message = e.to_string();
+                for result in results.iter_mut().filter(|r| r.is_ok()) {
+                    *result = Err(bad_reply_transient(message.clone()));
+                }
+            }
+        }
+        Ok(results)
+    }
+
     /// Every lease whose key starts with `prefix`, with the server's `now`
     /// in ms. SCAN (never KEYS) in batches so the server is never blocked.
     async fn scan_leases(&self, prefix: Option<&str>) -> Result<(Vec<(LockInfo, i64)>, i64)> {
@@ -230,10 +369,52 @@ impl RedisBackend {
                 break;
             }
         }
+        found.extend(self.scan_readers(prefix).await?);
         // SCAN may return a key more than once.
-        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-        found.dedup_by(|a, b| a.0.key == b.0.key);
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key).then(a.0.token.cmp(&b.0.token)));
+        found.dedup_by(|a, b| a.0.key == b.0.key && a.0.token == b.0.token);
         Ok((found, now_ms))
+    }
+
+    /// Every live reader lease of a key that starts with `prefix`, with its
+    /// grant time in ms: a SCAN for readers sets, then one script per set.
+    async fn scan_readers(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
+        let mut conn = self.conn();
+        let pattern = self.inner.keys.readers_pattern(prefix);
+        let mut cursor: u64 = 0;
+        let mut found = Vec::new();
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map("SCAN", e))?;
+            for key in names
+                .iter()
+                .filter_map(|n| self.inner.keys.readers_user_key(n))
+            {
+                let rows: Vec<Vec<Value>> = Call::new(&self.inner.scripts.readers, 2)
+                    .key(self.inner.keys.readers(&key))
+                    .key(self.inner.keys.readers_info(&key))
+                    .invoke(&mut conn)
+                    .await
+                    .map_err(|e| map("readers script", e))?;
+                for row in rows {
+                    if let Some(info) = parse_describe(&key, &row)? {
+                        found.push((info, acquired_ms(&row)?));
+                    }
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -300,9 +481,12 @@ fn parse_token(s: &str) -> Result<FencingToken> {
 /// Parses the `{found, owner, token, kind, data, acquired_ms, pttl_ms,
 /// now_ms, expires_ms}` shape of the scripts' `describe`.
 fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
-    if row.len() != 9 {
-        return Err(bad_reply(format!("describe returned {} fields", row.len())));
-    }
+    // A reader's row has a tenth field, 1 (docs/rwlock.md).
+    let mode = match row.len() {
+        9 => LockMode::Exclusive,
+        10 => LockMode::Shared,
+        n => return Err(bad_reply(format!("describe returned {n} fields"))),
+    };
     let owner: Option<String> = field(row, 1)?;
     let token: Option<String> = field(row, 2)?;
     let pttl: i64 = field(row, 6)?;
@@ -335,6 +519,7 @@ fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
         acquired_at: ms_to_time(acquired_ms(row)?),
         expires_at: ms_to_time(expires_ms),
         expires_in: Duration::from_millis(remaining),
+        mode,
     }))
 }
 
@@ -351,60 +536,78 @@ impl Backend for RedisBackend {
             .with_min_token(true)
             .with_batch_renew(true)
             .with_set_data(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let keys = &self.inner.keys;
-        let ttl_ms = ttl_ms(request.ttl);
-        let kind = request
-            .kind
-            .as_ref()
-            .map_or_else(String::new, |k| format!("={k}"));
-        let data = match &request.data {
-            Some(d) => serde_json::to_string(d)
-                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
-            None => String::new(),
-        };
-        let floor = match request.min_token {
-            // Lua numbers are doubles: the script compares the floor with
-            // the counter exactly only below 2^53 (tokens drawn from the
-            // clock in microseconds stay far below it).
-            Some(floor) if floor.get() >= MAX_FLOOR => {
-                return Err(Error::InvalidArgument(format!(
-                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
-                )))
-            }
-            Some(floor) => floor.get().to_string(),
-            None => String::new(),
-        };
-        let row: Vec<Value> = Call::new(&self.inner.scripts.acquire, 2)
-            .key(keys.lease(&request.key))
-            .key(keys.counter(&request.key))
-            .arg(request.owner.as_str())
-            .arg(ttl_ms)
-            .arg(kind)
-            .arg(data)
-            .arg(floor)
+        self.acquire_with(&self.inner.scripts.acquire, LockMode::Exclusive, request)
+            .await
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.acquire_with(
+            &self.inner.scripts.acquire_shared,
+            LockMode::Shared,
+            request,
+        )
+        .await
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let renewal = [Renewal::new(lease.clone(), ttl)];
+        let mut answers = self.renew_many_shared(&renewal).await?;
+        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
+    }
+
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_batch(
+            &self.inner.scripts.renew_many_shared,
+            renewals,
+            2,
+            |call, key| {
+                call.key(self.inner.keys.readers(key))
+                    .key(self.inner.keys.readers_info(key));
+            },
+        )
+        .await
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        let key = &lease.key;
+        let removed: i64 = Call::new(&self.inner.scripts.release_shared, 2)
+            .key(self.inner.keys.readers(key))
+            .key(self.inner.keys.readers_info(key))
+            .arg(lease.owner.as_str())
+            .arg(lease.token.0)
+            .arg(self.inner.keys.channel(key.as_str()))
+            .arg(key.as_str())
             .invoke(&mut self.conn())
             .await
-            .map_err(|e| map("acquire script", e))?;
-        let granted: i64 = field(&row, 0)?;
-        if granted != 1 {
-            return Ok(Acquire::Held(parse_describe(&request.key, &row)?));
-        }
-        let token: String = field(&row, 1)?;
-        let now_ms: i64 = field(&row, 2)?;
-        let grant = Grant::new(
-            parse_token(&token)?,
-            Duration::from_millis(ttl_ms),
-            ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
-        );
-        if let Err(e) = self.wait_replicas().await {
-            // Do not leave a lease nobody will use behind.
-            let _ = self.release(&request.lease(grant.token)).await;
-            return Err(e);
-        }
-        Ok(Acquire::Granted(grant))
+            .map_err(|e| map("release script", e))?;
+        lease.found(removed == 1)
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        let _: i64 = Call::new(&self.inner.scripts.post_intent, 1)
+            .key(self.inner.keys.intent(key))
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke(&mut self.conn())
+            .await
+            .map_err(|e| map("intent script", e))?;
+        Ok(())
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let _: i64 = Call::new(&self.inner.scripts.withdraw_intent, 1)
+            .key(self.inner.keys.intent(key))
+            .arg(owner.as_str())
+            .arg(self.inner.keys.channel(key.as_str()))
+            .arg(key.as_str())
+            .invoke(&mut self.conn())
+            .await
+            .map_err(|e| map("intent script", e))?;
+        Ok(())
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
@@ -423,64 +626,10 @@ impl Backend for RedisBackend {
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        if renewals.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Room for the batch: the first renewal's key and owner, twice over
-        // for the encoding and the prefix, and two decimal numbers.
-        let per_renewal =
-            renewals[0].lease.key.as_str().len() * 2 + renewals[0].lease.owner.as_str().len() + 64;
-        let mut call = Call::with_capacity(
-            &self.inner.scripts.renew_many,
-            renewals.len(),
-            renewals.len() * 4,
-            renewals.len() * per_renewal,
-        );
-        let ttls: Vec<u64> = renewals.iter().map(|r| ttl_ms(r.ttl)).collect();
-        for renewal in renewals {
-            call.key(self.inner.keys.lease(&renewal.lease.key));
-        }
-        for (renewal, ttl_ms) in renewals.iter().zip(&ttls) {
-            call.arg(renewal.lease.owner.as_str())
-                .arg(renewal.lease.token.0)
-                .arg(*ttl_ms);
-        }
-        let answers: Vec<i64> = call
-            .invoke(&mut self.conn())
-            .await
-            .map_err(|e| map("renew script", e))?;
-        let Some((&now_ms, renewed)) = answers.split_first() else {
-            return Err(bad_reply("the renew script answered nothing"));
-        };
-        if renewed.len() != renewals.len() {
-            return Err(bad_reply(format!(
-                "{} answers to {} renewals",
-                renewed.len(),
-                renewals.len()
-            )));
-        }
-        let mut results: Vec<Result<Grant>> = renewals
-            .iter()
-            .zip(&ttls)
-            .zip(renewed)
-            .map(|((renewal, &ttl_ms), &renewed)| {
-                let lease = &renewal.lease;
-                lease
-                    .found(renewed == 1)
-                    .map(|()| renewal_grant(lease, ttl_ms, now_ms))
-            })
-            .collect();
-        // One WAIT covers every write of the batch; without its
-        // acknowledgement no renewal of the batch counts as confirmed.
-        if results.iter().any(Result::is_ok) {
-            if let Err(e) = self.wait_replicas().await {
-                let message = e.to_string();
-                for result in results.iter_mut().filter(|r| r.is_ok()) {
-                    *result = Err(bad_reply_transient(message.clone()));
-                }
-            }
-        }
-        Ok(results)
+        self.renew_batch(&self.inner.scripts.renew_many, renewals, 1, |call, key| {
+            call.key(self.inner.keys.lease(key));
+        })
+        .await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
@@ -516,8 +665,10 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row: Vec<Value> = Call::new(&self.inner.scripts.inspect, 1)
+        let row: Vec<Value> = Call::new(&self.inner.scripts.inspect, 3)
             .key(self.inner.keys.lease(key))
+            .key(self.inner.keys.readers(key))
+            .key(self.inner.keys.readers_info(key))
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("inspect script", e))?;
@@ -535,8 +686,11 @@ impl Backend for RedisBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row: Vec<Value> = Call::new(&self.inner.scripts.force_release, 1)
+        let row: Vec<Value> = Call::new(&self.inner.scripts.force_release, 4)
             .key(self.inner.keys.lease(key))
+            .key(self.inner.keys.readers(key))
+            .key(self.inner.keys.readers_info(key))
+            .key(self.inner.keys.intent(key))
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
             .invoke(&mut self.conn())
@@ -551,10 +705,12 @@ impl Backend for RedisBackend {
         for (lease, _) in leases.into_iter().filter(|(l, _)| l.owner == *owner) {
             // Compare-and-delete per lease: one that changed hands since the
             // SCAN is left alone.
-            match self
-                .release(&LeaseId::new(lease.key, owner.clone(), lease.token))
-                .await
-            {
+            let id = LeaseId::new(lease.key, owner.clone(), lease.token);
+            let outcome = match lease.mode {
+                LockMode::Exclusive => self.release(&id).await,
+                LockMode::Shared => self.release_shared(&id).await,
+            };
+            match outcome {
                 Ok(()) => released += 1,
                 Err(Error::NotHeld { .. }) => {}
                 Err(e) => return Err(e),

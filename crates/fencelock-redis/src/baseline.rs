@@ -83,9 +83,12 @@ impl RawCycle for Worker {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let row: Vec<Value> = redis::cmd("EVALSHA")
             .arg(&self.acquire_sha)
-            .arg(2)
+            .arg(5)
             .arg(self.keys.lease(&key))
             .arg(self.keys.counter(&key))
+            .arg(self.keys.readers(&key))
+            .arg(self.keys.readers_info(&key))
+            .arg(self.keys.intent(&key))
             .arg(RAW_OWNER)
             .arg(ttl_ms)
             .arg("")

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, Result};
+use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
 use redis::Value;
 
 use crate::{
@@ -66,9 +66,46 @@ impl Fence for RedisFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
-        let row: Vec<Value> = Call::new(&self.scripts.fence_admit, 1)
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let (writer, any): (Option<String>, Option<String>) = redis::pipe()
+            .cmd("GET")
+            .arg(self.keys.fence_writer(resource))
+            .cmd("GET")
+            .arg(self.keys.fence(resource))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence GET", e))?;
+        // No writer record: a record from before read-write locks, whose
+        // token was a writer's. `0`: readers only.
+        match writer.or(any).as_deref() {
+            None | Some("0") => Ok(None),
+            Some(t) => parse_token(t).map(Some),
+        }
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
+        let mode = match mode {
+            LockMode::Exclusive => "w",
+            LockMode::Shared => "r",
+        };
+        let row: Vec<Value> = Call::new(&self.scripts.fence_admit, 2)
             .key(self.keys.fence(resource))
+            .key(self.keys.fence_writer(resource))
             .arg(token.0)
+            .arg(mode)
             .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| map("fence script", e))?;

@@ -14,6 +14,9 @@ use redis::{RedisWrite, ToRedisArgs};
 
 const SPECIAL: &[char] = &['%', '{', '}', '*', '?', '[', ']', '\\'];
 
+/// The suffix of a key's readers set (docs/rwlock.md).
+const READERS: &str = ":readers";
+
 /// Percent-encodes the characters that matter to hash tags and globs.
 pub(crate) fn encode(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
@@ -175,8 +178,28 @@ impl Keys {
         self.tagged(key.as_str(), ":token")
     }
 
+    /// The key's readers (a sorted set of tokens by lease end).
+    pub(crate) fn readers<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
+        self.tagged(key.as_str(), READERS)
+    }
+
+    /// The details of the key's readers (a hash by token).
+    pub(crate) fn readers_info<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
+        self.tagged(key.as_str(), ":readers:info")
+    }
+
+    /// A waiting writer's intent on the key.
+    pub(crate) fn intent<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
+        self.tagged(key.as_str(), ":intent")
+    }
+
     pub(crate) fn fence(&self, resource: &str) -> String {
         format!("{}:fence:{{{}}}", self.prefix, encode(resource))
+    }
+
+    /// The highest writer token of a fenced resource, in its slot.
+    pub(crate) fn fence_writer(&self, resource: &str) -> String {
+        format!("{}:fence:{{{}}}:writer", self.prefix, encode(resource))
     }
 
     /// The pub/sub channel release notices of `key` go to (under the key's
@@ -192,6 +215,12 @@ impl Keys {
         format!("{}:{{{}*}}", self.prefix, encode(prefix.unwrap_or("")))
     }
 
+    /// A SCAN pattern matching the readers sets of keys that start with
+    /// `prefix`.
+    pub(crate) fn readers_pattern(&self, prefix: Option<&str>) -> String {
+        format!("{}{READERS}", self.lease_pattern(prefix))
+    }
+
     /// The user key of a lease hash name found by SCAN.
     pub(crate) fn user_key(&self, lease: &[u8]) -> Option<LockKey> {
         let s = std::str::from_utf8(lease).ok()?;
@@ -200,6 +229,11 @@ impl Keys {
             .strip_prefix(":{")?
             .strip_suffix('}')?;
         LockKey::new(decode(inner)?).ok()
+    }
+
+    /// The user key of a readers set name found by SCAN.
+    pub(crate) fn readers_user_key(&self, readers: &[u8]) -> Option<LockKey> {
+        self.user_key(readers.strip_suffix(READERS.as_bytes())?)
     }
 }
 
@@ -243,6 +277,13 @@ mod tests {
         assert_eq!(encode("é[x]\\"), "é%5Bx%5D%5C");
         assert_eq!(keys.user_key(name.as_bytes()), Some(k.clone()));
         assert_eq!(keys.user_key(keys.counter(&k).to_string().as_bytes()), None);
+        assert_eq!(keys.readers(&k).to_string(), "fl:{a%7D%7Bb}:readers");
+        assert_eq!(
+            keys.readers_user_key(keys.readers(&k).to_string().as_bytes()),
+            Some(k.clone())
+        );
+        assert_eq!(keys.user_key(keys.readers(&k).to_string().as_bytes()), None);
+        assert_eq!(keys.readers_user_key(name.as_bytes()), None);
         Ok(())
     }
 

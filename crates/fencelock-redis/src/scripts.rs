@@ -33,45 +33,88 @@ local function describe(key)
   end
   return {1, h[1], h[2], h[3], h[4], h[5], pttl, now_ms(), h[6]}
 end
+-- Read-write locks (docs/rwlock.md): the key's readers are a sorted set
+-- (member: token, score: the lease's end in server ms) and a hash of their
+-- details (field: token, value: JSON), under the key's hash tag.
+-- Removes the readers whose lease ended; how many are left.
+local function prune(readers, info, now)
+  local gone = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
+    redis.call('HDEL', info, unpack(gone))
+  end
+  return redis.call('ZCARD', readers)
+end
+-- A reader in `describe`'s shape, plus a final 1 for "shared".
+local function describe_reader(readers, info, token, now)
+  local r = cjson.decode(redis.call('HGET', info, token))
+  local ends = tonumber(redis.call('ZSCORE', readers, token))
+  return {1, r.owner, token, r.kind or false, r.data or false, r.acquired, ends - now, now,
+    string.format('%d', ends), 1}
+end
+-- The live reader whose lease ends last, or nil.
+local function last_reader(readers, info, now)
+  if prune(readers, info, now) == 0 then return nil end
+  local top = redis.call('ZRANGE', readers, -1, -1)
+  return describe_reader(readers, info, top[1], now)
+end
+-- Keeps the readers' keys as long as their longest lease.
+local function keep(readers, info, ttl)
+  for _, k in ipairs({readers, info}) do
+    if redis.call('PTTL', k) < tonumber(ttl) then redis.call('PEXPIRE', k, ttl) end
+  end
+end
+-- Draws a token from the key's one counter (for writers and readers alike):
+-- the token and the server's now in ms.
+local function draw(counter, floor)
+  local t = redis.call('TIME')
+  -- A token is never below the server clock in microseconds. So a counter
+  -- that is missing (first use, restart without persistence, idle expiry) or
+  -- older than the tokens it issued (restart from an old RDB snapshot or an
+  -- `everysec` AOF, a replica promoted before it caught up) still continues
+  -- above every token issued before, as long as the clock did not step back
+  -- and the key was granted less than once per microsecond.
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- A floor raises the counter before the draw, in this same script, so the
+  -- token is above the floor and above every token issued before (I2).
+  if #floor > 0 then
+    local counter_now = tonumber(redis.call('GET', counter) or '0')
+    if counter_now < tonumber(floor) then
+      redis.call('SET', counter, floor)
+    end
+  end
+  local drawn = redis.call('INCR', counter)
+  if drawn < now_us then
+    drawn = now_us
+    redis.call('SET', counter, string.format('%d', drawn))
+  end
+  -- A counter idle for a week goes away, so that locks on unbounded keys
+  -- (`order:<id>`) leave nothing behind.
+  redis.call('PEXPIRE', counter, 604800000)
+  return string.format('%d', drawn), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 "#;
 
-/// KEYS: lease, counter. ARGV: owner, ttl_ms, kind (`""` = none, else `=`
-/// followed by the kind), data (`""` = none), token floor (`""` = none,
-/// else a decimal below 2^53).
+/// KEYS: lease, counter, readers, readers' details, writer intent. ARGV:
+/// owner, ttl_ms, kind (`""` = none, else `=` followed by the kind), data
+/// (`""` = none), token floor (`""` = none, else a decimal below 2^53).
 /// Returns `{1, token, now_ms}` or the holder as `describe` does (`found` = 1
-/// means held; the leading element is then 0 to tell it from a grant).
+/// means held; the leading element is then 0 to tell it from a grant): the
+/// writer, or the reader whose lease ends last. A grant withdraws its
+/// owner's intent.
 const ACQUIRE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local d = describe(KEYS[1])
   d[1] = 0
   return d
 end
-local t = redis.call('TIME')
--- A token is never below the server clock in microseconds. So a counter that
--- is missing (first use, restart without persistence, idle expiry) or older
--- than the tokens it issued (restart from an old RDB snapshot or an
--- `everysec` AOF, a replica promoted before it caught up) still continues
--- above every token issued before, as long as the clock did not step back
--- and the key was granted less than once per microsecond.
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
--- A floor raises the counter before the draw, in this same script, so the
--- token is above the floor and above every token issued before (I2).
-if #ARGV[5] > 0 then
-  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if counter < tonumber(ARGV[5]) then
-    redis.call('SET', KEYS[2], ARGV[5])
-  end
+local reader = last_reader(KEYS[3], KEYS[4], now_ms())
+if reader then
+  reader[1] = 0
+  return reader
 end
-local drawn = redis.call('INCR', KEYS[2])
-if drawn < now_us then
-  drawn = now_us
-  redis.call('SET', KEYS[2], string.format('%d', drawn))
-end
-local token = string.format('%d', drawn)
--- A counter idle for a week goes away, so that locks on unbounded keys
--- (`order:<id>`) leave nothing behind.
-redis.call('PEXPIRE', KEYS[2], 604800000)
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token, now = draw(KEYS[2], ARGV[5])
+if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),
   'expires', string.format('%d', now + tonumber(ARGV[2])))
 if #ARGV[3] > 0 then redis.call('HSET', KEYS[1], 'kind', string.sub(ARGV[3], 2)) end
@@ -141,29 +184,142 @@ end
 return 0
 "#;
 
-/// KEYS: lease. Returns `describe`.
-const INSPECT: &str = "return describe(KEYS[1])";
+/// KEYS: lease, readers, readers' details. Returns `describe` of the
+/// writer, else of the reader whose lease ends last.
+const INSPECT: &str = r#"
+local d = describe(KEYS[1])
+if d[1] == 1 then return d end
+return last_reader(KEYS[2], KEYS[3], now_ms()) or d
+"#;
 
-/// KEYS: lease. ARGV: channel, user key. Returns `describe` of what it removed.
+/// KEYS: lease, readers, readers' details, intent. ARGV: channel, user key.
+/// Frees the key entirely; returns `describe` of the writer, else of the
+/// reader whose lease ends last.
 const FORCE_RELEASE: &str = r#"
 local d = describe(KEYS[1])
-if d[1] == 1 then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
-end
+if d[1] ~= 1 then d = last_reader(KEYS[2], KEYS[3], now_ms()) or d end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+if d[1] == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
 return d
 "#;
 
-/// KEYS: fence record. ARGV: token (decimal u64). Tokens are compared as
-/// decimal strings (length, then bytes) because Lua numbers cannot hold every
-/// u64. Returns `{1}` (admitted) or `{0, current}`.
+/// KEYS: lease, counter, readers, readers' details, intent. ARGV as
+/// `ACQUIRE`. Granted while no writer holds the key and no writer's intent
+/// is live: `{1, token, now_ms}`, else the writer as `describe` (or nobody,
+/// for an intent) with a leading 0.
+const ACQUIRE_SHARED: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local d = describe(KEYS[1])
+  d[1] = 0
+  return d
+end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  return {0, false, false, false, false, false, -2, now_ms(), false}
+end
+local token, now = draw(KEYS[2], ARGV[5])
+prune(KEYS[3], KEYS[4], now)
+local r = {owner = ARGV[1], acquired = string.format('%d', now)}
+if #ARGV[3] > 0 then r.kind = string.sub(ARGV[3], 2) end
+if #ARGV[4] > 0 then r.data = ARGV[4] end
+redis.call('ZADD', KEYS[3], string.format('%d', now + tonumber(ARGV[2])), token)
+redis.call('HSET', KEYS[4], token, cjson.encode(r))
+keep(KEYS[3], KEYS[4], ARGV[2])
+return {1, token, now}
+"#;
+
+/// A batch of reader renewals: KEYS: readers and readers' details of each
+/// lease in turn; ARGV: owner, token, ttl_ms of each. Returns
+/// `{now_ms, r1, r2, …}` as `RENEW_MANY` does.
+const RENEW_MANY_SHARED: &str = r#"
+local now = now_ms()
+local out = {now}
+for i = 1, #ARGV / 3 do
+  local readers, info = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, token, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local ends = redis.call('ZSCORE', readers, token)
+  out[i + 1] = 0
+  if ends and tonumber(ends) > now then
+    local r = cjson.decode(redis.call('HGET', info, token))
+    if r.owner == owner then
+      redis.call('ZADD', readers, 'XX', string.format('%d', now + tonumber(ttl)), token)
+      keep(readers, info, ttl)
+      out[i + 1] = 1
+    end
+  end
+end
+return out
+"#;
+
+/// KEYS: readers, readers' details. ARGV: owner, token, channel, user key.
+/// Returns 1 or 0.
+const RELEASE_SHARED: &str = r#"
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if ends and tonumber(ends) > now_ms() then
+  local r = cjson.decode(redis.call('HGET', KEYS[2], ARGV[2]))
+  if r.owner == ARGV[1] then
+    redis.call('ZREM', KEYS[1], ARGV[2])
+    redis.call('HDEL', KEYS[2], ARGV[2])
+    redis.call('PUBLISH', ARGV[3], ARGV[4])
+    return 1
+  end
+end
+return 0
+"#;
+
+/// KEYS: intent. ARGV: owner, ttl_ms. Another owner's live intent stays.
+const POST_INTENT: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if not cur or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"#;
+
+/// KEYS: intent. ARGV: owner, channel, user key.
+const WITHDRAW_INTENT: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return 1
+"#;
+
+/// KEYS: readers, readers' details. The live readers as `describe` rows.
+const READERS: &str = r#"
+local now = now_ms()
+prune(KEYS[1], KEYS[2], now)
+local out = {}
+for _, token in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  out[#out + 1] = describe_reader(KEYS[1], KEYS[2], token, now)
+end
+return out
+"#;
+
+/// KEYS: fence record, its writer record. ARGV: token (decimal u64), mode
+/// (`w` writer, `r` reader). Tokens are compared as decimal strings
+/// (length, then bytes) because Lua numbers cannot hold every u64. A
+/// writer's token must reach the highest admitted and becomes the highest
+/// writer token; a reader's must reach the highest writer token (a record
+/// without a writer record is from before read-write locks: its token was a
+/// writer's; `0` means none yet). Returns `{1}` (admitted) or
+/// `{0, current}`, `current` being the floor the token missed.
 const FENCE_ADMIT: &str = r#"
+local function above(a, b) return #a > #b or (#a == #b and a > b) end
 local cur = redis.call('GET', KEYS[1])
 local t = ARGV[1]
-if cur and (#cur > #t or (#cur == #t and cur > t)) then
-  return {0, cur}
+if ARGV[2] == 'w' then
+  if cur and above(cur, t) then return {0, cur} end
+  if not cur or cur ~= t then redis.call('SET', KEYS[1], t) end
+  redis.call('SET', KEYS[2], t)
+  return {1}
 end
-if not cur or cur ~= t then redis.call('SET', KEYS[1], t) end
+local w = redis.call('GET', KEYS[2])
+if not w then
+  w = cur or '0'
+  redis.call('SET', KEYS[2], w)
+end
+if above(w, t) then return {0, w} end
+if not cur or above(t, cur) then redis.call('SET', KEYS[1], t) end
 return {1}
 "#;
 
@@ -178,6 +334,12 @@ pub(crate) struct Scripts {
     pub(crate) force_release: Script,
     pub(crate) fence_admit: Script,
     pub(crate) set_data: Script,
+    pub(crate) acquire_shared: Script,
+    pub(crate) renew_many_shared: Script,
+    pub(crate) release_shared: Script,
+    pub(crate) post_intent: Script,
+    pub(crate) withdraw_intent: Script,
+    pub(crate) readers: Script,
 }
 
 impl Scripts {
@@ -192,10 +354,16 @@ impl Scripts {
             force_release: with_describe(FORCE_RELEASE),
             fence_admit: Script::new(FENCE_ADMIT),
             set_data: Script::new(SET_DATA),
+            acquire_shared: with_describe(ACQUIRE_SHARED),
+            renew_many_shared: with_describe(RENEW_MANY_SHARED),
+            release_shared: with_describe(RELEASE_SHARED),
+            post_intent: Script::new(POST_INTENT),
+            withdraw_intent: Script::new(WITHDRAW_INTENT),
+            readers: with_describe(READERS),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 8] {
+    pub(crate) fn all(&self) -> [&Script; 14] {
         [
             &self.acquire,
             &self.renew,
@@ -205,6 +373,12 @@ impl Scripts {
             &self.force_release,
             &self.fence_admit,
             &self.set_data,
+            &self.acquire_shared,
+            &self.renew_many_shared,
+            &self.release_shared,
+            &self.post_intent,
+            &self.withdraw_intent,
+            &self.readers,
         ]
     }
 }

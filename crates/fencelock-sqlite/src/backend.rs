@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
 };
 use rusqlite::{
     named_params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior,
@@ -28,7 +28,35 @@ const LIVE: &str = "(boot_id = :boot AND expires_mono_us > :now AND renewed_mono
 const COLUMNS: &str =
     "key, owner, token, kind, data, acquired_at_ms, expires_at_ms, acquired_mono_us, expires_mono_us";
 
-/// A row of `fencelock_locks`, before validation.
+/// Where leases of each mode live: writers (and plain locks) one row per
+/// key in `fencelock_locks`, readers one row per (key, token) in
+/// `fencelock_readers`, with the same columns, so every statement below is
+/// written once for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Table {
+    Locks,
+    Readers,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Locks => "fencelock_locks",
+            Table::Readers => "fencelock_readers",
+        }
+    }
+
+    fn mode(self) -> LockMode {
+        match self {
+            Table::Locks => LockMode::Exclusive,
+            Table::Readers => LockMode::Shared,
+        }
+    }
+}
+
+const TABLES: [Table; 2] = [Table::Locks, Table::Readers];
+
+/// A row of `fencelock_locks` or `fencelock_readers`, before validation.
 struct RawLease {
     key: String,
     owner: String,
@@ -39,10 +67,11 @@ struct RawLease {
     expires_at_ms: i64,
     acquired_mono_us: i64,
     expires_mono_us: i64,
+    mode: LockMode,
 }
 
 impl RawLease {
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+    fn from_row(row: &Row<'_>, table: Table) -> rusqlite::Result<Self> {
         Ok(Self {
             key: row.get(0)?,
             owner: row.get(1)?,
@@ -53,6 +82,7 @@ impl RawLease {
             expires_at_ms: row.get(6)?,
             acquired_mono_us: row.get(7)?,
             expires_mono_us: row.get(8)?,
+            mode: table.mode(),
         })
     }
 
@@ -65,6 +95,7 @@ impl RawLease {
             |what: &str, e: &dyn std::fmt::Display| error::corrupt(format!("{what}: {e}"));
         Ok(LockInfo {
             expires_in: micros(self.expires_mono_us - now_us),
+            mode: self.mode,
             key: LockKey::new(self.key).map_err(|e| corrupt("key", &e))?,
             owner: Owner::new(self.owner).map_err(|e| corrupt("owner", &e))?,
             token: FencingToken(u64::try_from(self.token).map_err(|e| corrupt("token", &e))?),
@@ -178,6 +209,47 @@ impl SqliteBackend {
             })
             .await
     }
+
+    /// Renews a batch of leases of one table in one IMMEDIATE transaction:
+    /// one write lock and one clock reading decide every lease of it.
+    async fn renew_batch(&self, table: Table, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = renewals.to_vec();
+        let renewed = self
+            .write(move |tx, now| {
+                batch
+                    .iter()
+                    .map(|r| renew_in(tx, now, table, &r.lease, r.ttl))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .await?;
+        Ok(renewals
+            .iter()
+            .zip(renewed)
+            .map(|(r, expires_ms)| match expires_ms {
+                Some(ms) => Ok(Grant::new(r.lease.token, r.ttl, wall(ms))),
+                None => Err(Error::not_held(&r.lease)),
+            })
+            .collect())
+    }
+
+    /// Releases `lease` from `table` (I3) and wakes the key's waiters.
+    async fn release_from(&self, table: Table, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        let Ok(db_token) = i64::try_from(token.0) else {
+            return Err(Error::not_held(lease));
+        };
+        let (k, o) = (key.clone(), owner.clone());
+        let released = self
+            .write(move |tx, now| release_in(tx, now, table, k.as_str(), o.as_str(), db_token))
+            .await?;
+        if released {
+            self.wakeups.notify(key.as_str());
+        }
+        lease.found(released)
+    }
 }
 
 /// Runs `f` in an IMMEDIATE transaction on `conn` with the clock read after
@@ -205,6 +277,42 @@ pub(crate) fn acquire_in(
     if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
         return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
     }
+    // A writer waits for the key's readers (docs/rwlock.md).
+    if let Some(reader) = last_reader(tx, request.key.as_str(), now)? {
+        return Ok(Acquire::Held(Some(reader.into_info(now.us)?)));
+    }
+    let token = next_token(tx, request)?;
+    tx.execute(
+        "DELETE FROM fencelock_intents WHERE key = :key AND owner = :owner",
+        named_params! {":key": request.key.as_str(), ":owner": request.owner.as_str()},
+    )
+    .map_err(error::map)?;
+    insert_lease(tx, now, Table::Locks, request, token)
+}
+
+/// The body of a reader's acquisition, inside [`write_tx`]: granted while
+/// no writer holds the key and no writer's intent is live.
+fn acquire_shared_in(tx: &Transaction<'_>, now: Now, request: &AcquireRequest) -> Result<Acquire> {
+    if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
+        return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
+    }
+    let intent: Option<i64> = tx
+        .query_row(
+            &format!("SELECT 1 FROM fencelock_intents WHERE key = :key AND {LIVE}"),
+            named_params! {":key": request.key.as_str(), ":boot": now.boot, ":now": now.us},
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(error::map)?;
+    if intent.is_some() {
+        return Ok(Acquire::Held(None));
+    }
+    let token = next_token(tx, request)?;
+    insert_lease(tx, now, Table::Readers, request, token)
+}
+
+/// Draws the next token of the one counter.
+fn next_token(tx: &Transaction<'_>, request: &AcquireRequest) -> Result<i64> {
     // One counter for every key, raised to the floor first: the token is
     // above the floor and above every token issued before (I2).
     let floor = match request.min_token {
@@ -224,19 +332,39 @@ pub(crate) fn acquire_in(
             |r| r.get(0),
         )
         .map_err(error::map)?;
+    Ok(token)
+}
+
+/// Stores the lease `request` was granted with `token` in `table`.
+fn insert_lease(
+    tx: &Transaction<'_>,
+    now: Now,
+    table: Table,
+    request: &AcquireRequest,
+    token: i64,
+) -> Result<Acquire> {
     let wall_now = wall_now_ms();
     let data = request.data.as_ref().map(|d| d.to_string());
+    // A reader's row is new (its token is); a writer's replaces the key's
+    // expired one.
+    let conflict = match table {
+        Table::Locks => "(key)",
+        Table::Readers => "(key, token)",
+    };
     tx.execute(
-        "INSERT INTO fencelock_locks (key, owner, token, kind, data, acquired_at_ms, \
+        &format!(
+            "INSERT INTO {} (key, owner, token, kind, data, acquired_at_ms, \
              expires_at_ms, boot_id, acquired_mono_us, renewed_mono_us, expires_mono_us) \
          VALUES (:key, :owner, :token, :kind, :data, :wall, :wall_exp, :boot, :now, :now, \
              :now + :ttl) \
-         ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+         ON CONFLICT {conflict} DO UPDATE SET owner = excluded.owner, token = excluded.token, \
              kind = excluded.kind, data = excluded.data, \
              acquired_at_ms = excluded.acquired_at_ms, expires_at_ms = excluded.expires_at_ms, \
              boot_id = excluded.boot_id, acquired_mono_us = excluded.acquired_mono_us, \
              renewed_mono_us = excluded.renewed_mono_us, \
              expires_mono_us = excluded.expires_mono_us",
+            table.name()
+        ),
         named_params! {
             ":key": request.key.as_str(), ":owner": request.owner.as_str(), ":token": token,
             ":kind": request.kind, ":data": data, ":wall": wall_now,
@@ -256,6 +384,7 @@ pub(crate) fn acquire_in(
 pub(crate) fn release_in(
     tx: &Transaction<'_>,
     now: Now,
+    table: Table,
     key: &str,
     owner: &str,
     token: i64,
@@ -263,8 +392,9 @@ pub(crate) fn release_in(
     let n = tx
         .execute(
             &format!(
-                "DELETE FROM fencelock_locks \
-                 WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+                "DELETE FROM {} \
+                 WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}",
+                table.name()
             ),
             named_params! {
                 ":key": key, ":owner": owner, ":token": token,
@@ -277,7 +407,13 @@ pub(crate) fn release_in(
 
 /// The body of a renewal, inside [`write_tx`]: the new display expiry
 /// (wall-clock milliseconds) if `lease` was current and unexpired (I3).
-fn renew_in(tx: &Transaction<'_>, now: Now, lease: &LeaseId, ttl: Duration) -> Result<Option<i64>> {
+fn renew_in(
+    tx: &Transaction<'_>,
+    now: Now,
+    table: Table,
+    lease: &LeaseId,
+    ttl: Duration,
+) -> Result<Option<i64>> {
     // Tokens are stored as i64: a larger one was never issued.
     let Ok(token) = i64::try_from(lease.token.get()) else {
         return Ok(None);
@@ -285,9 +421,10 @@ fn renew_in(tx: &Transaction<'_>, now: Now, lease: &LeaseId, ttl: Duration) -> R
     let expires_ms = wall_now_ms() + ttl_ms(ttl);
     let changed = tx
         .prepare_cached(&format!(
-            "UPDATE fencelock_locks SET renewed_mono_us = :now, \
+            "UPDATE {} SET renewed_mono_us = :now, \
              expires_mono_us = :now + :ttl, expires_at_ms = :wall_exp \
-             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}"
+             WHERE key = :key AND owner = :owner AND token = :token AND {LIVE}",
+            table.name()
         ))
         .and_then(|mut stmt| {
             stmt.execute(named_params! {
@@ -320,26 +457,52 @@ fn live_lease(conn: &Connection, key: &str, now: Now) -> Result<Option<RawLease>
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM fencelock_locks WHERE key = :key AND {LIVE}"),
         named_params! {":key": key, ":boot": now.boot, ":now": now.us},
-        RawLease::from_row,
+        |r| RawLease::from_row(r, Table::Locks),
     )
     .optional()
     .map_err(error::map)
 }
 
-fn live_leases(conn: &Connection, now: Now) -> Result<Vec<RawLease>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM fencelock_locks WHERE {LIVE} ORDER BY key"
-        ))
-        .map_err(error::map)?;
-    let rows = stmt
-        .query_map(
-            named_params! {":boot": now.boot, ":now": now.us},
-            RawLease::from_row,
+/// The live reader of `key` whose lease ends last.
+fn last_reader(conn: &Connection, key: &str, now: Now) -> Result<Option<RawLease>> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM fencelock_readers WHERE key = :key AND {LIVE} \
+         ORDER BY expires_mono_us DESC LIMIT 1"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            named_params! {":key": key, ":boot": now.boot, ":now": now.us},
+            |r| RawLease::from_row(r, Table::Readers),
         )
-        .map_err(error::map)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(error::map)
+        .optional()
+    })
+    .map_err(error::map)
+}
+
+/// Live leases of both modes whose key starts with `prefix` (literally:
+/// substr(), no LIKE wildcards), by key then token.
+fn live_leases(conn: &Connection, now: Now, prefix: &str) -> Result<Vec<RawLease>> {
+    let mut leases = Vec::new();
+    for table in TABLES {
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM {} \
+                 WHERE substr(key, 1, length(:prefix)) = :prefix AND {LIVE}",
+                table.name()
+            ))
+            .map_err(error::map)?;
+        let rows = stmt
+            .query_map(
+                named_params! {":prefix": prefix, ":boot": now.boot, ":now": now.us},
+                |r| RawLease::from_row(r, table),
+            )
+            .map_err(error::map)?;
+        for row in rows {
+            leases.push(row.map_err(error::map)?);
+        }
+    }
+    leases.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
+    Ok(leases)
 }
 
 #[async_trait]
@@ -356,6 +519,7 @@ impl Backend for SqliteBackend {
             .with_min_token(true)
             .with_batch_renew(true)
             .with_set_data(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -371,28 +535,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        if renewals.is_empty() {
-            return Ok(Vec::new());
-        }
-        let batch = renewals.to_vec();
-        // One IMMEDIATE transaction for the batch: one write lock and one
-        // clock reading decide every lease of it.
-        let renewed = self
-            .write(move |tx, now| {
-                batch
-                    .iter()
-                    .map(|r| renew_in(tx, now, &r.lease, r.ttl))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .await?;
-        Ok(renewals
-            .iter()
-            .zip(renewed)
-            .map(|(r, expires_ms)| match expires_ms {
-                Some(ms) => Ok(Grant::new(r.lease.token, r.ttl, wall(ms))),
-                None => Err(Error::not_held(&r.lease)),
-            })
-            .collect())
+        self.renew_batch(Table::Locks, renewals).await
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
@@ -421,26 +564,79 @@ impl Backend for SqliteBackend {
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let Ok(db_token) = i64::try_from(token.0) else {
-            return Err(Error::not_held(lease));
-        };
+        self.release_from(Table::Locks, lease).await
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let request = request.clone();
+        self.write(move |tx, now| acquire_shared_in(tx, now, &request))
+            .await
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let renewal = [Renewal::new(lease.clone(), ttl)];
+        let mut answers = self.renew_many_shared(&renewal).await?;
+        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
+    }
+
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_batch(Table::Readers, renewals).await
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        self.release_from(Table::Readers, lease).await
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        let (key, owner) = (key.clone(), owner.clone());
+        self.write(move |tx, now| {
+            // Unqualified columns in the DO UPDATE's WHERE are the stored
+            // intent's: it is replaced only when it is this owner's or dead.
+            tx.execute(
+                &format!(
+                    "INSERT INTO fencelock_intents (key, owner, boot_id, renewed_mono_us, \
+                         expires_mono_us) VALUES (:key, :owner, :boot, :now, :now + :ttl) \
+                     ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, \
+                         boot_id = excluded.boot_id, renewed_mono_us = excluded.renewed_mono_us, \
+                         expires_mono_us = excluded.expires_mono_us \
+                     WHERE owner = excluded.owner OR NOT {LIVE}"
+                ),
+                named_params! {
+                    ":key": key.as_str(), ":owner": owner.as_str(), ":boot": now.boot,
+                    ":now": now.us, ":ttl": ttl_us(ttl),
+                },
+            )
+            .map_err(error::map)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         let (k, o) = (key.clone(), owner.clone());
-        let released = self
-            .write(move |tx, now| release_in(tx, now, k.as_str(), o.as_str(), db_token))
+        let withdrawn = self
+            .write(move |tx, _| {
+                tx.execute(
+                    "DELETE FROM fencelock_intents WHERE key = ?1 AND owner = ?2",
+                    [k.as_str(), o.as_str()],
+                )
+                .map_err(error::map)
+            })
             .await?;
-        if released {
+        if withdrawn > 0 {
             self.wakeups.notify(key.as_str());
         }
-        lease.found(released)
+        Ok(())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let k = key.clone();
         self.read(move |conn, now| {
-            live_lease(conn, k.as_str(), now)?
-                .map(|l| l.into_info(now.us))
-                .transpose()
+            let current = match live_lease(conn, k.as_str(), now)? {
+                Some(writer) => Some(writer),
+                None => last_reader(conn, k.as_str(), now)?,
+            };
+            current.map(|l| l.into_info(now.us)).transpose()
         })
         .await
     }
@@ -448,20 +644,9 @@ impl Backend for SqliteBackend {
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         let prefix = prefix.unwrap_or("").to_owned();
         self.read(move |conn, now| {
-            // substr() compares the prefix literally: no LIKE/GLOB wildcards.
-            let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM fencelock_locks \
-                     WHERE substr(key, 1, length(:prefix)) = :prefix AND {LIVE} ORDER BY key"
-                ))
-                .map_err(error::map)?;
-            let rows = stmt
-                .query_map(
-                    named_params! {":prefix": prefix, ":boot": now.boot, ":now": now.us},
-                    RawLease::from_row,
-                )
-                .map_err(error::map)?;
-            rows.map(|r| r.map_err(error::map).and_then(|l| l.into_info(now.us)))
+            live_leases(conn, now, &prefix)?
+                .into_iter()
+                .map(|l| l.into_info(now.us))
                 .collect()
         })
         .await
@@ -471,12 +656,19 @@ impl Backend for SqliteBackend {
         let k = key.clone();
         let removed = self
             .write(move |tx, now| {
-                let Some(lease) = live_lease(tx, k.as_str(), now)? else {
-                    return Ok(None);
+                // The key is freed entirely: writer, readers and intent.
+                let mut leases = live_leases(tx, now, k.as_str())?;
+                leases.retain(|l| l.key == k.as_str());
+                for table in ["fencelock_locks", "fencelock_readers", "fencelock_intents"] {
+                    tx.execute(&format!("DELETE FROM {table} WHERE key = ?1"), [k.as_str()])
+                        .map_err(error::map)?;
+                }
+                // The writer if any (it excludes readers), else the newest reader.
+                let reported = match leases.iter().position(|l| l.mode == LockMode::Exclusive) {
+                    Some(writer) => Some(leases.swap_remove(writer)),
+                    None => leases.pop(),
                 };
-                tx.execute("DELETE FROM fencelock_locks WHERE key = ?1", [k.as_str()])
-                    .map_err(error::map)?;
-                lease.into_info(now.us).map(Some)
+                reported.map(|l| l.into_info(now.us)).transpose()
             })
             .await?;
         if removed.is_some() {
@@ -489,19 +681,29 @@ impl Backend for SqliteBackend {
         let o = owner.clone();
         let released: Vec<String> = self
             .write(move |tx, now| {
-                let mut stmt = tx
-                    .prepare(&format!(
-                        "DELETE FROM fencelock_locks WHERE owner = :owner AND {LIVE} RETURNING key"
-                    ))
-                    .map_err(error::map)?;
-                let keys = stmt
-                    .query_map(
-                        named_params! {":owner": o.as_str(), ":boot": now.boot, ":now": now.us},
-                        |r| r.get(0),
-                    )
-                    .map_err(error::map)?
-                    .collect::<rusqlite::Result<Vec<String>>>()
-                    .map_err(error::map)?;
+                let mut keys = Vec::new();
+                for table in TABLES {
+                    let mut stmt = tx
+                        .prepare(&format!(
+                            "DELETE FROM {} WHERE owner = :owner AND {LIVE} RETURNING key",
+                            table.name()
+                        ))
+                        .map_err(error::map)?;
+                    let rows = stmt
+                        .query_map(
+                            named_params! {":owner": o.as_str(), ":boot": now.boot, ":now": now.us},
+                            |r| r.get(0),
+                        )
+                        .map_err(error::map)?;
+                    for key in rows {
+                        keys.push(key.map_err(error::map)?);
+                    }
+                }
+                tx.execute(
+                    "DELETE FROM fencelock_intents WHERE owner = ?1",
+                    [o.as_str()],
+                )
+                .map_err(error::map)?;
                 Ok(keys)
             })
             .await?;
@@ -513,28 +715,40 @@ impl Backend for SqliteBackend {
 
     async fn cleanup_expired(&self) -> Result<u64> {
         self.write(|tx, now| {
-            let n = tx
-                .execute(
-                    &format!("DELETE FROM fencelock_locks WHERE NOT {LIVE}"),
-                    named_params! {":boot": now.boot, ":now": now.us},
-                )
-                .map_err(error::map)?;
-            Ok(n as u64)
+            let params = named_params! {":boot": now.boot, ":now": now.us};
+            let mut removed = 0;
+            for table in TABLES {
+                removed += tx
+                    .execute(
+                        &format!("DELETE FROM {} WHERE NOT {LIVE}", table.name()),
+                        params,
+                    )
+                    .map_err(error::map)?;
+            }
+            tx.execute(
+                &format!("DELETE FROM fencelock_intents WHERE NOT {LIVE}"),
+                params,
+            )
+            .map_err(error::map)?;
+            Ok(removed as u64)
         })
         .await
     }
 
     async fn stats(&self) -> Result<Stats> {
         self.read(|conn, now| {
-            let expired: i64 = conn
-                .query_row(
-                    &format!("SELECT count(*) FROM fencelock_locks WHERE NOT {LIVE}"),
-                    named_params! {":boot": now.boot, ":now": now.us},
-                    |r| r.get(0),
-                )
-                .map_err(error::map)?;
+            let mut expired: i64 = 0;
+            for table in TABLES {
+                expired += conn
+                    .query_row(
+                        &format!("SELECT count(*) FROM {} WHERE NOT {LIVE}", table.name()),
+                        named_params! {":boot": now.boot, ":now": now.us},
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .map_err(error::map)?;
+            }
             let mut leases = Vec::new();
-            for raw in live_leases(conn, now)? {
+            for raw in live_leases(conn, now, "")? {
                 let held_for = raw.held_for(now.us);
                 leases.push((raw.into_info(now.us)?, held_for));
             }

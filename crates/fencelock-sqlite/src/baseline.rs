@@ -15,7 +15,7 @@ use fencelock_core::{
 use rusqlite::Connection;
 
 use crate::{
-    backend::{acquire_in, release_in, write_tx},
+    backend::{acquire_in, release_in, write_tx, Table},
     clock::HostClock,
     connection::open_blocking,
     options::SqliteOptions,
@@ -77,7 +77,7 @@ impl RawCycle for Worker {
         };
         tokio::task::block_in_place(|| {
             write_tx(&mut self.conn, &self.clock, |tx, now| {
-                release_in(tx, now, key, RAW_OWNER, token)
+                release_in(tx, now, Table::Locks, key, RAW_OWNER, token)
             })
         })
     }

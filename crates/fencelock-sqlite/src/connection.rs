@@ -47,9 +47,42 @@ CREATE TABLE IF NOT EXISTS fencelock_fences (
     resource TEXT PRIMARY KEY,
     -- Zero-padded to 20 digits so that text order is numeric order for the
     -- whole u64 range (SQLite integers stop at i64::MAX).
-    token    TEXT NOT NULL
+    token    TEXT NOT NULL,
+    -- The highest writer token (docs/rwlock.md), padded the same way;
+    -- NULL in rows from before read-write locks, whose tokens were all
+    -- writers'.
+    writer_token TEXT
+) WITHOUT ROWID;
+-- Readers of read-write locks (docs/rwlock.md): the columns of
+-- fencelock_locks, one row per reader lease.
+CREATE TABLE IF NOT EXISTS fencelock_readers (
+    key              TEXT NOT NULL,
+    owner            TEXT NOT NULL,
+    token            INTEGER NOT NULL,
+    kind             TEXT,
+    data             TEXT,
+    acquired_at_ms   INTEGER NOT NULL,
+    expires_at_ms    INTEGER NOT NULL,
+    boot_id          TEXT NOT NULL,
+    acquired_mono_us INTEGER NOT NULL,
+    renewed_mono_us  INTEGER NOT NULL,
+    expires_mono_us  INTEGER NOT NULL,
+    PRIMARY KEY (key, token)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fencelock_readers_owner ON fencelock_readers (owner);
+-- A waiting writer's intent per key: a lease that stops new readers.
+CREATE TABLE IF NOT EXISTS fencelock_intents (
+    key             TEXT PRIMARY KEY,
+    owner           TEXT NOT NULL,
+    boot_id         TEXT NOT NULL,
+    renewed_mono_us INTEGER NOT NULL,
+    expires_mono_us INTEGER NOT NULL
 ) WITHOUT ROWID;
 ";
+
+/// Adds what read-write locks need to a `fencelock_fences` table created
+/// before them (the other tables are new, so `IF NOT EXISTS` creates them).
+const UPGRADE_FENCES: &str = "ALTER TABLE fencelock_fences ADD COLUMN writer_token TEXT;";
 
 /// One SQLite connection, used from blocking threads one call at a time.
 #[derive(Clone, Debug)]
@@ -173,19 +206,38 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     // may live in an application's own database, whose migrations own it.)
     let present: i64 = conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences')",
+         AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences', \
+             'fencelock_readers', 'fencelock_intents')",
         [],
         |r| r.get(0),
     )?;
-    if present == 3 {
+    let fences_current = || -> rusqlite::Result<bool> {
+        conn.query_row(
+            "SELECT count(*) FROM pragma_table_info('fencelock_fences') \
+             WHERE name = 'writer_token'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n == 1),
+        )
+    };
+    if present == 5 && fences_current()? {
         return Ok(());
     }
-    let batch = SCHEMA;
+    // Decided again under the write lock: another process may have
+    // upgraded the file meanwhile.
+    let upgrade = |conn: &Connection| -> rusqlite::Result<()> {
+        conn.execute_batch(SCHEMA)?;
+        if !fences_current()? {
+            conn.execute_batch(UPGRADE_FENCES)?;
+        }
+        Ok(())
+    };
     if !conn.is_autocommit() {
         // Inside the caller's transaction: its commit makes the tables.
-        return conn.execute_batch(batch);
+        return upgrade(conn);
     }
-    conn.execute_batch(&format!("BEGIN IMMEDIATE; {batch} COMMIT;"))
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    upgrade(conn)
+        .and_then(|()| conn.execute_batch("COMMIT"))
         .inspect_err(|_| {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");

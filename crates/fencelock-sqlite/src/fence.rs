@@ -1,7 +1,7 @@
 //! The SQLite fence, standalone and inside the caller's own transaction.
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, Result};
+use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
 use rusqlite::{named_params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{connection::Db, error, options::SqliteOptions};
@@ -17,18 +17,52 @@ fn decode(text: &str) -> Result<FencingToken> {
         .map_err(|_| error::corrupt(format!("fence token {text:?}")))
 }
 
-/// Applies the I7 rule in `conn`'s current transaction, if any: admits
-/// `token` for `resource` when it is at least the highest admitted and
-/// records it; otherwise reports the highest.
+/// `writer_token` of a row whose resource has admitted readers only: below
+/// every padded token in text order. (NULL is a row from before read-write
+/// locks, whose highest token was a writer's.)
+const NO_WRITER: &str = "";
+
+/// The highest writer token of a row, as SQL.
+const WRITER: &str = "COALESCE(fencelock_fences.writer_token, fencelock_fences.token)";
+
+/// Applies the fence rule for a lease held in `mode` in `conn`'s current
+/// transaction, if any (`docs/rwlock.md`): a writer's token must reach the
+/// highest admitted in either mode and becomes the highest writer token; a
+/// reader's must reach the highest writer token and raises the highest.
+/// Otherwise reports the floor it missed.
 ///
-/// This is the building block of [`SqliteFence::admit_in`]. It does not
-/// validate `resource`; use `admit_in` unless you already have.
-fn try_admit_in(conn: &Connection, resource: &str, token: FencingToken) -> Result<Admission> {
+/// This is the building block of [`SqliteFence::admit_in`] and
+/// [`SqliteFence::admit_shared_in`]. It does not validate `resource`.
+fn try_admit_in(
+    conn: &Connection,
+    resource: &str,
+    token: FencingToken,
+    mode: LockMode,
+) -> Result<Admission> {
+    let (statement, floor) = match mode {
+        LockMode::Exclusive => (
+            "INSERT INTO fencelock_fences (resource, token, writer_token) \
+             VALUES (:resource, :token, :token) \
+             ON CONFLICT (resource) DO UPDATE SET token = excluded.token, \
+                 writer_token = excluded.token \
+             WHERE excluded.token >= fencelock_fences.token"
+                .to_owned(),
+            "token",
+        ),
+        LockMode::Shared => (
+            format!(
+                "INSERT INTO fencelock_fences (resource, token, writer_token) \
+                 VALUES (:resource, :token, '{NO_WRITER}') \
+                 ON CONFLICT (resource) DO UPDATE \
+                     SET token = max(fencelock_fences.token, excluded.token) \
+                 WHERE excluded.token >= {WRITER}"
+            ),
+            WRITER,
+        ),
+    };
     let admitted = conn
         .execute(
-            "INSERT INTO fencelock_fences (resource, token) VALUES (:resource, :token) \
-             ON CONFLICT (resource) DO UPDATE SET token = excluded.token \
-             WHERE excluded.token >= fencelock_fences.token",
+            &statement,
             named_params! {":resource": resource, ":token": encode(token)},
         )
         .map_err(error::map)?;
@@ -37,7 +71,7 @@ fn try_admit_in(conn: &Connection, resource: &str, token: FencingToken) -> Resul
     }
     let current: String = conn
         .query_row(
-            "SELECT token FROM fencelock_fences WHERE resource = ?1",
+            &format!("SELECT {floor} FROM fencelock_fences WHERE resource = ?1"),
             [resource],
             |r| r.get(0),
         )
@@ -104,8 +138,20 @@ impl SqliteFence {
     /// [`fencelock_core::Error::Stale`]. Call [`crate::ensure_schema`] on the
     /// database once beforehand.
     pub fn admit_in(conn: &Connection, resource: &str, token: FencingToken) -> Result<()> {
+        Self::admit_shared_in(conn, resource, token, LockMode::Exclusive)
+    }
+
+    /// Admits `token` of a lease held in `mode` (a read-write lock's reader
+    /// or writer, see [`Fence::admit_shared`]) inside the transaction open
+    /// on `conn`, or fails with [`fencelock_core::Error::Stale`].
+    pub fn admit_shared_in(
+        conn: &Connection,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<()> {
         fencelock_core::LockKey::new(resource)?;
-        try_admit_in(conn, resource, token)?.into_result("sqlite", resource, token)
+        try_admit_in(conn, resource, token, mode)?.into_result("sqlite", resource, token)
     }
 }
 
@@ -116,13 +162,45 @@ impl Fence for SqliteFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let resource = resource.to_owned();
+        self.db
+            .call(move |conn| {
+                conn.query_row(
+                    &format!("SELECT {WRITER} FROM fencelock_fences WHERE resource = ?1"),
+                    [&resource],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(error::map)?
+                .filter(|t| t != NO_WRITER)
+                .map(|t| decode(&t))
+                .transpose()
+            })
+            .await
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
         let resource = resource.to_owned();
         self.db
             .call(move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(error::map)?;
-                let admission = try_admit_in(&tx, &resource, token)?;
+                let admission = try_admit_in(&tx, &resource, token, mode)?;
                 tx.commit().map_err(error::map)?;
                 Ok(admission)
             })

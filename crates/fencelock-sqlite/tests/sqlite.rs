@@ -412,3 +412,63 @@ async fn a_batch_naming_one_lease_twice_renews_it_and_touches_nothing_else() {
         "{untouched:?}"
     );
 }
+
+/// A database made before read-write locks (a fence table without
+/// `writer_token`, no readers tables) is upgraded in place on open: its
+/// admitted tokens count as writers', and readers work at once.
+#[tokio::test]
+async fn a_database_from_before_read_write_locks_is_upgraded_in_place() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("old.db");
+    tamper(
+        &path,
+        "CREATE TABLE fencelock_fences (resource TEXT PRIMARY KEY, token TEXT NOT NULL) \
+             WITHOUT ROWID;
+         INSERT INTO fencelock_fences VALUES ('orders', '00000000000000000007');",
+    );
+    let fence = SqliteFence::connect_with(SqliteOptions::new(&path)).await?;
+    assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
+    let stale = fence
+        .admit_shared("orders", FencingToken(6), fencelock_core::LockMode::Shared)
+        .await;
+    assert!(matches!(stale, Err(Error::Stale { current, .. }) if current == FencingToken(7)));
+    fence
+        .admit_shared("orders", FencingToken(8), fencelock_core::LockMode::Shared)
+        .await?;
+    assert_eq!(fence.highest("orders").await?, Some(FencingToken(8)));
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path)).await?;
+    let reader = backend.try_acquire_shared(&request("k", "r")).await?;
+    assert!(matches!(reader, Acquire::Granted(_)), "{reader:?}");
+    Ok(())
+}
+
+/// `admit_shared_in` takes part in the caller's transaction: a reader's
+/// admission rolled back leaves no trace, a committed one raises the
+/// highest token but not the writer's.
+#[tokio::test]
+async fn the_shared_admission_commits_and_rolls_back_with_the_callers_transaction() -> TestResult {
+    use fencelock_core::LockMode::{Exclusive, Shared};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("app.db");
+    let mut conn = Connection::open(&path)?;
+    ensure_schema(&conn)?;
+    let fence = SqliteFence::connect_with(SqliteOptions::new(&path)).await?;
+    fence
+        .admit_shared("doc", FencingToken(5), Exclusive)
+        .await?;
+    let tx = conn.transaction()?;
+    SqliteFence::admit_shared_in(&tx, "doc", FencingToken(9), Shared)?;
+    tx.rollback()?;
+    assert_eq!(fence.highest("doc").await?, Some(FencingToken(5)));
+    let tx = conn.transaction()?;
+    SqliteFence::admit_shared_in(&tx, "doc", FencingToken(9), Shared)?;
+    assert!(matches!(
+        SqliteFence::admit_shared_in(&tx, "doc", FencingToken(4), Shared),
+        Err(Error::Stale { .. })
+    ));
+    tx.commit()?;
+    assert_eq!(fence.highest("doc").await?, Some(FencingToken(9)));
+    assert_eq!(fence.highest_writer("doc").await?, Some(FencingToken(5)));
+    assert!(fence.admit("doc", FencingToken(8)).await.is_err());
+    Ok(())
+}

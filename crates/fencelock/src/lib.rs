@@ -95,6 +95,9 @@ mod election_md {}
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/reentry.md")]
 mod reentry_md {}
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/rwlock.md")]
+mod rwlock_md {}
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../../docs/postgres.md")]
 mod postgres_md {}

@@ -16,6 +16,7 @@ mod input;
 mod multi;
 mod ownership;
 mod resume;
+mod rwlock;
 mod semaphore;
 mod tokens;
 
@@ -143,6 +144,15 @@ pub static CASES: &[Case] = &[
     case!(election::standby_takes_over_after_leader_expiry, FENCE),
     case!(resume::validate_is_true_only_for_the_current_token),
     case!(resume::resume_reattaches_to_the_exact_lease),
+    case!(rwlock::readers_share_and_exclude_writers),
+    case!(rwlock::tokens_increase_across_modes),
+    case!(rwlock::writer_intent_blocks_new_readers_and_expires),
+    case!(rwlock::reader_expiry_frees_the_writer),
+    case!(rwlock::reader_lease_ownership_is_exact),
+    case!(rwlock::admin_accounts_for_readers),
+    case!(rwlock::race_of_readers_and_writers),
+    case!(rwlock::fence_admits_readers_and_writers, FENCE),
+    case!(rwlock::restart_keeps_readers_and_tokens, RESTART),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.

@@ -19,7 +19,9 @@
 //! client is dropped and holds none; in between an idle client's task sleeps
 //! with nothing to wake for, so a lock cycle spawns no task. Taking a lock
 //! wakes the task only if its first timer is earlier than the task's next
-//! look, and releasing one only removes its timer.
+//! look, and releasing one only removes its timer; a look planned for a
+//! timer that is gone still happens, so that the next lock's timer (later)
+//! needs no wake-up either.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -276,7 +278,16 @@ impl Renewer {
                 schedule.set_timer(id);
             }
         }
-        let next = schedule.timers.first().map(|(at, _)| *at);
+        // With no timer left (the guards it was woken for are already
+        // released), the task still looks when it had planned to: a client
+        // taking and releasing locks in a loop then wakes it about once a
+        // renewal period, not once per lock (each wake-up of a second task
+        // can make tokio wake another worker thread).
+        let next = schedule
+            .timers
+            .first()
+            .map(|(at, _)| *at)
+            .or(schedule.sleeps_until.filter(|&planned| planned > now));
         schedule.sleeps_until = next;
         Due::Work { lost, batch, next }
     }

@@ -8,7 +8,11 @@ use fencelock_core::{
     LockKey, LockMode, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
-use sqlx::{mysql::MySqlRow, MySql, MySqlConnection, Row};
+use sqlx::{
+    mysql::{MySqlArguments, MySqlRow},
+    query::Query,
+    MySql, MySqlConnection, Row,
+};
 
 use crate::{
     error::{bad_reply, is_deadlock, map, map_acquire},
@@ -309,6 +313,22 @@ impl MySqlBackend {
     /// Takes a pooled connection for one operation.
     async fn session(&self) -> std::result::Result<Session<MySql>, sqlx::Error> {
         self.pool.session().await
+    }
+
+    /// Runs one statement on a pooled connection within the operation
+    /// time-out: the rows it changed.
+    async fn execute(
+        &self,
+        context: &'static str,
+        statement: Query<'_, MySql, MySqlArguments>,
+    ) -> Result<u64> {
+        self.options
+            .bounded(context, async {
+                let mut s = self.session().await?;
+                let done = statement.execute(s.conn()?).await;
+                s.finish_after(done).map(|r| r.rows_affected())
+            })
+            .await
     }
 
     /// The live reader of `key` whose lease ends last.
@@ -622,39 +642,28 @@ impl Backend for MySqlBackend {
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let deleted = self
-            .options
-            .bounded("releasing", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.release)
+            .execute(
+                "releasing",
+                sqlx::query(&self.sql.release)
                     .bind(key.as_str())
                     .bind(owner.as_str())
-                    .bind(token.get())
-                    .execute(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?
-            .rows_affected();
+                    .bind(token.get()),
+            )
+            .await?;
         lease.found(deleted > 0)
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
         let changed = self
-            .options
-            .bounded("setting data", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.set_data)
+            .execute(
+                "setting data",
+                sqlx::query(&self.sql.set_data)
                     .bind(data.as_ref())
                     .bind(lease.key.as_str())
                     .bind(lease.owner.as_str())
-                    .bind(lease.token.get())
-                    .execute(s.conn()?)
-                    .await;
-                s.finish();
-                done
-            })
-            .await?
-            .rows_affected();
+                    .bind(lease.token.get()),
+            )
+            .await?;
         lease.found(changed > 0)
     }
 
@@ -724,17 +733,11 @@ impl Backend for MySqlBackend {
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
         let writers = self
-            .options
-            .bounded("releasing all", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.release_all)
-                    .bind(owner.as_str())
-                    .execute(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?
-            .rows_affected();
+            .execute(
+                "releasing all",
+                sqlx::query(&self.sql.release_all).bind(owner.as_str()),
+            )
+            .await?;
         let keys: Vec<Vec<u8>> = self
             .options
             .bounded("releasing all", async {
@@ -774,15 +777,7 @@ impl Backend for MySqlBackend {
     async fn cleanup_expired(&self) -> Result<u64> {
         let mut removed = 0;
         for sql in [&self.sql.cleanup, &self.sql.cleanup_readers] {
-            removed += self
-                .options
-                .bounded("cleaning up", async {
-                    let mut s = self.session().await?;
-                    let done = sqlx::query(sql).execute(s.conn()?).await;
-                    s.finish_after(done)
-                })
-                .await?
-                .rows_affected();
+            removed += self.execute("cleaning up", sqlx::query(sql)).await?;
         }
         Ok(removed)
     }
@@ -900,34 +895,26 @@ impl Backend for MySqlBackend {
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.options
-            .bounded("posting a writer's intent", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.post_intent)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .bind(owner.as_str())
-                    .bind(ttl_micros(ttl))
-                    .execute(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?;
+        self.execute(
+            "posting a writer's intent",
+            sqlx::query(&self.sql.post_intent)
+                .bind(key.as_str())
+                .bind(owner.as_str())
+                .bind(owner.as_str())
+                .bind(ttl_micros(ttl)),
+        )
+        .await?;
         Ok(())
     }
 
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.options
-            .bounded("withdrawing a writer's intent", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.withdraw_intent)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .execute(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?;
+        self.execute(
+            "withdrawing a writer's intent",
+            sqlx::query(&self.sql.withdraw_intent)
+                .bind(key.as_str())
+                .bind(owner.as_str()),
+        )
+        .await?;
         Ok(())
     }
 

@@ -9,7 +9,11 @@ use fencelock_core::{
     LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
-use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
+use sqlx::{
+    postgres::{PgArguments, PgRow},
+    query::Query,
+    PgPool, Postgres, Row,
+};
 
 use crate::{
     error::{bad_reply, map},
@@ -374,6 +378,22 @@ impl PostgresBackend {
     async fn session(&self) -> std::result::Result<Session<Postgres>, sqlx::Error> {
         self.pool.session().await
     }
+
+    /// Runs one statement on a pooled connection within the operation
+    /// time-out: the rows it changed.
+    async fn execute(
+        &self,
+        context: &'static str,
+        statement: Query<'_, Postgres, PgArguments>,
+    ) -> Result<u64> {
+        self.options
+            .bounded(context, async {
+                let mut s = self.session().await?;
+                let done = statement.execute(s.conn()?).await;
+                s.finish_after(done).map(|r| r.rows_affected())
+            })
+            .await
+    }
 }
 
 /// The request's token floor as a sequence value.
@@ -581,21 +601,15 @@ impl Backend for PostgresBackend {
             return Err(Error::not_held(lease));
         };
         let changed = self
-            .options
-            .bounded("setting data", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.set_data)
+            .execute(
+                "setting data",
+                sqlx::query(&self.sql.set_data)
                     .bind(lease.key.as_str())
                     .bind(lease.owner.as_str())
                     .bind(db_token)
-                    .bind(data_text(data.as_ref()))
-                    .execute(s.conn()?)
-                    .await;
-                s.finish();
-                done
-            })
-            .await?
-            .rows_affected();
+                    .bind(data_text(data.as_ref())),
+            )
+            .await?;
         lease.found(changed > 0)
     }
 
@@ -847,18 +861,14 @@ impl Backend for PostgresBackend {
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.options
-            .bounded("posting a writer's intent", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.post_intent)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .bind(ttl_micros(ttl))
-                    .execute(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?;
+        self.execute(
+            "posting a writer's intent",
+            sqlx::query(&self.sql.post_intent)
+                .bind(key.as_str())
+                .bind(owner.as_str())
+                .bind(ttl_micros(ttl)),
+        )
+        .await?;
         Ok(())
     }
 

@@ -69,8 +69,9 @@ fn sane_with_baseline(report: &Value) {
     assert!(f(baseline, "ops_ratio") > 0.0 && f(baseline, "p50_ratio") > 0.0);
 }
 
-/// `cycle` and `handoff` with the raw baseline, as on every engine.
-fn cycle_and_handoff(url: &str, backend: &str) {
+/// `cycle`, `handoff` and `semaphore` with the raw baseline, and
+/// `failover`, as on every engine.
+fn on_every_engine(url: &str, backend: &str) {
     let cycle = bench(
         url,
         &[
@@ -92,13 +93,49 @@ fn cycle_and_handoff(url: &str, backend: &str) {
         &["--scenario", "handoff", "--duration", "600ms", "--baseline"],
     );
     sane_with_baseline(&handoff);
+
+    let semaphore = bench(
+        url,
+        &[
+            "--scenario",
+            "semaphore",
+            "--permits",
+            "3",
+            "--duration",
+            "400ms",
+            "--baseline",
+        ],
+    );
+    assert_eq!(semaphore["permits"], 3, "{semaphore}");
+    // Two clients, three permits: a permit is always free.
+    assert_eq!(semaphore["fencelock"]["success_rate"], 1.0, "{semaphore}");
+    sane_with_baseline(&semaphore);
+
+    failover(url);
+}
+
+/// One round at least: the killed leader's lease was still on the backend
+/// (SIGKILL released nothing), and the standby was elected after it.
+fn failover(url: &str) {
+    let report = bench(
+        url,
+        &["--scenario", "failover", "--ttl", "1s", "--duration", "500ms"],
+    );
+    sane(&report["fencelock"]);
+    assert_eq!(report["fencelock"]["errors"], 0, "{report}");
+    let f_over = &report["failover"];
+    let rounds = f(f_over, "rounds");
+    assert!(rounds >= 1.0, "{report}");
+    assert_eq!(f(&f_over["lease_left_ms"], "samples"), rounds, "{report}");
+    assert!(f(&f_over["lease_left_ms"], "p50") > 0.0, "{report}");
+    assert_eq!(f(&f_over["after_expiry_ms"], "samples"), rounds, "{report}");
 }
 
 #[test]
 fn every_scenario_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    cycle_and_handoff(&url, "sqlite");
+    on_every_engine(&url, "sqlite");
 
     let contended = bench(
         &url,
@@ -166,6 +203,9 @@ fn bad_combinations_are_usage_errors() {
     for args in [
         &["--scenario", "handoff", "--clients", "1"][..],
         &["--scenario", "hold", "--baseline"],
+        &["--scenario", "failover", "--baseline"],
+        &["--scenario", "cycle", "--permits", "2"],
+        &["--scenario", "semaphore", "--permits", "0"],
         &["--scenario", "cycle", "--keys", "0"],
         &["--scenario", "nonsense"],
     ] {
@@ -176,15 +216,26 @@ fn bad_combinations_are_usage_errors() {
 }
 
 #[test]
+fn failover_needs_a_backend_processes_share() {
+    let out = run("mem://", &["--scenario", "failover", "--duration", "1s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("processes share"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn redis() {
     let server = RedisServer::start().unwrap();
-    cycle_and_handoff(&server.url(0), "redis");
+    on_every_engine(&server.url(0), "redis");
 }
 
 #[test]
 fn postgres() {
     let server = PostgresServer::start().unwrap();
-    cycle_and_handoff(
+    on_every_engine(
         &format!("{}?table_prefix=bench_", server.url("postgres")),
         "postgres",
     );
@@ -193,7 +244,7 @@ fn postgres() {
 #[test]
 fn mariadb() {
     let server = MariaDbServer::start().unwrap();
-    cycle_and_handoff(
+    on_every_engine(
         &format!("{}?table_prefix=bench_", server.url("mysql")),
         "mysql",
     );
@@ -202,5 +253,5 @@ fn mariadb() {
 #[test]
 fn etcd() {
     let server = EtcdCluster::start().unwrap();
-    cycle_and_handoff(&server.url(), "etcd");
+    on_every_engine(&server.url(), "etcd");
 }

@@ -43,6 +43,31 @@ impl Op for LibraryCycle {
     }
 }
 
+/// One permit of semaphore `name` taken without waiting and given back.
+pub struct PermitCycle {
+    pub client: LockClient,
+    pub name: String,
+    pub permits: u32,
+    pub ttl: Duration,
+}
+
+#[async_trait]
+impl Op for PermitCycle {
+    async fn run(&mut self) -> Result<bool> {
+        let request = self
+            .client
+            .semaphore(self.name.as_str(), self.permits)
+            .ttl(self.ttl);
+        match request.try_acquire().await? {
+            Some(permit) => {
+                permit.release().await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
 /// One acquire+release on the engine's raw connection.
 pub struct RawCycleOp {
     pub raw: Box<dyn RawCycle>,

@@ -3,13 +3,15 @@
 //! `docs/benchmarks.md`.
 //!
 //! - `driver`: the one measurement loop (library and raw alike);
-//! - `scenarios`: cycle, contended, handoff, renew, hold;
+//! - `scenarios`: cycle, contended, handoff, renew, hold, semaphore;
+//! - `failover`: an elected leader killed with SIGKILL, until a standby leads;
 //! - `stats`: latency percentiles (HDR histogram);
 //! - `recorder`: what the scenarios read from the library's metrics;
 //! - `process`: this process's memory and CPU;
 //! - `report`: JSON and human output.
 
 mod driver;
+mod failover;
 mod process;
 mod recorder;
 mod report;
@@ -39,6 +41,12 @@ pub enum Scenario {
     /// Many locks held at once with auto-renewal: client memory per lock
     /// and CPU.
     Hold,
+    /// Acquire (no wait) + release of one permit of a semaphore of
+    /// `--permits`, each client in turn.
+    Semaphore,
+    /// An election's leader (a `fencelock elect` process) killed with
+    /// SIGKILL; time until a waiting standby is elected.
+    Failover,
 }
 
 impl Scenario {
@@ -49,6 +57,8 @@ impl Scenario {
             Scenario::Handoff => "handoff",
             Scenario::Renew => "renew",
             Scenario::Hold => "hold",
+            Scenario::Semaphore => "semaphore",
+            Scenario::Failover => "failover",
         }
     }
 
@@ -64,6 +74,10 @@ impl Scenario {
             // At least one renewal of every lock before memory is read
             // (every ttl/3), and one more within the measured window.
             Scenario::Hold => (4, 10_000, s(20), s(30)),
+            Scenario::Semaphore => (2, 1, s(10), s(30)),
+            // Each round waits out the killed leader's lease: a short TTL
+            // gives rounds enough in the default time.
+            Scenario::Failover => (1, 1, s(30), s(2)),
         }
     }
 }
@@ -76,7 +90,7 @@ pub struct BenchArgs {
     pub scenario: Scenario,
 
     /// Concurrent clients (tasks) [default: cycle 1, contended 4, handoff 2,
-    /// renew 1, hold 4].
+    /// renew 1, hold 4, semaphore 2; failover has one standby].
     #[arg(long)]
     pub clients: Option<usize>,
 
@@ -85,13 +99,18 @@ pub struct BenchArgs {
     #[arg(long)]
     pub keys: Option<usize>,
 
-    /// Measured time [default: 10s; hold 20s].
+    /// Measured time [default: 10s; hold 20s; failover 30s, at least one
+    /// round].
     #[arg(long, value_parser = fencelock::parse_duration)]
     pub duration: Option<Duration>,
 
-    /// Lease length [default: 30s; renew 2s].
+    /// Lease length [default: 30s; renew and failover 2s].
     #[arg(long, value_parser = crate::ttl)]
     pub ttl: Option<Duration>,
+
+    /// Permits of the semaphore (semaphore) [default: 4].
+    #[arg(long)]
+    pub permits: Option<u32>,
 
     /// Unmeasured time before each measurement, to warm connections.
     #[arg(long, default_value = "1s", value_parser = fencelock::parse_duration)]
@@ -121,6 +140,7 @@ struct Setup {
     warmup: Duration,
     baseline: bool,
     rounds: u32,
+    permits: u32,
     /// Prefix of every key this run uses, so runs never meet.
     run: String,
 }
@@ -142,6 +162,7 @@ impl Setup {
             warmup: args.warmup,
             baseline: args.baseline,
             rounds: args.rounds,
+            permits: args.permits.unwrap_or(4),
             run: format!(
                 "fencelock-bench:{}-{}",
                 std::process::id(),
@@ -165,9 +186,24 @@ impl Setup {
         if !(1..=1000).contains(&setup.rounds) {
             return bad("--rounds must be between 1 and 1000".into());
         }
-        if setup.baseline && matches!(setup.scenario, Scenario::Renew | Scenario::Hold) {
+        if args.permits.is_some() && setup.scenario != Scenario::Semaphore {
+            return bad("--permits applies to the semaphore scenario only".into());
+        }
+        if !(1..=fencelock::MAX_PERMITS).contains(&setup.permits) {
             return bad(format!(
-                "--baseline applies to cycle, contended and handoff, not {}",
+                "--permits must be between 1 and {}",
+                fencelock::MAX_PERMITS
+            ));
+        }
+        if setup.baseline
+            && matches!(
+                setup.scenario,
+                Scenario::Renew | Scenario::Hold | Scenario::Failover
+            )
+        {
+            return bad(format!(
+                "--baseline applies to cycle, contended, handoff and semaphore, not {} \
+                 (a failover's floor is the lease it waits out, reported in every run)",
                 setup.scenario.name()
             ));
         }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::driver::Figures;
+use super::{driver::Figures, stats::LatencySummary};
 
 /// Everything one `fencelock bench` run measured.
 #[derive(Debug, Serialize)]
@@ -26,6 +26,11 @@ pub struct Report {
     pub renewals: Option<Renewals>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// The semaphore's size (semaphore).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failover>,
 }
 
 /// The engine's own limit, measured in the same run.
@@ -77,6 +82,21 @@ pub struct Hold {
     pub cpu_percent_of_core: f64,
     /// CPU per held lock and second held, in microseconds.
     pub cpu_us_per_lock_second: f64,
+}
+
+/// Elections won by a standby after the leader was killed (failover). The
+/// figures' latency is the whole failover, kill to election; the floor is
+/// the killed leader's lease, which must run out first.
+#[derive(Debug, Default, Serialize)]
+pub struct Failover {
+    /// Rounds measured: leader elected, killed, standby elected.
+    pub rounds: u64,
+    /// Lease left on the killed leader, read from the backend just before
+    /// the kill (the part of a failover no lock can skip).
+    pub lease_left_ms: LatencySummary,
+    /// Kill to election, less the lease left: what the library adds to the
+    /// floor (wake-up or back-off, and the acquire).
+    pub after_expiry_ms: LatencySummary,
 }
 
 fn figures_line(label: &str, f: &Figures) -> String {
@@ -147,6 +167,20 @@ impl Report {
                 h.cpu_seconds,
                 h.cpu_percent_of_core,
                 h.cpu_us_per_lock_second
+            ));
+        }
+        if let Some(p) = self.permits {
+            lines.push(format!("permits    {p}"));
+        }
+        if let Some(f) = &self.failover {
+            lines.push(format!(
+                "failover   {} rounds: kill to new leader p50 {:.1} ms = lease left p50 {:.1} ms \
+                 + after expiry p50 {:.1} ms (p99 {:.1} ms)",
+                f.rounds,
+                self.fencelock.latency_ms.p50,
+                f.lease_left_ms.p50,
+                f.after_expiry_ms.p50,
+                f.after_expiry_ms.p99
             ));
         }
         for f in std::iter::once(&self.fencelock).chain(self.baseline.as_ref().map(|b| &b.figures))

@@ -1,4 +1,5 @@
-//! The five scenarios. Each returns a [`Report`].
+//! The scenarios but `failover` (in its own module). Each returns a
+//! [`Report`].
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -9,7 +10,7 @@ use fencelock::{redact_url, Backend, Error, LockClient, LockGuard, Result};
 use tokio::time::{sleep_until, Instant};
 
 use super::{
-    driver::{drive, Figures, Keys, LibraryCycle, Op, RawCycleOp, Tally},
+    driver::{drive, Figures, Keys, LibraryCycle, Op, PermitCycle, RawCycleOp, Tally},
     process,
     recorder::{self, Count},
     report::{Baseline, Hold, Renewals, Report},
@@ -29,10 +30,12 @@ pub async fn run(setup: &Setup) -> Result<Report> {
         Scenario::Cycle | Scenario::Contended => cycle(setup).await,
         Scenario::Handoff => handoff(setup).await,
         Scenario::Renew | Scenario::Hold => hold(setup).await,
+        Scenario::Semaphore => semaphore(setup).await,
+        Scenario::Failover => super::failover::run(setup).await,
     }
 }
 
-fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figures) -> Report {
+pub(super) fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figures) -> Report {
     Report {
         scenario: setup.scenario.name(),
         backend,
@@ -46,6 +49,8 @@ fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figur
         baseline: None,
         renewals: None,
         hold: None,
+        permits: None,
+        failover: None,
     }
 }
 
@@ -119,6 +124,51 @@ async fn cycle(setup: &Setup) -> Result<Report> {
         _ => "acquire (no wait) + release of the client's next key",
     };
     let mut report = report(setup, name, op, library.figures());
+    if setup.baseline {
+        report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
+    }
+    Ok(report)
+}
+
+/// `semaphore`: each client takes one permit of one semaphore without
+/// waiting and gives it back. The raw baseline is the raw cycle of one key
+/// per client: a permit is one lease, so one acquire and one release is the
+/// least it can cost.
+async fn semaphore(setup: &Setup) -> Result<Report> {
+    let rounds = if setup.baseline { setup.rounds } else { 1 };
+    let slice = setup.duration / rounds;
+    let name = format!("{}:semaphore", setup.run);
+    let (mut library, mut raw) = (Tally::default(), Tally::default());
+    let (mut backend_name, mut describe) = ("", String::new());
+    for _ in 0..rounds {
+        let backend = fencelock::open_backend(&setup.url).await?;
+        backend_name = backend.name();
+        let ops = clients(&backend, setup.clients)?
+            .into_iter()
+            .map(|client| {
+                Box::new(PermitCycle {
+                    client,
+                    name: name.clone(),
+                    permits: setup.permits,
+                    ttl: setup.ttl,
+                }) as Box<dyn Op>
+            })
+            .collect();
+        drop(backend);
+        library.add(drive(ops, setup.warmup, slice).await);
+        if setup.baseline {
+            let (what, tally) = raw_cycles(setup, slice).await?;
+            describe = format!("{what} (a permit is one lease)");
+            raw.add(tally);
+        }
+    }
+    let mut report = report(
+        setup,
+        backend_name,
+        "acquire (no wait) + release of one permit of the semaphore",
+        library.figures(),
+    );
+    report.permits = Some(setup.permits);
     if setup.baseline {
         report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
     }

@@ -249,8 +249,12 @@ const WORKLOADS: [&str; 4] = ["semaphore", "rwlock", "election", "multi"];
 /// Runs each workload for `secs` seconds against `target` (`--server KIND`
 /// or `--url URL`) with `faults` (empty: every fault that applies).
 fn workloads(target: &[&str], faults: &str, secs: u32) {
+    workloads_of(&WORKLOADS, target, faults, secs);
+}
+
+fn workloads_of(list: &[&str], target: &[&str], faults: &str, secs: u32) {
     let duration = format!("{secs}s");
-    for workload in WORKLOADS {
+    for &workload in list {
         let mut args = target.to_vec();
         args.extend([
             "--workload",
@@ -321,10 +325,28 @@ fn workloads_on_etcd() {
     workloads(&["--url", &server.url()], "pause,partition", 11);
 }
 
+/// The service offers no read-write locks (its backend claims no
+/// `shared`): that workload is refused as a usage error, the others run.
 #[test]
 fn workloads_on_the_http_service() {
     let service = support::LockService::start(&[]);
-    workloads(&["--url", &service.url], "pause,partition", 7);
+    let target = ["--url", service.url.as_str()];
+    workloads_of(
+        &["semaphore", "election", "multi"],
+        &target,
+        "pause,partition",
+        7,
+    );
+    let out = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .arg("torture")
+        .args(target)
+        .args(["--workload", "rwlock"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no read-write locks"), "{stderr}");
 }
 
 /// Without the fence, pauses of permit holders between their read and

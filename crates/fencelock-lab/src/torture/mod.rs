@@ -311,6 +311,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     let direct = LockClient::builder(fencelock::open_backend(&url).await?)
         .owner(Owner::new("torture-nemesis")?)
         .build()?;
+    if args.workload == Workload::Rwlock && !direct.backend().capabilities().shared {
+        return Err(Error::InvalidArgument(format!(
+            "--workload rwlock: {} offers no read-write locks",
+            redact_url(&url)
+        )));
+    }
     let probe = direct
         .lock(args.key.as_str())
         .ttl(args.ttl)

@@ -108,7 +108,8 @@ pub struct Analysis {
     /// The longest such overlap, in milliseconds.
     pub longest_overlap_ms: f64,
     /// The most admitted writers at once, counted from each one's read to
-    /// its write in commit order, over all resources.
+    /// its write in commit order, over all resources (a read-write lock's
+    /// readers, a multi-key holder's every key, included).
     pub max_concurrent_writers: u64,
     /// Distinct terms (election) or tokens granted.
     pub distinct_tokens: u64,

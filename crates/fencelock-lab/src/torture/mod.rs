@@ -99,7 +99,7 @@ pub struct TortureArgs {
     pub workload: Workload,
 
     /// The semaphore's permits (--workload semaphore).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(fencelock::MAX_PERMITS)))]
     pub permits: u32,
 }
 

@@ -1,31 +1,36 @@
 //! The fenced store and the history it records.
 //!
 //! The store is a SQLite file on a disk the nemesis never touches. It holds
-//! the counter the workers increment, the fence that guards it (this
-//! project's own [`SqliteFence`], used inside the store's transactions) and
-//! an append-only table of events. Every admitted write is appended in the
-//! same transaction that changes the counter, so the history of admitted
-//! writes is exactly the list of writes that took effect, in commit order.
+//! the counters the workers increment (one per fenced resource: the lock's
+//! counter, a semaphore slot's, a key's of a multi-key lock), the fence that
+//! guards them (this project's own [`SqliteFence`], used inside the store's
+//! transactions, in the mode of the lease for read-write locks) and an
+//! append-only table of events. Every admitted write is appended in the same
+//! transaction that changes its counter, so the history of admitted writes
+//! is exactly the list of writes that took effect, in commit order.
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use fencelock::{Error, FencingToken};
+use fencelock::{Error, FencingToken, LockMode};
 use fencelock_sqlite::SqliteFence;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-/// The fenced resource: the counter.
+/// The fenced resource of the workloads with one counter (lock, rwlock,
+/// election).
 pub const RESOURCE: &str = "torture-counter";
 
 const SCHEMA: &str = "
-CREATE TABLE torture_counter (
-    id    INTEGER PRIMARY KEY CHECK (id = 1),
-    value INTEGER NOT NULL
+-- One counter per fenced resource, created by its first admitted write; a
+-- resource without a row reads 0.
+CREATE TABLE torture_counters (
+    resource TEXT PRIMARY KEY,
+    value    INTEGER NOT NULL
 );
-INSERT INTO torture_counter (id, value) VALUES (1, 0);
 -- seq is the commit order: every writer takes the database's write lock
 -- (BEGIN IMMEDIATE) before it appends.
 CREATE TABLE torture_events (
@@ -33,6 +38,8 @@ CREATE TABLE torture_events (
     kind          TEXT NOT NULL,
     worker        INTEGER,
     token         INTEGER,
+    resource      TEXT,
+    mode          TEXT,
     outcome       TEXT,
     t_start_us    INTEGER,
     t_us          INTEGER NOT NULL,
@@ -107,6 +114,8 @@ impl Kind {
 pub const ADMITTED: &str = "admitted";
 /// A fence refused the token.
 pub const REFUSED: &str = "refused";
+/// The `mode` column of a reader's rows.
+const SHARED: &str = "shared";
 
 /// One row of the history.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -120,6 +129,12 @@ pub struct Event {
     pub worker: Option<u32>,
     /// The fencing token involved.
     pub token: Option<u64>,
+    /// The fenced resource (the counter) involved.
+    pub resource: Option<String>,
+    /// Whether the lease is a read-write lock's reader's (admitted with
+    /// [`LockMode::Shared`]; a reader's write changes no counter).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
     /// `admitted`, `refused`, `ok`, `not-held`, `error`.
     pub outcome: Option<String>,
     /// When the operation began (µs, `CLOCK_MONOTONIC`).
@@ -146,6 +161,8 @@ impl Event {
             kind,
             worker,
             token: token.map(|t| t.0),
+            resource: None,
+            shared: false,
             outcome: None,
             t_start_us: None,
             t_us,
@@ -153,6 +170,18 @@ impl Event {
             value_written: None,
             detail: None,
         }
+    }
+
+    /// Sets the resource.
+    pub fn on(mut self, resource: &str) -> Self {
+        self.resource = Some(resource.to_owned());
+        self
+    }
+
+    /// Marks a reader's lease (or sets the flag `shared`).
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Sets the outcome.
@@ -177,6 +206,43 @@ impl Event {
     /// accepted.
     pub fn admitted(&self) -> bool {
         self.outcome.as_deref() == Some(ADMITTED)
+    }
+}
+
+/// One fenced resource a grant covers, with the token that guards it there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The resource (and its counter).
+    pub resource: String,
+    /// The lease's token.
+    pub token: FencingToken,
+    /// A read-write lock's reader: admitted with [`LockMode::Shared`].
+    pub shared: bool,
+}
+
+impl Part {
+    /// An exclusive lease's part.
+    pub fn exclusive(resource: impl Into<String>, token: FencingToken) -> Self {
+        Self {
+            resource: resource.into(),
+            token,
+            shared: false,
+        }
+    }
+
+    /// A row about this part.
+    pub fn event(&self, kind: Kind, worker: u32, t_us: i64) -> Event {
+        Event::new(kind, Some(worker), Some(self.token), t_us)
+            .on(&self.resource)
+            .shared(self.shared)
+    }
+
+    fn mode(&self) -> LockMode {
+        if self.shared {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        }
     }
 }
 
@@ -239,73 +305,97 @@ impl Store {
         })
     }
 
-    /// After a grant: records it and, fenced, admits the token before
-    /// reading. `Ok(None)` when the fence refused the token (a newer holder
-    /// has been admitted); `Ok(Some(value))` is the counter read.
-    pub fn begin(&mut self, grant: Event) -> Result<Option<i64>, Error> {
-        let (worker, token) = (grant.worker, grant.token.map(FencingToken));
+    /// After a grant of the fenced `parts` (one, or one per key of a
+    /// multi-key lock): records the grant and, fenced, admits each part's
+    /// token in its lease's mode before reading that part's counter, all in
+    /// one transaction. Per part, `None` when the fence refused the token (a
+    /// newer holder has been admitted), else the counter read.
+    pub fn begin(
+        &mut self,
+        worker: u32,
+        requested: i64,
+        granted: i64,
+        parts: &[Part],
+    ) -> Result<Vec<Option<i64>>, Error> {
         let fenced = self.fenced;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
-        append(&tx, &grant)?;
-        if fenced {
-            let token = token.ok_or_else(|| store_error("grant without token"))?;
-            let admitted = admit(&tx, token)?;
-            let outcome = if admitted { ADMITTED } else { REFUSED };
+        for part in parts {
             append(
                 &tx,
-                &Event::new(Kind::Admit, worker, Some(token), now_us()).outcome(outcome),
+                &part.event(Kind::Grant, worker, granted).started(requested),
             )?;
-            if !admitted {
-                tx.commit().map_err(sql)?;
-                return Ok(None);
-            }
         }
-        let value = counter(&tx)?;
-        let mut read = Event::new(Kind::Read, worker, token, now_us());
-        read.value_read = Some(value);
-        append(&tx, &read)?;
+        let mut reads = Vec::with_capacity(parts.len());
+        for part in parts {
+            if fenced {
+                let admitted = admit(&tx, part)?;
+                let outcome = if admitted { ADMITTED } else { REFUSED };
+                append(
+                    &tx,
+                    &part.event(Kind::Admit, worker, now_us()).outcome(outcome),
+                )?;
+                if !admitted {
+                    reads.push(None);
+                    continue;
+                }
+            }
+            let value = counter(&tx, &part.resource)?;
+            let mut read = part.event(Kind::Read, worker, now_us());
+            read.value_read = Some(value);
+            append(&tx, &read)?;
+            reads.push(Some(value));
+        }
         tx.commit().map_err(sql)?;
-        Ok(Some(value))
+        Ok(reads)
     }
 
-    /// Writes `read + 1` carrying `token` (fenced: only if the fence still
-    /// admits it), and records the attempt in the same transaction.
+    /// Writes each part's `read + 1` carrying its token (fenced: only if
+    /// the fence still admits it), and records each attempt in the same
+    /// transaction. A reader's write changes nothing: admitted, it records
+    /// that the reader still held its read when it acted on it.
     pub fn write(
         &mut self,
         worker: u32,
-        token: FencingToken,
-        read: i64,
-    ) -> Result<WriteOutcome, Error> {
+        parts: &[(Part, i64)],
+    ) -> Result<Vec<WriteOutcome>, Error> {
         let started = now_us();
         let fenced = self.fenced;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
-        let outcome = if !fenced || admit(&tx, token)? {
-            tx.execute(
-                "UPDATE torture_counter SET value = ?1 WHERE id = 1",
-                [read + 1],
-            )
-            .map_err(sql)?;
-            WriteOutcome::Admitted
-        } else {
-            WriteOutcome::Refused
-        };
-        let mut event = Event::new(Kind::Write, Some(worker), Some(token), now_us())
-            .started(started)
-            .outcome(match outcome {
-                WriteOutcome::Admitted => ADMITTED,
-                WriteOutcome::Refused => REFUSED,
-            });
-        event.value_read = Some(read);
-        event.value_written = Some(read + 1);
-        append(&tx, &event)?;
+        let mut outcomes = Vec::with_capacity(parts.len());
+        for (part, read) in parts {
+            let outcome = if !fenced || admit(&tx, part)? {
+                if !part.shared {
+                    tx.execute(
+                        "INSERT INTO torture_counters (resource, value) VALUES (?1, ?2) \
+                         ON CONFLICT (resource) DO UPDATE SET value = excluded.value",
+                        params![part.resource, read + 1],
+                    )
+                    .map_err(sql)?;
+                }
+                WriteOutcome::Admitted
+            } else {
+                WriteOutcome::Refused
+            };
+            let mut event = part
+                .event(Kind::Write, worker, now_us())
+                .started(started)
+                .outcome(match outcome {
+                    WriteOutcome::Admitted => ADMITTED,
+                    WriteOutcome::Refused => REFUSED,
+                });
+            event.value_read = Some(*read);
+            event.value_written = (!part.shared).then_some(read + 1);
+            append(&tx, &event)?;
+            outcomes.push(outcome);
+        }
         tx.commit().map_err(sql)?;
-        Ok(outcome)
+        Ok(outcomes)
     }
 
     /// Appends rows in one transaction.
@@ -356,9 +446,16 @@ impl Store {
         Ok(workers)
     }
 
-    /// The counter's value.
-    pub fn counter(&self) -> Result<i64, Error> {
-        counter(&self.conn)
+    /// Every counter that was written, by resource.
+    pub fn counters(&self) -> Result<BTreeMap<String, i64>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT resource, value FROM torture_counters")
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(sql)?;
+        rows.collect::<Result<_, _>>().map_err(sql)
     }
 
     /// Every event, in commit order.
@@ -367,7 +464,7 @@ impl Store {
             .conn
             .prepare(
                 "SELECT seq, kind, worker, token, outcome, t_start_us, t_us, value_read, \
-                 value_written, detail FROM torture_events ORDER BY seq",
+                 value_written, detail, resource, mode FROM torture_events ORDER BY seq",
             )
             .map_err(sql)?;
         let rows = stmt
@@ -380,6 +477,8 @@ impl Store {
                         kind: Kind::Error,
                         worker: r.get(2)?,
                         token: r.get::<_, Option<i64>>(3)?.map(i64::unsigned_abs),
+                        resource: r.get(10)?,
+                        shared: r.get::<_, Option<String>>(11)?.as_deref() == Some(SHARED),
                         outcome: r.get(4)?,
                         t_start_us: r.get(5)?,
                         t_us: r.get(6)?,
@@ -444,28 +543,33 @@ fn open(path: &Path, busy: Duration) -> Result<Connection, Error> {
     Ok(conn)
 }
 
-/// The fence, inside the caller's transaction: whether `token` is admitted.
-fn admit(conn: &Connection, token: FencingToken) -> Result<bool, Error> {
-    match SqliteFence::admit_in(conn, RESOURCE, token) {
+/// The fence, inside the caller's transaction: whether the part's token is
+/// admitted in its lease's mode.
+fn admit(conn: &Connection, part: &Part) -> Result<bool, Error> {
+    match SqliteFence::admit_shared_in(conn, &part.resource, part.token, part.mode()) {
         Ok(()) => Ok(true),
         Err(Error::Stale { .. }) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
-fn counter(conn: &Connection) -> Result<i64, Error> {
-    conn.query_row("SELECT value FROM torture_counter WHERE id = 1", [], |r| {
-        r.get(0)
-    })
-    .optional()
-    .map_err(sql)?
-    .ok_or_else(|| store_error("the torture store has no counter"))
+fn counter(conn: &Connection, resource: &str) -> Result<i64, Error> {
+    Ok(conn
+        .query_row(
+            "SELECT value FROM torture_counters WHERE resource = ?1",
+            [resource],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(sql)?
+        .unwrap_or(0))
 }
 
 fn append(conn: &Connection, e: &Event) -> Result<(), Error> {
     conn.execute(
         "INSERT INTO torture_events (kind, worker, token, outcome, t_start_us, t_us, \
-         value_read, value_written, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+         value_read, value_written, detail, resource, mode) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             e.kind.as_str(),
             e.worker,
@@ -476,6 +580,8 @@ fn append(conn: &Connection, e: &Event) -> Result<(), Error> {
             e.value_read,
             e.value_written,
             e.detail,
+            e.resource,
+            e.shared.then_some(SHARED),
         ],
     )
     .map_err(sql)?;
@@ -488,13 +594,26 @@ mod tests {
 
     use super::*;
 
-    fn grant(worker: u32, token: u64) -> Event {
-        Event::new(
-            Kind::Grant,
-            Some(worker),
-            Some(FencingToken(token)),
-            now_us(),
-        )
+    fn part(token: u64) -> Part {
+        Part::exclusive(RESOURCE, FencingToken(token))
+    }
+
+    fn begin(store: &mut Store, worker: u32, token: u64) -> Option<i64> {
+        store
+            .begin(worker, now_us(), now_us(), &[part(token)])
+            .unwrap()[0]
+    }
+
+    fn write(store: &mut Store, worker: u32, token: u64, read: i64) -> WriteOutcome {
+        store.write(worker, &[(part(token), read)]).unwrap()[0]
+    }
+
+    fn fresh(fenced: bool) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        Store::create(&path).unwrap();
+        let store = Store::open(&path, Duration::from_secs(5), fenced).unwrap();
+        (dir, store)
     }
 
     /// The admit-before-read protocol in the store itself: once a newer
@@ -502,64 +621,86 @@ mod tests {
     /// counter keeps the newer holder's value.
     #[test]
     fn a_stale_holder_cannot_write_after_a_newer_holder_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db");
-        Store::create(&path).unwrap();
-        let mut store = Store::open(&path, Duration::from_secs(5), true).unwrap();
-
-        assert_eq!(store.begin(grant(0, 10)).unwrap(), Some(0));
-        assert_eq!(store.begin(grant(1, 11)).unwrap(), Some(0));
-        assert_eq!(
-            store.write(0, FencingToken(10), 0).unwrap(),
-            WriteOutcome::Refused
-        );
-        assert_eq!(
-            store.write(1, FencingToken(11), 0).unwrap(),
-            WriteOutcome::Admitted
-        );
-        assert_eq!(store.begin(grant(0, 10)).unwrap(), None);
-        assert_eq!(store.counter().unwrap(), 1);
+        let (_dir, mut store) = fresh(true);
+        assert_eq!(begin(&mut store, 0, 10), Some(0));
+        assert_eq!(begin(&mut store, 1, 11), Some(0));
+        assert_eq!(write(&mut store, 0, 10, 0), WriteOutcome::Refused);
+        assert_eq!(write(&mut store, 1, 11, 0), WriteOutcome::Admitted);
+        assert_eq!(begin(&mut store, 0, 10), None);
+        assert_eq!(store.counters().unwrap()[RESOURCE], 1);
         assert_eq!(store.admitted_writes().unwrap(), 1);
-        let kinds: Vec<Kind> = store.events().unwrap().iter().map(|e| e.kind).collect();
+        let events = store.events().unwrap();
+        let kinds: Vec<Kind> = events.iter().map(|e| e.kind).collect();
         use Kind::*;
         assert_eq!(
             kinds,
             [Grant, Admit, Read, Grant, Admit, Read, Write, Write, Grant, Admit]
         );
+        assert!(events
+            .iter()
+            .all(|e| e.resource.as_deref() == Some(RESOURCE) && !e.shared));
     }
 
     /// Unfenced, the same interleaving loses an update: the proof that the
     /// fence is what prevents it.
     #[test]
     fn unfenced_the_same_interleaving_loses_an_update() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db");
-        Store::create(&path).unwrap();
-        let mut store = Store::open(&path, Duration::from_secs(5), false).unwrap();
-
-        let a = store.begin(grant(0, 10)).unwrap().unwrap();
-        let b = store.begin(grant(1, 11)).unwrap().unwrap();
-        assert_eq!(
-            store.write(1, FencingToken(11), b).unwrap(),
-            WriteOutcome::Admitted
-        );
-        assert_eq!(
-            store.write(0, FencingToken(10), a).unwrap(),
-            WriteOutcome::Admitted
-        );
-        assert_eq!(store.counter().unwrap(), 1);
+        let (_dir, mut store) = fresh(false);
+        let a = begin(&mut store, 0, 10).unwrap();
+        let b = begin(&mut store, 1, 11).unwrap();
+        assert_eq!(write(&mut store, 1, 11, b), WriteOutcome::Admitted);
+        assert_eq!(write(&mut store, 0, 10, a), WriteOutcome::Admitted);
+        assert_eq!(store.counters().unwrap()[RESOURCE], 1);
         assert_eq!(store.admitted_writes().unwrap(), 2);
+    }
+
+    /// A read-write lock's fence: readers of one generation coexist, a
+    /// writer above them makes their writes stale, a reader's write changes
+    /// no counter; parts on other resources are fenced apart.
+    #[test]
+    fn readers_and_writers_are_fenced_by_mode_and_resource() {
+        let (_dir, mut store) = fresh(true);
+        let reader = |token| Part {
+            shared: true,
+            ..part(token)
+        };
+        let r = store
+            .begin(0, now_us(), now_us(), &[reader(5), reader(4)])
+            .unwrap();
+        assert_eq!(r, [Some(0), Some(0)]);
+        assert_eq!(begin(&mut store, 1, 6), Some(0));
+        let w = store.write(0, &[(reader(5), 0)]).unwrap();
+        assert_eq!(w, [WriteOutcome::Refused]);
+        assert_eq!(write(&mut store, 1, 6, 0), WriteOutcome::Admitted);
+        let r = store.begin(2, now_us(), now_us(), &[reader(7)]).unwrap();
+        assert_eq!(r, [Some(1)]);
+        assert_eq!(
+            store.write(2, &[(reader(7), 1)]).unwrap(),
+            [WriteOutcome::Admitted]
+        );
+        let other = Part::exclusive("torture-key-1", FencingToken(1));
+        assert_eq!(
+            store
+                .begin(3, now_us(), now_us(), std::slice::from_ref(&other))
+                .unwrap(),
+            [Some(0)]
+        );
+        assert_eq!(
+            store.write(3, &[(other, 0)]).unwrap(),
+            [WriteOutcome::Admitted]
+        );
+        let counters = store.counters().unwrap();
+        assert_eq!(counters.len(), 2);
+        assert_eq!((counters[RESOURCE], counters["torture-key-1"]), (1, 1));
+        assert!(store.events().unwrap().iter().any(|e| e.shared));
     }
 
     #[test]
     fn workers_between_read_and_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db");
-        Store::create(&path).unwrap();
-        let mut store = Store::open(&path, Duration::from_secs(5), true).unwrap();
-        store.begin(grant(0, 10)).unwrap();
-        store.begin(grant(1, 11)).unwrap();
-        store.write(1, FencingToken(11), 0).unwrap();
+        let (_dir, mut store) = fresh(true);
+        begin(&mut store, 0, 10);
+        begin(&mut store, 1, 11);
+        write(&mut store, 1, 11, 0);
         store
             .record(&[Event::new(Kind::Fault, Some(0), None, now_us()).detail("pause")])
             .unwrap();

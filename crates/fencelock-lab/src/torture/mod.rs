@@ -1,8 +1,11 @@
-//! `fencelock torture`: worker processes increment a fenced counter under
-//! one lock while a nemesis pauses them, cuts them off, slows them down and
-//! crashes the lock server; a checker then reads the recorded history for
-//! stale writes, lost updates and token regressions.
+//! `fencelock torture`: worker processes increment fenced counters under a
+//! coordination primitive (the lock, a semaphore, a read-write lock, an
+//! election, multi-key locks: `workload`) while a nemesis pauses them, cuts
+//! them off, slows them down and crashes the lock server; a checker then
+//! reads the recorded history for stale writes, lost updates, token
+//! regressions and the workload's own violations.
 //!
+//! - `workload`: what the workers take and which counters it fences;
 //! - `worker`: the worker loop (a process of its own);
 //! - `history`: the fenced store and its event table;
 //! - `nemesis`: the fault schedule and the faults;
@@ -16,6 +19,7 @@ mod history;
 mod nemesis;
 mod report;
 mod worker;
+mod workload;
 
 use std::{path::PathBuf, process::Stdio, sync::Arc, time::Duration};
 
@@ -35,6 +39,7 @@ use self::{
     history::{now_us, SharedStore, Store},
     nemesis::{FaultKind, Nemesis, Server, SharedServer, Targets},
     report::{Config, Report},
+    workload::{multi_key, Workload},
 };
 use crate::{Output, Verdict};
 
@@ -86,6 +91,16 @@ pub struct TortureArgs {
     /// [default: a temporary file, deleted afterwards].
     #[arg(long, value_name = "PATH")]
     pub store: Option<PathBuf>,
+
+    /// The primitive the workers take: lock, semaphore (one counter per
+    /// permit), rwlock (readers and writers), election (the term as token),
+    /// multi (2–3 of 4 keys, a counter per key).
+    #[arg(long, value_enum, default_value_t)]
+    pub workload: Workload,
+
+    /// The semaphore's permits (--workload semaphore).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(fencelock::MAX_PERMITS)))]
+    pub permits: u32,
 }
 
 /// Servers `--server` can start.
@@ -246,6 +261,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         )));
     }
     fencelock::LockKey::new(args.key.as_str())?;
+    if args.workload == Workload::Semaphore && args.permits >= args.workers {
+        return Err(Error::InvalidArgument(format!(
+            "--permits {} leaves {} workers nothing to wait for: use fewer permits than --workers",
+            args.permits, args.workers
+        )));
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     out.note(format_args!(
         "torture seed {seed} (replay with --seed {seed})"
@@ -290,6 +311,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     let direct = LockClient::builder(fencelock::open_backend(&url).await?)
         .owner(Owner::new("torture-nemesis")?)
         .build()?;
+    if args.workload == Workload::Rwlock && !direct.backend().capabilities().shared {
+        return Err(Error::InvalidArgument(format!(
+            "--workload rwlock: {} offers no read-write locks",
+            redact_url(&url)
+        )));
+    }
     let probe = direct
         .lock(args.key.as_str())
         .ttl(args.ttl)
@@ -347,12 +374,19 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         names(&faults)
     ));
 
+    // The key whose holder the nemesis may pick as a victim.
+    let holder_key = match args.workload {
+        Workload::Lock | Workload::Rwlock => args.key.clone(),
+        Workload::Semaphore => fencelock::semaphore_slot_key(&args.key, 0),
+        Workload::Election => direct.election(args.key.as_str()).key(),
+        Workload::Multi => multi_key(&args.key, 0),
+    };
     let targets = Arc::new(Targets {
         pids,
         proxies,
         server,
         direct,
-        key: args.key.clone(),
+        key: holder_key,
         store: store.clone(),
     });
     let nemesis = Nemesis::new(seed, faults.clone(), lease, end, Arc::clone(&targets), out).run();
@@ -381,8 +415,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     failed_worker(&mut children)?;
     let elapsed = started.elapsed();
 
-    let (events, counter) = store.call(|s| Ok((s.events()?, s.counter()?))).await?;
-    let results = checker::check(&events, counter);
+    let (events, counters) = store.call(|s| Ok((s.events()?, s.counters()?))).await?;
+    let spec = checker::Spec {
+        workload: args.workload,
+        permits: args.permits,
+    };
+    let results = checker::check(spec, &events, &counters);
     let report = Report::new(
         Config {
             backend: engine.to_owned(),
@@ -396,6 +434,8 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
             seed,
             unfenced: args.unfenced,
             key: args.key.clone(),
+            workload: args.workload,
+            permits: (args.workload == Workload::Semaphore).then_some(args.permits),
         },
         elapsed.as_secs_f64(),
         results,
@@ -452,6 +492,8 @@ fn spawn_worker(
         .arg(store)
         .args(["--worker", &w.to_string()])
         .args(["--key", &args.key])
+        .args(["--workload", args.workload.name()])
+        .args(["--permits", &args.permits.to_string()])
         .args(["--ttl", &format!("{}ms", args.ttl.as_millis())])
         .args([
             "--seed",

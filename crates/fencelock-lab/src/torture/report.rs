@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{checker::Analysis, nemesis::FaultKind};
+use super::{checker::Analysis, nemesis::FaultKind, workload::Workload};
 
 /// How the run was set up.
 #[derive(Clone, Debug, Serialize)]
@@ -30,8 +30,14 @@ pub struct Config {
     pub seed: u64,
     /// Whether the fence was skipped.
     pub unfenced: bool,
-    /// The shared key.
+    /// The shared key (the semaphore's and the election's name, the prefix
+    /// of the multi-key workload's keys).
     pub key: String,
+    /// The primitive tortured.
+    pub workload: Workload,
+    /// The semaphore's permits (semaphore only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 /// The whole report.
@@ -73,9 +79,14 @@ impl Report {
             .map(|s| format!("{s} (throwaway)"))
             .or_else(|| c.url.clone())
             .unwrap_or_default();
+        let workload = match c.permits {
+            Some(n) => format!("{} of {n} permits", c.workload.name()),
+            None => c.workload.name().to_owned(),
+        };
         let _ = writeln!(
             s,
-            "torture {}: {} workers, {:.0}s, ttl {}ms (lease {}ms), {}, seed {}",
+            "torture {} {}: {} workers, {:.0}s, ttl {}ms (lease {}ms), {}, seed {}",
+            workload,
             target,
             c.workers,
             self.elapsed_s,
@@ -107,29 +118,40 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  final counter     {} ({} admitted increments)",
-            r.final_counter, r.writes_admitted
+            "  final counter     {} ({} admitted increments{})   most writers at once {}",
+            r.final_counter,
+            r.writes_admitted - r.reader_writes_admitted,
+            if r.counters.len() > 1 {
+                format!(" over {} counters", r.counters.len())
+            } else {
+                String::new()
+            },
+            r.max_concurrent_writers
         );
+        if r.reader_writes_admitted > 0 {
+            let _ = writeln!(
+                s,
+                "  readers           {} admitted writes of readers (no counter change)",
+                r.reader_writes_admitted
+            );
+        }
         let _ = writeln!(
             s,
             "  releases          {} found the lease gone, {} failed   acquire errors {} (retried)",
             r.releases_not_held, r.releases_failed, r.errors
         );
+        let found = r.found();
         let _ = writeln!(
             s,
-            "  violations        stale writes admitted {}, lost updates {}, counter mismatch {}, token regressions {}",
-            r.stale_writes.count,
-            r.lost_updates.count,
-            r.counter_mismatch.count,
-            r.token_regressions.count
+            "  violations        {}",
+            found
+                .iter()
+                .map(|(name, f)| format!("{name} {}", f.count))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        for found in [
-            &r.stale_writes,
-            &r.lost_updates,
-            &r.counter_mismatch,
-            &r.token_regressions,
-        ] {
-            for example in found.examples.iter().take(3) {
+        for (_, f) in found {
+            for example in f.examples.iter().take(3) {
                 let _ = writeln!(s, "    - {}", example.what);
             }
         }

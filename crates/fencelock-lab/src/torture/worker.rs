@@ -2,24 +2,33 @@
 //! pause), started by `fencelock torture` as the hidden `torture-worker`
 //! command.
 //!
-//! Each round: acquire the shared key (waiting, renewed in the background),
-//! admit the token at the store and read the counter, work for a while,
-//! write counter + 1 carrying the token, release. The worker never calls
-//! `guard.check()` before writing: the fence alone stands between a stale
-//! holder and the store. With `--unfenced` the admit and the token check on
-//! write are skipped.
+//! Each round: acquire what the workload takes (the lock, a permit, a
+//! reader's or writer's lease, leadership, or 2–3 keys; waiting, renewed in
+//! the background), admit each token at the store and read its counter, work
+//! for a while, write each counter + 1 carrying its token (a reader writes
+//! nothing but the record of its admitted write), release. The worker never
+//! calls `check()` before writing: the fence alone stands between a stale
+//! holder and the store. With `--unfenced` the admits and the token checks
+//! on write are skipped.
 
 use std::{
+    future::Future,
     path::PathBuf,
+    pin::Pin,
     sync::{Arc, OnceLock},
     time::Duration,
 };
 
 use clap::Args;
-use fencelock::{Error, LockClient, LockGuard, Owner};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use fencelock::{
+    Error, Leadership, LockClient, LockGuard, LockMode, LossReason, MultiGuard, Owner, Permit,
+};
+use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
-use super::history::{now_us, store_error, Event, Kind, SharedStore, Store};
+use super::{
+    history::{now_us, store_error, Event, Kind, Part, SharedStore, Store, RESOURCE},
+    workload::{multi_key, slot_resource, Workload, MULTI_KEYS},
+};
 use crate::Verdict;
 
 /// The hidden `torture-worker` command's arguments (the URL comes from
@@ -54,6 +63,12 @@ pub struct WorkerArgs {
     /// Skip the fence.
     #[arg(long)]
     pub unfenced: bool,
+    /// What to take.
+    #[arg(long, value_enum, default_value_t)]
+    pub workload: Workload,
+    /// The semaphore's permits.
+    #[arg(long, default_value_t = 3)]
+    pub permits: u32,
 }
 
 /// How long a round works between its read and its write: mostly a short
@@ -92,14 +107,13 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
     while now_us() < args.until_us {
         let requested = now_us();
         let wait = Duration::from_micros((args.until_us - requested).unsigned_abs());
-        let acquired = client
-            .lock(args.key.as_str())
-            .ttl(args.ttl)
-            .wait(wait)
-            .acquire()
-            .await;
-        match acquired {
-            Ok(guard) => round(&store, worker, guard, requested, &mut rng, args.ttl).await?,
+        match acquire(&client, &args, wait, &mut rng).await {
+            Ok(held) => {
+                round(
+                    &store, &args.key, worker, held, requested, &mut rng, args.ttl,
+                )
+                .await?
+            }
             Err(Error::Timeout { .. }) => {}
             Err(e) => {
                 // The backend is down or cut off: what the nemesis does.
@@ -135,32 +149,160 @@ fn error_event(worker: u32, during: &str, e: &Error) -> Event {
     Event::new(Kind::Error, Some(worker), None, now_us()).detail(format!("{during}: {e}"))
 }
 
+/// What a worker holds in a round.
+enum Held {
+    /// The lock, or a read-write lock's side (the guard's mode says which).
+    Guard(LockGuard),
+    Permit(Permit),
+    Leader(Leadership),
+    Keys(MultiGuard),
+}
+
+/// Takes what the workload takes: the multi-key workload 2–3 of its keys in
+/// a random order (the client sorts them), the rwlock workload a reader's
+/// lease every other round on average (readers then meet each other often
+/// and writers still get through in a short run).
+async fn acquire(
+    client: &LockClient,
+    args: &WorkerArgs,
+    wait: Duration,
+    rng: &mut StdRng,
+) -> Result<Held, Error> {
+    let key = args.key.as_str();
+    Ok(match args.workload {
+        Workload::Lock => Held::Guard(client.lock(key).ttl(args.ttl).wait(wait).acquire().await?),
+        Workload::Rwlock => {
+            let rw = client.rwlock(key);
+            let side = if rng.gen_bool(0.5) {
+                rw.read()
+            } else {
+                rw.write()
+            };
+            Held::Guard(side.ttl(args.ttl).wait(wait).acquire().await?)
+        }
+        Workload::Semaphore => Held::Permit(
+            client
+                .semaphore(key, args.permits)
+                .ttl(args.ttl)
+                .wait(wait)
+                .acquire()
+                .await?,
+        ),
+        Workload::Election => Held::Leader(
+            client
+                .election(key)
+                .ttl(args.ttl)
+                .campaign_for(wait)
+                .await?,
+        ),
+        Workload::Multi => {
+            let mut keys: Vec<String> = (0..MULTI_KEYS).map(|i| multi_key(key, i)).collect();
+            keys.shuffle(rng);
+            keys.truncate(rng.gen_range(2..=3));
+            Held::Keys(
+                client
+                    .lock_all(keys)
+                    .ttl(args.ttl)
+                    .wait(wait)
+                    .acquire()
+                    .await?,
+            )
+        }
+    })
+}
+
+/// A grant's loss signal: the resource lost, and why.
+type Lost = Pin<Box<dyn Future<Output = (Option<String>, LossReason)> + Send>>;
+
+fn whole(
+    resource: Option<String>,
+    lost: impl Future<Output = LossReason> + Send + 'static,
+) -> Lost {
+    Box::pin(async move { (resource, lost.await) })
+}
+
+impl Held {
+    /// The fenced resources this grant covers, with their tokens.
+    fn parts(&self, key: &str) -> Vec<Part> {
+        match self {
+            Held::Guard(g) => vec![Part {
+                resource: RESOURCE.to_owned(),
+                token: g.token(),
+                shared: g.mode() == LockMode::Shared,
+            }],
+            Held::Permit(p) => vec![Part::exclusive(slot_resource(key, p.slot()), p.token())],
+            Held::Leader(l) => vec![Part::exclusive(RESOURCE, l.term())],
+            // Each key is its own resource, fenced with its own token.
+            Held::Keys(m) => m
+                .tokens()
+                .into_iter()
+                .map(|(k, t)| Part::exclusive(k.as_str(), t))
+                .collect(),
+        }
+    }
+
+    /// Resolves when the grant is lost: which part (by resource), and why.
+    fn lost(&self, parts: &[Part]) -> Lost {
+        let only = parts.first().map(|p| p.resource.clone());
+        match self {
+            Held::Guard(g) => whole(only, g.lost()),
+            Held::Permit(p) => whole(only, p.lost()),
+            Held::Leader(l) => whole(only, l.lost()),
+            Held::Keys(m) => {
+                let lost = m.lost();
+                Box::pin(async move {
+                    let (key, reason) = lost.await;
+                    (Some(key.as_str().to_owned()), reason)
+                })
+            }
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        match self {
+            Held::Guard(g) => g.release().await,
+            Held::Permit(p) => p.release().await,
+            Held::Leader(l) => l.resign().await,
+            Held::Keys(m) => m.release().await,
+        }
+    }
+}
+
 async fn round(
     store: &SharedStore,
+    key: &str,
     worker: u32,
-    guard: LockGuard,
+    held: Held,
     requested: i64,
     rng: &mut StdRng,
     ttl: Duration,
 ) -> Result<(), Error> {
     let granted = now_us();
-    let token = guard.token();
+    let parts = held.parts(key);
     let noticed = Arc::new(OnceLock::new());
     let watcher = {
-        let lost = guard.lost();
+        let lost = held.lost(&parts);
         let noticed = Arc::clone(&noticed);
         tokio::spawn(async move {
-            let reason = lost.await;
-            let _ = noticed.set((now_us(), reason));
+            let (resource, reason) = lost.await;
+            let _ = noticed.set((now_us(), resource, reason));
         })
     };
-    let grant = Event::new(Kind::Grant, Some(worker), Some(token), granted).started(requested);
-    if let Some(read) = store.call(move |s| s.begin(grant)).await? {
+    let begun = parts.clone();
+    let reads = store
+        .call(move |s| s.begin(worker, requested, granted, &begun))
+        .await?;
+    let admitted: Vec<(Part, i64)> = parts
+        .iter()
+        .zip(reads)
+        .filter_map(|(p, read)| Some((p.clone(), read?)))
+        .collect();
+    if !admitted.is_empty() {
         tokio::time::sleep(work_time(rng, ttl)).await;
-        store.call(move |s| s.write(worker, token, read)).await?;
+        store.call(move |s| s.write(worker, &admitted)).await?;
     }
     let release_called = now_us();
-    let released = guard.release().await;
+    let released = held.release().await;
     let release_answered = now_us();
     watcher.abort();
     let outcome = match &released {
@@ -168,17 +310,27 @@ async fn round(
         Err(Error::NotHeld { .. }) => "not-held",
         Err(_) => "error",
     };
-    let mut release = Event::new(Kind::Release, Some(worker), Some(token), release_answered)
-        .started(release_called)
-        .outcome(outcome);
-    if let Err(e) = &released {
-        release = release.detail(e.to_string());
+    let mut events = Vec::with_capacity(parts.len() + 1);
+    if let Some((t, resource, reason)) = noticed.get() {
+        // The part that was lost, with its token.
+        if let Some(part) = parts
+            .iter()
+            .find(|p| Some(&p.resource) == resource.as_ref())
+        {
+            events.push(part.event(Kind::Lost, worker, *t).detail(reason.as_str()));
+        }
     }
-    let mut events = Vec::with_capacity(2);
-    if let Some((t, reason)) = noticed.get() {
-        events.push(Event::new(Kind::Lost, Some(worker), Some(token), *t).detail(reason.as_str()));
+    // One release ends the belief in every part.
+    for part in &parts {
+        let mut release = part
+            .event(Kind::Release, worker, release_answered)
+            .started(release_called)
+            .outcome(outcome);
+        if let Err(e) = &released {
+            release = release.detail(e.to_string());
+        }
+        events.push(release);
     }
-    events.push(release);
     store.record(events).await
 }
 

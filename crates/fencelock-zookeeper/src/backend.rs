@@ -1,0 +1,554 @@
+//! [`ZkBackend`]: the `Backend` implementation.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+};
+use serde::{Deserialize, Serialize};
+use zookeeper_client as zk;
+
+use crate::{
+    conn::{decode, encode, Conn},
+    error::{bad_value, map},
+    options::ZkOptions,
+};
+
+/// The name every lease node starts with; ZooKeeper appends the sequence.
+const NODE: &str = "l-";
+
+/// What a lease node stores. Its expiry is not stored: it is the node's
+/// `mtime` (the leader's clock when the grant or the last renewal was
+/// written) plus `ttl_ms`, so a renewal is one conditional write.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<serde_json::Value>,
+    ttl_ms: u64,
+}
+
+/// A lease node as read: its path, record and stat.
+struct Node {
+    path: String,
+    record: Record,
+    stat: zk::Stat,
+}
+
+impl Node {
+    fn expires_ms(&self) -> i64 {
+        self.stat
+            .mtime
+            .saturating_add(i64::try_from(self.record.ttl_ms).unwrap_or(i64::MAX))
+    }
+
+    /// Whether the lease is unexpired at `now` (milliseconds on the
+    /// leader's clock).
+    fn live_at(&self, now: i64) -> bool {
+        self.expires_ms() > now
+    }
+
+    fn token(&self) -> FencingToken {
+        // Zxids are positive; a negative one is not a node this crate wrote.
+        FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
+    }
+
+    fn info(&self, key: &LockKey, now: i64) -> Result<LockInfo> {
+        let expires = self.expires_ms();
+        Ok(LockInfo {
+            key: key.clone(),
+            owner: Owner::new(self.record.owner.clone())
+                .map_err(|_| bad_value(format!("{}: bad owner", self.path)))?,
+            token: self.token(),
+            kind: self.record.kind.clone(),
+            data: self.record.data.clone(),
+            acquired_at: ms_to_time(self.stat.ctime),
+            expires_at: ms_to_time(expires),
+            expires_in: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)),
+            mode: LockMode::Exclusive,
+        })
+    }
+}
+
+fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A ZooKeeper lock store (see the crate docs and `docs/zookeeper.md`).
+#[derive(Clone)]
+pub struct ZkBackend {
+    conn: Arc<Conn>,
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("options", &self.conn.options)
+            .finish()
+    }
+}
+
+impl ZkBackend {
+    /// Connects with `options`.
+    pub async fn connect_with(options: ZkOptions) -> Result<Self> {
+        Ok(Self {
+            conn: Arc::new(Conn::open(options).await?),
+        })
+    }
+
+    /// Connects to `url` (see [`ZkOptions::from_url`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(ZkOptions::from_url(url)?).await
+    }
+
+    fn key_dir(&self, key: &str) -> String {
+        format!("{}/{}", self.conn.locks_dir(), encode(key))
+    }
+
+    /// The leader's clock now, in milliseconds: the `mtime` of a write to
+    /// the store's clock node. Reads carry no server time, and a lease's
+    /// expiry must be judged on the clock that wrote it (I4).
+    async fn now(&self, c: &zk::Client) -> Result<i64> {
+        let path = format!("{}/clock", self.conn.options.base());
+        let stat = match self
+            .conn
+            .maybe("reading the clock", c.set_data(&path, b"", None))
+            .await?
+        {
+            Some(stat) => stat,
+            None => {
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                match self
+                    .conn
+                    .call("creating the clock", c.create(&path, b"", &options))
+                    .await
+                {
+                    Ok((stat, _)) => stat,
+                    Err(_) => {
+                        self.conn
+                            .call("reading the clock", c.set_data(&path, b"", None))
+                            .await?
+                    }
+                }
+            }
+        };
+        Ok(stat.mtime)
+    }
+
+    /// The lease nodes under `dir`, oldest first (`None`: no such key).
+    async fn children(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let mut names = self
+            .conn
+            .maybe("listing a key's leases", c.list_children(dir))
+            .await?
+            .unwrap_or_default();
+        names.retain(|n| n.starts_with(NODE));
+        // Ten-digit sequence numbers: byte order is creation order.
+        names.sort();
+        Ok(names)
+    }
+
+    async fn read(&self, c: &zk::Client, path: String) -> Result<Option<Node>> {
+        let Some((bytes, stat)) = self
+            .conn
+            .maybe("reading a lease", c.get_data(&path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record: Record = serde_json::from_slice(&bytes)
+            .map_err(|e| bad_value(format!("{path} holds no lease record: {e}")))?;
+        Ok(Some(Node { path, record, stat }))
+    }
+
+    /// The lowest unexpired lease on `key` at `now`: the holder.
+    async fn holder(&self, c: &zk::Client, key: &str, now: i64) -> Result<Option<Node>> {
+        let dir = self.key_dir(key);
+        for name in self.children(c, &dir).await? {
+            if let Some(node) = self.read(c, format!("{dir}/{name}")).await? {
+                if node.live_at(now) {
+                    return Ok(Some(node));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The node of `lease`, whether or not it has expired.
+    async fn find(&self, c: &zk::Client, lease: &LeaseId) -> Result<Option<Node>> {
+        let dir = self.key_dir(lease.key.as_str());
+        for name in self.children(c, &dir).await? {
+            if let Some(node) = self.read(c, format!("{dir}/{name}")).await? {
+                if node.token() == lease.token {
+                    return Ok((node.record.owner == lease.owner.as_str()).then_some(node));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes `node` if it is unchanged since read: `true` when it is gone
+    /// (by this call or another), `false` when it changed (was renewed).
+    async fn delete(&self, c: &zk::Client, node: &Node) -> Result<bool> {
+        match self
+            .conn
+            .raw(c.delete(&node.path, Some(node.stat.version)))
+            .await
+        {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+            Err(zk::Error::BadVersion) => Ok(false),
+            Err(e) => Err(map("deleting a lease", e)),
+        }
+    }
+
+    /// Creates a lease node under `dir`, creating the key's container first
+    /// when it is missing (or was just reaped by the server for being
+    /// empty).
+    async fn create(&self, c: &zk::Client, dir: &str, bytes: &[u8]) -> Result<(String, zk::Stat)> {
+        let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let path = format!("{dir}/{NODE}");
+        for _ in 0..3 {
+            match self
+                .conn
+                .maybe("creating a lease", c.create(&path, bytes, &node))
+                .await?
+            {
+                Some((stat, seq)) => return Ok((format!("{path}{seq}"), stat)),
+                None => {
+                    if let Err(e) = c.create(dir, b"", &container).await {
+                        if e != zk::Error::NodeExists {
+                            return Err(map("creating a key", e));
+                        }
+                    }
+                }
+            }
+        }
+        Err(bad_value(format!(
+            "{dir} disappeared three times while a lease was created in it"
+        )))
+    }
+
+    /// After creating `mine` at `now`: granted if every older node has
+    /// expired (those are deleted), else the holder.
+    async fn settle(
+        &self,
+        c: &zk::Client,
+        key: &LockKey,
+        mine: &str,
+        now: i64,
+    ) -> Result<Option<LockInfo>> {
+        let dir = self.key_dir(key.as_str());
+        let own = mine.rsplit('/').next().unwrap_or_default();
+        for name in self.children(c, &dir).await? {
+            if name.as_str() >= own {
+                break;
+            }
+            let Some(node) = self.read(c, format!("{dir}/{name}")).await? else {
+                continue;
+            };
+            // An expired lease that was renewed since it was read is live
+            // again as far as anyone can tell: refuse rather than judge.
+            if node.live_at(now) || !self.delete(c, &node).await? {
+                return Ok(Some(node.info(key, now)?));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Rewrites `node` with `ttl` (its `mtime` becomes now on the leader),
+    /// only if it is unchanged since read and had not expired by then.
+    /// Returns the grant and the node's new version.
+    async fn touch(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<(Grant, i32)> {
+        let record = Record {
+            owner: node.record.owner.clone(),
+            kind: node.record.kind.clone(),
+            data: node.record.data.clone(),
+            ttl_ms: ttl_ms(ttl),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let stat = match self
+            .conn
+            .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+            .await
+        {
+            Ok(stat) => stat,
+            Err(zk::Error::NoNode | zk::Error::BadVersion) => return Err(Error::not_held(lease)),
+            Err(e) => return Err(map("renewing a lease", e)),
+        };
+        if !node.live_at(stat.mtime) {
+            // It had expired before this write: a rival may already have
+            // judged it free. Remove it rather than revive it (I3).
+            let _ = self.conn.raw(c.delete(&node.path, Some(stat.version))).await;
+            return Err(Error::not_held(lease));
+        }
+        let expires = stat.mtime.saturating_add(i64::try_from(record.ttl_ms).unwrap_or(i64::MAX));
+        Ok((Grant::new(lease.token, ttl, ms_to_time(expires)), stat.version))
+    }
+
+    /// Every unexpired lease (with its key) at `now`, sorted by key, and how
+    /// many expired ones are stored.
+    async fn scan(
+        &self,
+        c: &zk::Client,
+        prefix: Option<&str>,
+        now: i64,
+    ) -> Result<(Vec<(LockKey, Node)>, Vec<Node>)> {
+        let mut keys: Vec<LockKey> = self
+            .conn
+            .call("listing keys", c.list_children(&self.conn.locks_dir()))
+            .await?
+            .iter()
+            .filter_map(|n| decode(n))
+            .filter(|k| prefix.is_none_or(|p| k.starts_with(p)))
+            .filter_map(|k| LockKey::new(k).ok())
+            .collect();
+        keys.sort();
+        let (mut live, mut expired) = (Vec::new(), Vec::new());
+        for key in keys {
+            let dir = self.key_dir(key.as_str());
+            let mut held = false;
+            for name in self.children(c, &dir).await? {
+                let Some(node) = self.read(c, format!("{dir}/{name}")).await? else {
+                    continue;
+                };
+                if !node.live_at(now) {
+                    expired.push(node);
+                } else if !held {
+                    held = true;
+                    live.push((key.clone(), node));
+                }
+            }
+        }
+        Ok((live, expired))
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    fn name(&self) -> &'static str {
+        crate::error::NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.min_token.is_some() {
+            return Err(Error::unsupported(crate::error::NAME, "token floors"));
+        }
+        let c = self.conn.client().await?;
+        let record = Record {
+            owner: request.owner.to_string(),
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            ttl_ms: ttl_ms(request.ttl),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let dir = self.key_dir(request.key.as_str());
+        let (mine, stat) = self.create(&c, &dir, &bytes).await?;
+        let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
+        // The node's creation time is "now" on the leader: any older lease
+        // that ends by then has expired.
+        match self.settle(&c, &request.key, &mine, stat.ctime).await {
+            Ok(None) => Ok(Acquire::Granted(Grant::new(
+                token,
+                request.ttl,
+                ms_to_time(stat.ctime.saturating_add(i64::try_from(record.ttl_ms).unwrap_or(i64::MAX))),
+            ))),
+            outcome => {
+                // Not granted (or unknown): withdraw the node, so that it
+                // never stands in the way of the next contender. If even
+                // that fails, it expires after its TTL like any lease.
+                let _ = c.delete(&mine, None).await;
+                outcome.map(Acquire::Held)
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let c = self.conn.client().await?;
+        let Some(node) = self.find(&c, lease).await? else {
+            return Err(Error::not_held(lease));
+        };
+        Ok(self.touch(&c, &node, lease, ttl).await?.0)
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        // One session carries every request, so these run pipelined.
+        Ok(futures_util::future::join_all(
+            renewals.iter().map(|r| self.renew(&r.lease, r.ttl)),
+        )
+        .await)
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let c = self.conn.client().await?;
+        let Some(node) = self.find(&c, lease).await? else {
+            return Err(Error::not_held(lease));
+        };
+        // The touch proves the lease unexpired on the leader's clock, pins
+        // the version the delete must match, and shortens the lease to the
+        // minimum so that it ends even if the delete gets no answer.
+        let (_, version) = self
+            .touch(&c, &node, lease, Duration::from_millis(1))
+            .await?;
+        match self.conn.raw(c.delete(&node.path, Some(version))).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(zk::Error::BadVersion) => Err(Error::not_held(lease)),
+            Err(e) => Err(map("releasing a lease", e)),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        self.holder(&c, key.as_str(), now)
+            .await?
+            .map(|node| node.info(key, now))
+            .transpose()
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, _) = self.scan(&c, prefix, now).await?;
+        live.iter().map(|(key, node)| node.info(key, now)).collect()
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let Some(node) = self.holder(&c, key.as_str(), now).await? else {
+            return Ok(None);
+        };
+        self.conn
+            .maybe("force-releasing a lease", c.delete(&node.path, None))
+            .await?;
+        node.info(key, now).map(Some)
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, _) = self.scan(&c, None, now).await?;
+        let mut released = 0;
+        for (_, node) in live.iter().filter(|(_, n)| n.record.owner == owner.as_str()) {
+            if self
+                .conn
+                .maybe("releasing a lease", c.delete(&node.path, Some(node.stat.version)))
+                .await
+                .is_ok_and(|gone| gone.is_some())
+            {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (_, expired) = self.scan(&c, None, now).await?;
+        let mut removed = 0;
+        for node in &expired {
+            if self
+                .conn
+                .maybe("deleting an expired lease", c.delete(&node.path, Some(node.stat.version)))
+                .await
+                .is_ok_and(|gone| gone.is_some())
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, expired) = self.scan(&c, None, now).await?;
+        let infos = live
+            .iter()
+            .map(|(key, node)| node.info(key, now))
+            .collect::<Result<Vec<_>>>()?;
+        let held = infos.iter().zip(&live).map(|(info, (_, node))| {
+            let ms = u64::try_from(now - node.stat.ctime).unwrap_or(0);
+            (info, Duration::from_millis(ms))
+        });
+        Ok(Stats::from_leases(held, expired.len() as u64))
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        let c = self.conn.client().await?;
+        let dir = self.key_dir(key.as_str());
+        let first = self.arm(&c, &dir).await?;
+        let backend = self.clone();
+        let wakeups = futures_util::stream::unfold(
+            (backend, c, dir, Some(first)),
+            |(backend, c, dir, mut armed)| async move {
+                loop {
+                    let watcher = match armed.take() {
+                        Some(w) => w,
+                        None => backend.arm(&c, &dir).await.ok()?,
+                    };
+                    let Some(watcher) = watcher else {
+                        // No lease node: the key is free, try now.
+                        break;
+                    };
+                    let event = watcher.changed().await;
+                    match event.event_type {
+                        // A renewal: the holder is still there.
+                        zk::EventType::NodeDataChanged => continue,
+                        zk::EventType::Session if event.session_state.is_terminated() => {
+                            return None
+                        }
+                        _ => break,
+                    }
+                }
+                Some(((), (backend, c, dir, None)))
+            },
+        );
+        Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+}
+
+impl ZkBackend {
+    /// A watch on the oldest lease node of `dir` (the holder, or a
+    /// contender about to withdraw), or `None` when there is no node and
+    /// the waiter should try at once. Only the oldest node is watched, so
+    /// contenders' nodes coming and going do not wake every waiter (the
+    /// herd effect of watching the children).
+    async fn arm(&self, c: &zk::Client, dir: &str) -> Result<Option<zk::OneshotWatcher>> {
+        for name in self.children(c, dir).await? {
+            let path = format!("{dir}/{name}");
+            let (stat, watcher) = self
+                .conn
+                .call("watching a lease", c.check_and_watch_stat(&path))
+                .await?;
+            if stat.is_some() {
+                return Ok(Some(watcher));
+            }
+        }
+        Ok(None)
+    }
+}

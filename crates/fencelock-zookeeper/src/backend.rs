@@ -1,6 +1,11 @@
 //! [`ZkBackend`]: the `Backend` implementation.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -20,10 +25,14 @@ use crate::{
 /// The name every lease node starts with; ZooKeeper appends the sequence.
 const NODE: &str = "l-";
 
+/// Past this many cached leases, the ones that ended long ago (lost, never
+/// released here) are swept out.
+const CACHE_SWEEP: usize = 4096;
+
 /// What a lease node stores. Its expiry is not stored: it is the node's
 /// `mtime` (the leader's clock when the grant or the last renewal was
 /// written) plus `ttl_ms`, so a renewal is one conditional write.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Record {
     owner: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,6 +43,7 @@ struct Record {
 }
 
 /// A lease node as read: its path, record and stat.
+#[derive(Clone)]
 struct Node {
     path: String,
     record: Record,
@@ -87,6 +97,12 @@ fn ttl_ms(ttl: Duration) -> u64 {
 #[derive(Clone)]
 pub struct ZkBackend {
     conn: Arc<Conn>,
+    /// The nodes of leases this backend granted or renewed, as last
+    /// written, so that renew and release are one conditional write
+    /// without finding the node first. A stale entry costs a failed
+    /// write and a lookup, never a wrong answer: every write is
+    /// conditional on the version cached.
+    cache: Arc<Mutex<HashMap<LeaseId, Node>>>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -102,6 +118,7 @@ impl ZkBackend {
     pub async fn connect_with(options: ZkOptions) -> Result<Self> {
         Ok(Self {
             conn: Arc::new(Conn::open(options).await?),
+            cache: Arc::default(),
         })
     }
 
@@ -170,30 +187,67 @@ impl ZkBackend {
         Ok(Some(Node { path, record, stat }))
     }
 
-    /// The lowest unexpired lease on `key` at `now`: the holder.
-    async fn holder(&self, c: &zk::Client, key: &str, now: i64) -> Result<Option<Node>> {
-        let dir = self.key_dir(key);
-        for name in self.children(c, &dir).await? {
-            if let Some(node) = self.read(c, format!("{dir}/{name}")).await? {
-                if node.live_at(now) {
-                    return Ok(Some(node));
-                }
-            }
-        }
-        Ok(None)
+    /// The lease nodes of `dir` named by `names`, read concurrently (one
+    /// session carries them all, so they are pipelined), oldest first.
+    async fn read_all(&self, c: &zk::Client, dir: &str, names: Vec<String>) -> Result<Vec<Node>> {
+        let nodes = futures_util::future::try_join_all(
+            names
+                .into_iter()
+                .map(|name| self.read(c, format!("{dir}/{name}"))),
+        )
+        .await?;
+        Ok(nodes.into_iter().flatten().collect())
     }
 
-    /// The node of `lease`, whether or not it has expired.
+    /// Every lease node of `key`, oldest first.
+    async fn nodes(&self, c: &zk::Client, key: &str) -> Result<Vec<Node>> {
+        let dir = self.key_dir(key);
+        let names = self.children(c, &dir).await?;
+        self.read_all(c, &dir, names).await
+    }
+
+    /// The lowest unexpired lease on `key` at `now`: the holder.
+    async fn holder(&self, c: &zk::Client, key: &str, now: i64) -> Result<Option<Node>> {
+        Ok(self
+            .nodes(c, key)
+            .await?
+            .into_iter()
+            .find(|node| node.live_at(now)))
+    }
+
+    /// The node of `lease`, whether or not it has expired: the cached one,
+    /// or else the one found on the server.
     async fn find(&self, c: &zk::Client, lease: &LeaseId) -> Result<Option<Node>> {
-        let dir = self.key_dir(lease.key.as_str());
-        for name in self.children(c, &dir).await? {
-            if let Some(node) = self.read(c, format!("{dir}/{name}")).await? {
-                if node.token() == lease.token {
-                    return Ok((node.record.owner == lease.owner.as_str()).then_some(node));
-                }
-            }
+        if let Some(node) = self.cached(lease) {
+            return Ok(Some(node));
         }
-        Ok(None)
+        Ok(self
+            .nodes(c, lease.key.as_str())
+            .await?
+            .into_iter()
+            .find(|node| node.token() == lease.token && node.record.owner == lease.owner.as_str()))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Node>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cached(&self, lease: &LeaseId) -> Option<Node> {
+        self.cache().get(lease).cloned()
+    }
+
+    fn remember(&self, lease: &LeaseId, node: Node) {
+        let mut cache = self.cache();
+        if cache.len() >= CACHE_SWEEP {
+            // Ended an hour ago by the local clock: certainly lost.
+            let long_ago = Utc::now().timestamp_millis() - 3_600_000;
+            cache.retain(|_, n| n.expires_ms() > long_ago);
+        }
+        cache.insert(lease.clone(), node);
+    }
+
+    fn forget(&self, lease: &LeaseId) {
+        self.cache().remove(lease);
     }
 
     /// Deletes `node` if it is unchanged since read: `true` when it is gone
@@ -249,13 +303,9 @@ impl ZkBackend {
     ) -> Result<Option<LockInfo>> {
         let dir = self.key_dir(key.as_str());
         let own = mine.rsplit('/').next().unwrap_or_default();
-        for name in self.children(c, &dir).await? {
-            if name.as_str() >= own {
-                break;
-            }
-            let Some(node) = self.read(c, format!("{dir}/{name}")).await? else {
-                continue;
-            };
+        let mut older = self.children(c, &dir).await?;
+        older.retain(|name| name.as_str() < own);
+        for node in self.read_all(c, &dir, older).await? {
             // An expired lease that was renewed since it was read is live
             // again as far as anyone can tell: refuse rather than judge.
             if node.live_at(now) || !self.delete(c, &node).await? {
@@ -265,40 +315,68 @@ impl ZkBackend {
         Ok(None)
     }
 
-    /// Rewrites `node` with `ttl` (its `mtime` becomes now on the leader),
-    /// only if it is unchanged since read and had not expired by then.
-    /// Returns the grant and the node's new version.
-    async fn touch(
-        &self,
-        c: &zk::Client,
-        node: &Node,
-        lease: &LeaseId,
-        ttl: Duration,
-    ) -> Result<(Grant, i32)> {
+    /// The write of a renewal: `node` with `ttl`, conditional on the
+    /// version read (its `mtime` becomes now on the leader).
+    fn renewed(node: &Node, ttl: Duration) -> Result<(Record, Vec<u8>)> {
         let record = Record {
-            owner: node.record.owner.clone(),
-            kind: node.record.kind.clone(),
-            data: node.record.data.clone(),
             ttl_ms: ttl_ms(ttl),
+            ..node.record.clone()
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        let stat = match self
-            .conn
-            .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
-            .await
-        {
+        Ok((record, bytes))
+    }
+
+    /// Judges the answer to a renewal write of `node` as `record`: the
+    /// node as now stored, or [`Error::NotHeld`] when it was gone,
+    /// changed, or had expired before the write (I3).
+    fn judge(
+        node: &Node,
+        record: Record,
+        lease: &LeaseId,
+        answer: std::result::Result<zk::Stat, zk::Error>,
+    ) -> Result<Node> {
+        let stat = match answer {
             Ok(stat) => stat,
             Err(zk::Error::NoNode | zk::Error::BadVersion) => return Err(Error::not_held(lease)),
             Err(e) => return Err(map("renewing a lease", e)),
         };
-        if !node.live_at(stat.mtime) {
-            // It had expired before this write: a rival may already have
-            // judged it free. Remove it rather than revive it (I3).
-            let _ = self.conn.raw(c.delete(&node.path, Some(stat.version))).await;
-            return Err(Error::not_held(lease));
+        let now = Node {
+            path: node.path.clone(),
+            record,
+            stat,
+        };
+        if node.live_at(stat.mtime) {
+            Ok(now)
+        } else {
+            Err(Error::not_held(lease))
         }
-        let expires = stat.mtime.saturating_add(i64::try_from(record.ttl_ms).unwrap_or(i64::MAX));
-        Ok((Grant::new(lease.token, ttl, ms_to_time(expires)), stat.version))
+    }
+
+    /// Renews the lease of `node` to `ttl`; an expired one is removed
+    /// rather than revived (a rival may already have judged it free).
+    async fn touch(&self, c: &zk::Client, node: &Node, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let (record, bytes) = Self::renewed(node, ttl)?;
+        let answer = self
+            .conn
+            .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+            .await;
+        let expired = matches!(answer, Ok(stat) if !node.live_at(stat.mtime));
+        match Self::judge(node, record, lease, answer) {
+            Ok(now) => {
+                let grant = Grant::new(lease.token, ttl, ms_to_time(now.expires_ms()));
+                self.remember(lease, now);
+                Ok(grant)
+            }
+            Err(e) => {
+                if expired {
+                    let _ = self.conn.raw(c.delete(&node.path, None)).await;
+                }
+                if matches!(e, Error::NotHeld { .. }) {
+                    self.forget(lease);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Every unexpired lease (with its key) at `now`, sorted by key, and how
@@ -370,11 +448,16 @@ impl Backend for ZkBackend {
         // The node's creation time is "now" on the leader: any older lease
         // that ends by then has expired.
         match self.settle(&c, &request.key, &mine, stat.ctime).await {
-            Ok(None) => Ok(Acquire::Granted(Grant::new(
-                token,
-                request.ttl,
-                ms_to_time(stat.ctime.saturating_add(i64::try_from(record.ttl_ms).unwrap_or(i64::MAX))),
-            ))),
+            Ok(None) => {
+                let node = Node {
+                    path: mine,
+                    record,
+                    stat,
+                };
+                let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
+                self.remember(&request.lease(token), node);
+                Ok(Acquire::Granted(grant))
+            }
             outcome => {
                 // Not granted (or unknown): withdraw the node, so that it
                 // never stands in the way of the next contender. If even
@@ -390,7 +473,19 @@ impl Backend for ZkBackend {
         let Some(node) = self.find(&c, lease).await? else {
             return Err(Error::not_held(lease));
         };
-        Ok(self.touch(&c, &node, lease, ttl).await?.0)
+        match self.touch(&c, &node, lease, ttl).await {
+            // The cached node was stale (renewed through another backend):
+            // look it up and try once more.
+            Err(Error::NotHeld { .. }) if self.cached(lease).is_none() => {
+                match self.find(&c, lease).await? {
+                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                        self.touch(&c, &fresh, lease, ttl).await
+                    }
+                    _ => Err(Error::not_held(lease)),
+                }
+            }
+            other => other,
+        }
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
@@ -403,19 +498,42 @@ impl Backend for ZkBackend {
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let c = self.conn.client().await?;
-        let Some(node) = self.find(&c, lease).await? else {
-            return Err(Error::not_held(lease));
+        let node = match self.cached(lease) {
+            Some(node) => node,
+            None => self
+                .find(&c, lease)
+                .await?
+                .ok_or_else(|| Error::not_held(lease))?,
         };
-        // The touch proves the lease unexpired on the leader's clock, pins
-        // the version the delete must match, and shortens the lease to the
-        // minimum so that it ends even if the delete gets no answer.
-        let (_, version) = self
-            .touch(&c, &node, lease, Duration::from_millis(1))
-            .await?;
-        match self.conn.raw(c.delete(&node.path, Some(version))).await {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-            Err(zk::Error::BadVersion) => Err(Error::not_held(lease)),
-            Err(e) => Err(map("releasing a lease", e)),
+        self.forget(lease);
+        // Two writes sent together, which ZooKeeper applies in order: a
+        // touch conditional on the version read, whose `mtime` proves on
+        // the leader's clock whether the lease was still unexpired, then a
+        // delete conditional on the touch's version. Deleting a lease that
+        // had just expired is harmless: nobody took it over, or the touch
+        // would have found it gone.
+        let (record, bytes) = Self::renewed(&node, Duration::from_millis(1))?;
+        let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
+        let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
+        let (touched, deleted) = self
+            .conn
+            .raw(async { Ok(futures_util::future::join(touch, delete).await) })
+            .await
+            .map_err(|e| map("releasing a lease", e))?;
+        match Self::judge(&node, record, lease, touched) {
+            // A stale cache entry: the lease may still be there.
+            Err(Error::NotHeld { .. }) if deleted.is_err() => match self.find(&c, lease).await? {
+                Some(fresh) if fresh.stat.version != node.stat.version => {
+                    self.cache().insert(lease.clone(), fresh);
+                    Box::pin(self.release(lease)).await
+                }
+                _ => Err(Error::not_held(lease)),
+            },
+            Err(e) => Err(e),
+            Ok(_) => match deleted {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => Err(map("releasing a lease", e)),
+            },
         }
     }
 

@@ -7,8 +7,9 @@ use zookeeper_client::Error as ZkError;
 
 pub(crate) const NAME: &str = "zookeeper";
 
-/// Classifies a client error: lost connections, expired or moved sessions,
-/// throttling and the client's own time-outs are transient (the next call
+/// Classifies a client error: lost connections and socket errors, expired
+/// or moved sessions, throttling and the client's own time-outs are
+/// transient (the next call
 /// may reach a server, on a new session if need be); the rest permanent.
 pub(crate) fn map(context: &str, e: ZkError) -> Error {
     let message = format!("{context} failed");
@@ -22,7 +23,9 @@ pub(crate) fn map(context: &str, e: ZkError) -> Error {
         | ZkError::SessionMoved
         | ZkError::ClientClosed
         | ZkError::Throttled
-        | ZkError::NotReadOnly => BackendError::transient(NAME, message, e).into(),
+        | ZkError::NotReadOnly
+        // The client reports socket errors (reset, refused) this way.
+        | ZkError::Custom(_) => BackendError::transient(NAME, message, e).into(),
         _ => BackendError::permanent(NAME, message, e).into(),
     }
 }

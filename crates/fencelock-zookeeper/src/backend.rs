@@ -354,7 +354,13 @@ impl ZkBackend {
 
     /// Renews the lease of `node` to `ttl`; an expired one is removed
     /// rather than revived (a rival may already have judged it free).
-    async fn touch(&self, c: &zk::Client, node: &Node, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+    async fn touch(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Grant> {
         let (record, bytes) = Self::renewed(node, ttl)?;
         let answer = self
             .conn
@@ -490,10 +496,10 @@ impl Backend for ZkBackend {
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
         // One session carries every request, so these run pipelined.
-        Ok(futures_util::future::join_all(
-            renewals.iter().map(|r| self.renew(&r.lease, r.ttl)),
+        Ok(
+            futures_util::future::join_all(renewals.iter().map(|r| self.renew(&r.lease, r.ttl)))
+                .await,
         )
-        .await)
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
@@ -570,10 +576,16 @@ impl Backend for ZkBackend {
         let now = self.now(&c).await?;
         let (live, _) = self.scan(&c, None, now).await?;
         let mut released = 0;
-        for (_, node) in live.iter().filter(|(_, n)| n.record.owner == owner.as_str()) {
+        for (_, node) in live
+            .iter()
+            .filter(|(_, n)| n.record.owner == owner.as_str())
+        {
             if self
                 .conn
-                .maybe("releasing a lease", c.delete(&node.path, Some(node.stat.version)))
+                .maybe(
+                    "releasing a lease",
+                    c.delete(&node.path, Some(node.stat.version)),
+                )
                 .await
                 .is_ok_and(|gone| gone.is_some())
             {
@@ -591,7 +603,10 @@ impl Backend for ZkBackend {
         for node in &expired {
             if self
                 .conn
-                .maybe("deleting an expired lease", c.delete(&node.path, Some(node.stat.version)))
+                .maybe(
+                    "deleting an expired lease",
+                    c.delete(&node.path, Some(node.stat.version)),
+                )
                 .await
                 .is_ok_and(|gone| gone.is_some())
             {

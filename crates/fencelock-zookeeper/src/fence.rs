@@ -48,10 +48,7 @@ impl ZkFence {
 
     /// The highest admitted token and the node's version, if any.
     async fn read(&self, c: &zk::Client, path: &str) -> Result<Option<(u64, i32)>> {
-        let Some((bytes, stat)) = self
-            .conn
-            .maybe("reading a fence", c.get_data(path))
-            .await?
+        let Some((bytes, stat)) = self.conn.maybe("reading a fence", c.get_data(path)).await?
         else {
             return Ok(None);
         };

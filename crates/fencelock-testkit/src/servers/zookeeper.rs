@@ -68,10 +68,10 @@ impl ZkServer {
     pub fn start_members(n: usize) -> TestResult<Self> {
         let java = find_binary("java", &[], "default-jre-headless")?;
         if !Path::new(JARS).join("zookeeper.jar").is_file() {
-            return Err(
-                format!("{JARS}/zookeeper.jar was not found; install the `zookeeper` package")
-                    .into(),
-            );
+            return Err(format!(
+                "{JARS}/zookeeper.jar was not found; install the `zookeeper` package"
+            )
+            .into());
         }
         let root = tempfile::tempdir()?;
         let mut peers = Vec::with_capacity(n);
@@ -149,11 +149,9 @@ impl ZkServer {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "zookeeper {} did not serve within {START_TIMEOUT:?}",
-                    m.id
-                )
-                .into());
+                return Err(
+                    format!("zookeeper {} did not serve within {START_TIMEOUT:?}", m.id).into(),
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -136,32 +136,15 @@ impl ZkBackend {
     /// expiry must be judged on the clock that wrote it (I4).
     async fn now(&self, c: &zk::Client) -> Result<i64> {
         let path = format!("{}/clock", self.conn.options.base());
-        let stat = match self
+        let stat = self
             .conn
-            .maybe("reading the clock", c.set_data(&path, b"", None))
-            .await?
-        {
-            Some(stat) => stat,
-            None => {
-                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                match self
-                    .conn
-                    .call("creating the clock", c.create(&path, b"", &options))
-                    .await
-                {
-                    Ok((stat, _)) => stat,
-                    Err(_) => {
-                        self.conn
-                            .call("reading the clock", c.set_data(&path, b"", None))
-                            .await?
-                    }
-                }
-            }
-        };
+            .call("reading the clock", c.set_data(&path, b"", None))
+            .await?;
         Ok(stat.mtime)
     }
 
-    /// The lease nodes under `dir`, oldest first (`None`: no such key).
+    /// The names of the lease nodes under `dir`, oldest first (none when
+    /// the key's container does not exist).
     async fn children(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
         let mut names = self
             .conn
@@ -580,16 +563,12 @@ impl Backend for ZkBackend {
             .iter()
             .filter(|(_, n)| n.record.owner == owner.as_str())
         {
-            if self
-                .conn
-                .maybe(
-                    "releasing a lease",
-                    c.delete(&node.path, Some(node.stat.version)),
-                )
-                .await
-                .is_ok_and(|gone| gone.is_some())
-            {
-                released += 1;
+            // Unconditional: a renewal since the scan is still this owner's
+            // lease (the path names one grant).
+            match self.conn.raw(c.delete(&node.path, None)).await {
+                Ok(()) => released += 1,
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map("releasing a lease", e)),
             }
         }
         Ok(released)
@@ -601,16 +580,15 @@ impl Backend for ZkBackend {
         let (_, expired) = self.scan(&c, None, now).await?;
         let mut removed = 0;
         for node in &expired {
-            if self
+            // Conditional: a lease renewed since the scan is live again.
+            match self
                 .conn
-                .maybe(
-                    "deleting an expired lease",
-                    c.delete(&node.path, Some(node.stat.version)),
-                )
+                .raw(c.delete(&node.path, Some(node.stat.version)))
                 .await
-                .is_ok_and(|gone| gone.is_some())
             {
-                removed += 1;
+                Ok(()) => removed += 1,
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
+                Err(e) => return Err(map("deleting an expired lease", e)),
             }
         }
         Ok(removed)

@@ -51,7 +51,8 @@ impl fmt::Debug for Conn {
     }
 }
 
-/// Opens a session and makes sure the store's directories exist.
+/// Opens a session and makes sure the store's directories and its clock
+/// node (written to read the leader's clock) exist.
 async fn connect(options: &ZkOptions) -> Result<zk::Client> {
     let client = bounded(
         options.timeout,
@@ -63,7 +64,7 @@ async fn connect(options: &ZkOptions) -> Result<zk::Client> {
     .await
     .map_err(|e| map("connecting to ZooKeeper", e))?;
     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    for sub in ["locks", "fences"] {
+    for sub in ["locks", "fences", "clock"] {
         let path = format!("{}/{sub}", options.base());
         bounded(options.timeout, client.mkdir(&path, &dir))
             .await

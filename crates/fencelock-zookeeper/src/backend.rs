@@ -417,6 +417,7 @@ impl Backend for ZkBackend {
             .with_wakeups(true)
             .with_persistent(true)
             .with_keeps_expired(true)
+            .with_set_data(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -607,6 +608,53 @@ impl Backend for ZkBackend {
             (info, Duration::from_millis(ms))
         });
         Ok(Stats::from_leases(held, expired.len() as u64))
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let c = self.conn.client().await?;
+        let mut found = self.find(&c, lease).await?;
+        let mut retried = false;
+        loop {
+            let Some(node) = found else {
+                return Err(Error::not_held(lease));
+            };
+            // A write moves the `mtime` the expiry counts from, so the TTL
+            // written is what is left of the lease: it then ends no
+            // earlier than before, and later only by this write's delay.
+            let now = self.now(&c).await?;
+            let left = u64::try_from(node.expires_ms() - now).unwrap_or(0);
+            if left == 0 {
+                return Err(Error::not_held(lease));
+            }
+            let record = Record {
+                data: data.clone(),
+                ttl_ms: left,
+                ..node.record.clone()
+            };
+            let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+            match self
+                .conn
+                .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+                .await
+            {
+                Ok(stat) => {
+                    let path = node.path;
+                    self.remember(lease, Node { path, record, stat });
+                    return Ok(());
+                }
+                // Renewed since it was cached or read: once more, fresh.
+                Err(zk::Error::BadVersion) if !retried => {
+                    retried = true;
+                    self.forget(lease);
+                    found = self.find(&c, lease).await?;
+                }
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => {
+                    self.forget(lease);
+                    return Err(Error::not_held(lease));
+                }
+                Err(e) => return Err(map("replacing a lease's data", e)),
+            }
+        }
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {

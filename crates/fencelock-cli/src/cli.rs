@@ -45,7 +45,7 @@ fn json(s: &str) -> Result<serde_json::Value, String> {
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…
+    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…, zk://…
     /// [default: sqlite at $XDG_STATE_HOME/fencelock/locks.db, i.e.
     /// ~/.local/state/fencelock/locks.db]
     #[arg(long, env = "FENCELOCK_URL", global = true, hide_env_values = true)]
@@ -317,7 +317,8 @@ pub enum Command {
     /// Worker processes increment a fenced counter under one lock while a
     /// nemesis pauses them (SIGSTOP), cuts them off from the backend, delays
     /// and resets their connections, and kill -9s the server (--server) or
-    /// the etcd leader (--server etcd-cluster). A checker then reads the
+    /// the etcd or ZooKeeper leader (--server etcd-cluster,
+    /// zookeeper-cluster). A checker then reads the
     /// recorded history. Exit 0 if no stale write was admitted, no update
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.
     #[cfg(feature = "lab")]

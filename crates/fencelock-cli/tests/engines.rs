@@ -11,6 +11,7 @@ use std::{
 
 use fencelock_testkit::servers::{
     etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+    zookeeper::ZkServer,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
@@ -169,4 +170,10 @@ fn etcd() {
         granted > Duration::from_millis(200),
         "etcd granted {granted:?}"
     );
+}
+
+#[test]
+fn zookeeper() {
+    let server = ZkServer::start().unwrap();
+    exercise(&server.url());
 }

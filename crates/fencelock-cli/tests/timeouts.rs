@@ -47,10 +47,11 @@ fn a_silent_server_ends_every_engine_with_exit_69() {
         format!("mysql://u@127.0.0.1:{port}/db"),
         format!("redis://127.0.0.1:{port}"),
         format!("etcd://127.0.0.1:{port}"),
+        format!("zk://127.0.0.1:{port}"),
     ];
     let wait = format!("{}s", WAIT.as_secs());
     let started = Instant::now();
-    // All at once, so the test takes one bound, not eight.
+    // All at once, so the test takes one bound, not ten.
     let mut running: Vec<Running> = urls
         .iter()
         .flat_map(|url| {

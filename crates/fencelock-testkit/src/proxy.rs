@@ -471,6 +471,7 @@ fn authority(url: &str) -> TestResult<(std::ops::Range<usize>, &'static str)> {
         "mysql" | "mariadb" => "3306",
         "redis" | "rediss" => "6379",
         "etcd" | "http" | "https" => "2379",
+        "zk" => "2181",
         other => return Err(format!("no default port known for scheme {other:?}").into()),
     };
     Ok((hosts_start..end, default_port))

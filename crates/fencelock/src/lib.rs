@@ -16,6 +16,7 @@
 //! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+ (MySQL 8: see docs) |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
+//! | `zk://host:2181[,host:2181…][/chroot]` | `zookeeper` | ZooKeeper 3.6+ |
 //! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
 //! | `mem://` | always | in-process, for tests |
 //!
@@ -107,6 +108,9 @@ mod redis_md {}
 #[cfg(all(doctest, feature = "etcd"))]
 #[doc = include_str!("../../../docs/etcd.md")]
 mod etcd_md {}
+#[cfg(all(doctest, feature = "zookeeper"))]
+#[doc = include_str!("../../../docs/zookeeper.md")]
+mod zookeeper_md {}
 
 pub use fencelock_core::*;
 
@@ -138,6 +142,9 @@ pub use fencelock_redis as redis;
 /// The SQLite backend's own API (options, in-transaction fence).
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
+/// The ZooKeeper backend's own API (options, fence).
+#[cfg(feature = "zookeeper")]
+pub use fencelock_zookeeper as zookeeper;
 
 /// Every driver compiled in, memory first. Adding an engine adds a line
 /// here and a cargo feature, nothing else.
@@ -154,6 +161,8 @@ pub fn drivers() -> Vec<&'static dyn Driver> {
     drivers.push(&fencelock_redis::RedisDriver);
     #[cfg(feature = "etcd")]
     drivers.push(&fencelock_etcd::EtcdDriver);
+    #[cfg(feature = "zookeeper")]
+    drivers.push(&fencelock_zookeeper::ZkDriver);
     #[cfg(feature = "http")]
     drivers.push(&fencelock_http::HttpDriver);
     drivers
@@ -170,6 +179,7 @@ const FEATURES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("etcd", "etcd"),
+    ("zk", "zookeeper"),
     ("http", "http"),
     ("https", "http"),
 ];

@@ -29,6 +29,7 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+        zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -47,7 +48,7 @@ use crate::{Output, Verdict};
 #[derive(Debug, Args)]
 pub struct TortureArgs {
     /// Start a throwaway server from the binaries on PATH instead of using
-    /// --url (etcd-cluster: 3 members, for leader kills).
+    /// --url (etcd-cluster, zookeeper-cluster: 3 members, for leader kills).
     #[arg(long, value_enum)]
     pub server: Option<ServerKind>,
 
@@ -66,7 +67,7 @@ pub struct TortureArgs {
     /// Faults to inject, comma-separated [default: every fault that applies
     /// to the backend: pause on SQLite; pause, partition, latency and reset
     /// on servers; restart on servers the harness started; leader on
-    /// etcd-cluster].
+    /// etcd-cluster and zookeeper-cluster].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 
@@ -116,6 +117,10 @@ pub enum ServerKind {
     Etcd,
     /// Three etcd members.
     EtcdCluster,
+    /// One standalone ZooKeeper server.
+    Zookeeper,
+    /// A ZooKeeper ensemble of three.
+    ZookeeperCluster,
     /// A SQLite file in the run's temporary directory.
     Sqlite,
 }
@@ -128,6 +133,8 @@ impl ServerKind {
             ServerKind::Redis => "redis",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
+            ServerKind::Zookeeper => "zookeeper",
+            ServerKind::ZookeeperCluster => "zookeeper-cluster",
             ServerKind::Sqlite => "sqlite",
         }
     }
@@ -139,6 +146,8 @@ impl ServerKind {
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
+            ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
+            ServerKind::ZookeeperCluster => Server::Zookeeper(ZkServer::start_members(3)?),
             ServerKind::Sqlite => return Ok(None),
         }))
     }
@@ -156,7 +165,10 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     if server.is_some() {
         kinds.push(Restart);
     }
-    if server == Some(ServerKind::EtcdCluster) {
+    if matches!(
+        server,
+        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster)
+    ) {
         kinds.push(Leader);
     }
     kinds
@@ -173,6 +185,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
         "etcd" => "etcd",
+        "zk" => "zookeeper",
         // A `fencelock serve` service: the faults act on the HTTP
         // connections between the workers and the service.
         "http" | "https" => "http",
@@ -240,6 +253,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
+        (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
     };
     let applicable = applicable(engine, args.server);
     let mut faults = if args.faults.is_empty() {
@@ -252,7 +266,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     if let Some(bad) = faults.iter().find(|f| !applicable.contains(f)) {
         let why = match bad {
             FaultKind::Restart => "the harness restarts only servers it started (--server)",
-            FaultKind::Leader => "leader kills need --server etcd-cluster",
+            FaultKind::Leader => "leader kills need --server etcd-cluster or zookeeper-cluster",
             _ => "SQLite has no network between the workers and the lock",
         };
         return Err(Error::InvalidArgument(format!(

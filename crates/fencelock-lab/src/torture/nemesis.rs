@@ -19,6 +19,7 @@ use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+        zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -87,6 +88,8 @@ pub enum Server {
     Redis(RedisServer),
     /// etcd, one member or several.
     Etcd(EtcdCluster),
+    /// ZooKeeper, standalone or an ensemble.
+    Zookeeper(ZkServer),
 }
 
 impl Server {
@@ -97,6 +100,7 @@ impl Server {
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(0),
             Server::Etcd(c) => c.url(),
+            Server::Zookeeper(z) => z.url(),
         }
     }
 
@@ -107,6 +111,7 @@ impl Server {
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(),
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
+            Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
         }
     }
 
@@ -119,17 +124,25 @@ impl Server {
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
+            Server::Zookeeper(z) => (0..z.len())
+                .filter(|&i| !z.is_running(i))
+                .try_for_each(|i| z.start_again(i)),
         }
     }
 
-    /// kill -9 of the etcd leader; which member it was, if there was one.
+    /// kill -9 of the etcd or ZooKeeper leader; which member it was, if
+    /// there was one.
     fn kill_leader(&mut self) -> TestResult<Option<usize>> {
         match self {
             Server::Etcd(c) => match c.leader() {
                 Some(i) => c.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
-            _ => Err("only an etcd cluster has a leader to kill".into()),
+            Server::Zookeeper(z) => match z.leader() {
+                Some(i) => z.kill(i).map(|()| Some(i)),
+                None => Ok(None),
+            },
+            _ => Err("only an etcd cluster or a ZooKeeper ensemble has a leader to kill".into()),
         }
     }
 }
@@ -356,10 +369,10 @@ impl Nemesis {
                 let server = t.server.as_ref().ok_or_else(no_server)?;
                 let leader = self.kill_leader(server).await?;
                 let Some(leader) = leader else {
-                    self.out.note("no etcd leader to kill within 10 s; skipped");
+                    self.out.note("no leader to kill within 10 s; skipped");
                     return Ok(());
                 };
-                what = format!("leader (etcd member m{leader})");
+                what = format!("leader (member {leader})");
                 self.sleep(hold).await;
                 with_server(server, Server::start_again).await?;
             }

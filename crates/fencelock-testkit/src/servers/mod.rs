@@ -192,3 +192,4 @@ pub fn running_as_root() -> bool {
 pub mod etcd;
 pub mod redis;
 pub mod url_factory;
+pub mod zookeeper;

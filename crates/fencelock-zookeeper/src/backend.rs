@@ -1,0 +1,713 @@
+//! [`ZkBackend`]: the `Backend` implementation.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+};
+use serde::{Deserialize, Serialize};
+use zookeeper_client as zk;
+
+use crate::{
+    conn::{decode, encode, Conn},
+    error::{bad_value, map},
+    options::ZkOptions,
+};
+
+/// The name every lease node starts with; ZooKeeper appends the sequence.
+const NODE: &str = "l-";
+
+/// Past this many cached leases, the ones that ended long ago (lost, never
+/// released here) are swept out.
+const CACHE_SWEEP: usize = 4096;
+
+/// What a lease node stores. Its expiry is not stored: it is the node's
+/// `mtime` (the leader's clock when the grant or the last renewal was
+/// written) plus `ttl_ms`, so a renewal is one conditional write.
+#[derive(Clone, Serialize, Deserialize)]
+struct Record {
+    owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<serde_json::Value>,
+    ttl_ms: u64,
+}
+
+/// A lease node as read: its path, record and stat.
+#[derive(Clone)]
+struct Node {
+    path: String,
+    record: Record,
+    stat: zk::Stat,
+}
+
+impl Node {
+    fn expires_ms(&self) -> i64 {
+        self.stat
+            .mtime
+            .saturating_add(i64::try_from(self.record.ttl_ms).unwrap_or(i64::MAX))
+    }
+
+    /// Whether the lease is unexpired at `now` (milliseconds on the
+    /// leader's clock).
+    fn live_at(&self, now: i64) -> bool {
+        self.expires_ms() > now
+    }
+
+    fn token(&self) -> FencingToken {
+        // Zxids are positive; a negative one is not a node this crate wrote.
+        FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
+    }
+
+    fn info(&self, key: &LockKey, now: i64) -> Result<LockInfo> {
+        let expires = self.expires_ms();
+        Ok(LockInfo {
+            key: key.clone(),
+            owner: Owner::new(self.record.owner.clone())
+                .map_err(|_| bad_value(format!("{}: bad owner", self.path)))?,
+            token: self.token(),
+            kind: self.record.kind.clone(),
+            data: self.record.data.clone(),
+            acquired_at: ms_to_time(self.stat.ctime),
+            expires_at: ms_to_time(expires),
+            expires_in: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)),
+            mode: LockMode::Exclusive,
+        })
+    }
+}
+
+fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A ZooKeeper lock store (see the crate docs and `docs/zookeeper.md`).
+#[derive(Clone)]
+pub struct ZkBackend {
+    conn: Arc<Conn>,
+    /// The nodes of leases this backend granted or renewed, as last
+    /// written, so that renew and release are one conditional write
+    /// without finding the node first. A stale entry costs a failed
+    /// write and a lookup, never a wrong answer: every write is
+    /// conditional on the version cached.
+    cache: Arc<Mutex<HashMap<LeaseId, Node>>>,
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("options", &self.conn.options)
+            .finish()
+    }
+}
+
+impl ZkBackend {
+    /// Connects with `options`.
+    pub async fn connect_with(options: ZkOptions) -> Result<Self> {
+        Ok(Self {
+            conn: Arc::new(Conn::open(options).await?),
+            cache: Arc::default(),
+        })
+    }
+
+    /// Connects to `url` (see [`ZkOptions::from_url`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(ZkOptions::from_url(url)?).await
+    }
+
+    fn key_dir(&self, key: &str) -> String {
+        format!("{}/{}", self.conn.locks_dir(), encode(key))
+    }
+
+    /// The leader's clock now, in milliseconds: the `mtime` of a write to
+    /// the store's clock node. Reads carry no server time, and a lease's
+    /// expiry must be judged on the clock that wrote it (I4).
+    async fn now(&self, c: &zk::Client) -> Result<i64> {
+        let path = format!("{}/clock", self.conn.options.base());
+        let stat = self
+            .conn
+            .call("reading the clock", c.set_data(&path, b"", None))
+            .await?;
+        Ok(stat.mtime)
+    }
+
+    /// The names of the lease nodes under `dir`, oldest first (none when
+    /// the key's container does not exist).
+    async fn children(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let mut names = self
+            .conn
+            .maybe("listing a key's leases", c.list_children(dir))
+            .await?
+            .unwrap_or_default();
+        names.retain(|n| n.starts_with(NODE));
+        // Ten-digit sequence numbers: byte order is creation order.
+        names.sort();
+        Ok(names)
+    }
+
+    async fn read(&self, c: &zk::Client, path: String) -> Result<Option<Node>> {
+        let Some((bytes, stat)) = self
+            .conn
+            .maybe("reading a lease", c.get_data(&path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record: Record = serde_json::from_slice(&bytes)
+            .map_err(|e| bad_value(format!("{path} holds no lease record: {e}")))?;
+        Ok(Some(Node { path, record, stat }))
+    }
+
+    /// The lease nodes of `dir` named by `names`, read concurrently (one
+    /// session carries them all, so they are pipelined), oldest first.
+    async fn read_all(&self, c: &zk::Client, dir: &str, names: Vec<String>) -> Result<Vec<Node>> {
+        let nodes = futures_util::future::try_join_all(
+            names
+                .into_iter()
+                .map(|name| self.read(c, format!("{dir}/{name}"))),
+        )
+        .await?;
+        Ok(nodes.into_iter().flatten().collect())
+    }
+
+    /// Every lease node of `key`, oldest first.
+    async fn nodes(&self, c: &zk::Client, key: &str) -> Result<Vec<Node>> {
+        let dir = self.key_dir(key);
+        let names = self.children(c, &dir).await?;
+        self.read_all(c, &dir, names).await
+    }
+
+    /// The lowest unexpired lease on `key` at `now`: the holder.
+    async fn holder(&self, c: &zk::Client, key: &str, now: i64) -> Result<Option<Node>> {
+        Ok(self
+            .nodes(c, key)
+            .await?
+            .into_iter()
+            .find(|node| node.live_at(now)))
+    }
+
+    /// The node of `lease`, whether or not it has expired: the cached one,
+    /// or else the one found on the server.
+    async fn find(&self, c: &zk::Client, lease: &LeaseId) -> Result<Option<Node>> {
+        if let Some(node) = self.cached(lease) {
+            return Ok(Some(node));
+        }
+        Ok(self
+            .nodes(c, lease.key.as_str())
+            .await?
+            .into_iter()
+            .find(|node| node.token() == lease.token && node.record.owner == lease.owner.as_str()))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Node>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cached(&self, lease: &LeaseId) -> Option<Node> {
+        self.cache().get(lease).cloned()
+    }
+
+    fn remember(&self, lease: &LeaseId, node: Node) {
+        let mut cache = self.cache();
+        if cache.len() >= CACHE_SWEEP {
+            // Ended an hour ago by the local clock: certainly lost.
+            let long_ago = Utc::now().timestamp_millis() - 3_600_000;
+            cache.retain(|_, n| n.expires_ms() > long_ago);
+        }
+        cache.insert(lease.clone(), node);
+    }
+
+    fn forget(&self, lease: &LeaseId) {
+        self.cache().remove(lease);
+    }
+
+    /// Deletes `node` if it is unchanged since read: `true` when it is gone
+    /// (by this call or another), `false` when it changed (was renewed).
+    async fn delete(&self, c: &zk::Client, node: &Node) -> Result<bool> {
+        match self
+            .conn
+            .raw(c.delete(&node.path, Some(node.stat.version)))
+            .await
+        {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+            Err(zk::Error::BadVersion) => Ok(false),
+            Err(e) => Err(map("deleting a lease", e)),
+        }
+    }
+
+    /// Creates a lease node under `dir`, creating the key's container first
+    /// when it is missing (or was just reaped by the server for being
+    /// empty).
+    async fn create(&self, c: &zk::Client, dir: &str, bytes: &[u8]) -> Result<(String, zk::Stat)> {
+        let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let path = format!("{dir}/{NODE}");
+        for _ in 0..3 {
+            match self
+                .conn
+                .maybe("creating a lease", c.create(&path, bytes, &node))
+                .await?
+            {
+                Some((stat, seq)) => return Ok((format!("{path}{seq}"), stat)),
+                None => {
+                    if let Err(e) = c.create(dir, b"", &container).await {
+                        if e != zk::Error::NodeExists {
+                            return Err(map("creating a key", e));
+                        }
+                    }
+                }
+            }
+        }
+        Err(bad_value(format!(
+            "{dir} disappeared three times while a lease was created in it"
+        )))
+    }
+
+    /// After creating `mine` at `now`: granted if every older node has
+    /// expired (those are deleted), else the holder.
+    async fn settle(
+        &self,
+        c: &zk::Client,
+        key: &LockKey,
+        mine: &str,
+        now: i64,
+    ) -> Result<Option<LockInfo>> {
+        let dir = self.key_dir(key.as_str());
+        let own = mine.rsplit('/').next().unwrap_or_default();
+        let mut older = self.children(c, &dir).await?;
+        older.retain(|name| name.as_str() < own);
+        for node in self.read_all(c, &dir, older).await? {
+            // An expired lease that was renewed since it was read is live
+            // again as far as anyone can tell: refuse rather than judge.
+            if node.live_at(now) || !self.delete(c, &node).await? {
+                return Ok(Some(node.info(key, now)?));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The write of a renewal: `node` with `ttl`, conditional on the
+    /// version read (its `mtime` becomes now on the leader).
+    fn renewed(node: &Node, ttl: Duration) -> Result<(Record, Vec<u8>)> {
+        let record = Record {
+            ttl_ms: ttl_ms(ttl),
+            ..node.record.clone()
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        Ok((record, bytes))
+    }
+
+    /// Judges the answer to a renewal write of `node` as `record`: the
+    /// node as now stored, or [`Error::NotHeld`] when it was gone,
+    /// changed, or had expired before the write (I3).
+    fn judge(
+        node: &Node,
+        record: Record,
+        lease: &LeaseId,
+        answer: std::result::Result<zk::Stat, zk::Error>,
+    ) -> Result<Node> {
+        let stat = match answer {
+            Ok(stat) => stat,
+            Err(zk::Error::NoNode | zk::Error::BadVersion) => return Err(Error::not_held(lease)),
+            Err(e) => return Err(map("renewing a lease", e)),
+        };
+        let now = Node {
+            path: node.path.clone(),
+            record,
+            stat,
+        };
+        if node.live_at(stat.mtime) {
+            Ok(now)
+        } else {
+            Err(Error::not_held(lease))
+        }
+    }
+
+    /// Renews the lease of `node` to `ttl`; an expired one is removed
+    /// rather than revived (a rival may already have judged it free).
+    async fn touch(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        lease: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        let (record, bytes) = Self::renewed(node, ttl)?;
+        let answer = self
+            .conn
+            .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+            .await;
+        let expired = matches!(answer, Ok(stat) if !node.live_at(stat.mtime));
+        match Self::judge(node, record, lease, answer) {
+            Ok(now) => {
+                let grant = Grant::new(lease.token, ttl, ms_to_time(now.expires_ms()));
+                self.remember(lease, now);
+                Ok(grant)
+            }
+            Err(e) => {
+                if expired {
+                    let _ = self.conn.raw(c.delete(&node.path, None)).await;
+                }
+                if matches!(e, Error::NotHeld { .. }) {
+                    self.forget(lease);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Every unexpired lease (with its key) at `now`, sorted by key, and how
+    /// many expired ones are stored.
+    async fn scan(
+        &self,
+        c: &zk::Client,
+        prefix: Option<&str>,
+        now: i64,
+    ) -> Result<(Vec<(LockKey, Node)>, Vec<Node>)> {
+        let mut keys: Vec<LockKey> = self
+            .conn
+            .call("listing keys", c.list_children(&self.conn.locks_dir()))
+            .await?
+            .iter()
+            .filter_map(|n| decode(n))
+            .filter(|k| prefix.is_none_or(|p| k.starts_with(p)))
+            .filter_map(|k| LockKey::new(k).ok())
+            .collect();
+        keys.sort();
+        let (mut live, mut expired) = (Vec::new(), Vec::new());
+        for key in keys {
+            let dir = self.key_dir(key.as_str());
+            let mut held = false;
+            for name in self.children(c, &dir).await? {
+                let Some(node) = self.read(c, format!("{dir}/{name}")).await? else {
+                    continue;
+                };
+                if !node.live_at(now) {
+                    expired.push(node);
+                } else if !held {
+                    held = true;
+                    live.push((key.clone(), node));
+                }
+            }
+        }
+        Ok((live, expired))
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    fn name(&self) -> &'static str {
+        crate::error::NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_persistent(true)
+            .with_keeps_expired(true)
+            .with_set_data(true)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.min_token.is_some() {
+            return Err(Error::unsupported(crate::error::NAME, "token floors"));
+        }
+        let c = self.conn.client().await?;
+        let record = Record {
+            owner: request.owner.to_string(),
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            ttl_ms: ttl_ms(request.ttl),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let dir = self.key_dir(request.key.as_str());
+        let (mine, stat) = self.create(&c, &dir, &bytes).await?;
+        let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
+        // The node's creation time is "now" on the leader: any older lease
+        // that ends by then has expired.
+        match self.settle(&c, &request.key, &mine, stat.ctime).await {
+            Ok(None) => {
+                let node = Node {
+                    path: mine,
+                    record,
+                    stat,
+                };
+                let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
+                self.remember(&request.lease(token), node);
+                Ok(Acquire::Granted(grant))
+            }
+            outcome => {
+                // Not granted (or unknown): withdraw the node, so that it
+                // never stands in the way of the next contender. If even
+                // that fails, it expires after its TTL like any lease.
+                let _ = c.delete(&mine, None).await;
+                outcome.map(Acquire::Held)
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let c = self.conn.client().await?;
+        let Some(node) = self.find(&c, lease).await? else {
+            return Err(Error::not_held(lease));
+        };
+        match self.touch(&c, &node, lease, ttl).await {
+            // The cached node was stale (renewed through another backend):
+            // look it up and try once more.
+            Err(Error::NotHeld { .. }) if self.cached(lease).is_none() => {
+                match self.find(&c, lease).await? {
+                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                        self.touch(&c, &fresh, lease, ttl).await
+                    }
+                    _ => Err(Error::not_held(lease)),
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        // One session carries every request, so these run pipelined.
+        Ok(
+            futures_util::future::join_all(renewals.iter().map(|r| self.renew(&r.lease, r.ttl)))
+                .await,
+        )
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let c = self.conn.client().await?;
+        let node = match self.cached(lease) {
+            Some(node) => node,
+            None => self
+                .find(&c, lease)
+                .await?
+                .ok_or_else(|| Error::not_held(lease))?,
+        };
+        self.forget(lease);
+        // Two writes sent together, which ZooKeeper applies in order: a
+        // touch conditional on the version read, whose `mtime` proves on
+        // the leader's clock whether the lease was still unexpired, then a
+        // delete conditional on the touch's version. Deleting a lease that
+        // had just expired is harmless: nobody took it over, or the touch
+        // would have found it gone.
+        let (record, bytes) = Self::renewed(&node, Duration::from_millis(1))?;
+        let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
+        let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
+        let (touched, deleted) = self
+            .conn
+            .raw(async { Ok(futures_util::future::join(touch, delete).await) })
+            .await
+            .map_err(|e| map("releasing a lease", e))?;
+        match Self::judge(&node, record, lease, touched) {
+            // A stale cache entry: the lease may still be there.
+            Err(Error::NotHeld { .. }) if deleted.is_err() => match self.find(&c, lease).await? {
+                Some(fresh) if fresh.stat.version != node.stat.version => {
+                    self.cache().insert(lease.clone(), fresh);
+                    Box::pin(self.release(lease)).await
+                }
+                _ => Err(Error::not_held(lease)),
+            },
+            Err(e) => Err(e),
+            Ok(_) => match deleted {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => Err(map("releasing a lease", e)),
+            },
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        self.holder(&c, key.as_str(), now)
+            .await?
+            .map(|node| node.info(key, now))
+            .transpose()
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, _) = self.scan(&c, prefix, now).await?;
+        live.iter().map(|(key, node)| node.info(key, now)).collect()
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let Some(node) = self.holder(&c, key.as_str(), now).await? else {
+            return Ok(None);
+        };
+        self.conn
+            .maybe("force-releasing a lease", c.delete(&node.path, None))
+            .await?;
+        node.info(key, now).map(Some)
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, _) = self.scan(&c, None, now).await?;
+        let mut released = 0;
+        for (_, node) in live
+            .iter()
+            .filter(|(_, n)| n.record.owner == owner.as_str())
+        {
+            // Unconditional: a renewal since the scan is still this owner's
+            // lease (the path names one grant).
+            match self.conn.raw(c.delete(&node.path, None)).await {
+                Ok(()) => released += 1,
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map("releasing a lease", e)),
+            }
+        }
+        Ok(released)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (_, expired) = self.scan(&c, None, now).await?;
+        let mut removed = 0;
+        for node in &expired {
+            // Conditional: a lease renewed since the scan is live again.
+            match self
+                .conn
+                .raw(c.delete(&node.path, Some(node.stat.version)))
+                .await
+            {
+                Ok(()) => removed += 1,
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
+                Err(e) => return Err(map("deleting an expired lease", e)),
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let c = self.conn.client().await?;
+        let now = self.now(&c).await?;
+        let (live, expired) = self.scan(&c, None, now).await?;
+        let infos = live
+            .iter()
+            .map(|(key, node)| node.info(key, now))
+            .collect::<Result<Vec<_>>>()?;
+        let held = infos.iter().zip(&live).map(|(info, (_, node))| {
+            let ms = u64::try_from(now - node.stat.ctime).unwrap_or(0);
+            (info, Duration::from_millis(ms))
+        });
+        Ok(Stats::from_leases(held, expired.len() as u64))
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let c = self.conn.client().await?;
+        let mut found = self.find(&c, lease).await?;
+        let mut retried = false;
+        loop {
+            let Some(node) = found else {
+                return Err(Error::not_held(lease));
+            };
+            // A write moves the `mtime` the expiry counts from, so the TTL
+            // written is what is left of the lease: it then ends no
+            // earlier than before, and later only by this write's delay.
+            let now = self.now(&c).await?;
+            let left = u64::try_from(node.expires_ms() - now).unwrap_or(0);
+            if left == 0 {
+                return Err(Error::not_held(lease));
+            }
+            let record = Record {
+                data: data.clone(),
+                ttl_ms: left,
+                ..node.record.clone()
+            };
+            let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+            match self
+                .conn
+                .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+                .await
+            {
+                Ok(stat) => {
+                    let path = node.path;
+                    self.remember(lease, Node { path, record, stat });
+                    return Ok(());
+                }
+                // Renewed since it was cached or read: once more, fresh.
+                Err(zk::Error::BadVersion) if !retried => {
+                    retried = true;
+                    self.forget(lease);
+                    found = self.find(&c, lease).await?;
+                }
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => {
+                    self.forget(lease);
+                    return Err(Error::not_held(lease));
+                }
+                Err(e) => return Err(map("replacing a lease's data", e)),
+            }
+        }
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        let c = self.conn.client().await?;
+        let dir = self.key_dir(key.as_str());
+        let first = self.arm(&c, &dir).await?;
+        let backend = self.clone();
+        let wakeups = futures_util::stream::unfold(
+            (backend, c, dir, Some(first)),
+            |(backend, c, dir, mut armed)| async move {
+                loop {
+                    let watcher = match armed.take() {
+                        Some(w) => w,
+                        None => backend.arm(&c, &dir).await.ok()?,
+                    };
+                    let Some(watcher) = watcher else {
+                        // No lease node: the key is free, try now.
+                        break;
+                    };
+                    let event = watcher.changed().await;
+                    match event.event_type {
+                        // A renewal: the holder is still there.
+                        zk::EventType::NodeDataChanged => continue,
+                        zk::EventType::Session if event.session_state.is_terminated() => {
+                            return None
+                        }
+                        _ => break,
+                    }
+                }
+                Some(((), (backend, c, dir, None)))
+            },
+        );
+        Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+}
+
+impl ZkBackend {
+    /// A watch on the oldest lease node of `dir` (the holder, or a
+    /// contender about to withdraw), or `None` when there is no node and
+    /// the waiter should try at once. Only the oldest node is watched, so
+    /// contenders' nodes coming and going do not wake every waiter (the
+    /// herd effect of watching the children).
+    async fn arm(&self, c: &zk::Client, dir: &str) -> Result<Option<zk::OneshotWatcher>> {
+        for name in self.children(c, dir).await? {
+            let path = format!("{dir}/{name}");
+            let (stat, watcher) = self
+                .conn
+                .call("watching a lease", c.check_and_watch_stat(&path))
+                .await?;
+            if stat.is_some() {
+                return Ok(Some(watcher));
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,82 @@
+//! ZooKeeper backend (and fence) for [fencelock](fencelock_core).
+//!
+//! - Each key is a container node; a lease is a sequential child node
+//!   (`l-0000000042`) holding its owner, kind, data and TTL. The oldest
+//!   unexpired child holds the key. Acquire creates a child, deletes older
+//!   children whose leases have ended (each delete conditional on the
+//!   version it judged) and withdraws its own child if an older one is
+//!   still live.
+//! - The fencing token is the node's **creation zxid** (`czxid`): ordered
+//!   across the whole ensemble, never reused, unaffected by the key's
+//!   parent being deleted and recreated, restarts or leader changes. The
+//!   sequence number is not a token: it restarts at 0 in a new parent. A
+//!   zxid cannot be raised to a floor, so `min_token` is not offered.
+//! - A lease ends at the node's `mtime` plus its TTL: the leader's clock
+//!   at the grant or last renewal (I4). Renew and release are writes
+//!   conditional on the node's version, and refuse a lease that had ended
+//!   by the time they were written. Leases are not ZooKeeper sessions
+//!   (`docs/zookeeper.md` says why).
+//! - Waiters watch the oldest child for deletion; renewals do not wake them.
+//!
+//! See `docs/zookeeper.md`.
+
+mod backend;
+mod conn;
+mod error;
+mod fence;
+mod options;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use backend::ZkBackend;
+pub use fence::ZkFence;
+pub use options::{ZkOptions, DEFAULT_PREFIX};
+
+/// Opens ZooKeeper backends and fences from
+/// `zk://host:port[,host:port…][/chroot]` URLs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ZkDriver;
+
+#[async_trait]
+impl fencelock_core::Driver for ZkDriver {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["zk"]
+    }
+
+    async fn open_backend(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
+        Ok(Arc::new(ZkBackend::connect(url).await?))
+    }
+
+    async fn open_fence(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+        Ok(Arc::new(ZkFence::connect(url).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fencelock_core::Driver;
+
+    #[tokio::test]
+    async fn entry_points_refuse_malformed_urls_without_echoing_the_password(
+    ) -> fencelock_testkit::TestResult {
+        fencelock_testkit::servers::url_factory::assert_invalid_urls_hide(
+            |url| Box::pin(async move { super::ZkDriver.open_backend(&url).await }),
+            |url| Box::pin(async move { super::ZkDriver.open_fence(&url).await }),
+            &["zk://user:s3cret@host:2181", "redis://user:s3cret@h:1"],
+            "s3cret",
+        )
+        .await
+    }
+}

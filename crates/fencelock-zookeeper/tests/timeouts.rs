@@ -1,0 +1,17 @@
+//! The `timeout` URL option against a ZooKeeper that stops answering:
+//! connecting and every operation fail transiently within it (the shared
+//! check in `fencelock_testkit::timeouts`).
+
+use std::time::Duration;
+
+use fencelock_core::Driver;
+use fencelock_testkit::{servers::zookeeper::ZkServer, timeouts, TestResult};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_and_operations_fail_within_the_timeout() -> TestResult {
+    let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
+    timeouts::timeouts_are_honoured(&zk.url(), Duration::from_secs(1), |url| {
+        Box::pin(async move { fencelock_zookeeper::ZkDriver.open_backend(&url).await })
+    })
+    .await
+}

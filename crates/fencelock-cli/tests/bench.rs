@@ -119,7 +119,14 @@ fn on_every_engine(url: &str, backend: &str) {
 fn failover(url: &str) {
     let report = bench(
         url,
-        &["--scenario", "failover", "--ttl", "1s", "--duration", "500ms"],
+        &[
+            "--scenario",
+            "failover",
+            "--ttl",
+            "1s",
+            "--duration",
+            "500ms",
+        ],
     );
     sane(&report["fencelock"]);
     assert_eq!(report["fencelock"]["errors"], 0, "{report}");

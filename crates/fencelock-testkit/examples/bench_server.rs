@@ -5,7 +5,7 @@
 //! data.
 //!
 //! ```text
-//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|etcd
+//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|etcd|zookeeper
 //! ```
 
 use fencelock_testkit::{
@@ -14,6 +14,7 @@ use fencelock_testkit::{
         mariadb::{self, MariaDbServer},
         postgres::{self, PostgresServer},
         redis::RedisServer,
+        zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -35,7 +36,8 @@ fn main() -> TestResult {
         }
         Some("redis") => serve(RedisServer::start()?.url(0)),
         Some("etcd") => serve(EtcdCluster::start()?.url()),
-        _ => return Err("usage: bench_server postgres|mariadb|redis|etcd".into()),
+        Some("zookeeper") => serve(ZkServer::start()?.url()),
+        _ => return Err("usage: bench_server postgres|mariadb|redis|etcd|zookeeper".into()),
     }
     Ok(())
 }

@@ -21,6 +21,9 @@
 //! See `docs/zookeeper.md`.
 
 mod backend;
+#[cfg(feature = "baseline")]
+#[doc(hidden)]
+pub mod baseline;
 mod conn;
 mod error;
 mod fence;
@@ -61,6 +64,14 @@ impl fencelock_core::Driver for ZkDriver {
         url: &str,
     ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
         Ok(Arc::new(ZkFence::connect(url).await?))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
     }
 }
 

@@ -35,7 +35,12 @@ pub async fn run(setup: &Setup) -> Result<Report> {
     }
 }
 
-pub(super) fn report(setup: &Setup, backend: &'static str, op: &'static str, figures: Figures) -> Report {
+pub(super) fn report(
+    setup: &Setup,
+    backend: &'static str,
+    op: &'static str,
+    figures: Figures,
+) -> Report {
     Report {
         scenario: setup.scenario.name(),
         backend,

@@ -83,7 +83,10 @@ impl ShardedBackend {
         let mut current_idx = Vec::new();
         let mut previous_idx = Vec::new();
         let mut to_open = Vec::new();
-        for (list, out) in [(&map.shards, &mut current_idx), (&previous, &mut previous_idx)] {
+        for (list, out) in [
+            (&map.shards, &mut current_idx),
+            (&previous, &mut previous_idx),
+        ] {
             for shard in list {
                 let (i, new) = index(&shard.url);
                 to_open.extend(new);

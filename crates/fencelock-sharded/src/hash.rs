@@ -44,7 +44,11 @@ mod tests {
         assert_eq!(score("shard-eu", "workflow:123"), PINNED[2]);
     }
 
-    const PINNED: [u64; 3] = [0x0862_4348_28EF_531B, 0x1AB7_6F3E_6137_7404, 0x2F4B_D12C_81BE_8358];
+    const PINNED: [u64; 3] = [
+        0x0862_4348_28EF_531B,
+        0x1AB7_6F3E_6137_7404,
+        0x2F4B_D12C_81BE_8358,
+    ];
 
     #[test]
     fn the_separator_keeps_pairs_apart() {
@@ -62,7 +66,11 @@ mod tests {
             let key = format!("key:{i}");
             let (old, new) = (owner(before, &key), owner(after, &key));
             if old != new {
-                assert_eq!(after[new], "d", "{key} moved from {} to {}", before[old], after[new]);
+                assert_eq!(
+                    after[new], "d",
+                    "{key} moved from {} to {}",
+                    before[old], after[new]
+                );
                 moved += 1;
             }
         }

@@ -117,7 +117,10 @@ mod tests {
     fn urls() {
         assert!(map_path("sharded:///etc/fencelock/shards.toml").is_ok());
         assert!(map_path("SHARDED:///x.toml").is_ok());
-        assert!(matches!(map_path("sharded://relative.toml"), Err(Error::InvalidUrl(_))));
+        assert!(matches!(
+            map_path("sharded://relative.toml"),
+            Err(Error::InvalidUrl(_))
+        ));
         assert!(matches!(map_path("redis://h"), Err(Error::InvalidUrl(_))));
     }
 }

@@ -15,7 +15,9 @@ use std::{
 
 use fencelock_core::{Backend, Driver, MemoryBackend};
 use fencelock_sharded::{OpenFuture, Phase, Shard, ShardMap, ShardedBackend};
-use fencelock_testkit::{async_trait, servers::redis::RedisServer, Store, StoreFactory, TestResult};
+use fencelock_testkit::{
+    async_trait, servers::redis::RedisServer, Store, StoreFactory, TestResult,
+};
 
 /// Opens `mem://NAME` (one backend per name for the whole binary),
 /// `sqlite://…` and `redis://…` through their drivers.
@@ -76,7 +78,9 @@ struct ShardedStore {
 #[async_trait]
 impl Store for ShardedStore {
     async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
-        Ok(Arc::new(ShardedBackend::open(self.map.clone(), open).await?))
+        Ok(Arc::new(
+            ShardedBackend::open(self.map.clone(), open).await?,
+        ))
     }
 }
 
@@ -103,7 +107,10 @@ impl StoreFactory for Factory {
                 let sqlite = format!("sqlite://{}", dir.path().join("a.db").display());
                 let map = ShardMap::new(
                     1,
-                    vec![Shard::new("a", sqlite), Shard::new("b", format!("mem://case{n}"))],
+                    vec![
+                        Shard::new("a", sqlite),
+                        Shard::new("b", format!("mem://case{n}")),
+                    ],
                 )?;
                 return Ok(Box::new(ShardedStore {
                     map,

@@ -27,7 +27,10 @@ impl Mysql8Mode {
         let server = MariaDbServer::start_with_sql_mode(MYSQL8_SQL_MODE)?;
         let out = std::process::Command::new("mariadb")
             .arg("--no-defaults")
-            .arg(format!("--socket={}", server.dir().join("mysqld.sock").display()))
+            .arg(format!(
+                "--socket={}",
+                server.dir().join("mysqld.sock").display()
+            ))
             .args(["-uroot", "-N", "-e", "SELECT @@GLOBAL.sql_mode"])
             .output()?;
         let mode = String::from_utf8_lossy(&out.stdout).trim().to_owned();

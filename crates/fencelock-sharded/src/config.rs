@@ -233,7 +233,8 @@ mod tests {
 
     #[test]
     fn bad_maps_are_typed_errors_without_secrets() {
-        let cases: &[(&str, fn(&MapError) -> bool)] = &[
+        type Expected = fn(&MapError) -> bool;
+        let cases: &[(&str, Expected)] = &[
             ("", |e| matches!(e, MapError::Syntax(_))),
             ("epoch = 1", |e| matches!(e, MapError::NoShards)),
             (

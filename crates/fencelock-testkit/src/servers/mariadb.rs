@@ -62,7 +62,11 @@ impl MariaDbServer {
     /// global `sql_mode` set to `mode` (kept across restarts), e.g. another
     /// engine's default to check that statements keep to a common dialect.
     pub fn start_with_sql_mode(mode: &str) -> TestResult<Self> {
-        Self::start_configured(Durability::Tests, DEFAULT_MAX_CONNECTIONS, Some(mode.into()))
+        Self::start_configured(
+            Durability::Tests,
+            DEFAULT_MAX_CONNECTIONS,
+            Some(mode.into()),
+        )
     }
 
     fn start_full(durability: Durability, max_connections: u32) -> TestResult<Self> {
@@ -151,7 +155,11 @@ impl MariaDbServer {
             ])
             .arg(format!("--innodb-flush-log-at-trx-commit={flush}"))
             .arg(format!("--max-connections={}", self.max_connections))
-            .args(self.sql_mode.iter().map(|mode| format!("--sql-mode={mode}")))
+            .args(
+                self.sql_mode
+                    .iter()
+                    .map(|mode| format!("--sql-mode={mode}")),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(

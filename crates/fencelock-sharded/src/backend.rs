@@ -89,12 +89,18 @@ impl ShardedBackend {
         ] {
             for shard in list {
                 let (i, new) = index(&shard.url);
-                to_open.extend(new);
+                to_open.extend(new.map(|url| (shard.name.clone(), url)));
                 out.push((shard.name.clone(), i));
             }
         }
-        for url in to_open {
-            backends.push(open(url).await?);
+        for (name, url) in to_open {
+            // Which shard's URL is wrong; the driver's message has no
+            // password.
+            let backend = open(url).await.map_err(|e| match e {
+                Error::InvalidUrl(msg) => Error::InvalidUrl(format!("shard {name:?}: {msg}")),
+                other => other,
+            })?;
+            backends.push(backend);
         }
         let all = |f: fn(&Capabilities) -> bool| backends.iter().all(|b| f(&b.capabilities()));
         if phase.is_some() && !all(|c| c.min_token) {

@@ -52,9 +52,15 @@ async fn bad_maps_are_invalid_urls_without_passwords() -> TestResult {
         &map,
         "epoch = 1\n[[shard]]\nname = \"a\"\nurl = \"redis://:hunter2@h\n",
     )?;
+    let bad_shard = dir.path().join("bad-shard.toml");
+    std::fs::write(
+        &bad_shard,
+        "epoch = 1\n[[shard]]\nname = \"a\"\nurl = \"ftp://u:hunter2@h\"\n",
+    )?;
     for url in [
         format!("sharded://{}", map.display()),
         format!("sharded://{}", dir.path().join("missing.toml").display()),
+        format!("sharded://{}", bad_shard.display()),
     ] {
         match fencelock::open_backend(&url).await {
             Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("hunter2"), "{msg}"),

@@ -36,8 +36,8 @@ pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
 #[async_trait]
 impl RawBaseline for MySqlBaseline {
     fn describe(&self) -> String {
-        "the backend's upsert, result SELECT and DELETE, prepared, on one MySqlConnection per \
-         client"
+        "the backend's turn-and-draw request, upsert, result SELECT and DELETE (prepared but \
+         the first), on one MySqlConnection per client"
             .into()
     }
 

@@ -45,7 +45,8 @@ fn json(s: &str) -> Result<serde_json::Value, String> {
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…, zk://…
+    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…, zk://…,
+    /// sharded:///path/shards.toml
     /// [default: sqlite at $XDG_STATE_HOME/fencelock/locks.db, i.e.
     /// ~/.local/state/fencelock/locks.db]
     #[arg(long, env = "FENCELOCK_URL", global = true, hide_env_values = true)]

@@ -15,7 +15,7 @@ use sqlx::{
 };
 
 use crate::{
-    error::{bad_reply, is_deadlock, map, map_acquire},
+    error::{bad_reply, is_deadlock, map},
     options::MySqlOptions,
     schema::Names,
 };
@@ -45,8 +45,9 @@ const DEAD: &str = "expires_at <= NOW(6) AND (readers_until IS NULL OR readers_u
 const NO_LEASE: &str = "'1970-01-01 00:00:01'";
 
 pub(crate) struct Sql {
-    /// `{tokens}` for [`raise_floor`].
-    tokens: String,
+    /// Draws the next token: see [`draw_token`].
+    draw: String,
+    counter: String,
     locks: String,
     take_turn: String,
     give_turn: String,
@@ -83,7 +84,7 @@ pub(crate) struct Sql {
 
 impl Sql {
     pub(crate) fn new(n: &Names) -> Self {
-        let (locks, tokens, readers) = (&n.locks, &n.tokens, &n.readers);
+        let (locks, counter, readers) = (&n.locks, &n.counter, &n.readers);
         // The name of the key's named lock: at most 64 characters whatever
         // the prefix and key, distinct per table and key. Takes the key as a
         // parameter.
@@ -105,15 +106,23 @@ impl Sql {
             take("data", "VALUES(data)"),
             take("acquired_at", "VALUES(acquired_at)"),
             take("updated_at", "VALUES(updated_at)"),
-            // Drawn again under the row lock: above the token of the row
-            // being replaced even if that row was written after this
-            // statement's VALUES were computed (I2).
-            take("token", &format!("NEXTVAL({tokens})")),
+            // Drawn under the key's turn, after every earlier grant of the
+            // key committed: above the token of the row being replaced (I2).
+            take("token", "VALUES(token)"),
             take("expires_at", "VALUES(expires_at)"),
         ]
         .join(", ");
         Self {
-            tokens: tokens.clone(),
+            counter: counter.clone(),
+            // One row advanced in its own (autocommitted) statement, like a
+            // sequence: the value is the session's LAST_INSERT_ID() until
+            // its next draw, so the statements that follow on the session
+            // read it without a round trip. A value is never issued twice
+            // (the row lock orders draws; the commit makes each durable
+            // before it is used) and never below the floor.
+            draw: format!(
+                "UPDATE {counter} SET v = LAST_INSERT_ID(GREATEST(v, ?) + 1) WHERE id = 1"
+            ),
             locks: locks.clone(),
             // Reader operations run under the key's turn, the named lock
             // every acquisition of the key holds while it decides: a
@@ -139,12 +148,12 @@ impl Sql {
             shared_insert: format!(
                 "INSERT INTO {readers}
                    (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                 VALUES (?, ?, NEXTVAL({tokens}), ?, ?, NOW(6),
+                 VALUES (?, ?, LAST_INSERT_ID(), ?, ?, NOW(6),
                          NOW(6) + INTERVAL ? MICROSECOND, NOW(6))"
             ),
             shared_granted: format!(
                 "SELECT {LEASE_COLUMNS}, 1 AS shared FROM {readers}
-                  WHERE `key` = ? AND token = LASTVAL({tokens})"
+                  WHERE `key` = ? AND token = LAST_INSERT_ID()"
             ),
             shared_renew: format!(
                 "UPDATE {readers}
@@ -208,32 +217,32 @@ impl Sql {
                 "DELETE FROM {readers} WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"
             ),
             force_delete_readers: format!("DELETE FROM {readers} WHERE `key` = ?"),
-            // The token is drawn only once this session holds the key's
-            // named lock ("its turn"), which it keeps until `acquire_result`
-            // has run, i.e. until after this statement committed. Without
-            // it, a token drawn for the insert path before the row exists
-            // could be overtaken by a rival's whole acquire-and-release, and
-            // the insert would then carry a token lower than one already
-            // issued (I2). With it, per key, tokens are drawn in the order
-            // grants commit. If the turn cannot be had in time the token is
-            // NULL and the statement fails (a transient error).
+            // Runs after [`upsert`] took the key's named lock ("its turn"),
+            // which it keeps until `acquire_result` has run, i.e. until
+            // after this statement committed, and drew the token. Without
+            // the turn, a token drawn for the insert path before the row
+            // exists could be overtaken by a rival's whole
+            // acquire-and-release, and the insert would then carry a token
+            // lower than one already issued (I2). With it, per key, tokens
+            // are drawn in the order grants commit.
             acquire: format!(
                 "INSERT INTO {locks}
                    (`key`, owner, token, kind, data, acquired_at, expires_at, updated_at)
-                 VALUES (?, ?, IF(GET_LOCK({turn}, {TURN_WAIT_SECS}) = 1, NEXTVAL({tokens}), NULL),
-                         ?, ?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
+                 VALUES (?, ?, LAST_INSERT_ID(), ?, ?, NOW(6),
+                         NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
                  ON DUPLICATE KEY UPDATE {updates}"
             ),
             // On the same session: the row carries the token this session
             // drew last iff the upsert wrote it, because every drawn value
-            // is unique. Affected-row counts cannot tell (the driver sets
+            // is unique (and no table here has an AUTO_INCREMENT column that
+            // would move LAST_INSERT_ID()). Affected-row counts cannot tell (the driver sets
             // CLIENT_FOUND_ROWS, so "insert" and "matched, unchanged" both
             // report 1). The outer join yields exactly one row, so the turn
             // is released even when the key has no row (force-released
             // meanwhile).
             acquire_result: format!(
                 "SELECT RELEASE_LOCK({turn}) AS turn_released, {LEASE_COLUMNS},
-                        token = LASTVAL({tokens}) AS won
+                        token = LAST_INSERT_ID() AS won
                    FROM (SELECT 1) AS one LEFT JOIN {locks} ON `key` = ?"
             ),
             renew: format!(
@@ -349,21 +358,96 @@ impl MySqlBackend {
     }
 }
 
-/// The statement that raises the token sequence to `floor` before an
-/// acquisition draws from it. MariaDB's SETVAL never moves a sequence
-/// back (it is a no-op below the current value), so concurrent floors and
-/// draws cannot make a token repeat or shrink (I2), and the draw that
-/// follows on this session is above the floor. SETVAL takes only a literal,
-/// hence the number in the text (an integer, so nothing to escape).
-fn raise_floor(sql: &Sql, floor: FencingToken) -> Result<String> {
-    // The sequence ends at i64::MAX - 1: the floor must leave a value above.
-    let floor = i64::try_from(floor.get())
-        .ok()
-        .filter(|f| *f < i64::MAX - 1)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
-        })?;
-    Ok(format!("SELECT SETVAL({}, {floor})", sql.tokens))
+/// The floor an acquisition's draw is given: `min_token`, or 0. The
+/// counter is `BIGINT UNSIGNED`, so the floor must leave a value above.
+fn floor(request: &AcquireRequest) -> Result<u64> {
+    match request.min_token {
+        None => Ok(0),
+        Some(floor) if floor.get() < u64::MAX => Ok(floor.get()),
+        Some(floor) => Err(Error::InvalidArgument(format!(
+            "min_token {floor} leaves no token above it"
+        ))),
+    }
+}
+
+/// Draws the next token, above `floor` and every token drawn before, as
+/// this session's `LAST_INSERT_ID()`. Floors raise the one counter, so
+/// concurrent floors and draws for other keys can neither repeat nor lower
+/// a token (I2).
+async fn draw_token(
+    conn: &mut MySqlConnection,
+    sql: &Sql,
+    floor: u64,
+) -> std::result::Result<(), sqlx::Error> {
+    let matched = sqlx::query(&sql.draw)
+        .bind(floor)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    // Without the row, LAST_INSERT_ID() would still hold an older value.
+    if matched == 1 {
+        Ok(())
+    } else {
+        Err(sqlx::Error::RowNotFound)
+    }
+}
+
+/// The name of `key`'s turn (as `Sql::new`'s `turn` computes it from a
+/// parameter) from the key written as a hexadecimal literal: the same
+/// bytes, so the same name, in text that needs no escaping.
+fn turn_of_literal(sql: &Sql, key: &str) -> String {
+    let hex: String = key.bytes().map(|b| format!("{b:02X}")).collect();
+    format!(
+        "CONCAT('fencelock:', MD5(CONCAT('{}', CHAR(0), X'{hex}')))",
+        sql.locks
+    )
+}
+
+/// The acquisition's first statements on `conn`: take the key's turn and
+/// draw the token in one round trip (two statements in one text-protocol
+/// request: bound parameters would need one prepared statement, and one
+/// round trip, each), then run the upsert. The draw only happens while the
+/// session holds the turn (`IS_USED_LOCK`, which does not wait, evaluated
+/// under the counter's row lock), so "one row drawn" means both happened.
+/// The caller reads the outcome with `acquire_result`, which gives the turn
+/// back, or closes the session.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn upsert(
+    conn: &mut MySqlConnection,
+    sql: &Sql,
+    key: &str,
+    owner: &str,
+    kind: Option<&str>,
+    data: Option<&serde_json::Value>,
+    ttl: Duration,
+    floor: u64,
+) -> std::result::Result<(), sqlx::Error> {
+    let turn = turn_of_literal(sql, key);
+    let turn_and_draw = format!(
+        "SELECT GET_LOCK({turn}, {TURN_WAIT_SECS});
+         UPDATE {} SET v = LAST_INSERT_ID(GREATEST(v, {floor}) + 1)
+          WHERE id = 1 AND IS_USED_LOCK({turn}) = CONNECTION_ID()",
+        sql.counter
+    );
+    // A plain `&str` runs on the text protocol, which takes several
+    // statements in one request.
+    let drawn = sqlx::Executor::execute(&mut *conn, turn_and_draw.as_str())
+        .await?
+        .rows_affected();
+    if drawn != 1 {
+        // Transient: another acquisition of the key kept its turn past the
+        // wait (the counter's row exists once the schema is complete).
+        return Err(sqlx::Error::PoolTimedOut);
+    }
+    sqlx::query(&sql.acquire)
+        .bind(key)
+        .bind(owner)
+        .bind(kind)
+        .bind(data)
+        .bind(ttl_micros(ttl))
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// Reads a `utf8mb4_nopad_bin` column, which the driver reports as
@@ -483,10 +567,7 @@ impl Backend for MySqlBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let key = request.key.as_str();
-        let raise = request
-            .min_token
-            .map(|floor| raise_floor(&self.sql, floor))
-            .transpose()?;
+        let floor = floor(request)?;
         let acquire = async {
             let mut deadlocks = 0;
             let mut session = loop {
@@ -494,19 +575,18 @@ impl Backend for MySqlBackend {
                 // turn it held: after an error, or when the caller stops
                 // waiting between the two statements.
                 let mut session = self.session().await?;
-                if let Some(raise) = &raise {
-                    sqlx::query(raise).execute(session.conn()?).await?;
-                }
-                let upsert = sqlx::query(&self.sql.acquire)
-                    .bind(key)
-                    .bind(request.owner.as_str())
-                    .bind(key)
-                    .bind(request.kind.as_deref())
-                    .bind(request.data.as_ref())
-                    .bind(ttl_micros(request.ttl))
-                    .execute(session.conn()?)
-                    .await;
-                match upsert {
+                let written = upsert(
+                    session.conn()?,
+                    &self.sql,
+                    key,
+                    request.owner.as_str(),
+                    request.kind.as_deref(),
+                    request.data.as_ref(),
+                    request.ttl,
+                    floor,
+                )
+                .await;
+                match written {
                     Ok(_) => break session,
                     // A deadlock victim was rolled back whole, so trying
                     // again is safe (and what MySQL asks of applications).
@@ -525,7 +605,7 @@ impl Backend for MySqlBackend {
         };
         let row = bounded(self.options.url.op_timeout, acquire)
             .await
-            .map_err(map_acquire)?;
+            .map_err(|e| map("acquiring", e))?;
         // No row for the key: our lease (if any) was already force-released.
         // Reporting "held by someone unknown" is the safe answer.
         if text(&row, "lock_key")?.is_none() {
@@ -784,10 +864,7 @@ impl Backend for MySqlBackend {
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
         let key = request.key.as_str();
-        let raise = request
-            .min_token
-            .map(|floor| raise_floor(&self.sql, floor))
-            .transpose()?;
+        let floor = floor(request)?;
         let (granted, row) = under_turn!(self, "acquiring a read lock", key, |conn| {
             let gate = sqlx::query(&self.sql.gate)
                 .bind(key)
@@ -803,9 +880,7 @@ impl Backend for MySqlBackend {
                     return Ok((false, None));
                 }
             }
-            if let Some(raise) = &raise {
-                sqlx::query(raise).execute(&mut *conn).await?;
-            }
+            draw_token(&mut *conn, &self.sql, floor).await?;
             sqlx::query(&self.sql.shared_insert)
                 .bind(key)
                 .bind(request.owner.as_str())

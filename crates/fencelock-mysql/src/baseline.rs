@@ -1,6 +1,6 @@
-//! The raw baseline of `fencelock bench --baseline`: the backend's three
-//! statements of a cycle (the upsert under the key's `GET_LOCK` turn, the
-//! result `SELECT` on the same session, the `DELETE`), with its binds,
+//! The raw baseline of `fencelock bench --baseline`: the backend's
+//! statements of a cycle (the key's `GET_LOCK` turn, the token draw, the
+//! upsert, the result `SELECT` on the same session, the `DELETE`), with its binds,
 //! prepared on one plain `MySqlConnection` per benchmark client (same
 //! connect options as the backend's pool), without pool or library. Not a
 //! stable API.
@@ -12,7 +12,6 @@ use fencelock_core::{
     baseline::{RawBaseline, RawCycle, RAW_OWNER},
     Result,
 };
-use fencelock_sql_common::ttl_micros;
 use sqlx::{mysql::MySqlConnectOptions, ConnectOptions, MySqlConnection, Row};
 
 use crate::{backend::Sql, error::map, options::MySqlOptions};
@@ -37,8 +36,8 @@ pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
 #[async_trait]
 impl RawBaseline for MySqlBaseline {
     fn describe(&self) -> String {
-        "the backend's upsert, result SELECT and DELETE, prepared, on one MySqlConnection per \
-         client"
+        "the backend's turn-and-draw request, upsert, result SELECT and DELETE (prepared but \
+         the first), on one MySqlConnection per client"
             .into()
     }
 
@@ -63,16 +62,18 @@ struct Worker {
 impl RawCycle for Worker {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<Option<u64>> {
         let fail = |e| map("acquiring", e);
-        sqlx::query(&self.sql.acquire)
-            .bind(key)
-            .bind(RAW_OWNER)
-            .bind(key)
-            .bind(None::<&str>)
-            .bind(None::<serde_json::Value>)
-            .bind(ttl_micros(ttl))
-            .execute(&mut self.conn)
-            .await
-            .map_err(fail)?;
+        crate::backend::upsert(
+            &mut self.conn,
+            &self.sql,
+            key,
+            RAW_OWNER,
+            None,
+            None,
+            ttl,
+            0,
+        )
+        .await
+        .map_err(fail)?;
         let row = sqlx::query(&self.sql.acquire_result)
             .bind(key)
             .bind(key)

@@ -44,21 +44,6 @@ pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
     server_number(e) == Some(1213)
 }
 
-/// Like [`map`], for the acquire statement, whose only NULL-able value is a
-/// token left NULL when the key's turn (its named lock) could not be had in
-/// time: error 1048 there means "busy", which passes.
-pub(crate) fn map_acquire(e: sqlx::Error) -> Error {
-    if server_number(&e) == Some(1048) {
-        return BackendError::transient(
-            BACKEND,
-            "another acquisition of this key held its turn too long",
-            e,
-        )
-        .into();
-    }
-    map("acquiring", e)
-}
-
 /// A reply that does not have the shape the statement promises.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
     BackendError::message(BACKEND, fencelock_core::ErrorStatus::Permanent, what).into()

@@ -1,5 +1,6 @@
-//! MySQL / MariaDB backend and fence for fencelock (MariaDB 10.6+ tested;
-//! MySQL 8 differences in `docs/mysql.md`).
+//! MySQL / MariaDB backend and fence for fencelock: MariaDB 10.6+ and
+//! MySQL 8.0.17+ in one SQL dialect (tested on MariaDB, also in MySQL 8's
+//! default `sql_mode`; `docs/mysql.md` says what rests on which construct).
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_core::Result<()> {
@@ -11,7 +12,8 @@
 //! ```
 //!
 //! Acquisition is one `INSERT … ON DUPLICATE KEY UPDATE` whose conditional
-//! assignments only take over an expired row, with tokens from a sequence;
+//! assignments only take over an expired row, with tokens from a counter
+//! row advanced with `LAST_INSERT_ID(expr)` under the key's named lock;
 //! every decision uses the server's `NOW(6)`. There is no server push, so
 //! waiters back off with jitter, bounded by the holder's remaining lease
 //! (returned with every refusal). TLS (rustls) is behind the `tls` feature.

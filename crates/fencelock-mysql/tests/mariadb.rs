@@ -30,7 +30,7 @@ async fn mariadb_specific() -> TestResult {
         a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
         a_clients_time_zone_does_not_move_leases(&base).await?;
         a_batch_on_one_session_answers_each_renewal_for_itself(&base).await?;
-        a_floor_raises_the_sequence_and_never_lowers_it(&base).await?;
+        a_floor_raises_the_counter_and_never_lowers_it(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
         tables_from_before_read_write_locks_are_upgraded(&base).await
     }
@@ -101,10 +101,10 @@ async fn a_batch_on_one_session_answers_each_renewal_for_itself(base: &str) -> T
     Ok(())
 }
 
-/// A floor above the sequence raises it; a floor below it changes nothing
-/// (SETVAL never moves a MariaDB sequence back), so the next token of any
-/// key is above both.
-async fn a_floor_raises_the_sequence_and_never_lowers_it(base: &str) -> TestResult {
+/// A floor above the counter raises it; a floor below it changes nothing
+/// (the draw is `GREATEST(v, floor) + 1`), so the next token of any key is
+/// above both, for writers and readers alike.
+async fn a_floor_raises_the_counter_and_never_lowers_it(base: &str) -> TestResult {
     let url = format!("{base}?table_prefix=floors_");
     let backend = MySqlBackend::connect(&url).await?;
     let ttl = Duration::from_secs(60);
@@ -127,6 +127,15 @@ async fn a_floor_raises_the_sequence_and_never_lowers_it(base: &str) -> TestResu
     );
     let plain = grant(&backend, "c", "o", ttl).await?;
     assert!(plain > low.token.get(), "{plain} after {low:?}");
+    let reader = backend
+        .try_acquire_shared(&request("e", "o", ttl)?.with_min_token(Some(FencingToken(9_000_000))))
+        .await?;
+    let Acquire::Granted(reader) = reader else {
+        return Err(format!("e not granted: {reader:?}").into());
+    };
+    assert!(reader.token.get() > 9_000_000, "{reader:?}");
+    let after = grant(&backend, "f", "o", ttl).await?;
+    assert!(after > reader.token.get(), "{after} after {reader:?}");
     let refused = backend
         .try_acquire(&request("d", "o", ttl)?.with_min_token(Some(FencingToken(u64::MAX))))
         .await;
@@ -178,11 +187,13 @@ async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> Tes
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let drawn_meanwhile: i64 = sqlx::query("SELECT NEXTVAL(turn_tokens) AS t")
+    sqlx::query("UPDATE turn_counter SET v = LAST_INSERT_ID(v + 1) WHERE id = 1")
+        .execute(&mut *slow)
+        .await?;
+    let drawn_meanwhile: u64 = sqlx::query("SELECT LAST_INSERT_ID() AS t")
         .fetch_one(&mut *slow)
         .await?
         .try_get("t")?;
-    let drawn_meanwhile = u64::try_from(drawn_meanwhile)?;
     sqlx::query(&format!("DO RELEASE_LOCK({turn})"))
         .execute(&mut *slow)
         .await?;
@@ -220,14 +231,19 @@ async fn a_clients_time_zone_does_not_move_leases(base: &str) -> TestResult {
 }
 
 /// Tables made before read-write locks (no readers table, no reader or
-/// intent columns, a fence without a writer token) are upgraded on
-/// connect: a live lease stays a writer that keeps readers out, and an
-/// admitted fence token counts as a writer's.
+/// intent columns, a fence without a writer token) and tokens from a
+/// MariaDB sequence (before the counter) are upgraded on connect: a live
+/// lease stays a writer that keeps readers out, an admitted fence token
+/// counts as a writer's, the sequence is retired (a process of the old
+/// version fails instead of drawing from it) and the counter goes on above
+/// every value it issued.
 async fn tables_from_before_read_write_locks_are_upgraded(base: &str) -> TestResult {
     let text = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin";
     let others = sqlx::MySqlPool::connect(base).await?;
     for ddl in [
         "CREATE SEQUENCE rw2_tokens ENGINE=InnoDB".to_owned(),
+        // Issued up to 1000 already; a token left in no table.
+        "SELECT SETVAL(rw2_tokens, 1000)".to_owned(),
         format!(
             "CREATE TABLE rw2_locks (`key` {text} NOT NULL PRIMARY KEY, owner {text} NOT NULL,
                token BIGINT UNSIGNED NOT NULL, kind {text} NULL, data JSON NULL,
@@ -255,8 +271,13 @@ async fn tables_from_before_read_write_locks_are_upgraded(base: &str) -> TestRes
     let reader = request("fresh", "reader", Duration::from_secs(60))?;
     assert!(matches!(
         backend.try_acquire_shared(&reader).await?,
-        Acquire::Granted(_)
+        Acquire::Granted(g) if g.token.get() > 1001
     ));
+    assert!(grant(&backend, "new", "o", Duration::from_secs(60)).await? > 1001);
+    let old_version = sqlx::query("SELECT NEXTVAL(rw2_tokens)")
+        .execute(&others)
+        .await;
+    assert!(old_version.is_err(), "the sequence still issues tokens");
     let fence = MySqlFence::connect(&url).await?;
     assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
     let stale = fence

@@ -13,12 +13,13 @@
 //! |---|---|---|
 //! | `sqlite:///path/locks.db` | `sqlite` (default) | embedded, one host |
 //! | `postgres://user:pw@host/db` | `postgres` | PostgreSQL 12+ |
-//! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+ (MySQL 8: see docs) |
+//! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8.0.17+ |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `zk://host:2181[,host:2181…][/chroot]` | `zookeeper` | ZooKeeper 3.6+ |
 //! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
 //! | `mem://` | always | in-process, for tests |
+//! | `sharded:///path/shards.toml` | `sharded` | named shards over the backends above |
 //!
 //! `tls` adds TLS to every enabled server backend.
 //!
@@ -139,6 +140,9 @@ pub use fencelock_postgres as postgres;
 /// The Redis backend's own API (options, fence).
 #[cfg(feature = "redis")]
 pub use fencelock_redis as redis;
+/// The sharded backend's own API (shard maps, resharding).
+#[cfg(feature = "sharded")]
+pub use fencelock_sharded as sharded;
 /// The SQLite backend's own API (options, in-transaction fence).
 #[cfg(feature = "sqlite")]
 pub use fencelock_sqlite as sqlite;
@@ -165,8 +169,18 @@ pub fn drivers() -> Vec<&'static dyn Driver> {
     drivers.push(&fencelock_zookeeper::ZkDriver);
     #[cfg(feature = "http")]
     drivers.push(&fencelock_http::HttpDriver);
+    #[cfg(feature = "sharded")]
+    drivers.push(&SHARDED);
     drivers
 }
+
+/// `sharded://` maps open their shards through this crate's own URL
+/// dispatch, so that the sharded crate depends on no backend crate (and
+/// this crate on it without a cycle). The map refuses `sharded://` shards,
+/// so the recursion is one level deep.
+#[cfg(feature = "sharded")]
+static SHARDED: fencelock_sharded::ShardedDriver =
+    fencelock_sharded::ShardedDriver::new(|url| Box::pin(async move { open_backend(&url).await }));
 
 /// The schemes of engines this build can be given a feature for, and the
 /// feature: to say which feature a URL needs when it is off.
@@ -182,6 +196,7 @@ const FEATURES: &[(&str, &str)] = &[
     ("zk", "zookeeper"),
     ("http", "http"),
     ("https", "http"),
+    ("sharded", "sharded"),
 ];
 
 /// The driver for `url`'s scheme (case-insensitive), and `url` with its

@@ -34,6 +34,7 @@ pub struct MariaDbServer {
     port: u16,
     durability: Durability,
     max_connections: u32,
+    sql_mode: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -57,7 +58,26 @@ impl MariaDbServer {
         Self::start_full(Durability::Tests, max)
     }
 
+    /// Installs and starts with [`Durability::Tests`] and the server's
+    /// global `sql_mode` set to `mode` (kept across restarts), e.g. another
+    /// engine's default to check that statements keep to a common dialect.
+    pub fn start_with_sql_mode(mode: &str) -> TestResult<Self> {
+        Self::start_configured(
+            Durability::Tests,
+            DEFAULT_MAX_CONNECTIONS,
+            Some(mode.into()),
+        )
+    }
+
     fn start_full(durability: Durability, max_connections: u32) -> TestResult<Self> {
+        Self::start_configured(durability, max_connections, None)
+    }
+
+    fn start_configured(
+        durability: Durability,
+        max_connections: u32,
+        sql_mode: Option<String>,
+    ) -> TestResult<Self> {
         let install = find_binary("mariadb-install-db", SEARCH, PACKAGE)?;
         let server = find_binary("mariadbd", SEARCH, PACKAGE)?;
         let dir = tempfile::Builder::new()
@@ -69,6 +89,7 @@ impl MariaDbServer {
             port: free_port()?,
             durability,
             max_connections,
+            sql_mode,
             dir,
         };
         // A temporary directory of its own: two bootstraps sharing /tmp can
@@ -134,6 +155,11 @@ impl MariaDbServer {
             ])
             .arg(format!("--innodb-flush-log-at-trx-commit={flush}"))
             .arg(format!("--max-connections={}", self.max_connections))
+            .args(
+                self.sql_mode
+                    .iter()
+                    .map(|mode| format!("--sql-mode={mode}")),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(

@@ -4,8 +4,8 @@ use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{
@@ -286,6 +286,109 @@ pub struct MySqlBackend {
     sql: Sql,
 }
 
+/// Atomic multi-key acquisition (`docs/multi-key.md`).
+impl MySqlBackend {
+    /// One transaction running the acquisition upsert and its result query
+    /// for each key in the order given (sorted by the client), committed
+    /// only when every key was won. Each key's turn is released by its
+    /// result query as in `try_acquire`: from then on the uncommitted row's
+    /// lock keeps rivals out until the commit or the rollback, and a rival
+    /// that draws its token after that draws a higher one. Overlapping calls
+    /// take turns and row locks in the same order, so they queue rather
+    /// than deadlock; a deadlock the server still reports (with a reader's
+    /// or single-key path) rolled the whole transaction back and is retried.
+    async fn acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        // One sequence for every key: raised once to the highest floor.
+        let top = requests.iter().filter_map(|r| r.min_token).max();
+        let raise = top.map(|floor| raise_floor(&self.sql, floor)).transpose()?;
+        let attempt = async {
+            let mut deadlocks = 0;
+            loop {
+                let mut session = self.session().await?;
+                if let Some(raise) = &raise {
+                    sqlx::query(raise).execute(session.conn()?).await?;
+                }
+                let mut tx = sqlx::Connection::begin(session.conn()?).await?;
+                let mut rows = Vec::with_capacity(requests.len());
+                let mut refused = None;
+                let mut failed = None;
+                for (index, request) in requests.iter().enumerate() {
+                    let key = request.key.as_str();
+                    let upsert = sqlx::query(&self.sql.acquire)
+                        .bind(key)
+                        .bind(request.owner.as_str())
+                        .bind(key)
+                        .bind(request.kind.as_deref())
+                        .bind(request.data.as_ref())
+                        .bind(ttl_micros(request.ttl))
+                        .execute(&mut *tx)
+                        .await;
+                    if let Err(e) = upsert {
+                        failed = Some(e);
+                        break;
+                    }
+                    let row = sqlx::query(&self.sql.acquire_result)
+                        .bind(key)
+                        .bind(key)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    let won: Option<bool> = row.try_get("won")?;
+                    if won != Some(true) {
+                        refused = Some((index, row));
+                        break;
+                    }
+                    rows.push(row);
+                }
+                match failed {
+                    // The server rolled the transaction back whole: again.
+                    Some(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => {
+                        deadlocks += 1;
+                        continue;
+                    }
+                    Some(e) => return Err(e),
+                    None => {}
+                }
+                if refused.is_some() {
+                    tx.rollback().await?;
+                } else {
+                    tx.commit().await?;
+                }
+                session.finish();
+                return Ok(refused.ok_or(rows));
+            }
+        };
+        let answer = bounded(self.options.url.op_timeout, attempt)
+            .await
+            .map_err(map_acquire)?;
+        let rows = match answer {
+            Ok((index, row)) => {
+                let holder = if text(&row, "lock_key")?.is_none() {
+                    None
+                } else {
+                    let info = lease(&row)?;
+                    if info.expires_in.is_zero() {
+                        // No live writer: readers kept it out, if anyone.
+                        self.last_reader(info.key.as_str()).await?
+                    } else {
+                        Some(info)
+                    }
+                };
+                return Ok(AcquireAll::Held { index, holder });
+            }
+            Err(rows) => rows,
+        };
+        requests
+            .iter()
+            .zip(rows)
+            .map(|(request, row)| {
+                let info = lease(&row)?;
+                Ok(Grant::new(info.token, request.ttl, info.expires_at))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(AcquireAll::Granted)
+    }
+}
+
 impl fmt::Debug for MySqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlBackend")
@@ -479,6 +582,11 @@ impl Backend for MySqlBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
+    }
+
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        self.acquire_all(requests).await
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {

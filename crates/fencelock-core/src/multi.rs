@@ -197,6 +197,9 @@ impl MultiLockRequest<'_> {
                 tokio::time::timeout(client.op_timeout, backend.try_acquire_all(requests)).await;
             let held = match answer {
                 Ok(Ok(AcquireAll::Granted(grants))) if grants.len() != requests.len() => {
+                    // What was granted cannot be told apart: give back what
+                    // pairs up, the rest ends by expiry.
+                    give_back(backend.as_ref(), requests, &grants, client.op_timeout).await;
                     return Err(BackendError::message(
                         name,
                         ErrorStatus::Permanent,

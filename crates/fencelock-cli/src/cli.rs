@@ -104,6 +104,15 @@ pub struct LockArgs {
     #[arg(long, value_parser = json)]
     pub data: Option<serde_json::Value>,
 
+    /// Lock delay: keep KEY from others for at least this long after the
+    /// grant, however early the command ends or the lock is released (at
+    /// most --ttl). With `run`, an early end shortens the lease to what is
+    /// left of the delay instead of deleting it; with `acquire` the lease
+    /// lasts its TTL anyway, and only `fencelock release` frees it sooner.
+    /// Not with --permits or --shared. See docs/lock-delay.md.
+    #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
+    pub hold_at_least: Option<Duration>,
+
     /// Take the reader's side of the read-write lock KEY: shared with other
     /// --shared holders, excluded by (and excluding) a plain holder of KEY.
     /// See docs/rwlock.md.

@@ -199,6 +199,9 @@ fn request<'a>(client: &'a LockClient, lock: &LockArgs, deadline: Deadline) -> L
     if let Some(data) = &lock.data {
         request = request.data(data.clone());
     }
+    if let Some(delay) = lock.hold_at_least {
+        request = request.hold_at_least(delay);
+    }
     request
 }
 
@@ -263,11 +266,22 @@ async fn not_acquired(client: &LockClient, lock: &LockArgs, key: &str, out: Outp
 }
 
 /// `--permits` names one semaphore: refused beside more keys; `--shared`
-/// names one read-write lock: refused beside either.
-fn check_permits(more_keys: &[String], permits: Option<u32>, shared: bool) -> Result<(), Error> {
+/// names one read-write lock: refused beside either; a lock delay is
+/// refused beside `--permits`.
+fn check_permits(
+    more_keys: &[String],
+    permits: Option<u32>,
+    shared: bool,
+    hold_at_least: bool,
+) -> Result<(), Error> {
     if permits.is_some() && !more_keys.is_empty() {
         return Err(Error::InvalidArgument(
             "--permits takes one semaphore name, not several keys".into(),
+        ));
+    }
+    if hold_at_least && permits.is_some() {
+        return Err(Error::InvalidArgument(
+            "--hold-at-least applies to locks, not semaphore permits".into(),
         ));
     }
     if shared && (permits.is_some() || !more_keys.is_empty()) {
@@ -334,6 +348,9 @@ async fn take_all(
     if let Some(data) = &lock.data {
         request = request.data(data.clone());
     }
+    if let Some(delay) = lock.hold_at_least {
+        request = request.hold_at_least(delay);
+    }
     match request.acquire().await {
         Ok(all) => {
             if let Some(first) = all.guards().first() {
@@ -375,7 +392,12 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             foreground,
             command,
         } => {
-            check_permits(&more_keys, permits, lock.shared)?;
+            check_permits(
+                &more_keys,
+                permits,
+                lock.shared,
+                lock.hold_at_least.is_some(),
+            )?;
             // --wait covers reaching the backend as well as the lock.
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
@@ -396,7 +418,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::Acquire { lock, permits } => {
-            check_permits(&[], permits, lock.shared)?;
+            check_permits(&[], permits, lock.shared, lock.hold_at_least.is_some())?;
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
             let (guard, permit) = match permits {

@@ -113,6 +113,23 @@ pub enum Acquire {
     Held(Option<LockInfo>),
 }
 
+/// The answer to [`Backend::try_acquire_all`]: every key, or none.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AcquireAll {
+    /// The caller holds every key now: one grant per request, in request
+    /// order.
+    Granted(Vec<Grant>),
+    /// Nothing was granted (and nothing of this call stays held): the
+    /// request at `index` found its key held, by `holder` where the backend
+    /// learns it in the same round trip.
+    Held {
+        /// Which request's key was held.
+        index: usize,
+        /// Its holder, as in [`Acquire::Held`].
+        holder: Option<LockInfo>,
+    },
+}
+
 /// One lease to extend in a [`Backend::renew_many`] batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -161,6 +178,10 @@ pub struct Capabilities {
     /// reader operations, writer intents, and an exclusive
     /// [`Backend::try_acquire`] that waits for readers (`docs/rwlock.md`).
     pub shared: bool,
+    /// [`Backend::try_acquire_all`] takes several keys in one atomic step
+    /// (one transaction, script or Txn): all of them or none
+    /// (`docs/multi-key.md`).
+    pub atomic_multi: bool,
 }
 
 impl Capabilities {
@@ -203,6 +224,12 @@ impl Capabilities {
     /// Claims [`Backend::set_data`].
     pub fn with_set_data(mut self, yes: bool) -> Self {
         self.set_data = yes;
+        self
+    }
+
+    /// Claims atomic multi-key acquisition ([`Capabilities::atomic_multi`]).
+    pub fn with_atomic_multi(mut self, yes: bool) -> Self {
+        self.atomic_multi = yes;
         self
     }
 
@@ -303,6 +330,26 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`Acquire::Held`] with that reader, [`crate::LockMode::Shared`]), and a
     /// grant withdraws the requesting owner's writer intent on `key`.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
+
+    /// Takes every key of `requests` in one atomic step, each as
+    /// [`Backend::try_acquire`] would (its own token, above its floor, I1 and
+    /// I2 per key), or none of them: [`AcquireAll::Held`] names a key held
+    /// elsewhere and leaves every other key as it was. The client sends
+    /// distinct keys in sorted order, all for one owner, so that two
+    /// overlapping calls lock rows in the same order and cannot deadlock.
+    ///
+    /// Backends that offer it claim [`Capabilities::atomic_multi`]. One may
+    /// still answer [`crate::Error::Unsupported`] for a set it cannot take
+    /// atomically (Redis Cluster keys in different hash slots); the client
+    /// then takes the keys one by one. The default answers
+    /// [`crate::Error::Unsupported`].
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let _ = requests;
+        Err(crate::Error::unsupported(
+            self.name(),
+            "atomic multi-key acquisition",
+        ))
+    }
 
     /// Extends `lease` to `ttl` from now, only if that exact lease is current
     /// and unexpired (I3); otherwise [`crate::Error::NotHeld`]. A backend

@@ -226,6 +226,7 @@ impl LockClient {
             renew_every: None,
             auto_renew: true,
             mode: LockMode::Exclusive,
+            hold_at_least: None,
         }
     }
 
@@ -359,6 +360,7 @@ pub struct LockRequest<'a> {
     renew_every: Option<Duration>,
     auto_renew: bool,
     mode: LockMode,
+    hold_at_least: Option<Duration>,
 }
 
 impl LockRequest<'_> {
@@ -416,6 +418,19 @@ impl LockRequest<'_> {
         self
     }
 
+    /// Lock delay (`docs/lock-delay.md`): the key stays unavailable to
+    /// others for at least `delay` from the grant, however early the guard
+    /// is released, dropped or lost. A release before then shortens the
+    /// lease to what is left of `delay` (a renewal, on the backend's clock)
+    /// instead of deleting it, and the lease granted (at least the TTL) and
+    /// every renewal already cover `delay` if the holder dies. Must be
+    /// positive and no longer than the TTL ([`Error::InvalidArgument`]);
+    /// exclusive locks only.
+    pub fn hold_at_least(mut self, delay: Duration) -> Self {
+        self.hold_at_least = Some(delay);
+        self
+    }
+
     /// Whether the guard renews in the background (default `true`). Without
     /// renewal the guard still signals loss at its local deadline.
     pub fn auto_renew(mut self, on: bool) -> Self {
@@ -455,6 +470,18 @@ impl LockRequest<'_> {
         if self.mode == LockMode::Shared && !inner.backend.capabilities().shared {
             return Err(Error::unsupported(inner.backend.name(), "shared locks"));
         }
+        if let Some(delay) = self.hold_at_least {
+            if delay.is_zero() || delay > ttl {
+                return Err(Error::InvalidArgument(format!(
+                    "hold_at_least {delay:?} must be positive and no longer than the {ttl:?} TTL"
+                )));
+            }
+            if self.mode == LockMode::Shared {
+                return Err(Error::InvalidArgument(
+                    "hold_at_least applies to exclusive locks, not readers".into(),
+                ));
+            }
+        }
         let owner = self.owner.clone().unwrap_or_else(|| inner.owner.clone());
         let request = AcquireRequest::new(key, owner, ttl)
             .with_kind(self.kind.clone())
@@ -465,6 +492,7 @@ impl LockRequest<'_> {
             clock: inner.clock,
             op_timeout: inner.op_timeout,
             mode: self.mode,
+            hold_at_least: self.hold_at_least,
         };
         Ok((request, config))
     }

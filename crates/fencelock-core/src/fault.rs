@@ -18,8 +18,8 @@ use std::{
 use async_trait::async_trait;
 
 use crate::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
-    LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant,
+    LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
 };
 
 /// How the wrapped backend behaves.
@@ -136,6 +136,9 @@ impl Backend for FaultyBackend {
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.call(self.inner.try_acquire(request)).await
+    }
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        self.call(self.inner.try_acquire_all(requests)).await
     }
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);

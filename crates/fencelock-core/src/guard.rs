@@ -28,7 +28,7 @@ use crate::{
     error::{Error, LossReason, Result},
     metrics as m,
     renewer::Renewer,
-    types::{FencingToken, LeaseId, LockKey, LockMode, Owner},
+    types::{FencingToken, LeaseId, LockKey, LockMode, Owner, MIN_TTL},
 };
 
 /// Settings a guard takes from its request and client.
@@ -39,6 +39,9 @@ pub(crate) struct GuardConfig {
     pub(crate) op_timeout: Duration,
     /// A writer's (or plain lock's) lease, or a reader's.
     pub(crate) mode: LockMode,
+    /// Lock delay: how long after the grant the key stays unavailable to
+    /// others, however early it is released.
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 /// What a guard, its handles and the renewer share.
@@ -53,7 +56,10 @@ pub(crate) struct Shared {
     renewer: Renewer,
     clock: ClockPolicy,
     op_timeout: Duration,
+    /// When the grant's answer arrived, which is after the backend granted
+    /// it: a lock delay counted from here ends no earlier on the backend.
     granted_at: Instant,
+    hold_at_least: Option<Duration>,
     /// What each confirmed grant or renewal updates, under one lock.
     trust: Mutex<Trust>,
     /// Whether the hold has been recorded in the metrics (on loss or finish,
@@ -222,13 +228,27 @@ impl Shared {
     }
 
     /// Releases the lease on the backend, bounded by the operation timeout.
+    /// Inside a lock delay the lease is not deleted but renewed to what is
+    /// left of the delay (`docs/lock-delay.md`): the backend's clock ends it,
+    /// no earlier than the grant plus the delay, and nobody is woken before.
     async fn release(&self) -> Result<()> {
-        bounded(
-            self.op_timeout,
-            "release",
-            release_as(&*self.backend, &self.lease, self.mode),
-        )
-        .await
+        let left = self
+            .hold_at_least
+            .and_then(|d| d.checked_sub(self.granted_at.elapsed()))
+            .filter(|left| !left.is_zero());
+        let call = async {
+            match left {
+                // The shortest lease a backend is asked for: a longer one
+                // only keeps the key a little longer, never shorter.
+                Some(left) => self
+                    .backend
+                    .renew(&self.lease, left.max(MIN_TTL))
+                    .await
+                    .map(|_| ()),
+                None => release_as(&*self.backend, &self.lease, self.mode).await,
+            }
+        };
+        bounded(self.op_timeout, "release", call).await
     }
 
     /// After a loss at the local deadline the lease may still be live on
@@ -474,6 +494,7 @@ impl LockGuard {
             clock: config.clock,
             op_timeout: config.op_timeout,
             granted_at: Instant::now(),
+            hold_at_least: config.hold_at_least,
             trust: Mutex::new(Trust {
                 deadline: sent.mono,
                 boot_deadline: None,

@@ -92,7 +92,9 @@ mod types;
 mod wake;
 mod watch;
 
-pub use backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats};
+pub use backend::{
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats,
+};
 pub use backoff::Backoff;
 pub use client::{
     validate_data, ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio::sync::broadcast;
 
 use crate::{
-    backend::{Acquire, AcquireRequest, Backend, Capabilities, Grant, Stats},
+    backend::{Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Stats},
     error::{Error, Result},
     fence::{Admission, Fence},
     types::{FencingToken, LeaseId, LockInfo, LockKey, LockMode, Owner},
@@ -89,6 +89,13 @@ impl State {
             .iter()
             .filter(|l| l.expires_at > now)
             .max_by_key(|l| l.expires_at)
+    }
+
+    /// Who keeps `key` from a writer: its unexpired exclusive holder, else
+    /// its last unexpired reader.
+    fn holder(&self, key: &LockKey, now: Instant) -> Option<LockInfo> {
+        let lease = self.live(key, now).or_else(|| self.last_reader(key, now))?;
+        Some(self.info(key, lease, now))
     }
 
     /// Every unexpired lease, exclusive and shared.
@@ -208,39 +215,15 @@ impl MemoryBackend {
         state.live(key, now).map(|l| (l.id(key), l.expires_at))
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave a half-written lease:
-        // every update below is a single map operation.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[async_trait]
-impl Backend for MemoryBackend {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .with_wakeups(true)
-            .with_keeps_expired(true)
-            .with_min_token(true)
-            .with_watch(true)
-            .with_set_data(true)
-            .with_shared(true)
-    }
-
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let now = Instant::now();
-        let mut state = self.state();
-        if let Some(holder) = state.live(&request.key, now) {
-            return Ok(Acquire::Held(Some(state.info(&request.key, holder, now))));
-        }
-        if let Some(reader) = state.last_reader(&request.key, now) {
-            return Ok(Acquire::Held(Some(state.info(&request.key, reader, now))));
-        }
-        let token = state.next_token(request.min_token)?;
+    /// Writes `request`'s lease with `token` on a key found free, and
+    /// tells the watchers.
+    fn grant(
+        &self,
+        state: &mut State,
+        request: &AcquireRequest,
+        token: FencingToken,
+        now: Instant,
+    ) -> Grant {
         state.readers.remove(&request.key);
         if state
             .intents
@@ -271,8 +254,70 @@ impl Backend for MemoryBackend {
         if let Some(info) = info {
             let _ = self.events.send(TableEvent::Granted { info, expires_at });
         }
+        grant
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-written lease:
+        // every update below is a single map operation.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_wakeups(true)
+            .with_keeps_expired(true)
+            .with_min_token(true)
+            .with_watch(true)
+            .with_set_data(true)
+            .with_shared(true)
+            .with_atomic_multi(true)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(holder) = state.holder(&request.key, now) {
+            return Ok(Acquire::Held(Some(holder)));
+        }
+        let token = state.next_token(request.min_token)?;
+        let grant = self.grant(&mut state, request, token, now);
         drop(state);
         Ok(Acquire::Granted(grant))
+    }
+
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let now = Instant::now();
+        let mut state = self.state();
+        for (index, request) in requests.iter().enumerate() {
+            if let Some(holder) = state.holder(&request.key, now) {
+                return Ok(AcquireAll::Held {
+                    index,
+                    holder: Some(holder),
+                });
+            }
+        }
+        // Every token is drawn before any lease is written, so a floor that
+        // leaves no token fails the call with nothing granted (the tokens
+        // drawn meanwhile are skipped, which I2 allows).
+        let tokens = requests
+            .iter()
+            .map(|r| state.next_token(r.min_token))
+            .collect::<Result<Vec<_>>>()?;
+        let grants = requests
+            .iter()
+            .zip(tokens)
+            .map(|(request, token)| self.grant(&mut state, request, token, now))
+            .collect();
+        drop(state);
+        Ok(AcquireAll::Granted(grants))
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {

@@ -1,9 +1,13 @@
 //! All-or-nothing locks on several keys (`docs/multi-key.md`).
 //!
-//! Keys are taken one after another in sorted order: two callers whose key
-//! sets overlap meet on their lowest common key first, so one of them waits
-//! there while holding nothing the other needs, and neither can deadlock
-//! the other, whatever order their callers listed the keys in.
+//! Where the backend claims [`crate::Capabilities::atomic_multi`], every key
+//! is taken in one atomic step ([`Backend::try_acquire_all`]), retried as a
+//! whole while some key is held. Elsewhere keys are taken one after another
+//! in sorted order: two callers whose key sets overlap meet on their lowest
+//! common key first, so one of them waits there while holding nothing the
+//! other needs, and neither can deadlock the other, whatever order their
+//! callers listed the keys in. The atomic step gets its keys in the same
+//! sorted order, for the same reason inside the engine (row locks).
 
 use std::{collections::BTreeSet, fmt, future::Future, time::Duration};
 
@@ -12,10 +16,15 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::{
-    client::{LockClient, LockRequest},
-    error::{Error, LossReason, Result},
-    guard::LockGuard,
-    types::{FencingToken, LockKey},
+    backend::{AcquireAll, AcquireRequest, Backend},
+    backoff::Backoff,
+    client::{LockClient, LockRequest, WAIT_BACKOFF},
+    clock::Sent,
+    error::{BackendError, Error, ErrorStatus, LossReason, Result},
+    guard::{release_as, GuardConfig, LockGuard},
+    metrics as m,
+    types::{FencingToken, LockKey, LockMode},
+    wake::WakeSubscription,
 };
 
 impl LockClient {
@@ -91,15 +100,24 @@ impl MultiLockRequest<'_> {
         self
     }
 
+    /// Lock delay of every part (see [`LockRequest::hold_at_least`]).
+    pub fn hold_at_least(mut self, delay: Duration) -> Self {
+        self.parts = self.parts.hold_at_least(delay);
+        self
+    }
+
     /// The request for one part, waiting at most `wait`.
     fn part(&self, key: &str, wait: Duration) -> LockRequest<'_> {
         self.parts.for_key(key.to_owned()).wait(wait)
     }
 
-    /// Takes every key, in sorted order, each waiting within what is left of
-    /// the one deadline. On any failure every part already taken is released
-    /// before the error returns: [`Error::Timeout`] (naming the key that was
-    /// held elsewhere, and the whole wait) or the part's own error.
+    /// Takes every key: in one atomic step where the backend claims
+    /// [`crate::Capabilities::atomic_multi`] (retried as a whole until the
+    /// deadline), else in sorted order, each waiting within what is left of
+    /// the one deadline. On any failure nothing stays held (the sequential
+    /// path releases the parts it took before the error returns):
+    /// [`Error::Timeout`] (naming the key that was held elsewhere, and the
+    /// whole wait) or the backend's own error.
     pub async fn acquire(self) -> Result<MultiGuard> {
         if self.keys.is_empty() {
             return Err(Error::InvalidArgument(
@@ -107,10 +125,28 @@ impl MultiLockRequest<'_> {
             ));
         }
         // Every key and option is checked before anything is taken.
+        let mut requests = Vec::with_capacity(self.keys.len());
+        let mut config = None;
         for key in &self.keys {
-            self.part(key, Duration::ZERO).validate()?;
+            let (request, part_config) = self.part(key, Duration::ZERO).validate()?;
+            requests.push(request);
+            config = Some(part_config);
         }
         let deadline = Instant::now().checked_add(self.parts.wait);
+        let inner = &self.parts.client.inner;
+        if let Some(config) = config.filter(|_| inner.backend.capabilities().atomic_multi) {
+            if inner.renewer.is_closed() {
+                return Err(Error::ClientClosed);
+            }
+            match self.acquire_atomic(&requests, config, deadline).await {
+                // This set cannot be taken atomically here (Redis Cluster
+                // keys in several hash slots): one by one instead.
+                Err(Error::Unsupported(why)) => {
+                    tracing::debug!(%why, "taking the keys one by one");
+                }
+                other => return other,
+            }
+        }
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
         for key in &self.keys {
             let left = deadline.map_or(Duration::MAX, |d| {
@@ -133,6 +169,159 @@ impl MultiLockRequest<'_> {
         Ok(MultiGuard { guards })
     }
 
+    /// The atomic path: one [`Backend::try_acquire_all`] per attempt, until
+    /// every key is granted or the deadline passes. A key found held is
+    /// waited for with its wake-ups where the backend has them (subscribed
+    /// before the next attempt, so a release in between is not missed), else
+    /// with jittered backoff never longer than its holder's lease.
+    async fn acquire_atomic(
+        &self,
+        requests: &[AcquireRequest],
+        config: GuardConfig,
+        deadline: Option<Instant>,
+    ) -> Result<MultiGuard> {
+        let client = &self.parts.client.inner;
+        let backend = &client.backend;
+        let name = backend.name();
+        let wait = self.parts.wait;
+        let started = Instant::now();
+        let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
+        let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
+        // The key whose wake-ups we listen to, and the subscription.
+        let mut watching: Option<usize> = None;
+        let mut wakeups: Option<WakeSubscription> = None;
+        loop {
+            ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
+            let sent = Sent::now();
+            let answer =
+                tokio::time::timeout(client.op_timeout, backend.try_acquire_all(requests)).await;
+            let held = match answer {
+                Ok(Ok(AcquireAll::Granted(grants))) if grants.len() != requests.len() => {
+                    // What was granted cannot be told apart: give back what
+                    // pairs up, the rest ends by expiry.
+                    give_back(backend.as_ref(), requests, &grants, client.op_timeout).await;
+                    return Err(BackendError::message(
+                        name,
+                        ErrorStatus::Permanent,
+                        format!(
+                            "{} grants for {} keys: a broken atomic acquisition",
+                            grants.len(),
+                            requests.len()
+                        ),
+                    )
+                    .into());
+                }
+                Ok(Ok(AcquireAll::Granted(grants))) => {
+                    let shortest = grants.iter().map(|g| g.ttl).min().unwrap_or_default();
+                    if Instant::now() < sent.mono + config.clock.valid_for(shortest) {
+                        ::metrics::counter!(m::ACQUIRE_SUCCESSES, "backend" => name).increment(1);
+                        ::metrics::histogram!(m::WAIT_SECONDS, "backend" => name)
+                            .record(started.elapsed().as_secs_f64());
+                        let guards = requests
+                            .iter()
+                            .zip(grants)
+                            .map(|(request, grant)| {
+                                LockGuard::start(
+                                    backend.clone(),
+                                    &client.renewer,
+                                    request.clone(),
+                                    grant,
+                                    sent,
+                                    config,
+                                )
+                            })
+                            .collect();
+                        return Ok(MultiGuard { guards });
+                    }
+                    // Answered after the guards would have stopped trusting
+                    // the leases (I5): hand them back, count a failed try.
+                    give_back(backend.as_ref(), requests, &grants, client.op_timeout).await;
+                    if !before_deadline(Instant::now()) {
+                        return Err(BackendError::message(
+                            name,
+                            ErrorStatus::Transient,
+                            format!(
+                                "the grants arrived after their {shortest:?} leases had ended \
+                                 locally (round trip {:?}); use a longer TTL",
+                                sent.mono.elapsed()
+                            ),
+                        )
+                        .into());
+                    }
+                    None
+                }
+                Ok(Ok(AcquireAll::Held { index, holder })) => Some((index, holder)),
+                Ok(Err(e)) if e.is_transient() && before_deadline(Instant::now()) => {
+                    tracing::debug!(error = %e, "transient error while acquiring; retrying");
+                    None
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_elapsed) if before_deadline(Instant::now()) => None,
+                Err(_elapsed) => {
+                    return Err(Error::OperationTimeout {
+                        operation: "acquire",
+                        after: client.op_timeout,
+                    })
+                }
+            };
+            let now = Instant::now();
+            if !before_deadline(now) {
+                if !wait.is_zero() {
+                    ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
+                }
+                let index = held.as_ref().map_or(0, |(i, _)| *i);
+                let key = requests
+                    .get(index)
+                    .or(requests.first())
+                    .map(|r| r.key.clone());
+                return match key {
+                    Some(key) => Err(Error::Timeout { key, waited: wait }),
+                    None => Err(Error::InvalidArgument(
+                        "lock_all needs at least one key".into(),
+                    )),
+                };
+            }
+            if let Some((index, _)) = &held {
+                if watching != Some(*index) && backend.capabilities().wakeups {
+                    watching = Some(*index);
+                    wakeups = None;
+                    if let Some(request) = requests.get(*index) {
+                        let left = deadline.map_or(client.op_timeout, |d| d - now);
+                        let subscribe = backend.subscribe(&request.key);
+                        if let Ok(Ok(Some(sub))) =
+                            tokio::time::timeout(client.op_timeout.min(left), subscribe).await
+                        {
+                            wakeups = Some(sub);
+                            // Released between the attempt and the
+                            // subscription? Only another attempt can tell.
+                            continue;
+                        }
+                    }
+                }
+            }
+            let mut pause = backoff.next_pause();
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline - now);
+            }
+            if let Some((_, Some(holder))) = &held {
+                pause = pause.min(holder.expires_in + Duration::from_millis(1));
+            }
+            match wakeups.as_mut() {
+                Some(sub) => {
+                    tokio::select! {
+                        alive = sub.woken() => if alive {
+                            backoff.reset();
+                        } else {
+                            wakeups = None;
+                        },
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
     /// One attempt at every key, no waiting: `Ok(None)` when some key is
     /// held elsewhere (and nothing stays held).
     pub async fn try_acquire(self) -> Result<Option<MultiGuard>> {
@@ -142,6 +331,31 @@ impl MultiLockRequest<'_> {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Releases the leases of an atomic grant that came back too late to be
+/// trusted; a lease whose release fails ends by expiry.
+async fn give_back(
+    backend: &dyn Backend,
+    requests: &[AcquireRequest],
+    grants: &[crate::Grant],
+    timeout: Duration,
+) {
+    tracing::warn!(
+        keys = requests.len(),
+        "grants arrived after their leases had ended locally; releasing them"
+    );
+    let releases = requests
+        .iter()
+        .zip(grants)
+        .map(|(request, grant)| async move {
+            let lease = request.lease(grant.token);
+            let release = release_as(backend, &lease, LockMode::Exclusive);
+            if !matches!(tokio::time::timeout(timeout, release).await, Ok(Ok(()))) {
+                tracing::debug!(key = %lease.key, "could not release a late grant; it will expire");
+            }
+        });
+    join_all(releases).await;
 }
 
 /// Gives back the parts of a failed acquisition, all at once; a part whose

@@ -14,9 +14,9 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
-    Watch,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus,
+    FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
+    WakeSubscription, Watch,
 };
 use serde_json::{json, Value};
 
@@ -607,6 +607,81 @@ impl EtcdBackend {
         Ok(stream)
     }
 
+    /// Takes every key of `requests` for its writer in one Txn, or none:
+    /// each key must be free of a holder and of readers (docs/rwlock.md),
+    /// and each grant withdraws its owner's intent (a nested Txn). When a
+    /// compare fails, the `or_else` reads (each key's holder, then one of
+    /// its readers) name the first key held.
+    async fn acquire_writers(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let mut when = Vec::with_capacity(2 * requests.len());
+        let mut withdraw = Vec::with_capacity(requests.len());
+        let mut or_else = Vec::with_capacity(2 * requests.len());
+        for request in requests {
+            let key = self.key(&request.key);
+            let readers = self.readers_prefix(&request.key);
+            let intent = self.intent_key(&request.key);
+            // A range compare holds for an empty range.
+            when.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            when.push(Compare::create_revision(readers.clone(), CompareOp::Equal, 0).with_prefix());
+            withdraw.push(TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(
+                        intent.clone(),
+                        CompareOp::Equal,
+                        request.owner.as_str(),
+                    )])
+                    .and_then([TxnOp::delete(intent, None)]),
+            ));
+            or_else.push(TxnOp::get(key, None));
+            or_else.push(TxnOp::get(
+                readers,
+                Some(GetOptions::new().with_prefix().with_limit(1)),
+            ));
+        }
+        let refused = match self
+            .put_grants(
+                requests,
+                |request, _| self.key(&request.key),
+                &when,
+                &withdraw,
+                &or_else,
+                true,
+            )
+            .await?
+        {
+            Ok(grants) => return Ok(AcquireAll::Granted(grants)),
+            Err(resp) => resp,
+        };
+        // Two reads per key, in order: the first key with a holder (the
+        // writer if any, else a reader) is the one that refused.
+        let reads: Vec<Option<KeyValue>> = refused
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                _ => None,
+            })
+            .collect();
+        let found = reads
+            .chunks(2)
+            .enumerate()
+            .find_map(|(index, pair)| pair.iter().flatten().next().map(|kv| (index, kv)));
+        let Some((index, kv)) = found else {
+            // The reads run in the Txn whose compare failed, so one of
+            // them finds the key; should none, the first key is named
+            // without a holder.
+            return Ok(AcquireAll::Held {
+                index: 0,
+                holder: None,
+            });
+        };
+        let holder = match requests.get(index) {
+            Some(request) => self.info(request.key.clone(), kv).await?.map(|(i, _)| i),
+            None => None,
+        };
+        Ok(AcquireAll::Held { index, holder })
+    }
+
     /// Puts `request`'s grant, under the key `name` gives for the shared
     /// lease it joins, when every compare of `when` holds, with `extra` ops;
     /// `Err(response)` (of the `or_else` reads) when one does not. Whether a
@@ -620,21 +695,61 @@ impl EtcdBackend {
         or_else: &[TxnOp],
         remember: bool,
     ) -> Result<std::result::Result<Grant, TxnResponse>> {
-        let asked = ttl_secs(request.ttl);
+        let requests = std::slice::from_ref(request);
+        let put = self
+            .put_grants(requests, |_, id| name(id), when, extra, or_else, remember)
+            .await?;
+        match put {
+            Ok(mut grants) => grants
+                .pop()
+                .map(Ok)
+                .ok_or_else(|| bad_value("a txn of one grant granted none")),
+            Err(resp) => Ok(Err(resp)),
+        }
+    }
+
+    /// [`Self::put_grant`] for several requests of one TTL in one Txn: every
+    /// grant is put, on one shared lease and at one revision (each key's
+    /// token), or none is.
+    async fn put_grants(
+        &self,
+        requests: &[AcquireRequest],
+        name: impl Fn(&AcquireRequest, i64) -> String,
+        when: &[Compare],
+        extra: &[TxnOp],
+        or_else: &[TxnOp],
+        remember: bool,
+    ) -> Result<std::result::Result<Vec<Grant>, TxnResponse>> {
+        let Some(first) = requests.first() else {
+            return Ok(Ok(Vec::new()));
+        };
+        let asked = ttl_secs(first.ttl);
+        if requests.iter().any(|r| ttl_secs(r.ttl) != asked) {
+            return Err(Error::unsupported(
+                NAME,
+                "one Txn for leases of different TTLs",
+            ));
+        }
         // A lease that ended on the server before this backend noticed
         // (nobody renewed it) refuses the put; a new one is granted once.
         let mut attempts = 2;
         loop {
             attempts -= 1;
             let (lease, fresh) = self.shared_lease(asked).await?;
-            let value = json!({
-                "owner": request.owner.as_str(),
-                "lease": lease.id,
-                "kind": request.kind,
-                "data": request.data,
-                "acquired_ms": Utc::now().timestamp_millis(),
-            })
-            .to_string();
+            let puts: Vec<(String, String)> = requests
+                .iter()
+                .map(|request| {
+                    let value = json!({
+                        "owner": request.owner.as_str(),
+                        "lease": lease.id,
+                        "kind": request.kind,
+                        "data": request.data,
+                        "acquired_ms": Utc::now().timestamp_millis(),
+                    })
+                    .to_string();
+                    (name(request, lease.id), value)
+                })
+                .collect();
             // The grant ends with the shared lease: what is left of it,
             // measured from before this call, is the TTL granted (all of
             // it when granted by this call, after the caller's send
@@ -644,12 +759,16 @@ impl EtcdBackend {
             } else {
                 lease.left()
             };
-            let key = name(lease.id);
-            let mut ops = vec![TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            )];
+            let mut ops: Vec<TxnOp> = puts
+                .iter()
+                .map(|(key, value)| {
+                    TxnOp::put(
+                        key.clone(),
+                        value.clone(),
+                        Some(PutOptions::new().with_lease(lease.id)),
+                    )
+                })
+                .collect();
             ops.extend_from_slice(extra);
             let txn = Txn::new()
                 .when(when.to_vec())
@@ -675,18 +794,23 @@ impl EtcdBackend {
                     .into());
                 }
                 Err(e) => {
-                    // The put may have happened. Left there, the key would
-                    // live as long as the shared lease, i.e. as long as the
-                    // other grants on it are renewed: delete it if it is
-                    // exactly what this call wrote, and let no new grant
-                    // join that lease, so it ends with its current grants.
+                    // The puts may have happened (all of them, or none: one
+                    // Txn). Left there, the keys would live as long as the
+                    // shared lease, i.e. as long as the other grants on it
+                    // are renewed: delete them if they are exactly what this
+                    // call wrote, and let no new grant join that lease, so it
+                    // ends with its current grants.
                     self.retire(lease.id);
-                    let undo = Txn::new()
-                        .when([
-                            Compare::value(key.clone(), CompareOp::Equal, value),
-                            Compare::lease(key.clone(), CompareOp::Equal, lease.id),
-                        ])
-                        .and_then([TxnOp::delete(key.clone(), None)]);
+                    let mut same = Vec::with_capacity(2 * puts.len());
+                    for (key, value) in &puts {
+                        same.push(Compare::value(key.clone(), CompareOp::Equal, value.clone()));
+                        same.push(Compare::lease(key.clone(), CompareOp::Equal, lease.id));
+                    }
+                    let undo = Txn::new().when(same).and_then(
+                        puts.iter()
+                            .map(|(key, _)| TxnOp::delete(key.clone(), None))
+                            .collect::<Vec<_>>(),
+                    );
                     if let Err(undo) = self.txn("undo txn", undo).await {
                         tracing::debug!(error = %undo, "undoing an unconfirmed etcd grant failed");
                     }
@@ -701,16 +825,22 @@ impl EtcdBackend {
                 }
                 let expires_at = wall_in(granted);
                 if remember {
-                    self.cache().insert(
-                        request.lease(token),
-                        Cached {
-                            lease: lease.id,
-                            asked,
-                            expires_at,
-                        },
-                    );
+                    let mut cache = self.cache();
+                    for request in requests {
+                        cache.insert(
+                            request.lease(token),
+                            Cached {
+                                lease: lease.id,
+                                asked,
+                                expires_at,
+                            },
+                        );
+                    }
                 }
-                return Ok(Ok(Grant::new(token, granted, expires_at)));
+                return Ok(Ok(requests
+                    .iter()
+                    .map(|_| Grant::new(token, granted, expires_at))
+                    .collect()));
             }
             return Ok(Err(resp));
         }
@@ -776,49 +906,32 @@ impl Backend for EtcdBackend {
             .with_watch(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let key = self.key(&request.key);
-        let readers = self.readers_prefix(&request.key);
-        let intent = self.intent_key(&request.key);
-        // Free of readers too (docs/rwlock.md): a range compare holds for an
-        // empty range. A grant withdraws its owner's intent (a nested Txn).
-        let when = [
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            Compare::create_revision(readers.clone(), CompareOp::Equal, 0).with_prefix(),
-        ];
-        let withdraw = TxnOp::txn(
-            Txn::new()
-                .when([Compare::value(
-                    intent.clone(),
-                    CompareOp::Equal,
-                    request.owner.as_str(),
-                )])
-                .and_then([TxnOp::delete(intent, None)]),
-        );
-        let or_else = [
-            TxnOp::get(key.clone(), None),
-            TxnOp::get(readers, Some(GetOptions::new().with_prefix().with_limit(1))),
-        ];
-        let refused = match self
-            .put_grant(request, |_| key.clone(), &when, &[withdraw], &or_else, true)
-            .await?
-        {
-            Ok(grant) => return Ok(Acquire::Granted(grant)),
-            Err(resp) => resp,
-        };
-        // The writer if any, else a reader (then the waiting writer posts
-        // its intent).
-        let holder = refused.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let info = match &holder {
-            Some(kv) => self.info(request.key.clone(), kv).await?,
-            None => None,
-        };
-        Ok(Acquire::Held(info.map(|(i, _)| i)))
+        let requests = std::slice::from_ref(request);
+        Ok(match self.acquire_writers(requests).await? {
+            AcquireAll::Granted(mut grants) => match grants.pop() {
+                Some(grant) => Acquire::Granted(grant),
+                None => return Err(bad_value("a txn of one grant granted none")),
+            },
+            AcquireAll::Held { holder, .. } => Acquire::Held(holder),
+        })
+    }
+
+    /// One Txn for every key (see [`Self::acquire_writers`]); sets too large
+    /// for one Txn are taken one by one by the client.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        // Each key costs two operations in each branch of the Txn; etcd
+        // refuses more than `--max-txn-ops` (128 by default).
+        if requests.len() * 2 > MAX_TXN_OPS {
+            return Err(Error::unsupported(
+                NAME,
+                "more keys in one Txn than etcd's default --max-txn-ops allows",
+            ));
+        }
+        self.acquire_writers(requests).await
     }
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {

@@ -4,8 +4,8 @@ use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{
@@ -295,6 +295,123 @@ pub struct MySqlBackend {
     sql: Sql,
 }
 
+/// Atomic multi-key acquisition (`docs/multi-key.md`).
+impl MySqlBackend {
+    /// Takes every key's turn in the order given (sorted by the client),
+    /// draws one token under all of them, then runs the acquisition upsert
+    /// and its result query for each key in one transaction, committed only
+    /// when every key was won.
+    ///
+    /// The draw is autocommitted before the transaction, as in
+    /// `try_acquire`, so the counter's row is not locked for the
+    /// transaction's length (a single-key acquisition waiting for it while
+    /// holding a turn this call needs would otherwise wait out the turn's
+    /// timeout). One token serves every key: it is above every token drawn
+    /// before, so above each key's earlier grants (I2). Each key's turn is
+    /// given back by its result query; from then on the uncommitted row's
+    /// lock keeps rivals out until the commit or the rollback, and a rival
+    /// that draws after that draws a higher token. Overlapping calls take
+    /// turns in the same order, so they queue rather than deadlock; a
+    /// deadlock the server still reports (with a reader's path) rolled the
+    /// transaction back and is retried on a new session, closing the old
+    /// one and with it the turns it held.
+    async fn acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let floor = requests
+            .iter()
+            .try_fold(0, |top, request| floor(request).map(|f| top.max(f)))?;
+        let attempt = async {
+            let mut deadlocks = 0;
+            loop {
+                let mut session = self.session().await?;
+                for request in requests {
+                    take_turn(session.conn()?, &self.sql, request.key.as_str()).await?;
+                }
+                draw_token(session.conn()?, &self.sql, floor).await?;
+                let mut tx = sqlx::Connection::begin(session.conn()?).await?;
+                let mut rows = Vec::with_capacity(requests.len());
+                let mut refused = None;
+                let mut failed = None;
+                for (index, request) in requests.iter().enumerate() {
+                    let key = request.key.as_str();
+                    let upsert = sqlx::query(&self.sql.acquire)
+                        .bind(key)
+                        .bind(request.owner.as_str())
+                        .bind(request.kind.as_deref())
+                        .bind(request.data.as_ref())
+                        .bind(ttl_micros(request.ttl))
+                        .execute(&mut *tx)
+                        .await;
+                    if let Err(e) = upsert {
+                        failed = Some(e);
+                        break;
+                    }
+                    let row = sqlx::query(&self.sql.acquire_result)
+                        .bind(key)
+                        .bind(key)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    let won: Option<bool> = row.try_get("won")?;
+                    if won != Some(true) {
+                        refused = Some((index, row));
+                        break;
+                    }
+                    rows.push(row);
+                }
+                match failed {
+                    // The server rolled the transaction back whole: again.
+                    Some(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => {
+                        deadlocks += 1;
+                        continue;
+                    }
+                    Some(e) => return Err(e),
+                    None => {}
+                }
+                let Some((index, row)) = refused else {
+                    tx.commit().await?;
+                    session.finish();
+                    return Ok(Err(rows));
+                };
+                tx.rollback().await?;
+                // The turns of the keys after the refused one are still ours.
+                for request in &requests[index + 1..] {
+                    give_turn(session.conn()?, &self.sql, request.key.as_str()).await?;
+                }
+                session.finish();
+                return Ok(Ok((index, row)));
+            }
+        };
+        let answer = bounded(self.options.url.op_timeout, attempt)
+            .await
+            .map_err(|e| map("acquiring several keys", e))?;
+        let rows = match answer {
+            Ok((index, row)) => {
+                let holder = if text(&row, "lock_key")?.is_none() {
+                    None
+                } else {
+                    let info = lease(&row)?;
+                    if info.expires_in.is_zero() {
+                        // No live writer: readers kept it out, if anyone.
+                        self.last_reader(info.key.as_str()).await?
+                    } else {
+                        Some(info)
+                    }
+                };
+                return Ok(AcquireAll::Held { index, holder });
+            }
+            Err(rows) => rows,
+        };
+        requests
+            .iter()
+            .zip(rows)
+            .map(|(request, row)| {
+                let info = lease(&row)?;
+                Ok(Grant::new(info.token, request.ttl, info.expires_at))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(AcquireAll::Granted)
+    }
+}
+
 impl fmt::Debug for MySqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlBackend")
@@ -563,6 +680,11 @@ impl Backend for MySqlBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
+    }
+
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        self.acquire_all(requests).await
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {

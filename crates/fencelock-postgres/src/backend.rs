@@ -5,8 +5,8 @@ use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{
@@ -396,6 +396,21 @@ impl PostgresBackend {
     }
 }
 
+impl PostgresBackend {
+    /// The acquisition upsert for `request` (see [`Sql::new`]).
+    fn acquire_statement<'q>(
+        &'q self,
+        request: &'q AcquireRequest,
+    ) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(&self.sql.acquire)
+            .bind(request.key.as_str())
+            .bind(request.owner.as_str())
+            .bind(request.kind.as_deref())
+            .bind(data_text(request.data.as_ref()))
+            .bind(ttl_micros(request.ttl))
+    }
+}
+
 /// The request's token floor as a sequence value.
 fn floor(request: &AcquireRequest) -> Result<Option<i64>> {
     request
@@ -484,6 +499,7 @@ impl Backend for PostgresBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -492,12 +508,7 @@ impl Backend for PostgresBackend {
             .options
             .bounded("acquiring", async {
                 let mut s = self.session().await?;
-                let acquire = sqlx::query(&self.sql.acquire)
-                    .bind(request.key.as_str())
-                    .bind(request.owner.as_str())
-                    .bind(request.kind.as_deref())
-                    .bind(data_text(request.data.as_ref()))
-                    .bind(ttl_micros(request.ttl));
+                let acquire = self.acquire_statement(request);
                 let row = match floor {
                     // The common case stays one autocommit statement.
                     None => acquire.fetch_optional(s.conn()?).await,
@@ -526,6 +537,69 @@ impl Backend for PostgresBackend {
         } else {
             Acquire::Held(Some(info))
         })
+    }
+
+    /// One transaction running the acquisition upsert for each key in the
+    /// order given (sorted by the client): each takes its key's turn and row
+    /// lock in that order, so two overlapping calls queue on their lowest
+    /// common key instead of deadlocking, and the first key found held rolls
+    /// every grant of the call back.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        // One sequence serves every key: raised once to the highest floor,
+        // it puts every token of the call above its own floor.
+        let mut top = None;
+        for request in requests {
+            top = top.max(floor(request)?);
+        }
+        let answer = self
+            .options
+            .bounded("acquiring", async {
+                let mut s = self.session().await?;
+                let result = async {
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    if let Some(floor) = top {
+                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
+                        sqlx::query(&self.sql.raise_floor)
+                            .bind(floor)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    let mut rows = Vec::with_capacity(requests.len());
+                    for (index, request) in requests.iter().enumerate() {
+                        let row = self
+                            .acquire_statement(request)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        match row {
+                            Some(row) if row.try_get::<bool, _>("won")? => rows.push(row),
+                            held => {
+                                tx.rollback().await?;
+                                return Ok(Err((index, held)));
+                            }
+                        }
+                    }
+                    tx.commit().await?;
+                    Ok(Ok(rows))
+                }
+                .await;
+                s.finish_after(result)
+            })
+            .await?;
+        match answer {
+            Ok(rows) => requests
+                .iter()
+                .zip(rows)
+                .map(|(request, row)| {
+                    let info = lease(&row)?;
+                    Ok(Grant::new(info.token, request.ttl, info.expires_at))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(AcquireAll::Granted),
+            Err((index, row)) => Ok(AcquireAll::Held {
+                index,
+                holder: row.as_ref().map(lease).transpose()?,
+            }),
+        }
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {

@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
@@ -184,43 +184,15 @@ impl RedisBackend {
         mode: LockMode,
         request: &AcquireRequest,
     ) -> Result<Acquire> {
-        let keys = &self.inner.keys;
-        let ttl_ms = ttl_ms(request.ttl);
-        let kind = request
-            .kind
-            .as_ref()
-            .map_or_else(String::new, |k| format!("={k}"));
-        let data = match &request.data {
-            Some(d) => serde_json::to_string(d)
-                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
-            None => String::new(),
-        };
-        let floor = match request.min_token {
-            // Lua numbers are doubles: the script compares the floor with
-            // the counter exactly only below 2^53 (tokens drawn from the
-            // clock in microseconds stay far below it).
-            Some(floor) if floor.get() >= MAX_FLOOR => {
-                return Err(Error::InvalidArgument(format!(
-                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
-                )))
-            }
-            Some(floor) => floor.get().to_string(),
-            None => String::new(),
-        };
-        let row: Vec<Value> = Call::new(script, 5)
-            .key(keys.lease(&request.key))
-            .key(keys.counter(&request.key))
-            .key(keys.readers(&request.key))
-            .key(keys.readers_info(&request.key))
-            .key(keys.intent(&request.key))
-            .arg(request.owner.as_str())
-            .arg(ttl_ms)
-            .arg(kind)
-            .arg(data)
-            .arg(floor)
+        let args = AcquireArgs::of(request)?;
+        let mut call = Call::new(script, 5);
+        self.add_acquire_keys(&mut call, request);
+        let row: Vec<Value> = args
+            .add_to(&mut call)
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("acquire script", e))?;
+        let ttl_ms = args.ttl_ms;
         let granted: i64 = field(&row, 0)?;
         if granted != 1 {
             return Ok(Acquire::Held(parse_describe(&request.key, &row)?));
@@ -242,6 +214,16 @@ impl RedisBackend {
             return Err(e);
         }
         Ok(Acquire::Granted(grant))
+    }
+
+    /// The five keys `ACQUIRE` (and each part of `ACQUIRE_ALL`) takes.
+    fn add_acquire_keys(&self, call: &mut Call<'_>, request: &AcquireRequest) {
+        let keys = &self.inner.keys;
+        call.key(keys.lease(&request.key))
+            .key(keys.counter(&request.key))
+            .key(keys.readers(&request.key))
+            .key(keys.readers_info(&request.key))
+            .key(keys.intent(&request.key));
     }
 
     /// One batch of renewals by `script`, which takes the
@@ -427,6 +409,57 @@ fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The arguments `ACQUIRE` takes for one request, checked.
+struct AcquireArgs {
+    owner: String,
+    ttl_ms: u64,
+    kind: String,
+    data: String,
+    floor: String,
+}
+
+impl AcquireArgs {
+    fn of(request: &AcquireRequest) -> Result<Self> {
+        let kind = request
+            .kind
+            .as_ref()
+            .map_or_else(String::new, |k| format!("={k}"));
+        let data = match &request.data {
+            Some(d) => serde_json::to_string(d)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let floor = match request.min_token {
+            // Lua numbers are doubles: the script compares the floor with
+            // the counter exactly only below 2^53 (tokens drawn from the
+            // clock in microseconds stay far below it).
+            Some(floor) if floor.get() >= MAX_FLOOR => {
+                return Err(Error::InvalidArgument(format!(
+                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
+                )))
+            }
+            Some(floor) => floor.get().to_string(),
+            None => String::new(),
+        };
+        Ok(Self {
+            owner: request.owner.as_str().to_owned(),
+            ttl_ms: ttl_ms(request.ttl),
+            kind,
+            data,
+            floor,
+        })
+    }
+
+    /// Appends the five arguments, in `ACQUIRE`'s order.
+    fn add_to<'c, 'a>(&self, call: &'c mut Call<'a>) -> &'c mut Call<'a> {
+        call.arg(&self.owner)
+            .arg(self.ttl_ms)
+            .arg(&self.kind)
+            .arg(&self.data)
+            .arg(&self.floor)
+    }
+}
+
 /// The renew script's answer for `lease`: `{1, now_ms}` or `{0}`.
 fn renewed(lease: &LeaseId, ttl_ms: u64, row: &[Value]) -> Result<Grant> {
     let renewed: i64 = field(row, 0)?;
@@ -537,11 +570,70 @@ impl Backend for RedisBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.acquire_with(&self.inner.scripts.acquire, LockMode::Exclusive, request)
             .await
+    }
+
+    /// One script over every key (`ACQUIRE_ALL`). The backend talks to one
+    /// node, where a script may touch any keys; through a Cluster proxy,
+    /// keys in several slots get `CROSSSLOT`, answered as
+    /// [`Error::Unsupported`] so that the client takes them one by one.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let args = requests
+            .iter()
+            .map(AcquireArgs::of)
+            .collect::<Result<Vec<_>>>()?;
+        let mut call = Call::new(&self.inner.scripts.acquire_all, 5 * requests.len());
+        for request in requests {
+            self.add_acquire_keys(&mut call, request);
+        }
+        for a in &args {
+            a.add_to(&mut call);
+        }
+        let row: Vec<Value> = match call.invoke(&mut self.conn()).await {
+            Ok(row) => row,
+            Err(e) if e.kind() == redis::ErrorKind::CrossSlot => {
+                return Err(Error::unsupported(
+                    "redis",
+                    "one script over keys in several Cluster slots",
+                ))
+            }
+            Err(e) => return Err(map("acquire script", e)),
+        };
+        if field::<i64>(&row, 0)? != 1 {
+            let index: usize = field(&row, 1)?;
+            let holder: Vec<Value> = field(&row, 2)?;
+            let key = &requests
+                .get(index)
+                .ok_or_else(|| bad_reply(format!("held key index {index} out of range")))?
+                .key;
+            return Ok(AcquireAll::Held {
+                index,
+                holder: parse_describe(key, &holder)?,
+            });
+        }
+        let mut grants = Vec::with_capacity(requests.len());
+        for (i, a) in args.iter().enumerate() {
+            let token: String = field(&row, 1 + 2 * i)?;
+            let now_ms: i64 = field(&row, 2 + 2 * i)?;
+            grants.push(Grant::new(
+                parse_token(&token)?,
+                Duration::from_millis(a.ttl_ms),
+                ms_to_time(now_ms.saturating_add(a.ttl_ms as i64)),
+            ));
+        }
+        if let Err(e) = self.wait_replicas().await {
+            // Do not leave leases nobody will use behind.
+            for (request, grant) in requests.iter().zip(&grants) {
+                let _ = self.release(&request.lease(grant.token)).await;
+            }
+            return Err(e);
+        }
+        Ok(AcquireAll::Granted(grants))
     }
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {

@@ -93,6 +93,33 @@ local function draw(counter, floor)
   redis.call('PEXPIRE', counter, 604800000)
   return string.format('%d', drawn), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- What keeps a writer from a key: its holder, else its reader whose lease
+-- ends last, as `describe` with a leading 0; nil when it is free.
+local function blocker(lease, readers, info)
+  if redis.call('EXISTS', lease) == 1 then
+    local d = describe(lease)
+    d[1] = 0
+    return d
+  end
+  local reader = last_reader(readers, info, now_ms())
+  if reader then
+    reader[1] = 0
+    return reader
+  end
+  return nil
+end
+-- Writes a writer's lease on a free key (ARGV layout of `ACQUIRE`),
+-- withdrawing its owner's intent: the token and the server's now in ms.
+local function grant(lease, counter, intent, owner, ttl, kind, data, floor)
+  local token, now = draw(counter, floor)
+  if redis.call('GET', intent) == owner then redis.call('DEL', intent) end
+  redis.call('HSET', lease, 'owner', owner, 'token', token, 'acquired', string.format('%d', now),
+    'expires', string.format('%d', now + tonumber(ttl)))
+  if #kind > 0 then redis.call('HSET', lease, 'kind', string.sub(kind, 2)) end
+  if #data > 0 then redis.call('HSET', lease, 'data', data) end
+  redis.call('PEXPIRE', lease, ttl)
+  return token, now
+end
 "#;
 
 /// KEYS: lease, counter, readers, readers' details, writer intent. ARGV:
@@ -103,24 +130,34 @@ end
 /// writer, or the reader whose lease ends last. A grant withdraws its
 /// owner's intent.
 const ACQUIRE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local d = describe(KEYS[1])
-  d[1] = 0
-  return d
-end
-local reader = last_reader(KEYS[3], KEYS[4], now_ms())
-if reader then
-  reader[1] = 0
-  return reader
-end
-local token, now = draw(KEYS[2], ARGV[5])
-if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired', string.format('%d', now),
-  'expires', string.format('%d', now + tonumber(ARGV[2])))
-if #ARGV[3] > 0 then redis.call('HSET', KEYS[1], 'kind', string.sub(ARGV[3], 2)) end
-if #ARGV[4] > 0 then redis.call('HSET', KEYS[1], 'data', ARGV[4]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local held = blocker(KEYS[1], KEYS[3], KEYS[4])
+if held then return held end
+local token, now = grant(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return {1, token, now}
+"#;
+
+/// Several keys at once, all or nothing: KEYS and ARGV are those of
+/// `ACQUIRE` for each key in turn (five keys, five arguments per key). Every
+/// key is checked before any is written, and nothing after the checks can
+/// fail, so a script never stops half way. Returns `{1, token1, now1,
+/// token2, now2, …}`, or `{0, i, holder}` with `i` the 0-based index of the
+/// first key held and `holder` as `ACQUIRE` answers it.
+const ACQUIRE_ALL: &str = r#"
+local n = #KEYS / 5
+for i = 1, n do
+  local k = 5 * (i - 1)
+  local held = blocker(KEYS[k + 1], KEYS[k + 3], KEYS[k + 4])
+  if held then return {0, i - 1, held} end
+end
+local out = {1}
+for i = 1, n do
+  local k = 5 * (i - 1)
+  local token, now = grant(KEYS[k + 1], KEYS[k + 2], KEYS[k + 5],
+    ARGV[k + 1], ARGV[k + 2], ARGV[k + 3], ARGV[k + 4], ARGV[k + 5])
+  out[2 * i] = token
+  out[2 * i + 1] = now
+end
+return out
 "#;
 
 /// KEYS: lease. ARGV: owner, token, ttl_ms. Returns `{1, now_ms}` or `{0}`.
@@ -327,6 +364,7 @@ return {1}
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
+    pub(crate) acquire_all: Script,
     pub(crate) renew: Script,
     pub(crate) renew_many: Script,
     pub(crate) release: Script,
@@ -347,6 +385,7 @@ impl Scripts {
         let with_describe = |body: &str| Script::new(&format!("{DESCRIBE}\n{body}"));
         Self {
             acquire: with_describe(ACQUIRE),
+            acquire_all: with_describe(ACQUIRE_ALL),
             renew: with_describe(RENEW),
             renew_many: with_describe(RENEW_MANY),
             release: Script::new(RELEASE),
@@ -363,9 +402,10 @@ impl Scripts {
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 14] {
+    pub(crate) fn all(&self) -> [&Script; 15] {
         [
             &self.acquire,
+            &self.acquire_all,
             &self.renew,
             &self.renew_many,
             &self.release,

@@ -10,8 +10,8 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
 };
 use rusqlite::{
     named_params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior,
@@ -274,13 +274,52 @@ pub(crate) fn acquire_in(
     now: Now,
     request: &AcquireRequest,
 ) -> Result<Acquire> {
+    if let Some(holder) = writer_blocked_by(tx, now, request)? {
+        return Ok(Acquire::Held(Some(holder)));
+    }
+    grant_in(tx, now, request).map(Acquire::Granted)
+}
+
+/// The body of an atomic multi-key acquisition, inside [`write_tx`]: the
+/// write lock is held, so the keys checked first are still free when the
+/// grants are written, and an error in between rolls every grant back.
+fn acquire_all_in(
+    tx: &Transaction<'_>,
+    now: Now,
+    requests: &[AcquireRequest],
+) -> Result<AcquireAll> {
+    for (index, request) in requests.iter().enumerate() {
+        if let Some(holder) = writer_blocked_by(tx, now, request)? {
+            return Ok(AcquireAll::Held {
+                index,
+                holder: Some(holder),
+            });
+        }
+    }
+    requests
+        .iter()
+        .map(|request| grant_in(tx, now, request))
+        .collect::<Result<Vec<_>>>()
+        .map(AcquireAll::Granted)
+}
+
+/// Who keeps a writer from the key: its live holder, else its last live
+/// reader (docs/rwlock.md).
+fn writer_blocked_by(
+    tx: &Transaction<'_>,
+    now: Now,
+    request: &AcquireRequest,
+) -> Result<Option<LockInfo>> {
     if let Some(holder) = live_lease(tx, request.key.as_str(), now)? {
-        return Ok(Acquire::Held(Some(holder.into_info(now.us)?)));
+        return holder.into_info(now.us).map(Some);
     }
-    // A writer waits for the key's readers (docs/rwlock.md).
-    if let Some(reader) = last_reader(tx, request.key.as_str(), now)? {
-        return Ok(Acquire::Held(Some(reader.into_info(now.us)?)));
-    }
+    last_reader(tx, request.key.as_str(), now)?
+        .map(|reader| reader.into_info(now.us))
+        .transpose()
+}
+
+/// Writes the writer's lease on a key found free, withdrawing its intent.
+fn grant_in(tx: &Transaction<'_>, now: Now, request: &AcquireRequest) -> Result<Grant> {
     let token = next_token(tx, request)?;
     tx.execute(
         "DELETE FROM fencelock_intents WHERE key = :key AND owner = :owner",
@@ -308,7 +347,7 @@ fn acquire_shared_in(tx: &Transaction<'_>, now: Now, request: &AcquireRequest) -
         return Ok(Acquire::Held(None));
     }
     let token = next_token(tx, request)?;
-    insert_lease(tx, now, Table::Readers, request, token)
+    insert_lease(tx, now, Table::Readers, request, token).map(Acquire::Granted)
 }
 
 /// Draws the next token of the one counter.
@@ -342,7 +381,7 @@ fn insert_lease(
     table: Table,
     request: &AcquireRequest,
     token: i64,
-) -> Result<Acquire> {
+) -> Result<Grant> {
     let wall_now = wall_now_ms();
     let data = request.data.as_ref().map(|d| d.to_string());
     // A reader's row is new (its token is); a writer's replaces the key's
@@ -373,11 +412,11 @@ fn insert_lease(
         },
     )
     .map_err(error::map)?;
-    Ok(Acquire::Granted(Grant::new(
+    Ok(Grant::new(
         FencingToken(u64::try_from(token).map_err(|e| error::corrupt(format!("counter: {e}")))?),
         request.ttl,
         wall(wall_now + ttl_ms(request.ttl)),
-    )))
+    ))
 }
 
 /// The body of a release, inside [`write_tx`]: whether the lease was removed.
@@ -520,11 +559,18 @@ impl Backend for SqliteBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
+            .with_atomic_multi(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let request = request.clone();
         self.write(move |tx, now| acquire_in(tx, now, &request))
+            .await
+    }
+
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let requests = requests.to_vec();
+        self.write(move |tx, now| acquire_all_in(tx, now, &requests))
             .await
     }
 

@@ -1,7 +1,8 @@
 //! The capability cases catch a false claim: a backend that claims
 //! `set_data` without implementing it fails
 //! `capabilities::set_data_replaces_the_holders_data_or_is_refused`, and the
-//! same backend without the claim passes it (refused as `Unsupported`).
+//! same backend without the claim passes it (refused as `Unsupported`);
+//! likewise `atomic_multi` and `atomic::claim_holds`.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -13,12 +14,12 @@ use fencelock_core::{
 };
 use fencelock_testkit::{async_trait, cases::CASES, Store, TestResult};
 
-/// The memory backend with `set_data` left to the trait's default, and
-/// claimed or not.
+/// The memory backend with `set_data` and `try_acquire_all` left to the
+/// trait's defaults, and claimed or not.
 #[derive(Debug)]
 struct Claims {
     inner: MemoryBackend,
-    set_data: bool,
+    caps: Capabilities,
 }
 
 #[async_trait]
@@ -27,7 +28,7 @@ impl Backend for Claims {
         "claims"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default().with_set_data(self.set_data)
+        self.caps
     }
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.inner.try_acquire(request).await
@@ -60,7 +61,7 @@ impl Backend for Claims {
 
 struct ClaimsStore {
     inner: MemoryBackend,
-    set_data: bool,
+    caps: Capabilities,
 }
 
 #[async_trait]
@@ -68,21 +69,44 @@ impl Store for ClaimsStore {
     async fn connect(&self) -> TestResult<Arc<dyn Backend>> {
         Ok(Arc::new(Claims {
             inner: self.inner.clone(),
-            set_data: self.set_data,
+            caps: self.caps,
         }))
     }
 }
 
-async fn set_data_case(set_data: bool) -> TestResult {
-    let case = CASES
-        .iter()
-        .find(|c| c.name == "capabilities::set_data_replaces_the_holders_data_or_is_refused")
-        .unwrap();
+async fn run_case(name: &str, caps: Capabilities) -> TestResult {
+    let case = CASES.iter().find(|c| c.name == name).unwrap();
     let store = ClaimsStore {
         inner: MemoryBackend::new(),
-        set_data,
+        caps,
     };
     (case.run)(&store).await
+}
+
+async fn set_data_case(set_data: bool) -> TestResult {
+    run_case(
+        "capabilities::set_data_replaces_the_holders_data_or_is_refused",
+        Capabilities::default().with_set_data(set_data),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_false_atomic_multi_claim_fails_the_case() {
+    let caps = Capabilities::default().with_atomic_multi(true);
+    let verdict = run_case("atomic::claim_holds", caps).await;
+    assert!(verdict.is_err(), "a false claim passed");
+}
+
+#[tokio::test]
+async fn no_atomic_multi_claim_passes_and_lock_all_goes_one_by_one() {
+    for name in [
+        "atomic::claim_holds",
+        "atomic::all_or_nothing_under_contention",
+        "atomic::tokens_per_key_above_earlier_grants",
+    ] {
+        run_case(name, Capabilities::default()).await.unwrap();
+    }
 }
 
 #[tokio::test]

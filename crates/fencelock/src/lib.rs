@@ -92,6 +92,9 @@ mod semaphore_md {}
 #[doc = include_str!("../../../docs/multi-key.md")]
 mod multi_key_md {}
 #[cfg(doctest)]
+#[doc = include_str!("../../../docs/lock-delay.md")]
+mod lock_delay_md {}
+#[cfg(doctest)]
 #[doc = include_str!("../../../docs/election.md")]
 mod election_md {}
 #[cfg(doctest)]

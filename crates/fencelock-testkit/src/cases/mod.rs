@@ -6,7 +6,9 @@
 //! up), then poll with a bound.
 
 mod admin;
+mod atomic;
 mod capabilities;
+mod delay;
 mod election;
 mod exclusion;
 mod faults;
@@ -137,6 +139,13 @@ pub static CASES: &[Case] = &[
     case!(multi::partial_failure_leaves_nothing_held),
     case!(multi::loss_of_one_part_is_signalled),
     case!(multi::tokens_per_key_match_inspect),
+    case!(atomic::claim_holds),
+    case!(atomic::all_or_nothing_under_contention),
+    case!(atomic::racing_overlapping_sets_never_double_grant),
+    case!(atomic::tokens_per_key_above_earlier_grants),
+    case!(delay::early_release_keeps_the_key_for_the_delay),
+    case!(delay::release_after_the_delay_frees_at_once),
+    case!(delay::bad_delays_are_refused),
     case!(capabilities::set_data_replaces_the_holders_data_or_is_refused),
     case!(capabilities::client_watch_sees_acquire_release_and_expiry),
     case!(election::one_leader_among_racing_candidates),

@@ -80,7 +80,11 @@ fn usage_error(e: clap::Error) -> u8 {
 fn init_logging(quiet: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::{filter::filter_fn, layer::SubscriberExt, util::SubscriberInitExt};
-    let default = if quiet { "error" } else { "warn" };
+    let level = if quiet { "error" } else { "warn" };
+    // The ZooKeeper driver warns on every failed session attempt, which it
+    // retries itself; what matters reaches the user as the backend's error,
+    // in one line (`RUST_LOG=zookeeper_client=warn` shows the attempts).
+    let default = format!("{level},zookeeper_client=error");
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()

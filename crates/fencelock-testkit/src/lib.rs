@@ -25,6 +25,7 @@
 #[cfg(feature = "browser")]
 pub mod browser;
 pub mod cases;
+pub mod failover;
 pub mod proxy;
 pub mod servers;
 pub mod silent;

@@ -91,10 +91,19 @@ async fn raw_cycles(setup: &Setup, duration: Duration) -> Result<(String, Tally)
     Ok((raw.describe(), drive(ops, setup.warmup, duration).await))
 }
 
-/// `cycle` and `contended`. With `--baseline`, library and raw runs
-/// alternate in `rounds` slices of the duration, so that load drifting on
-/// a shared machine weighs on both alike.
-async fn cycle(setup: &Setup) -> Result<Report> {
+/// Runs the library's clients, each repeating the op `op_of` makes for it,
+/// and with `--baseline` the raw cycles, alternating in `rounds` slices of
+/// the duration so that load drifting on a shared machine weighs on both
+/// alike. `raw_note` is added to the raw side's description.
+async fn library_beside_raw<F>(
+    setup: &Setup,
+    op: &'static str,
+    raw_note: &str,
+    op_of: F,
+) -> Result<Report>
+where
+    F: Fn(usize, LockClient) -> Box<dyn Op>,
+{
     let rounds = if setup.baseline { setup.rounds } else { 1 };
     let slice = setup.duration / rounds;
     let (mut library, mut raw) = (Tally::default(), Tally::default());
@@ -105,13 +114,7 @@ async fn cycle(setup: &Setup) -> Result<Report> {
         let ops = clients(&backend, setup.clients)?
             .into_iter()
             .enumerate()
-            .map(|(c, client)| {
-                Box::new(LibraryCycle {
-                    client,
-                    keys: keys_of(setup, c),
-                    ttl: setup.ttl,
-                }) as Box<dyn Op>
-            })
+            .map(|(c, client)| op_of(c, client))
             .collect();
         // The library's connections (e.g. a wake-up subscriber that every
         // raw release would notify) must not weigh on the raw run: the
@@ -120,14 +123,10 @@ async fn cycle(setup: &Setup) -> Result<Report> {
         library.add(drive(ops, setup.warmup, slice).await);
         if setup.baseline {
             let (what, tally) = raw_cycles(setup, slice).await?;
-            describe = what;
+            describe = format!("{what}{raw_note}");
             raw.add(tally);
         }
     }
-    let op = match setup.scenario {
-        Scenario::Contended => "try_lock of the shared key, then release if granted",
-        _ => "acquire (no wait) + release of the client's next key",
-    };
     let mut report = report(setup, name, op, library.figures());
     if setup.baseline {
         report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
@@ -135,48 +134,43 @@ async fn cycle(setup: &Setup) -> Result<Report> {
     Ok(report)
 }
 
+/// `cycle` and `contended`.
+async fn cycle(setup: &Setup) -> Result<Report> {
+    let op = match setup.scenario {
+        Scenario::Contended => "try_lock of the shared key, then release if granted",
+        _ => "acquire (no wait) + release of the client's next key",
+    };
+    library_beside_raw(setup, op, "", |c, client| {
+        Box::new(LibraryCycle {
+            client,
+            keys: keys_of(setup, c),
+            ttl: setup.ttl,
+        })
+    })
+    .await
+}
+
 /// `semaphore`: each client takes one permit of one semaphore without
 /// waiting and gives it back. The raw baseline is the raw cycle of one key
 /// per client: a permit is one lease, so one acquire and one release is the
 /// least it can cost.
 async fn semaphore(setup: &Setup) -> Result<Report> {
-    let rounds = if setup.baseline { setup.rounds } else { 1 };
-    let slice = setup.duration / rounds;
     let name = format!("{}:semaphore", setup.run);
-    let (mut library, mut raw) = (Tally::default(), Tally::default());
-    let (mut backend_name, mut describe) = ("", String::new());
-    for _ in 0..rounds {
-        let backend = fencelock::open_backend(&setup.url).await?;
-        backend_name = backend.name();
-        let ops = clients(&backend, setup.clients)?
-            .into_iter()
-            .map(|client| {
-                Box::new(PermitCycle {
-                    client,
-                    name: name.clone(),
-                    permits: setup.permits,
-                    ttl: setup.ttl,
-                }) as Box<dyn Op>
-            })
-            .collect();
-        drop(backend);
-        library.add(drive(ops, setup.warmup, slice).await);
-        if setup.baseline {
-            let (what, tally) = raw_cycles(setup, slice).await?;
-            describe = format!("{what} (a permit is one lease)");
-            raw.add(tally);
-        }
-    }
-    let mut report = report(
+    let mut report = library_beside_raw(
         setup,
-        backend_name,
         "acquire (no wait) + release of one permit of the semaphore",
-        library.figures(),
-    );
+        " (a permit is one lease)",
+        |_, client| {
+            Box::new(PermitCycle {
+                client,
+                name: name.clone(),
+                permits: setup.permits,
+                ttl: setup.ttl,
+            })
+        },
+    )
+    .await?;
     report.permits = Some(setup.permits);
-    if setup.baseline {
-        report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
-    }
     Ok(report)
 }
 

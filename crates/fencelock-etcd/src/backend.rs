@@ -920,7 +920,7 @@ impl Backend for EtcdBackend {
         })
     }
 
-    /// One Txn for every key (see [`Self::acquire_writers`]); sets too large
+    /// One Txn for every key (see `acquire_writers`); sets too large
     /// for one Txn are taken one by one by the client.
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
         // Each key costs two operations in each branch of the Txn; etcd

@@ -190,6 +190,7 @@ pub fn running_as_root() -> bool {
 }
 
 pub mod etcd;
+pub mod members;
 pub mod redis;
 pub mod url_factory;
 pub mod zookeeper;

@@ -1,0 +1,282 @@
+//! A set of server processes of one engine on loopback: a single server or
+//! the members of a replicated cluster, each killable, pausable and
+//! restartable on its own ports and data directory.
+//!
+//! The lifecycle is the same for every engine; what differs (the command
+//! line, when a member serves, which one leads) is the [`Engine`]'s. A
+//! type alias per engine (`EtcdCluster`, `ZkServer`) names the set, and the
+//! engine's own helpers are inherent methods on that alias.
+
+use std::{
+    fmt,
+    fs::File,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use nix::sys::signal::Signal;
+
+use super::{url_factory::UrlServer, wait_for_port, ChildProcess};
+use crate::TestResult;
+
+/// Where a member listens and keeps its files, fixed for its whole life so
+/// that a restarted member comes back as itself.
+#[derive(Debug)]
+pub struct Slot {
+    /// The member's position in the set, from 0.
+    pub index: usize,
+    /// The port clients connect to, on 127.0.0.1.
+    pub client_port: u16,
+    /// The member's own directory (configuration, data, log).
+    pub dir: PathBuf,
+}
+
+impl Slot {
+    /// The client address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.client_port))
+    }
+}
+
+/// What one engine contributes to a [`MemberSet`].
+pub trait Engine: fmt::Debug + Send + Sync + 'static {
+    /// The engine's name in messages and logs (`etcd`, `zookeeper`).
+    const NAME: &'static str;
+    /// The URL scheme of a set's client URL (`etcd`, `zk`).
+    const SCHEME: &'static str;
+    /// How long a member may take to serve, or a cluster to elect a
+    /// leader, after starting.
+    const START_TIMEOUT: Duration;
+
+    /// The command that runs member `slot` (its stdout is discarded and its
+    /// stderr goes to a log in its directory).
+    fn command(&self, slot: &Slot) -> Command;
+
+    /// Whether the member at `slot` serves requests (not only accepts
+    /// connections: a cluster member serves once it knows a leader).
+    fn serves(&self, slot: &Slot) -> bool;
+
+    /// Whether the member at `slot` leads its cluster (a lone server leads).
+    fn leads(&self, slot: &Slot) -> bool;
+}
+
+#[derive(Debug)]
+struct Member {
+    slot: Slot,
+    process: Mutex<Option<ChildProcess>>,
+}
+
+impl Member {
+    fn process(&self) -> MutexGuard<'_, Option<ChildProcess>> {
+        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Members of one engine on loopback with temporary directories, killed on
+/// drop.
+#[derive(Debug)]
+pub struct MemberSet<E: Engine> {
+    engine: E,
+    members: Vec<Member>,
+    _root: tempfile::TempDir,
+}
+
+impl<E: Engine> MemberSet<E> {
+    /// Lays out `n` members (a free client port and a directory each), lets
+    /// `engine` see the layout (peer addresses, configuration files), starts
+    /// every member and returns once each serves.
+    pub fn start_with(n: usize, engine: impl FnOnce(&[Slot]) -> TestResult<E>) -> TestResult<Self> {
+        let root = tempfile::tempdir()?;
+        let mut slots = Vec::with_capacity(n);
+        for index in 0..n {
+            let dir = root.path().join(format!("m{index}"));
+            std::fs::create_dir_all(&dir)?;
+            slots.push(Slot {
+                index,
+                client_port: super::free_port()?,
+                dir,
+            });
+        }
+        let engine = engine(&slots)?;
+        let set = Self {
+            engine,
+            members: slots
+                .into_iter()
+                .map(|slot| Member {
+                    slot,
+                    process: Mutex::new(None),
+                })
+                .collect(),
+            _root: root,
+        };
+        set.start_all()?;
+        Ok(set)
+    }
+
+    fn start_all(&self) -> TestResult {
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_serving(i)?;
+        }
+        Ok(())
+    }
+
+    fn spawn(&self, i: usize) -> TestResult {
+        let m = &self.members[i];
+        let log = File::create(m.slot.dir.join(format!("{}.log", E::NAME)))?;
+        let child = self
+            .engine
+            .command(&m.slot)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        *m.process() = Some(ChildProcess::new(format!("{} m{i}", E::NAME), child));
+        Ok(())
+    }
+
+    fn wait_accepting(&self, i: usize) -> TestResult {
+        let m = &self.members[i];
+        wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
+            m.process().as_mut().map_or(Ok(false), |p| p.is_running())
+        })
+    }
+
+    fn wait_serving(&self, i: usize) -> TestResult {
+        self.wait_accepting(i)?;
+        // An open port is not a quorum: ask the engine until it serves.
+        let deadline = Instant::now() + E::START_TIMEOUT;
+        while !self.engine.serves(&self.members[i].slot) {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} m{i} did not serve within {:?}",
+                    E::NAME,
+                    E::START_TIMEOUT
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// The engine, for its own helpers.
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the set has no members (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Member `i`'s layout.
+    pub fn slot(&self, i: usize) -> &Slot {
+        &self.members[i].slot
+    }
+
+    /// `127.0.0.1:PORT` of member `i`'s client port.
+    pub fn endpoint(&self, i: usize) -> String {
+        self.slot(i).addr().to_string()
+    }
+
+    /// The client URL naming every member.
+    pub fn url(&self) -> String {
+        let all: Vec<String> = (0..self.len()).map(|i| self.endpoint(i)).collect();
+        format!("{}://{}", E::SCHEME, all.join(","))
+    }
+
+    /// Whether member `i` is running (not killed).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].process().is_some()
+    }
+
+    /// SIGKILL member `i`: a crash, as far as its peers and clients can tell.
+    pub fn kill(&self, i: usize) -> TestResult {
+        if let Some(mut p) = self.members[i].process().take() {
+            p.kill()?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP member `i` (a stalled server: connections stay open, nothing
+    /// answers).
+    pub fn pause(&self, i: usize) -> TestResult {
+        self.signal(i, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT member `i`.
+    pub fn resume(&self, i: usize) -> TestResult {
+        self.signal(i, Signal::SIGCONT)
+    }
+
+    fn signal(&self, i: usize, signal: Signal) -> TestResult {
+        match self.members[i].process().as_ref() {
+            Some(p) => p.signal(signal),
+            None => Err(format!("{} m{i} is not running", E::NAME).into()),
+        }
+    }
+
+    /// Starts member `i` again on its ports and directory; returns once it
+    /// accepts connections (not necessarily serving: its peers may be down).
+    pub fn start_again(&self, i: usize) -> TestResult {
+        if self.is_running(i) {
+            return Err(format!("{} m{i} is still running", E::NAME).into());
+        }
+        self.spawn(i)?;
+        self.wait_accepting(i)
+    }
+
+    /// The member that leads now, asking the running members in turn;
+    /// `None` while there is none (an election, or a majority down).
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.len()).find(|&i| self.is_running(i) && self.engine.leads(self.slot(i)))
+    }
+
+    /// Stops every member cleanly (SIGTERM), starts them again, and waits
+    /// until each serves.
+    pub fn restart(&self) -> TestResult {
+        for m in &self.members {
+            if let Some(mut p) = m.process().take() {
+                p.terminate(Duration::from_secs(10))?;
+            }
+        }
+        self.start_all()
+    }
+
+    /// The directory of member `i` (its configuration, data and log).
+    pub fn dir(&self, i: usize) -> &Path {
+        &self.slot(i).dir
+    }
+}
+
+/// A one-member set serves the conformance suite's URL factory.
+pub trait SingleServer: Engine + Sized {
+    /// Starts one member.
+    fn start_single() -> TestResult<MemberSet<Self>>;
+}
+
+impl<E: SingleServer> UrlServer for MemberSet<E> {
+    fn start_shared() -> TestResult<Self> {
+        E::start_single()
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        E::start_single()
+    }
+    fn url(&self) -> String {
+        MemberSet::url(self)
+    }
+    fn restart_server(&self) -> TestResult {
+        self.restart()
+    }
+}

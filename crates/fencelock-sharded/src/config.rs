@@ -3,7 +3,7 @@
 use std::{collections::BTreeSet, fmt, path::Path};
 
 use fencelock_core::redact_url;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a shard map was refused. Messages never contain a shard URL's
 /// password, nor the text of the file around a syntax error (which could).
@@ -51,7 +51,7 @@ impl From<MapError> for fencelock_core::Error {
 /// transition (docs/sharding.md): the key is taken on both its previous and
 /// its current owner, first on the one that issues the token, then on the
 /// other with that token as floor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     /// The previous owner issues tokens: the step after the old map, while
@@ -64,7 +64,7 @@ pub enum Phase {
 
 /// One shard: a name (what keys are hashed with) and any other backend's
 /// URL.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Shard {
@@ -105,14 +105,15 @@ pub struct ShardMap {
     pub transition: Option<(Phase, Vec<Shard>)>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     epoch: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     phase: Option<Phase>,
     #[serde(default)]
     shard: Vec<Shard>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     previous: Vec<Shard>,
 }
 
@@ -144,6 +145,30 @@ impl ShardMap {
             _ => return Err(MapError::Transition),
         };
         Self::checked(file.epoch, file.shard, transition)
+    }
+
+    /// The map as the TOML text [`ShardMap::parse`] reads back: what a tool
+    /// that steps a deployment through a transition writes.
+    pub fn to_toml(&self) -> String {
+        let (phase, previous) = match &self.transition {
+            Some((phase, previous)) => (Some(*phase), previous.clone()),
+            None => (None, Vec::new()),
+        };
+        let file = File {
+            epoch: self.epoch,
+            phase,
+            shard: self.shards.clone(),
+            previous,
+        };
+        // A struct of strings, integers and lists always has a TOML form.
+        toml::to_string(&file).unwrap_or_else(|e| unreachable!("a shard map has no TOML form: {e}"))
+    }
+
+    /// The shard that owns `key` in this map's current list (its previous
+    /// list is only consulted during a transition, by the backend).
+    pub fn owner(&self, key: &str) -> &Shard {
+        let names = self.shards.iter().map(|s| s.name.as_str());
+        &self.shards[crate::hash::owner(names, key)]
     }
 
     /// Reads and parses the map in `path`.
@@ -228,6 +253,39 @@ mod tests {
         assert_eq!(map.shards.len(), 2);
         assert!(matches!(&map.transition, Some((Phase::Join, p)) if p.len() == 1));
         assert!(!format!("{map:?}").contains("pw"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_written_map_reads_back_the_same() -> Result<(), MapError> {
+        let shards = vec![
+            Shard::new("a", "sqlite:///tmp/a.db"),
+            Shard::new("b", "redis://u:pw@127.0.0.1:6379"),
+        ];
+        let stable = ShardMap::new(4, shards.clone())?;
+        let moving = ShardMap::new(5, shards.clone())?
+            .in_transition(Phase::Handover, shards[..1].to_vec())?;
+        for map in [stable, moving] {
+            assert_eq!(ShardMap::parse(&map.to_toml())?, map);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_owner_is_the_routing_of_the_current_list() -> Result<(), MapError> {
+        let map = ShardMap::new(
+            1,
+            vec![Shard::new("a", "mem://"), Shard::new("b", "mem://")],
+        )?;
+        let owners: BTreeSet<&str> = (0..64)
+            .map(|i| map.owner(&format!("k{i}")).name.as_str())
+            .collect();
+        assert_eq!(owners, BTreeSet::from(["a", "b"]));
+        for i in 0..64 {
+            let key = format!("k{i}");
+            let winner = crate::hash::owner(["a", "b"], &key);
+            assert_eq!(map.owner(&key).name, ["a", "b"][winner]);
+        }
         Ok(())
     }
 

@@ -222,7 +222,7 @@ fn count(events: &[Event], a: &mut Analysis) {
                 let kind = e.detail.clone().unwrap_or_else(|| "unknown".into());
                 *a.faults.entry(kind).or_default() += 1;
             }
-            Kind::Admit | Kind::Read => {}
+            Kind::Admit | Kind::Read | Kind::Map => {}
         }
     }
     a.distinct_tokens = tokens.len() as u64;

@@ -79,6 +79,9 @@ pub enum Kind {
     /// The nemesis injected a fault (`detail` = its kind) on `worker` (none
     /// for the server), from `t_start` to `t`.
     Fault,
+    /// A `sharded://` worker opened its backend on the shard map whose
+    /// epoch is `detail`, holding nothing from the map before.
+    Map,
 }
 
 impl Kind {
@@ -92,6 +95,7 @@ impl Kind {
             Kind::Lost => "lost",
             Kind::Error => "error",
             Kind::Fault => "fault",
+            Kind::Map => "map",
         }
     }
 
@@ -105,6 +109,7 @@ impl Kind {
             "lost" => Kind::Lost,
             "error" => Kind::Error,
             "fault" => Kind::Fault,
+            "map" => Kind::Map,
             _ => return None,
         })
     }
@@ -420,6 +425,27 @@ impl Store {
             )
             .map(|n| n.unsigned_abs())
             .map_err(sql)
+    }
+
+    /// The newest shard-map epoch each worker has opened its backend on
+    /// (see [`Kind::Map`]), by worker.
+    pub fn map_epochs(&self) -> Result<BTreeMap<u32, u64>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT worker, max(CAST(detail AS INTEGER)) FROM torture_events \
+                 WHERE kind = 'map' GROUP BY worker",
+            )
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(sql)?;
+        let mut epochs = BTreeMap::new();
+        for row in rows {
+            let (worker, epoch) = row.map_err(sql)?;
+            epochs.insert(worker, epoch.unsigned_abs());
+        }
+        Ok(epochs)
     }
 
     /// The workers whose latest event is a read: they hold what they

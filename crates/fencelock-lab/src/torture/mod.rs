@@ -18,6 +18,7 @@ mod checker;
 mod history;
 mod nemesis;
 mod report;
+mod shards;
 mod worker;
 mod workload;
 
@@ -67,7 +68,7 @@ pub struct TortureArgs {
     /// Faults to inject, comma-separated [default: every fault that applies
     /// to the backend: pause on SQLite; pause, partition, latency and reset
     /// on servers; restart on servers the harness started; leader on
-    /// etcd-cluster and zookeeper-cluster].
+    /// etcd-cluster and zookeeper-cluster; pause and reshard on sharded].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 
@@ -123,6 +124,9 @@ pub enum ServerKind {
     ZookeeperCluster,
     /// A SQLite file in the run's temporary directory.
     Sqlite,
+    /// A shard map over two SQLite files that the `reshard` fault steps
+    /// through a transition, moving the key between the shards and back.
+    Sharded,
 }
 
 impl ServerKind {
@@ -136,10 +140,12 @@ impl ServerKind {
             ServerKind::Zookeeper => "zookeeper",
             ServerKind::ZookeeperCluster => "zookeeper-cluster",
             ServerKind::Sqlite => "sqlite",
+            ServerKind::Sharded => "sharded",
         }
     }
 
-    fn start(self) -> TestResult<Option<Server>> {
+    /// Starts the server; a shard map is laid out so that `key` moves.
+    fn start(self, key: &str) -> TestResult<Option<Server>> {
         Ok(Some(match self {
             ServerKind::Postgres => Server::Postgres(PostgresServer::start()?),
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
@@ -148,6 +154,7 @@ impl ServerKind {
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
             ServerKind::ZookeeperCluster => Server::Zookeeper(ZkServer::start_members(3)?),
+            ServerKind::Sharded => Server::Sharded(shards::ShardSteps::start(key)?),
             ServerKind::Sqlite => return Ok(None),
         }))
     }
@@ -155,10 +162,15 @@ impl ServerKind {
 
 /// The faults that apply: SQLite is a file (no network, nothing to crash
 /// but the workers themselves); a server can be cut off; one the harness
-/// started can be crashed; a cluster has a leader.
+/// started can be crashed; a cluster has a leader; the harness's shard map
+/// can be stepped (a map given by URL only paused: its shards' traffic
+/// does not go through one proxy).
 fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     use FaultKind::*;
-    if engine == "sqlite" {
+    if server == Some(ServerKind::Sharded) {
+        return vec![Pause, Reshard];
+    }
+    if engine == "sqlite" || engine == "sharded" {
         return vec![Pause];
     }
     let mut kinds = vec![Pause, Partition, Latency, Reset];
@@ -186,6 +198,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "redis" | "rediss" => "redis",
         "etcd" => "etcd",
         "zk" => "zookeeper",
+        "sharded" => "sharded",
         // A `fencelock serve` service: the faults act on the HTTP
         // connections between the workers and the service.
         "http" | "https" => "http",
@@ -254,6 +267,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Redis)) => "redis",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
+        (None, Some(ServerKind::Sharded)) => "sharded",
     };
     let applicable = applicable(engine, args.server);
     let mut faults = if args.faults.is_empty() {
@@ -267,6 +281,10 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         let why = match bad {
             FaultKind::Restart => "the harness restarts only servers it started (--server)",
             FaultKind::Leader => "leader kills need --server etcd-cluster or zookeeper-cluster",
+            FaultKind::Reshard => "resharding steps the map of --server sharded",
+            _ if engine == "sharded" => {
+                "a shard map's faults are pauses and (--server sharded) reshards"
+            }
             _ => "SQLite has no network between the workers and the lock",
         };
         return Err(Error::InvalidArgument(format!(
@@ -301,9 +319,13 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         Some(kind) => {
             match kind {
                 ServerKind::Sqlite => out.note(format_args!("using a throwaway sqlite file")),
+                ServerKind::Sharded => out.note(format_args!(
+                    "using a throwaway shard map over two sqlite files"
+                )),
                 _ => out.note(format_args!("starting a throwaway {} server", kind.name())),
             }
-            tokio::task::spawn_blocking(move || kind.start().map_err(|e| e.to_string()))
+            let key = args.key.clone();
+            tokio::task::spawn_blocking(move || kind.start(&key).map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| harness_error(e.to_string()))?
                 .map_err(|e| harness_error(format!("cannot start the server: {e}")))?

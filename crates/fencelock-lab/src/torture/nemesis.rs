@@ -31,7 +31,10 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::history::{now_us, Event, Kind, SharedStore};
+use super::{
+    history::{now_us, Event, Kind, SharedStore},
+    shards::ShardSteps,
+};
 use crate::Output;
 
 /// What the nemesis can do.
@@ -52,6 +55,9 @@ pub enum FaultKind {
     Restart,
     /// kill -9 the etcd leader, start it again 1.5–3 × the lease later.
     Leader,
+    /// Step a `--server sharded` map to its next transition step, then
+    /// wait until every worker has reopened on it (docs/sharding.md).
+    Reshard,
 }
 
 impl FaultKind {
@@ -64,6 +70,7 @@ impl FaultKind {
             FaultKind::Reset => "reset",
             FaultKind::Restart => "restart",
             FaultKind::Leader => "leader",
+            FaultKind::Reshard => "reshard",
         }
     }
 
@@ -90,6 +97,8 @@ pub enum Server {
     Etcd(EtcdCluster),
     /// ZooKeeper, standalone or an ensemble.
     Zookeeper(ZkServer),
+    /// A shard map over two SQLite files, stepped by `reshard`.
+    Sharded(ShardSteps),
 }
 
 impl Server {
@@ -101,6 +110,7 @@ impl Server {
             Server::Redis(s) => s.url(0),
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
+            Server::Sharded(m) => m.url(),
         }
     }
 
@@ -112,6 +122,7 @@ impl Server {
             Server::Redis(s) => s.kill(),
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
+            Server::Sharded(_) => Err(FILES.into()),
         }
     }
 
@@ -127,6 +138,15 @@ impl Server {
             Server::Zookeeper(z) => (0..z.len())
                 .filter(|&i| !z.is_running(i))
                 .try_for_each(|i| z.start_again(i)),
+            Server::Sharded(_) => Err(FILES.into()),
+        }
+    }
+
+    /// Writes the next step of a shard map; its epoch.
+    fn reshard(&mut self) -> TestResult<u64> {
+        match self {
+            Server::Sharded(m) => m.advance(),
+            _ => Err("only a --server sharded map can be resharded".into()),
         }
     }
 
@@ -146,6 +166,9 @@ impl Server {
         }
     }
 }
+
+/// Why a shard map of files cannot crash.
+const FILES: &str = "a shard map of SQLite files has no server to crash";
 
 /// A server shared with blocking threads.
 pub type SharedServer = Arc<Mutex<Server>>;
@@ -332,7 +355,7 @@ impl Nemesis {
                 Some(self.victim(pick).await?)
             }
             FaultKind::Reset => Some(pick % t.pids.len()),
-            FaultKind::Restart | FaultKind::Leader => None,
+            FaultKind::Restart | FaultKind::Leader | FaultKind::Reshard => None,
         };
         let mut what = match victim {
             Some(w) => format!("{} worker {w}", kind.name()),
@@ -376,6 +399,18 @@ impl Nemesis {
                 self.sleep(hold).await;
                 with_server(server, Server::start_again).await?;
             }
+            FaultKind::Reshard => {
+                let server = t.server.as_ref().ok_or_else(no_server)?;
+                let epoch = with_server(server, Server::reshard).await?;
+                what = format!("reshard to epoch {epoch}");
+                if !self.reopened(epoch).await? {
+                    return Ok(());
+                }
+                // A lease whose release failed lives on for up to a lease;
+                // only then has nothing of the step before this one a
+                // holder, and the next step may come.
+                self.sleep(self.lease).await;
+            }
         }
         let ended = now_us();
         self.injected += 1;
@@ -388,6 +423,25 @@ impl Nemesis {
             .started(started)
             .detail(kind.name());
         t.store.record(vec![event]).await
+    }
+
+    /// Waits until every worker has reopened its backend on the map of
+    /// `epoch` (true), or the end (false).
+    async fn reopened(&self, epoch: u64) -> Result<bool, Error> {
+        let workers = self.targets.pids.len();
+        loop {
+            let epochs = self.targets.store.call(|s| s.map_epochs()).await?;
+            let behind = (0..workers)
+                .filter(|w| epochs.get(&(*w as u32)).is_none_or(|e| *e < epoch))
+                .count();
+            if behind == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= self.end {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Kills the leader once one is known, polling through elections for at
@@ -449,7 +503,7 @@ mod tests {
     #[test]
     fn a_seed_gives_one_schedule_drawing_every_kind() {
         use FaultKind::*;
-        let kinds = vec![Pause, Partition, Latency, Reset, Restart, Leader];
+        let kinds = vec![Pause, Partition, Latency, Reset, Restart, Leader, Reshard];
         let a: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
         let b: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
         let c: Vec<Draw> = Schedule::new(8, kinds.clone()).take(200).collect();

@@ -21,7 +21,8 @@ use std::{
 
 use clap::Args;
 use fencelock::{
-    Error, Leadership, LockClient, LockGuard, LockMode, LossReason, MultiGuard, Owner, Permit,
+    sharded::ShardMap, Error, Leadership, LockClient, LockGuard, LockMode, LossReason, MultiGuard,
+    Owner, Permit,
 };
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
@@ -91,22 +92,31 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
     exit_with_parent(args.parent)?;
     let store = SharedStore::new(Store::open(&args.store, args.busy, !args.unfenced)?);
     let worker = args.worker;
-    let client = loop {
-        match connect(url, &args).await {
-            Ok(client) => break client,
-            Err(e) if e.is_transient() && now_us() < args.until_us => {
-                store
-                    .record(vec![error_event(worker, "connect", &e)])
-                    .await?;
-                tokio::time::sleep(args.ttl / 4).await;
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let map = shard_map(url);
+    let mut epoch = map.as_deref().map(map_epoch).transpose()?;
+    let mut client = connect_retrying(url, &args, &store).await?;
+    if let Some(epoch) = epoch {
+        store.record(vec![map_event(worker, epoch)]).await?;
+    }
     let mut rng = StdRng::seed_from_u64(args.seed);
     while now_us() < args.until_us {
+        if let Some(path) = map.as_deref() {
+            // Between rounds nothing is held: the one moment a worker may
+            // move to the next step of a transition.
+            let now = map_epoch(path)?;
+            if epoch != Some(now) {
+                client = connect_retrying(url, &args, &store).await?;
+                epoch = Some(now);
+                store.record(vec![map_event(worker, now)]).await?;
+            }
+        }
         let requested = now_us();
-        let wait = Duration::from_micros((args.until_us - requested).unsigned_abs());
+        let mut wait = Duration::from_micros((args.until_us - requested).unsigned_abs());
+        if map.is_some() {
+            // A waiter must not stay on a step the others have left: it
+            // gives up after a lease and looks at the map again.
+            wait = wait.min(args.ttl);
+        }
         match acquire(&client, &args, wait, &mut rng).await {
             Ok(held) => {
                 round(
@@ -128,6 +138,44 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
         }
     }
     Ok(Verdict::Passed)
+}
+
+/// Opens the client, retrying while the backend is down and the run goes
+/// on.
+async fn connect_retrying(
+    url: &str,
+    args: &WorkerArgs,
+    store: &SharedStore,
+) -> Result<LockClient, Error> {
+    loop {
+        match connect(url, args).await {
+            Ok(client) => return Ok(client),
+            Err(e) if e.is_transient() && now_us() < args.until_us => {
+                store
+                    .record(vec![error_event(args.worker, "connect", &e)])
+                    .await?;
+                tokio::time::sleep(args.ttl / 4).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The map file of a `sharded://` URL.
+fn shard_map(url: &str) -> Option<PathBuf> {
+    let (scheme, path) = url.split_once("://")?;
+    scheme
+        .eq_ignore_ascii_case("sharded")
+        .then(|| PathBuf::from(path))
+}
+
+/// The epoch of the map in `path` now.
+fn map_epoch(path: &std::path::Path) -> Result<u64, Error> {
+    Ok(ShardMap::read(path)?.epoch)
+}
+
+fn map_event(worker: u32, epoch: u64) -> Event {
+    Event::new(Kind::Map, Some(worker), None, now_us()).detail(epoch.to_string())
 }
 
 async fn connect(url: &str, args: &WorkerArgs) -> Result<LockClient, Error> {

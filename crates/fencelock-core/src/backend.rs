@@ -37,6 +37,14 @@ pub struct AcquireRequest {
     /// shard moves. Only backends whose [`Capabilities::min_token`] is true
     /// receive a request with a floor; the client refuses it for the others.
     pub min_token: Option<FencingToken>,
+    /// This attempt belongs to a waiting acquisition (`docs/fairness.md`):
+    /// on a backend that claims [`Capabilities::fair`], a refused attempt
+    /// leaves (or refreshes) the owner's queue entry on the key, itself a
+    /// lease of [`AcquireRequest::ttl`], and a grant goes only to the oldest
+    /// live entry. The client sets it only for waiting exclusive requests
+    /// to backends that claim `fair`, and calls [`Backend::leave_queue`]
+    /// when the wait ends without a grant. Never set for a one-shot try.
+    pub queue: bool,
 }
 
 impl AcquireRequest {
@@ -49,7 +57,14 @@ impl AcquireRequest {
             kind: None,
             data: None,
             min_token: None,
+            queue: false,
         }
+    }
+
+    /// As part of a waiting acquisition (see [`AcquireRequest::queue`]).
+    pub fn with_queue(mut self, queue: bool) -> Self {
+        self.queue = queue;
+        self
     }
 
     /// With a label.
@@ -182,6 +197,12 @@ pub struct Capabilities {
     /// (one transaction, script or Txn): all of them or none
     /// (`docs/multi-key.md`).
     pub atomic_multi: bool,
+    /// Waiters are granted in the order they started waiting
+    /// (`docs/fairness.md`): [`AcquireRequest::queue`] leaves a queue entry
+    /// ordered by the engine itself (etcd create revisions, ZooKeeper
+    /// sequential nodes), [`Backend::leave_queue`] withdraws it, and
+    /// [`Backend::queue`] lists the live entries.
+    pub fair: bool,
 }
 
 impl Capabilities {
@@ -230,6 +251,12 @@ impl Capabilities {
     /// Claims atomic multi-key acquisition ([`Capabilities::atomic_multi`]).
     pub fn with_atomic_multi(mut self, yes: bool) -> Self {
         self.atomic_multi = yes;
+        self
+    }
+
+    /// Claims FIFO grants to waiters ([`Capabilities::fair`]).
+    pub fn with_fair(mut self, yes: bool) -> Self {
+        self.fair = yes;
         self
     }
 
@@ -480,5 +507,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         let _ = (key, owner);
         Err(crate::Error::unsupported(self.name(), "shared locks"))
+    }
+
+    /// Withdraws `owner`'s queue entry on `key`, if it has one: its waiting
+    /// acquisition ended without a grant (deadline passed, or the wait was
+    /// dropped). A grant removes the entry itself. Backends that claim
+    /// [`Capabilities::fair`] implement it; the default has no queue and
+    /// answers `Ok(())`.
+    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let _ = (key, owner);
+        Ok(())
+    }
+
+    /// The live queue entries of `key`, oldest (next to be granted) first:
+    /// each waiter's owner, the entry's position token and the time its
+    /// entry has left (`expires_in`) on the backend's clock. The default has
+    /// no queue and answers an empty list.
+    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
+        let _ = key;
+        Ok(Vec::new())
     }
 }

@@ -504,6 +504,12 @@ impl LockRequest<'_> {
     /// 1 s), never sleeping past the current holder's expiry or the deadline.
     /// Returns [`Error::Timeout`] when the deadline passes.
     ///
+    /// On a backend that claims [`crate::Capabilities::fair`], waiters of
+    /// the exclusive side are granted in the order they started waiting:
+    /// the wait keeps a queue entry (a lease of the request's TTL,
+    /// refreshed by every attempt) and withdraws it when it ends without a
+    /// grant or is dropped (`docs/fairness.md`).
+    ///
     /// A guard is never born lost: a grant whose answer arrives after the
     /// guard would already have stopped trusting it (a round trip longer
     /// than the lease, I5) is released and counted as a failed attempt. If
@@ -616,14 +622,25 @@ async fn acquire_loop(
     };
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
     let mut intent = WriteIntent::new(client, &request, config, wait);
+    let mut queue = QueueEntry::new(client, &request, config, wait);
+    let request = request.with_queue(queue.is_some());
     loop {
         let outcome = attempt(client, &request, config, deadline, started).await;
         let holder = match outcome {
-            Ok(Attempt::Granted(guard)) => return Ok(guard),
+            Ok(Attempt::Granted(guard)) => {
+                // The grant took the entry off the queue on the backend.
+                if let Some(entry) = queue.as_mut() {
+                    entry.granted();
+                }
+                return Ok(guard);
+            }
             Ok(Attempt::Held(holder)) => holder,
             Ok(Attempt::Retry) => None,
             Err(e) => {
                 intent.withdraw(client, &request).await;
+                if let Some(entry) = queue.take() {
+                    entry.leave().await;
+                }
                 return Err(e);
             }
         };
@@ -633,6 +650,9 @@ async fn acquire_loop(
         let now = Instant::now();
         if !before_deadline(now) {
             intent.withdraw(client, &request).await;
+            if let Some(entry) = queue.take() {
+                entry.leave().await;
+            }
             // A single try that found the key held is not a timeout.
             if !wait.is_zero() {
                 ::metrics::counter!(m::ACQUIRE_TIMEOUTS, "backend" => name).increment(1);
@@ -652,6 +672,9 @@ async fn acquire_loop(
         }
         if let Some(refresh) = intent.refresh_every() {
             pause = pause.min(refresh);
+        }
+        if let Some(entry) = &queue {
+            pause = pause.min(entry.refresh_every());
         }
         match wakeups.as_mut() {
             Some(sub) => {
@@ -1036,6 +1059,93 @@ impl WriteIntent {
         if let Err(e) = bounded(client.op_timeout, "withdraw_write_intent", withdraw).await {
             tracing::debug!(error = %e, "could not withdraw the writer's intent; it will expire");
         }
+    }
+}
+
+/// A waiting acquisition's entry in a fair backend's queue
+/// (`docs/fairness.md`). Each attempt of the wait carries
+/// [`AcquireRequest::queue`], which posts or refreshes the entry; the entry
+/// is a lease of the request's TTL, so the wait retries at least every
+/// third of it and the entry never lapses while its waiter lives. A wait
+/// that ends without a grant withdraws it: awaited when the wait returns an
+/// error, and in a background task when the wait's future is dropped, so
+/// that cancellation never blocks. If that withdrawal fails (or there is no
+/// runtime left to run it), the entry ends by expiry, at most one TTL later.
+struct QueueEntry {
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    owner: Owner,
+    ttl: Duration,
+    op_timeout: Duration,
+    /// Whether an entry may exist on the backend.
+    armed: bool,
+}
+
+impl QueueEntry {
+    /// An entry for waiting exclusive requests to backends that claim
+    /// `fair`; a single try never queues, so it leaves nothing behind.
+    fn new(
+        client: &ClientInner,
+        request: &AcquireRequest,
+        config: GuardConfig,
+        wait: Duration,
+    ) -> Option<Self> {
+        let queues = config.mode == LockMode::Exclusive
+            && !wait.is_zero()
+            && client.backend.capabilities().fair;
+        queues.then(|| Self {
+            backend: Arc::clone(&client.backend),
+            key: request.key.clone(),
+            owner: request.owner.clone(),
+            ttl: request.ttl,
+            op_timeout: client.op_timeout,
+            armed: true,
+        })
+    }
+
+    /// How long the waiter may sleep before an attempt must refresh the
+    /// entry: three refreshes per TTL, so that one slow or lost attempt
+    /// never lets the entry lapse.
+    fn refresh_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// The backend removed the entry with the grant.
+    fn granted(&mut self) {
+        self.armed = false;
+    }
+
+    /// Withdraws the entry now, so the next waiter need not wait out its TTL.
+    async fn leave(mut self) {
+        self.armed = false;
+        leave_queue(&*self.backend, &self.key, &self.owner, self.op_timeout).await;
+    }
+}
+
+impl Drop for QueueEntry {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("no runtime to leave the queue; the entry will expire");
+            return;
+        };
+        let (backend, key, owner) = (
+            Arc::clone(&self.backend),
+            self.key.clone(),
+            self.owner.clone(),
+        );
+        let op_timeout = self.op_timeout;
+        runtime.spawn(async move { leave_queue(&*backend, &key, &owner, op_timeout).await });
+    }
+}
+
+/// One bounded [`Backend::leave_queue`]; a failure only costs the next
+/// waiter up to the entry's TTL.
+async fn leave_queue(backend: &dyn Backend, key: &LockKey, owner: &Owner, op_timeout: Duration) {
+    if let Err(e) = bounded(op_timeout, "leave_queue", backend.leave_queue(key, owner)).await {
+        tracing::debug!(error = %e, "could not leave the queue; the entry will expire");
     }
 }
 

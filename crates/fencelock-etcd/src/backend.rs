@@ -79,8 +79,9 @@ impl LeaseCache {
 /// last keep-alive that etcd answered was sent. The lease ends no earlier
 /// than `refreshed + granted` (etcd counts from when the request arrived).
 #[derive(Clone, Copy, Debug)]
-struct SharedLease {
-    id: i64,
+pub(crate) struct SharedLease {
+    /// The lease's id.
+    pub(crate) id: i64,
     granted: i64,
     refreshed: Instant,
 }
@@ -101,6 +102,13 @@ pub struct EtcdBackend {
     leases: Arc<Mutex<LeaseCache>>,
     /// The lease new grants join, per asked TTL in seconds.
     shared: Arc<Mutex<HashMap<i64, SharedLease>>>,
+    /// The lease new queue entries join, per asked TTL in seconds
+    /// (`queue.rs`): never kept alive, so an entry outlives its waiter's
+    /// last attempt by at most one TTL.
+    queue_leases: Arc<Mutex<HashMap<i64, SharedLease>>>,
+    /// The create revision of each queue entry this backend's waiters
+    /// hold (their place), by entry key.
+    pub(crate) positions: Arc<Mutex<HashMap<String, i64>>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -159,7 +167,7 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
 
 /// Whole seconds, rounded up: etcd leases have a one-second resolution and
 /// must never be shorter than asked.
-fn ttl_secs(ttl: Duration) -> i64 {
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
@@ -173,7 +181,7 @@ fn secs(n: i64) -> Duration {
     Duration::from_secs(u64::try_from(n).unwrap_or(0))
 }
 
-fn wall_in(d: Duration) -> DateTime<Utc> {
+pub(crate) fn wall_in(d: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(d).unwrap_or_default()
 }
 
@@ -219,6 +227,8 @@ impl EtcdBackend {
             options: Arc::new(options),
             leases: Arc::default(),
             shared: Arc::default(),
+            queue_leases: Arc::default(),
+            positions: Arc::default(),
         })
     }
 
@@ -236,7 +246,7 @@ impl EtcdBackend {
         format!("{}/locks/", self.options.prefix)
     }
 
-    fn key(&self, key: &LockKey) -> String {
+    pub(crate) fn key(&self, key: &LockKey) -> String {
         format!("{}{}", self.locks_prefix(), key.as_str())
     }
 
@@ -386,8 +396,21 @@ impl EtcdBackend {
     /// joins a lease ends with it, so the lease must still have most of its
     /// TTL ahead. `fresh` is true when granted by this call.
     async fn shared_lease(&self, ttl: i64) -> Result<(SharedLease, bool)> {
-        let current = self
-            .shared
+        self.lease_of(&self.shared, ttl).await
+    }
+
+    /// The lease queue entries of `ttl` seconds join, on the same terms as
+    /// [`Self::shared_lease`], but never kept alive by renewals.
+    pub(crate) async fn queue_lease(&self, ttl: i64) -> Result<(SharedLease, bool)> {
+        self.lease_of(&self.queue_leases, ttl).await
+    }
+
+    async fn lease_of(
+        &self,
+        pool: &Mutex<HashMap<i64, SharedLease>>,
+        ttl: i64,
+    ) -> Result<(SharedLease, bool)> {
+        let current = pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&ttl)
@@ -407,8 +430,7 @@ impl EtcdBackend {
             granted: granted.ttl(),
             refreshed,
         };
-        self.shared
-            .lock()
+        pool.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(ttl, lease);
         Ok((lease, true))
@@ -417,14 +439,15 @@ impl EtcdBackend {
     /// Stops new grants from joining `lease` (it ended, or a write to it
     /// has an unknown outcome); its grants keep it until they are gone.
     fn retire(&self, lease: i64) {
-        self.shared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, l| l.id != lease);
+        for pool in [&self.shared, &self.queue_leases] {
+            pool.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|_, l| l.id != lease);
+        }
     }
 
     /// Runs `txn`.
-    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
         failover(self.options.timeout, || {
             let (mut c, t) = (self.client.clone(), txn.clone());
             async move { c.txn(t).await }
@@ -613,7 +636,7 @@ impl EtcdBackend {
     /// compare fails, the `or_else` reads (each key's holder, then one of
     /// its readers) name the first key held.
     async fn acquire_writers(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
-        let mut when = Vec::with_capacity(2 * requests.len());
+        let mut when = Vec::with_capacity(3 * requests.len());
         let mut withdraw = Vec::with_capacity(requests.len());
         let mut or_else = Vec::with_capacity(2 * requests.len());
         for request in requests {
@@ -623,6 +646,10 @@ impl EtcdBackend {
             // A range compare holds for an empty range.
             when.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
             when.push(Compare::create_revision(readers.clone(), CompareOp::Equal, 0).with_prefix());
+            // FIFO (queue.rs): only the oldest waiter, or anyone when
+            // nobody waits.
+            when.extend(self.queue_turn(request));
+            withdraw.extend(self.queue_on_grant(request));
             withdraw.push(TxnOp::txn(
                 Txn::new()
                     .when([Compare::value(
@@ -638,6 +665,15 @@ impl EtcdBackend {
                 Some(GetOptions::new().with_prefix().with_limit(1)),
             ));
         }
+        // Only single tries of a wait queue (the client's `lock_all` never
+        // does); a refusal posts or refreshes the waiter's entry.
+        let queued = match requests {
+            [request] if request.queue => Some(request),
+            _ => None,
+        };
+        if let Some(request) = queued {
+            or_else.push(self.queue_refresh(request).await?);
+        }
         let refused = match self
             .put_grants(
                 requests,
@@ -649,13 +685,24 @@ impl EtcdBackend {
             )
             .await?
         {
-            Ok(grants) => return Ok(AcquireAll::Granted(grants)),
+            Ok(grants) => {
+                if let Some(request) = queued {
+                    self.queue_forget(&request.key, &request.owner);
+                }
+                return Ok(AcquireAll::Granted(grants));
+            }
             Err(resp) => resp,
         };
+        let mut answers = refused.op_responses();
+        if let Some(request) = queued {
+            if let Some(entry) = answers.pop() {
+                self.queue_noted(request, entry);
+            }
+        }
         // Two reads per key, in order: the first key with a holder (the
-        // writer if any, else a reader) is the one that refused.
-        let reads: Vec<Option<KeyValue>> = refused
-            .op_responses()
+        // writer if any, else a reader) is the one that refused. With none
+        // (a free key with waiters ahead), the caller waits its turn.
+        let reads: Vec<Option<KeyValue>> = answers
             .into_iter()
             .map(|op| match op {
                 TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
@@ -783,6 +830,12 @@ impl EtcdBackend {
                 Ok(resp) => resp,
                 Err(e) if is_lease_not_found(&e) => {
                     self.retire(lease.id);
+                    // Or the queue entry's lease ended (`queue.rs`): the
+                    // next attempt's refusal puts it on a new one.
+                    self.queue_leases
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
                     if attempts > 0 {
                         continue;
                     }
@@ -863,7 +916,7 @@ impl EtcdBackend {
     }
 
     /// Every lock key starting with `start` (a literal prefix).
-    async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
+    pub(crate) async fn range(&self, start: String) -> Result<etcd_client::GetResponse> {
         failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), start.clone());
             async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
@@ -907,6 +960,7 @@ impl Backend for EtcdBackend {
             .with_set_data(true)
             .with_shared(true)
             .with_atomic_multi(true)
+            .with_fair(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -923,9 +977,10 @@ impl Backend for EtcdBackend {
     /// One Txn for every key (see `acquire_writers`); sets too large
     /// for one Txn are taken one by one by the client.
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
-        // Each key costs two operations in each branch of the Txn; etcd
-        // refuses more than `--max-txn-ops` (128 by default).
-        if requests.len() * 2 > MAX_TXN_OPS {
+        // Each key costs three compares and two operations in each branch
+        // of the Txn; etcd refuses more than `--max-txn-ops` (128 by
+        // default) in any of them.
+        if requests.len() * 3 > MAX_TXN_OPS {
             return Err(Error::unsupported(
                 NAME,
                 "more keys in one Txn than etcd's default --max-txn-ops allows",
@@ -1314,6 +1369,14 @@ impl Backend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         crate::watch::watch(self, key).await
+    }
+
+    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.queue_leave(key, owner).await
+    }
+
+    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
+        self.queue_entries(key).await
     }
 }
 

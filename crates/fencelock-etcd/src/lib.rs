@@ -27,6 +27,7 @@ pub mod baseline;
 mod error;
 mod fence;
 mod options;
+mod queue;
 mod watch;
 
 use std::sync::Arc;

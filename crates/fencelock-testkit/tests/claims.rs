@@ -2,7 +2,8 @@
 //! `set_data` without implementing it fails
 //! `capabilities::set_data_replaces_the_holders_data_or_is_refused`, and the
 //! same backend without the claim passes it (refused as `Unsupported`);
-//! likewise `atomic_multi` and `atomic::claim_holds`.
+//! likewise `atomic_multi` and `atomic::claim_holds`, and `fair` (a racing
+//! lock with no queue) and the `fair::*` cases.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -118,4 +119,18 @@ async fn a_false_set_data_claim_fails_the_case() {
 #[tokio::test]
 async fn no_claim_passes_the_case_as_unsupported() {
     set_data_case(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_false_fair_claim_fails_the_order_case() {
+    let caps = Capabilities::default().with_wakeups(true).with_fair(true);
+    let verdict = run_case("fair::waiters_are_granted_in_arrival_order", caps).await;
+    assert!(verdict.is_err(), "a false claim passed");
+}
+
+#[tokio::test]
+async fn no_fair_claim_passes_every_fair_case() {
+    for case in CASES.iter().filter(|c| c.name.starts_with("fair::")) {
+        run_case(case.name, Capabilities::default()).await.unwrap();
+    }
 }

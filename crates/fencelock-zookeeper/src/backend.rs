@@ -33,25 +33,28 @@ const CACHE_SWEEP: usize = 4096;
 /// `mtime` (the leader's clock when the grant or the last renewal was
 /// written) plus `ttl_ms`, so a renewal is one conditional write.
 #[derive(Clone, Serialize, Deserialize)]
-struct Record {
-    owner: String,
+pub(crate) struct Record {
+    pub(crate) owner: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    kind: Option<String>,
+    pub(crate) kind: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    data: Option<serde_json::Value>,
-    ttl_ms: u64,
+    pub(crate) data: Option<serde_json::Value>,
+    pub(crate) ttl_ms: u64,
+    /// A waiter's queue entry, not a lease (`queue.rs`): never the holder.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) queued: bool,
 }
 
 /// A lease node as read: its path, record and stat.
 #[derive(Clone)]
-struct Node {
-    path: String,
-    record: Record,
-    stat: zk::Stat,
+pub(crate) struct Node {
+    pub(crate) path: String,
+    pub(crate) record: Record,
+    pub(crate) stat: zk::Stat,
 }
 
 impl Node {
-    fn expires_ms(&self) -> i64 {
+    pub(crate) fn expires_ms(&self) -> i64 {
         self.stat
             .mtime
             .saturating_add(i64::try_from(self.record.ttl_ms).unwrap_or(i64::MAX))
@@ -59,7 +62,7 @@ impl Node {
 
     /// Whether the lease is unexpired at `now` (milliseconds on the
     /// leader's clock).
-    fn live_at(&self, now: i64) -> bool {
+    pub(crate) fn live_at(&self, now: i64) -> bool {
         self.expires_ms() > now
     }
 
@@ -68,7 +71,7 @@ impl Node {
         FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
     }
 
-    fn info(&self, key: &LockKey, now: i64) -> Result<LockInfo> {
+    pub(crate) fn info(&self, key: &LockKey, now: i64) -> Result<LockInfo> {
         let expires = self.expires_ms();
         Ok(LockInfo {
             key: key.clone(),
@@ -85,24 +88,27 @@ impl Node {
     }
 }
 
-fn ms_to_time(ms: i64) -> DateTime<Utc> {
+pub(crate) fn ms_to_time(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
-fn ttl_ms(ttl: Duration) -> u64 {
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A ZooKeeper lock store (see the crate docs and `docs/zookeeper.md`).
 #[derive(Clone)]
 pub struct ZkBackend {
-    conn: Arc<Conn>,
+    pub(crate) conn: Arc<Conn>,
     /// The nodes of leases this backend granted or renewed, as last
     /// written, so that renew and release are one conditional write
     /// without finding the node first. A stale entry costs a failed
     /// write and a lookup, never a wrong answer: every write is
     /// conditional on the version cached.
     cache: Arc<Mutex<HashMap<LeaseId, Node>>>,
+    /// Queue entries of this backend's waiters, as last written
+    /// (`queue.rs`).
+    pub(crate) queued: Arc<Mutex<HashMap<(String, String), Node>>>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -119,6 +125,7 @@ impl ZkBackend {
         Ok(Self {
             conn: Arc::new(Conn::open(options).await?),
             cache: Arc::default(),
+            queued: Arc::default(),
         })
     }
 
@@ -127,14 +134,14 @@ impl ZkBackend {
         Self::connect_with(ZkOptions::from_url(url)?).await
     }
 
-    fn key_dir(&self, key: &str) -> String {
+    pub(crate) fn key_dir(&self, key: &str) -> String {
         format!("{}/{}", self.conn.locks_dir(), encode(key))
     }
 
     /// The leader's clock now, in milliseconds: the `mtime` of a write to
     /// the store's clock node. Reads carry no server time, and a lease's
     /// expiry must be judged on the clock that wrote it (I4).
-    async fn now(&self, c: &zk::Client) -> Result<i64> {
+    pub(crate) async fn now(&self, c: &zk::Client) -> Result<i64> {
         let path = format!("{}/clock", self.conn.options.base());
         let stat = self
             .conn
@@ -183,7 +190,7 @@ impl ZkBackend {
     }
 
     /// Every lease node of `key`, oldest first.
-    async fn nodes(&self, c: &zk::Client, key: &str) -> Result<Vec<Node>> {
+    pub(crate) async fn nodes(&self, c: &zk::Client, key: &str) -> Result<Vec<Node>> {
         let dir = self.key_dir(key);
         let names = self.children(c, &dir).await?;
         self.read_all(c, &dir, names).await
@@ -195,7 +202,7 @@ impl ZkBackend {
             .nodes(c, key)
             .await?
             .into_iter()
-            .find(|node| node.live_at(now)))
+            .find(|node| node.live_at(now) && !node.record.queued))
     }
 
     /// The node of `lease`, whether or not it has expired: the cached one,
@@ -219,7 +226,7 @@ impl ZkBackend {
         self.cache().get(lease).cloned()
     }
 
-    fn remember(&self, lease: &LeaseId, node: Node) {
+    pub(crate) fn remember(&self, lease: &LeaseId, node: Node) {
         let mut cache = self.cache();
         if cache.len() >= CACHE_SWEEP {
             // Ended an hour ago by the local clock: certainly lost.
@@ -235,7 +242,7 @@ impl ZkBackend {
 
     /// Deletes `node` if it is unchanged since read: `true` when it is gone
     /// (by this call or another), `false` when it changed (was renewed).
-    async fn delete(&self, c: &zk::Client, node: &Node) -> Result<bool> {
+    pub(crate) async fn delete(&self, c: &zk::Client, node: &Node) -> Result<bool> {
         match self
             .conn
             .raw(c.delete(&node.path, Some(node.stat.version)))
@@ -250,7 +257,12 @@ impl ZkBackend {
     /// Creates a lease node under `dir`, creating the key's container first
     /// when it is missing (or was just reaped by the server for being
     /// empty).
-    async fn create(&self, c: &zk::Client, dir: &str, bytes: &[u8]) -> Result<(String, zk::Stat)> {
+    pub(crate) async fn create(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        bytes: &[u8],
+    ) -> Result<(String, zk::Stat)> {
         let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
         let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
         let path = format!("{dir}/{NODE}");
@@ -277,7 +289,7 @@ impl ZkBackend {
 
     /// After creating `mine` at `now`: granted if every older node has
     /// expired (those are deleted), else the holder.
-    async fn settle(
+    pub(crate) async fn settle(
         &self,
         c: &zk::Client,
         key: &LockKey,
@@ -396,7 +408,7 @@ impl ZkBackend {
                 };
                 if !node.live_at(now) {
                     expired.push(node);
-                } else if !held {
+                } else if !held && !node.record.queued {
                     held = true;
                     live.push((key.clone(), node));
                 }
@@ -418,11 +430,15 @@ impl Backend for ZkBackend {
             .with_persistent(true)
             .with_keeps_expired(true)
             .with_set_data(true)
+            .with_fair(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         if request.min_token.is_some() {
             return Err(Error::unsupported(crate::error::NAME, "token floors"));
+        }
+        if request.queue {
+            return self.try_acquire_queued(request).await;
         }
         let c = self.conn.client().await?;
         let record = Record {
@@ -430,6 +446,7 @@ impl Backend for ZkBackend {
             kind: request.kind.clone(),
             data: request.data.clone(),
             ttl_ms: ttl_ms(request.ttl),
+            queued: false,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let dir = self.key_dir(request.key.as_str());
@@ -688,6 +705,14 @@ impl Backend for ZkBackend {
             },
         );
         Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+
+    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.queue_leave(key, owner).await
+    }
+
+    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
+        self.queue_entries(key).await
     }
 }
 

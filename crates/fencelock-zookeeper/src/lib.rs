@@ -28,6 +28,7 @@ mod conn;
 mod error;
 mod fence;
 mod options;
+mod queue;
 
 use std::sync::Arc;
 

@@ -11,6 +11,7 @@ mod capabilities;
 mod delay;
 mod election;
 mod exclusion;
+mod fair;
 mod faults;
 mod fence;
 mod guard;
@@ -162,6 +163,10 @@ pub static CASES: &[Case] = &[
     case!(rwlock::race_of_readers_and_writers),
     case!(rwlock::fence_admits_readers_and_writers, FENCE),
     case!(rwlock::restart_keeps_readers_and_tokens, RESTART),
+    case!(fair::waiters_are_granted_in_arrival_order),
+    case!(fair::a_single_try_leaves_nothing_and_never_overtakes),
+    case!(fair::abandoned_waits_do_not_delay_the_next),
+    case!(fair::a_crashed_waiters_entry_blocks_at_most_its_ttl),
 ];
 
 /// Fails the case with a formatted message unless `cond` holds.

@@ -21,7 +21,7 @@ use std::process::Command;
 mod support;
 
 use fencelock_testkit::servers::{
-    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer,
+    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, zookeeper::ZkServer,
 };
 use serde_json::Value;
 
@@ -353,6 +353,13 @@ fn workloads_on_mariadb() {
 fn workloads_on_etcd() {
     let server = EtcdCluster::start().unwrap();
     workloads(&["--url", &server.url()], "pause,partition", 11);
+}
+
+/// One standalone server shared by the runs (a JVM starts in seconds).
+#[test]
+fn workloads_on_zookeeper() {
+    let server = ZkServer::start().unwrap();
+    workloads(&["--url", &server.url()], "pause,partition", 7);
 }
 
 /// The service offers no read-write locks (its backend claims no

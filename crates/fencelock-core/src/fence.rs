@@ -56,6 +56,107 @@ impl Admission {
     }
 }
 
+/// What a fence that understands read-write locks keeps per resource
+/// (`docs/rwlock.md`): the highest token admitted in either mode and the
+/// highest writer token, with the rule [`Fence::try_admit_as`] applies to
+/// them. Its text form, which key-value fences store, is `H`, or `H/W` when
+/// the highest writer token `W` is lower (`0`: no writer yet); a bare
+/// number, as every record from before read-write locks, is a writer's.
+///
+/// ```
+/// # use fencelock_core::{FenceRecord, FencingToken, LockMode};
+/// let writer = FenceRecord::admit(None, FencingToken(5), LockMode::Exclusive).unwrap();
+/// let reader = FenceRecord::admit(Some(writer), FencingToken(7), LockMode::Shared).unwrap();
+/// assert_eq!(reader.to_string(), "7/5");
+/// assert_eq!(FenceRecord::parse("7/5"), Some(reader));
+/// // A writer must reach every admitted token, readers' included.
+/// assert_eq!(
+///     FenceRecord::admit(Some(reader), FencingToken(6), LockMode::Exclusive),
+///     Err(FencingToken(7))
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FenceRecord {
+    highest: u64,
+    /// 0 when no writer was admitted.
+    writer: u64,
+}
+
+impl FenceRecord {
+    /// The highest token admitted in either mode.
+    pub fn highest(&self) -> FencingToken {
+        FencingToken(self.highest)
+    }
+
+    /// The highest writer token admitted, if any.
+    pub fn writer(&self) -> Option<FencingToken> {
+        (self.writer > 0).then_some(FencingToken(self.writer))
+    }
+
+    /// The record after admitting `token` of a lease held in `mode` on top
+    /// of `current` (`None`: nothing admitted yet), or the floor the token
+    /// missed: a writer's token must reach the highest of all, a reader's
+    /// the highest writer token.
+    pub fn admit(
+        current: Option<Self>,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> std::result::Result<Self, FencingToken> {
+        let t = token.get();
+        let (floor, next) = match (mode, current) {
+            (LockMode::Exclusive, None) => (0, Self::writer_at(t)),
+            (LockMode::Exclusive, Some(c)) => (c.highest, Self::writer_at(t)),
+            (LockMode::Shared, None) => (
+                0,
+                Self {
+                    highest: t,
+                    writer: 0,
+                },
+            ),
+            (LockMode::Shared, Some(c)) => (
+                c.writer,
+                Self {
+                    highest: c.highest.max(t),
+                    writer: c.writer,
+                },
+            ),
+        };
+        if t < floor {
+            Err(FencingToken(floor))
+        } else {
+            Ok(next)
+        }
+    }
+
+    fn writer_at(token: u64) -> Self {
+        Self {
+            highest: token,
+            writer: token,
+        }
+    }
+
+    /// Reads the text form (`H` or `H/W`); `None` when it is neither.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.split_once('/') {
+            None => text.parse().ok().map(Self::writer_at),
+            Some((h, w)) => Some(Self {
+                highest: h.parse().ok()?,
+                writer: w.parse().ok()?,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for FenceRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.highest == self.writer {
+            write!(f, "{}", self.highest)
+        } else {
+            write!(f, "{}/{}", self.highest, self.writer)
+        }
+    }
+}
+
 /// A store of "highest admitted token" per resource.
 #[async_trait]
 pub trait Fence: Send + Sync + fmt::Debug {

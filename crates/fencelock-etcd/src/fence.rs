@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
+use fencelock_core::{Admission, Fence, FenceRecord, FencingToken, LockMode, Result};
 
 use crate::{
     backend::connect,
@@ -52,7 +52,7 @@ impl EtcdFence {
 
     /// The current record: (highest token and highest writer token, mod
     /// revision; 0 when absent).
-    async fn read(&self, key: &str) -> Result<(Option<(u64, u64)>, i64)> {
+    async fn read(&self, key: &str) -> Result<(Option<FenceRecord>, i64)> {
         let mut resp = failover(self.options.timeout, || {
             let (mut c, k) = (self.client.clone(), key.to_owned());
             async move { c.get(k, None).await }
@@ -64,10 +64,7 @@ impl EtcdFence {
             Some(kv) => {
                 let record = std::str::from_utf8(kv.value())
                     .ok()
-                    .and_then(|s| match s.split_once('/') {
-                        None => s.parse::<u64>().ok().map(|t| (t, t)),
-                        Some((h, w)) => Some((h.parse::<u64>().ok()?, w.parse::<u64>().ok()?)),
-                    })
+                    .and_then(FenceRecord::parse)
                     .ok_or_else(|| bad_value("fence record is not a u64"))?;
                 Ok((Some(record), kv.mod_revision()))
             }
@@ -92,10 +89,7 @@ impl Fence for EtcdFence {
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         let (record, _) = self.read(&self.key(resource)).await?;
-        Ok(record
-            .map(|(_, writer)| writer)
-            .filter(|w| *w > 0)
-            .map(FencingToken))
+        Ok(record.and_then(|r| r.writer()))
     }
 
     async fn try_admit_as(
@@ -105,29 +99,16 @@ impl Fence for EtcdFence {
         mode: LockMode,
     ) -> Result<Admission> {
         let key = self.key(resource);
-        let t = token.get();
         loop {
             let (current, revision) = self.read(&key).await?;
-            // The floor the token must reach, and the record after it.
-            let (floor, highest, writer) = match (mode, current) {
-                (LockMode::Exclusive, None) => (0, t, t),
-                (LockMode::Exclusive, Some((h, _))) => (h, t, t),
-                (LockMode::Shared, None) => (0, t, 0),
-                (LockMode::Shared, Some((h, w))) => (w, h.max(t), w),
+            let next = match FenceRecord::admit(current, token, mode) {
+                Ok(next) => next,
+                Err(floor) => return Ok(Admission::Stale { current: floor }),
             };
-            if t < floor {
-                return Ok(Admission::Stale {
-                    current: FencingToken(floor),
-                });
-            }
-            if current == Some((highest, writer)) {
+            if current == Some(next) {
                 return Ok(Admission::Admitted);
             }
-            let record = if highest == writer {
-                highest.to_string()
-            } else {
-                format!("{highest}/{writer}")
-            };
+            let record = next.to_string();
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     key.clone(),
@@ -151,6 +132,6 @@ impl Fence for EtcdFence {
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
         let (record, _) = self.read(&self.key(resource)).await?;
-        Ok(record.map(|(highest, _)| FencingToken(highest)))
+        Ok(record.map(|r| r.highest()))
     }
 }

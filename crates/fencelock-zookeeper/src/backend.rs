@@ -22,8 +22,30 @@ use crate::{
     options::ZkOptions,
 };
 
-/// The name every lease node starts with; ZooKeeper appends the sequence.
+mod shared;
+
+/// The name every exclusive lease node starts with; ZooKeeper appends the
+/// sequence.
 const NODE: &str = "l-";
+
+/// The name every reader's lease node starts with (`shared.rs`). Readers
+/// and writers are siblings numbered by the key's one sequence counter.
+const READER: &str = "r-";
+
+/// The prefix of `mode`'s lease nodes.
+fn prefix(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Exclusive => NODE,
+        LockMode::Shared => READER,
+    }
+}
+
+/// The sequence part of a lease node's name: both prefixes are two bytes,
+/// and the ten-digit numbers share the parent's counter, so comparing
+/// them orders readers and writers by creation.
+fn seq(name: &str) -> &str {
+    name.get(NODE.len()..).unwrap_or_default()
+}
 
 /// Past this many cached leases, the ones that ended long ago (lost, never
 /// released here) are swept out.
@@ -66,6 +88,16 @@ impl Node {
         self.expires_ms() > now
     }
 
+    /// Whether this node is a writer's or a reader's lease.
+    fn mode(&self) -> LockMode {
+        let name = self.path.rsplit('/').next().unwrap_or_default();
+        if name.starts_with(READER) {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        }
+    }
+
     fn token(&self) -> FencingToken {
         // Zxids are positive; a negative one is not a node this crate wrote.
         FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
@@ -83,7 +115,7 @@ impl Node {
             acquired_at: ms_to_time(self.stat.ctime),
             expires_at: ms_to_time(expires),
             expires_in: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)),
-            mode: LockMode::Exclusive,
+            mode: self.mode(),
         })
     }
 }
@@ -108,7 +140,7 @@ pub struct ZkBackend {
     cache: Arc<Mutex<HashMap<LeaseId, Node>>>,
     /// Queue entries of this backend's waiters, as last written
     /// (`queue.rs`).
-    pub(crate) queued: Arc<Mutex<HashMap<(String, String), Node>>>,
+    pub(crate) queued: Arc<Mutex<HashMap<(String, String), crate::queue::Slot>>>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -150,18 +182,24 @@ impl ZkBackend {
         Ok(stat.mtime)
     }
 
-    /// The names of the lease nodes under `dir`, oldest first (none when
-    /// the key's container does not exist).
+    /// The names of the lease nodes (writers' and readers') under `dir`,
+    /// oldest first (none when the key's container does not exist).
     async fn children(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        Ok(self.listing(c, dir).await?.0)
+    }
+
+    /// [`ZkBackend::children`], and whether a writer intent node exists.
+    async fn listing(&self, c: &zk::Client, dir: &str) -> Result<(Vec<String>, bool)> {
         let mut names = self
             .conn
             .maybe("listing a key's leases", c.list_children(dir))
             .await?
             .unwrap_or_default();
-        names.retain(|n| n.starts_with(NODE));
+        let intent = names.iter().any(|n| n == shared::INTENT);
+        names.retain(|n| n.starts_with(NODE) || n.starts_with(READER));
         // Ten-digit sequence numbers: byte order is creation order.
-        names.sort();
-        Ok(names)
+        names.sort_by(|a, b| seq(a).cmp(seq(b)));
+        Ok((names, intent))
     }
 
     async fn read(&self, c: &zk::Client, path: String) -> Result<Option<Node>> {
@@ -196,34 +234,35 @@ impl ZkBackend {
         self.read_all(c, &dir, names).await
     }
 
-    /// The lowest unexpired lease on `key` at `now`: the holder.
-    async fn holder(&self, c: &zk::Client, key: &str, now: i64) -> Result<Option<Node>> {
-        Ok(self
-            .nodes(c, key)
-            .await?
-            .into_iter()
-            .find(|node| node.live_at(now) && !node.record.queued))
-    }
-
-    /// The node of `lease`, whether or not it has expired: the cached one,
-    /// or else the one found on the server.
-    async fn find(&self, c: &zk::Client, lease: &LeaseId) -> Result<Option<Node>> {
-        if let Some(node) = self.cached(lease) {
+    /// The node of `lease` held in `mode`, whether or not it has expired:
+    /// the cached one, or else the one found on the server.
+    async fn find(&self, c: &zk::Client, lease: &LeaseId, mode: LockMode) -> Result<Option<Node>> {
+        if let Some(node) = self.cached(lease, mode) {
             return Ok(Some(node));
         }
         Ok(self
             .nodes(c, lease.key.as_str())
             .await?
             .into_iter()
-            .find(|node| node.token() == lease.token && node.record.owner == lease.owner.as_str()))
+            .find(|node| {
+                node.mode() == mode
+                    && node.token() == lease.token
+                    && node.record.owner == lease.owner.as_str()
+            }))
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Node>> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn cached(&self, lease: &LeaseId) -> Option<Node> {
-        self.cache().get(lease).cloned()
+    /// The cached node of `lease` if it is a `mode` lease: a token names
+    /// one node, so one cache serves both modes, but a reader's lease id
+    /// must never reach a writer's node through it, nor the reverse (I3).
+    fn cached(&self, lease: &LeaseId, mode: LockMode) -> Option<Node> {
+        self.cache()
+            .get(lease)
+            .filter(|node| node.mode() == mode)
+            .cloned()
     }
 
     pub(crate) fn remember(&self, lease: &LeaseId, node: Node) {
@@ -254,18 +293,27 @@ impl ZkBackend {
         }
     }
 
-    /// Creates a lease node under `dir`, creating the key's container first
-    /// when it is missing (or was just reaped by the server for being
-    /// empty).
+    /// Creates the key's container `dir` unless it exists.
+    async fn ensure_dir(&self, c: &zk::Client, dir: &str) -> Result<()> {
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        match self.conn.raw(c.create(dir, b"", &container)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(map("creating a key", e)),
+        }
+    }
+
+    /// Creates a `mode` lease node under `dir`, creating the key's
+    /// container first when it is missing (or was just reaped by the
+    /// server for being empty).
     pub(crate) async fn create(
         &self,
         c: &zk::Client,
         dir: &str,
+        mode: LockMode,
         bytes: &[u8],
     ) -> Result<(String, zk::Stat)> {
         let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
-        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-        let path = format!("{dir}/{NODE}");
+        let path = format!("{dir}/{}", prefix(mode));
         for _ in 0..3 {
             match self
                 .conn
@@ -273,13 +321,7 @@ impl ZkBackend {
                 .await?
             {
                 Some((stat, seq)) => return Ok((format!("{path}{seq}"), stat)),
-                None => {
-                    if let Err(e) = c.create(dir, b"", &container).await {
-                        if e != zk::Error::NodeExists {
-                            return Err(map("creating a key", e));
-                        }
-                    }
-                }
+                None => self.ensure_dir(c, dir).await?,
             }
         }
         Err(bad_value(format!(
@@ -287,20 +329,41 @@ impl ZkBackend {
         )))
     }
 
-    /// After creating `mine` at `now`: granted if every older node has
-    /// expired (those are deleted), else the holder.
+    /// After creating `mine` at `now`: granted if every older node (a
+    /// writer's or a reader's) has expired (those are deleted), else the
+    /// holder. A grant withdraws `owner`'s writer intent.
     pub(crate) async fn settle(
         &self,
         c: &zk::Client,
         key: &LockKey,
+        owner: &Owner,
         mine: &str,
         now: i64,
     ) -> Result<Option<LockInfo>> {
         let dir = self.key_dir(key.as_str());
         let own = mine.rsplit('/').next().unwrap_or_default();
-        let mut older = self.children(c, &dir).await?;
-        older.retain(|name| name.as_str() < own);
-        for node in self.read_all(c, &dir, older).await? {
+        let (mut older, intent) = self.listing(c, &dir).await?;
+        older.retain(|name| seq(name) < seq(own));
+        if let Some(holder) = self.first_live(c, key, older, now).await? {
+            return Ok(Some(holder));
+        }
+        if intent {
+            self.withdraw_intent(c, &dir, owner).await?;
+        }
+        Ok(None)
+    }
+
+    /// The first unexpired lease among `names` (nodes of `key`, oldest
+    /// first) at `now`; expired ones before it are deleted.
+    async fn first_live(
+        &self,
+        c: &zk::Client,
+        key: &LockKey,
+        names: Vec<String>,
+        now: i64,
+    ) -> Result<Option<LockInfo>> {
+        let dir = self.key_dir(key.as_str());
+        for node in self.read_all(c, &dir, names).await? {
             // An expired lease that was renewed since it was read is live
             // again as far as anyone can tell: refuse rather than judge.
             if node.live_at(now) || !self.delete(c, &node).await? {
@@ -401,20 +464,96 @@ impl ZkBackend {
         let (mut live, mut expired) = (Vec::new(), Vec::new());
         for key in keys {
             let dir = self.key_dir(key.as_str());
-            let mut held = false;
+            let mut nodes = Vec::new();
             for name in self.children(c, &dir).await? {
                 let Some(node) = self.read(c, format!("{dir}/{name}")).await? else {
                     continue;
                 };
-                if !node.live_at(now) {
+                if node.live_at(now) {
+                    nodes.push(node);
+                } else {
                     expired.push(node);
-                } else if !held && !node.record.queued {
-                    held = true;
-                    live.push((key.clone(), node));
                 }
             }
+            live.extend(shared::holders(nodes).into_iter().map(|n| (key.clone(), n)));
         }
         Ok((live, expired))
+    }
+
+    /// Renews the `mode` lease `lease` (`renew` or `renew_shared`).
+    async fn renew_as(&self, lease: &LeaseId, ttl: Duration, mode: LockMode) -> Result<Grant> {
+        let c = self.conn.client().await?;
+        let Some(node) = self.find(&c, lease, mode).await? else {
+            return Err(Error::not_held(lease));
+        };
+        match self.touch(&c, &node, lease, ttl).await {
+            // The cached node was stale (renewed through another backend):
+            // look it up and try once more.
+            Err(Error::NotHeld { .. }) if self.cached(lease, mode).is_none() => {
+                match self.find(&c, lease, mode).await? {
+                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                        self.touch(&c, &fresh, lease, ttl).await
+                    }
+                    _ => Err(Error::not_held(lease)),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Renews a batch of `mode` leases.
+    async fn renew_all(&self, renewals: &[Renewal], mode: LockMode) -> Vec<Result<Grant>> {
+        // One session carries every request, so these run pipelined.
+        futures_util::future::join_all(
+            renewals
+                .iter()
+                .map(|r| self.renew_as(&r.lease, r.ttl, mode)),
+        )
+        .await
+    }
+
+    /// Releases the `mode` lease `lease` (`release` or `release_shared`).
+    async fn release_as(&self, lease: &LeaseId, mode: LockMode) -> Result<()> {
+        let c = self.conn.client().await?;
+        let node = match self.cached(lease, mode) {
+            Some(node) => node,
+            None => self
+                .find(&c, lease, mode)
+                .await?
+                .ok_or_else(|| Error::not_held(lease))?,
+        };
+        self.forget(lease);
+        // Two writes sent together, which ZooKeeper applies in order: a
+        // touch conditional on the version read, whose `mtime` proves on
+        // the leader's clock whether the lease was still unexpired, then a
+        // delete conditional on the touch's version. Deleting a lease that
+        // had just expired is harmless: nobody took it over, or the touch
+        // would have found it gone.
+        let (record, bytes) = Self::renewed(&node, Duration::from_millis(1))?;
+        let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
+        let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
+        let (touched, deleted) = self
+            .conn
+            .raw(async { Ok(futures_util::future::join(touch, delete).await) })
+            .await
+            .map_err(|e| map("releasing a lease", e))?;
+        match Self::judge(&node, record, lease, touched) {
+            // A stale cache entry: the lease may still be there.
+            Err(Error::NotHeld { .. }) if deleted.is_err() => {
+                match self.find(&c, lease, mode).await? {
+                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                        self.cache().insert(lease.clone(), fresh);
+                        Box::pin(self.release_as(lease, mode)).await
+                    }
+                    _ => Err(Error::not_held(lease)),
+                }
+            }
+            Err(e) => Err(e),
+            Ok(_) => match deleted {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => Err(map("releasing a lease", e)),
+            },
+        }
     }
 }
 
@@ -431,6 +570,7 @@ impl Backend for ZkBackend {
             .with_keeps_expired(true)
             .with_set_data(true)
             .with_fair(true)
+            .with_shared(true)
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -450,11 +590,14 @@ impl Backend for ZkBackend {
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let dir = self.key_dir(request.key.as_str());
-        let (mine, stat) = self.create(&c, &dir, &bytes).await?;
+        let (mine, stat) = self.create(&c, &dir, LockMode::Exclusive, &bytes).await?;
         let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
         // The node's creation time is "now" on the leader: any older lease
         // that ends by then has expired.
-        match self.settle(&c, &request.key, &mine, stat.ctime).await {
+        match self
+            .settle(&c, &request.key, &request.owner, &mine, stat.ctime)
+            .await
+        {
             Ok(None) => {
                 let node = Node {
                     path: mine,
@@ -476,79 +619,26 @@ impl Backend for ZkBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let c = self.conn.client().await?;
-        let Some(node) = self.find(&c, lease).await? else {
-            return Err(Error::not_held(lease));
-        };
-        match self.touch(&c, &node, lease, ttl).await {
-            // The cached node was stale (renewed through another backend):
-            // look it up and try once more.
-            Err(Error::NotHeld { .. }) if self.cached(lease).is_none() => {
-                match self.find(&c, lease).await? {
-                    Some(fresh) if fresh.stat.version != node.stat.version => {
-                        self.touch(&c, &fresh, lease, ttl).await
-                    }
-                    _ => Err(Error::not_held(lease)),
-                }
-            }
-            other => other,
-        }
+        self.renew_as(lease, ttl, LockMode::Exclusive).await
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        // One session carries every request, so these run pipelined.
-        Ok(
-            futures_util::future::join_all(renewals.iter().map(|r| self.renew(&r.lease, r.ttl)))
-                .await,
-        )
+        Ok(self.renew_all(renewals, LockMode::Exclusive).await)
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let c = self.conn.client().await?;
-        let node = match self.cached(lease) {
-            Some(node) => node,
-            None => self
-                .find(&c, lease)
-                .await?
-                .ok_or_else(|| Error::not_held(lease))?,
-        };
-        self.forget(lease);
-        // Two writes sent together, which ZooKeeper applies in order: a
-        // touch conditional on the version read, whose `mtime` proves on
-        // the leader's clock whether the lease was still unexpired, then a
-        // delete conditional on the touch's version. Deleting a lease that
-        // had just expired is harmless: nobody took it over, or the touch
-        // would have found it gone.
-        let (record, bytes) = Self::renewed(&node, Duration::from_millis(1))?;
-        let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
-        let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
-        let (touched, deleted) = self
-            .conn
-            .raw(async { Ok(futures_util::future::join(touch, delete).await) })
-            .await
-            .map_err(|e| map("releasing a lease", e))?;
-        match Self::judge(&node, record, lease, touched) {
-            // A stale cache entry: the lease may still be there.
-            Err(Error::NotHeld { .. }) if deleted.is_err() => match self.find(&c, lease).await? {
-                Some(fresh) if fresh.stat.version != node.stat.version => {
-                    self.cache().insert(lease.clone(), fresh);
-                    Box::pin(self.release(lease)).await
-                }
-                _ => Err(Error::not_held(lease)),
-            },
-            Err(e) => Err(e),
-            Ok(_) => match deleted {
-                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-                Err(e) => Err(map("releasing a lease", e)),
-            },
-        }
+        self.release_as(lease, LockMode::Exclusive).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let c = self.conn.client().await?;
         let now = self.now(&c).await?;
-        self.holder(&c, key.as_str(), now)
-            .await?
+        let live = self.nodes(&c, key.as_str()).await?;
+        let live = live.into_iter().filter(|node| node.live_at(now));
+        // The writer, else the reader whose lease ends last.
+        shared::holders(live.collect())
+            .into_iter()
+            .max_by_key(|node| (node.mode() == LockMode::Exclusive, node.expires_ms()))
             .map(|node| node.info(key, now))
             .transpose()
     }
@@ -561,15 +651,7 @@ impl Backend for ZkBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let c = self.conn.client().await?;
-        let now = self.now(&c).await?;
-        let Some(node) = self.holder(&c, key.as_str(), now).await? else {
-            return Ok(None);
-        };
-        self.conn
-            .maybe("force-releasing a lease", c.delete(&node.path, None))
-            .await?;
-        node.info(key, now).map(Some)
+        self.free_key(key).await
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
@@ -629,7 +711,7 @@ impl Backend for ZkBackend {
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
         let c = self.conn.client().await?;
-        let mut found = self.find(&c, lease).await?;
+        let mut found = self.find(&c, lease, LockMode::Exclusive).await?;
         let mut retried = false;
         loop {
             let Some(node) = found else {
@@ -663,7 +745,7 @@ impl Backend for ZkBackend {
                 Err(zk::Error::BadVersion) if !retried => {
                     retried = true;
                     self.forget(lease);
-                    found = self.find(&c, lease).await?;
+                    found = self.find(&c, lease, LockMode::Exclusive).await?;
                 }
                 Err(zk::Error::NoNode | zk::Error::BadVersion) => {
                     self.forget(lease);
@@ -672,6 +754,32 @@ impl Backend for ZkBackend {
                 Err(e) => return Err(map("replacing a lease's data", e)),
             }
         }
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.acquire_reader(request).await
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        self.renew_as(lease, ttl, LockMode::Shared).await
+    }
+
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        Ok(self.renew_all(renewals, LockMode::Shared).await)
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        self.release_as(lease, LockMode::Shared).await
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.post_intent(key, owner, ttl).await
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        let c = self.conn.client().await?;
+        self.withdraw_intent(&c, &self.key_dir(key.as_str()), owner)
+            .await
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
@@ -691,7 +799,7 @@ impl Backend for ZkBackend {
                         // No lease node: the key is free, try now.
                         break;
                     };
-                    let event = watcher.changed().await;
+                    let event = watcher.await;
                     match event.event_type {
                         // A renewal: the holder is still there.
                         zk::EventType::NodeDataChanged => continue,
@@ -716,23 +824,42 @@ impl Backend for ZkBackend {
     }
 }
 
+/// What a waiter awaits: the first event of its watches.
+type Armed = std::pin::Pin<Box<dyn std::future::Future<Output = zk::WatchedEvent> + Send>>;
+
 impl ZkBackend {
     /// A watch on the oldest lease node of `dir` (the holder, or a
-    /// contender about to withdraw), or `None` when there is no node and
-    /// the waiter should try at once. Only the oldest node is watched, so
-    /// contenders' nodes coming and going do not wake every waiter (the
-    /// herd effect of watching the children).
-    async fn arm(&self, c: &zk::Client, dir: &str) -> Result<Option<zk::OneshotWatcher>> {
-        for name in self.children(c, dir).await? {
-            let path = format!("{dir}/{name}");
+    /// contender about to withdraw) and on the writer intent, if there is
+    /// one, firing on the first event of either; `None` when there is no
+    /// node and the waiter should try at once. Only the oldest node is
+    /// watched, so contenders' nodes coming and going do not wake every
+    /// waiter (the herd effect of watching the children). Readers wait for
+    /// the oldest lease or, once an intent stops them, for the intent.
+    async fn arm(&self, c: &zk::Client, dir: &str) -> Result<Option<Armed>> {
+        let (names, intent) = self.listing(c, dir).await?;
+        let mut watchers = Vec::new();
+        let intent = intent.then(|| format!("{dir}/{}", shared::INTENT));
+        let oldest = names.into_iter().map(|name| format!("{dir}/{name}"));
+        for (path, first_only) in intent
+            .into_iter()
+            .map(|p| (p, false))
+            .chain(oldest.map(|p| (p, true)))
+        {
             let (stat, watcher) = self
                 .conn
                 .call("watching a lease", c.check_and_watch_stat(&path))
                 .await?;
             if stat.is_some() {
-                return Ok(Some(watcher));
+                watchers.push(watcher.changed());
+                if first_only {
+                    break;
+                }
             }
         }
-        Ok(None)
+        if watchers.is_empty() {
+            return Ok(None);
+        }
+        let first = futures_util::future::select_all(watchers.into_iter().map(Box::pin));
+        Ok(Some(Box::pin(async move { first.await.0 })))
     }
 }

@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, Result};
+use fencelock_core::{Admission, Fence, FenceRecord, FencingToken, LockMode, Result};
 use zookeeper_client as zk;
 
 use crate::{
@@ -13,9 +13,11 @@ use crate::{
 };
 
 /// A fence in ZooKeeper: one node per resource (`BASE/fences/RESOURCE`)
-/// holding the highest admitted token in decimal. Admission reads the node
-/// and raises it with a write conditional on the version it read, retrying
-/// on a concurrent change.
+/// holding the highest admitted token in decimal, followed by `/W` when
+/// the highest admitted writer token `W` is lower (read-write locks,
+/// `docs/rwlock.md`; a bare number, as every node from before, is a
+/// writer's). Admission reads the node and raises it with a write
+/// conditional on the version it read, retrying on a concurrent change.
 #[derive(Clone)]
 pub struct ZkFence {
     conn: Arc<Conn>,
@@ -46,17 +48,22 @@ impl ZkFence {
         format!("{}/{}", self.conn.fences_dir(), encode(resource))
     }
 
-    /// The highest admitted token and the node's version, if any.
-    async fn read(&self, c: &zk::Client, path: &str) -> Result<Option<(u64, i32)>> {
+    /// The record and the node's version, if any.
+    async fn read(&self, c: &zk::Client, path: &str) -> Result<Option<(FenceRecord, i32)>> {
         let Some((bytes, stat)) = self.conn.maybe("reading a fence", c.get_data(path)).await?
         else {
             return Ok(None);
         };
-        let token = std::str::from_utf8(&bytes)
+        let record = std::str::from_utf8(&bytes)
             .ok()
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(FenceRecord::parse)
             .ok_or_else(|| bad_value(format!("{path} holds no token")))?;
-        Ok(Some((token, stat.version)))
+        Ok(Some((record, stat.version)))
+    }
+
+    async fn record(&self, resource: &str) -> Result<Option<FenceRecord>> {
+        let c = self.conn.client().await?;
+        Ok(self.read(&c, &self.path(resource)).await?.map(|(r, _)| r))
     }
 }
 
@@ -67,17 +74,31 @@ impl Fence for ZkFence {
     }
 
     async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.try_admit_as(resource, token, LockMode::Exclusive)
+            .await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
         let c = self.conn.client().await?;
         let path = self.path(resource);
-        let value = token.get().to_string();
         loop {
-            let written = match self.read(&c, &path).await? {
-                Some((current, _)) if token.get() < current => {
-                    return Ok(Admission::Stale {
-                        current: FencingToken(current),
-                    })
-                }
-                Some((current, _)) if token.get() == current => return Ok(Admission::Admitted),
+            let current = self.read(&c, &path).await?;
+            let next = match FenceRecord::admit(current.map(|(r, _)| r), token, mode) {
+                Ok(next) => next,
+                Err(floor) => return Ok(Admission::Stale { current: floor }),
+            };
+            let value = next.to_string();
+            let written = match current {
+                Some((record, _)) if record == next => return Ok(Admission::Admitted),
                 Some((_, version)) => self
                     .conn
                     .raw(c.set_data(&path, value.as_bytes(), Some(version)))
@@ -100,11 +121,11 @@ impl Fence for ZkFence {
         }
     }
 
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        Ok(self.record(resource).await?.and_then(|r| r.writer()))
+    }
+
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let c = self.conn.client().await?;
-        Ok(self
-            .read(&c, &self.path(resource))
-            .await?
-            .map(|(t, _)| FencingToken(t)))
+        Ok(self.record(resource).await?.map(|r| r.highest()))
     }
 }

@@ -17,6 +17,10 @@
 //!   by the time they were written. Leases are not ZooKeeper sessions
 //!   (`docs/zookeeper.md` says why).
 //! - Waiters watch the oldest child for deletion; renewals do not wake them.
+//! - Read-write locks: a reader is an `r-` sibling in the same sequence,
+//!   refused by an older live writer's node or a live writer intent (the
+//!   `intent` node); a writer is refused by any older live node. The
+//!   fence keeps the highest writer token beside the highest token.
 //!
 //! See `docs/zookeeper.md`.
 

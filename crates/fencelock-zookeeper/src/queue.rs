@@ -1,15 +1,25 @@
 //! FIFO waiting (`docs/fairness.md`): a waiting acquisition keeps its
 //! sequential node, marked `queued`, between attempts instead of withdrawing
-//! it. Each attempt refreshes the node (its `mtime`, so the entry is a
-//! lease of the request's TTL on the leader's clock) and settles as a plain
-//! acquire does: granted once every older node is gone or expired (those
+//! it. An attempt refreshes the node (its `mtime`, so the entry is a
+//! lease of the request's TTL on the leader's clock) once a third of the TTL
+//! has passed since the last write, and settles as a plain acquire does: granted once every older node is gone or expired (those
 //! are deleted), which makes the lowest live node the next holder. The
 //! grant is one more write, conditional on the node's version, that clears
 //! the mark; the token stays the node's `czxid`.
+//!
+//! Tasks of one owner share an entry, so their attempts on one key take
+//! turns (a lock per entry in this backend): two tasks that both found no
+//! entry would otherwise each create one, and the one the backend forgot
+//! would stand at the head of the queue, refreshed by nobody, for its whole
+//! TTL. Not every attempt rewrites the entry either: a write is a change of
+//! the node, which wakes every waiter watching it.
 
 use fencelock_core::{
-    Acquire, AcquireRequest, FencingToken, Grant, LockInfo, LockKey, Owner, Result,
+    Acquire, AcquireRequest, FencingToken, Grant, LockInfo, LockKey, LockMode, Owner, Result,
 };
+use std::sync::Arc;
+
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::{
@@ -21,16 +31,39 @@ use crate::{
 /// it).
 type Place = (String, String);
 
+/// A queue entry as this backend last wrote it, and when.
+#[derive(Clone)]
+pub(crate) struct Entry {
+    node: Node,
+    written: Instant,
+}
+
+/// The entry of one place, if any, behind the lock its attempts take turns
+/// on.
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Entry>>>;
+
 impl ZkBackend {
     fn place(&self, key: &LockKey, owner: &Owner) -> Place {
         (self.key_dir(key.as_str()), owner.as_str().to_owned())
     }
 
-    fn queued_node(&self, place: &Place) -> Option<Node> {
-        self.queued().get(place).cloned()
+    /// The slot of `place`, made if missing.
+    fn slot(&self, place: &Place) -> Slot {
+        Arc::clone(self.queued().entry(place.clone()).or_default())
     }
 
-    fn queued(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Place, Node>> {
+    /// Drops `place`'s slot once it is empty and no attempt waits on it.
+    fn tidy(&self, place: &Place) {
+        let mut queued = self.queued();
+        if let Some(slot) = queued.get(place) {
+            // The map's reference only: nobody else can fill it now.
+            if Arc::strong_count(slot) == 1 && slot.try_lock().is_ok_and(|e| e.is_none()) {
+                queued.remove(place);
+            }
+        }
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Place, Slot>> {
         self.queued
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -38,6 +71,25 @@ impl ZkBackend {
 
     /// One attempt of a waiting acquisition (see the module docs).
     pub(crate) async fn try_acquire_queued(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let place = self.place(&request.key, &request.owner);
+        let slot = self.slot(&place);
+        let answer = {
+            let mut entry = slot.lock().await;
+            self.attempt_in_turn(request, &place, &mut entry).await
+        };
+        drop(slot);
+        self.tidy(&place);
+        answer
+    }
+
+    /// [`ZkBackend::try_acquire_queued`] with the place's turn: `entry` is
+    /// what this backend last wrote for it.
+    async fn attempt_in_turn(
+        &self,
+        request: &AcquireRequest,
+        place: &Place,
+        entry: &mut Option<Entry>,
+    ) -> Result<Acquire> {
         let c = self.conn.client().await?;
         let record = Record {
             owner: request.owner.to_string(),
@@ -47,30 +99,49 @@ impl ZkBackend {
             queued: true,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        let place = self.place(&request.key, &request.owner);
-        let mut refreshed = None;
-        if let Some(node) = self.queued_node(&place) {
-            // Conditional: a node deleted as expired, or granted to another
-            // task of this owner, is not ours to revive.
-            match self
-                .conn
-                .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
-                .await
-            {
-                Ok(stat) => refreshed = Some((node.path, stat)),
-                Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
-                Err(e) => return Err(map("refreshing a queue entry", e)),
+        let cached = entry.clone();
+        let fresh = cached.as_ref().filter(|e| {
+            e.written.elapsed() < request.ttl / 3 && e.node.record.ttl_ms == record.ttl_ms
+        });
+        let (mine, now) = match fresh {
+            // Still a long lease left: judge the others on the clock node
+            // instead of rewriting the entry.
+            Some(entry) => (entry.node.clone(), self.now(&c).await?),
+            None => {
+                let mut refreshed = None;
+                if let Some(entry) = cached {
+                    // Conditional: a node deleted as expired, or granted to
+                    // another task of this owner, is not ours to revive.
+                    let node = entry.node;
+                    match self
+                        .conn
+                        .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
+                        .await
+                    {
+                        Ok(stat) => refreshed = Some((node.path, stat)),
+                        Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
+                        Err(e) => return Err(map("refreshing a queue entry", e)),
+                    }
+                }
+                let (path, stat) = match refreshed {
+                    Some(found) => found,
+                    None => {
+                        self.create(&c, &place.0, LockMode::Exclusive, &bytes)
+                            .await?
+                    }
+                };
+                let mine = Node { path, record, stat };
+                *entry = Some(Entry {
+                    node: mine.clone(),
+                    written: Instant::now(),
+                });
+                // The write's `mtime` is "now" on the leader.
+                let now = mine.stat.mtime;
+                (mine, now)
             }
-        }
-        let (path, stat) = match refreshed {
-            Some(found) => found,
-            None => self.create(&c, &place.0, &bytes).await?,
         };
-        let mine = Node { path, record, stat };
-        self.queued().insert(place.clone(), mine.clone());
-        // The write's `mtime` is "now" on the leader.
         if let Some(ahead) = self
-            .settle(&c, &request.key, &mine.path, mine.stat.mtime)
+            .settle(&c, &request.key, &request.owner, &mine.path, now)
             .await?
         {
             return Ok(Acquire::Held(Some(ahead)));
@@ -88,9 +159,10 @@ impl ZkBackend {
             .conn
             .raw(c.set_data(&mine.path, &bytes, Some(mine.stat.version)))
             .await;
-        self.queued().remove(&place);
         match answer {
             Ok(stat) => {
+                // The entry is a lease now.
+                *entry = None;
                 let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
                 let node = Node {
                     path: mine.path,
@@ -101,9 +173,12 @@ impl ZkBackend {
                 self.remember(&request.lease(token), node);
                 Ok(Acquire::Granted(grant))
             }
-            // The entry is gone or was rewritten: the next attempt queues
-            // anew.
-            Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(Acquire::Held(None)),
+            // Deleted as expired, or rewritten by another process of this
+            // owner: the next attempt queues anew.
+            Err(zk::Error::NoNode | zk::Error::BadVersion) => {
+                *entry = None;
+                Ok(Acquire::Held(None))
+            }
             Err(e) => Err(map("taking a lease from the queue", e)),
         }
     }
@@ -112,11 +187,22 @@ impl ZkBackend {
     /// last wrote it.
     pub(crate) async fn queue_leave(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         let place = self.place(key, owner);
-        let Some(node) = self.queued().remove(&place) else {
+        let Some(slot) = self.queued().get(&place).cloned() else {
             return Ok(());
         };
-        let c = self.conn.client().await?;
-        self.delete(&c, &node).await.map(|_| ())
+        let left = {
+            let mut entry = slot.lock().await;
+            match entry.take() {
+                Some(e) => match self.conn.client().await {
+                    Ok(c) => self.delete(&c, &e.node).await.map(|_| ()),
+                    Err(err) => Err(err),
+                },
+                None => Ok(()),
+            }
+        };
+        drop(slot);
+        self.tidy(&place);
+        left
     }
 
     /// The live entries of `key`, oldest first; each entry's token is the

@@ -195,6 +195,8 @@ const FEATURES: &[(&str, &str)] = &[
     ("mariadb", "mysql"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
     ("etcd", "etcd"),
     ("zk", "zookeeper"),
     ("http", "http"),

@@ -324,12 +324,15 @@ impl RedisBackend {
             part.0.push(i);
             part.1.push(renewal.clone());
         }
-        let answers = futures_util::future::join_all(parts.values().map(|(_, part)| {
-            self.renew_slot(script, part, keys_per_lease, &add_keys)
-        }))
+        let answers = futures_util::future::join_all(
+            parts
+                .values()
+                .map(|(_, part)| self.renew_slot(script, part, keys_per_lease, &add_keys)),
+        )
         .await;
-        let mut results: Vec<Option<Result<Grant>>> =
-            std::iter::repeat_with(|| None).take(renewals.len()).collect();
+        let mut results: Vec<Option<Result<Grant>>> = std::iter::repeat_with(|| None)
+            .take(renewals.len())
+            .collect();
         for ((indices, _), answer) in parts.values().zip(answers) {
             match answer {
                 Ok(answers) => {
@@ -730,7 +733,8 @@ impl Backend for RedisBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
-            .with_atomic_multi(true)
+            // See `try_acquire_all`: not in a cluster.
+            .with_atomic_multi(!self.inner.conn.is_cluster())
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -739,26 +743,27 @@ impl Backend for RedisBackend {
     }
 
     /// One script over every key (`ACQUIRE_ALL`). On one server a script
-    /// may touch any keys; in a Redis Cluster (or through a Cluster proxy,
-    /// which answers `CROSSSLOT`) keys in several slots are answered with
-    /// [`Error::Unsupported`] so that the client takes them one by one.
+    /// may touch any keys. In a Redis Cluster this answers
+    /// [`Error::Unsupported`] (and `atomic_multi` is not claimed), as it
+    /// does for keys in several slots through a Cluster proxy (`CROSSSLOT`):
+    /// the client then takes the keys one by one.
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
         let args = requests
             .iter()
             .map(AcquireArgs::of)
             .collect::<Result<Vec<_>>>()?;
-        // A script runs on one slot: in a cluster, keys of several slots
-        // are refused before anything is sent (the client then takes them
-        // one by one); through a proxy, the server's CROSSSLOT says it.
+        // A script runs on one slot, and user keys cannot be steered into
+        // one (braces are encoded, so a user's own hash tag is not one): in
+        // a cluster a set shares a slot only by chance, so the claim is not
+        // made there and the client takes the keys one by one. Through a
+        // proxy, the server's CROSSSLOT says the same.
+        if self.inner.conn.is_cluster() {
+            return Err(cross_slot());
+        }
         let slot = requests
             .first()
             .map(|r| self.inner.keys.slot(&r.key))
             .unwrap_or_default();
-        if self.inner.conn.is_cluster()
-            && requests.iter().any(|r| self.inner.keys.slot(&r.key) != slot)
-        {
-            return Err(cross_slot());
-        }
         let mut call = Call::new(&self.inner.scripts.acquire_all, 5 * requests.len());
         for request in requests {
             self.add_acquire_keys(&mut call, request);

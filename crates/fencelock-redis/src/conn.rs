@@ -103,7 +103,10 @@ impl BoundedConnection {
         }
         let mut any = self.clone();
         any.route = Some(SingleNodeRoutingInfo::Random);
-        let slots: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut any).await?;
+        let slots: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut any)
+            .await?;
         let mut primaries: Vec<(String, u16)> = Vec::new();
         for range in slots {
             // [start, end, [host, port, id, …], replicas…]
@@ -116,9 +119,7 @@ impl BoundedConnection {
             let host: Option<String> = primary
                 .first()
                 .and_then(|v| redis::from_redis_value(v).ok());
-            let port: Option<u16> = primary
-                .get(1)
-                .and_then(|v| redis::from_redis_value(v).ok());
+            let port: Option<u16> = primary.get(1).and_then(|v| redis::from_redis_value(v).ok());
             if let (Some(host), Some(port)) = (host, port) {
                 if !primaries.contains(&(host.clone(), port)) {
                     primaries.push((host, port));

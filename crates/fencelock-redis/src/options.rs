@@ -181,7 +181,9 @@ fn split_cluster_url(url: &str) -> Result<(String, Option<Vec<String>>)> {
         .map(str::to_owned)
         .collect();
     let Some(first) = seeds.first() else {
-        return Err(Error::InvalidUrl("the redis cluster URL has no node".into()));
+        return Err(Error::InvalidUrl(
+            "the redis cluster URL has no node".into(),
+        ));
     };
     Ok((format!("{plain}://{userinfo}{first}{tail}"), Some(seeds)))
 }

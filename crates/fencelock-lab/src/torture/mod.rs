@@ -29,7 +29,7 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_cluster::RedisCluster, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -113,6 +113,9 @@ pub enum ServerKind {
     Mariadb,
     /// Redis without persistence (`redis-server`).
     Redis,
+    /// A Redis Cluster of three primaries and three replicas, without
+    /// persistence.
+    RedisCluster,
     /// One etcd member.
     Etcd,
     /// Three etcd members.
@@ -131,6 +134,7 @@ impl ServerKind {
             ServerKind::Postgres => "postgres",
             ServerKind::Mariadb => "mariadb",
             ServerKind::Redis => "redis",
+            ServerKind::RedisCluster => "redis-cluster",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
             ServerKind::Zookeeper => "zookeeper",
@@ -144,6 +148,7 @@ impl ServerKind {
             ServerKind::Postgres => Server::Postgres(PostgresServer::start()?),
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
+            ServerKind::RedisCluster => Server::RedisCluster(RedisCluster::start()?),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
@@ -161,13 +166,19 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     if engine == "sqlite" {
         return vec![Pause];
     }
-    let mut kinds = vec![Pause, Partition, Latency, Reset];
+    // A Redis Cluster client connects to the nodes it discovers, not to
+    // the proxy in front of the URL's: no network faults there.
+    let mut kinds = if engine == "redis-cluster" {
+        vec![Pause]
+    } else {
+        vec![Pause, Partition, Latency, Reset]
+    };
     if server.is_some() {
         kinds.push(Restart);
     }
     if matches!(
         server,
-        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster)
+        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster | ServerKind::RedisCluster)
     ) {
         kinds.push(Leader);
     }
@@ -184,6 +195,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "postgres" | "postgresql" => "postgres",
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
+        "redis+cluster" | "rediss+cluster" => "redis-cluster",
         "etcd" => "etcd",
         "zk" => "zookeeper",
         // A `fencelock serve` service: the faults act on the HTTP
@@ -252,6 +264,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Postgres)) => "postgres",
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
+        (None, Some(ServerKind::RedisCluster)) => "redis-cluster",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
     };
@@ -266,7 +279,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     if let Some(bad) = faults.iter().find(|f| !applicable.contains(f)) {
         let why = match bad {
             FaultKind::Restart => "the harness restarts only servers it started (--server)",
-            FaultKind::Leader => "leader kills need --server etcd-cluster or zookeeper-cluster",
+            FaultKind::Leader => {
+                "leader kills need --server etcd-cluster, zookeeper-cluster or redis-cluster"
+            }
+            _ if engine == "redis-cluster" => {
+                "a Redis Cluster client bypasses the fault proxies (it connects to every node)"
+            }
             _ => "SQLite has no network between the workers and the lock",
         };
         return Err(Error::InvalidArgument(format!(

@@ -19,7 +19,7 @@ use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_cluster::RedisCluster, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -86,6 +86,9 @@ pub enum Server {
     /// Redis, without persistence: a restart forgets every lease and the
     /// token counter (which is re-seeded from the server's clock).
     Redis(RedisServer),
+    /// A Redis Cluster (three primaries, three replicas), without
+    /// persistence; its "leader" is the primary of the torture key's slot.
+    RedisCluster(RedisCluster),
     /// etcd, one member or several.
     Etcd(EtcdCluster),
     /// ZooKeeper, standalone or an ensemble.
@@ -99,6 +102,7 @@ impl Server {
             Server::Postgres(s) => s.url("postgres"),
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(0),
+            Server::RedisCluster(c) => c.url(),
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
         }
@@ -110,6 +114,7 @@ impl Server {
             Server::Postgres(s) => s.kill(),
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(),
+            Server::RedisCluster(c) => c.kill_all(),
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
         }
@@ -121,6 +126,7 @@ impl Server {
             Server::Postgres(s) => s.start_again(),
             Server::MariaDb(s) => s.start_again(),
             Server::Redis(s) => s.start_again(),
+            Server::RedisCluster(c) => c.start_stopped(),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
@@ -132,7 +138,9 @@ impl Server {
 
     /// kill -9 of the etcd or ZooKeeper leader; which member it was, if
     /// there was one.
-    fn kill_leader(&mut self) -> TestResult<Option<usize>> {
+    /// (For a Redis Cluster: the primary serving `key`, a plain key such
+    /// as the torture's, whose hash tag is the key itself.)
+    fn kill_leader(&mut self, key: &str) -> TestResult<Option<usize>> {
         match self {
             Server::Etcd(c) => match c.leader() {
                 Some(i) => c.kill(i).map(|()| Some(i)),
@@ -142,7 +150,17 @@ impl Server {
                 Some(i) => z.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
-            _ => Err("only an etcd cluster or a ZooKeeper ensemble has a leader to kill".into()),
+            // Every primary holds slots; the one to kill is the one the
+            // workers write to.
+            Server::RedisCluster(c) => {
+                let slot = c.keyslot(&format!("{{{key}}}"))?;
+                let port = c.primary_of(slot)?;
+                c.kill(port).map(|()| Some(usize::from(port)))
+            }
+            _ => Err(
+                "only an etcd cluster, a ZooKeeper ensemble or a Redis Cluster has a leader to kill"
+                    .into(),
+            ),
         }
     }
 }
@@ -395,7 +413,8 @@ impl Nemesis {
     async fn kill_leader(&self, server: &SharedServer) -> Result<Option<usize>, Error> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(i) = with_server(server, Server::kill_leader).await? {
+            let key = self.targets.key.clone();
+            if let Some(i) = with_server(server, move |s| s.kill_leader(&key)).await? {
                 return Ok(Some(i));
             }
             if Instant::now() >= deadline.min(self.end) {

@@ -318,6 +318,27 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// `kill -9` of every node: the whole cluster crashes.
+    pub fn kill_all(&self) -> TestResult {
+        for node in &self.nodes {
+            if let Some(mut process) = node.lock().take() {
+                process.kill()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every killed node again and waits until the cluster is
+    /// healthy: each node finds its role in its `nodes.conf`.
+    pub fn start_stopped(&self) -> TestResult {
+        for node in &self.nodes {
+            if node.lock().is_none() {
+                self.spawn(node)?;
+            }
+        }
+        self.wait_healthy()
+    }
+
     /// `kill -9` of the primary serving `slot`, then waits until a replica
     /// has taken over its slots and the cluster is `ok` again. Answers the
     /// killed node's port and the new primary's.

@@ -273,6 +273,11 @@ impl RedisCluster {
         format!("redis+cluster://{}", nodes.join(","))
     }
 
+    /// Every node's port, in the order of [`RedisCluster::url`].
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
     /// The slot of the key named `name` (`CLUSTER KEYSLOT`).
     pub fn keyslot(&self, name: &str) -> TestResult<u16> {
         let port = *self.running().first().ok_or("no node runs")?;

@@ -48,7 +48,8 @@ use crate::{Output, Verdict};
 #[derive(Debug, Args)]
 pub struct TortureArgs {
     /// Start a throwaway server from the binaries on PATH instead of using
-    /// --url (etcd-cluster, zookeeper-cluster: 3 members, for leader kills).
+    /// --url (etcd-cluster, zookeeper-cluster: 3 members; redis-cluster: 3
+    /// primaries and 3 replicas; for leader kills).
     #[arg(long, value_enum)]
     pub server: Option<ServerKind>,
 
@@ -66,8 +67,9 @@ pub struct TortureArgs {
 
     /// Faults to inject, comma-separated [default: every fault that applies
     /// to the backend: pause on SQLite; pause, partition, latency and reset
-    /// on servers; restart on servers the harness started; leader on
-    /// etcd-cluster and zookeeper-cluster].
+    /// on servers (not on a Redis Cluster, whose client bypasses the
+    /// proxies); restart on servers the harness started; leader on
+    /// etcd-cluster, zookeeper-cluster and redis-cluster].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 

@@ -50,7 +50,9 @@ pub enum FaultKind {
     /// kill -9 the lock server (every member of an etcd cluster), start it
     /// again on the same data 0.75–1.5 × the lease later.
     Restart,
-    /// kill -9 the etcd leader, start it again 1.5–3 × the lease later.
+    /// kill -9 the etcd or ZooKeeper leader (a Redis Cluster: the primary
+    /// of the key's slot, which its replica replaces), start it again
+    /// 1.5–3 × the lease later.
     Leader,
 }
 
@@ -136,10 +138,11 @@ impl Server {
         }
     }
 
-    /// kill -9 of the etcd or ZooKeeper leader; which member it was, if
-    /// there was one.
-    /// (For a Redis Cluster: the primary serving `key`, a plain key such
-    /// as the torture's, whose hash tag is the key itself.)
+    /// kill -9 of the etcd or ZooKeeper leader, or of the Redis Cluster
+    /// primary serving `key` (whose slot is that of the hash tag `{key}`
+    /// for a key without `{ } % * ? [ ] \`, which the backend would
+    /// encode); which member (a Redis node: its port) it was, if there was
+    /// one.
     fn kill_leader(&mut self, key: &str) -> TestResult<Option<usize>> {
         match self {
             Server::Etcd(c) => match c.leader() {

@@ -1,5 +1,6 @@
 //! What a Redis Cluster changes, beyond the conformance suite: a renewal
-//! batch over keys of every primary (split by slot, answered in order),
+//! batch over keys of every primary (split by slot, answered in order,
+//! `WAIT` on each slot's primary),
 //! `release_all` visiting every primary, and wake-ups that survive the
 //! death of the node the pub/sub connection was on.
 
@@ -12,7 +13,13 @@ use fencelock_testkit::{servers::redis_cluster::RedisCluster, TestResult};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_over_every_primary_is_answered_in_order() -> TestResult {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
-    let backend = RedisBackend::connect(&format!("{}?prefix=batch", cluster.url())).await?;
+    // With `WAIT` for the replica of each primary written: after each
+    // acquire on the key's primary, and once per slot of the batch.
+    let backend = RedisBackend::connect(&format!(
+        "{}?prefix=batch&wait_replicas=1&wait_timeout=5s",
+        cluster.url()
+    ))
+    .await?;
     let owner = Owner::new("batch")?;
     let mut leases = Vec::new();
     let mut primaries = Vec::new();

@@ -1,6 +1,7 @@
 //! What a Redis Cluster changes, beyond the conformance suite: a renewal
 //! batch over keys of every primary (split by slot, answered in order,
-//! `WAIT` on each slot's primary),
+//! `WAIT` on each slot's primary), the `timeout` option against a silent
+//! seed and a paused primary,
 //! `release_all` visiting every primary, and wake-ups that survive the
 //! death of the node the pub/sub connection was on.
 
@@ -108,5 +109,41 @@ async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
     // node, the one the waiter now listens on included.
     let woken = tokio::time::timeout(Duration::from_secs(10), subscription.woken()).await;
     assert_eq!(woken.ok(), Some(true), "the waiter was not woken");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
+    let timeout = Duration::from_secs(1);
+    fencelock_testkit::timeouts::connecting_to_a_silent_server_fails_in_time(
+        timeout,
+        |port| format!("redis+cluster://127.0.0.1:{port}?timeout=1s"),
+        |url| async move { RedisBackend::connect(&url).await },
+    )
+    .await?;
+
+    // A primary that stops answering (SIGSTOP) without closing its
+    // connections: a command for its slot fails transiently within the
+    // timeout, whatever the cluster client retries meanwhile.
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let backend =
+        RedisBackend::connect(&format!("{}?prefix=silent&timeout=1s", cluster.url())).await?;
+    let key = LockKey::new("silent")?;
+    let primary = cluster.primary_of(cluster.keyslot("silent:{silent}")?)?;
+    let request = AcquireRequest::new(key, Owner::new("o")?, Duration::from_secs(30));
+    cluster.pause(primary)?;
+    let started = tokio::time::Instant::now();
+    let outcome = backend.try_acquire(&request).await;
+    let took = started.elapsed();
+    cluster.resume(primary)?;
+    match outcome {
+        Err(e) if e.is_transient() => {}
+        other => return Err(format!("expected a transient error, got {other:?}").into()),
+    }
+    let bound = timeout + fencelock_testkit::timeouts::SLACK;
+    assert!(
+        took <= bound,
+        "failed only after {took:?}, more than {bound:?}"
+    );
     Ok(())
 }

@@ -323,6 +323,29 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// SIGSTOP of node `port`: it stops answering without closing its
+    /// connections (and is declared failed after `cluster-node-timeout`).
+    pub fn pause(&self, port: u16) -> TestResult {
+        self.signal(port, nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// SIGCONT of node `port`, paused by [`RedisCluster::pause`].
+    pub fn resume(&self, port: u16) -> TestResult {
+        self.signal(port, nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&self, port: u16, signal: nix::sys::signal::Signal) -> TestResult {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .ok_or_else(|| format!("no node on port {port}"))?;
+        match node.lock().as_ref() {
+            Some(process) => process.signal(signal),
+            None => Err(format!("node {port} is not running").into()),
+        }
+    }
+
     /// `kill -9` of every node: the whole cluster crashes.
     pub fn kill_all(&self) -> TestResult {
         for node in &self.nodes {

@@ -74,12 +74,60 @@ pub(crate) async fn within<T>(
         .unwrap_or_else(|_| Err(map("connect", timed_out(timeout))))
 }
 
-/// Opens the client and a managed (auto-reconnecting, multiplexed)
-/// connection, and loads the scripts once, within the timeout.
+/// One driver client per node of a `redis+cluster://` URL: where the
+/// pub/sub connection may go, tried in turn when one node is down.
+fn node_clients(options: &RedisOptions) -> Result<Vec<Client>> {
+    options
+        .cluster_nodes
+        .iter()
+        .map(|node| {
+            Client::open(node.as_str()).map_err(|e| {
+                Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
+            })
+        })
+        .collect()
+}
+
+/// A Redis Cluster client over the seed nodes of `options`.
+pub(crate) async fn cluster_connection(
+    options: &RedisOptions,
+) -> Result<redis::cluster_async::ClusterConnection> {
+    let nodes: Vec<&str> = options.cluster_nodes.iter().map(url::Url::as_str).collect();
+    // No response timeout here either (see `connect`). The client's own
+    // retries (redirections, slot map refreshes after a failover) happen
+    // inside `BoundedConnection`'s bound.
+    redis::cluster::ClusterClientBuilder::new(nodes)
+        .connection_timeout(options.timeout)
+        .build()
+        .map_err(|e| {
+            Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
+        })?
+        .get_async_connection()
+        .await
+        .map_err(|e| map("cluster connect", e))
+}
+
+/// Opens the command connection (a managed, auto-reconnecting, multiplexed
+/// connection to one server, or a cluster connection) and loads the
+/// scripts once (on every primary of a cluster), within the timeout. Also
+/// answers the clients a pub/sub connection may use: the server's, or one
+/// per listed cluster node.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
-) -> Result<(Client, BoundedConnection)> {
+) -> Result<(Vec<Client>, BoundedConnection)> {
+    if options.is_cluster() {
+        let clients = node_clients(options)?;
+        return within(options.timeout, async {
+            let mut conn =
+                BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
+            // SCRIPT LOAD goes to every primary; a replica promoted later
+            // gets them on its first NOSCRIPT (`Call::invoke`).
+            load_scripts(&mut conn, scripts).await?;
+            Ok((clients, conn))
+        })
+        .await;
+    }
     let client = client(options)?;
     // No response timeout here: `BoundedConnection` bounds every request
     // (reconnection included) by the same `timeout`, and a second timer per
@@ -94,20 +142,26 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| map("connect", e))?;
         let mut conn = BoundedConnection::new(manager, options.timeout);
-        for script in scripts.all() {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| map("SCRIPT LOAD", e))?;
-        }
-        Ok((client, conn))
+        load_scripts(&mut conn, scripts).await?;
+        Ok((vec![client], conn))
     })
     .await
 }
 
+async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts) -> Result<()> {
+    for script in scripts.all() {
+        script
+            .prepare_invoke()
+            .load_async(conn)
+            .await
+            .map_err(|e| map("SCRIPT LOAD", e))?;
+    }
+    Ok(())
+}
+
 impl RedisBackend {
-    /// Connects with `options`: one multiplexed command connection and one
+    /// Connects with `options`: one multiplexed command connection (with a
+    /// `redis+cluster://` URL, a cluster connection: one per node) and one
     /// pub/sub connection for wake-ups.
     pub async fn connect_with(options: RedisOptions) -> Result<Self> {
         let scripts = Scripts::new();
@@ -115,9 +169,9 @@ impl RedisBackend {
         // One bound for both connections: opening never takes longer than
         // the timeout.
         let (conn, wakeups, subscriber) = within(options.timeout, async {
-            let (client, conn) = connect(&options, &scripts).await?;
+            let (clients, conn) = connect(&options, &scripts).await?;
             let (wakeups, subscriber) =
-                Wakeups::start(client, keys.clone(), options.timeout).await?;
+                Wakeups::start(clients, keys.clone(), options.timeout).await?;
             Ok((conn, wakeups, subscriber))
         })
         .await?;
@@ -155,8 +209,10 @@ impl RedisBackend {
         self.inner.conn.clone()
     }
 
-    /// Runs `WAIT` when configured; errors when too few replicas acknowledged.
-    async fn wait_replicas(&self) -> Result<()> {
+    /// Runs `WAIT` when configured, on the node that holds `slot` (the
+    /// slot just written; one server has every slot); errors when too few
+    /// replicas acknowledged.
+    async fn wait_replicas(&self, slot: u16) -> Result<()> {
         let want = self.inner.options.wait_replicas;
         if want == 0 {
             return Ok(());
@@ -165,7 +221,13 @@ impl RedisBackend {
         let acked: i64 = redis::cmd("WAIT")
             .arg(want)
             .arg(timeout_ms)
-            .query_async(&mut self.conn().allowing(self.inner.options.wait_timeout))
+            .query_async(
+                &mut self
+                    .inner
+                    .conn
+                    .for_slot(slot)
+                    .allowing(self.inner.options.wait_timeout),
+            )
             .await
             .map_err(|e| map("WAIT", e))?;
         if acked < i64::from(want) {
@@ -204,7 +266,7 @@ impl RedisBackend {
             Duration::from_millis(ttl_ms),
             ms_to_time(now_ms.saturating_add(ttl_ms as i64)),
         );
-        if let Err(e) = self.wait_replicas().await {
+        if let Err(e) = self.wait_replicas(self.inner.keys.slot(&request.key)).await {
             // Do not leave a lease nobody will use behind.
             let lease = request.lease(grant.token);
             let _ = match mode {
@@ -229,12 +291,80 @@ impl RedisBackend {
     /// One batch of renewals by `script`, which takes the
     /// `keys_per_lease` keys `add_keys` adds for each lease, then each
     /// lease's owner, token and TTL, and answers `{now_ms, r1, r2, …}`.
+    ///
+    /// A script runs on one Cluster slot, so in a cluster the batch is
+    /// split by slot, the parts sent at once, and the answers put back in
+    /// order; a part that got no answer fails each of its renewals.
     async fn renew_batch(
         &self,
         script: &Script,
         renewals: &[Renewal],
         keys_per_lease: usize,
-        add_keys: impl Fn(&mut Call<'_>, &LockKey),
+        add_keys: impl Fn(&mut Call<'_>, &LockKey) + Sync,
+    ) -> Result<Vec<Result<Grant>>> {
+        let keys = &self.inner.keys;
+        let one_slot = match renewals.split_first() {
+            None => return Ok(Vec::new()),
+            Some((first, rest)) => {
+                !self.inner.conn.is_cluster() || {
+                    let slot = keys.slot(&first.lease.key);
+                    rest.iter().all(|r| keys.slot(&r.lease.key) == slot)
+                }
+            }
+        };
+        if one_slot {
+            return self
+                .renew_slot(script, renewals, keys_per_lease, &add_keys)
+                .await;
+        }
+        let mut parts: std::collections::BTreeMap<u16, (Vec<usize>, Vec<Renewal>)> =
+            std::collections::BTreeMap::new();
+        for (i, renewal) in renewals.iter().enumerate() {
+            let part = parts.entry(keys.slot(&renewal.lease.key)).or_default();
+            part.0.push(i);
+            part.1.push(renewal.clone());
+        }
+        let answers = futures_util::future::join_all(
+            parts
+                .values()
+                .map(|(_, part)| self.renew_slot(script, part, keys_per_lease, &add_keys)),
+        )
+        .await;
+        let mut results: Vec<Option<Result<Grant>>> = std::iter::repeat_with(|| None)
+            .take(renewals.len())
+            .collect();
+        for ((indices, _), answer) in parts.values().zip(answers) {
+            match answer {
+                Ok(answers) => {
+                    for (&i, answer) in indices.iter().zip(answers) {
+                        results[i] = Some(answer);
+                    }
+                }
+                Err(e) => {
+                    for &i in indices {
+                        results[i] = Some(Err(fencelock_core::BackendError::message(
+                            crate::error::NAME,
+                            e.status(),
+                            e.to_string(),
+                        )
+                        .into()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| bad_reply("a renewal of the batch got no answer")))
+            .collect()
+    }
+
+    /// [`Self::renew_batch`] for renewals whose keys share one slot.
+    async fn renew_slot(
+        &self,
+        script: &Script,
+        renewals: &[Renewal],
+        keys_per_lease: usize,
+        add_keys: &(impl Fn(&mut Call<'_>, &LockKey) + Sync),
     ) -> Result<Vec<Result<Grant>>> {
         let Some(first) = renewals.first() else {
             return Ok(Vec::new());
@@ -287,7 +417,10 @@ impl RedisBackend {
         // One WAIT covers every write of the batch; without its
         // acknowledgement no renewal of the batch counts as confirmed.
         if results.iter().any(Result::is_ok) {
-            if let Err(e) = self.wait_replicas().await {
+            if let Err(e) = self
+                .wait_replicas(self.inner.keys.slot(&first.lease.key))
+                .await
+            {
                 let message = e.to_string();
                 for result in results.iter_mut().filter(|r| r.is_ok()) {
                     *result = Err(bad_reply_transient(message.clone()));
@@ -298,9 +431,34 @@ impl RedisBackend {
     }
 
     /// Every lease whose key starts with `prefix`, with the server's `now`
-    /// in ms. SCAN (never KEYS) in batches so the server is never blocked.
+    /// in ms. SCAN (never KEYS) in batches so the server is never blocked;
+    /// in a cluster, on every primary in turn (SCAN walks one node's keys).
     async fn scan_leases(&self, prefix: Option<&str>) -> Result<(Vec<(LockInfo, i64)>, i64)> {
-        let mut conn = self.conn();
+        let nodes = self
+            .inner
+            .conn
+            .primaries()
+            .await
+            .map_err(|e| map("CLUSTER SLOTS", e))?;
+        let mut found = Vec::new();
+        let mut now_ms = 0;
+        for node in nodes {
+            let (leases, node_now_ms) = self.scan_node(node, prefix).await?;
+            found.extend(leases);
+            now_ms = now_ms.max(node_now_ms);
+        }
+        // SCAN may return a key more than once.
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key).then(a.0.token.cmp(&b.0.token)));
+        found.dedup_by(|a, b| a.0.key == b.0.key && a.0.token == b.0.token);
+        Ok((found, now_ms))
+    }
+
+    /// [`Self::scan_leases`] on one node (`conn`, routed to it).
+    async fn scan_node(
+        &self,
+        mut conn: BoundedConnection,
+        prefix: Option<&str>,
+    ) -> Result<(Vec<(LockInfo, i64)>, i64)> {
         let pattern = self.inner.keys.lease_pattern(prefix);
         let mut cursor: u64 = 0;
         let mut found = Vec::new();
@@ -351,17 +509,17 @@ impl RedisBackend {
                 break;
             }
         }
-        found.extend(self.scan_readers(prefix).await?);
-        // SCAN may return a key more than once.
-        found.sort_by(|a, b| a.0.key.cmp(&b.0.key).then(a.0.token.cmp(&b.0.token)));
-        found.dedup_by(|a, b| a.0.key == b.0.key && a.0.token == b.0.token);
+        found.extend(self.scan_readers(conn, prefix).await?);
         Ok((found, now_ms))
     }
 
     /// Every live reader lease of a key that starts with `prefix`, with its
     /// grant time in ms: a SCAN for readers sets, then one script per set.
-    async fn scan_readers(&self, prefix: Option<&str>) -> Result<Vec<(LockInfo, i64)>> {
-        let mut conn = self.conn();
+    async fn scan_readers(
+        &self,
+        mut conn: BoundedConnection,
+        prefix: Option<&str>,
+    ) -> Result<Vec<(LockInfo, i64)>> {
         let pattern = self.inner.keys.readers_pattern(prefix);
         let mut cursor: u64 = 0;
         let mut found = Vec::new();
@@ -478,6 +636,11 @@ fn renewal_grant(lease: &LeaseId, ttl_ms: u64, now_ms: i64) -> Grant {
     )
 }
 
+/// What `try_acquire_all` answers for keys in several Cluster slots.
+fn cross_slot() -> Error {
+    Error::unsupported("redis", "one script over keys in several Cluster slots")
+}
+
 fn bad_reply_transient(message: String) -> Error {
     fencelock_core::BackendError::message(
         crate::error::NAME,
@@ -570,7 +733,8 @@ impl Backend for RedisBackend {
             .with_batch_renew(true)
             .with_set_data(true)
             .with_shared(true)
-            .with_atomic_multi(true)
+            // See `try_acquire_all`: not in a cluster.
+            .with_atomic_multi(!self.inner.conn.is_cluster())
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -578,15 +742,28 @@ impl Backend for RedisBackend {
             .await
     }
 
-    /// One script over every key (`ACQUIRE_ALL`). The backend talks to one
-    /// node, where a script may touch any keys; through a Cluster proxy,
-    /// keys in several slots get `CROSSSLOT`, answered as
-    /// [`Error::Unsupported`] so that the client takes them one by one.
+    /// One script over every key (`ACQUIRE_ALL`). On one server a script
+    /// may touch any keys. In a Redis Cluster this answers
+    /// [`Error::Unsupported`] (and `atomic_multi` is not claimed), as it
+    /// does for keys in several slots through a Cluster proxy (`CROSSSLOT`):
+    /// the client then takes the keys one by one.
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
         let args = requests
             .iter()
             .map(AcquireArgs::of)
             .collect::<Result<Vec<_>>>()?;
+        // A script runs on one slot, and user keys cannot be steered into
+        // one (braces are encoded, so a user's own hash tag is not one): in
+        // a cluster a set shares a slot only by chance, so the claim is not
+        // made there and the client takes the keys one by one. Through a
+        // proxy, the server's CROSSSLOT says the same.
+        if self.inner.conn.is_cluster() {
+            return Err(cross_slot());
+        }
+        let slot = requests
+            .first()
+            .map(|r| self.inner.keys.slot(&r.key))
+            .unwrap_or_default();
         let mut call = Call::new(&self.inner.scripts.acquire_all, 5 * requests.len());
         for request in requests {
             self.add_acquire_keys(&mut call, request);
@@ -596,12 +773,7 @@ impl Backend for RedisBackend {
         }
         let row: Vec<Value> = match call.invoke(&mut self.conn()).await {
             Ok(row) => row,
-            Err(e) if e.kind() == redis::ErrorKind::CrossSlot => {
-                return Err(Error::unsupported(
-                    "redis",
-                    "one script over keys in several Cluster slots",
-                ))
-            }
+            Err(e) if e.kind() == redis::ErrorKind::CrossSlot => return Err(cross_slot()),
             Err(e) => return Err(map("acquire script", e)),
         };
         if field::<i64>(&row, 0)? != 1 {
@@ -626,7 +798,7 @@ impl Backend for RedisBackend {
                 ms_to_time(now_ms.saturating_add(a.ttl_ms as i64)),
             ));
         }
-        if let Err(e) = self.wait_replicas().await {
+        if let Err(e) = self.wait_replicas(slot).await {
             // Do not leave leases nobody will use behind.
             for (request, grant) in requests.iter().zip(&grants) {
                 let _ = self.release(&request.lease(grant.token)).await;
@@ -713,7 +885,7 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| map("renew script", e))?;
         let grant = renewed(lease, ttl_ms, &row)?;
-        self.wait_replicas().await?;
+        self.wait_replicas(self.inner.keys.slot(&lease.key)).await?;
         Ok(grant)
     }
 
@@ -753,7 +925,7 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| map("set_data script", e))?;
         lease.found(changed == 1)?;
-        self.wait_replicas().await
+        self.wait_replicas(self.inner.keys.slot(&lease.key)).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {

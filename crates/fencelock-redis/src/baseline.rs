@@ -1,7 +1,9 @@
 //! The raw baseline of `fencelock bench --baseline`: the backend's own
 //! acquire and release scripts, sent as bare `EVALSHA` commands on one
-//! multiplexed connection (the library also shares one), with the same keys
-//! and arguments, and none of the library around them. Not a stable API.
+//! multiplexed connection (the library also shares one; for a
+//! `redis+cluster://` URL, on one cluster connection as the library's), with
+//! the same keys and arguments, and none of the library around them. Not a
+//! stable API.
 
 use std::time::Duration;
 
@@ -10,19 +12,20 @@ use fencelock_core::{
     baseline::{RawBaseline, RawCycle, RAW_OWNER},
     LockKey, Result,
 };
-use redis::{aio::MultiplexedConnection, Value};
+use redis::{aio::ConnectionLike, Value};
 
 use crate::{
-    backend::{client, from_value},
+    backend::{client, cluster_connection, from_value},
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
     scripts::Scripts,
 };
 
-/// Raw `EVALSHA` cycles on one shared connection.
-pub struct RedisBaseline {
-    conn: MultiplexedConnection,
+/// Raw `EVALSHA` cycles on one shared connection (`C`: a multiplexed or a
+/// cluster connection).
+pub struct RedisBaseline<C> {
+    conn: C,
     keys: Keys,
     acquire_sha: String,
     release_sha: String,
@@ -31,28 +34,40 @@ pub struct RedisBaseline {
 /// Connects as the backend for `url` does and loads its scripts.
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = RedisOptions::from_url(url)?;
-    let mut conn = client(&options)?
+    if options.is_cluster() {
+        let conn = cluster_connection(&options).await?;
+        return Ok(Box::new(RedisBaseline::loading(conn, &options).await?));
+    }
+    let conn = client(&options)?
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| map("connect", e))?;
-    let scripts = Scripts::new();
-    for script in [&scripts.acquire, &scripts.release] {
-        script
-            .prepare_invoke()
-            .load_async(&mut conn)
-            .await
-            .map_err(|e| map("SCRIPT LOAD", e))?;
+    Ok(Box::new(RedisBaseline::loading(conn, &options).await?))
+}
+
+impl<C: ConnectionLike> RedisBaseline<C> {
+    /// Loads the two scripts through `conn` (on every primary of a
+    /// cluster).
+    async fn loading(mut conn: C, options: &RedisOptions) -> Result<Self> {
+        let scripts = Scripts::new();
+        for script in [&scripts.acquire, &scripts.release] {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map("SCRIPT LOAD", e))?;
+        }
+        Ok(Self {
+            conn,
+            keys: Keys::new(&options.prefix)?,
+            acquire_sha: scripts.acquire.get_hash().to_owned(),
+            release_sha: scripts.release.get_hash().to_owned(),
+        })
     }
-    Ok(Box::new(RedisBaseline {
-        conn,
-        keys: Keys::new(&options.prefix)?,
-        acquire_sha: scripts.acquire.get_hash().to_owned(),
-        release_sha: scripts.release.get_hash().to_owned(),
-    }))
 }
 
 #[async_trait]
-impl RawBaseline for RedisBaseline {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RawBaseline for RedisBaseline<C> {
     fn describe(&self) -> String {
         "EVALSHA of the acquire script, then of the release script, on one multiplexed \
          connection"
@@ -69,15 +84,15 @@ impl RawBaseline for RedisBaseline {
     }
 }
 
-struct Worker {
-    conn: MultiplexedConnection,
+struct Worker<C> {
+    conn: C,
     keys: Keys,
     acquire_sha: String,
     release_sha: String,
 }
 
 #[async_trait]
-impl RawCycle for Worker {
+impl<C: ConnectionLike + Send + Sync> RawCycle for Worker<C> {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<Option<u64>> {
         let key = LockKey::new(key)?;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);

@@ -208,6 +208,15 @@ impl Keys {
         self.tagged(key, ":released")
     }
 
+    /// The Redis Cluster slot of every key of `key`'s lock (they share the
+    /// hash tag `{ENC}`, never empty since keys are not): where its scripts
+    /// run, and the unit by which a Cluster backend splits batches.
+    pub(crate) fn slot(&self, key: &LockKey) -> u16 {
+        let mut crc = Crc16::default();
+        encode_runs(key.as_str(), |run| crc.update(run.as_bytes()));
+        crc.0 % 16384
+    }
+
     /// A SCAN pattern matching the lease hashes (not counters) of keys that
     /// start with `prefix`. Literal because both parts contain no glob
     /// characters.
@@ -234,6 +243,28 @@ impl Keys {
     /// The user key of a readers set name found by SCAN.
     pub(crate) fn readers_user_key(&self, readers: &[u8]) -> Option<LockKey> {
         self.user_key(readers.strip_suffix(READERS.as_bytes())?)
+    }
+}
+
+/// CRC-16/XMODEM, the checksum of Redis Cluster's key slots
+/// (`CRC16(tag) mod 16384`, see the cluster specification). A few lines
+/// here rather than a crate: the slot of a lock is needed only to group a
+/// batch by slot before sending it.
+#[derive(Default)]
+struct Crc16(u16);
+
+impl Crc16 {
+    fn update(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 ^= u16::from(byte) << 8;
+            for _ in 0..8 {
+                self.0 = if self.0 & 0x8000 != 0 {
+                    (self.0 << 1) ^ 0x1021
+                } else {
+                    self.0 << 1
+                };
+            }
+        }
     }
 }
 
@@ -309,6 +340,21 @@ mod tests {
             ]
         );
         assert_eq!(keys.user_key(&args[0]), Some(k));
+        Ok(())
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() -> Result<()> {
+        // The cluster specification's check value: CRC16("123456789").
+        let mut crc = Crc16::default();
+        crc.update(b"123456789");
+        assert_eq!(crc.0, 0x31C3);
+        // `CLUSTER KEYSLOT` of these tags, read from a Redis 7 server; the
+        // encoded form is what is hashed (`{` becomes `%7B`).
+        let keys = Keys::new("fl")?;
+        for (key, slot) in [("a", 15495), ("job:1", 11113), ("{x", 7951)] {
+            assert_eq!(keys.slot(&LockKey::new(key)?), slot, "{key}");
+        }
         Ok(())
     }
 

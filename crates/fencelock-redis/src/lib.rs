@@ -8,7 +8,8 @@
 //!   restart without persistence (I2), given a server clock that does not
 //!   step back.
 //! - Keys of one lock share a hash tag (`PREFIX:{KEY}`,
-//!   `PREFIX:{KEY}:token`), so each script touches one Cluster slot.
+//!   `PREFIX:{KEY}:token`), so each script touches one Cluster slot: the
+//!   same scripts run on a Redis Cluster (`redis+cluster://h1:p1,h2:p2`).
 //! - Releases publish on the key's own channel (`PREFIX:{KEY}:released`),
 //!   which a backend subscribes to only while it has a waiter for that key.
 //!
@@ -47,7 +48,9 @@ pub use backend::RedisBackend;
 pub use fence::RedisFence;
 pub use options::{RedisOptions, DEFAULT_PREFIX};
 
-/// Opens Redis backends and fences from `redis://` (with the `tls` feature also `rediss://`) URLs.
+/// Opens Redis backends and fences from `redis://` (with the `tls` feature
+/// also `rediss://`) URLs, and Redis Clusters from `redis+cluster://h1:p1,h2:p2`
+/// (`rediss+cluster://`) URLs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisDriver;
 
@@ -58,7 +61,7 @@ impl fencelock_core::Driver for RedisDriver {
     }
 
     fn schemes(&self) -> &'static [&'static str] {
-        &["redis", "rediss"]
+        &["redis", "rediss", "redis+cluster", "rediss+cluster"]
     }
 
     async fn open_backend(

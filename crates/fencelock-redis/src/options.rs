@@ -1,4 +1,5 @@
-//! `redis://` / `rediss://` URLs and the options this crate reads from them.
+//! `redis://` / `rediss://` URLs (and their `+cluster` forms) and the
+//! options this crate reads from them.
 
 use std::{fmt, time::Duration};
 
@@ -26,6 +27,9 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 #[derive(Clone)]
 pub struct RedisOptions {
     pub(crate) connection_url: Url,
+    /// With a `redis+cluster://` URL: one URL per listed node (the first is
+    /// also `connection_url`); empty for a single server.
+    pub(crate) cluster_nodes: Vec<Url>,
     /// Key prefix; keys are `PREFIX:{KEY}`.
     pub prefix: String,
     /// `WAIT` for this many replicas after acquire and renew (0 = off).
@@ -39,9 +43,14 @@ pub struct RedisOptions {
 impl RedisOptions {
     /// Parses a `redis://[user:password@]host[:port][/db][?prefix=…]` URL
     /// (`rediss://` with the `tls` feature).
+    ///
+    /// `redis+cluster://[user:password@]host1:port1,host2:port2,…[?…]`
+    /// (`rediss+cluster://` with the `tls` feature) opens a Redis Cluster
+    /// through the listed seed nodes; a database other than 0 is refused.
     pub fn from_url(url: &str) -> Result<Self> {
+        let (url, seeds) = split_cluster_url(url)?;
         let parsed =
-            Url::parse(url).map_err(|e| Error::InvalidUrl(format!("not a redis:// URL ({e})")))?;
+            Url::parse(&url).map_err(|e| Error::InvalidUrl(format!("not a redis:// URL ({e})")))?;
         match parsed.scheme() {
             "redis" => {}
             "rediss" if cfg!(feature = "tls") => {}
@@ -61,6 +70,7 @@ impl RedisOptions {
         }
         let mut options = RedisOptions {
             connection_url: parsed.clone(),
+            cluster_nodes: Vec::new(),
             prefix: DEFAULT_PREFIX.to_owned(),
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
@@ -93,7 +103,45 @@ impl RedisOptions {
                 .query_pairs_mut()
                 .extend_pairs(passthrough);
         }
+        if let Some(seeds) = seeds {
+            if !matches!(options.connection_url.path(), "" | "/" | "/0") {
+                return Err(Error::InvalidUrl(
+                    "a Redis Cluster has only database 0".into(),
+                ));
+            }
+            for seed in seeds {
+                let mut node = options.connection_url.clone();
+                // The seed was parsed once already as part of a URL, so a
+                // failure here is a malformed port or host.
+                let (host, port) = match seed.rsplit_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (seed.as_str(), None),
+                };
+                let port = port
+                    .map(|p| {
+                        p.parse::<u16>().map_err(|_| {
+                            Error::InvalidUrl(format!("cluster node port {p:?} is not a port"))
+                        })
+                    })
+                    .transpose()?;
+                if host.is_empty() {
+                    return Err(Error::InvalidUrl("a cluster node has no host".into()));
+                }
+                node.set_host(Some(host))
+                    .and_then(|()| {
+                        node.set_port(port)
+                            .map_err(|()| url::ParseError::InvalidPort)
+                    })
+                    .map_err(|e| Error::InvalidUrl(format!("cluster node {host:?}: {e}")))?;
+                options.cluster_nodes.push(node);
+            }
+        }
         Ok(options)
+    }
+
+    /// Whether the URL names a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        !self.cluster_nodes.is_empty()
     }
 
     /// The URL with any password replaced by `***`, for logs.
@@ -106,10 +154,45 @@ impl RedisOptions {
     }
 }
 
+/// For a `redis+cluster://` (or `rediss+cluster://`) URL: the same URL with
+/// the plain scheme and only the first node, and every node's `host:port`.
+/// Other URLs come back unchanged, with `None`.
+fn split_cluster_url(url: &str) -> Result<(String, Option<Vec<String>>)> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok((url.to_owned(), None));
+    };
+    let plain = match scheme {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return Ok((url.to_owned(), None)),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    // The password may contain ',' or '@' (percent-encoded or not): the
+    // node list is what follows the last '@'.
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let Some(first) = seeds.first() else {
+        return Err(Error::InvalidUrl(
+            "the redis cluster URL has no node".into(),
+        ));
+    };
+    Ok((format!("{plain}://{userinfo}{first}{tail}"), Some(seeds)))
+}
+
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
             .field("url", &self.redacted_url())
+            .field("cluster_nodes", &self.cluster_nodes.len())
             .field("prefix", &self.prefix)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
@@ -142,6 +225,26 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_list_every_node() -> Result<()> {
+        let o = RedisOptions::from_url(
+            "redis+cluster://u:s%2C3cret@10.0.0.1:7000,10.0.0.2:7001,host3?prefix=app&protocol=resp3",
+        )?;
+        assert!(o.is_cluster());
+        assert_eq!(o.prefix, "app");
+        let nodes: Vec<&str> = o.cluster_nodes.iter().map(Url::as_str).collect();
+        assert_eq!(
+            nodes,
+            [
+                "redis://u:s%2C3cret@10.0.0.1:7000?protocol=resp3",
+                "redis://u:s%2C3cret@10.0.0.2:7001?protocol=resp3",
+                "redis://u:s%2C3cret@host3?protocol=resp3",
+            ]
+        );
+        assert!(!RedisOptions::from_url("redis://127.0.0.1:7000")?.is_cluster());
+        Ok(())
+    }
+
+    #[test]
     fn malformed_urls_never_echo_the_password() {
         for bad in [
             "redis://user:s3cret@[::1",
@@ -151,6 +254,11 @@ mod tests {
             "redis://user:s3cret@host/?timeout=-1s",
             "redis://user:s3cret@:80",
             "not a url s3cret",
+            "redis+cluster://user:s3cret@",
+            "redis+cluster://user:s3cret@h1:1,h2:x",
+            "redis+cluster://user:s3cret@h1:1,h2:99999",
+            "redis+cluster://user:s3cret@h1:1,:5",
+            "redis+cluster://user:s3cret@h1:1,h2:2/3",
         ] {
             match RedisOptions::from_url(bad) {
                 Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),

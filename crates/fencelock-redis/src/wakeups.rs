@@ -45,28 +45,49 @@ pub(crate) struct Wakeups {
 }
 
 /// Opens a pub/sub connection within `timeout` (a server that accepts
-/// connections but does not answer must not stall us).
-async fn open(client: &Client, timeout: Duration) -> Result<(PubSubSink, PubSubStream)> {
-    match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
-        Ok(Ok(pubsub)) => Ok(pubsub.split()),
-        Ok(Err(e)) => Err(map("pub/sub connect", e)),
-        Err(_) => Err(fencelock_core::BackendError::timeout(
-            crate::error::NAME,
-            "pub/sub connect timed out",
-        )
-        .into()),
+/// connections but does not answer must not stall us), to the first of
+/// `clients` that answers, starting at `*next` and leaving `*next` at the
+/// one that did. There is one client for a single server; in a Redis
+/// Cluster there is one per listed node, any of which will do: a `PUBLISH`
+/// on any node is broadcast to every node's subscribers.
+async fn open(
+    clients: &[Client],
+    next: &mut usize,
+    timeout: Duration,
+) -> Result<(PubSubSink, PubSubStream)> {
+    let mut last = None;
+    for attempt in 0..clients.len() {
+        let i = (*next + attempt) % clients.len();
+        match tokio::time::timeout(timeout, clients[i].get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => {
+                *next = i;
+                return Ok(pubsub.split());
+            }
+            Ok(Err(e)) => last = Some(map("pub/sub connect", e)),
+            Err(_) => {
+                last = Some(
+                    fencelock_core::BackendError::timeout(
+                        crate::error::NAME,
+                        "pub/sub connect timed out",
+                    )
+                    .into(),
+                )
+            }
+        }
     }
+    Err(last.unwrap_or_else(|| crate::error::bad_reply("no redis node to subscribe on")))
 }
 
 impl Wakeups {
     /// Opens the pub/sub connection and starts its reader; the reader stops
     /// when the returned handle is aborted.
     pub(crate) async fn start(
-        client: Client,
+        clients: Vec<Client>,
         keys: Keys,
         timeout: Duration,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>)> {
-        let (sink, stream) = open(&client, timeout).await?;
+        let mut next = 0;
+        let (sink, stream) = open(&clients, &mut next, timeout).await?;
         let wakeups = Arc::new(Self {
             hub: WakeHub::new(),
             keys,
@@ -77,7 +98,7 @@ impl Wakeups {
                 keys: HashSet::new(),
             }),
         });
-        let reader = tokio::spawn(Arc::clone(&wakeups).read(client, stream));
+        let reader = tokio::spawn(Arc::clone(&wakeups).read(clients, next, stream));
         Ok((wakeups, reader))
     }
 
@@ -147,7 +168,10 @@ impl Wakeups {
     /// every waiter falls back to backoff (`close_all`); after a reconnect
     /// the keys that still have waiters are subscribed again and all
     /// waiters are woken, because notices may have been missed.
-    async fn read(self: Arc<Self>, client: Client, first: PubSubStream) {
+    ///
+    /// In a cluster, the node that failed is tried last: the reconnection
+    /// starts at the next listed node.
+    async fn read(self: Arc<Self>, clients: Vec<Client>, mut next: usize, first: PubSubStream) {
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(50);
         loop {
@@ -161,11 +185,12 @@ impl Wakeups {
                 tracing::debug!("redis wake-up connection lost; reconnecting");
                 *self.listening.lock().await = Listening::default();
                 self.hub.close_all();
+                next = next.wrapping_add(1);
             }
             // Reconnect attempts are spaced so a dead server is not hammered.
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(2));
-            match open(&client, self.timeout).await {
+            match open(&clients, &mut next, self.timeout).await {
                 Ok((mut sink, messages)) => {
                     let mut listening = self.listening.lock().await;
                     let waited: Vec<String> = self.waiters().keys().cloned().collect();

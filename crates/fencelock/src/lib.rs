@@ -15,6 +15,7 @@
 //! | `postgres://user:pw@host/db` | `postgres` | PostgreSQL 12+ |
 //! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8.0.17+ |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
+//! | `redis+cluster://h1:p1,h2:p2`, `rediss+cluster://…` | `redis` (+`tls`) | Redis Cluster |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `zk://host:2181[,host:2181…][/chroot]` | `zookeeper` | ZooKeeper 3.6+ |
 //! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
@@ -195,6 +196,8 @@ const FEATURES: &[(&str, &str)] = &[
     ("mariadb", "mysql"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
     ("etcd", "etcd"),
     ("zk", "zookeeper"),
     ("http", "http"),

@@ -30,7 +30,7 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_cluster::RedisCluster, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -49,7 +49,8 @@ use crate::{Output, Verdict};
 #[derive(Debug, Args)]
 pub struct TortureArgs {
     /// Start a throwaway server from the binaries on PATH instead of using
-    /// --url (etcd-cluster, zookeeper-cluster: 3 members, for leader kills).
+    /// --url (etcd-cluster, zookeeper-cluster: 3 members; redis-cluster: 3
+    /// primaries and 3 replicas; for leader kills).
     #[arg(long, value_enum)]
     pub server: Option<ServerKind>,
 
@@ -67,8 +68,10 @@ pub struct TortureArgs {
 
     /// Faults to inject, comma-separated [default: every fault that applies
     /// to the backend: pause on SQLite; pause, partition, latency and reset
-    /// on servers; restart on servers the harness started; leader on
-    /// etcd-cluster and zookeeper-cluster; pause and reshard on sharded].
+    /// on servers (not on a Redis Cluster, whose client bypasses the
+    /// proxies); restart on servers the harness started; leader on
+    /// etcd-cluster, zookeeper-cluster and redis-cluster; pause and reshard
+    /// on sharded].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 
@@ -114,6 +117,9 @@ pub enum ServerKind {
     Mariadb,
     /// Redis without persistence (`redis-server`).
     Redis,
+    /// A Redis Cluster of three primaries and three replicas, without
+    /// persistence.
+    RedisCluster,
     /// One etcd member.
     Etcd,
     /// Three etcd members.
@@ -135,6 +141,7 @@ impl ServerKind {
             ServerKind::Postgres => "postgres",
             ServerKind::Mariadb => "mariadb",
             ServerKind::Redis => "redis",
+            ServerKind::RedisCluster => "redis-cluster",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
             ServerKind::Zookeeper => "zookeeper",
@@ -150,6 +157,7 @@ impl ServerKind {
             ServerKind::Postgres => Server::Postgres(PostgresServer::start()?),
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
+            ServerKind::RedisCluster => Server::RedisCluster(RedisCluster::start()?),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
@@ -173,13 +181,19 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     if engine == "sqlite" || engine == "sharded" {
         return vec![Pause];
     }
-    let mut kinds = vec![Pause, Partition, Latency, Reset];
+    // A Redis Cluster client connects to the nodes it discovers, not to
+    // the proxy in front of the URL's: no network faults there.
+    let mut kinds = if engine == "redis-cluster" {
+        vec![Pause]
+    } else {
+        vec![Pause, Partition, Latency, Reset]
+    };
     if server.is_some() {
         kinds.push(Restart);
     }
     if matches!(
         server,
-        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster)
+        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster | ServerKind::RedisCluster)
     ) {
         kinds.push(Leader);
     }
@@ -196,6 +210,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "postgres" | "postgresql" => "postgres",
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
+        "redis+cluster" | "rediss+cluster" => "redis-cluster",
         "etcd" => "etcd",
         "zk" => "zookeeper",
         "sharded" => "sharded",
@@ -265,6 +280,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Postgres)) => "postgres",
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
+        (None, Some(ServerKind::RedisCluster)) => "redis-cluster",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
         (None, Some(ServerKind::Sharded)) => "sharded",
@@ -280,10 +296,15 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     if let Some(bad) = faults.iter().find(|f| !applicable.contains(f)) {
         let why = match bad {
             FaultKind::Restart => "the harness restarts only servers it started (--server)",
-            FaultKind::Leader => "leader kills need --server etcd-cluster or zookeeper-cluster",
+            FaultKind::Leader => {
+                "leader kills need --server etcd-cluster, zookeeper-cluster or redis-cluster"
+            }
             FaultKind::Reshard => "resharding steps the map of --server sharded",
             _ if engine == "sharded" => {
                 "a shard map's faults are pauses and (--server sharded) reshards"
+            }
+            _ if engine == "redis-cluster" => {
+                "a Redis Cluster client bypasses the fault proxies (it connects to every node)"
             }
             _ => "SQLite has no network between the workers and the lock",
         };

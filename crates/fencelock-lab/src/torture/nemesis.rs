@@ -19,7 +19,7 @@ use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_cluster::RedisCluster, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -53,7 +53,9 @@ pub enum FaultKind {
     /// kill -9 the lock server (every member of an etcd cluster), start it
     /// again on the same data 0.75–1.5 × the lease later.
     Restart,
-    /// kill -9 the etcd leader, start it again 1.5–3 × the lease later.
+    /// kill -9 the etcd or ZooKeeper leader (a Redis Cluster: the primary
+    /// of the key's slot, which its replica replaces), start it again
+    /// 1.5–3 × the lease later.
     Leader,
     /// Step a `--server sharded` map to its next transition step, then
     /// wait until every worker has reopened on it (docs/sharding.md).
@@ -93,6 +95,9 @@ pub enum Server {
     /// Redis, without persistence: a restart forgets every lease and the
     /// token counter (which is re-seeded from the server's clock).
     Redis(RedisServer),
+    /// A Redis Cluster (three primaries, three replicas), without
+    /// persistence; its "leader" is the primary of the torture key's slot.
+    RedisCluster(RedisCluster),
     /// etcd, one member or several.
     Etcd(EtcdCluster),
     /// ZooKeeper, standalone or an ensemble.
@@ -108,6 +113,7 @@ impl Server {
             Server::Postgres(s) => s.url("postgres"),
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(0),
+            Server::RedisCluster(c) => c.url(),
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
             Server::Sharded(m) => m.url(),
@@ -120,6 +126,7 @@ impl Server {
             Server::Postgres(s) => s.kill(),
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(),
+            Server::RedisCluster(c) => c.kill_all(),
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
             Server::Sharded(_) => Err(FILES.into()),
@@ -132,6 +139,7 @@ impl Server {
             Server::Postgres(s) => s.start_again(),
             Server::MariaDb(s) => s.start_again(),
             Server::Redis(s) => s.start_again(),
+            Server::RedisCluster(c) => c.start_stopped(),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
@@ -150,9 +158,12 @@ impl Server {
         }
     }
 
-    /// kill -9 of the etcd or ZooKeeper leader; which member it was, if
-    /// there was one.
-    fn kill_leader(&mut self) -> TestResult<Option<usize>> {
+    /// kill -9 of the etcd or ZooKeeper leader, or of the Redis Cluster
+    /// primary serving `key` (whose slot is that of the hash tag `{key}`
+    /// for a key without `{ } % * ? [ ] \`, which the backend would
+    /// encode); which member (a Redis node: its port) it was, if there was
+    /// one.
+    fn kill_leader(&mut self, key: &str) -> TestResult<Option<usize>> {
         match self {
             Server::Etcd(c) => match c.leader() {
                 Some(i) => c.kill(i).map(|()| Some(i)),
@@ -162,7 +173,17 @@ impl Server {
                 Some(i) => z.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
-            _ => Err("only an etcd cluster or a ZooKeeper ensemble has a leader to kill".into()),
+            // Every primary holds slots; the one to kill is the one the
+            // workers write to.
+            Server::RedisCluster(c) => {
+                let slot = c.keyslot(&format!("{{{key}}}"))?;
+                let port = c.primary_of(slot)?;
+                c.kill(port).map(|()| Some(usize::from(port)))
+            }
+            _ => Err(
+                "only an etcd cluster, a ZooKeeper ensemble or a Redis Cluster has a leader to kill"
+                    .into(),
+            ),
         }
     }
 }
@@ -449,7 +470,8 @@ impl Nemesis {
     async fn kill_leader(&self, server: &SharedServer) -> Result<Option<usize>, Error> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(i) = with_server(server, Server::kill_leader).await? {
+            let key = self.targets.key.clone();
+            if let Some(i) = with_server(server, move |s| s.kill_leader(&key)).await? {
                 return Ok(Some(i));
             }
             if Instant::now() >= deadline.min(self.end) {

@@ -192,5 +192,6 @@ pub fn running_as_root() -> bool {
 pub mod etcd;
 pub mod members;
 pub mod redis;
+pub mod redis_cluster;
 pub mod url_factory;
 pub mod zookeeper;

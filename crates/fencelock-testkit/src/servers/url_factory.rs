@@ -31,6 +31,12 @@ pub trait UrlServer: Send + Sync + 'static + Sized {
     }
     /// Stops and starts the server again, keeping what it persists.
     fn restart_server(&self) -> TestResult;
+    /// Whether a TCP proxy in front of [`UrlServer::url`] carries all of
+    /// a backend's traffic (not so for a cluster, whose client connects
+    /// to the nodes it discovers).
+    fn can_proxy() -> bool {
+        true
+    }
 }
 
 /// Opens a backend or fence from a URL: the crate's `open_backend` /
@@ -107,7 +113,7 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
         self.fence.is_some()
     }
     fn can_proxy(&self) -> bool {
-        true
+        S::can_proxy()
     }
     async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>> {
         let n = self.cases.fetch_add(1, Ordering::SeqCst);

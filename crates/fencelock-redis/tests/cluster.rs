@@ -1,0 +1,149 @@
+//! What a Redis Cluster changes, beyond the conformance suite: a renewal
+//! batch over keys of every primary (split by slot, answered in order,
+//! `WAIT` on each slot's primary), the `timeout` option against a silent
+//! seed and a paused primary,
+//! `release_all` visiting every primary, and wake-ups that survive the
+//! death of the node the pub/sub connection was on.
+
+use std::time::Duration;
+
+use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LeaseId, LockKey, Owner, Renewal};
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{servers::redis_cluster::RedisCluster, TestResult};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_every_primary_is_answered_in_order() -> TestResult {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    // With `WAIT` for the replica of each primary written: after each
+    // acquire on the key's primary, and once per slot of the batch.
+    let backend = RedisBackend::connect(&format!(
+        "{}?prefix=batch&wait_replicas=1&wait_timeout=5s",
+        cluster.url()
+    ))
+    .await?;
+    let owner = Owner::new("batch")?;
+    let mut leases = Vec::new();
+    let mut primaries = Vec::new();
+    for i in 0..30 {
+        let key = LockKey::new(format!("batch-{i}"))?;
+        primaries.push(cluster.primary_of(cluster.keyslot(&format!("batch:{{{key}}}"))?)?);
+        let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));
+        let Acquire::Granted(g) = backend.try_acquire(&request).await? else {
+            return Err(format!("{key} was not free").into());
+        };
+        leases.push(LeaseId::new(key, owner.clone(), g.token));
+    }
+    primaries.sort_unstable();
+    primaries.dedup();
+    assert_eq!(primaries.len(), 3, "the keys span every primary");
+    // One lease the backend never granted, in the middle of the batch.
+    let stale = LeaseId::new(
+        leases[7].key.clone(),
+        owner.clone(),
+        fencelock_core::FencingToken(leases[7].token.0 + 1),
+    );
+    let mut renewals: Vec<Renewal> = leases
+        .iter()
+        .map(|l| Renewal::new(l.clone(), Duration::from_secs(60)))
+        .collect();
+    renewals.insert(8, Renewal::new(stale, Duration::from_secs(60)));
+    let answers = backend.renew_many(&renewals).await?;
+    assert_eq!(answers.len(), renewals.len());
+    for (i, answer) in answers.iter().enumerate() {
+        match (i, answer) {
+            (8, Err(Error::NotHeld { .. })) => {}
+            (8, other) => return Err(format!("the stale lease got {other:?}").into()),
+            (_, Ok(g)) => assert_eq!(g.token, renewals[i].lease.token, "answer {i}"),
+            (_, Err(e)) => return Err(format!("renewal {i}: {e}").into()),
+        }
+    }
+    assert_eq!(backend.list(None).await?.len(), 30);
+    assert_eq!(backend.release_all(&owner).await?, 30);
+    assert!(backend.list(None).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let primaries = cluster.primaries()?;
+    let replica = cluster
+        .ports()
+        .into_iter()
+        .find(|p| !primaries.contains(p))
+        .ok_or("no replica")?;
+    // The waiter's pub/sub connection goes to the first listed node: a
+    // replica, which can die without taking slots with it.
+    let mut nodes = vec![replica];
+    nodes.extend(cluster.ports().into_iter().filter(|&p| p != replica));
+    let listed: Vec<String> = nodes.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let waiter = RedisBackend::connect(&format!("redis+cluster://{}", listed.join(","))).await?;
+    let holder = RedisBackend::connect(&cluster.url()).await?;
+
+    let key = LockKey::new("moving")?;
+    let owner = Owner::new("holder")?;
+    let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));
+    let Acquire::Granted(grant) = holder.try_acquire(&request).await? else {
+        return Err("free key not granted".into());
+    };
+    cluster.kill(replica)?;
+
+    // The reader notices the dead connection and reconnects to the next
+    // listed node; until then subscribing fails transiently.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut subscription = loop {
+        match waiter.subscribe(&key).await {
+            Ok(Some(s)) => break s,
+            Ok(None) => return Err("redis offers wake-ups".into()),
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                // Bounded retry while the reader reconnects.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    holder
+        .release(&LeaseId::new(key.clone(), owner, grant.token))
+        .await?;
+    // The release is published on the key's primary and broadcast to every
+    // node, the one the waiter now listens on included.
+    let woken = tokio::time::timeout(Duration::from_secs(10), subscription.woken()).await;
+    assert_eq!(woken.ok(), Some(true), "the waiter was not woken");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
+    let timeout = Duration::from_secs(1);
+    fencelock_testkit::timeouts::connecting_to_a_silent_server_fails_in_time(
+        timeout,
+        |port| format!("redis+cluster://127.0.0.1:{port}?timeout=1s"),
+        |url| async move { RedisBackend::connect(&url).await },
+    )
+    .await?;
+
+    // A primary that stops answering (SIGSTOP) without closing its
+    // connections: a command for its slot fails transiently within the
+    // timeout, whatever the cluster client retries meanwhile.
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let backend =
+        RedisBackend::connect(&format!("{}?prefix=silent&timeout=1s", cluster.url())).await?;
+    let key = LockKey::new("silent")?;
+    let primary = cluster.primary_of(cluster.keyslot("silent:{silent}")?)?;
+    let request = AcquireRequest::new(key, Owner::new("o")?, Duration::from_secs(30));
+    cluster.pause(primary)?;
+    let started = tokio::time::Instant::now();
+    let outcome = backend.try_acquire(&request).await;
+    let took = started.elapsed();
+    cluster.resume(primary)?;
+    match outcome {
+        Err(e) if e.is_transient() => {}
+        other => return Err(format!("expected a transient error, got {other:?}").into()),
+    }
+    let bound = timeout + fencelock_testkit::timeouts::SLACK;
+    assert!(
+        took <= bound,
+        "failed only after {took:?}, more than {bound:?}"
+    );
+    Ok(())
+}

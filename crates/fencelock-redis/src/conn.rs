@@ -17,13 +17,14 @@ use redis::{
 /// A [`ConnectionManager`] whose requests fail with a timeout error (a
 /// transient one, see `crate::error::map`) after `timeout`. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct BoundedConnection {
+pub struct BoundedConnection {
     conn: ConnectionManager,
     timeout: Duration,
 }
 
 impl BoundedConnection {
-    pub(crate) fn new(conn: ConnectionManager, timeout: Duration) -> Self {
+    /// Bounds every request of `conn` by `timeout`.
+    pub fn new(conn: ConnectionManager, timeout: Duration) -> Self {
         Self { conn, timeout }
     }
 

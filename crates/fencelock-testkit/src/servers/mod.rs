@@ -191,5 +191,6 @@ pub fn running_as_root() -> bool {
 
 pub mod etcd;
 pub mod redis;
+pub mod redis_set;
 pub mod url_factory;
 pub mod zookeeper;

@@ -21,7 +21,7 @@ pub(crate) const NAME: &str = "redlock";
 
 /// How many times one `try_acquire` asks again after losing a token race
 /// (another acquirer drew the same token between our probe and grant).
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// Locks held by a majority of independent Redis nodes. Cheap to clone.
 #[derive(Clone)]
@@ -209,6 +209,10 @@ impl RedlockBackend {
         }
         let (quarantine, floor, fresh) = if unformed == self.inner.nodes.len() {
             (Duration::ZERO, 0, true)
+        } else if formed.len() >= self.quorum() && formed.iter().all(|p| p.hwm == 0) {
+            // A majority has never granted anything (a set being formed
+            // right now): no lease can have been lost, so no quarantine.
+            (Duration::ZERO, 0, true)
         } else if formed.len() >= self.quorum() {
             let max_ttl = self.inner.options.max_ttl;
             let floor = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
@@ -253,6 +257,13 @@ impl RedlockBackend {
         Ok(fresh)
     }
 
+    /// Asks every node to grant `token`: first the nodes in URL order
+    /// until one grants (the *arbiter*), then all the rest at once. Racers
+    /// for a free key all meet at the same first node, which grants only
+    /// one of them, so that a race has one winner rather than a split vote
+    /// where nobody reaches a majority; a node that is down or does not
+    /// vote only moves the arbiter to the next one. A first refusal (held,
+    /// or a higher token drawn) ends the attempt without asking the others.
     async fn grant(
         &self,
         request: &AcquireRequest,
@@ -260,33 +271,65 @@ impl RedlockBackend {
         kind: &str,
         data: &str,
     ) -> Vec<Result<Answer>> {
-        let script = &self.inner.scripts.grant;
+        let nodes = &self.inner.nodes;
+        let mut answers: Vec<Result<Answer>> = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let answer = self.grant_on(node, request, token, kind, data).await;
+            let decided = matches!(
+                answer,
+                Ok(Answer::Granted { .. } | Answer::Held(_) | Answer::Stale)
+            );
+            let granted = matches!(answer, Ok(Answer::Granted { .. }));
+            answers.push(answer);
+            if granted {
+                let rest = join_all(
+                    nodes[answers.len()..]
+                        .iter()
+                        .map(|node| self.grant_on(node, request, token, kind, data)),
+                )
+                .await;
+                answers.extend(rest);
+                break;
+            }
+            if decided {
+                break;
+            }
+        }
+        answers
+    }
+
+    async fn grant_on(
+        &self,
+        node: &Node,
+        request: &AcquireRequest,
+        token: u64,
+        kind: &str,
+        data: &str,
+    ) -> Result<Answer> {
+        let node = node.get().await?;
+        let keys = node.keys();
         let key = &request.key;
-        self.on_all(|node| async move {
-            let keys = node.keys();
-            let row: Vec<Value> = Call::new(script, 3)
-                .key(keys.own("redlock"))
-                .key(keys.lease(key))
-                .key(keys.counter(key))
-                .arg(request.owner.as_str())
-                .arg(ttl_ms(request.ttl))
-                .arg(kind)
-                .arg(data)
-                .arg(token)
-                .invoke(&mut node.connection())
-                .await
-                .map_err(|e| map_error("grant script", e))?;
-            Ok(match field::<i64>(&row, 0)? {
-                1 => Answer::Granted {
-                    now_ms: field(&row, 1)?,
-                },
-                0 => Answer::Held(parse_describe(key, &row)?),
-                -1 => Answer::Unformed,
-                -2 => Answer::Quarantined,
-                _ => Answer::Stale,
-            })
+        let row: Vec<Value> = Call::new(&self.inner.scripts.grant, 3)
+            .key(keys.own("redlock"))
+            .key(keys.lease(key))
+            .key(keys.counter(key))
+            .arg(request.owner.as_str())
+            .arg(ttl_ms(request.ttl))
+            .arg(kind)
+            .arg(data)
+            .arg(token)
+            .invoke(&mut node.connection())
+            .await
+            .map_err(|e| map_error("grant script", e))?;
+        Ok(match field::<i64>(&row, 0)? {
+            1 => Answer::Granted {
+                now_ms: field(&row, 1)?,
+            },
+            0 => Answer::Held(parse_describe(key, &row)?),
+            -1 => Answer::Unformed,
+            -2 => Answer::Quarantined,
+            _ => Answer::Stale,
         })
-        .await
     }
 
     /// The leases a majority of nodes agree on (same key, owner and token),
@@ -350,6 +393,11 @@ impl Backend for RedlockBackend {
                 continue;
             }
             let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
+            if formed.len() < self.quorum() && formed.len() < probes.iter().flatten().count() {
+                // Another client is forming the nodes right now.
+                outcome = Err(transient("acquire: the nodes are being formed"));
+                continue;
+            }
             self.need_quorum(formed.len(), "acquire (formed nodes)")?;
             // Above every token a majority has seen for this key: every
             // earlier grant wrote its token to a majority, and two
@@ -376,12 +424,15 @@ impl Backend for RedlockBackend {
                 })
                 .collect();
             let left = validity(request.ttl, sent.elapsed());
-            if let (true, Some(left)) = (granted.len() >= self.quorum(), left) {
+            if granted.len() >= self.quorum() && left.is_some() {
                 let start = granted.iter().copied().min().unwrap_or(0);
                 let ends = start.saturating_add(i64::try_from(ttl_ms(request.ttl)).unwrap_or(0));
+                // Every node keeps the lease for the full TTL from its grant,
+                // which came after the caller's own `t_sent`: the guard's
+                // deadline (I5) ends before the first node's lease does.
                 return Ok(Acquire::Granted(Grant::new(
                     FencingToken(token),
-                    left,
+                    request.ttl,
                     ms_to_time(ends),
                 )));
             }
@@ -445,9 +496,9 @@ impl Backend for RedlockBackend {
             }
         }
         match (ends.len() >= self.quorum(), left) {
-            (true, Some(left)) => Ok(Grant::new(
+            (true, Some(_)) => Ok(Grant::new(
                 lease.token,
-                left,
+                ttl,
                 ends.into_iter().min().unwrap_or_default(),
             )),
             _ if self.inner.nodes.len() - not_held < self.quorum() => Err(Error::not_held(lease)),

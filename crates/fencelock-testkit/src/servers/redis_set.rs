@@ -82,6 +82,12 @@ impl super::url_factory::UrlServer for RedisSet {
     fn url(&self) -> String {
         RedisSet::url(self)
     }
+    fn case_url(&self, case: usize) -> String {
+        // The fault cases hold replies back for a second and expect the
+        // request to wait for them; redlock's default per-node bound
+        // (250 ms) would give up on every node first.
+        format!("{}?prefix=case{case}&node_timeout=3s", self.url())
+    }
     fn restart_server(&self) -> TestResult {
         // A clean restart of every node (what the case asks of "the
         // server"); one node at a time is what the redlock tests do.

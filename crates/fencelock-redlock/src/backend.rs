@@ -394,8 +394,16 @@ impl Backend for RedlockBackend {
             }
             let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
             if formed.len() < self.quorum() && formed.len() < probes.iter().flatten().count() {
-                // Another client is forming the nodes right now.
-                outcome = Err(transient("acquire: the nodes are being formed"));
+                // Another client may be forming or re-forming the nodes
+                // right now; else too few are formed (docs/redlock.md).
+                outcome = Err(transient(format!(
+                    "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
+                     every node answers, a restarted node rejoins when a majority of formed \
+                     nodes answers",
+                    formed.len(),
+                    self.inner.nodes.len(),
+                    self.quorum()
+                )));
                 continue;
             }
             self.need_quorum(formed.len(), "acquire (formed nodes)")?;

@@ -45,7 +45,7 @@ fn json(s: &str) -> Result<serde_json::Value, String> {
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…, zk://…,
+    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, redlock://h1:p1,h2:p2,h3:p3, etcd://…, zk://…,
     /// sharded:///path/shards.toml
     /// [default: sqlite at $XDG_STATE_HOME/fencelock/locks.db, i.e.
     /// ~/.local/state/fencelock/locks.db]

@@ -442,12 +442,7 @@ impl<'a> Call<'a> {
     /// As [`Call::new`], with room for `args` keys and arguments of
     /// `bytes` bytes in all, so that a large batch is not copied as its
     /// command grows.
-    pub fn with_capacity(
-        script: &'a Script,
-        keys: usize,
-        args: usize,
-        bytes: usize,
-    ) -> Self {
+    pub fn with_capacity(script: &'a Script, keys: usize, args: usize, bytes: usize) -> Self {
         let hash = script.get_hash();
         let mut cmd = Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 20 + bytes);
         cmd.arg("EVALSHA").arg(hash).arg(keys);

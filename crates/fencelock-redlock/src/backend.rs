@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration}
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus,
-    FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
 };
 use fencelock_redis::{
     node::{field, map_error, ms_to_time, parse_describe, ttl_ms, Call, MAX_FLOOR},
@@ -216,7 +216,11 @@ impl RedlockBackend {
         } else if formed.len() >= self.quorum() {
             let max_ttl = self.inner.options.max_ttl;
             let floor = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
-            (max_ttl + max_ttl / 100 + Duration::from_millis(2), floor, false)
+            (
+                max_ttl + max_ttl / 100 + Duration::from_millis(2),
+                floor,
+                false,
+            )
         } else {
             return Ok(false);
         };
@@ -338,8 +342,7 @@ impl RedlockBackend {
     fn agreed(&self, per_node: Vec<Result<Vec<LockInfo>>>, what: &str) -> Result<Vec<LockInfo>> {
         let answered = per_node.iter().filter(|r| r.is_ok()).count();
         self.need_quorum(answered, what)?;
-        let mut seen: BTreeMap<(LockKey, Owner, FencingToken), (usize, LockInfo)> =
-            BTreeMap::new();
+        let mut seen: BTreeMap<(LockKey, Owner, FencingToken), (usize, LockInfo)> = BTreeMap::new();
         for info in per_node.into_iter().flatten().flatten() {
             let id = (info.key.clone(), info.owner.clone(), info.token);
             match seen.get_mut(&id) {
@@ -558,20 +561,26 @@ impl Backend for RedlockBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let answers = self
-            .on_all(|node| async move {
-                Ok(node.force_release(key).await?.into_iter().collect())
-            })
+            .on_all(|node| async move { Ok(node.force_release(key).await?.into_iter().collect()) })
             .await;
         // What a majority held, else the newest lease any node held.
         let mut removed: Vec<LockInfo> = answers.iter().flatten().flatten().cloned().collect();
         removed.sort_by_key(|info| std::cmp::Reverse(info.token));
         let agreed = self.agreed(answers, "force-release")?;
-        Ok(agreed.into_iter().next().or_else(|| removed.into_iter().next()))
+        Ok(agreed
+            .into_iter()
+            .next()
+            .or_else(|| removed.into_iter().next()))
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
         let mut released = 0;
-        for lease in self.list(None).await?.into_iter().filter(|l| l.owner == *owner) {
+        for lease in self
+            .list(None)
+            .await?
+            .into_iter()
+            .filter(|l| l.owner == *owner)
+        {
             match self
                 .release(&LeaseId::new(lease.key, owner.clone(), lease.token))
                 .await
@@ -599,8 +608,8 @@ impl Backend for RedlockBackend {
         let leases = self.list(None).await?;
         let held_for = |info: &LockInfo| {
             // The node's "now" is `expires_at - expires_in`.
-            let now = info.expires_at
-                - chrono::Duration::from_std(info.expires_in).unwrap_or_default();
+            let now =
+                info.expires_at - chrono::Duration::from_std(info.expires_in).unwrap_or_default();
             (now - info.acquired_at).to_std().unwrap_or_default()
         };
         Ok(Stats::from_leases(

@@ -69,7 +69,10 @@ impl fencelock_core::Driver for RedlockDriver {
         Ok(Arc::new(RedlockBackend::connect(url).await?))
     }
 
-    async fn open_fence(&self, url: &str) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
+    async fn open_fence(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Arc<dyn fencelock_core::Fence>> {
         // Refuse a malformed URL as such before saying there is no fence.
         RedlockOptions::from_url(url)?;
         Err(fencelock_core::Error::unsupported(

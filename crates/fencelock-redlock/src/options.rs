@@ -155,8 +155,10 @@ mod tests {
         assert_eq!(o.nodes.len(), 3);
         assert_eq!(o.quorum(), 2);
         assert_eq!(o.max_ttl, Duration::from_secs(30));
-        assert!(o.nodes.iter().all(|n| n.prefix == "app"
-            && n.timeout == Duration::from_millis(100)));
+        assert!(o
+            .nodes
+            .iter()
+            .all(|n| n.prefix == "app" && n.timeout == Duration::from_millis(100)));
         let shown = format!("{o:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         Ok(())

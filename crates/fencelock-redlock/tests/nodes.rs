@@ -105,7 +105,13 @@ async fn acquisitions_continue_with_one_node_killed() -> TestResult {
         // Back empty, it rejoins in quarantine while the others carry on.
         set.node(victim)?.start_again()?;
         let h = acquire_within(&b, &held, Duration::from_secs(5)).await?;
-        until_rejoined(&set, victim, &b, &request("held", "x", Duration::from_secs(2))?).await?;
+        until_rejoined(
+            &set,
+            victim,
+            &b,
+            &request("held", "x", Duration::from_secs(2))?,
+        )
+        .await?;
         b.release(&held.lease(h)).await?;
     }
     Ok(())

@@ -29,7 +29,7 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_set::RedisSet, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -113,6 +113,11 @@ pub enum ServerKind {
     Mariadb,
     /// Redis without persistence (`redis-server`).
     Redis,
+    /// Three independent Redis servers without persistence, as a
+    /// `redlock://` set: `restart` kills -9 one node and starts it again
+    /// empty at once (round robin), `leader` pauses the first node (every
+    /// race's arbiter) as a partition from everyone would.
+    Redlock,
     /// One etcd member.
     Etcd,
     /// Three etcd members.
@@ -131,6 +136,7 @@ impl ServerKind {
             ServerKind::Postgres => "postgres",
             ServerKind::Mariadb => "mariadb",
             ServerKind::Redis => "redis",
+            ServerKind::Redlock => "redlock",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
             ServerKind::Zookeeper => "zookeeper",
@@ -144,6 +150,7 @@ impl ServerKind {
             ServerKind::Postgres => Server::Postgres(PostgresServer::start()?),
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
+            ServerKind::Redlock => Server::Redlock(RedisSet::start(3)?, 0),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
@@ -167,7 +174,7 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     }
     if matches!(
         server,
-        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster)
+        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster | ServerKind::Redlock)
     ) {
         kinds.push(Leader);
     }
@@ -184,6 +191,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "postgres" | "postgresql" => "postgres",
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
+        "redlock" => "redlock",
         "etcd" => "etcd",
         "zk" => "zookeeper",
         // A `fencelock serve` service: the faults act on the HTTP
@@ -252,6 +260,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Postgres)) => "postgres",
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
+        (None, Some(ServerKind::Redlock)) => "redlock",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
     };

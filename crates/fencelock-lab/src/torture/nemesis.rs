@@ -19,7 +19,7 @@ use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        zookeeper::ZkServer,
+        redis_set::RedisSet, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -86,6 +86,9 @@ pub enum Server {
     /// Redis, without persistence: a restart forgets every lease and the
     /// token counter (which is re-seeded from the server's clock).
     Redis(RedisServer),
+    /// Independent Redis nodes for `redlock://`, and the next node a
+    /// restart hits.
+    Redlock(RedisSet, usize),
     /// etcd, one member or several.
     Etcd(EtcdCluster),
     /// ZooKeeper, standalone or an ensemble.
@@ -99,6 +102,9 @@ impl Server {
             Server::Postgres(s) => s.url("postgres"),
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(0),
+            // A restarted node sits out max_ttl: short, so that a one-minute
+            // run sees nodes come back (the lease, 2 s by default, must fit).
+            Server::Redlock(set, _) => format!("{}?max_ttl=5s", set.url()),
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
         }
@@ -110,6 +116,13 @@ impl Server {
             Server::Postgres(s) => s.kill(),
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(),
+            // One node, restarted empty at once: the fault Redlock must
+            // survive (its quarantine and token floor).
+            Server::Redlock(set, next) => {
+                let victim = *next % set.nodes().len();
+                *next += 1;
+                set.crash_restart(victim)
+            }
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
         }
@@ -121,6 +134,7 @@ impl Server {
             Server::Postgres(s) => s.start_again(),
             Server::MariaDb(s) => s.start_again(),
             Server::Redis(s) => s.start_again(),
+            Server::Redlock(set, _) => set.signal(0, Signal::SIGCONT),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
@@ -138,6 +152,7 @@ impl Server {
                 Some(i) => c.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
+            Server::Redlock(set, _) => set.signal(0, Signal::SIGSTOP).map(|()| Some(0)),
             Server::Zookeeper(z) => match z.leader() {
                 Some(i) => z.kill(i).map(|()| Some(i)),
                 None => Ok(None),

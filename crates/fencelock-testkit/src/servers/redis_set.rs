@@ -21,7 +21,9 @@ impl RedisSet {
     /// every key.
     pub fn start(n: usize) -> TestResult<Self> {
         Ok(Self {
-            nodes: (0..n).map(|_| RedisServer::start()).collect::<TestResult<_>>()?,
+            nodes: (0..n)
+                .map(|_| RedisServer::start())
+                .collect::<TestResult<_>>()?,
         })
     }
 

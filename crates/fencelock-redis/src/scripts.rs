@@ -15,7 +15,7 @@ use redis::{
     aio::ConnectionLike, Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ToRedisArgs,
 };
 
-/// Shared Lua: the holder of KEYS[1] in the shape every script returns:
+/// Shared Lua: the holder of `KEYS[1]` in the shape every script returns:
 /// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
 /// expires_ms}`. `expires_ms` (server clock, written by acquire and renew) is
 /// for display: deriving it from `now + PTTL` would jitter by a millisecond

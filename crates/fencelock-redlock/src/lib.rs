@@ -37,6 +37,9 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "baseline")]
+#[doc(hidden)]
+pub mod baseline;
 mod options;
 mod scripts;
 
@@ -79,5 +82,13 @@ impl fencelock_core::Driver for RedlockDriver {
             backend::NAME,
             "fences (fence the resource in its own store: sqlite://, postgres://, redis://…)",
         ))
+    }
+
+    #[cfg(feature = "baseline")]
+    async fn open_baseline(
+        &self,
+        url: &str,
+    ) -> fencelock_core::Result<Box<dyn fencelock_core::baseline::RawBaseline>> {
+        baseline::open(url).await
     }
 }

@@ -326,8 +326,9 @@ pub enum Command {
     ///
     /// Worker processes increment a fenced counter under one lock while a
     /// nemesis pauses them (SIGSTOP), cuts them off from the backend, delays
-    /// and resets their connections, and kill -9s the server (--server) or
-    /// the etcd or ZooKeeper leader (--server etcd-cluster,
+    /// and resets their connections, and kill -9s the server (--server), one
+    /// node of a redlock set (--server redlock, which also pauses its first
+    /// node), or the etcd or ZooKeeper leader (--server etcd-cluster,
     /// zookeeper-cluster). A checker then reads the
     /// recorded history. Exit 0 if no stale write was admitted, no update
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.

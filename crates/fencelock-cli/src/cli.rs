@@ -45,7 +45,7 @@ fn json(s: &str) -> Result<serde_json::Value, String> {
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, etcd://…, zk://…,
+    /// Backend URL: sqlite:///path.db, postgres://…, mysql://…, redis://…, redlock://h1:p1,h2:p2,h3:p3, etcd://…, zk://…,
     /// sharded:///path/shards.toml
     /// [default: sqlite at $XDG_STATE_HOME/fencelock/locks.db, i.e.
     /// ~/.local/state/fencelock/locks.db]
@@ -326,9 +326,10 @@ pub enum Command {
     ///
     /// Worker processes increment a fenced counter under one lock while a
     /// nemesis pauses them (SIGSTOP), cuts them off from the backend, delays
-    /// and resets their connections, and kill -9s the server (--server) or
-    /// the etcd or ZooKeeper leader or the Redis Cluster primary of the
-    /// key (--server etcd-cluster, zookeeper-cluster, redis-cluster). A
+    /// and resets their connections, and kill -9s the server (--server), one
+    /// node of a redlock set (--server redlock, which also pauses its first
+    /// node), or the etcd or ZooKeeper leader or the Redis Cluster primary of
+    /// the key (--server etcd-cluster, zookeeper-cluster, redis-cluster). A
     /// checker then reads the
     /// recorded history. Exit 0 if no stale write was admitted, no update
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.

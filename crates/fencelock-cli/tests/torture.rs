@@ -158,6 +158,30 @@ fn redis_all_faults() {
     server("redis");
 }
 
+/// Redlock's own faults: `restart` kills -9 one node and starts it again
+/// empty, `leader` pauses the first node (every race's arbiter). Seed 42
+/// with these four kinds draws restart, leader, restart, pause, leader,
+/// partition, …
+#[test]
+fn redlock_node_kills_restarts_and_pauses() {
+    let (code, report) = torture(&[
+        "--server",
+        "redlock",
+        "--faults",
+        "restart,leader,partition,pause",
+        "--duration",
+        "60s",
+        "--ttl",
+        "1s",
+        "--seed",
+        "42",
+    ]);
+    assert_survived(code, &report);
+    for kind in ["restart", "leader", "pause"] {
+        assert!(faults(&report, kind) > 0, "no {kind} fault");
+    }
+}
+
 /// Seed 28 draws pause, leader, partition, restart, … Leases on etcd last
 /// at least 2 s, so faults come half as often as above.
 #[test]

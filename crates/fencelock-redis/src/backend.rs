@@ -209,6 +209,18 @@ impl RedisBackend {
         self.inner.conn.clone()
     }
 
+    /// The command connection (every request bounded by the `timeout`
+    /// option), for running scripts of one's own over this backend's key
+    /// layout, as the `redlock` backend does on each of its nodes.
+    pub fn connection(&self) -> BoundedConnection {
+        self.conn()
+    }
+
+    /// This backend's key names.
+    pub fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
     /// Runs `WAIT` when configured, on the node that holds `slot` (the
     /// slot just written; one server has every slot); errors when too few
     /// replicas acknowledged.
@@ -559,11 +571,11 @@ impl RedisBackend {
 }
 
 /// The highest token floor the acquire script compares exactly (2^53).
-const MAX_FLOOR: u64 = 1 << 53;
+pub const MAX_FLOOR: u64 = 1 << 53;
 
 /// Whole milliseconds of `ttl`, at least one: PX cannot express less, and
 /// `Grant::ttl` must not claim more than the server will keep.
-fn ttl_ms(ttl: Duration) -> u64 {
+pub fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
@@ -650,16 +662,20 @@ fn bad_reply_transient(message: String) -> Error {
     .into()
 }
 
-pub(crate) fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
+/// A reply (or a missing one) converted; a permanent error otherwise.
+pub fn from_value<T: redis::FromRedisValue>(v: Option<Value>) -> Result<T> {
     let v = v.ok_or_else(|| bad_reply("redis reply is shorter than expected"))?;
     redis::from_owned_redis_value(v).map_err(|e| bad_reply(format!("unexpected redis reply: {e}")))
 }
 
-fn field<T: redis::FromRedisValue>(row: &[Value], i: usize) -> Result<T> {
+/// Field `i` of a script's answer `row`, converted; a permanent error when
+/// it is missing or of another type.
+pub fn field<T: redis::FromRedisValue>(row: &[Value], i: usize) -> Result<T> {
     from_value(row.get(i).cloned())
 }
 
-fn ms_to_time(ms: i64) -> DateTime<Utc> {
+/// A server time in ms since the epoch (the epoch itself when out of range).
+pub fn ms_to_time(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
@@ -668,7 +684,8 @@ fn acquired_ms(row: &[Value]) -> Result<i64> {
     Ok(s.and_then(|s| s.parse().ok()).unwrap_or(0))
 }
 
-fn parse_token(s: &str) -> Result<FencingToken> {
+/// A token as the scripts write it (decimal).
+pub fn parse_token(s: &str) -> Result<FencingToken> {
     s.parse::<u64>()
         .map(FencingToken)
         .map_err(|_| bad_reply(format!("token {s:?} under a fencelock key is not a u64")))
@@ -676,7 +693,7 @@ fn parse_token(s: &str) -> Result<FencingToken> {
 
 /// Parses the `{found, owner, token, kind, data, acquired_ms, pttl_ms,
 /// now_ms, expires_ms}` shape of the scripts' `describe`.
-fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
+pub fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> {
     // A reader's row has a tenth field, 1 (docs/rwlock.md).
     let mode = match row.len() {
         9 => LockMode::Exclusive,

@@ -38,7 +38,7 @@ enum Kind {
 /// A command connection whose requests fail with a timeout error (a
 /// transient one, see `crate::error::map`) after `timeout`. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct BoundedConnection {
+pub struct BoundedConnection {
     conn: Kind,
     timeout: Duration,
     /// Cluster only: where every request goes instead of where its key
@@ -47,7 +47,8 @@ pub(crate) struct BoundedConnection {
 }
 
 impl BoundedConnection {
-    pub(crate) fn new(conn: ConnectionManager, timeout: Duration) -> Self {
+    /// Bounds every request of `conn` by `timeout`.
+    pub fn new(conn: ConnectionManager, timeout: Duration) -> Self {
         Self {
             conn: Kind::Single(conn),
             timeout,

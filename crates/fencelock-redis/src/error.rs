@@ -8,7 +8,7 @@ pub(crate) const NAME: &str = "redis";
 /// Classifies a driver error: anything a reconnect, a failover or waiting
 /// out a busy server can fix is transient; the rest (auth, wrong types,
 /// script bugs, bad config) is permanent.
-pub(crate) fn map(context: &str, e: RedisError) -> Error {
+pub fn map(context: &str, e: RedisError) -> Error {
     if e.is_timeout() {
         // The `timeout` option fired (ours or the driver's response
         // timeout): the command may or may not have run.
@@ -44,6 +44,6 @@ pub(crate) fn map(context: &str, e: RedisError) -> Error {
 
 /// A reply whose shape the scripts never produce: a bug or a foreign value
 /// under our key prefix, so retrying will not help.
-pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
+pub fn bad_reply(what: impl Into<String>) -> Error {
     BackendError::message(NAME, fencelock_core::ErrorStatus::Permanent, what).into()
 }

@@ -112,7 +112,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
 /// operation names one or two keys, and building each as a `String` first
 /// cost an allocation and a copy per key.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Tagged<'a> {
+pub struct Tagged<'a> {
     prefix: &'a str,
     key: &'a str,
     suffix: &'static str,
@@ -148,12 +148,13 @@ impl ToRedisArgs for Tagged<'_> {
 
 /// The key names of one backend.
 #[derive(Clone, Debug)]
-pub(crate) struct Keys {
+pub struct Keys {
     prefix: String,
 }
 
 impl Keys {
-    pub(crate) fn new(prefix: &str) -> Result<Self> {
+    /// The key names under `prefix` (checked).
+    pub fn new(prefix: &str) -> Result<Self> {
         validate_prefix(prefix)?;
         Ok(Self {
             prefix: prefix.to_owned(),
@@ -170,12 +171,21 @@ impl Keys {
         }
     }
 
-    pub(crate) fn lease<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
+    /// The lease hash of `key`.
+    pub fn lease<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
         self.tagged(key.as_str(), "")
     }
 
-    pub(crate) fn counter<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
+    /// The token counter of `key`.
+    pub fn counter<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
         self.tagged(key.as_str(), ":token")
+    }
+
+    /// `PREFIX:NAME`: a key of the backend's own, outside every lock's
+    /// namespace (lock keys are `PREFIX:{…}`, fences `PREFIX:fence:{…}`).
+    /// `name` must not start with `{` or `fence:`.
+    pub fn own(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
     }
 
     /// The key's readers (a sorted set of tokens by lease end).

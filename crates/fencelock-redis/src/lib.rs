@@ -45,6 +45,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use backend::RedisBackend;
+
+/// Building blocks for backends that run scripts of their own over this
+/// crate's key and lease layout on one or several Redis servers (the
+/// `redlock` backend): the bounded connection, script calls with NOSCRIPT
+/// handling, key names, the Lua helpers and the parsing of their answers,
+/// and the mapping of driver errors.
+pub mod node {
+    pub use crate::backend::{
+        field, from_value, ms_to_time, parse_describe, parse_token, ttl_ms, MAX_FLOOR,
+    };
+    pub use crate::conn::BoundedConnection;
+    pub use crate::error::{bad_reply, map as map_error};
+    pub use crate::keys::{Keys, Tagged};
+    pub use crate::scripts::{Call, DESCRIBE as LUA_HELPERS};
+}
 pub use fence::RedisFence;
 pub use options::{RedisOptions, DEFAULT_PREFIX};
 

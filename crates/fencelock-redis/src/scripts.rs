@@ -15,12 +15,12 @@ use redis::{
     aio::ConnectionLike, Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ToRedisArgs,
 };
 
-/// Shared Lua: the holder of KEYS[1] in the shape every script returns:
+/// Shared Lua: the holder of `KEYS[1]` in the shape every script returns:
 /// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
 /// expires_ms}`. `expires_ms` (server clock, written by acquire and renew) is
 /// for display: deriving it from `now + PTTL` would jitter by a millisecond
 /// between calls.
-const DESCRIBE: &str = r#"
+pub const DESCRIBE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -427,7 +427,7 @@ impl Scripts {
 /// the command. (`redis::ScriptInvocation` keeps a vector per key and
 /// argument and copies them all into a command when sent: on the hot path
 /// that was an allocation per argument of every lock operation.)
-pub(crate) struct Call<'a> {
+pub struct Call<'a> {
     script: &'a Script,
     cmd: Cmd,
 }
@@ -435,19 +435,14 @@ pub(crate) struct Call<'a> {
 impl<'a> Call<'a> {
     /// A call of `script` with `keys` keys, to be added with [`Call::key`]
     /// before any [`Call::arg`].
-    pub(crate) fn new(script: &'a Script, keys: usize) -> Self {
+    pub fn new(script: &'a Script, keys: usize) -> Self {
         Self::with_capacity(script, keys, 0, 0)
     }
 
     /// As [`Call::new`], with room for `args` keys and arguments of
     /// `bytes` bytes in all, so that a large batch is not copied as its
     /// command grows.
-    pub(crate) fn with_capacity(
-        script: &'a Script,
-        keys: usize,
-        args: usize,
-        bytes: usize,
-    ) -> Self {
+    pub fn with_capacity(script: &'a Script, keys: usize, args: usize, bytes: usize) -> Self {
         let hash = script.get_hash();
         let mut cmd = Cmd::with_capacity(3 + args, "EVALSHA".len() + hash.len() + 20 + bytes);
         cmd.arg("EVALSHA").arg(hash).arg(keys);
@@ -455,19 +450,19 @@ impl<'a> Call<'a> {
     }
 
     /// Appends `KEYS[i]`.
-    pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+    pub fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
         self.cmd.arg(key);
         self
     }
 
     /// Appends `ARGV[i]`.
-    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+    pub fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         self.cmd.arg(arg);
         self
     }
 
     /// Sends the call, loading the script first if the server has lost it.
-    pub(crate) async fn invoke<T: FromRedisValue>(
+    pub async fn invoke<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
     ) -> RedisResult<T> {

@@ -469,7 +469,7 @@ fn authority(url: &str) -> TestResult<(std::ops::Range<usize>, &'static str)> {
     let default_port = match &url[..scheme_end].to_ascii_lowercase()[..] {
         "postgres" | "postgresql" => "5432",
         "mysql" | "mariadb" => "3306",
-        "redis" | "rediss" => "6379",
+        "redis" | "rediss" | "redlock" => "6379",
         "etcd" | "http" | "https" => "2379",
         "zk" => "2181",
         other => return Err(format!("no default port known for scheme {other:?}").into()),

@@ -16,6 +16,7 @@
 //! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8.0.17+ |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `redis+cluster://h1:p1,h2:p2`, `rediss+cluster://…` | `redis` (+`tls`) | Redis Cluster |
+//! | `redlock://h1:6379,h2:6379,h3:6379` | `redlock` | a majority of independent Redis 6.2+ servers |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `zk://host:2181[,host:2181…][/chroot]` | `zookeeper` | ZooKeeper 3.6+ |
 //! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
@@ -110,6 +111,9 @@ mod postgres_md {}
 #[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../../../docs/redis.md")]
 mod redis_md {}
+#[cfg(all(doctest, feature = "redlock"))]
+#[doc = include_str!("../../../docs/redlock.md")]
+mod redlock_md {}
 #[cfg(all(doctest, feature = "etcd"))]
 #[doc = include_str!("../../../docs/etcd.md")]
 mod etcd_md {}
@@ -144,6 +148,9 @@ pub use fencelock_postgres as postgres;
 /// The Redis backend's own API (options, fence).
 #[cfg(feature = "redis")]
 pub use fencelock_redis as redis;
+/// The Redlock backend's own API (options).
+#[cfg(feature = "redlock")]
+pub use fencelock_redlock as redlock;
 /// The sharded backend's own API (shard maps, resharding).
 #[cfg(feature = "sharded")]
 pub use fencelock_sharded as sharded;
@@ -167,6 +174,8 @@ pub fn drivers() -> Vec<&'static dyn Driver> {
     drivers.push(&fencelock_mysql::MySqlDriver);
     #[cfg(feature = "redis")]
     drivers.push(&fencelock_redis::RedisDriver);
+    #[cfg(feature = "redlock")]
+    drivers.push(&fencelock_redlock::RedlockDriver);
     #[cfg(feature = "etcd")]
     drivers.push(&fencelock_etcd::EtcdDriver);
     #[cfg(feature = "zookeeper")]
@@ -198,6 +207,7 @@ const FEATURES: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("redis+cluster", "redis"),
     ("rediss+cluster", "redis"),
+    ("redlock", "redlock"),
     ("etcd", "etcd"),
     ("zk", "zookeeper"),
     ("http", "http"),

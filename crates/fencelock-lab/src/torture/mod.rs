@@ -30,7 +30,7 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        redis_cluster::RedisCluster, zookeeper::ZkServer,
+        redis_cluster::RedisCluster, redis_set::RedisSet, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -120,6 +120,11 @@ pub enum ServerKind {
     /// A Redis Cluster of three primaries and three replicas, without
     /// persistence.
     RedisCluster,
+    /// Three independent Redis servers without persistence, as a
+    /// `redlock://` set: `restart` kills -9 one node and starts it again
+    /// empty at once (round robin), `leader` pauses the first node (every
+    /// race's arbiter) as a partition from everyone would.
+    Redlock,
     /// One etcd member.
     Etcd,
     /// Three etcd members.
@@ -142,6 +147,7 @@ impl ServerKind {
             ServerKind::Mariadb => "mariadb",
             ServerKind::Redis => "redis",
             ServerKind::RedisCluster => "redis-cluster",
+            ServerKind::Redlock => "redlock",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
             ServerKind::Zookeeper => "zookeeper",
@@ -158,6 +164,7 @@ impl ServerKind {
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
             ServerKind::RedisCluster => Server::RedisCluster(RedisCluster::start()?),
+            ServerKind::Redlock => Server::Redlock(RedisSet::start(3)?, 0),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
@@ -193,7 +200,12 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     }
     if matches!(
         server,
-        Some(ServerKind::EtcdCluster | ServerKind::ZookeeperCluster | ServerKind::RedisCluster)
+        Some(
+            ServerKind::EtcdCluster
+                | ServerKind::ZookeeperCluster
+                | ServerKind::RedisCluster
+                | ServerKind::Redlock
+        )
     ) {
         kinds.push(Leader);
     }
@@ -211,6 +223,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
         "redis+cluster" | "rediss+cluster" => "redis-cluster",
+        "redlock" => "redlock",
         "etcd" => "etcd",
         "zk" => "zookeeper",
         "sharded" => "sharded",
@@ -281,6 +294,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
         (None, Some(ServerKind::RedisCluster)) => "redis-cluster",
+        (None, Some(ServerKind::Redlock)) => "redlock",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
         (None, Some(ServerKind::Sharded)) => "sharded",

@@ -19,7 +19,7 @@ use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        redis_cluster::RedisCluster, zookeeper::ZkServer,
+        redis_cluster::RedisCluster, redis_set::RedisSet, zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -98,6 +98,9 @@ pub enum Server {
     /// A Redis Cluster (three primaries, three replicas), without
     /// persistence; its "leader" is the primary of the torture key's slot.
     RedisCluster(RedisCluster),
+    /// Independent Redis nodes for `redlock://`, and the next node a
+    /// restart hits.
+    Redlock(RedisSet, usize),
     /// etcd, one member or several.
     Etcd(EtcdCluster),
     /// ZooKeeper, standalone or an ensemble.
@@ -114,6 +117,9 @@ impl Server {
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(0),
             Server::RedisCluster(c) => c.url(),
+            // A restarted node sits out max_ttl: short, so that a one-minute
+            // run sees nodes come back (the lease, 2 s by default, must fit).
+            Server::Redlock(set, _) => format!("{}?max_ttl=5s", set.url()),
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
             Server::Sharded(m) => m.url(),
@@ -127,6 +133,13 @@ impl Server {
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(),
             Server::RedisCluster(c) => c.kill_all(),
+            // One node, restarted empty at once: the fault Redlock must
+            // survive (its quarantine and token floor).
+            Server::Redlock(set, next) => {
+                let victim = *next % set.nodes().len();
+                *next += 1;
+                set.crash_restart(victim)
+            }
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
             Server::Sharded(_) => Err(FILES.into()),
@@ -140,6 +153,7 @@ impl Server {
             Server::MariaDb(s) => s.start_again(),
             Server::Redis(s) => s.start_again(),
             Server::RedisCluster(c) => c.start_stopped(),
+            Server::Redlock(set, _) => set.signal(0, Signal::SIGCONT),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
@@ -169,6 +183,7 @@ impl Server {
                 Some(i) => c.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
+            Server::Redlock(set, _) => set.signal(0, Signal::SIGSTOP).map(|()| Some(0)),
             Server::Zookeeper(z) => match z.leader() {
                 Some(i) => z.kill(i).map(|()| Some(i)),
                 None => Ok(None),

@@ -101,6 +101,15 @@ impl RedisServer {
         Ok(())
     }
 
+    /// Sends `signal` to the running server (SIGSTOP pauses it, SIGCONT
+    /// resumes it).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> TestResult {
+        match self.lock().as_ref() {
+            Some(p) => p.signal(signal),
+            None => Err(format!("redis-server :{} is not running", self.port).into()),
+        }
+    }
+
     /// Starts the server again on the same port and directory.
     pub fn start_again(&self) -> TestResult {
         if self.lock().is_some() {

@@ -1,0 +1,620 @@
+//! [`RedlockBackend`]: majority leases over independent Redis nodes.
+
+use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
+};
+use fencelock_redis::{
+    node::{field, map_error, ms_to_time, parse_describe, ttl_ms, Call, MAX_FLOOR},
+    RedisBackend, RedisOptions,
+};
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::{sync::OnceCell, time::Instant};
+
+use crate::{options::RedlockOptions, scripts::Scripts};
+
+pub(crate) const NAME: &str = "redlock";
+
+/// How many times one `try_acquire` asks again after losing a token race
+/// (another acquirer drew the same token between our probe and grant).
+const ROUNDS: usize = 5;
+
+/// Locks held by a majority of independent Redis nodes. Cheap to clone.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    options: RedlockOptions,
+    nodes: Vec<Node>,
+    scripts: Scripts,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One node, connected on first use: a node that is down when the backend
+/// opens must not stop the others from being used, and is tried again on
+/// every later call.
+struct Node {
+    options: RedisOptions,
+    backend: OnceCell<RedisBackend>,
+}
+
+impl Node {
+    async fn get(&self) -> Result<RedisBackend> {
+        self.backend
+            .get_or_try_init(|| RedisBackend::connect_with(self.options.clone()))
+            .await
+            .cloned()
+    }
+}
+
+/// What a node answered to the probe.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    formed: bool,
+    top: u64,
+    hwm: u64,
+}
+
+/// What a node answered to the grant.
+#[derive(Debug)]
+enum Answer {
+    Granted { now_ms: i64 },
+    Held(Option<LockInfo>),
+    Unformed,
+    Quarantined,
+    Stale,
+}
+
+fn transient(message: impl Into<String>) -> Error {
+    BackendError::message(NAME, ErrorStatus::Transient, message).into()
+}
+
+fn number(s: &str) -> Result<u64> {
+    s.parse()
+        .map_err(|_| fencelock_redis::node::bad_reply(format!("{s:?} is not a token")))
+}
+
+/// What is left of a lease of `ttl` whose request went out `elapsed` ago,
+/// allowing for clock-rate drift between the nodes and this client
+/// (1 % of the TTL plus 2 ms, as in antirez's description).
+fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
+    let drift = ttl / 100 + Duration::from_millis(2);
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+impl RedlockBackend {
+    /// A backend over `options`' nodes. Nothing is contacted yet: each node
+    /// connects on first use.
+    pub fn new(options: RedlockOptions) -> Self {
+        let nodes = options
+            .nodes
+            .iter()
+            .map(|o| Node {
+                options: o.clone(),
+                backend: OnceCell::new(),
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                options,
+                nodes,
+                scripts: Scripts::new(),
+            }),
+        }
+    }
+
+    /// A backend for `url` (see [`RedlockOptions::from_url`]). Succeeds
+    /// while a majority of nodes accepts a connection.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let backend = Self::new(RedlockOptions::from_url(url)?);
+        let reached = backend
+            .on_all(|_| async { Ok(()) })
+            .await
+            .into_iter()
+            .filter(Result::is_ok)
+            .count();
+        backend.need_quorum(reached, "connect")?;
+        Ok(backend)
+    }
+
+    /// The options.
+    pub fn options(&self) -> &RedlockOptions {
+        &self.inner.options
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.options.quorum()
+    }
+
+    fn need_quorum(&self, answered: usize, what: &str) -> Result<()> {
+        if answered >= self.quorum() {
+            Ok(())
+        } else {
+            Err(transient(format!(
+                "{what}: {answered} of {} nodes answered, {} needed",
+                self.inner.nodes.len(),
+                self.quorum()
+            )))
+        }
+    }
+
+    /// Runs `f` on every node at once; one result per node, in URL order.
+    async fn on_all<T, F, Fut>(&self, f: F) -> Vec<Result<T>>
+    where
+        F: Fn(RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        join_all(self.inner.nodes.iter().map(|node| {
+            let f = &f;
+            async move { f(node.get().await?).await }
+        }))
+        .await
+    }
+
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        let max = self.inner.options.max_ttl;
+        if ttl > max {
+            return Err(Error::InvalidTtl(format!(
+                "{:?} is above this redlock's max_ttl {max:?} (a restarted node's quarantine)",
+                ttl
+            )));
+        }
+        Ok(())
+    }
+
+    async fn probe(&self, key: &LockKey) -> Vec<Result<Probe>> {
+        let script = &self.inner.scripts.probe;
+        self.on_all(|node| async move {
+            let keys = node.keys();
+            let row: Vec<Value> = Call::new(script, 2)
+                .key(keys.own("redlock"))
+                .key(keys.counter(key))
+                .invoke(&mut node.connection())
+                .await
+                .map_err(|e| map_error("probe script", e))?;
+            Ok(Probe {
+                formed: field::<i64>(&row, 0)? == 1,
+                top: number(&field::<String>(&row, 2)?)?,
+                hwm: number(&field::<String>(&row, 3)?)?,
+            })
+        })
+        .await
+    }
+
+    /// Forms the nodes that answered unformed: all at once, voting at once,
+    /// when every node answered and none is formed (a new cluster); else
+    /// each one joins, quarantined for `max_ttl` + 1 % and floored above
+    /// the highest token of a majority of formed nodes. Returns whether
+    /// nodes were formed that vote now.
+    async fn heal(&self, probes: &[Result<Probe>]) -> Result<bool> {
+        let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
+        let unformed = probes.iter().flatten().filter(|p| !p.formed).count();
+        if unformed == 0 {
+            return Ok(false);
+        }
+        let (quarantine, floor, fresh) = if unformed == self.inner.nodes.len() {
+            (Duration::ZERO, 0, true)
+        } else if formed.len() >= self.quorum() && formed.iter().all(|p| p.hwm == 0) {
+            // A majority has never granted anything (a set being formed
+            // right now): no lease can have been lost, so no quarantine.
+            (Duration::ZERO, 0, true)
+        } else if formed.len() >= self.quorum() {
+            let max_ttl = self.inner.options.max_ttl;
+            let floor = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
+            (
+                max_ttl + max_ttl / 100 + Duration::from_millis(2),
+                floor,
+                false,
+            )
+        } else {
+            return Ok(false);
+        };
+        let script = &self.inner.scripts.join;
+        let quarantine_ms = u64::try_from(quarantine.as_millis()).unwrap_or(u64::MAX);
+        let joined = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .zip(probes)
+                .filter(|(_, p)| matches!(p, Ok(p) if !p.formed))
+                .map(|(node, _)| async move {
+                    let node = node.get().await?;
+                    let keys = node.keys();
+                    Call::new(script, 1)
+                        .key(keys.own("redlock"))
+                        .arg(quarantine_ms)
+                        .arg(floor)
+                        .invoke::<i64>(&mut node.connection())
+                        .await
+                        .map_err(|e| map_error("join script", e))
+                }),
+        )
+        .await;
+        let count = joined.iter().filter(|r| matches!(r, Ok(1))).count();
+        if count > 0 {
+            if fresh {
+                tracing::info!(nodes = count, "redlock: formed a new set of nodes");
+            } else {
+                tracing::warn!(
+                    nodes = count,
+                    floor,
+                    "redlock: nodes without data joined; they vote after {:?}",
+                    quarantine
+                );
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Asks every node to grant `token`: first the nodes in URL order
+    /// until one grants (the *arbiter*), then all the rest at once. Racers
+    /// for a free key all meet at the same first node, which grants only
+    /// one of them, so that a race has one winner rather than a split vote
+    /// where nobody reaches a majority; a node that is down or does not
+    /// vote only moves the arbiter to the next one. A first refusal (held,
+    /// or a higher token drawn) ends the attempt without asking the others.
+    async fn grant(
+        &self,
+        request: &AcquireRequest,
+        token: u64,
+        kind: &str,
+        data: &str,
+    ) -> Vec<Result<Answer>> {
+        let nodes = &self.inner.nodes;
+        let mut answers: Vec<Result<Answer>> = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let answer = self.grant_on(node, request, token, kind, data).await;
+            let decided = matches!(
+                answer,
+                Ok(Answer::Granted { .. } | Answer::Held(_) | Answer::Stale)
+            );
+            let granted = matches!(answer, Ok(Answer::Granted { .. }));
+            answers.push(answer);
+            if granted {
+                let rest = join_all(
+                    nodes[answers.len()..]
+                        .iter()
+                        .map(|node| self.grant_on(node, request, token, kind, data)),
+                )
+                .await;
+                answers.extend(rest);
+                break;
+            }
+            if decided {
+                break;
+            }
+        }
+        answers
+    }
+
+    async fn grant_on(
+        &self,
+        node: &Node,
+        request: &AcquireRequest,
+        token: u64,
+        kind: &str,
+        data: &str,
+    ) -> Result<Answer> {
+        let node = node.get().await?;
+        let keys = node.keys();
+        let key = &request.key;
+        let row: Vec<Value> = Call::new(&self.inner.scripts.grant, 3)
+            .key(keys.own("redlock"))
+            .key(keys.lease(key))
+            .key(keys.counter(key))
+            .arg(request.owner.as_str())
+            .arg(ttl_ms(request.ttl))
+            .arg(kind)
+            .arg(data)
+            .arg(token)
+            .invoke(&mut node.connection())
+            .await
+            .map_err(|e| map_error("grant script", e))?;
+        Ok(match field::<i64>(&row, 0)? {
+            1 => Answer::Granted {
+                now_ms: field(&row, 1)?,
+            },
+            0 => Answer::Held(parse_describe(key, &row)?),
+            -1 => Answer::Unformed,
+            -2 => Answer::Quarantined,
+            _ => Answer::Stale,
+        })
+    }
+
+    /// The leases a majority of nodes agree on (same key, owner and token),
+    /// each as the node that ends it first reports it. A lease on fewer
+    /// nodes is being granted, released or has failed: it is not shown.
+    fn agreed(&self, per_node: Vec<Result<Vec<LockInfo>>>, what: &str) -> Result<Vec<LockInfo>> {
+        let answered = per_node.iter().filter(|r| r.is_ok()).count();
+        self.need_quorum(answered, what)?;
+        let mut seen: BTreeMap<(LockKey, Owner, FencingToken), (usize, LockInfo)> = BTreeMap::new();
+        for info in per_node.into_iter().flatten().flatten() {
+            let id = (info.key.clone(), info.owner.clone(), info.token);
+            match seen.get_mut(&id) {
+                Some((n, first)) => {
+                    *n += 1;
+                    if info.expires_in < first.expires_in {
+                        *first = info;
+                    }
+                }
+                None => {
+                    seen.insert(id, (1, info));
+                }
+            }
+        }
+        Ok(seen
+            .into_values()
+            .filter(|(n, _)| *n >= self.quorum())
+            .map(|(_, info)| info)
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_persistent(true)
+            .with_min_token(true)
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.check_ttl(request.ttl)?;
+        let kind = request
+            .kind
+            .as_ref()
+            .map_or_else(String::new, |k| format!("={k}"));
+        let data = match &request.data {
+            Some(d) => serde_json::to_string(d)
+                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+            None => String::new(),
+        };
+        let floor = request.min_token.map_or(0, FencingToken::get);
+        let mut outcome = Err(transient("no round ran"));
+        for _ in 0..ROUNDS {
+            let probes = self.probe(&request.key).await;
+            if self.heal(&probes).await? {
+                continue;
+            }
+            let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
+            if formed.len() < self.quorum() && formed.len() < probes.iter().flatten().count() {
+                // Another client may be forming or re-forming the nodes
+                // right now; else too few are formed (docs/redlock.md).
+                outcome = Err(transient(format!(
+                    "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
+                     every node answers, a restarted node rejoins when a majority of formed \
+                     nodes answers",
+                    formed.len(),
+                    self.inner.nodes.len(),
+                    self.quorum()
+                )));
+                continue;
+            }
+            self.need_quorum(formed.len(), "acquire (formed nodes)")?;
+            // Above every token a majority has seen for this key: every
+            // earlier grant wrote its token to a majority, and two
+            // majorities share a node (docs/redlock.md).
+            let token = formed
+                .iter()
+                .map(|p| p.top)
+                .max()
+                .unwrap_or(0)
+                .max(floor)
+                .saturating_add(1);
+            if token >= MAX_FLOOR {
+                return Err(Error::InvalidArgument(format!(
+                    "token {token} would reach the redlock limit {MAX_FLOOR}"
+                )));
+            }
+            let sent = Instant::now();
+            let answers = self.grant(request, token, &kind, &data).await;
+            let granted: Vec<i64> = answers
+                .iter()
+                .filter_map(|a| match a {
+                    Ok(Answer::Granted { now_ms }) => Some(*now_ms),
+                    _ => None,
+                })
+                .collect();
+            let left = validity(request.ttl, sent.elapsed());
+            if granted.len() >= self.quorum() && left.is_some() {
+                let start = granted.iter().copied().min().unwrap_or(0);
+                let ends = start.saturating_add(i64::try_from(ttl_ms(request.ttl)).unwrap_or(0));
+                // Every node keeps the lease for the full TTL from its grant,
+                // which came after the caller's own `t_sent`: the guard's
+                // deadline (I5) ends before the first node's lease does.
+                return Ok(Acquire::Granted(Grant::new(
+                    FencingToken(token),
+                    request.ttl,
+                    ms_to_time(ends),
+                )));
+            }
+            // No majority in time: take back what was granted, also where
+            // the answer was lost.
+            if !granted.is_empty() || answers.iter().any(Result::is_err) {
+                let lease = request.lease(FencingToken(token));
+                let _ = self.release(&lease).await;
+            }
+            let mut holder = None;
+            let (mut held, mut stale, mut quarantined, mut failed) = (false, false, 0, 0);
+            for answer in answers {
+                match answer {
+                    Ok(Answer::Held(info)) => {
+                        held = true;
+                        holder = holder.or(info);
+                    }
+                    Ok(Answer::Stale) => stale = true,
+                    Ok(Answer::Quarantined | Answer::Unformed) => quarantined += 1,
+                    Ok(Answer::Granted { .. }) => {}
+                    Err(_) => failed += 1,
+                }
+            }
+            if held {
+                return Ok(Acquire::Held(holder));
+            }
+            outcome = if stale {
+                // Another acquirer drew a token as high: it may hold the key.
+                Ok(Acquire::Held(None))
+            } else {
+                Err(transient(format!(
+                    "acquire: {} of {} nodes granted ({} needed{}), {quarantined} not voting, \
+                     {failed} unreachable",
+                    granted.len(),
+                    self.inner.nodes.len(),
+                    self.quorum(),
+                    if left.is_none() { ", too late" } else { "" }
+                )))
+            };
+            if !stale {
+                break;
+            }
+        }
+        outcome
+    }
+
+    async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        self.check_ttl(ttl)?;
+        let sent = Instant::now();
+        let answers = self
+            .on_all(|node| async move { node.renew(lease, ttl).await })
+            .await;
+        let left = validity(ttl, sent.elapsed());
+        let mut ends = Vec::new();
+        let mut not_held = 0;
+        for answer in &answers {
+            match answer {
+                Ok(grant) => ends.push(grant.expires_at),
+                Err(Error::NotHeld { .. }) => not_held += 1,
+                Err(_) => {}
+            }
+        }
+        match (ends.len() >= self.quorum(), left) {
+            (true, Some(_)) => Ok(Grant::new(
+                lease.token,
+                ttl,
+                ends.into_iter().min().unwrap_or_default(),
+            )),
+            _ if self.inner.nodes.len() - not_held < self.quorum() => Err(Error::not_held(lease)),
+            _ => Err(transient(format!(
+                "renew: {} of {} nodes extended the lease ({} needed{})",
+                ends.len(),
+                self.inner.nodes.len(),
+                self.quorum(),
+                if left.is_none() { ", too late" } else { "" }
+            ))),
+        }
+    }
+
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        let answers = self
+            .on_all(|node| async move { node.release(lease).await })
+            .await;
+        let removed = answers.iter().filter(|a| a.is_ok()).count();
+        let not_held = answers
+            .iter()
+            .filter(|a| matches!(a, Err(Error::NotHeld { .. })))
+            .count();
+        if removed > 0 {
+            return Ok(());
+        }
+        if not_held >= self.quorum() {
+            return Err(Error::not_held(lease));
+        }
+        let failure = answers.into_iter().find_map(|a| match a {
+            Err(Error::NotHeld { .. }) | Ok(()) => None,
+            Err(e) => Some(e),
+        });
+        Err(failure.unwrap_or_else(|| Error::not_held(lease)))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let answers = self
+            .on_all(|node| async move { Ok(node.inspect(key).await?.into_iter().collect()) })
+            .await;
+        Ok(self.agreed(answers, "inspect")?.into_iter().next())
+    }
+
+    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        let answers = self
+            .on_all(|node| async move { node.list(prefix).await })
+            .await;
+        self.agreed(answers, "list")
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let answers = self
+            .on_all(|node| async move { Ok(node.force_release(key).await?.into_iter().collect()) })
+            .await;
+        // What a majority held, else the newest lease any node held.
+        let mut removed: Vec<LockInfo> = answers.iter().flatten().flatten().cloned().collect();
+        removed.sort_by_key(|info| std::cmp::Reverse(info.token));
+        let agreed = self.agreed(answers, "force-release")?;
+        Ok(agreed
+            .into_iter()
+            .next()
+            .or_else(|| removed.into_iter().next()))
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        let mut released = 0;
+        for lease in self
+            .list(None)
+            .await?
+            .into_iter()
+            .filter(|l| l.owner == *owner)
+        {
+            match self
+                .release(&LeaseId::new(lease.key, owner.clone(), lease.token))
+                .await
+            {
+                Ok(()) => released += 1,
+                Err(Error::NotHeld { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // What a minority of nodes still holds for the owner (a grant that
+        // failed to reach a majority and whose undo was lost) goes too.
+        let _ = self
+            .on_all(|node| async move { node.release_all(owner).await })
+            .await;
+        Ok(released)
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        // Each node deletes expired leases itself; counters are kept on
+        // purpose.
+        Ok(0)
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let leases = self.list(None).await?;
+        let held_for = |info: &LockInfo| {
+            // The node's "now" is `expires_at - expires_in`.
+            let now =
+                info.expires_at - chrono::Duration::from_std(info.expires_in).unwrap_or_default();
+            (now - info.acquired_at).to_std().unwrap_or_default()
+        };
+        Ok(Stats::from_leases(
+            leases.iter().map(|info| (info, held_for(info))),
+            0,
+        ))
+    }
+}

@@ -1,0 +1,92 @@
+//! The scripts each node runs, on top of the Redis backend's Lua helpers
+//! and lease layout (so that the Redis backend's own renew, release,
+//! inspect and list scripts work on a node's leases unchanged).
+//!
+//! Every node keeps a marker hash `PREFIX:redlock` with `votes_from` (ms,
+//! node clock: before it the node grants nothing), `floor` (every token it
+//! answers is above it) and `hwm` (the highest token it granted). A node
+//! without the marker is *unformed*: it has never joined, or it lost its
+//! data. See `docs/redlock.md` for why this keeps I1 and I2.
+
+use redis::Script;
+
+/// KEYS: marker, counter. Returns `{formed, votes_in_ms, top, hwm}`:
+/// `formed` 0 or 1; `votes_in_ms` how long until the node votes (≤ 0:
+/// it votes now); `top` the least token this node could have issued for
+/// the key (its counter, its floor, or its clock in µs, whichever is
+/// highest); `hwm` the highest token it granted for any key.
+const PROBE: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm')
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if not m[1] then return {0, 0, string.format('%d', now_us), '0'} end
+local top = tonumber(redis.call('GET', KEYS[2]) or '0')
+local floor = tonumber(m[2] or '0')
+if floor > top then top = floor end
+if now_us > top then top = now_us end
+return {1, tonumber(m[1]) - math.floor(now_us / 1000), string.format('%d', top), m[3] or '0'}
+"#;
+
+/// KEYS: marker, lease, counter. ARGV: owner, ttl_ms, kind (`""` = none,
+/// else `=` and the kind), data (`""` = none), token. Grants the lease with
+/// that token iff the node is formed and out of quarantine, the key is
+/// free, and the token is above the key's counter and the node's floor.
+/// Returns `{1, now_ms}`; the holder as `describe` with a leading 0; `{-1}`
+/// unformed; `{-2}` quarantined; `{-3}` a token this high was already
+/// drawn (a concurrent acquirer: ask again).
+const GRANT: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm')
+if not m[1] then return {-1} end
+local now = now_ms()
+if now < tonumber(m[1]) then return {-2} end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local d = describe(KEYS[2])
+  d[1] = 0
+  return d
+end
+local token = tonumber(ARGV[5])
+local seen = tonumber(redis.call('GET', KEYS[3]) or '0')
+if tonumber(m[2] or '0') > seen then seen = tonumber(m[2]) end
+if seen >= token then return {-3} end
+-- A counter idle for a week goes away (keys may be unbounded); `hwm`
+-- keeps every later token above it.
+redis.call('SET', KEYS[3], ARGV[5], 'PX', 604800000)
+if tonumber(m[3] or '0') < token then redis.call('HSET', KEYS[1], 'hwm', ARGV[5]) end
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'token', ARGV[5],
+  'acquired', string.format('%d', now), 'expires', string.format('%d', now + tonumber(ARGV[2])))
+if #ARGV[3] > 0 then redis.call('HSET', KEYS[2], 'kind', string.sub(ARGV[3], 2)) end
+if #ARGV[4] > 0 then redis.call('HSET', KEYS[2], 'data', ARGV[4]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return {1, now}
+"#;
+
+/// KEYS: marker. ARGV: quarantine_ms, floor. Forms an unformed node: it
+/// votes from now + quarantine_ms (node clock) and answers tokens above
+/// `floor`. A node already formed is left alone (returns 0).
+const JOIN: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'votes_from', string.format('%d', now + tonumber(ARGV[1])),
+  'floor', ARGV[2], 'hwm', ARGV[2], 'born', string.format('%d', now))
+return 1
+"#;
+
+/// The compiled scripts.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) probe: Script,
+    pub(crate) grant: Script,
+    pub(crate) join: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let with_helpers =
+            |body: &str| Script::new(&format!("{}\n{body}", fencelock_redis::node::LUA_HELPERS));
+        Self {
+            probe: Script::new(PROBE),
+            grant: with_helpers(GRANT),
+            join: with_helpers(JOIN),
+        }
+    }
+}

@@ -588,17 +588,25 @@ struct AcquireArgs {
     floor: String,
 }
 
+/// A request's label and JSON data as the scripts take them: `=KIND`, or
+/// empty when there is no label (so that an empty label is still one), and
+/// the JSON text, or empty when there is none.
+pub fn label_and_data(request: &AcquireRequest) -> Result<(String, String)> {
+    let kind = request
+        .kind
+        .as_ref()
+        .map_or_else(String::new, |k| format!("={k}"));
+    let data = match &request.data {
+        Some(d) => serde_json::to_string(d)
+            .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
+        None => String::new(),
+    };
+    Ok((kind, data))
+}
+
 impl AcquireArgs {
     fn of(request: &AcquireRequest) -> Result<Self> {
-        let kind = request
-            .kind
-            .as_ref()
-            .map_or_else(String::new, |k| format!("={k}"));
-        let data = match &request.data {
-            Some(d) => serde_json::to_string(d)
-                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
-            None => String::new(),
-        };
+        let (kind, data) = label_and_data(request)?;
         let floor = match request.min_token {
             // Lua numbers are doubles: the script compares the floor with
             // the counter exactly only below 2^53 (tokens drawn from the

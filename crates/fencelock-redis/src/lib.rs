@@ -53,7 +53,8 @@ pub use backend::RedisBackend;
 /// and the mapping of driver errors.
 pub mod node {
     pub use crate::backend::{
-        field, from_value, ms_to_time, parse_describe, parse_token, ttl_ms, MAX_FLOOR,
+        field, from_value, label_and_data, ms_to_time, parse_describe, parse_token, ttl_ms,
+        MAX_FLOOR,
     };
     pub use crate::conn::BoundedConnection;
     pub use crate::error::{bad_reply, map as map_error};

@@ -8,7 +8,7 @@ use fencelock_core::{
     Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
 };
 use fencelock_redis::{
-    node::{field, map_error, ms_to_time, parse_describe, ttl_ms, Call, MAX_FLOOR},
+    node::{field, label_and_data, map_error, ms_to_time, parse_describe, ttl_ms, Call, MAX_FLOOR},
     RedisBackend, RedisOptions,
 };
 use futures_util::future::join_all;
@@ -379,15 +379,7 @@ impl Backend for RedlockBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.check_ttl(request.ttl)?;
-        let kind = request
-            .kind
-            .as_ref()
-            .map_or_else(String::new, |k| format!("={k}"));
-        let data = match &request.data {
-            Some(d) => serde_json::to_string(d)
-                .map_err(|e| Error::InvalidArgument(format!("lock data: {e}")))?,
-            None => String::new(),
-        };
+        let (kind, data) = label_and_data(request)?;
         let floor = request.min_token.map_or(0, FencingToken::get);
         let mut outcome = Err(transient("no round ran"));
         for _ in 0..ROUNDS {

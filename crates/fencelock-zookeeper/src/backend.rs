@@ -98,7 +98,7 @@ impl Node {
         }
     }
 
-    fn token(&self) -> FencingToken {
+    pub(crate) fn token(&self) -> FencingToken {
         // Zxids are positive; a negative one is not a node this crate wrote.
         FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
     }
@@ -263,6 +263,15 @@ impl ZkBackend {
             .get(lease)
             .filter(|node| node.mode() == mode)
             .cloned()
+    }
+
+    /// `node`, just written for `request`, as its grant, remembered so that
+    /// renew and release are one conditional write.
+    pub(crate) fn granted(&self, request: &AcquireRequest, node: Node) -> Acquire {
+        let token = node.token();
+        let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
+        self.remember(&request.lease(token), node);
+        Acquire::Granted(grant)
     }
 
     pub(crate) fn remember(&self, lease: &LeaseId, node: Node) {
@@ -591,23 +600,20 @@ impl Backend for ZkBackend {
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let dir = self.key_dir(request.key.as_str());
         let (mine, stat) = self.create(&c, &dir, LockMode::Exclusive, &bytes).await?;
-        let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
         // The node's creation time is "now" on the leader: any older lease
         // that ends by then has expired.
         match self
             .settle(&c, &request.key, &request.owner, &mine, stat.ctime)
             .await
         {
-            Ok(None) => {
-                let node = Node {
+            Ok(None) => Ok(self.granted(
+                request,
+                Node {
                     path: mine,
                     record,
                     stat,
-                };
-                let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
-                self.remember(&request.lease(token), node);
-                Ok(Acquire::Granted(grant))
-            }
+                },
+            )),
             outcome => {
                 // Not granted (or unknown): withdraw the node, so that it
                 // never stands in the way of the next contender. If even

@@ -14,16 +14,14 @@
 //! TTL. Not every attempt rewrites the entry either: a write is a change of
 //! the node, which wakes every waiter watching it.
 
-use fencelock_core::{
-    Acquire, AcquireRequest, FencingToken, Grant, LockInfo, LockKey, LockMode, Owner, Result,
-};
+use fencelock_core::{Acquire, AcquireRequest, LockInfo, LockKey, LockMode, Owner, Result};
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::{
-    backend::{ms_to_time, ttl_ms, Node, Record, ZkBackend},
+    backend::{ttl_ms, Node, Record, ZkBackend},
     error::{bad_value, map},
 };
 
@@ -163,15 +161,14 @@ impl ZkBackend {
             Ok(stat) => {
                 // The entry is a lease now.
                 *entry = None;
-                let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
-                let node = Node {
-                    path: mine.path,
-                    record,
-                    stat,
-                };
-                let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
-                self.remember(&request.lease(token), node);
-                Ok(Acquire::Granted(grant))
+                Ok(self.granted(
+                    request,
+                    Node {
+                        path: mine.path,
+                        record,
+                        stat,
+                    },
+                ))
             }
             // Deleted as expired, or rewritten by another process of this
             // owner: the next attempt queues anew.

@@ -33,12 +33,10 @@
 
 use std::time::Duration;
 
-use fencelock_core::{
-    Acquire, AcquireRequest, Error, FencingToken, Grant, LockInfo, LockKey, LockMode, Owner, Result,
-};
+use fencelock_core::{Acquire, AcquireRequest, Error, LockInfo, LockKey, LockMode, Owner, Result};
 use zookeeper_client as zk;
 
-use super::{ms_to_time, seq, ttl_ms, Node, Record, ZkBackend, NODE};
+use super::{seq, ttl_ms, Node, Record, ZkBackend, NODE};
 use crate::error::{bad_value, map};
 
 /// The name of a key's writer intent node.
@@ -107,17 +105,14 @@ impl ZkBackend {
             .settle_reader(&c, &request.key, &mine, stat.ctime)
             .await
         {
-            Ok(None) => {
-                let token = FencingToken(u64::try_from(stat.czxid).unwrap_or(0));
-                let node = Node {
+            Ok(None) => Ok(self.granted(
+                request,
+                Node {
                     path: mine,
                     record,
                     stat,
-                };
-                let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
-                self.remember(&request.lease(token), node);
-                Ok(Acquire::Granted(grant))
-            }
+                },
+            )),
             outcome => {
                 // As for a refused writer: the node must not stand in the
                 // way of the next writer; if even this fails it expires.

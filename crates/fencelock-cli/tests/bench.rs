@@ -239,7 +239,7 @@ fn failover_needs_a_backend_processes_share() {
 #[test]
 fn redis() {
     let server = RedisServer::start().unwrap();
-    on_every_engine(&server.url(0), "redis");
+    on_every_engine(&server.url(), "redis");
 }
 
 #[test]

@@ -120,7 +120,7 @@ fn standby_leads_after_the_leader_ends_and_leader_reports_both() {
 fn redis_standby_leads_after_the_leader_ends() {
     let server = fencelock_testkit::servers::redis::RedisServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    standby_leads_after_the_leader_ends(&server.url(0), dir.path());
+    standby_leads_after_the_leader_ends(&server.url(), dir.path());
 }
 
 fn standby_leads_after_the_leader_ends(db: &str, dir: &Path) {

@@ -159,7 +159,7 @@ fn mariadb() {
 #[test]
 fn redis() {
     let server = RedisServer::start().unwrap();
-    exercise(&server.url(0));
+    exercise(&server.url());
 }
 
 #[test]

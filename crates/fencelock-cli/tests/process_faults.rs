@@ -421,7 +421,7 @@ fn mariadb() {
 #[test]
 fn redis() {
     let server = RedisServer::start().unwrap();
-    exercise("redis", &server.url(0));
+    exercise("redis", &server.url());
 }
 
 #[test]

@@ -34,14 +34,14 @@ async fn grant(backend: &RedisBackend, request: &AcquireRequest) -> TestResult<G
 #[tokio::test]
 async fn a_batch_sends_one_wait_and_reports_it_for_every_renewed_lease() -> TestResult {
     let server = RedisServer::start()?;
-    let mut admin = redis::Client::open(server.url(0))?
+    let mut admin = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
         .await?;
-    let plain = RedisBackend::connect(&server.url(0)).await?;
+    let plain = RedisBackend::connect(&server.url()).await?;
     // No replica exists, so every WAIT comes back short.
     let waiting = RedisBackend::connect(&format!(
         "{}?wait_replicas=1&wait_timeout=20ms",
-        server.url(0)
+        server.url()
     ))
     .await?;
     let owner = Owner::new("batch")?;
@@ -83,7 +83,7 @@ async fn a_batch_sends_one_wait_and_reports_it_for_every_renewed_lease() -> Test
 #[tokio::test]
 async fn a_floor_raises_the_counter_in_the_same_script() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::connect(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url()).await?;
     let owner = Owner::new("floor")?;
     let request = AcquireRequest::new(LockKey::new("k")?, owner, Duration::from_secs(30));
     // Far above the counter's seed (the server clock in microseconds).

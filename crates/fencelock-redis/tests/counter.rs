@@ -23,10 +23,10 @@ async fn grant(backend: &RedisBackend, key: &LockKey) -> TestResult<u64> {
 #[tokio::test]
 async fn an_idle_counter_expires_and_reseeds_above_its_tokens() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::connect(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url()).await?;
     let key = LockKey::new("order:1")?;
     let before = grant(&backend, &key).await?;
-    let mut raw = redis::Client::open(server.url(0))?
+    let mut raw = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
         .await?;
     let counter = "fencelock:{order:1}:token";
@@ -50,9 +50,9 @@ async fn a_counter_restored_from_an_old_snapshot_does_not_reissue_tokens() -> Te
     // What a restart from an RDB snapshot taken before the last grants, or a
     // promoted replica that had not caught up, leaves behind.
     let server = RedisServer::start()?;
-    let backend = RedisBackend::connect(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url()).await?;
     let key = LockKey::new("order:2")?;
-    let mut raw = redis::Client::open(server.url(0))?
+    let mut raw = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
         .await?;
     let counter = "fencelock:{order:2}:token";

@@ -37,7 +37,7 @@ async fn grant_after_restart(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::connect(&server.url(0)).await?;
+    let backend = RedisBackend::connect(&server.url()).await?;
     let owner = Owner::new("before-crash")?;
     let keys: Vec<LockKey> = (0..5)
         .map(|i| LockKey::new(format!("restart-{i}")))
@@ -59,8 +59,8 @@ async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
             }
         }
     }
-    server.kill()?;
-    server.start_again()?;
+    server.kill(0)?;
+    server.start_again(0)?;
     let after = Owner::new("after-crash")?;
     for key in &keys {
         let token = grant_after_restart(&backend, key, &after).await?;

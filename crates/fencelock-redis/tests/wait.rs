@@ -10,7 +10,7 @@ use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 #[tokio::test]
 async fn too_few_replicas_fail_transiently_and_leave_no_lease() -> TestResult {
     let server = RedisServer::start()?;
-    let url = format!("{}?wait_replicas=1&wait_timeout=20ms", server.url(0));
+    let url = format!("{}?wait_replicas=1&wait_timeout=20ms", server.url());
     let backend = RedisBackend::connect(&url).await?;
     let key = LockKey::new("wait")?;
     let request = AcquireRequest::new(key.clone(), Owner::new("w")?, Duration::from_secs(30));
@@ -25,7 +25,7 @@ async fn too_few_replicas_fail_transiently_and_leave_no_lease() -> TestResult {
         "the refused grant left a lease"
     );
 
-    let plain = RedisBackend::connect(&server.url(0)).await?;
+    let plain = RedisBackend::connect(&server.url()).await?;
     assert!(matches!(
         plain.try_acquire(&request).await?,
         fencelock_core::Acquire::Granted(_)

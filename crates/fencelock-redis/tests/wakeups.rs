@@ -23,11 +23,11 @@ async fn listeners(conn: &mut redis::aio::MultiplexedConnection, k: &str) -> Tes
 #[tokio::test]
 async fn a_key_channel_is_subscribed_only_while_someone_waits_for_it() -> TestResult {
     let server = RedisServer::start()?;
-    let mut admin = redis::Client::open(server.url(0))?
+    let mut admin = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
         .await?;
-    let holder = RedisBackend::connect(&server.url(0)).await?;
-    let waiter = RedisBackend::connect(&server.url(0)).await?;
+    let holder = RedisBackend::connect(&server.url()).await?;
+    let waiter = RedisBackend::connect(&server.url()).await?;
     let key = LockKey::new("job")?;
     let owner = Owner::new("holder")?;
     let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));

@@ -6,7 +6,6 @@ use std::time::Duration;
 use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LockKey, Owner};
 use fencelock_redlock::RedlockBackend;
 use fencelock_testkit::{proxy::ProxiedUrl, servers::redis_set::RedisSet, TestResult};
-use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
@@ -31,7 +30,7 @@ async fn open(url: &str) -> TestResult<RedlockBackend> {
 /// Whether node `i` of `set` carries the redlock marker (is formed), read
 /// with a plain connection.
 async fn formed(set: &RedisSet, i: usize) -> TestResult<bool> {
-    let client = redis::Client::open(set.node(i)?.url(0))?;
+    let client = redis::Client::open(set.node_url(i))?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let exists: i64 = redis::cmd("EXISTS")
         .arg("fencelock:redlock")
@@ -88,7 +87,7 @@ async fn acquisitions_continue_with_one_node_killed() -> TestResult {
     let held = request("held", "h", Duration::from_secs(2))?;
     // The first node is every race's arbiter: the hardest one to lose.
     for victim in [0, 2, 1] {
-        set.node(victim)?.kill()?;
+        set.kill(victim)?;
         // Waits out the quarantine of the node restarted before.
         let token = acquire_within(&b, &req, Duration::from_secs(10)).await?;
         assert!(token > last, "token {token} after {last}");
@@ -103,7 +102,7 @@ async fn acquisitions_continue_with_one_node_killed() -> TestResult {
             b.release(&req.lease(token)).await?;
         }
         // Back empty, it rejoins in quarantine while the others carry on.
-        set.node(victim)?.start_again()?;
+        set.start_again(victim)?;
         let h = acquire_within(&b, &held, Duration::from_secs(5)).await?;
         until_rejoined(
             &set,
@@ -133,9 +132,9 @@ async fn a_node_restarted_empty_neither_votes_in_quarantine_nor_lowers_tokens() 
     // token above it.
     let floor = FencingToken(1 << 52);
     let a = request("key", "a", Duration::from_secs(3))?.with_min_token(Some(floor));
-    set.signal(0, Signal::SIGSTOP)?;
+    set.pause(0)?;
     let token_a = b.try_acquire(&a).await;
-    set.signal(0, Signal::SIGCONT)?;
+    set.resume(0)?;
     let token_a = granted(token_a?)?;
     assert!(token_a > floor);
 
@@ -153,7 +152,7 @@ async fn a_node_restarted_empty_neither_votes_in_quarantine_nor_lowers_tokens() 
     }
     // Node 2, the last one that saw A's token, goes away: the next majority
     // is {0, 1}, where node 0 never saw the token and node 1 lost it.
-    set.node(2)?.kill()?;
+    set.kill(2)?;
     let token_b = acquire_within(&b, &b_req, Duration::from_secs(15)).await?;
     assert!(
         token_b > token_a,

@@ -34,7 +34,7 @@ fn main() -> TestResult {
             let server = MariaDbServer::start_with(mariadb::Durability::Production)?;
             serve(server.url("mysql"));
         }
-        Some("redis") => serve(RedisServer::start()?.url(0)),
+        Some("redis") => serve(RedisServer::start()?.url()),
         Some("etcd") => serve(EtcdCluster::start()?.url()),
         Some("zookeeper") => serve(ZkServer::start()?.url()),
         _ => return Err("usage: bench_server postgres|mariadb|redis|etcd|zookeeper".into()),

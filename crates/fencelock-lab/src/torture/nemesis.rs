@@ -115,7 +115,7 @@ impl Server {
         match self {
             Server::Postgres(s) => s.url("postgres"),
             Server::MariaDb(s) => s.url("mysql"),
-            Server::Redis(s) => s.url(0),
+            Server::Redis(s) => s.url(),
             Server::RedisCluster(c) => c.url(),
             // A restarted node sits out max_ttl: short, so that a one-minute
             // run sees nodes come back (the lease, 2 s by default, must fit).
@@ -131,12 +131,12 @@ impl Server {
         match self {
             Server::Postgres(s) => s.kill(),
             Server::MariaDb(s) => s.kill(),
-            Server::Redis(s) => s.kill(),
+            Server::Redis(s) => s.kill(0),
             Server::RedisCluster(c) => c.kill_all(),
             // One node, restarted empty at once: the fault Redlock must
             // survive (its quarantine and token floor).
             Server::Redlock(set, next) => {
-                let victim = *next % set.nodes().len();
+                let victim = *next % set.len();
                 *next += 1;
                 set.crash_restart(victim)
             }
@@ -151,9 +151,9 @@ impl Server {
         match self {
             Server::Postgres(s) => s.start_again(),
             Server::MariaDb(s) => s.start_again(),
-            Server::Redis(s) => s.start_again(),
+            Server::Redis(s) => s.start_again(0),
             Server::RedisCluster(c) => c.start_stopped(),
-            Server::Redlock(set, _) => set.signal(0, Signal::SIGCONT),
+            Server::Redlock(set, _) => set.resume(0),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
                 .try_for_each(|i| c.start_again(i)),
@@ -183,7 +183,7 @@ impl Server {
                 Some(i) => c.kill(i).map(|()| Some(i)),
                 None => Ok(None),
             },
-            Server::Redlock(set, _) => set.signal(0, Signal::SIGSTOP).map(|()| Some(0)),
+            Server::Redlock(set, _) => set.pause(0).map(|()| Some(0)),
             Server::Zookeeper(z) => match z.leader() {
                 Some(i) => z.kill(i).map(|()| Some(i)),
                 None => Ok(None),

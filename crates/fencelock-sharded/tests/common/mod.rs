@@ -127,7 +127,7 @@ impl StoreFactory for Factory {
             ))
         };
         let redis = Arc::clone(self.redis.get_or_try_init(start).await?);
-        let base = redis.url(0);
+        let base = redis.url();
         let a = Shard::new("a", format!("{base}?prefix=c{n}a:"));
         let b = Shard::new("b", format!("{base}?prefix=c{n}b:"));
         let map = ShardMap::new(2, vec![a.clone(), b])?.in_transition(phase, vec![a])?;

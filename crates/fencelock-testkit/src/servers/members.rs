@@ -5,7 +5,9 @@
 //! The lifecycle is the same for every engine; what differs (the command
 //! line, when a member serves, which one leads) is the [`Engine`]'s. A
 //! type alias per engine (`EtcdCluster`, `ZkServer`) names the set, and the
-//! engine's own helpers are inherent methods on that alias.
+//! engine's own helpers are inherent methods on that alias. Redis is one
+//! engine in three layouts (one server, independent `redlock://` nodes, a
+//! cluster), each its own [`Engine`] around one command line.
 
 use std::{
     fmt,
@@ -264,6 +266,12 @@ impl<E: Engine> MemberSet<E> {
 pub trait SingleServer: Engine + Sized {
     /// Starts one member.
     fn start_single() -> TestResult<MemberSet<Self>>;
+
+    /// Starts one member whose clean restart keeps every lease (the restart
+    /// cases need it); an engine that always persists keeps the default.
+    fn start_single_durable() -> TestResult<MemberSet<Self>> {
+        Self::start_single()
+    }
 }
 
 impl<E: SingleServer> UrlServer for MemberSet<E> {
@@ -271,7 +279,7 @@ impl<E: SingleServer> UrlServer for MemberSet<E> {
         E::start_single()
     }
     fn start_dedicated() -> TestResult<Self> {
-        E::start_single()
+        E::start_single_durable()
     }
     fn url(&self) -> String {
         MemberSet::url(self)

@@ -1,60 +1,52 @@
-//! Throwaway `redis-server` processes.
+//! Throwaway `redis-server` processes: one server (`redis://`), a set of
+//! independent nodes (`redlock://`, in [`super::redis_set`]) and the nodes
+//! of a cluster (`redis+cluster://`, in [`super::redis_cluster`]). All three
+//! run [`Redis::command`]; their lifecycle is the [`MemberSet`]'s.
 
 use std::{
-    net::SocketAddr,
+    io::{Read, Write},
+    net::TcpStream,
     path::PathBuf,
-    process::{Command, Stdio},
-    sync::{Mutex, PoisonError},
+    process::Command,
     time::Duration,
 };
 
-use super::{find_binary, free_port, wait_for_port, ChildProcess};
+use super::{
+    find_binary,
+    members::{Engine, MemberSet, SingleServer, Slot},
+};
 use crate::TestResult;
-
-/// How long a server gets to accept connections after it starts.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A `redis-server` on a free loopback port with its own temporary
 /// directory, killed on drop. It can be killed and started again on the
 /// same port, with or without persistence.
+pub type RedisServer = MemberSet<Redis>;
+
+/// How a `redis-server` runs: with or without an append-only file.
 #[derive(Debug)]
-pub struct RedisServer {
+pub struct Redis {
     binary: PathBuf,
-    port: u16,
-    dir: tempfile::TempDir,
     persistent: bool,
-    process: Mutex<Option<ChildProcess>>,
 }
 
-impl RedisServer {
-    /// Starts a server without persistence (`--save "" --appendonly no`):
-    /// a restart loses every key.
-    pub fn start() -> TestResult<Self> {
-        Self::start_with(false)
-    }
-
-    /// Starts a server with `--appendonly yes --appendfsync always`, so keys
-    /// (leases with their absolute expiry, token counters) survive a restart.
-    pub fn start_persistent() -> TestResult<Self> {
-        Self::start_with(true)
-    }
-
-    fn start_with(persistent: bool) -> TestResult<Self> {
-        let server = Self {
+impl Redis {
+    /// Finds `redis-server`. Without persistence (`--save ""
+    /// --appendonly no`) a restart loses every key; with it (`--appendonly
+    /// yes --appendfsync always`) keys survive a restart (leases with their
+    /// absolute expiry, token counters).
+    pub fn new(persistent: bool) -> TestResult<Self> {
+        Ok(Self {
             binary: find_binary("redis-server", &[], "redis-server")?,
-            port: free_port()?,
-            dir: tempfile::tempdir()?,
             persistent,
-            process: Mutex::new(None),
-        };
-        server.spawn()?;
-        Ok(server)
+        })
     }
 
-    fn spawn(&self) -> TestResult {
-        let child = Command::new(&self.binary)
+    /// The command line of a server at `slot`, whatever the layout.
+    pub fn command(&self, slot: &Slot) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
             .arg("--port")
-            .arg(self.port.to_string())
+            .arg(slot.client_port.to_string())
             .args(["--bind", "127.0.0.1", "--save", ""])
             .args([
                 "--appendonly",
@@ -63,83 +55,67 @@ impl RedisServer {
                 "always",
             ])
             .arg("--dir")
-            .arg(self.dir.path())
-            .args(["--protected-mode", "no", "--loglevel", "warning"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut process = ChildProcess::new(format!("redis-server :{}", self.port), child);
-        wait_for_port(self.addr(), START_TIMEOUT, || process.is_running())?;
-        *self.lock() = Some(process);
-        Ok(())
+            .arg(&slot.dir)
+            .args(["--protected-mode", "no", "--loglevel", "warning"]);
+        command
+    }
+}
+
+impl Engine for Redis {
+    const NAME: &'static str = "redis-server";
+    const SCHEME: &'static str = "redis";
+    const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+    fn command(&self, slot: &Slot) -> Command {
+        Redis::command(self, slot)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ChildProcess>> {
-        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    fn serves(&self, slot: &Slot) -> bool {
+        pongs(slot)
     }
 
-    fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+    fn leads(&self, _: &Slot) -> bool {
+        true
+    }
+}
+
+impl SingleServer for Redis {
+    fn start_single() -> TestResult<RedisServer> {
+        RedisServer::start()
+    }
+
+    fn start_single_durable() -> TestResult<RedisServer> {
+        RedisServer::start_persistent()
+    }
+}
+
+impl MemberSet<Redis> {
+    /// Starts a server without persistence: a restart loses every key.
+    pub fn start() -> TestResult<Self> {
+        Self::start_with(1, |_| Redis::new(false))
+    }
+
+    /// Starts a server with an append-only file: keys survive a restart.
+    pub fn start_persistent() -> TestResult<Self> {
+        Self::start_with(1, |_| Redis::new(true))
     }
 
     /// The port.
     pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:PORT/DB`.
-    pub fn url(&self, db: u32) -> String {
-        format!("redis://127.0.0.1:{}/{db}", self.port)
-    }
-
-    /// SIGKILL: a crash. Without persistence every key is gone.
-    pub fn kill(&self) -> TestResult {
-        if let Some(mut p) = self.lock().take() {
-            p.kill()?;
-        }
-        Ok(())
-    }
-
-    /// Sends `signal` to the running server (SIGSTOP pauses it, SIGCONT
-    /// resumes it).
-    pub fn signal(&self, signal: nix::sys::signal::Signal) -> TestResult {
-        match self.lock().as_ref() {
-            Some(p) => p.signal(signal),
-            None => Err(format!("redis-server :{} is not running", self.port).into()),
-        }
-    }
-
-    /// Starts the server again on the same port and directory.
-    pub fn start_again(&self) -> TestResult {
-        if self.lock().is_some() {
-            return Err("the redis server is still running".into());
-        }
-        self.spawn()
-    }
-
-    /// A clean stop (SIGTERM, so the server flushes what it persists) and a
-    /// start on the same port.
-    pub fn restart(&self) -> TestResult {
-        if let Some(mut p) = self.lock().take() {
-            p.terminate(Duration::from_secs(10))?;
-        }
-        self.spawn()
+        self.slot(0).client_port
     }
 }
 
-impl super::url_factory::UrlServer for RedisServer {
-    fn start_shared() -> TestResult<Self> {
-        Self::start()
-    }
-    fn start_dedicated() -> TestResult<Self> {
-        // Restart cases expect a clean restart to keep live leases.
-        Self::start_persistent()
-    }
-    fn url(&self) -> String {
-        RedisServer::url(self, 0)
-    }
-    fn restart_server(&self) -> TestResult {
-        self.restart()
-    }
+/// Whether the server at `slot` answers `PING`: it accepts connections while
+/// it still loads its append-only file, and answers `-LOADING` until done.
+pub(super) fn pongs(slot: &Slot) -> bool {
+    let answer = || -> std::io::Result<bool> {
+        let mut s = TcpStream::connect_timeout(&slot.addr(), Duration::from_millis(500))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"PING\r\n")?;
+        let mut reply = [0; 7];
+        s.read_exact(&mut reply)?;
+        Ok(&reply == b"+PONG\r\n")
+    };
+    answer().unwrap_or(false)
 }

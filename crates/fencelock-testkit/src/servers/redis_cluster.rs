@@ -6,14 +6,16 @@
 //! rejoins as a replica).
 
 use std::{
-    net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
-use super::{find_binary, free_port, wait_for_port, ChildProcess};
+use super::{
+    find_binary,
+    members::{Engine, MemberSet, Slot},
+    redis::{pongs, Redis},
+};
 use crate::TestResult;
 
 /// How long a node gets to accept connections, and the cluster to form or
@@ -24,123 +26,58 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// failed (the Redis default, 15 s, would make every failover test slow).
 const NODE_TIMEOUT_MS: u32 = 1000;
 
-#[derive(Debug)]
-struct Node {
-    port: u16,
-    dir: tempfile::TempDir,
-    process: Mutex<Option<ChildProcess>>,
-}
-
-impl Node {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ChildProcess>> {
-        self.process.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 /// One line of `CLUSTER NODES`, as far as the tests need it.
 #[derive(Clone, Debug)]
 struct NodeLine {
     port: u16,
+    myself: bool,
     primary: bool,
     failed: bool,
     connected: bool,
     slots: Vec<(u16, u16)>,
 }
 
-/// See the module docs.
+/// A `redis-server` with cluster mode on, its state in its own
+/// `nodes.conf`, so that a node started again finds its role.
 #[derive(Debug)]
-pub struct RedisCluster {
-    server: PathBuf,
+pub struct ClusterNode {
+    redis: Redis,
     cli: PathBuf,
-    persistent: bool,
-    nodes: Vec<Node>,
 }
 
-impl RedisCluster {
-    /// Starts three primaries and three replicas without persistence.
-    pub fn start() -> TestResult<Self> {
-        Self::start_with(false)
-    }
+impl Engine for ClusterNode {
+    const NAME: &'static str = "redis-server";
+    const SCHEME: &'static str = "redis+cluster";
+    const START_TIMEOUT: Duration = START_TIMEOUT;
 
-    /// As [`RedisCluster::start`], each node with `--appendonly yes
-    /// --appendfsync always`, so a clean restart keeps every key.
-    pub fn start_persistent() -> TestResult<Self> {
-        Self::start_with(true)
-    }
-
-    fn start_with(persistent: bool) -> TestResult<Self> {
-        let mut nodes = Vec::new();
-        for _ in 0..6 {
-            nodes.push(Node {
-                port: free_port()?,
-                dir: tempfile::tempdir()?,
-                process: Mutex::new(None),
-            });
-        }
-        let cluster = Self {
-            server: find_binary("redis-server", &[], "redis-server")?,
-            cli: find_binary("redis-cli", &[], "redis-tools")?,
-            persistent,
-            nodes,
-        };
-        for node in &cluster.nodes {
-            cluster.spawn(node)?;
-        }
-        let mut create = Command::new(&cluster.cli);
-        create.args(["--cluster", "create"]);
-        for node in &cluster.nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()?;
-        if !out.status.success() {
-            return Err(format!(
-                "redis-cli --cluster create failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into());
-        }
-        cluster.wait_healthy()?;
-        Ok(cluster)
-    }
-
-    fn spawn(&self, node: &Node) -> TestResult {
-        let dir = node.dir.path();
-        let child = Command::new(&self.server)
-            .arg("--port")
-            .arg(node.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", ""])
-            .args([
-                "--appendonly",
-                if self.persistent { "yes" } else { "no" },
-                "--appendfsync",
-                "always",
-            ])
+    fn command(&self, slot: &Slot) -> Command {
+        let mut command = self.redis.command(slot);
+        command
             .args(["--cluster-enabled", "yes"])
             .arg("--cluster-config-file")
-            .arg(dir.join("nodes.conf"))
+            .arg(slot.dir.join("nodes.conf"))
             .arg("--cluster-node-timeout")
-            .arg(NODE_TIMEOUT_MS.to_string())
-            .arg("--dir")
-            .arg(dir)
-            .args(["--protected-mode", "no", "--loglevel", "warning"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut process = ChildProcess::new(format!("redis-server :{}", node.port), child);
-        wait_for_port(
-            SocketAddr::from(([127, 0, 0, 1], node.port)),
-            START_TIMEOUT,
-            || process.is_running(),
-        )?;
-        *node.lock() = Some(process);
-        Ok(())
+            .arg(NODE_TIMEOUT_MS.to_string());
+        command
     }
 
+    /// A node answers before it is part of a cluster; [`RedisCluster`]
+    /// waits for the cluster's health itself.
+    fn serves(&self, slot: &Slot) -> bool {
+        pongs(slot)
+    }
+
+    /// A primary that serves slots.
+    fn leads(&self, slot: &Slot) -> bool {
+        self.cluster_nodes(slot.client_port).is_ok_and(|lines| {
+            lines
+                .iter()
+                .any(|n| n.myself && n.primary && !n.failed && !n.slots.is_empty())
+        })
+    }
+}
+
+impl ClusterNode {
     /// `redis-cli -p PORT ARGS…`, its output.
     fn cli(&self, port: u16, args: &[&str]) -> TestResult<String> {
         let out = Command::new(&self.cli)
@@ -152,15 +89,6 @@ impl RedisCluster {
             return Err(format!("redis-cli -p {port} {args:?} failed").into());
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// The ports of the nodes that run.
-    fn running(&self) -> Vec<u16> {
-        self.nodes
-            .iter()
-            .filter(|n| n.lock().is_some())
-            .map(|n| n.port)
-            .collect()
     }
 
     /// `CLUSTER NODES` as seen by node `port`.
@@ -191,6 +119,7 @@ impl RedisCluster {
                 .collect();
             lines.push(NodeLine {
                 port,
+                myself: flags.contains("myself"),
                 primary: flags.contains("master"),
                 failed: flags.contains("fail"),
                 connected: *link == "connected",
@@ -198,6 +127,77 @@ impl RedisCluster {
             });
         }
         Ok(lines)
+    }
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: MemberSet<ClusterNode>,
+}
+
+impl RedisCluster {
+    /// Starts three primaries and three replicas without persistence.
+    pub fn start() -> TestResult<Self> {
+        Self::start_with(false)
+    }
+
+    /// As [`RedisCluster::start`], each node with `--appendonly yes
+    /// --appendfsync always`, so a clean restart keeps every key.
+    pub fn start_persistent() -> TestResult<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> TestResult<Self> {
+        let nodes = MemberSet::start_with(6, |_| {
+            Ok(ClusterNode {
+                redis: Redis::new(persistent)?,
+                cli: find_binary("redis-cli", &[], "redis-tools")?,
+            })
+        })?;
+        let mut create = Command::new(&nodes.engine().cli);
+        create.args(["--cluster", "create"]);
+        for i in 0..nodes.len() {
+            create.arg(nodes.endpoint(i));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let cluster = Self { nodes };
+        cluster.wait_healthy()?;
+        Ok(cluster)
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> TestResult<String> {
+        self.nodes.engine().cli(port, args)
+    }
+
+    fn cluster_nodes(&self, port: u16) -> TestResult<Vec<NodeLine>> {
+        self.nodes.engine().cluster_nodes(port)
+    }
+
+    /// The member index of the node on `port`.
+    fn index(&self, port: u16) -> TestResult<usize> {
+        (0..self.nodes.len())
+            .find(|&i| self.nodes.slot(i).client_port == port)
+            .ok_or_else(|| format!("no node on port {port}").into())
+    }
+
+    /// The ports of the nodes that run.
+    fn running(&self) -> Vec<u16> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes.is_running(i))
+            .map(|i| self.nodes.slot(i).client_port)
+            .collect()
     }
 
     /// Waits until every running node reports `cluster_state:ok`, sees
@@ -265,17 +265,14 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:P1,…` naming every node.
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        self.nodes.url()
     }
 
     /// Every node's port, in the order of [`RedisCluster::url`].
     pub fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.port).collect()
+        (0..self.nodes.len())
+            .map(|i| self.nodes.slot(i).client_port)
+            .collect()
     }
 
     /// The slot of the key named `name` (`CLUSTER KEYSLOT`).
@@ -312,58 +309,31 @@ impl RedisCluster {
 
     /// `kill -9` of node `port`.
     pub fn kill(&self, port: u16) -> TestResult {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .ok_or_else(|| format!("no node on port {port}"))?;
-        if let Some(mut process) = node.lock().take() {
-            process.kill()?;
-        }
-        Ok(())
+        self.nodes.kill(self.index(port)?)
     }
 
     /// SIGSTOP of node `port`: it stops answering without closing its
     /// connections (and is declared failed after `cluster-node-timeout`).
     pub fn pause(&self, port: u16) -> TestResult {
-        self.signal(port, nix::sys::signal::Signal::SIGSTOP)
+        self.nodes.pause(self.index(port)?)
     }
 
     /// SIGCONT of node `port`, paused by [`RedisCluster::pause`].
     pub fn resume(&self, port: u16) -> TestResult {
-        self.signal(port, nix::sys::signal::Signal::SIGCONT)
-    }
-
-    fn signal(&self, port: u16, signal: nix::sys::signal::Signal) -> TestResult {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .ok_or_else(|| format!("no node on port {port}"))?;
-        match node.lock().as_ref() {
-            Some(process) => process.signal(signal),
-            None => Err(format!("node {port} is not running").into()),
-        }
+        self.nodes.resume(self.index(port)?)
     }
 
     /// `kill -9` of every node: the whole cluster crashes.
     pub fn kill_all(&self) -> TestResult {
-        for node in &self.nodes {
-            if let Some(mut process) = node.lock().take() {
-                process.kill()?;
-            }
-        }
-        Ok(())
+        (0..self.nodes.len()).try_for_each(|i| self.nodes.kill(i))
     }
 
     /// Starts every killed node again and waits until the cluster is
     /// healthy: each node finds its role in its `nodes.conf`.
     pub fn start_stopped(&self) -> TestResult {
-        for node in &self.nodes {
-            if node.lock().is_none() {
-                self.spawn(node)?;
-            }
-        }
+        (0..self.nodes.len())
+            .filter(|&i| !self.nodes.is_running(i))
+            .try_for_each(|i| self.nodes.start_again(i))?;
         self.wait_healthy()
     }
 
@@ -393,29 +363,14 @@ impl RedisCluster {
     /// Starts node `port` again (killed before); it rejoins as a replica of
     /// the primary that replaced it. Waits until the cluster is healthy.
     pub fn start_again(&self, port: u16) -> TestResult {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .ok_or_else(|| format!("no node on port {port}"))?;
-        if node.lock().is_some() {
-            return Err(format!("node {port} is still running").into());
-        }
-        self.spawn(node)?;
+        self.nodes.start_again(self.index(port)?)?;
         self.wait_healthy()
     }
 
     /// A clean stop of every node (SIGTERM, so each flushes what it
     /// persists) and a start on the same ports; waits until healthy.
     pub fn restart(&self) -> TestResult {
-        for node in &self.nodes {
-            if let Some(mut p) = node.lock().take() {
-                p.terminate(Duration::from_secs(10))?;
-            }
-        }
-        for node in &self.nodes {
-            self.spawn(node)?;
-        }
+        self.nodes.restart()?;
         self.wait_healthy()
     }
 }

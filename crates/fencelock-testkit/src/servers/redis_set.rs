@@ -2,74 +2,66 @@
 //! cluster), as the `redlock://` backend uses them: each node can be
 //! killed, paused and restarted on its own.
 
-use nix::sys::signal::Signal;
+use std::{process::Command, time::Duration};
 
-use super::redis::RedisServer;
+use super::{
+    members::{Engine, MemberSet, Slot},
+    redis::{pongs, Redis},
+};
 use crate::TestResult;
 
 /// How many nodes a set has unless told otherwise.
 pub const DEFAULT_NODES: usize = 3;
 
-/// `n` [`RedisServer`]s on free loopback ports, killed on drop.
+/// Independent `redis-server`s on free loopback ports, killed on drop; its
+/// URL is `redlock://127.0.0.1:P1,127.0.0.1:P2,…` (no query).
+pub type RedisSet = MemberSet<RedlockNode>;
+
+/// A `redis-server` that is one vote of a Redlock set: no node leads.
 #[derive(Debug)]
-pub struct RedisSet {
-    nodes: Vec<RedisServer>,
+pub struct RedlockNode(Redis);
+
+impl Engine for RedlockNode {
+    const NAME: &'static str = "redis-server";
+    const SCHEME: &'static str = "redlock";
+    const START_TIMEOUT: Duration = Redis::START_TIMEOUT;
+
+    fn command(&self, slot: &Slot) -> Command {
+        self.0.command(slot)
+    }
+
+    fn serves(&self, slot: &Slot) -> bool {
+        pongs(slot)
+    }
+
+    fn leads(&self, _: &Slot) -> bool {
+        false
+    }
 }
 
-impl RedisSet {
+impl MemberSet<RedlockNode> {
     /// Starts `n` servers without persistence: a restarted node has lost
     /// every key.
     pub fn start(n: usize) -> TestResult<Self> {
-        Ok(Self {
-            nodes: (0..n)
-                .map(|_| RedisServer::start())
-                .collect::<TestResult<_>>()?,
-        })
+        Self::start_with(n, |_| Ok(RedlockNode(Redis::new(false)?)))
     }
 
     /// Starts `n` servers with AOF (`fsync always`): a clean restart keeps
     /// every key.
     pub fn start_persistent(n: usize) -> TestResult<Self> {
-        Ok(Self {
-            nodes: (0..n)
-                .map(|_| RedisServer::start_persistent())
-                .collect::<TestResult<_>>()?,
-        })
+        Self::start_with(n, |_| Ok(RedlockNode(Redis::new(true)?)))
     }
 
-    /// The nodes, in URL order.
-    pub fn nodes(&self) -> &[RedisServer] {
-        &self.nodes
-    }
-
-    /// Node `i`; an error when there is no such node.
-    pub fn node(&self, i: usize) -> TestResult<&RedisServer> {
-        self.nodes
-            .get(i)
-            .ok_or_else(|| format!("the set has no node {i}").into())
-    }
-
-    /// `redlock://127.0.0.1:P1,127.0.0.1:P2,…` (no query).
-    pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redlock://{}", hosts.join(","))
+    /// `redis://127.0.0.1:PORT` of node `i` alone.
+    pub fn node_url(&self, i: usize) -> String {
+        format!("redis://{}", self.endpoint(i))
     }
 
     /// SIGKILL of node `i` and an immediate start on the same port: without
     /// persistence it comes back empty.
     pub fn crash_restart(&self, i: usize) -> TestResult {
-        let node = self.node(i)?;
-        node.kill()?;
-        node.start_again()
-    }
-
-    /// Sends `signal` to node `i` (SIGSTOP / SIGCONT to pause and resume).
-    pub fn signal(&self, i: usize, signal: Signal) -> TestResult {
-        self.node(i)?.signal(signal)
+        self.kill(i)?;
+        self.start_again(i)
     }
 }
 
@@ -82,7 +74,7 @@ impl super::url_factory::UrlServer for RedisSet {
         Self::start_persistent(DEFAULT_NODES)
     }
     fn url(&self) -> String {
-        RedisSet::url(self)
+        MemberSet::url(self)
     }
     fn case_url(&self, case: usize) -> String {
         // The fault cases hold replies back for a second and expect the
@@ -93,6 +85,6 @@ impl super::url_factory::UrlServer for RedisSet {
     fn restart_server(&self) -> TestResult {
         // A clean restart of every node (what the case asks of "the
         // server"); one node at a time is what the redlock tests do.
-        self.nodes.iter().try_for_each(RedisServer::restart)
+        self.restart()
     }
 }

@@ -337,8 +337,11 @@ impl RedlockBackend {
     }
 
     /// The leases a majority of nodes agree on (same key, owner and token),
-    /// each as the node that ends it first reports it. A lease on fewer
-    /// nodes is being granted, released or has failed: it is not shown.
+    /// each as the node that ends it first reports it. "First" is the
+    /// earliest `expires_at`, not the smallest `expires_in`: that one
+    /// depends on when each node answered, so two reads of an unchanged
+    /// lease could pick different nodes' views. A lease on fewer nodes is
+    /// being granted, released or has failed: it is not shown.
     fn agreed(&self, per_node: Vec<Result<Vec<LockInfo>>>, what: &str) -> Result<Vec<LockInfo>> {
         let answered = per_node.iter().filter(|r| r.is_ok()).count();
         self.need_quorum(answered, what)?;
@@ -348,7 +351,7 @@ impl RedlockBackend {
             match seen.get_mut(&id) {
                 Some((n, first)) => {
                     *n += 1;
-                    if info.expires_in < first.expires_in {
+                    if (info.expires_at, info.expires_in) < (first.expires_at, first.expires_in) {
                         *first = info;
                     }
                 }

@@ -5,7 +5,7 @@
 //! data.
 //!
 //! ```text
-//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|etcd|zookeeper
+//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|redis-cluster|redlock|etcd|zookeeper
 //! ```
 
 use fencelock_testkit::{
@@ -14,6 +14,8 @@ use fencelock_testkit::{
         mariadb::{self, MariaDbServer},
         postgres::{self, PostgresServer},
         redis::RedisServer,
+        redis_cluster::RedisCluster,
+        redis_set::{RedisSet, DEFAULT_NODES},
         zookeeper::ZkServer,
     },
     TestResult,
@@ -35,9 +37,16 @@ fn main() -> TestResult {
             serve(server.url("mysql"));
         }
         Some("redis") => serve(RedisServer::start()?.url()),
+        Some("redis-cluster") => serve(RedisCluster::start()?.url()),
+        Some("redlock") => serve(RedisSet::start(DEFAULT_NODES)?.url()),
         Some("etcd") => serve(EtcdCluster::start()?.url()),
         Some("zookeeper") => serve(ZkServer::start()?.url()),
-        _ => return Err("usage: bench_server postgres|mariadb|redis|etcd|zookeeper".into()),
+        _ => {
+            return Err(
+                "usage: bench_server postgres|mariadb|redis|redis-cluster|redlock|etcd|zookeeper"
+                    .into(),
+            )
+        }
     }
     Ok(())
 }

@@ -98,7 +98,7 @@ impl Node {
         }
     }
 
-    pub(crate) fn token(&self) -> FencingToken {
+    fn token(&self) -> FencingToken {
         // Zxids are positive; a negative one is not a node this crate wrote.
         FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
     }

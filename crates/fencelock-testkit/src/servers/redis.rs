@@ -1,7 +1,7 @@
 //! Throwaway `redis-server` processes: one server (`redis://`), a set of
 //! independent nodes (`redlock://`, in [`super::redis_set`]) and the nodes
 //! of a cluster (`redis+cluster://`, in [`super::redis_cluster`]). All three
-//! run [`Redis::command`]; their lifecycle is the [`MemberSet`]'s.
+//! run the [`Redis`] engine's command line; their lifecycle is the [`MemberSet`]'s.
 
 use std::{
     io::{Read, Write},
@@ -40,9 +40,16 @@ impl Redis {
             persistent,
         })
     }
+}
 
-    /// The command line of a server at `slot`, whatever the layout.
-    pub fn command(&self, slot: &Slot) -> Command {
+impl Engine for Redis {
+    const NAME: &'static str = "redis-server";
+    const SCHEME: &'static str = "redis";
+    const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+    /// The command line of a server at `slot`, whatever the layout (the
+    /// Redlock and cluster engines start from it).
+    fn command(&self, slot: &Slot) -> Command {
         let mut command = Command::new(&self.binary);
         command
             .arg("--port")
@@ -58,16 +65,6 @@ impl Redis {
             .arg(&slot.dir)
             .args(["--protected-mode", "no", "--loglevel", "warning"]);
         command
-    }
-}
-
-impl Engine for Redis {
-    const NAME: &'static str = "redis-server";
-    const SCHEME: &'static str = "redis";
-    const START_TIMEOUT: Duration = Duration::from_secs(20);
-
-    fn command(&self, slot: &Slot) -> Command {
-        Redis::command(self, slot)
     }
 
     fn serves(&self, slot: &Slot) -> bool {

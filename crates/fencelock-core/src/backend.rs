@@ -85,6 +85,25 @@ impl AcquireRequest {
         self
     }
 
+    /// The request's floor as a number, 0 when it has none; a floor above
+    /// [`FencingToken::MAX_FLOOR`] is [`crate::Error::InvalidArgument`].
+    pub fn floor(&self) -> crate::Result<u64> {
+        self.min_token.map_or(Ok(0), |f| {
+            FencingToken::check_floor(f).map(FencingToken::get)
+        })
+    }
+
+    /// `token` as this request's grant, or [`crate::Error::TokensExhausted`]
+    /// when the counter that drew it passed [`FencingToken::MAX`].
+    pub fn issued(&self, token: u64) -> crate::Result<FencingToken> {
+        if token > FencingToken::MAX.get() {
+            return Err(crate::Error::TokensExhausted {
+                key: self.key.clone(),
+            });
+        }
+        Ok(FencingToken(token))
+    }
+
     /// The lease this request becomes once granted `token`.
     pub fn lease(&self, token: FencingToken) -> LeaseId {
         LeaseId::new(self.key.clone(), self.owner.clone(), token)

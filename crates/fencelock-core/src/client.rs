@@ -464,8 +464,11 @@ impl LockRequest<'_> {
             }
             (true, Some(p)) => Some(p),
         };
-        if self.min_token.is_some() && !inner.backend.capabilities().min_token {
-            return Err(Error::unsupported(inner.backend.name(), "min_token"));
+        if let Some(floor) = self.min_token {
+            if !inner.backend.capabilities().min_token {
+                return Err(Error::unsupported(inner.backend.name(), "min_token"));
+            }
+            FencingToken::check_floor(floor)?;
         }
         if self.mode == LockMode::Shared && !inner.backend.capabilities().shared {
             return Err(Error::unsupported(inner.backend.name(), "shared locks"));

@@ -135,6 +135,19 @@ pub enum Error {
         /// The number of permits asked for.
         requested: u32,
     },
+    /// The key's token counter reached [`FencingToken::MAX`]: no token is
+    /// left above the last one, so the key cannot be granted again (I2
+    /// forbids repeating a token). Floors are capped at
+    /// [`FencingToken::MAX_FLOOR`], so only 2^52 grants after the highest
+    /// floor get here.
+    #[error(
+        "lock {key} has no fencing token left: its counter reached {}",
+        FencingToken::MAX
+    )]
+    TokensExhausted {
+        /// The key that could not be granted.
+        key: LockKey,
+    },
     /// The client was closed: it takes no new locks.
     #[error("the lock client was closed")]
     ClientClosed,

@@ -110,17 +110,13 @@ impl State {
             .filter(move |(_, l)| l.expires_at > now)
     }
 
-    /// The next token of the key's counter (one counter for every key),
-    /// above `floor` when the request has one.
-    fn next_token(&mut self, floor: Option<FencingToken>) -> Result<FencingToken> {
-        let floor = floor.map_or(0, FencingToken::get);
-        let Some(next) = self.last_token.max(floor).checked_add(1) else {
-            return Err(Error::InvalidArgument(format!(
-                "min_token {floor} leaves no token above it"
-            )));
-        };
-        self.last_token = next;
-        Ok(FencingToken(next))
+    /// The next token of the counter (one counter for every key), above
+    /// the request's floor when it has one. The counter does not move when
+    /// the token would pass [`FencingToken::MAX`].
+    fn next_token(&mut self, request: &AcquireRequest) -> Result<FencingToken> {
+        let token = request.issued(self.last_token.max(request.floor()?) + 1)?;
+        self.last_token = token.get();
+        Ok(token)
     }
 
     fn reader_mut(&mut self, lease: &LeaseId, now: Instant) -> Option<&mut Lease> {
@@ -287,7 +283,7 @@ impl Backend for MemoryBackend {
         if let Some(holder) = state.holder(&request.key, now) {
             return Ok(Acquire::Held(Some(holder)));
         }
-        let token = state.next_token(request.min_token)?;
+        let token = state.next_token(request)?;
         let grant = self.grant(&mut state, request, token, now);
         drop(state);
         Ok(Acquire::Granted(grant))
@@ -309,7 +305,7 @@ impl Backend for MemoryBackend {
         // drawn meanwhile are skipped, which I2 allows).
         let tokens = requests
             .iter()
-            .map(|r| state.next_token(r.min_token))
+            .map(|r| state.next_token(r))
             .collect::<Result<Vec<_>>>()?;
         let grants = requests
             .iter()
@@ -498,7 +494,7 @@ impl Backend for MemoryBackend {
         {
             return Ok(Acquire::Held(None));
         }
-        let token = state.next_token(request.min_token)?;
+        let token = state.next_token(request)?;
         let expires_at = now + request.ttl;
         let readers = state.readers.entry(request.key.clone()).or_default();
         readers.retain(|l| l.expires_at > now);
@@ -738,5 +734,43 @@ impl Fence for MemoryFence {
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(highest.get(resource).and_then(|h| h.writer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counter's end: the last token is granted once, then every grant
+    /// is `TokensExhausted` on the key asked for, and the counter stays.
+    #[tokio::test]
+    async fn the_counters_end_is_a_typed_error() -> Result<()> {
+        let backend = MemoryBackend::new();
+        backend.state().last_token = FencingToken::MAX.get() - 1;
+        let request = |k: &str| {
+            Ok::<_, Error>(AcquireRequest::new(
+                LockKey::new(k)?,
+                Owner::new("o")?,
+                Duration::from_secs(60),
+            ))
+        };
+        let last = backend.try_acquire(&request("a")?).await?;
+        assert!(matches!(last, Acquire::Granted(g) if g.token == FencingToken::MAX));
+        for spent in [
+            backend.try_acquire(&request("b")?).await,
+            backend.try_acquire_shared(&request("b")?).await,
+        ] {
+            assert!(
+                matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "b"),
+                "{spent:?}"
+            );
+        }
+        let spent = backend.try_acquire_all(&[request("c")?]).await;
+        assert!(
+            matches!(spent, Err(Error::TokensExhausted { .. })),
+            "{spent:?}"
+        );
+        assert_eq!(backend.state().last_token, FencingToken::MAX.get());
+        Ok(())
     }
 }

@@ -24,9 +24,37 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct FencingToken(pub u64);
 
 impl FencingToken {
+    /// The largest token any backend issues: 2^53 − 1. Every integer up to
+    /// it is exact in an IEEE double, so a token survives Redis's Lua
+    /// numbers, JavaScript's `Number` and any JSON parser unchanged; a
+    /// counter that would pass it fails with [`Error::TokensExhausted`]
+    /// instead of repeating or rounding a token.
+    pub const MAX: FencingToken = FencingToken((1 << 53) - 1);
+
+    /// The largest token floor ([`crate::AcquireRequest::min_token`]) a
+    /// backend accepts: 2^52. Floors are the one way a caller moves a
+    /// counter, and several backends draw every key's tokens from one
+    /// counter; capping floors at half the token space leaves 2^52 (about
+    /// 4.5·10^15) grants after the highest floor, 142 years at a million
+    /// grants a second, so no request can use up a store's tokens.
+    pub const MAX_FLOOR: FencingToken = FencingToken(1 << 52);
+
     /// The raw value, e.g. to store in a fenced column.
     pub fn get(self) -> u64 {
         self.0
+    }
+
+    /// Checks a requested floor against [`FencingToken::MAX_FLOOR`]; every
+    /// backend that honours floors calls it, so the limit is one number
+    /// everywhere.
+    pub fn check_floor(floor: FencingToken) -> Result<FencingToken> {
+        if floor > Self::MAX_FLOOR {
+            return Err(Error::InvalidArgument(format!(
+                "min_token {floor} is above the highest floor a backend accepts, {}",
+                Self::MAX_FLOOR
+            )));
+        }
+        Ok(floor)
     }
 }
 

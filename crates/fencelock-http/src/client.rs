@@ -314,6 +314,9 @@ impl Backend for HttpBackend {
         {
             Ok(g) => Ok(Acquire::Granted(grant(g))),
             Err(refusal) if refusal.code == "held" => Ok(Acquire::Held(refusal.holder)),
+            Err(refusal) if refusal.code == "tokens_exhausted" => Err(Error::TokensExhausted {
+                key: request.key.clone(),
+            }),
             Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
         }
     }

@@ -15,7 +15,7 @@ use sqlx::{
 };
 
 use crate::{
-    error::{bad_reply, is_deadlock, map},
+    error::{bad_reply, is_deadlock, map, map_grant},
     options::MySqlOptions,
     schema::Names,
 };
@@ -120,9 +120,7 @@ impl Sql {
             // read it without a round trip. A value is never issued twice
             // (the row lock orders draws; the commit makes each durable
             // before it is used) and never below the floor.
-            draw: format!(
-                "UPDATE {counter} SET v = LAST_INSERT_ID(GREATEST(v, ?) + 1) WHERE id = 1"
-            ),
+            draw: format!("UPDATE {counter} SET v = {} WHERE id = 1", draw_expr("?")),
             locks: locks.clone(),
             // Reader operations run under the key's turn, the named lock
             // every acquisition of the key holds while it decides: a
@@ -382,7 +380,11 @@ impl MySqlBackend {
         };
         let answer = bounded(self.options.url.op_timeout, attempt)
             .await
-            .map_err(|e| map("acquiring several keys", e))?;
+            .map_err(|e| match requests.first() {
+                // One counter for every key: its end is every key's.
+                Some(first) => map_grant("acquiring several keys", &first.key, e),
+                None => map("acquiring several keys", e),
+            })?;
         let rows = match answer {
             Ok((index, row)) => {
                 let holder = if text(&row, "lock_key")?.is_none() {
@@ -475,16 +477,26 @@ impl MySqlBackend {
     }
 }
 
-/// The floor an acquisition's draw is given: `min_token`, or 0. The
-/// counter is `BIGINT UNSIGNED`, so the floor must leave a value above.
+/// The floor an acquisition's draw is given: `min_token` (at most
+/// [`fencelock_core::FencingToken::MAX_FLOOR`]), or 0.
 fn floor(request: &AcquireRequest) -> Result<u64> {
-    match request.min_token {
-        None => Ok(0),
-        Some(floor) if floor.get() < u64::MAX => Ok(floor.get()),
-        Some(floor) => Err(Error::InvalidArgument(format!(
-            "min_token {floor} leaves no token above it"
-        ))),
-    }
+    request.floor()
+}
+
+/// The counter's next value, above `floor` (SQL text: a placeholder or a
+/// literal, bound twice when a placeholder), as `LAST_INSERT_ID(…)`. At
+/// [`fencelock_core::FencingToken::MAX`] the statement fails instead of
+/// drawing: `v + 18446744073709551615` overflows `BIGINT UNSIGNED`
+/// (server error 1690) and the counter stays where it is, so the end of
+/// the tokens is an error (`map_grant`), never a token past the limit. The
+/// overflow is in `v`, not in constants, so the server cannot fold it
+/// into an error for every draw.
+fn draw_expr(floor: &str) -> String {
+    let max = fencelock_core::FencingToken::MAX.get();
+    format!(
+        "LAST_INSERT_ID(IF(GREATEST(v, {floor}) < {max}, GREATEST(v, {floor}) + 1, \
+         v + 18446744073709551615))"
+    )
 }
 
 /// Draws the next token, above `floor` and every token drawn before, as
@@ -497,6 +509,7 @@ async fn draw_token(
     floor: u64,
 ) -> std::result::Result<(), sqlx::Error> {
     let matched = sqlx::query(&sql.draw)
+        .bind(floor)
         .bind(floor)
         .execute(conn)
         .await?
@@ -542,9 +555,10 @@ pub(crate) async fn upsert(
     let turn = turn_of_literal(sql, key);
     let turn_and_draw = format!(
         "SELECT GET_LOCK({turn}, {TURN_WAIT_SECS});
-         UPDATE {} SET v = LAST_INSERT_ID(GREATEST(v, {floor}) + 1)
+         UPDATE {} SET v = {}
           WHERE id = 1 AND IS_USED_LOCK({turn}) = CONNECTION_ID()",
-        sql.counter
+        sql.counter,
+        draw_expr(&floor.to_string())
     );
     // A plain `&str` runs on the text protocol, which takes several
     // statements in one request.
@@ -606,7 +620,14 @@ fn lease(row: &MySqlRow) -> Result<LockInfo> {
 /// session is closed rather than pooled, which frees the turn.
 macro_rules! under_turn {
     ($self:ident, $operation:expr, $key:expr, |$conn:ident| $body:block) => {
-        $self.options.bounded($operation, async {
+        under_turn!(@run bounded($operation), $self, $key, |$conn| $body)
+    };
+    // A body that draws a token for `$grant` (see `map_grant`).
+    ($self:ident, grant $grant:expr, $operation:expr, $key:expr, |$conn:ident| $body:block) => {
+        under_turn!(@run granting($operation, $grant), $self, $key, |$conn| $body)
+    };
+    (@run $run:ident ( $($args:expr),* ), $self:ident, $key:expr, |$conn:ident| $body:block) => {
+        $self.options.$run($($args,)* async {
             let mut s = $self.session().await?;
             take_turn(s.conn()?, &$self.sql, $key).await?;
             let $conn = s.conn()?;
@@ -727,7 +748,7 @@ impl Backend for MySqlBackend {
         };
         let row = bounded(self.options.url.op_timeout, acquire)
             .await
-            .map_err(|e| map("acquiring", e))?;
+            .map_err(|e| map_grant("acquiring", &request.key, e))?;
         // No row for the key: our lease (if any) was already force-released.
         // Reporting "held by someone unknown" is the safe answer.
         if text(&row, "lock_key")?.is_none() {
@@ -987,44 +1008,50 @@ impl Backend for MySqlBackend {
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
         let key = request.key.as_str();
         let floor = floor(request)?;
-        let (granted, row) = under_turn!(self, "acquiring a read lock", key, |conn| {
-            let gate = sqlx::query(&self.sql.gate)
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = gate {
-                let live: Option<bool> = row.try_get("live")?;
-                let intent: Option<bool> = row.try_get("intent")?;
-                if live == Some(true) {
-                    return Ok((false, Some(row)));
+        let (granted, row) = under_turn!(
+            self,
+            grant & request.key,
+            "acquiring a read lock",
+            key,
+            |conn| {
+                let gate = sqlx::query(&self.sql.gate)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(row) = gate {
+                    let live: Option<bool> = row.try_get("live")?;
+                    let intent: Option<bool> = row.try_get("intent")?;
+                    if live == Some(true) {
+                        return Ok((false, Some(row)));
+                    }
+                    if intent == Some(true) {
+                        return Ok((false, None));
+                    }
                 }
-                if intent == Some(true) {
-                    return Ok((false, None));
-                }
+                draw_token(&mut *conn, &self.sql, floor).await?;
+                sqlx::query(&self.sql.shared_insert)
+                    .bind(key)
+                    .bind(request.owner.as_str())
+                    .bind(request.kind.as_deref())
+                    .bind(request.data.as_ref())
+                    .bind(ttl_micros(request.ttl))
+                    .execute(&mut *conn)
+                    .await?;
+                let row = sqlx::query(&self.sql.shared_granted)
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
+                    row.try_get("expires_at")?;
+                sqlx::query(&self.sql.horizon)
+                    .bind(key)
+                    .bind(request.owner.as_str())
+                    .bind(expires_at)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok((true, Some(row)))
             }
-            draw_token(&mut *conn, &self.sql, floor).await?;
-            sqlx::query(&self.sql.shared_insert)
-                .bind(key)
-                .bind(request.owner.as_str())
-                .bind(request.kind.as_deref())
-                .bind(request.data.as_ref())
-                .bind(ttl_micros(request.ttl))
-                .execute(&mut *conn)
-                .await?;
-            let row = sqlx::query(&self.sql.shared_granted)
-                .bind(key)
-                .fetch_one(&mut *conn)
-                .await?;
-            let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
-                row.try_get("expires_at")?;
-            sqlx::query(&self.sql.horizon)
-                .bind(key)
-                .bind(request.owner.as_str())
-                .bind(expires_at)
-                .execute(&mut *conn)
-                .await?;
-            Ok((true, Some(row)))
-        })
+        )
         .await?;
         let info = row.as_ref().map(lease).transpose()?;
         Ok(match (granted, info) {

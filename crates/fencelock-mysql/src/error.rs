@@ -1,6 +1,6 @@
 //! The one place where driver errors become [`fencelock_core::Error`]s.
 
-use fencelock_core::{BackendError, Error};
+use fencelock_core::{BackendError, Error, LockKey};
 use sqlx::mysql::MySqlDatabaseError;
 
 const BACKEND: &str = "mysql";
@@ -37,6 +37,17 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
 /// (retry may help) or permanent.
 pub(crate) fn map(context: &'static str, e: sqlx::Error) -> Error {
     fencelock_sql_common::classify(BACKEND, context, e, is_transient)
+}
+
+/// `map`, for a statement that draws tokens for `key`: the counter's end
+/// (the draw's deliberate `BIGINT UNSIGNED` overflow, server error 1690,
+/// see `crate::backend::draw_expr`) is [`Error::TokensExhausted`].
+pub(crate) fn map_grant(context: &'static str, key: &LockKey, e: sqlx::Error) -> Error {
+    if server_number(&e) == Some(1690) {
+        Error::TokensExhausted { key: key.clone() }
+    } else {
+        map(context, e)
+    }
 }
 
 /// InnoDB chose the statement as a deadlock victim and rolled it back whole.

@@ -52,6 +52,19 @@ impl MySqlOptions {
             .map_err(|e| map(context, e))
     }
 
+    /// [`Self::bounded`] for a statement that draws tokens for `key` (see
+    /// [`crate::error::map_grant`]).
+    pub(crate) async fn granting<T>(
+        &self,
+        context: &'static str,
+        key: &fencelock_core::LockKey,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op)
+            .await
+            .map_err(|e| crate::error::map_grant(context, key, e))
+    }
+
     /// Opens the pool and the schema within the connect time-out.
     pub(crate) async fn open(&self) -> Result<ConnectionPool<MySql>> {
         let limit = self.url.connect_timeout;

@@ -31,6 +31,7 @@ async fn mariadb_specific() -> TestResult {
         a_clients_time_zone_does_not_move_leases(&base).await?;
         a_batch_on_one_session_answers_each_renewal_for_itself(&base).await?;
         a_floor_raises_the_counter_and_never_lowers_it(&base).await?;
+        the_counters_end_is_a_typed_error_on_the_key(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
         tables_from_before_read_write_locks_are_upgraded(&base).await
     }
@@ -45,6 +46,50 @@ async fn grant(backend: &MySqlBackend, key: &str, owner: &str, ttl: Duration) ->
         Acquire::Granted(g) => Ok(g.token.get()),
         held => Err(format!("{key} not granted: {held:?}").into()),
     }
+}
+
+/// At `FencingToken::MAX` the counter ends with a typed error on the key
+/// asked for, by each path that draws (one key, a reader, several keys),
+/// and stays at the last token; held leases keep renewing. It used to run
+/// on to `u64::MAX` and then fail every acquisition with an overflow.
+async fn the_counters_end_is_a_typed_error_on_the_key(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=end_");
+    let backend = MySqlBackend::connect(&url).await?;
+    let ttl = Duration::from_secs(60);
+    let held = grant(&backend, "held", "a", ttl).await?;
+    let others = sqlx::MySqlPool::connect(base).await?;
+    sqlx::query("UPDATE end_counter SET v = ?")
+        .bind(FencingToken::MAX.get() - 1)
+        .execute(&others)
+        .await?;
+    assert_eq!(
+        grant(&backend, "last", "a", ttl).await?,
+        FencingToken::MAX.get()
+    );
+    let next = request("next", "b", ttl)?;
+    let spent = backend.try_acquire(&next).await;
+    assert!(
+        matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
+        "{spent:?}"
+    );
+    let spent = backend.try_acquire_shared(&next).await;
+    assert!(
+        matches!(spent, Err(Error::TokensExhausted { .. })),
+        "{spent:?}"
+    );
+    let spent = backend.try_acquire_all(std::slice::from_ref(&next)).await;
+    assert!(
+        matches!(spent, Err(Error::TokensExhausted { .. })),
+        "{spent:?}"
+    );
+    let v: u64 = sqlx::query_scalar("SELECT v FROM end_counter")
+        .fetch_one(&others)
+        .await?;
+    assert_eq!(v, FencingToken::MAX.get());
+    let lease = LeaseId::new(LockKey::new("held")?, Owner::new("a")?, FencingToken(held));
+    backend.renew(&lease, ttl).await?;
+    backend.release(&lease).await?;
+    Ok(())
 }
 
 /// Batches on one session (a pool of one): the stamp the first batch left

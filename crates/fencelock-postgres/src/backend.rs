@@ -411,21 +411,13 @@ impl PostgresBackend {
     }
 }
 
-/// The request's token floor as a sequence value.
+/// The request's token floor as a sequence value (below
+/// [`FencingToken::MAX_FLOOR`], so it always fits).
 fn floor(request: &AcquireRequest) -> Result<Option<i64>> {
-    request
-        .min_token
-        .map(|floor| {
-            // The sequence stops at i64::MAX: a floor there leaves no
-            // token above it.
-            i64::try_from(floor.get())
-                .ok()
-                .filter(|f| *f < i64::MAX)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
-                })
-        })
-        .transpose()
+    if request.min_token.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(i64::try_from(request.floor()?).unwrap_or(i64::MAX)))
 }
 
 /// The batch's columns for `unnest`: keys, owners, tokens, TTLs.
@@ -506,7 +498,7 @@ impl Backend for PostgresBackend {
         let floor = floor(request)?;
         let row = self
             .options
-            .bounded("acquiring", async {
+            .granting("acquiring", &request.key, async {
                 let mut s = self.session().await?;
                 let acquire = self.acquire_statement(request);
                 let row = match floor {
@@ -551,9 +543,14 @@ impl Backend for PostgresBackend {
         for request in requests {
             top = top.max(floor(request)?);
         }
+        let Some(first) = requests.first() else {
+            return Ok(AcquireAll::Granted(Vec::new()));
+        };
         let answer = self
             .options
-            .bounded("acquiring", async {
+            // One sequence for every key: when it ends, it ends for the
+            // first key of the call as for all the others.
+            .granting("acquiring", &first.key, async {
                 let mut s = self.session().await?;
                 let result = async {
                     let mut tx = sqlx::Connection::begin(s.conn()?).await?;
@@ -805,7 +802,7 @@ impl Backend for PostgresBackend {
         let key = request.key.as_str();
         let (held, row) = self
             .options
-            .bounded("acquiring a read lock", async {
+            .granting("acquiring a read lock", &request.key, async {
                 let mut s = self.session().await?;
                 let answer = async {
                     let mut tx = sqlx::Connection::begin(s.conn()?).await?;

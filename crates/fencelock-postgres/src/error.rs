@@ -15,6 +15,12 @@ fn transient_sqlstate(code: &str) -> bool {
     ) || code.starts_with("08")
 }
 
+/// Whether `e` is `nextval` past the sequence's MAXVALUE (SQLSTATE 2200H,
+/// `sequence_generator_limit_exceeded`).
+pub(crate) fn sequence_ended(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("2200H"))
+}
+
 /// Whether a retry of what failed with `e` may succeed.
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {

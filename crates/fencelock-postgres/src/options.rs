@@ -85,6 +85,24 @@ impl PostgresOptions {
             .map_err(|e| map(context, e))
     }
 
+    /// [`Self::bounded`] for a statement that draws tokens for `key`: the
+    /// sequence's end (it stops at [`fencelock_core::FencingToken::MAX`])
+    /// is [`fencelock_core::Error::TokensExhausted`], not a backend failure.
+    pub(crate) async fn granting<T>(
+        &self,
+        context: &'static str,
+        key: &fencelock_core::LockKey,
+        op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        bounded(self.url.op_timeout, op).await.map_err(|e| {
+            if crate::error::sequence_ended(&e) {
+                fencelock_core::Error::TokensExhausted { key: key.clone() }
+            } else {
+                map(context, e)
+            }
+        })
+    }
+
     /// Opens the pool and the schema within the connect time-out.
     pub(crate) async fn open(&self, relaxed: bool) -> Result<ConnectionPool<Postgres>> {
         let limit = self.url.connect_timeout;

@@ -36,8 +36,11 @@ impl Names {
 /// Version 3: read-write locks (`docs/rwlock.md`): the readers table, the
 /// key's reader horizon and writer intent on the locks row, and the fence's
 /// highest writer token.
-const VERSION: u32 = 3;
+/// Version 4: the token sequence ends at `FencingToken::MAX` (2^53 − 1).
+const VERSION: u32 = 4;
 const VERSION_TAG: &str = "fencelock schema ";
+/// The sequence's MAXVALUE.
+const MAX_TOKEN: u64 = fencelock_core::FencingToken::MAX.0;
 
 /// Makes sure the schema of [`VERSION`] (or newer) exists, on `conn`, the
 /// pool's first connection.
@@ -65,7 +68,7 @@ pub(crate) async fn ensure(
     let objects = [
         (
             tokens.clone(),
-            format!("CREATE SEQUENCE {tokens} AS bigint"),
+            format!("CREATE SEQUENCE {tokens} AS bigint MAXVALUE {MAX_TOKEN}"),
         ),
         (
             locks.clone(),
@@ -185,6 +188,14 @@ pub(crate) async fn ensure(
         .await
         .map_err(fail)?;
     }
+    // From version 3: the sequence ran to i64::MAX, past the tokens every
+    // backend can issue exactly. Only the limit changes; a sequence that
+    // is already beyond it answers its next draw with SQLSTATE 2200H,
+    // which grants report as `TokensExhausted`.
+    sqlx::query(&format!("ALTER SEQUENCE {tokens} MAXVALUE {MAX_TOKEN}"))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
     // SHARE UPDATE EXCLUSIVE: does not wait for, or block, lock statements.
     sqlx::query(&format!(
         "COMMENT ON TABLE {locks} IS '{VERSION_TAG}{VERSION}'"

@@ -34,7 +34,8 @@ async fn postgres_specific() -> TestResult {
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
         a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
         a_schema_with_jsonb_data_is_upgraded(&base).await?;
-        a_schema_from_before_read_write_locks_is_upgraded(&base).await
+        a_schema_from_before_read_write_locks_is_upgraded(&base).await?;
+        the_sequences_end_is_a_typed_error_on_the_key(&base).await
     }
     .await;
     tokio::task::spawn_blocking(move || drop(server)).await?;
@@ -380,6 +381,55 @@ async fn a_schema_from_before_read_write_locks_is_upgraded(base: &str) -> TestRe
         .await?;
     assert_eq!(fence.highest_writer("orders").await?, Some(FencingToken(7)));
     assert_eq!(fence.highest("orders").await?, Some(FencingToken(8)));
+    // Schema 4: the old sequence now ends at the last token.
+    let end: i64 = sqlx::query_scalar(
+        "SELECT seqmax FROM pg_sequence WHERE seqrelid = 'rw2_tokens'::regclass",
+    )
+    .fetch_one(&others)
+    .await?;
+    assert_eq!(end as u64, FencingToken::MAX.get());
+    Ok(())
+}
+
+/// At `FencingToken::MAX` the sequence ends with a typed error on the key
+/// asked for (exclusive, shared and several keys at once), where it used to
+/// run on to `i64::MAX` and then fail every acquisition with a backend
+/// error; held leases keep renewing.
+async fn the_sequences_end_is_a_typed_error_on_the_key(base: &str) -> TestResult {
+    let url = format!("{base}?table_prefix=end_");
+    let backend = PostgresBackend::connect(&url).await?;
+    let held = request("held", "a", Duration::from_secs(60))?;
+    let Acquire::Granted(grant) = backend.try_acquire(&held).await? else {
+        return Err("held not granted".into());
+    };
+    let others = sqlx::PgPool::connect(base).await?;
+    sqlx::query("SELECT setval('end_tokens', $1)")
+        .bind(FencingToken::MAX.get() as i64 - 1)
+        .execute(&others)
+        .await?;
+    assert_eq!(
+        cycle(&backend, "last", "a", None).await?,
+        FencingToken::MAX.get()
+    );
+    let next = request("next", "b", Duration::from_secs(60))?;
+    let spent = backend.try_acquire(&next).await;
+    assert!(
+        matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
+        "{spent:?}"
+    );
+    let spent = backend.try_acquire_shared(&next).await;
+    assert!(
+        matches!(spent, Err(Error::TokensExhausted { .. })),
+        "{spent:?}"
+    );
+    let spent = backend.try_acquire_all(std::slice::from_ref(&next)).await;
+    assert!(
+        matches!(spent, Err(Error::TokensExhausted { .. })),
+        "{spent:?}"
+    );
+    let lease = LeaseId::new(LockKey::new("held")?, Owner::new("a")?, grant.token);
+    backend.renew(&lease, Duration::from_secs(60)).await?;
+    backend.release(&lease).await?;
     Ok(())
 }
 

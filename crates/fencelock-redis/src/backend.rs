@@ -268,6 +268,11 @@ impl RedisBackend {
             .map_err(|e| map("acquire script", e))?;
         let ttl_ms = args.ttl_ms;
         let granted: i64 = field(&row, 0)?;
+        if granted == SPENT {
+            return Err(Error::TokensExhausted {
+                key: request.key.clone(),
+            });
+        }
         if granted != 1 {
             return Ok(Acquire::Held(parse_describe(&request.key, &row)?));
         }
@@ -570,8 +575,9 @@ impl RedisBackend {
     }
 }
 
-/// The highest token floor the acquire script compares exactly (2^53).
-pub const MAX_FLOOR: u64 = 1 << 53;
+/// The acquire scripts' first element when the key's counter has no token
+/// left (`spent` in the scripts).
+const SPENT: i64 = 2;
 
 /// Whole milliseconds of `ttl`, at least one: PX cannot express less, and
 /// `Grant::ttl` must not claim more than the server will keep.
@@ -607,16 +613,11 @@ pub fn label_and_data(request: &AcquireRequest) -> Result<(String, String)> {
 impl AcquireArgs {
     fn of(request: &AcquireRequest) -> Result<Self> {
         let (kind, data) = label_and_data(request)?;
+        // Lua numbers are doubles: the script compares and counts exactly
+        // only up to 2^53, so floors stop at `MAX_FLOOR` (below it) and the
+        // script refuses to draw past `FencingToken::MAX`.
         let floor = match request.min_token {
-            // Lua numbers are doubles: the script compares the floor with
-            // the counter exactly only below 2^53 (tokens drawn from the
-            // clock in microseconds stay far below it).
-            Some(floor) if floor.get() >= MAX_FLOOR => {
-                return Err(Error::InvalidArgument(format!(
-                    "min_token {floor} is above the redis backend's limit {MAX_FLOOR}"
-                )))
-            }
-            Some(floor) => floor.get().to_string(),
+            Some(_) => request.floor()?.to_string(),
             None => String::new(),
         };
         Ok(Self {
@@ -801,13 +802,17 @@ impl Backend for RedisBackend {
             Err(e) if e.kind() == redis::ErrorKind::CrossSlot => return Err(cross_slot()),
             Err(e) => return Err(map("acquire script", e)),
         };
-        if field::<i64>(&row, 0)? != 1 {
+        let answer: i64 = field(&row, 0)?;
+        if answer != 1 {
             let index: usize = field(&row, 1)?;
-            let holder: Vec<Value> = field(&row, 2)?;
             let key = &requests
                 .get(index)
                 .ok_or_else(|| bad_reply(format!("held key index {index} out of range")))?
                 .key;
+            if answer == SPENT {
+                return Err(Error::TokensExhausted { key: key.clone() });
+            }
+            let holder: Vec<Value> = field(&row, 2)?;
             return Ok(AcquireAll::Held {
                 index,
                 holder: parse_describe(key, &holder)?,

@@ -54,7 +54,6 @@ pub use backend::RedisBackend;
 pub mod node {
     pub use crate::backend::{
         field, from_value, label_and_data, ms_to_time, parse_describe, parse_token, ttl_ms,
-        MAX_FLOOR,
     };
     pub use crate::conn::BoundedConnection;
     pub use crate::error::{bad_reply, map as map_error};

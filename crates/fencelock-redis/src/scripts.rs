@@ -64,6 +64,17 @@ local function keep(readers, info, ttl)
     if redis.call('PTTL', k) < tonumber(ttl) then redis.call('PEXPIRE', k, ttl) end
   end
 end
+-- Tokens end at 2^53 - 1 (FencingToken::MAX), the last integer from which
+-- a Lua number still counts up exactly: past it, INCR's answer would be
+-- rounded and a token repeated. Whether the key's counter (raised to the
+-- floor, if one is given) has no token left; callers check it before they
+-- write anything.
+local MAX_TOKEN = 9007199254740991
+local function spent(counter, floor)
+  local c = tonumber(redis.call('GET', counter) or '0')
+  if #floor > 0 and tonumber(floor) > c then c = tonumber(floor) end
+  return c >= MAX_TOKEN
+end
 -- Draws a token from the key's one counter (for writers and readers alike):
 -- the token and the server's now in ms.
 local function draw(counter, floor)
@@ -124,14 +135,16 @@ end
 
 /// KEYS: lease, counter, readers, readers' details, writer intent. ARGV:
 /// owner, ttl_ms, kind (`""` = none, else `=` followed by the kind), data
-/// (`""` = none), token floor (`""` = none, else a decimal below 2^53).
-/// Returns `{1, token, now_ms}` or the holder as `describe` does (`found` = 1
-/// means held; the leading element is then 0 to tell it from a grant): the
-/// writer, or the reader whose lease ends last. A grant withdraws its
-/// owner's intent.
+/// (`""` = none), token floor (`""` = none, else a decimal of at most
+/// 2^52, `FencingToken::MAX_FLOOR`). Returns `{1, token, now_ms}`, `{2}`
+/// when the key's tokens are spent, or the holder as `describe` does
+/// (`found` = 1 means held; the leading element is then 0 to tell it from
+/// a grant): the writer, or the reader whose lease ends last. A grant
+/// withdraws its owner's intent.
 const ACQUIRE: &str = r#"
 local held = blocker(KEYS[1], KEYS[3], KEYS[4])
 if held then return held end
+if spent(KEYS[2], ARGV[5]) then return {2} end
 local token, now = grant(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return {1, token, now}
 "#;
@@ -141,13 +154,15 @@ return {1, token, now}
 /// key is checked before any is written, and nothing after the checks can
 /// fail, so a script never stops half way. Returns `{1, token1, now1,
 /// token2, now2, …}`, or `{0, i, holder}` with `i` the 0-based index of the
-/// first key held and `holder` as `ACQUIRE` answers it.
+/// first key held and `holder` as `ACQUIRE` answers it, or `{2, i}` when
+/// the tokens of key `i` are spent.
 const ACQUIRE_ALL: &str = r#"
 local n = #KEYS / 5
 for i = 1, n do
   local k = 5 * (i - 1)
   local held = blocker(KEYS[k + 1], KEYS[k + 3], KEYS[k + 4])
   if held then return {0, i - 1, held} end
+  if spent(KEYS[k + 2], ARGV[k + 5]) then return {2, i - 1} end
 end
 local out = {1}
 for i = 1, n do
@@ -243,7 +258,8 @@ return d
 /// KEYS: lease, counter, readers, readers' details, intent. ARGV as
 /// `ACQUIRE`. Granted while no writer holds the key and no writer's intent
 /// is live: `{1, token, now_ms}`, else the writer as `describe` (or nobody,
-/// for an intent) with a leading 0.
+/// for an intent) with a leading 0, or `{2}` when the key's tokens are
+/// spent.
 const ACQUIRE_SHARED: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local d = describe(KEYS[1])
@@ -253,6 +269,7 @@ end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   return {0, false, false, false, false, false, -2, now_ms(), false}
 end
+if spent(KEYS[2], ARGV[5]) then return {2} end
 local token, now = draw(KEYS[2], ARGV[5])
 prune(KEYS[3], KEYS[4], now)
 local r = {owner = ARGV[1], acquired = string.format('%d', now)}

@@ -75,3 +75,41 @@ async fn a_counter_restored_from_an_old_snapshot_does_not_reissue_tokens() -> Te
     );
     Ok(())
 }
+
+/// At 2^53 − 1 (`FencingToken::MAX`) a key's counter ends with a typed
+/// error on that key: no token is drawn past it (Lua would round it into a
+/// repeat), the key's last lease is untouched and other keys go on.
+#[tokio::test]
+async fn a_counter_at_the_last_token_ends_with_a_typed_error() -> TestResult {
+    use fencelock_core::{Error, FencingToken};
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(&server.url()).await?;
+    let mut raw = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let key = LockKey::new("order:2")?;
+    let _: () = redis::cmd("SET")
+        .arg("fencelock:{order:2}:token")
+        .arg(FencingToken::MAX.get() - 1)
+        .query_async(&mut raw)
+        .await?;
+    assert_eq!(grant(&backend, &key).await?, FencingToken::MAX.get());
+    let request = AcquireRequest::new(key.clone(), Owner::new("o")?, Duration::from_secs(30));
+    for spent in [
+        backend.try_acquire(&request).await,
+        backend.try_acquire_shared(&request).await,
+    ] {
+        assert!(
+            matches!(&spent, Err(Error::TokensExhausted { key: k }) if *k == key),
+            "{spent:?}"
+        );
+    }
+    let counter: String = redis::cmd("GET")
+        .arg("fencelock:{order:2}:token")
+        .query_async(&mut raw)
+        .await?;
+    assert_eq!(counter, FencingToken::MAX.get().to_string());
+    let other = grant(&backend, &LockKey::new("order:3")?).await?;
+    assert!(other < FencingToken::MAX.get());
+    Ok(())
+}

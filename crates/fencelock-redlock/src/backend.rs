@@ -8,7 +8,7 @@ use fencelock_core::{
     Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
 };
 use fencelock_redis::{
-    node::{field, label_and_data, map_error, ms_to_time, parse_describe, ttl_ms, Call, MAX_FLOOR},
+    node::{field, label_and_data, map_error, ms_to_time, parse_describe, ttl_ms, Call},
     RedisBackend, RedisOptions,
 };
 use futures_util::future::join_all;
@@ -383,7 +383,7 @@ impl Backend for RedlockBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.check_ttl(request.ttl)?;
         let (kind, data) = label_and_data(request)?;
-        let floor = request.min_token.map_or(0, FencingToken::get);
+        let floor = request.floor()?;
         let mut outcome = Err(transient("no round ran"));
         for _ in 0..ROUNDS {
             let probes = self.probe(&request.key).await;
@@ -415,11 +415,9 @@ impl Backend for RedlockBackend {
                 .unwrap_or(0)
                 .max(floor)
                 .saturating_add(1);
-            if token >= MAX_FLOOR {
-                return Err(Error::InvalidArgument(format!(
-                    "token {token} would reach the redlock limit {MAX_FLOOR}"
-                )));
-            }
+            // Tokens stop where the nodes' Lua numbers stop counting
+            // exactly; floors stop well below that (MAX_FLOOR).
+            let token = request.issued(token)?.get();
             let sent = Instant::now();
             let answers = self.grant(request, token, &kind, &data).await;
             let granted: Vec<i64> = answers

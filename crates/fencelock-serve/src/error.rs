@@ -69,6 +69,7 @@ impl From<Error> for ApiError {
         let (status, code) = match &e {
             Error::Timeout { key, .. } => return ApiError::held(key.as_str(), None),
             Error::NotHeld { .. } | Error::LockLost { .. } => (StatusCode::CONFLICT, "not_held"),
+            Error::TokensExhausted { .. } => (StatusCode::CONFLICT, "tokens_exhausted"),
             Error::Stale { current, .. } => {
                 let mut out = ApiError::new(StatusCode::CONFLICT, "stale", &e);
                 out.body.current = Some(current.get());

@@ -353,25 +353,23 @@ fn acquire_shared_in(tx: &Transaction<'_>, now: Now, request: &AcquireRequest) -
 /// Draws the next token of the one counter.
 fn next_token(tx: &Transaction<'_>, request: &AcquireRequest) -> Result<i64> {
     // One counter for every key, raised to the floor first: the token is
-    // above the floor and above every token issued before (I2).
-    let floor = match request.min_token {
-        None => 0,
-        Some(floor) => i64::try_from(floor.get())
-            .ok()
-            .filter(|f| *f < i64::MAX)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("min_token {floor} leaves no token above it"))
-            })?,
-    };
-    let token: i64 = tx
+    // above the floor and above every token issued before (I2). A counter
+    // at the end of the token space is left where it is (no row updated),
+    // so it never passes the limit and never turns into a REAL.
+    let floor = i64::try_from(request.floor()?).unwrap_or(i64::MAX);
+    let max = i64::try_from(FencingToken::MAX.get()).unwrap_or(i64::MAX);
+    let token: Option<i64> = tx
         .query_row(
-            "UPDATE fencelock_counter SET last_token = max(last_token, :floor) + 1 WHERE id = 1 \
-             RETURNING last_token",
-            named_params! {":floor": floor},
+            "UPDATE fencelock_counter SET last_token = max(last_token, :floor) + 1 \
+             WHERE id = 1 AND max(last_token, :floor) < :max RETURNING last_token",
+            named_params! {":floor": floor, ":max": max},
             |r| r.get(0),
         )
+        .optional()
         .map_err(error::map)?;
-    Ok(token)
+    token.ok_or_else(|| Error::TokensExhausted {
+        key: request.key.clone(),
+    })
 }
 
 /// Stores the lease `request` was granted with `token` in `table`.

@@ -92,6 +92,7 @@ pub static CASES: &[Case] = &[
     case!(tokens::i2_grow_across_reconnect),
     case!(tokens::i2_grow_across_restart, RESTART),
     case!(tokens::renewal_keeps_token),
+    case!(tokens::floors_are_bounded_and_tokens_never_repeat),
     case!(ownership::i3_stranger_cannot_renew_or_release),
     case!(ownership::i3_stale_holder_cannot_touch_successor),
     case!(ownership::release_after_expiry_is_not_held),

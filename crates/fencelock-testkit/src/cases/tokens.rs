@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use fencelock_core::FencingToken;
+use fencelock_core::{Acquire, Error, FencingToken};
 
-use super::{ensure, grant, key, lease, owner, released, wait_out, LONG_TTL, SHORT_TTL};
+use super::{
+    client, ensure, grant, key, lease, owner, released, request, wait_out, LONG_TTL, SHORT_TTL,
+};
 use crate::suite::{Store, TestResult};
 
 fn strictly_increasing(tokens: &[FencingToken]) -> bool {
@@ -192,6 +194,83 @@ pub async fn renewal_keeps_token(store: &dyn Store) -> TestResult {
     ensure!(
         lease.token == g.token && lease.owner == o,
         "inspect shows {lease:?}"
+    );
+    Ok(())
+}
+
+/// Floors stop at [`FencingToken::MAX_FLOOR`] on every backend that takes
+/// them (a higher one is bad input, through the backend and through the
+/// client), and a floor there neither repeats a token nor ends the store:
+/// the floored key keeps counting up exactly, and other keys are granted
+/// as before.
+pub async fn floors_are_bounded_and_tokens_never_repeat(store: &dyn Store) -> TestResult {
+    let b = store.connect().await?;
+    if !b.capabilities().min_token {
+        return Ok(());
+    }
+    let o = owner("floor-top");
+    let k = key("floor-top");
+    // Just below 2^53, where Lua's doubles used to round two draws into
+    // one token, and the last signed 64-bit values, where a counter used
+    // to end for every key.
+    for too_high in [
+        FencingToken::MAX_FLOOR.get() + 1,
+        FencingToken::MAX.get() - 2,
+        i64::MAX as u64 - 1,
+        u64::MAX,
+    ] {
+        let refused = b
+            .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(FencingToken(too_high))))
+            .await;
+        ensure!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "floor {too_high} through the backend gave {refused:?}"
+        );
+        let c = client(store, "floor-top").await?;
+        let refused = c
+            .lock(k.as_str())
+            .min_token(FencingToken(too_high))
+            .try_acquire()
+            .await;
+        ensure!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "floor {too_high} through the client gave {refused:?}"
+        );
+    }
+    let mut tokens = Vec::new();
+    for i in 0..5 {
+        let floor = (i == 0).then_some(FencingToken::MAX_FLOOR);
+        let g = match b
+            .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(floor))
+            .await?
+        {
+            Acquire::Granted(g) => g,
+            held => return Err(format!("free key not granted: {held:?}").into()),
+        };
+        ensure!(
+            g.token > FencingToken::MAX_FLOOR && g.token <= FencingToken::MAX,
+            "token {} after a floor of {} is outside ({}, {}]",
+            g.token,
+            FencingToken::MAX_FLOOR,
+            FencingToken::MAX_FLOOR,
+            FencingToken::MAX
+        );
+        tokens.push(g.token);
+        ensure!(
+            released(&*b, &k, &o, g.token).await?,
+            "release of a held lease returned false"
+        );
+    }
+    ensure!(
+        strictly_increasing(&tokens),
+        "tokens after a top floor did not strictly grow: {tokens:?}"
+    );
+    let other = key("floor-top-other");
+    let g = grant(&*b, &other, &o, LONG_TTL).await?;
+    ensure!(
+        g.token <= FencingToken::MAX,
+        "another key's token {} is past the limit",
+        g.token
     );
     Ok(())
 }

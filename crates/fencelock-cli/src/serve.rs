@@ -31,6 +31,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// Serve a backend whose leases and tokens die with this process
+    /// (`mem://`). Without it such a backend is refused: after a restart
+    /// its tokens start again at 1 and a held key is granted again, which
+    /// breaks every fence and every holder that is still working.
+    #[arg(long)]
+    pub ephemeral: bool,
+
     /// How often /v1/events lists the backend for changes made by other
     /// clients and for expiries, while someone follows it.
     #[arg(long, default_value = "500ms", value_parser = crate::cli::duration)]
@@ -40,6 +47,14 @@ pub struct ServeArgs {
 /// Serves until SIGINT or SIGTERM, then shuts down cleanly.
 pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
     let backend = fencelock::open_backend(url).await?;
+    if !backend.capabilities().persistent && !args.ephemeral {
+        return Err(Error::InvalidArgument(format!(
+            "the {} backend keeps its leases and tokens in this process only: a restarted \
+             service would grant held keys again with tokens from 1, which fences cannot \
+             tell from old ones; serve a persistent backend, or pass --ephemeral for tests",
+            backend.name()
+        )));
+    }
     let fence = fencelock::open_fence(url).await?;
     let mut service = Service::builder(LockClient::new(backend))
         .fence(fence)

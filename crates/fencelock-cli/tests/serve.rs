@@ -111,3 +111,40 @@ fn bad_token_files_are_usage_errors_that_hide_tokens() {
     assert!(stderr(&out).contains("line 1"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("short-secret"), "{}", stderr(&out));
 }
+
+/// `serve` over `mem://` is refused (exit 2, saying why) unless told
+/// `--ephemeral`: a restarted service would grant held keys again with
+/// tokens from 1.
+#[test]
+fn serving_a_backend_that_forgets_needs_ephemeral() {
+    let refused = through("mem://", &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    let why = stderr(&refused);
+    assert!(
+        why.contains("--ephemeral") && why.contains("tokens"),
+        "{why}"
+    );
+
+    let mut child = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args([
+            "--url",
+            "mem://",
+            "serve",
+            "--ephemeral",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -18,7 +18,7 @@ use fencelock_http::wire::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::{
-    auth::{admin_only, Role},
+    auth::{admin_only, Caller, Role},
     error::ApiError,
     Service,
 };
@@ -131,6 +131,7 @@ impl Drop for Waiting<'_> {
 
 pub(crate) async fn acquire(
     State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
     name: Name,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<GrantBody> {
@@ -144,8 +145,8 @@ pub(crate) async fn acquire(
         )));
     }
     let owner = match body.owner {
-        Some(owner) => Owner::new(owner)?,
-        None => Owner::generate(),
+        Some(owner) => caller.owner_in(&owner)?,
+        None => caller.owner_in(Owner::generate().as_str())?,
     };
     let client = &s.inner.client;
     // The service holds no lease: its HTTP client renews and releases.
@@ -170,7 +171,7 @@ pub(crate) async fn acquire(
     });
     match request.acquire().await {
         Ok(guard) => {
-            let grant = GrantBody {
+            let mut grant = GrantBody {
                 key: key.to_string(),
                 owner: guard.owner().to_string(),
                 token: guard.token().get(),
@@ -180,6 +181,7 @@ pub(crate) async fn acquire(
             let ends = tokio::time::Instant::now() + guard.remaining();
             guard.detach();
             s.inner.events.granted(&grant, ends);
+            grant.owner = caller.owner_out(&grant.owner);
             Ok(Json(grant))
         }
         Err(Error::Timeout { .. }) => {
@@ -187,27 +189,45 @@ pub(crate) async fn acquire(
             let holder = bounded("inspect", client.backend().inspect(&key))
                 .await
                 .ok()
-                .flatten();
+                .flatten()
+                .map(|info| shown(&caller, info));
             Err(ApiError::held(key.as_str(), holder))
         }
         Err(e) => Err(e.into()),
     }
 }
 
-fn lease(key: LockKey, owner: String, token: u64) -> Result<LeaseId, ApiError> {
-    Ok(LeaseId::new(key, Owner::new(owner)?, FencingToken(token)))
+/// The lease a caller names: its owner in the caller's namespace, so that
+/// a client token can only ever name its own leases.
+fn lease(caller: &Caller, key: LockKey, owner: &str, token: u64) -> Result<LeaseId, ApiError> {
+    Ok(LeaseId::new(
+        key,
+        caller.owner_in(owner)?,
+        FencingToken(token),
+    ))
+}
+
+/// A lease as `caller` is shown it (its own namespace left out).
+fn shown(caller: &Caller, mut info: LockInfo) -> LockInfo {
+    if caller.namespace().is_some() {
+        if let Ok(owner) = Owner::new(caller.owner_out(info.owner.as_str())) {
+            info.owner = owner;
+        }
+    }
+    info
 }
 
 pub(crate) async fn renew(
     State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
     name: Name,
     Body(body): Body<RenewBody>,
 ) -> ApiResult<GrantBody> {
-    let lease = lease(name.key()?, body.owner, body.token)?;
+    let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
     let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
     let sent = tokio::time::Instant::now();
     let grant = bounded("renew", s.inner.client.backend().renew(&lease, ttl)).await?;
-    let grant = GrantBody {
+    let mut grant = GrantBody {
         key: lease.key.to_string(),
         owner: lease.owner.to_string(),
         token: grant.token.get(),
@@ -215,6 +235,7 @@ pub(crate) async fn renew(
         ttl_ms: ms(grant.ttl),
     };
     s.inner.events.renewed(&grant, sent);
+    grant.owner = caller.owner_out(&grant.owner);
     Ok(Json(grant))
 }
 
@@ -225,10 +246,11 @@ pub(crate) struct Released {
 
 pub(crate) async fn release(
     State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
     name: Name,
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<Released> {
-    let lease = lease(name.key()?, body.owner, body.token)?;
+    let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
     bounded("release", s.inner.client.backend().release(&lease)).await?;
     s.inner.events.gone(
         "released",
@@ -242,10 +264,11 @@ pub(crate) async fn release(
 /// Replaces a held lease's data (an election leader's `proclaim`).
 pub(crate) async fn set_data(
     State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
     name: Name,
     Body(body): Body<DataBody>,
 ) -> ApiResult<Updated> {
-    let lease = lease(name.key()?, body.owner, body.token)?;
+    let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
     if let Some(data) = &body.data {
         validate_data(data)?;
     }
@@ -262,10 +285,14 @@ pub(crate) struct Updated {
     updated: bool,
 }
 
-pub(crate) async fn inspect(State(s): State<Service>, name: Name) -> ApiResult<LockBody> {
+pub(crate) async fn inspect(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+) -> ApiResult<LockBody> {
     let key = name.key()?;
     match bounded("inspect", s.inner.client.backend().inspect(&key)).await? {
-        Some(info) => Ok(Json(s.inner.events.body(info))),
+        Some(info) => Ok(Json(s.inner.events.body(shown(&caller, info)))),
         None => Err(ApiError::not_found(format!("lock {key} is not held"))),
     }
 }
@@ -277,11 +304,15 @@ pub(crate) struct ListQuery {
 
 pub(crate) async fn list(
     State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<LockList> {
     let locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
     Ok(Json(LockList {
-        locks: locks.into_iter().map(|l| s.inner.events.body(l)).collect(),
+        locks: locks
+            .into_iter()
+            .map(|l| s.inner.events.body(shown(&caller, l)))
+            .collect(),
     }))
 }
 
@@ -324,10 +355,14 @@ pub(crate) struct ReleasedAll {
     released: u64,
 }
 
-/// Releases every lease of an owner: the owner name is the credential, as
-/// with `release`.
-pub(crate) async fn release_all(State(s): State<Service>, name: Name) -> ApiResult<ReleasedAll> {
-    let owner = Owner::new(name.0)?;
+/// Releases every lease of an owner, in the caller's namespace: a client
+/// token releases only its own owners' leases.
+pub(crate) async fn release_all(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+) -> ApiResult<ReleasedAll> {
+    let owner = caller.owner_in(&name.0)?;
     let released = bounded("release_all", s.inner.client.backend().release_all(&owner)).await?;
     Ok(Json(ReleasedAll { released }))
 }

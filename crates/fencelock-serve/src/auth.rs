@@ -13,6 +13,8 @@ use axum::{
 };
 use subtle::ConstantTimeEq;
 
+use fencelock_core::Owner;
+
 use crate::{error::ApiError, Service};
 
 /// What a token may do.
@@ -24,10 +26,76 @@ pub enum Role {
     Admin,
 }
 
+/// Who is calling: the role of the bearer token and, for a client token,
+/// the namespace its owners live in (`docs/http.md`, "Who may do what").
+///
+/// A client token's owners are stored as `NAMESPACE/owner`: whatever owner
+/// a client names, the service puts it in that client's namespace before
+/// the backend sees it, so a lease taken with one client token can be
+/// renewed, released or given new data only with a token of the same
+/// namespace, even by someone who read its owner and token from
+/// `GET /v1/locks/{key}`, the event stream or `/metrics`. The admin (and
+/// every caller of a service without tokens) names owners as they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// What the token may do.
+    pub role: Role,
+    namespace: Option<String>,
+}
+
+impl Caller {
+    /// A caller without a namespace: the admin, or anyone when the service
+    /// has no tokens.
+    pub fn admin() -> Self {
+        Self {
+            role: Role::Admin,
+            namespace: None,
+        }
+    }
+
+    /// The namespace of a client token's owners (`None` for the admin).
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// `owner` as the backend stores it for this caller: in the caller's
+    /// namespace. An owner already in it is taken as it is, so a client
+    /// may name its owner either way (as it sent it, or as the service
+    /// showed it).
+    pub fn owner_in(&self, owner: &str) -> fencelock_core::Result<Owner> {
+        match &self.namespace {
+            Some(ns) if !in_namespace(ns, owner) => Owner::new(format!("{ns}/{owner}")),
+            _ => Owner::new(owner),
+        }
+    }
+
+    /// A stored owner as this caller is shown it: its own namespace is
+    /// left out, so a client sees the owner names it chose, and every
+    /// other namespace is shown.
+    pub fn owner_out(&self, owner: &str) -> String {
+        match &self.namespace {
+            Some(ns) if in_namespace(ns, owner) => owner[ns.len() + 1..].to_owned(),
+            _ => owner.to_owned(),
+        }
+    }
+}
+
+fn in_namespace(ns: &str, owner: &str) -> bool {
+    owner.len() > ns.len() + 1 && owner.starts_with(ns) && owner.as_bytes()[ns.len()] == b'/'
+}
+
+/// One line of a token file.
+#[derive(Clone)]
+struct Entry {
+    role: Role,
+    token: Vec<u8>,
+    namespace: String,
+}
+
 /// The accepted bearer tokens and their roles.
 #[derive(Clone)]
 pub struct Tokens {
-    entries: Vec<(Role, Vec<u8>)>,
+    entries: Vec<Entry>,
 }
 
 impl fmt::Debug for Tokens {
@@ -42,15 +110,25 @@ impl fmt::Debug for Tokens {
 const MIN_TOKEN_LEN: usize = 16;
 
 impl Tokens {
-    /// Parses a token file: one `client TOKEN` or `admin TOKEN` a line;
-    /// blank lines and lines starting with `#` are ignored. Tokens are at
-    /// least 16 characters without white space. Errors name the line, never
-    /// the token.
+    /// Parses a token file: one `client TOKEN [NAMESPACE]` or `admin TOKEN`
+    /// a line; blank lines and lines starting with `#` are ignored. Tokens
+    /// are at least 16 characters without white space. A client token's
+    /// owners live in its NAMESPACE (1–64 of `A–Z a–z 0–9 _ . -`; several
+    /// tokens may share one, e.g. while a token is rotated), by default
+    /// `c-` and the first 12 hex digits of the token's SHA-256, which says
+    /// nothing usable about the token. Errors name the line, never the
+    /// token.
     ///
     /// ```
     /// use fencelock_serve::{Role, Tokens};
-    /// let tokens = Tokens::parse("# operators\nadmin 0123456789abcdef0123\nclient fedcba9876543210fedc\n").unwrap();
+    /// let tokens = Tokens::parse(
+    ///     "# operators\nadmin 0123456789abcdef0123\nclient fedcba9876543210fedc billing\n",
+    /// )
+    /// .unwrap();
     /// assert_eq!(tokens.role("fedcba9876543210fedc"), Some(Role::Client));
+    /// let caller = tokens.caller("fedcba9876543210fedc").unwrap();
+    /// assert_eq!(caller.owner_in("worker-1").unwrap().as_str(), "billing/worker-1");
+    /// assert_eq!(caller.owner_out("billing/worker-1"), "worker-1");
     /// assert_eq!(tokens.role("nope"), None);
     /// assert!(Tokens::parse("root 0123456789abcdef").is_err());
     /// ```
@@ -61,27 +139,42 @@ impl Tokens {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
+            let n = n + 1;
             let mut words = line.split_whitespace();
             let role = match words.next() {
                 Some("admin") => Role::Admin,
                 Some("client") => Role::Client,
                 _ => {
                     return Err(format!(
-                        "line {}: expected `client TOKEN` or `admin TOKEN`",
-                        n + 1
+                        "line {n}: expected `client TOKEN [NAMESPACE]` or `admin TOKEN`"
                     ))
                 }
             };
-            let (Some(token), None) = (words.next(), words.next()) else {
-                return Err(format!("line {}: expected one token after the role", n + 1));
+            let Some(token) = words.next() else {
+                return Err(format!("line {n}: expected a token after the role"));
             };
             if token.len() < MIN_TOKEN_LEN {
                 return Err(format!(
-                    "line {}: the token is shorter than {MIN_TOKEN_LEN} characters",
-                    n + 1
+                    "line {n}: the token is shorter than {MIN_TOKEN_LEN} characters"
                 ));
             }
-            entries.push((role, token.as_bytes().to_vec()));
+            let namespace = match (role, words.next(), words.next()) {
+                (_, _, Some(_)) | (Role::Admin, Some(_), None) => {
+                    return Err(format!(
+                        "line {n}: expected `client TOKEN [NAMESPACE]` or `admin TOKEN`"
+                    ))
+                }
+                (_, Some(name), None) => {
+                    check_namespace(name).map_err(|e| format!("line {n}: {e}"))?;
+                    name.to_owned()
+                }
+                (_, None, None) => fingerprint(token),
+            };
+            entries.push(Entry {
+                role,
+                token: token.as_bytes().to_vec(),
+                namespace,
+            });
         }
         if entries.is_empty() {
             return Err("no tokens: the file would lock everyone out".to_owned());
@@ -98,26 +191,62 @@ impl Tokens {
 
     /// The role of `token`, if it is one of ours.
     pub fn role(&self, token: &str) -> Option<Role> {
+        self.caller(token).map(|c| c.role)
+    }
+
+    /// Who `token` is, if it is one of ours.
+    pub fn caller(&self, token: &str) -> Option<Caller> {
         // Every entry is compared, so the time taken does not say which matched.
         let mut found = None;
-        for (role, known) in &self.entries {
-            if bool::from(known.as_slice().ct_eq(token.as_bytes())) {
-                found = Some(*role);
+        for entry in &self.entries {
+            if bool::from(entry.token.as_slice().ct_eq(token.as_bytes())) {
+                found = Some(entry);
             }
         }
-        found
+        found.map(|entry| Caller {
+            role: entry.role,
+            namespace: (entry.role == Role::Client).then(|| entry.namespace.clone()),
+        })
     }
 }
 
+/// Longest namespace: an owner in it still has room below the 255-byte limit.
+const MAX_NAMESPACE_LEN: usize = 64;
+
+fn check_namespace(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "a namespace is 1–{MAX_NAMESPACE_LEN} characters of A–Z, a–z, 0–9, `_`, `.` and `-`"
+        ))
+    }
+}
+
+/// The default namespace of a client token: stable across replicas that
+/// share the token file, and not a way back to the token.
+fn fingerprint(token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(token.as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("c-{hex}")
+}
+
 /// Admits requests with a valid bearer token (all of them without
-/// [`Tokens`]) and records the caller's [`Role`] for admin-only routes.
+/// [`Tokens`]) and records the caller's [`Role`] for admin-only routes and
+/// its [`Caller`] for the owner namespaces.
 pub(crate) async fn require(
     State(service): State<Service>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let role = match &service.inner.tokens {
-        None => Role::Admin,
+    let caller = match &service.inner.tokens {
+        None => Caller::admin(),
         Some(tokens) => {
             let presented = request
                 .headers()
@@ -127,8 +256,8 @@ pub(crate) async fn require(
                 // The scheme is case-insensitive (RFC 9110).
                 .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
                 .map(|(_, token)| token);
-            match presented.and_then(|t| tokens.role(t.trim())) {
-                Some(role) => role,
+            match presented.and_then(|t| tokens.caller(t.trim())) {
+                Some(caller) => caller,
                 None => {
                     return ApiError::new(
                         axum::http::StatusCode::UNAUTHORIZED,
@@ -140,7 +269,8 @@ pub(crate) async fn require(
             }
         }
     };
-    request.extensions_mut().insert(role);
+    request.extensions_mut().insert(caller.role);
+    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 

@@ -42,7 +42,7 @@ use axum::{
 };
 use fencelock_core::{CancellationToken, Fence, LockClient};
 
-pub use auth::{Role, Tokens};
+pub use auth::{Caller, Role, Tokens};
 pub use fencelock_http::wire;
 pub use server::{Server, ServerHandle};
 

@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-0123456789abcdef";
 const CLIENT: &str = "client-0123456789abcdef";
+/// A second client, in a namespace of its own.
+const OTHER: &str = "other-0123456789abcdef";
 /// Bound on waiting for an event that must come; never a timing assertion.
 const EVENT_BOUND: Duration = Duration::from_secs(10);
 
@@ -35,7 +37,8 @@ impl Api {
             .fence(Arc::new(MemoryFence::new()))
             .events_interval(Duration::from_millis(20));
         if tokens {
-            let file = format!("# test tokens\nadmin {ADMIN}\nclient {CLIENT}\n");
+            let file =
+                format!("# test tokens\nadmin {ADMIN}\nclient {CLIENT}\nclient {OTHER} billing\n");
             service = service.tokens(Tokens::parse(&file).unwrap());
         }
         let server = Server::bind("127.0.0.1:0".parse().unwrap(), service.build())
@@ -322,6 +325,83 @@ async fn bad_input_is_a_400_with_a_one_line_reason() {
         StatusCode::NOT_FOUND,
         "not_found",
     );
+}
+
+/// A client token cannot renew, release, re-label or release-all a lease
+/// taken with another client token, even knowing its owner and token from
+/// `GET /v1/locks/{key}` (which used to be all `release` asked for); the
+/// holder keeps its lease, and each client sees its own owners as it named
+/// them.
+#[tokio::test]
+async fn a_client_token_cannot_touch_another_clients_lease() {
+    let admin = Api::start(true).await;
+    let holder = admin.as_token(Some(OTHER));
+    let stranger = admin.as_token(Some(CLIENT));
+
+    let (status, grant) = holder
+        .acquire("orders-1", json!({"ttl_ms": 60000, "owner": "worker-1"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    assert_eq!(
+        grant["owner"], "worker-1",
+        "the holder sees the owner it named"
+    );
+    let (status, seen) = stranger.send(Method::GET, "/v1/locks/orders-1", None).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(
+        seen["owner"], "billing/worker-1",
+        "others see the namespace"
+    );
+    let (_, own) = holder.send(Method::GET, "/v1/locks/orders-1", None).await;
+    assert_eq!(own["owner"], "worker-1");
+
+    // Everything a reader of the lock learns, tried as the stranger.
+    for owner in [&seen["owner"], &grant["owner"]] {
+        let named = json!({"owner": owner, "token": seen["token"]});
+        for path in ["/v1/locks/orders-1/release", "/v1/locks/orders-1/renew"] {
+            refused(
+                &stranger.send(Method::POST, path, Some(named.clone())).await,
+                StatusCode::CONFLICT,
+                "not_held",
+            );
+        }
+        let relabel = json!({"owner": owner, "token": seen["token"], "data": {"x": 1}});
+        refused(
+            &stranger
+                .send(Method::PUT, "/v1/locks/orders-1/data", Some(relabel))
+                .await,
+            StatusCode::CONFLICT,
+            "not_held",
+        );
+        let owner = owner.as_str().unwrap().replace('/', "%2F");
+        let (status, all) = stranger
+            .send(Method::POST, &format!("/v1/owners/{owner}/release"), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{all}");
+        assert_eq!(
+            all["released"], 0,
+            "release-all took another client's lease"
+        );
+    }
+    let (status, still) = admin.send(Method::GET, "/v1/locks/orders-1", None).await;
+    assert_eq!(status, StatusCode::OK, "{still}");
+    assert_eq!(still["token"], grant["token"]);
+    assert_eq!(
+        still["owner"], "billing/worker-1",
+        "the admin sees stored owners"
+    );
+
+    // The holder renews and releases with what it was given.
+    let own = json!({"owner": "worker-1", "token": grant["token"]});
+    let (status, renewed) = holder
+        .send(Method::POST, "/v1/locks/orders-1/renew", Some(own.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{renewed}");
+    assert_eq!(renewed["owner"], "worker-1");
+    let (status, released) = holder
+        .send(Method::POST, "/v1/locks/orders-1/release", Some(own))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
 }
 
 #[tokio::test]
@@ -650,4 +730,69 @@ async fn metrics_have_help_lines_and_the_scrape_time_gauges() {
             "no HELP for {name}"
         );
     }
+}
+
+/// The `http://` backend inside a client namespace: the library client
+/// renews, inspects (seeing its own owner as it named it), and releases its
+/// leases and election terms; another client token's library client can
+/// neither take nor release them.
+#[tokio::test]
+async fn the_http_backend_works_inside_its_namespace() {
+    use fencelock_core::{Error, LeaseId, Owner};
+    use fencelock_http::HttpBackend;
+    let api = Api::start(true).await;
+    let address = api.base.trim_start_matches("http://");
+    let connect = |token: &str| {
+        let url = format!("http://:{token}@{address}");
+        async move {
+            LockClient::builder(Arc::new(HttpBackend::connect(&url).await.unwrap()))
+                .owner(Owner::new("worker").unwrap())
+                .build()
+                .unwrap()
+        }
+    };
+    let mine = connect(OTHER).await;
+    let theirs = connect(CLIENT).await;
+
+    let guard = mine
+        .lock("job")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(guard.owner().as_str(), "worker");
+    guard.renew().await.unwrap();
+    let seen = mine.backend().inspect(guard.key()).await.unwrap().unwrap();
+    assert_eq!((&seen.owner, seen.token), (guard.owner(), guard.token()));
+    let theirs_seen = theirs
+        .backend()
+        .inspect(guard.key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(theirs_seen.owner.as_str(), "billing/worker");
+
+    // The same owner name in another namespace is another owner.
+    assert!(theirs.lock("job").try_acquire().await.unwrap().is_none());
+    for owner in [guard.owner().clone(), theirs_seen.owner.clone()] {
+        let stolen = theirs
+            .backend()
+            .release(&LeaseId::new(guard.key().clone(), owner, guard.token()))
+            .await;
+        assert!(matches!(stolen, Err(Error::NotHeld { .. })), "{stolen:?}");
+    }
+    assert!(guard.check().is_ok());
+    guard.release().await.unwrap();
+
+    let term = mine.election("scheduler").campaign().await.unwrap();
+    let leader = theirs
+        .election("scheduler")
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader.owner.as_str(), "billing/worker");
+    let leader = mine.election("scheduler").leader().await.unwrap().unwrap();
+    assert_eq!(&leader.owner, mine.owner());
+    term.resign().await.unwrap();
 }

@@ -557,9 +557,11 @@ mod tests {
         }
         async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
             self.lists.fetch_add(1, Ordering::SeqCst);
-            let left = self.failing.load(Ordering::SeqCst);
-            if left > 0 {
-                self.failing.store(left - 1, Ordering::SeqCst);
+            let fail = self
+                .failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
                 return Err(BackendError::message(
                     "failing-list",
                     ErrorStatus::Transient,
@@ -580,6 +582,9 @@ mod tests {
         }
         async fn stats(&self) -> Result<Stats> {
             self.inner.stats().await
+        }
+        async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+            self.inner.subscribe(key).await
         }
     }
 

@@ -65,6 +65,42 @@ fn another_number_of_permits_is_a_usage_error() {
 }
 
 #[test]
+fn another_number_of_permits_beside_a_permit_off_slot_0_is_a_usage_error() {
+    let s = Store::new();
+    let first = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
+    let second = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
+    assert_eq!(acquired_key(&second), "fencelock/semaphore/S/1");
+    let released = s.run(&[
+        "release",
+        "fencelock/semaphore/S/0",
+        "--owner",
+        "a",
+        "--token",
+        &field(&first, "token"),
+    ]);
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    // Slot 0 is free: a mutex (`--permits 1`) finds its only slot free and
+    // must still see the permit of 2 on slot 1.
+    for args in [
+        &["acquire", "S", "--permits", "1"][..],
+        &["run", "S", "--permits", "1", "--", "true"][..],
+    ] {
+        let out = s.run(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("semaphore S has 2 permits, not 1"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(
+            code(&s.run(&["inspect", "fencelock/semaphore/S/0"])),
+            1,
+            "{args:?} left slot 0 held"
+        );
+    }
+}
+
+#[test]
 fn permits_with_several_keys_is_refused_and_takes_nothing() {
     let s = Store::new();
     let out = s.run(&["run", "A", "B", "--permits", "2", "--", "true"]);

@@ -170,9 +170,13 @@ impl SemaphoreRequest<'_> {
     /// (semaphores of at most 64 permits, on backends with wake-ups), the
     /// earliest expiry among the holders, or a jittered backoff.
     ///
-    /// [`Error::PermitsMismatch`] when a lease met on the way was taken with
-    /// another number of permits (`docs/semaphore.md` says exactly when that
-    /// is detected);
+    /// Every grant is followed by one read of the semaphore's slots (a
+    /// `list` of its prefix; a `SCAN` on Redis) before it becomes a permit.
+    ///
+    /// [`Error::PermitsMismatch`], taking nothing, when a live permit of this
+    /// semaphore was taken with another number of permits: met on the way,
+    /// or found by that read (`docs/semaphore.md` says why no two holders
+    /// of different sizes can both hold);
     /// [`Error::Timeout`] (naming the semaphore) when the deadline passes.
     pub async fn acquire(self) -> Result<Permit> {
         let inner = &self.permit.client.inner;
@@ -226,12 +230,42 @@ impl SemaphoreRequest<'_> {
                 slot_request.key = LockKey::new(semaphore_slot_key(&self.name, slot))?;
                 match attempt(inner, &slot_request, config, deadline, started).await? {
                     Attempt::Granted(guard) => {
-                        return Ok(Permit {
-                            guard,
-                            name: self.name.clone(),
-                            slot,
-                            permits: self.permits,
-                        })
+                        // A grant is a permit only once a read after it
+                        // found no live permit of another size on any slot:
+                        // of two holders of different sizes, the later
+                        // reader sees the earlier grant (the argument is in
+                        // docs/semaphore.md, "The number of permits never
+                        // changes silently").
+                        let unchecked = match self.other_size().await {
+                            Ok(None) => {
+                                return Ok(Permit {
+                                    guard,
+                                    name: self.name.clone(),
+                                    slot,
+                                    permits: self.permits,
+                                })
+                            }
+                            Ok(Some(existing)) => Error::PermitsMismatch {
+                                name: self.name.clone(),
+                                existing,
+                                requested: self.permits,
+                            },
+                            Err(e) => e,
+                        };
+                        // Taking nothing: the grant goes back before the
+                        // answer (or, if the backend does not answer the
+                        // release, ends by expiry).
+                        if let Err(e) = guard.release().await {
+                            tracing::debug!(error = %e, "could not give back an unchecked permit");
+                        }
+                        match unchecked {
+                            // Unchecked is not granted: try again while the
+                            // wait lasts, as after a failed try.
+                            e if e.is_transient() && !past(Instant::now()) => {
+                                tracing::debug!(error = %e, "could not check the semaphore's size; retrying");
+                            }
+                            e => return Err(e),
+                        }
                     }
                     Attempt::Held(Some(holder)) => {
                         self.check_size(&holder)?;
@@ -327,19 +361,15 @@ impl SemaphoreRequest<'_> {
     }
 
     /// The permits currently held, by slot: one `list` of the semaphore's
-    /// slot keys (a scan on Redis; for monitoring, not for every acquire).
-    /// Includes permits taken with another size; each says its own.
+    /// slot keys (a scan on Redis). Includes permits taken with another
+    /// size; each says its own.
     pub async fn holders(&self) -> Result<Vec<PermitHolder>> {
         LockKey::new(self.name.as_str())?;
-        let inner = &self.permit.client.inner;
-        let prefix = format!("{SEMAPHORE_PREFIX}{}/", self.name);
-        let leases = bounded(inner.op_timeout, "list", inner.backend.list(Some(&prefix))).await?;
-        let mut holders: Vec<PermitHolder> = leases
+        let mut holders: Vec<PermitHolder> = self
+            .slot_leases()
+            .await?
             .into_iter()
-            .filter_map(|mut lease| {
-                // Slots of a semaphore whose name extends this one's with
-                // `/…` share the prefix; their rest is not a number.
-                let slot = lease.key.as_str().strip_prefix(&prefix)?.parse().ok()?;
+            .filter_map(|(slot, mut lease)| {
                 let (permits, data) = unwrap_data(lease.data.as_ref())?;
                 lease.data = data;
                 Some(PermitHolder {
@@ -351,6 +381,39 @@ impl SemaphoreRequest<'_> {
             .collect();
         holders.sort_by_key(|h| h.slot);
         Ok(holders)
+    }
+
+    /// The live leases on this semaphore's slot keys, with their slots: one
+    /// `list` of the prefix `fencelock/semaphore/<name>/`.
+    async fn slot_leases(&self) -> Result<Vec<(u32, LockInfo)>> {
+        let inner = &self.permit.client.inner;
+        let prefix = format!("{SEMAPHORE_PREFIX}{}/", self.name);
+        let leases = bounded(inner.op_timeout, "list", inner.backend.list(Some(&prefix))).await?;
+        Ok(leases
+            .into_iter()
+            .filter_map(|lease| {
+                // Slots of a semaphore whose name extends this one's with
+                // `/…` share the prefix; their rest is not a number. Only
+                // the spelling `semaphore_slot_key` writes is a slot
+                // (`parse` also takes `+1` and `01`).
+                let rest = lease.key.as_str().strip_prefix(&prefix)?;
+                let slot: u32 = rest.parse().ok()?;
+                (slot.to_string() == rest).then_some((slot, lease))
+            })
+            .collect())
+    }
+
+    /// The size of a live permit of this semaphore taken with another
+    /// number of permits, if there is one. Leases on slot keys without a
+    /// size (plain locks) only make their slots busy.
+    async fn other_size(&self) -> Result<Option<u32>> {
+        Ok(self
+            .slot_leases()
+            .await?
+            .iter()
+            .filter_map(|(_, lease)| unwrap_data(lease.data.as_ref()))
+            .map(|(permits, _)| permits)
+            .find(|&permits| permits != self.permits))
     }
 
     /// How many permits are held now (see [`holders`](Self::holders)).
@@ -443,5 +506,142 @@ impl fmt::Debug for Permit {
             .field("permits", &self.permits)
             .field("guard", &self.guard)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{
+        Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
+        MemoryBackend, Owner, Stats,
+    };
+
+    /// The memory backend, except that its next `failing` lists fail as a
+    /// lost connection would.
+    #[derive(Debug)]
+    struct FailingList {
+        inner: MemoryBackend,
+        failing: AtomicUsize,
+        lists: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Backend for FailingList {
+        fn name(&self) -> &'static str {
+            "failing-list"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+            self.inner.try_acquire(request).await
+        }
+        async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+            self.inner.renew(lease, ttl).await
+        }
+        async fn release(&self, lease: &LeaseId) -> Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.inner.inspect(key).await
+        }
+        async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            let fail = self
+                .failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Err(BackendError::message(
+                    "failing-list",
+                    ErrorStatus::Transient,
+                    "connection reset",
+                )
+                .into());
+            }
+            self.inner.list(prefix).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+            self.inner.force_release(key).await
+        }
+        async fn release_all(&self, owner: &Owner) -> Result<u64> {
+            self.inner.release_all(owner).await
+        }
+        async fn cleanup_expired(&self) -> Result<u64> {
+            self.inner.cleanup_expired().await
+        }
+        async fn stats(&self) -> Result<Stats> {
+            self.inner.stats().await
+        }
+        async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+            self.inner.subscribe(key).await
+        }
+    }
+
+    fn failing(n: usize) -> (Arc<FailingList>, LockClient) {
+        let backend = Arc::new(FailingList {
+            inner: MemoryBackend::new(),
+            failing: AtomicUsize::new(n),
+            lists: AtomicUsize::new(0),
+        });
+        (Arc::clone(&backend), LockClient::new(backend))
+    }
+
+    /// A grant whose size check could not be read is not a permit: a try
+    /// reports the error and leaves the slot free.
+    #[tokio::test]
+    async fn an_unchecked_grant_is_given_back_by_a_try() {
+        let (backend, client) = failing(1);
+        let r = client.semaphore("s", 1).try_acquire().await;
+        assert!(matches!(&r, Err(e) if e.is_transient()), "{r:?}");
+        let slot0 = LockKey::new(semaphore_slot_key("s", 0)).unwrap();
+        assert_eq!(backend.inner.inspect(&slot0).await.unwrap(), None);
+    }
+
+    /// A waiting acquisition whose check fails gives the grant back and
+    /// tries again, checking the next grant too.
+    #[tokio::test]
+    async fn a_waiting_acquisition_checks_again() {
+        let (backend, client) = failing(2);
+        let permit = client
+            .semaphore("s", 1)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(backend.lists.load(Ordering::SeqCst), 3);
+        let slot0 = LockKey::new(semaphore_slot_key("s", 0)).unwrap();
+        let held = backend.inner.inspect(&slot0).await.unwrap().unwrap();
+        assert_eq!(held.token, permit.token());
+        permit.release().await.unwrap();
+    }
+
+    /// The check reads only this semaphore's slots: a permit of another
+    /// size in a semaphore whose name extends this one's, or a plain lock
+    /// on a slot-like key of another spelling, is no mismatch.
+    #[tokio::test]
+    async fn other_semaphores_and_spellings_are_not_mismatches() {
+        let (_, client) = failing(0);
+        let sub = client.semaphore("s/1", 3).acquire().await.unwrap();
+        let spelled = client
+            .lock(format!("{SEMAPHORE_PREFIX}s/01"))
+            .data(json!({ META: { "permits": 5 } }))
+            .acquire()
+            .await
+            .unwrap();
+        let permit = client.semaphore("s", 1).try_acquire().await.unwrap();
+        assert!(permit.is_some());
+        sub.release().await.unwrap();
+        spelled.release().await.unwrap();
     }
 }

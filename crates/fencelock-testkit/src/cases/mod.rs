@@ -133,6 +133,8 @@ pub static CASES: &[Case] = &[
     case!(semaphore::never_more_than_n_holders),
     case!(semaphore::expired_permit_comes_back),
     case!(semaphore::permits_mismatch_is_an_error),
+    case!(semaphore::permits_mismatch_is_found_off_the_path),
+    case!(semaphore::sizes_never_hold_together),
     case!(semaphore::wait_times_out_when_full),
     case!(semaphore::release_frees_a_permit_for_a_waiter),
     case!(semaphore::holders_and_count_agree),

@@ -194,6 +194,174 @@ pub async fn permits_mismatch_is_an_error(store: &dyn Store) -> TestResult {
     Ok(())
 }
 
+/// A permit of another size that the acquisition never meets on the way is
+/// found all the same: with a permit of 2 held on slot 1 only (slot 0
+/// free), one of 1 (its only slot free) and one of 3 (slot 0 free) are
+/// `PermitsMismatch`, tried once or waiting, and take nothing. A semaphore
+/// whose name extends this one's is no mismatch, and once the permit of 2
+/// is gone a permit of 1 is granted.
+pub async fn permits_mismatch_is_found_off_the_path(store: &dyn Store) -> TestResult {
+    let first = client(store, "sem-lone-first").await?;
+    let second = client(store, "sem-lone-second").await?;
+    let other = first
+        .semaphore("sem-lone/sub", 3)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let slot0 = first
+        .semaphore("sem-lone", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    let slot1 = first
+        .semaphore("sem-lone", 2)
+        .ttl(LONG_TTL)
+        .acquire()
+        .await?;
+    ensure!(
+        (slot0.slot(), slot1.slot()) == (0, 1),
+        "permits of 2 on slots {} and {}",
+        slot0.slot(),
+        slot1.slot()
+    );
+    slot0.release().await?;
+    for (requested, wait) in [
+        (1, Duration::ZERO),
+        (1, Duration::from_secs(1)),
+        (3, Duration::ZERO),
+        (3, Duration::from_secs(1)),
+    ] {
+        let request = second
+            .semaphore("sem-lone", requested)
+            .ttl(LONG_TTL)
+            .wait(wait);
+        let got = if wait.is_zero() {
+            request.try_acquire().await
+        } else {
+            request.acquire().await.map(Some)
+        };
+        match got {
+            Err(Error::PermitsMismatch {
+                name,
+                existing,
+                requested: asked,
+            }) => ensure!(
+                name == "sem-lone" && existing == 2 && asked == requested,
+                "mismatch reported {name} {existing} {asked}"
+            ),
+            other => {
+                return Err(format!(
+                    "{requested} permits (wait {wait:?}) beside a permit of 2 on slot 1: {other:?}"
+                )
+                .into())
+            }
+        }
+        ensure!(
+            second
+                .inspect(&semaphore_slot_key("sem-lone", 0))
+                .await?
+                .is_none(),
+            "a refused acquisition of {requested} left slot 0 held"
+        );
+    }
+    let held = second.semaphore("sem-lone", 2).holders().await?;
+    ensure!(
+        held.len() == 1 && held[0].slot == 1 && held[0].permits == 2,
+        "after the refusals the semaphore holds {held:?}"
+    );
+    slot1.release().await?;
+    let mutex = second
+        .semaphore("sem-lone", 1)
+        .ttl(LONG_TTL)
+        .try_acquire()
+        .await?
+        .ok_or("a permit of 1 on a free semaphore was refused")?;
+    mutex.release().await?;
+    other.release().await?;
+    Ok(())
+}
+
+/// Workers asking for 1 and for 2 permits of one semaphore take and give
+/// back permits while counting holders by size: whatever the interleaving,
+/// no permit of 1 is held while a permit of 2 is. A worker refused with
+/// `PermitsMismatch` asks again at once (up to a bound), so that it keeps
+/// racing the other size's releases rather than giving up.
+pub async fn sizes_never_hold_together(store: &dyn Store) -> TestResult {
+    const GRANTS: usize = 5;
+    const ATTEMPTS: usize = 200;
+    let mut workers = Vec::new();
+    // held[0]: permits of 1 held now; held[1]: permits of 2.
+    let held = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(AtomicUsize::new(0));
+    const WORKERS: usize = 8;
+    // All start together: on an in-process backend a worker started alone
+    // would be done before the next one exists.
+    let start = Arc::new(tokio::sync::Barrier::new(WORKERS));
+    for i in 0..WORKERS {
+        let client = client(store, &format!("sem-sizes-{i}")).await?;
+        let size: u32 = if i % 2 == 0 { 1 } else { 2 };
+        let (held, overlaps, grants, start) = (
+            Arc::clone(&held),
+            Arc::clone(&overlaps),
+            Arc::clone(&grants),
+            Arc::clone(&start),
+        );
+        workers.push(tokio::spawn(async move {
+            let (mine, theirs) = if size == 1 { (0, 1) } else { (1, 0) };
+            start.wait().await;
+            let mut granted = 0;
+            for _ in 0..ATTEMPTS {
+                if granted == GRANTS {
+                    break;
+                }
+                let permit = match client
+                    .semaphore("sem-sizes", size)
+                    .ttl(LONG_TTL)
+                    .wait(LONG_WAIT)
+                    .acquire()
+                    .await
+                {
+                    Ok(permit) => permit,
+                    Err(Error::PermitsMismatch { .. }) => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                granted += 1;
+                grants.fetch_add(1, Ordering::SeqCst);
+                // Counted only between the grant and the release, so a
+                // count of the other size means both were held at once.
+                held[mine].fetch_add(1, Ordering::SeqCst);
+                if held[theirs].load(Ordering::SeqCst) > 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                // A round trip and a yield while holding, so that the
+                // others run meanwhile even on an in-process backend.
+                client.inspect(permit.key().as_str()).await?;
+                tokio::task::yield_now().await;
+                held[mine].fetch_sub(1, Ordering::SeqCst);
+                permit.release().await?;
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    let overlaps = overlaps.load(Ordering::SeqCst);
+    ensure!(
+        overlaps == 0,
+        "{overlaps} times a permit of 1 and a permit of 2 were held at once"
+    );
+    ensure!(
+        grants.load(Ordering::SeqCst) > 0,
+        "no worker was ever granted a permit"
+    );
+    Ok(())
+}
+
 /// With every permit held, a waiter gets `Timeout` (naming the semaphore)
 /// after its wait, and `try_acquire` answers `None`.
 pub async fn wait_times_out_when_full(store: &dyn Store) -> TestResult {

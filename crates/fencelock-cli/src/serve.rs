@@ -12,10 +12,11 @@ use crate::output::Output;
 /// Options of `fencelock serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free one; the address is
-    /// printed on stdout).
+    /// Address to listen on, `HOST:PORT` with an IP address or a host
+    /// name such as `localhost` (its first address); port 0 picks a free
+    /// one; the address is printed on stdout.
     #[arg(long, default_value = "127.0.0.1:7878")]
-    pub listen: SocketAddr,
+    pub listen: String,
 
     /// Require a bearer token on every route but /healthz: one
     /// `client TOKEN` or `admin TOKEN` a line; only admin tokens may
@@ -62,7 +63,7 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
     if let Some(path) = &args.token_file {
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
     }
-    let listen = args.listen;
+    let listen = resolve(&args.listen).await?;
     let mut server = Server::bind(listen, service.build())
         .await
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
@@ -87,6 +88,28 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         .await
         .map_err(|e| Error::InvalidArgument(format!("the lock service failed: {e}")))?;
     Ok(0)
+}
+
+/// The address `--listen` names: an IP address with its port, or a host
+/// name resolved to its first address.
+async fn resolve(listen: &str) -> Result<SocketAddr, Error> {
+    if let Ok(addr) = listen.parse() {
+        return Ok(addr);
+    }
+    let bad = |why: String| Error::InvalidArgument(format!("--listen {listen:?}: {why}"));
+    if listen
+        .rsplit_once(':')
+        .is_none_or(|(host, _)| host.is_empty())
+    {
+        return Err(bad(
+            "expected HOST:PORT, e.g. 127.0.0.1:7878 or localhost:7878".into(),
+        ));
+    }
+    tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("the name has no address".into()))
 }
 
 /// Completes on SIGINT or SIGTERM.

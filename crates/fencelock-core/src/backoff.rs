@@ -34,6 +34,18 @@ impl Backoff {
         pause
     }
 
+    /// The next pause of a retry of one's own request (a renewal after a
+    /// transient failure): uniform in `[cap/2, cap]` ("equal jitter"), then
+    /// the cap doubles. Full jitter spreads a crowd of waiters, but a lone
+    /// retry can then draw pauses near zero and fire several requests
+    /// within a millisecond at a service that is down; with half the cap as
+    /// a floor, a lease costs a bounded number of attempts per TTL.
+    pub fn next_retry(&mut self) -> Duration {
+        let pause = rand::thread_rng().gen_range(self.cap / 2..=self.cap);
+        self.cap = (self.cap * 2).min(self.max);
+        pause
+    }
+
     /// Back to the initial cap (after progress).
     pub fn reset(&mut self) {
         self.cap = self.initial;
@@ -53,5 +65,18 @@ mod tests {
         }
         b.reset();
         assert!(b.next_pause() <= Duration::from_millis(2));
+    }
+
+    #[test]
+    fn retries_pause_at_least_half_the_cap() {
+        let mut b = Backoff::new(Duration::from_millis(2), Duration::from_millis(50));
+        for cap in [2, 4, 8, 16, 32, 50, 50, 50] {
+            let pause = b.next_retry();
+            let cap = Duration::from_millis(cap);
+            assert!(
+                pause >= cap / 2 && pause <= cap,
+                "{pause:?} for a cap of {cap:?}"
+            );
+        }
     }
 }

@@ -351,20 +351,30 @@ impl Renewer {
             shared.declare_lost(LossReason::Refused);
             return;
         }
-        tracing::warn!(
-            key = %shared.lease.key, token = %shared.lease.token, %error,
-            remaining = ?shared.deadline().saturating_duration_since(Instant::now()),
-            "renewal failed; retrying while the lease is still trusted"
-        );
+        let remaining = shared.deadline().saturating_duration_since(Instant::now());
         let mut schedule = self.schedule();
         let Some(entry) = schedule.entries.get_mut(&shared.id) else {
             return;
         };
+        // One warning per streak of failures: the retries that follow are
+        // the same news (a service that is down), and the loss, if it
+        // comes, is reported on its own.
+        if entry.backoff.is_none() {
+            tracing::warn!(
+                key = %shared.lease.key, token = %shared.lease.token, %error, ?remaining,
+                "renewal failed; retrying with backoff while the lease is still trusted"
+            );
+        } else {
+            tracing::debug!(
+                key = %shared.lease.key, token = %shared.lease.token, %error, ?remaining,
+                "renewal failed again"
+            );
+        }
         let ttl = shared.ttl;
         let backoff = entry
             .backoff
             .get_or_insert_with(|| Box::new(Backoff::new(ttl / 100, ttl / 10)));
-        entry.next_renewal = Some(Instant::now() + backoff.next_pause());
+        entry.next_renewal = Some(Instant::now() + backoff.next_retry());
         if let Some(timer) = schedule.set_timer(shared.id) {
             if schedule.wake_for(timer) {
                 drop(schedule);

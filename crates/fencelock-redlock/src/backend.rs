@@ -66,6 +66,20 @@ struct Probe {
     formed: bool,
     top: u64,
     hwm: u64,
+    /// How long ago the node was formed, on its clock (0 if unformed).
+    age: Duration,
+}
+
+/// How [`RedlockBackend::heal`] forms unformed nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Heal {
+    /// A new set: no quarantine, floor at the clock.
+    Fresh,
+    /// A minority lost its data: quarantine, floor from a formed majority.
+    Rejoin,
+    /// A majority lost its data: quarantine, floor from every formed node
+    /// and the clock.
+    Reform,
 }
 
 /// What a node answered to the grant.
@@ -191,41 +205,70 @@ impl RedlockBackend {
                 formed: field::<i64>(&row, 0)? == 1,
                 top: number(&field::<String>(&row, 2)?)?,
                 hwm: number(&field::<String>(&row, 3)?)?,
+                // A negative age (a clock stepped back) counts as new.
+                age: Duration::from_millis(u64::try_from(field::<i64>(&row, 4)?).unwrap_or(0)),
             })
         })
         .await
     }
 
-    /// Forms the nodes that answered unformed: all at once, voting at once,
-    /// when every node answered and none is formed (a new cluster); else
-    /// each one joins, quarantined for `max_ttl` + 1 % and floored above
-    /// the highest token of a majority of formed nodes. Returns whether
-    /// nodes were formed that vote now.
+    /// Forms the nodes that answered unformed (docs/redlock.md, "Nodes
+    /// that lose their data"):
+    ///
+    /// - every node answered and none is formed (a new set): all at once,
+    ///   voting at once, floored at their clocks;
+    /// - a majority of formed nodes answered: each joins, quarantined for
+    ///   `max_ttl` + 1 %, floored above the highest token of that majority;
+    /// - every node answered and a majority is unformed (a majority lost
+    ///   its data, which no formed majority can ever vouch for again):
+    ///   each joins, quarantined the same way, floored above the highest
+    ///   token of every formed node and above what its own clock in µs
+    ///   will read when the quarantine ends.
+    ///
+    /// Returns whether nodes were formed that vote now.
     async fn heal(&self, probes: &[Result<Probe>]) -> Result<bool> {
         let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
         let unformed = probes.iter().flatten().filter(|p| !p.formed).count();
         if unformed == 0 {
             return Ok(false);
         }
-        let (quarantine, floor, fresh) = if unformed == self.inner.nodes.len() {
-            (Duration::ZERO, 0, true)
+        let everyone = probes.iter().all(Result::is_ok);
+        let max_ttl = self.inner.options.max_ttl;
+        let quarantine = max_ttl + max_ttl / 100 + Duration::from_millis(2);
+        let highest = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
+        let (quarantine, floor, how) = if unformed == self.inner.nodes.len() {
+            (Duration::ZERO, 0, Heal::Fresh)
         } else if formed.len() >= self.quorum() && formed.iter().all(|p| p.hwm == 0) {
             // A majority has never granted anything (a set being formed
             // right now): no lease can have been lost, so no quarantine.
-            (Duration::ZERO, 0, true)
+            (Duration::ZERO, 0, Heal::Fresh)
         } else if formed.len() >= self.quorum() {
-            let max_ttl = self.inner.options.max_ttl;
-            let floor = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
-            (
-                max_ttl + max_ttl / 100 + Duration::from_millis(2),
-                floor,
-                false,
-            )
+            (quarantine, highest, Heal::Rejoin)
+        } else if everyone {
+            // Fewer than a majority is formed and every node answered: a
+            // majority answered empty. Unless another client is forming a
+            // new set right now (its formed nodes have granted nothing and
+            // were formed moments ago), that majority lost its data, and
+            // with it the only copy of some leases and tokens: no formed
+            // majority will ever answer again, so waiting for one (as a
+            // rejoin does) would wait forever.
+            let forming = self.inner.options.node_timeout * 4;
+            if formed.iter().all(|p| p.hwm == 0 && p.age < forming) {
+                return Ok(false);
+            }
+            (quarantine, highest, Heal::Reform)
         } else {
+            // Some node did not answer: it may be formed and hold tokens
+            // the others lack. Wait for it.
             return Ok(false);
         };
         let script = &self.inner.scripts.join;
         let quarantine_ms = u64::try_from(quarantine.as_millis()).unwrap_or(u64::MAX);
+        let mode = match how {
+            Heal::Fresh => "fresh",
+            Heal::Rejoin => "join",
+            Heal::Reform => "reform",
+        };
         let joined = join_all(
             self.inner
                 .nodes
@@ -239,6 +282,7 @@ impl RedlockBackend {
                         .key(keys.own("redlock"))
                         .arg(quarantine_ms)
                         .arg(floor)
+                        .arg(mode)
                         .invoke::<i64>(&mut node.connection())
                         .await
                         .map_err(|e| map_error("join script", e))
@@ -247,18 +291,24 @@ impl RedlockBackend {
         .await;
         let count = joined.iter().filter(|r| matches!(r, Ok(1))).count();
         if count > 0 {
-            if fresh {
-                tracing::info!(nodes = count, "redlock: formed a new set of nodes");
-            } else {
-                tracing::warn!(
+            match how {
+                Heal::Fresh => tracing::info!(nodes = count, "redlock: formed a new set of nodes"),
+                Heal::Rejoin => tracing::warn!(
                     nodes = count,
                     floor,
                     "redlock: nodes without data joined; they vote after {:?}",
                     quarantine
-                );
+                ),
+                Heal::Reform => tracing::warn!(
+                    nodes = count,
+                    floor,
+                    "redlock: a majority of nodes lost their data and re-formed; they vote after \
+                     {:?}, with tokens above their clocks by then",
+                    quarantine
+                ),
             }
         }
-        Ok(fresh)
+        Ok(how == Heal::Fresh)
     }
 
     /// Asks every node to grant `token`: first the nodes in URL order
@@ -396,8 +446,9 @@ impl Backend for RedlockBackend {
                 // right now; else too few are formed (docs/redlock.md).
                 outcome = Err(transient(format!(
                     "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
-                     every node answers, a restarted node rejoins when a majority of formed \
-                     nodes answers",
+                     every node answers; a node that lost its data rejoins when a majority of \
+                     formed nodes answers, or, when a majority lost it, when every node \
+                     answers; it votes max_ttl + 1 % later",
                     formed.len(),
                     self.inner.nodes.len(),
                     self.quorum()

@@ -5,26 +5,29 @@
 //! Every node keeps a marker hash `PREFIX:redlock` with `votes_from` (ms,
 //! node clock: before it the node grants nothing), `floor` (every token it
 //! answers is above it) and `hwm` (the highest token it granted). A node
-//! without the marker is *unformed*: it has never joined, or it lost its
-//! data. See `docs/redlock.md` for why this keeps I1 and I2.
+//! without it is *unformed*: it has never joined, or it lost its data. See
+//! `docs/redlock.md` for why this keeps I1 and I2.
 
 use redis::Script;
 
-/// KEYS: marker, counter. Returns `{formed, votes_in_ms, top, hwm}`:
-/// `formed` 0 or 1; `votes_in_ms` how long until the node votes (≤ 0:
-/// it votes now); `top` the least token this node could have issued for
-/// the key (its counter, its floor, or its clock in µs, whichever is
-/// highest); `hwm` the highest token it granted for any key.
+/// KEYS: marker, counter. Returns `{formed, votes_in_ms, top, hwm,
+/// age_ms}`: `formed` 0 or 1; `votes_in_ms` how long until the node votes
+/// (≤ 0: it votes now); `top` the least token this node could have issued
+/// for the key (its counter, its floor, or its clock in µs, whichever is
+/// highest); `hwm` the highest token it granted for any key; `age_ms` how
+/// long ago it was formed (node clock).
 const PROBE: &str = r#"
-local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm')
+local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm', 'born')
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if not m[1] then return {0, 0, string.format('%d', now_us), '0'} end
+local now_ms = math.floor(now_us / 1000)
+if not m[1] then return {0, 0, string.format('%d', now_us), '0', 0} end
 local top = tonumber(redis.call('GET', KEYS[2]) or '0')
 local floor = tonumber(m[2] or '0')
 if floor > top then top = floor end
 if now_us > top then top = now_us end
-return {1, tonumber(m[1]) - math.floor(now_us / 1000), string.format('%d', top), m[3] or '0'}
+return {1, tonumber(m[1]) - now_ms, string.format('%d', top), m[3] or '0',
+  now_ms - tonumber(m[4] or '0')}
 "#;
 
 /// KEYS: marker, lease, counter. ARGV: owner, ttl_ms, kind (`""` = none,
@@ -60,14 +63,38 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return {1, now}
 "#;
 
-/// KEYS: marker. ARGV: quarantine_ms, floor. Forms an unformed node: it
-/// votes from now + quarantine_ms (node clock) and answers tokens above
-/// `floor`. A node already formed is left alone (returns 0).
+/// KEYS: marker. ARGV: quarantine_ms, floor, mode. Forms an unformed
+/// node: it votes from now + quarantine_ms (node clock) and answers tokens
+/// above `floor`, and by mode (docs/redlock.md) also above:
+///
+/// - `fresh` (a new set, or every node lost its data): its clock in µs
+///   now, so that a client that probed before every node lost its data
+///   cannot grant the token it drew then; `hwm` stays as given (0: the
+///   node has granted nothing, which tells a set being formed apart);
+/// - `reform` (a majority lost its data): what its clock in µs will read
+///   when it starts to vote, since the tokens only the lost majority had
+///   seen are known to nobody, only to be below the clocks;
+/// - `join` (a minority lost its data): nothing more.
+///
+/// A node already formed is left alone (returns 0).
 const JOIN: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local now = now_ms()
-redis.call('HSET', KEYS[1], 'votes_from', string.format('%d', now + tonumber(ARGV[1])),
-  'floor', ARGV[2], 'hwm', ARGV[2], 'born', string.format('%d', now))
+if redis.call('HEXISTS', KEYS[1], 'votes_from') == 1 then return 0 end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local quarantine = tonumber(ARGV[1])
+local floor = tonumber(ARGV[2])
+local hwm = floor
+if ARGV[3] == 'fresh' then
+  if now_us > floor then floor = now_us end
+elseif ARGV[3] == 'reform' then
+  local at_vote = now_us + quarantine * 1000
+  if at_vote > floor then floor = at_vote end
+  hwm = floor
+end
+redis.call('HSET', KEYS[1], 'votes_from', string.format('%d', now + quarantine),
+  'floor', string.format('%d', floor), 'hwm', string.format('%d', hwm),
+  'born', string.format('%d', now))
 return 1
 "#;
 
@@ -86,7 +113,7 @@ impl Scripts {
         Self {
             probe: Script::new(PROBE),
             grant: with_helpers(GRANT),
-            join: with_helpers(JOIN),
+            join: Script::new(JOIN),
         }
     }
 }

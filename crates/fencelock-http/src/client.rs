@@ -80,6 +80,15 @@ impl Connection {
             return Err(bad("no host".to_owned()));
         }
         let mut token = base.password().map(percent_decode);
+        if token.is_some() {
+            // Said once per connection, never with the token: a password
+            // in a URL is in `ps` output and shell history for anyone on
+            // the host to read.
+            tracing::warn!(
+                "the lock service token is in the URL, where `ps` and shell history show it; \
+                 prefer {TOKEN_ENV} or ?token_file=PATH"
+            );
+        }
         // No overall time-out on the client: the event stream of `subscribe`
         // lasts as long as its waiter; `call` bounds every other request.
         let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);

@@ -114,7 +114,7 @@ fn bad_token_files_are_usage_errors_that_hide_tokens() {
 
 /// `serve` over `mem://` is refused (exit 2, saying why) unless told
 /// `--ephemeral`: a restarted service would grant held keys again with
-/// tokens from 1.
+/// tokens from 1. `--listen` takes a host name.
 #[test]
 fn serving_a_backend_that_forgets_needs_ephemeral() {
     let refused = through("mem://", &["serve", "--listen", "127.0.0.1:0"]);
@@ -132,8 +132,9 @@ fn serving_a_backend_that_forgets_needs_ephemeral() {
             "mem://",
             "serve",
             "--ephemeral",
+            // A host name is resolved, as a newcomer would write it.
             "--listen",
-            "127.0.0.1:0",
+            "localhost:0",
         ])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -144,7 +145,11 @@ fn serving_a_backend_that_forgets_needs_ephemeral() {
         &mut line,
     )
     .unwrap();
-    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+    assert!(
+        line.starts_with("listening on http://127.0.0.1:")
+            || line.starts_with("listening on http://[::1]:"),
+        "{line}"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -9,7 +9,8 @@ use axum::{
     Extension, Json,
 };
 use fencelock_core::{
-    validate_data, validate_ttl, Error, FencingToken, LeaseId, LockInfo, LockKey, Owner, Stats,
+    validate_data, validate_ttl, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner,
+    Stats,
 };
 use fencelock_http::wire::{
     AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, KvBody,
@@ -226,7 +227,10 @@ pub(crate) async fn renew(
     let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
     let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
     let sent = tokio::time::Instant::now();
-    let grant = bounded("renew", s.inner.client.backend().renew(&lease, ttl)).await?;
+    let backend = s.inner.client.backend();
+    let renewed = bounded("renew", backend.renew(&lease, ttl)).await;
+    count_renewal(backend.name(), sent.elapsed(), &renewed);
+    let grant = renewed?;
     let mut grant = GrantBody {
         key: lease.key.to_string(),
         owner: lease.owner.to_string(),
@@ -237,6 +241,26 @@ pub(crate) async fn renew(
     s.inner.events.renewed(&grant, sent);
     grant.owner = caller.owner_out(&grant.owner);
     Ok(Json(grant))
+}
+
+/// Counts an HTTP client's renewal under the names the library's renewer
+/// uses (`docs/observability.md`), so that the shipped dashboards and
+/// alerts cover clients in every language: the round trip, a confirmed
+/// renewal or a failed one, and a refusal, which ends the client's lock
+/// (`LockLost` with reason `refused`, as its own renewer would count it).
+fn count_renewal(backend: &'static str, took: Duration, outcome: &Result<Grant, ApiError>) {
+    use fencelock_core::metrics as m;
+    ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend).record(took.as_secs_f64());
+    match outcome {
+        Ok(_) => ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1),
+        Err(e) => {
+            ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
+            if e.code() == "not_held" {
+                ::metrics::counter!(m::LOCKS_LOST, "backend" => backend, "reason" => "refused")
+                    .increment(1);
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -45,6 +45,11 @@ impl ApiError {
         self.body.current
     }
 
+    /// The refusal's stable code (`not_held`, `held`, …).
+    pub(crate) fn code(&self) -> &str {
+        &self.body.code
+    }
+
     pub(crate) fn not_found(message: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }

@@ -43,6 +43,10 @@ struct Known {
     /// backend call), so an expiry is never reported as a release.
     ends: Instant,
     ttl_ms: Option<u64>,
+    /// When this process learned of the lease: a listing asked for before
+    /// then is an older view of this key (it may miss a grant the service
+    /// just made, or show the lease before it), so it changes nothing here.
+    recorded: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +111,7 @@ impl Events {
                 owner: grant.owner.clone(),
                 ends,
                 ttl_ms: Some(grant.ttl_ms),
+                recorded: Instant::now(),
             },
         );
         drop(table);
@@ -183,9 +188,10 @@ impl Events {
                     .leases
                     .iter()
                     .filter(|(key, known)| {
-                        current
-                            .get(*key)
-                            .is_none_or(|l| l.token.get() != known.token)
+                        known.recorded <= asked
+                            && current
+                                .get(*key)
+                                .is_none_or(|l| l.token.get() != known.token)
                     })
                     .map(|(key, _)| key.clone())
                     .collect();
@@ -204,12 +210,14 @@ impl Events {
                 let ends = asked + info.expires_in;
                 match table.leases.get_mut(&key) {
                     Some(known) if known.token == info.token.get() => known.ends = ends,
+                    Some(known) if known.recorded > asked => {}
                     _ => {
                         let known = Known {
                             token: info.token.get(),
                             owner: info.owner.to_string(),
                             ends,
                             ttl_ms: None,
+                            recorded: asked,
                         };
                         if table.seeded {
                             let mut e =

@@ -796,3 +796,83 @@ async fn the_http_backend_works_inside_its_namespace() {
     assert_eq!(&leader.owner, mine.owner());
     term.resign().await.unwrap();
 }
+
+/// The value of one sample of `/metrics` (0 when absent).
+async fn sample(api: &Api, series: &str) -> f64 {
+    let text = api
+        .request(Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Renewals of HTTP clients reach `/metrics` under the library's names,
+/// so the shipped Grafana panels and alerts work for every language: two
+/// confirmed renewals, and a refused one counted as a failure and a loss.
+/// (Other tests of this process only ever add, so the deltas are lower
+/// bounds.)
+#[tokio::test]
+async fn renewals_and_losses_of_http_clients_are_counted() {
+    let api = Api::start(false).await;
+    let renewals = "fencelock_renewals_total{backend=\"memory\"}";
+    let failures = "fencelock_renewal_failures_total{backend=\"memory\"}";
+    let lost = "fencelock_locks_lost_total{backend=\"memory\",reason=\"refused\"}";
+    let before = [
+        sample(&api, renewals).await,
+        sample(&api, failures).await,
+        sample(&api, lost).await,
+    ];
+    let (status, grant) = api
+        .acquire("counted", json!({"ttl_ms": 60000, "owner": "w"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    for _ in 0..2 {
+        let (status, renewed) = api
+            .send(
+                Method::POST,
+                "/v1/locks/counted/renew",
+                Some(json!({"owner": "w", "token": grant["token"]})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{renewed}");
+    }
+    let stale = json!({"owner": "w", "token": grant["token"].as_u64().unwrap() + 1});
+    refused(
+        &api.send(Method::POST, "/v1/locks/counted/renew", Some(stale))
+            .await,
+        StatusCode::CONFLICT,
+        "not_held",
+    );
+    let after = [
+        sample(&api, renewals).await,
+        sample(&api, failures).await,
+        sample(&api, lost).await,
+    ];
+    assert!(
+        after[0] - before[0] >= 2.0,
+        "renewals {before:?} → {after:?}"
+    );
+    assert!(
+        after[1] - before[1] >= 1.0,
+        "failures {before:?} → {after:?}"
+    );
+    assert!(after[2] - before[2] >= 1.0, "losses {before:?} → {after:?}");
+    let text = api
+        .request(Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("fencelock_renew_seconds_count{backend=\"memory\"}"),
+        "{text}"
+    );
+}

@@ -27,6 +27,7 @@
 
 mod backend;
 mod config;
+mod epoch;
 mod hash;
 
 use std::{future::Future, path::Path, pin::Pin, sync::Arc};

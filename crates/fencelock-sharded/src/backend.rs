@@ -24,6 +24,10 @@ use crate::{
 /// store's keys would reach still shows this epoch (docs/sharding.md).
 const CHECK_ALL_EVERY: Duration = Duration::from_secs(3600);
 
+/// The lease that carries a token from the old shards to the new ones
+/// (released at once; this is only how long a lost release leaves it).
+const WATERMARK_TTL: Duration = Duration::from_secs(10);
+
 /// A backend over the shards of a [`ShardMap`] (see docs/sharding.md).
 pub struct ShardedBackend {
     epoch: u64,
@@ -145,7 +149,67 @@ impl ShardedBackend {
         // A process whose map is more than one step from what a store has
         // seen is refused before its first operation.
         backend.check_all(Duration::ZERO).await?;
+        if phase == Some(Phase::Handover) {
+            backend.carry_watermark().await?;
+        }
         Ok(backend)
+    }
+
+    /// Raises the token counter of every current shard above every token
+    /// the previous shards have issued, before this `handover` process
+    /// grants anything (docs/sharding.md, "Why this keeps I2"): a key last
+    /// taken on the old map and left alone during `join` is next granted
+    /// by its new owner, which never saw its old tokens. The old map's
+    /// processes are gone by now (this step starts only once every process
+    /// runs `join`, and they are refused from here on), so the old shard's
+    /// next token is above all of theirs; a grant with that as floor on the
+    /// new shard lifts a counter that serves every key (one per store:
+    /// memory, SQLite, PostgreSQL, MySQL). Each process uses a key of its
+    /// own, so concurrent openers never meet.
+    async fn carry_watermark(&self) -> Result<()> {
+        let mut olds: Vec<usize> = self.previous.iter().map(|(_, i)| *i).collect();
+        olds.sort_unstable();
+        olds.dedup();
+        let mut news: Vec<usize> = self.current.iter().map(|(_, i)| *i).collect();
+        news.sort_unstable();
+        news.dedup();
+        let owner = Owner::generate();
+        let key = LockKey::new(format!(
+            "{}watermark:{}",
+            epoch::RESERVED_PREFIX,
+            owner.as_str()
+        ))?;
+        let draw = |i: usize, floor: Option<fencelock_core::FencingToken>| {
+            let request = AcquireRequest::new(key.clone(), owner.clone(), WATERMARK_TTL)
+                .with_min_token(floor);
+            async move {
+                let backend = &self.backends[i];
+                let grant = match backend.try_acquire(&request).await? {
+                    Acquire::Granted(grant) => grant,
+                    Acquire::Held(_) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "shard {:?}: the reserved key {} is held",
+                            self.names[i], request.key
+                        )))
+                    }
+                };
+                // Best effort: the lease only carries the token; left
+                // behind, it runs out in seconds.
+                let _ = backend.release(&request.lease(grant.token)).await;
+                Ok(grant.token)
+            }
+        };
+        let mut high = None;
+        for &i in &olds {
+            let token = draw(i, None).await?;
+            high = high.max(Some(token));
+        }
+        // A store in both lists is floored too: keys of the other old
+        // stores may move to it.
+        for &i in &news {
+            draw(i, high).await?;
+        }
+        Ok(())
     }
 
     /// Refuses this process if a store at `indices` has seen an epoch more

@@ -511,3 +511,42 @@ async fn the_epoch_record_is_hidden_and_reserved() -> TestResult {
     }
     Ok(())
 }
+
+/// A key taken many times on the old map and left alone during `join` is
+/// next granted by its new owner, which never saw those tokens: `handover`
+/// and the new map must still grant above them (I2). Shard `a` issues far
+/// more tokens than `b` here, as an old shard does.
+#[tokio::test]
+async fn a_key_left_alone_during_join_keeps_its_token_order() -> TestResult {
+    let keys = moving_keys("idle", 2).await?;
+    let steps = Steps::new(steps(["mem://idle-a", "mem://idle-b"])?);
+    let mut old = Vec::new();
+    for key in &keys {
+        let mut token = FencingToken(0);
+        for i in 0..20 {
+            let owner = format!("o{i}");
+            token = grant(&**steps.get(0).await?, key, &owner).await?;
+            let lease = fencelock_core::LeaseId::new(
+                LockKey::new(key.as_str())?,
+                Owner::new(owner)?,
+                token,
+            );
+            steps.get(0).await?.release(&lease).await?;
+        }
+        old.push(token);
+    }
+    steps.get(1).await?;
+    let handover = grant(&**steps.get(2).await?, &keys[0], "h").await?;
+    assert!(
+        handover > old[0],
+        "handover gave {handover} after the old map's {}",
+        old[0]
+    );
+    let new = grant(&**steps.get(3).await?, &keys[1], "n").await?;
+    assert!(
+        new > old[1],
+        "the new map gave {new} after the old map's {}",
+        old[1]
+    );
+    Ok(())
+}

@@ -9,7 +9,8 @@ pub const OK: u8 = 0;
 /// force-release), or the key is free (inspect).
 pub const NOT_HELD: u8 = 1;
 /// Bad input: unknown flag, bad duration, invalid key, malformed URL, a
-/// `--permits` other than the one a semaphore's live permits were taken with…
+/// `--permits` other than the one a semaphore's live permits were taken with,
+/// a shard map more than one step from what its shards have seen…
 pub const USAGE: u8 = 2;
 /// The command could not be started (not found, not executable).
 pub const CANNOT_EXEC: u8 = 126;

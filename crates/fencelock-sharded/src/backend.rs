@@ -1,7 +1,12 @@
 //! [`ShardedBackend`]: routing, the two-shard path of a moving key, and the
 //! operations that fan out.
 
-use std::{fmt, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 use async_trait::async_trait;
 use fencelock_core::{
@@ -11,8 +16,17 @@ use fencelock_core::{
 
 use crate::{
     config::{Phase, ShardMap},
-    hash, Opener,
+    epoch, hash, Opener,
 };
+
+/// How often a process checks the epoch record of every store of its map,
+/// not only of those its operations touch: so that a store only some other
+/// store's keys would reach still shows this epoch (docs/sharding.md).
+const CHECK_ALL_EVERY: Duration = Duration::from_secs(3600);
+
+/// The lease that carries a token from the old shards to the new ones
+/// (released at once; this is only how long a lost release leaves it).
+const WATERMARK_TTL: Duration = Duration::from_secs(10);
 
 /// A backend over the shards of a [`ShardMap`] (see docs/sharding.md).
 pub struct ShardedBackend {
@@ -25,7 +39,11 @@ pub struct ShardedBackend {
     current: Vec<(String, usize)>,
     /// The same for the previous map during a transition.
     previous: Vec<(String, usize)>,
+    /// The first shard name of each backend, for messages.
+    names: Vec<String>,
     capabilities: Capabilities,
+    /// When every store's epoch record was last checked.
+    checked_all: Mutex<Option<Instant>>,
 }
 
 impl fmt::Debug for ShardedBackend {
@@ -93,6 +111,7 @@ impl ShardedBackend {
                 out.push((shard.name.clone(), i));
             }
         }
+        let mut names = Vec::new();
         for (name, url) in to_open {
             // Which shard's URL is wrong; the driver's message has no
             // password.
@@ -101,6 +120,7 @@ impl ShardedBackend {
                 other => other,
             })?;
             backends.push(backend);
+            names.push(name);
         }
         let all = |f: fn(&Capabilities) -> bool| backends.iter().all(|b| f(&b.capabilities()));
         if phase.is_some() && !all(|c| c.min_token) {
@@ -116,14 +136,131 @@ impl ShardedBackend {
             .with_keeps_expired(all(|c| c.keeps_expired))
             .with_min_token(all(|c| c.min_token))
             .with_set_data(all(|c| c.set_data));
-        Ok(Self {
+        let backend = Self {
             epoch: map.epoch,
             phase,
             backends,
             current: current_idx,
             previous: previous_idx,
+            names,
             capabilities,
-        })
+            checked_all: Mutex::new(None),
+        };
+        // A process whose map is more than one step from what a store has
+        // seen is refused before its first operation.
+        backend.check_all(Duration::ZERO).await?;
+        if phase == Some(Phase::Handover) {
+            backend.carry_watermark().await?;
+        }
+        Ok(backend)
+    }
+
+    /// Raises the token counter of every current shard above every token
+    /// the previous shards have issued, before this `handover` process
+    /// grants anything (docs/sharding.md, "Why this keeps I2"): a key last
+    /// taken on the old map and left alone during `join` is next granted
+    /// by its new owner, which never saw its old tokens. The old map's
+    /// processes are gone by now (this step starts only once every process
+    /// runs `join`, and they are refused from here on), so the old shard's
+    /// next token is above all of theirs; a grant with that as floor on the
+    /// new shard lifts a counter that serves every key (one per store:
+    /// memory, SQLite, PostgreSQL, MySQL). Each process uses a key of its
+    /// own, so concurrent openers never meet.
+    async fn carry_watermark(&self) -> Result<()> {
+        let mut olds: Vec<usize> = self.previous.iter().map(|(_, i)| *i).collect();
+        olds.sort_unstable();
+        olds.dedup();
+        let mut news: Vec<usize> = self.current.iter().map(|(_, i)| *i).collect();
+        news.sort_unstable();
+        news.dedup();
+        let owner = Owner::generate();
+        let key = LockKey::new(format!(
+            "{}watermark:{}",
+            epoch::RESERVED_PREFIX,
+            owner.as_str()
+        ))?;
+        let draw = |i: usize, floor: Option<fencelock_core::FencingToken>| {
+            let request = AcquireRequest::new(key.clone(), owner.clone(), WATERMARK_TTL)
+                .with_min_token(floor);
+            async move {
+                let backend = &self.backends[i];
+                let grant = match backend.try_acquire(&request).await? {
+                    Acquire::Granted(grant) => grant,
+                    Acquire::Held(_) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "shard {:?}: the reserved key {} is held",
+                            self.names[i], request.key
+                        )))
+                    }
+                };
+                // Best effort: the lease only carries the token; left
+                // behind, it runs out in seconds.
+                let _ = backend.release(&request.lease(grant.token)).await;
+                Ok(grant.token)
+            }
+        };
+        let mut high = None;
+        for &i in &olds {
+            let token = draw(i, None).await?;
+            high = high.max(Some(token));
+        }
+        // A store in both lists is floored too: keys of the other old
+        // stores may move to it.
+        for &i in &news {
+            draw(i, high).await?;
+        }
+        Ok(())
+    }
+
+    /// Refuses this process if a store at `indices` has seen an epoch more
+    /// than one step from this map's, and records this epoch there
+    /// (docs/sharding.md, "Adjacent steps only"). Every operation runs it
+    /// on the stores it touches before touching them; `ttl` is the lease
+    /// it asks for, which the record must outlive. Once an hour, the
+    /// stores it does not touch are checked too.
+    async fn check(&self, indices: &[usize], ttl: Duration) -> Result<()> {
+        // A poisoned lock only means a panic elsewhere: check everything.
+        let due = self.checked_all.lock().map_or(true, |at| {
+            at.is_none_or(|at| at.elapsed() >= CHECK_ALL_EVERY)
+        });
+        if due {
+            return self.check_all(ttl).await;
+        }
+        for &i in indices {
+            epoch::check(&*self.backends[i], &self.names[i], self.epoch, ttl).await?;
+        }
+        Ok(())
+    }
+
+    async fn check_all(&self, ttl: Duration) -> Result<()> {
+        let started = Instant::now();
+        for (backend, name) in self.backends.iter().zip(&self.names) {
+            epoch::check(&**backend, name, self.epoch, ttl).await?;
+        }
+        if let Ok(mut at) = self.checked_all.lock() {
+            *at = Some(started);
+        }
+        Ok(())
+    }
+
+    /// The stores of `route`.
+    fn stores(route: Route) -> Vec<usize> {
+        match route {
+            Route::One(i) => vec![i],
+            Route::Two {
+                authority,
+                follower,
+            } => vec![authority, follower],
+        }
+    }
+
+    /// The route of a caller's key, refused for the backend's own keys,
+    /// after the epoch check of its stores.
+    async fn checked_route(&self, key: &LockKey, ttl: Duration) -> Result<Route> {
+        refuse_reserved(key)?;
+        let route = self.route(key);
+        self.check(&Self::stores(route), ttl).await?;
+        Ok(route)
     }
 
     /// The map's epoch.
@@ -154,42 +291,81 @@ impl ShardedBackend {
         }
     }
 
-    fn authority(&self, key: &LockKey) -> &dyn Backend {
-        &*self.backends[self.route(key).authority()]
+    /// The lease on `shard` that pairs with `lease` (held on the key's
+    /// other shard with `lease`'s token): the same key and owner, and a
+    /// token above `lease`'s, as the second half of a two-shard grant
+    /// always has (it was floored at the first half's token). `Ok(None)` if
+    /// the key is free there; `NotHeld` if someone else (or an older lease
+    /// of the same owner name) holds it.
+    async fn partner(&self, shard: usize, lease: &LeaseId) -> Result<Option<LeaseId>> {
+        match self.backends[shard].inspect(&lease.key).await? {
+            None => Ok(None),
+            Some(info) if info.owner == lease.owner && info.token > lease.token => Ok(Some(
+                LeaseId::new(lease.key.clone(), lease.owner.clone(), info.token),
+            )),
+            Some(_) => Err(Error::not_held(lease)),
+        }
     }
 
-    /// `lease`'s counterpart on the follower: the same key and owner, with
-    /// the token the follower issued, if that owner holds it there.
-    async fn follower_lease(&self, follower: usize, lease: &LeaseId) -> Result<Option<LeaseId>> {
-        Ok(self.backends[follower]
-            .inspect(&lease.key)
-            .await?
-            .filter(|info| info.owner == lease.owner)
-            .map(|info| LeaseId::new(lease.key.clone(), lease.owner.clone(), info.token)))
-    }
-
-    /// Every shard's leases that stand for their key (on its authority).
+    /// Every shard's leases, one per key: for a moving key, its two
+    /// shards' leases merged as `inspect` does.
     async fn leases(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let mut leases = Vec::new();
+        let mut by_key: BTreeMap<LockKey, Option<LockInfo>> = BTreeMap::new();
         for (i, backend) in self.backends.iter().enumerate() {
             for lease in backend.list(prefix).await? {
-                if self.route(&lease.key).authority() == i {
-                    leases.push(lease);
+                if epoch::is_reserved(lease.key.as_str())
+                    || !Self::stores(self.route(&lease.key)).contains(&i)
+                {
+                    // The record, or a lease its key's map no longer
+                    // routes here (left from an older map).
+                    continue;
                 }
+                let slot = by_key.entry(lease.key.clone()).or_default();
+                *slot = merged(slot.take(), Some(lease));
             }
         }
-        leases.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
-        Ok(leases)
+        Ok(by_key.into_values().flatten().collect())
     }
 }
 
-/// The shorter of two grants, with the authority's token.
-fn both(authority: Grant, follower: &Grant) -> Grant {
+/// The key's reserved for the epoch record are not a caller's.
+fn refuse_reserved(key: &LockKey) -> Result<()> {
+    if epoch::is_reserved(key.as_str()) {
+        return Err(Error::InvalidKey(format!(
+            "keys starting with {:?} are reserved by the sharded backend",
+            epoch::RESERVED_PREFIX
+        )));
+    }
+    Ok(())
+}
+
+/// The shorter of two grants, with the first one's token (the lease's).
+fn both(first: Grant, second: &Grant) -> Grant {
     Grant::new(
-        authority.token,
-        authority.ttl.min(follower.ttl),
-        authority.expires_at.min(follower.expires_at),
+        first.token,
+        first.ttl.min(second.ttl),
+        first.expires_at.min(second.expires_at),
     )
+}
+
+/// What a moving key's two shards say about it, as one lease: the one with
+/// the lower token. A two-shard grant's token is always the lower of its
+/// two (the second shard was floored above the first's), whichever step
+/// granted it, so every step that reads both shards names the same token,
+/// the one the holder was given (docs/sharding.md). The two halves of one
+/// grant end at the earlier of their ends.
+fn merged(a: Option<LockInfo>, b: Option<LockInfo>) -> Option<LockInfo> {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            let (mut low, high) = if b.token < a.token { (b, a) } else { (a, b) };
+            if low.owner == high.owner {
+                low.expires_at = low.expires_at.min(high.expires_at);
+                low.expires_in = low.expires_in.min(high.expires_in);
+            }
+            Some(low)
+        }
+        (a, b) => a.or(b),
+    }
 }
 
 #[async_trait]
@@ -203,7 +379,7 @@ impl Backend for ShardedBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let (authority, follower) = match self.route(&request.key) {
+        let (authority, follower) = match self.checked_route(&request.key, request.ttl).await? {
             Route::One(i) => return self.backends[i].try_acquire(request).await,
             Route::Two {
                 authority,
@@ -233,61 +409,108 @@ impl Backend for ShardedBackend {
         }
     }
 
+    /// A moving key's lease may have been granted by the adjacent step,
+    /// whose authority is this step's follower: the lease's own token is on
+    /// whichever shard issued it. That exact lease is confirmed first (the
+    /// authority, then the follower), and only then is the other shard's
+    /// half, found by owner, touched (I3). A half that is missing (a lease
+    /// granted by a step that takes one shard, or a half that ran out) is
+    /// taken again with the lease's token as floor, so the lease holds what
+    /// this step and both its neighbours take first (docs/sharding.md).
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let (authority, follower) = match self.route(&lease.key) {
+        let (authority, follower) = match self.checked_route(&lease.key, ttl).await? {
             Route::One(i) => return self.backends[i].renew(lease, ttl).await,
             Route::Two {
                 authority,
                 follower,
             } => (authority, follower),
         };
-        // As in `release`: the follower only after the authority confirmed
-        // this exact lease.
-        let first = self.backends[authority].renew(lease, ttl).await?;
-        let other = self
-            .follower_lease(follower, lease)
-            .await?
-            .ok_or_else(|| Error::not_held(lease))?;
-        let second = self.backends[follower].renew(&other, ttl).await?;
+        let (first, other) = match self.backends[authority].renew(lease, ttl).await {
+            Ok(grant) => (grant, follower),
+            Err(Error::NotHeld { .. }) => {
+                (self.backends[follower].renew(lease, ttl).await?, authority)
+            }
+            Err(e) => return Err(e),
+        };
+        let second = match self.partner(other, lease).await? {
+            Some(half) => self.backends[other].renew(&half, ttl).await?,
+            None => {
+                let request = AcquireRequest::new(lease.key.clone(), lease.owner.clone(), ttl)
+                    .with_min_token(Some(lease.token));
+                match self.backends[other].try_acquire(&request).await? {
+                    Acquire::Granted(grant) => grant,
+                    Acquire::Held(_) => return Err(Error::not_held(lease)),
+                }
+            }
+        };
         Ok(both(first, &second))
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let (authority, follower) = match self.route(&lease.key) {
+        let (authority, follower) = match self.checked_route(&lease.key, Duration::ZERO).await? {
             Route::One(i) => return self.backends[i].release(lease).await,
             Route::Two {
                 authority,
                 follower,
             } => (authority, follower),
         };
-        // The follower's lease is found by owner, and an owner name may be
-        // shared by a stale holder and its successor: it is only touched
-        // once the authority has confirmed this exact lease (I3). A lease
-        // left on the follower runs out by its TTL.
-        self.backends[authority].release(lease).await?;
-        if let Some(other) = self.follower_lease(follower, lease).await? {
-            match self.backends[follower].release(&other).await {
-                Ok(()) | Err(Error::NotHeld { .. }) => {}
-                Err(e) => return Err(e),
+        // As in `renew`: the exact lease first, on whichever shard issued
+        // its token; the other half, found by owner, only once that has
+        // been confirmed (I3). A half left behind runs out by its TTL.
+        let other = match self.backends[authority].release(lease).await {
+            Ok(()) => follower,
+            Err(Error::NotHeld { .. }) => {
+                self.backends[follower].release(lease).await?;
+                authority
             }
+            Err(e) => return Err(e),
+        };
+        match self.partner(other, lease).await {
+            Ok(Some(half)) => match self.backends[other].release(&half).await {
+                Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
+                Err(e) => Err(e),
+            },
+            // Nothing of this lease there (or someone else's lease).
+            Ok(None) | Err(Error::NotHeld { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
+    /// The data lives with the half that carries the lease's token, the
+    /// one `inspect` reports.
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
-        self.authority(&lease.key).set_data(lease, data).await
+        match self.checked_route(&lease.key, Duration::ZERO).await? {
+            Route::One(i) => self.backends[i].set_data(lease, data).await,
+            Route::Two {
+                authority,
+                follower,
+            } => match self.backends[authority].set_data(lease, data.clone()).await {
+                Err(Error::NotHeld { .. }) => self.backends[follower].set_data(lease, data).await,
+                other => other,
+            },
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.authority(key).inspect(key).await
+        match self.checked_route(key, Duration::ZERO).await? {
+            Route::One(i) => self.backends[i].inspect(key).await,
+            Route::Two {
+                authority,
+                follower,
+            } => Ok(merged(
+                self.backends[authority].inspect(key).await?,
+                self.backends[follower].inspect(key).await?,
+            )),
+        }
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        self.check_all(Duration::ZERO).await?;
         self.leases(prefix).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        match self.route(key) {
+        match self.checked_route(key, Duration::ZERO).await? {
             Route::One(i) => self.backends[i].force_release(key).await,
             Route::Two {
                 authority,
@@ -295,12 +518,19 @@ impl Backend for ShardedBackend {
             } => {
                 let first = self.backends[authority].force_release(key).await?;
                 let second = self.backends[follower].force_release(key).await?;
-                Ok(first.or(second))
+                Ok(merged(first, second))
             }
         }
     }
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        if epoch::is_reserved(owner.as_str()) {
+            return Err(Error::InvalidOwner(format!(
+                "owners starting with {:?} are reserved by the sharded backend",
+                epoch::RESERVED_PREFIX
+            )));
+        }
+        self.check_all(Duration::ZERO).await?;
         // During a transition a moving key is held on two shards: the
         // answer counts it once, as `list` shows it.
         let counted = match self.phase {
@@ -321,6 +551,7 @@ impl Backend for ShardedBackend {
     }
 
     async fn cleanup_expired(&self) -> Result<u64> {
+        self.check_all(Duration::ZERO).await?;
         let mut removed = 0;
         for backend in &self.backends {
             removed += backend.cleanup_expired().await?;
@@ -329,6 +560,7 @@ impl Backend for ShardedBackend {
     }
 
     async fn stats(&self) -> Result<Stats> {
+        self.check_all(Duration::ZERO).await?;
         let mut expired = 0;
         for backend in &self.backends {
             expired += backend.stats().await?.expired_not_cleaned;
@@ -347,7 +579,12 @@ impl Backend for ShardedBackend {
         Ok(Stats::from_leases(held, expired))
     }
 
+    /// Wake-ups come from the authority; no epoch check (a subscription
+    /// changes nothing, and the acquire it serves is checked).
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        self.authority(key).subscribe(key).await
+        refuse_reserved(key)?;
+        self.backends[self.route(key).authority()]
+            .subscribe(key)
+            .await
     }
 }

@@ -2,7 +2,10 @@
 //! (`docs/sharding.md`): keys are routed by rendezvous hashing of the
 //! shard's name, and a map in transition takes a moving key on both its
 //! previous and its current owner, so that resharding keeps exclusion (I1)
-//! and token order (I2).
+//! and token order (I2). Each shard store records the highest map epoch
+//! that has used it, and a process whose map is more than one step from it
+//! is refused (`Error::InvalidArgument`), so only adjacent steps run
+//! together.
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_core::Result<()> {
@@ -27,6 +30,7 @@
 
 mod backend;
 mod config;
+mod epoch;
 mod hash;
 
 use std::{future::Future, path::Path, pin::Pin, sync::Arc};

@@ -69,3 +69,109 @@ async fn bad_maps_are_invalid_urls_without_passwords() -> TestResult {
     }
     Ok(())
 }
+
+/// Writes the four steps of `b` joining `a` (SQLite shards in `dir`) as
+/// map files; their `sharded://` URLs, in order.
+fn step_urls(
+    dir: &std::path::Path,
+) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    let shard = |name: &str| format!("sqlite://{}", dir.join(name).display());
+    let a = format!("[[shard]]\nname = \"a\"\nurl = \"{}\"\n", shard("a.db"));
+    let b = format!("[[shard]]\nname = \"b\"\nurl = \"{}\"\n", shard("b.db"));
+    let previous = a.replace("[[shard]]", "[[previous]]");
+    let texts = [
+        format!("epoch = 1\n{a}"),
+        format!("epoch = 2\nphase = \"join\"\n{a}{b}{previous}"),
+        format!("epoch = 3\nphase = \"handover\"\n{a}{b}{previous}"),
+        format!("epoch = 4\n{a}{b}"),
+    ];
+    let mut urls = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let path = dir.join(format!("step{}.toml", i + 1));
+        std::fs::write(&path, text)?;
+        urls.push(format!("sharded://{}", path.display()));
+    }
+    Ok(urls)
+}
+
+/// A key that moves from `a` to `b` (routing depends on shard names only).
+fn moving_key() -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    use fencelock::sharded::{Shard, ShardMap};
+    let map = ShardMap::new(
+        1,
+        vec![Shard::new("a", "mem://"), Shard::new("b", "mem://")],
+    )?;
+    (0..1000)
+        .map(|i| format!("job:{i}"))
+        .find(|key| map.owner(key).name == "b")
+        .ok_or_else(|| "no key moves to b".into())
+}
+
+/// The issue: a lease taken by a process on step 2 could not be renewed or
+/// released by one on step 3 ("not held by … with token 2"), and `inspect`
+/// answered token 2 or 3 depending on the step. Now the step-3 process
+/// renews and releases it, and both steps read the token the holder got.
+#[tokio::test]
+async fn a_lease_of_join_is_renewed_and_released_on_handover() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let urls = step_urls(dir.path())?;
+    let key = fencelock::LockKey::new(moving_key()?)?;
+    let owner = fencelock::Owner::new("holder")?;
+    let ttl = std::time::Duration::from_secs(60);
+    let join = fencelock::open_backend(&urls[1]).await?;
+    let fencelock::Acquire::Granted(grant) = join
+        .try_acquire(&fencelock::AcquireRequest::new(
+            key.clone(),
+            owner.clone(),
+            ttl,
+        ))
+        .await?
+    else {
+        return Err("not granted".into());
+    };
+    let handover = fencelock::open_backend(&urls[2]).await?;
+    for backend in [&join, &handover] {
+        let info = backend.inspect(&key).await?.ok_or("free")?;
+        assert_eq!((info.owner.as_str(), info.token), ("holder", grant.token));
+    }
+    let lease = fencelock::LeaseId::new(key.clone(), owner, grant.token);
+    assert_eq!(handover.renew(&lease, ttl).await?.token, grant.token);
+    handover.release(&lease).await?;
+    assert!(join.inspect(&key).await?.is_none());
+    assert!(handover.inspect(&key).await?.is_none());
+    Ok(())
+}
+
+/// Steps two apart never run together: once step 3 has used the shards, a
+/// process on step 1 (already running, or started later) is refused with
+/// `InvalidArgument` (the CLI's exit 2), saying which epochs.
+#[tokio::test]
+async fn a_process_two_steps_behind_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let urls = step_urls(dir.path())?;
+    let old = fencelock::connect(&urls[0]).await?;
+    old.lock(moving_key()?).acquire().await?.release().await?;
+    // Jumping straight to the new map is refused too.
+    assert!(matches!(
+        fencelock::open_backend(&urls[3]).await,
+        Err(Error::InvalidArgument(msg)) if msg.contains("epoch 4 is too new")
+    ));
+    fencelock::open_backend(&urls[1]).await?;
+    fencelock::open_backend(&urls[2]).await?;
+    match old.lock(moving_key()?).acquire().await {
+        Err(Error::InvalidArgument(msg)) => assert!(
+            msg.contains("epoch 1 is too old")
+                && msg.contains("has seen epoch 3")
+                && msg.contains("only adjacent steps may run together"),
+            "{msg}"
+        ),
+        other => return Err(format!("step 1 was not refused: {other:?}").into()),
+    }
+    assert!(matches!(
+        fencelock::open_backend(&urls[0]).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    // The next step is still welcome.
+    fencelock::open_backend(&urls[3]).await?;
+    Ok(())
+}

@@ -91,10 +91,13 @@ pub(crate) async fn check(
     let need = need.saturating_add(MARGIN).max(REFRESH_BELOW);
     let keys = [LockKey::new(SLOTS[0])?, LockKey::new(SLOTS[1])?];
     for _ in 0..ROUNDS {
-        let slots = [
-            read(store, shard, &keys[0]).await?,
-            read(store, shard, &keys[1]).await?,
-        ];
+        // Both slots at once: one round trip of the operation's latency.
+        let (slot0, slot1) = futures_util::future::try_join(
+            read(store, shard, &keys[0]),
+            read(store, shard, &keys[1]),
+        )
+        .await?;
+        let slots = [slot0, slot1];
         // The slot holding the highest epoch (the first on a tie).
         let high = match (&slots[0], &slots[1]) {
             (None, None) => None,

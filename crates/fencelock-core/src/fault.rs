@@ -45,6 +45,8 @@ pub struct FaultyBackend {
     reply_delay_us: AtomicU64,
     renew_calls: AtomicUsize,
     renew_batches: AtomicUsize,
+    list_calls: AtomicUsize,
+    failing_lists: AtomicUsize,
 }
 
 impl FaultyBackend {
@@ -56,6 +58,8 @@ impl FaultyBackend {
             reply_delay_us: AtomicU64::new(0),
             renew_calls: AtomicUsize::new(0),
             renew_batches: AtomicUsize::new(0),
+            list_calls: AtomicUsize::new(0),
+            failing_lists: AtomicUsize::new(0),
         })
     }
 
@@ -75,6 +79,17 @@ impl FaultyBackend {
     /// batches (faulty or not).
     pub fn renew_calls(&self) -> usize {
         self.renew_calls.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next `n` calls of `list` fail at once with a transient
+    /// error (a connection reset), whatever the fault; other calls go on.
+    pub fn fail_lists(&self, n: usize) {
+        self.failing_lists.store(n, Ordering::SeqCst);
+    }
+
+    /// How many `list` calls reached this wrapper (failed or not).
+    pub fn list_calls(&self) -> usize {
+        self.list_calls.load(Ordering::SeqCst)
     }
 
     /// How many `renew_many` batches reached this wrapper.
@@ -158,6 +173,19 @@ impl Backend for FaultyBackend {
         self.call(self.inner.inspect(key)).await
     }
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
+        self.list_calls.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .failing_lists
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(BackendError::message(
+                "faulty",
+                ErrorStatus::Transient,
+                "injected: list reset",
+            )
+            .into());
+        }
         self.call(self.inner.list(prefix)).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {

@@ -513,115 +513,46 @@ impl fmt::Debug for Permit {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-    use std::sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    };
-
-    use async_trait::async_trait;
+    use std::sync::Arc;
 
     use super::*;
-    use crate::{
-        Acquire, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant, LeaseId,
-        MemoryBackend, Owner, Stats,
-    };
+    use crate::{fault::FaultyBackend, Backend, MemoryBackend};
 
-    /// The memory backend, except that its next `failing` lists fail as a
-    /// lost connection would.
-    #[derive(Debug)]
-    struct FailingList {
-        inner: MemoryBackend,
-        failing: AtomicUsize,
-        lists: AtomicUsize,
-    }
-
-    #[async_trait]
-    impl Backend for FailingList {
-        fn name(&self) -> &'static str {
-            "failing-list"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-            self.inner.try_acquire(request).await
-        }
-        async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-            self.inner.renew(lease, ttl).await
-        }
-        async fn release(&self, lease: &LeaseId) -> Result<()> {
-            self.inner.release(lease).await
-        }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-            self.inner.inspect(key).await
-        }
-        async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-            self.lists.fetch_add(1, Ordering::SeqCst);
-            let fail = self
-                .failing
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if fail {
-                return Err(BackendError::message(
-                    "failing-list",
-                    ErrorStatus::Transient,
-                    "connection reset",
-                )
-                .into());
-            }
-            self.inner.list(prefix).await
-        }
-        async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-            self.inner.force_release(key).await
-        }
-        async fn release_all(&self, owner: &Owner) -> Result<u64> {
-            self.inner.release_all(owner).await
-        }
-        async fn cleanup_expired(&self) -> Result<u64> {
-            self.inner.cleanup_expired().await
-        }
-        async fn stats(&self) -> Result<Stats> {
-            self.inner.stats().await
-        }
-        async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-            self.inner.subscribe(key).await
-        }
-    }
-
-    fn failing(n: usize) -> (Arc<FailingList>, LockClient) {
-        let backend = Arc::new(FailingList {
-            inner: MemoryBackend::new(),
-            failing: AtomicUsize::new(n),
-            lists: AtomicUsize::new(0),
-        });
-        (Arc::clone(&backend), LockClient::new(backend))
+    /// The memory backend behind a wrapper whose next `n` lists fail as a
+    /// lost connection would; the memory backend is returned too, to look
+    /// at past the wrapper.
+    fn failing(n: usize) -> (Arc<FaultyBackend>, Arc<MemoryBackend>, LockClient) {
+        let memory = Arc::new(MemoryBackend::new());
+        let backend = FaultyBackend::new(memory.clone());
+        backend.fail_lists(n);
+        (Arc::clone(&backend), memory, LockClient::new(backend))
     }
 
     /// A grant whose size check could not be read is not a permit: a try
     /// reports the error and leaves the slot free.
     #[tokio::test]
     async fn an_unchecked_grant_is_given_back_by_a_try() {
-        let (backend, client) = failing(1);
+        let (_, memory, client) = failing(1);
         let r = client.semaphore("s", 1).try_acquire().await;
         assert!(matches!(&r, Err(e) if e.is_transient()), "{r:?}");
         let slot0 = LockKey::new(semaphore_slot_key("s", 0)).unwrap();
-        assert_eq!(backend.inner.inspect(&slot0).await.unwrap(), None);
+        assert_eq!(memory.inspect(&slot0).await.unwrap(), None);
     }
 
     /// A waiting acquisition whose check fails gives the grant back and
     /// tries again, checking the next grant too.
     #[tokio::test]
     async fn a_waiting_acquisition_checks_again() {
-        let (backend, client) = failing(2);
+        let (backend, memory, client) = failing(2);
         let permit = client
             .semaphore("s", 1)
             .wait(Duration::from_secs(30))
             .acquire()
             .await
             .unwrap();
-        assert_eq!(backend.lists.load(Ordering::SeqCst), 3);
+        assert_eq!(backend.list_calls(), 3);
         let slot0 = LockKey::new(semaphore_slot_key("s", 0)).unwrap();
-        let held = backend.inner.inspect(&slot0).await.unwrap().unwrap();
+        let held = memory.inspect(&slot0).await.unwrap().unwrap();
         assert_eq!(held.token, permit.token());
         permit.release().await.unwrap();
     }
@@ -631,7 +562,7 @@ mod tests {
     /// on a slot-like key of another spelling, is no mismatch.
     #[tokio::test]
     async fn other_semaphores_and_spellings_are_not_mismatches() {
-        let (_, client) = failing(0);
+        let (_, _, client) = failing(0);
         let sub = client.semaphore("s/1", 3).acquire().await.unwrap();
         let spelled = client
             .lock(format!("{SEMAPHORE_PREFIX}s/01"))

@@ -212,6 +212,12 @@ func (c *Client) do(ctx context.Context, op, key, method, u string, body, out an
 	if c.isClosed() {
 		return &Error{Op: op, Key: key, Message: "client closed", Err: ErrClosed}
 	}
+	return c.send(ctx, op, key, method, u, body, out, timeout)
+}
+
+// send is do without the closed check: releases still go out during and
+// after Close.
+func (c *Client) send(ctx context.Context, op, key, method, u string, body, out any, timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = c.timeout
 	}

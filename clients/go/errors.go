@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -100,6 +101,14 @@ func (e *Error) Is(target error) bool {
 }
 
 func (e *Error) sentinel() error {
+	if e.Status == 0 && e.Code == "" {
+		switch {
+		case e.Err == context.Canceled || e.Err == context.DeadlineExceeded:
+			return nil // ended by the caller before any attempt
+		case errors.Is(e.Err, ErrClosed):
+			return ErrClosed
+		}
+	}
 	switch e.Code {
 	case "held":
 		return ErrNotAcquired

@@ -242,7 +242,7 @@ func (c *Client) renew(ctx context.Context, l *Lock, ttl, bound time.Duration) (
 }
 
 func (c *Client) release(ctx context.Context, key, owner string, token uint64) error {
-	return c.do(ctx, "release", key, "POST", c.path("v1", "locks", key, "release"),
+	return c.send(ctx, "release", key, "POST", c.path("v1", "locks", key, "release"),
 		leaseBody{Owner: owner, Token: token}, nil, 0)
 }
 
@@ -423,8 +423,7 @@ func (c *Client) releaseInBackground(key, owner string, token uint64) {
 		defer c.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		defer cancel()
-		_ = c.do(ctx, "release", key, "POST", c.path("v1", "locks", key, "release"),
-			leaseBody{Owner: owner, Token: token}, nil, 0)
+		_ = c.release(ctx, key, owner, token)
 	}()
 }
 

@@ -18,7 +18,6 @@ import (
 // BenchmarkRustCycle and BenchmarkRustHandoff run the Rust http:// client
 // (`fencelock bench`) against the same kind of service in the same run.
 
-
 // One uncontended TryAcquire + Release.
 func BenchmarkCycle(b *testing.B) {
 	s := startService(b, "sqlite", false)

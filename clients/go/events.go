@@ -162,7 +162,15 @@ type wakeups struct {
 }
 
 func (c *Client) subscribe(ctx context.Context, key string) (*wakeups, error) {
-	body, err := c.openEvents(ctx, EventFilter{Key: key})
+	return c.follow(ctx, EventFilter{Key: key})
+}
+
+func (c *Client) subscribePrefix(ctx context.Context, prefix string) (*wakeups, error) {
+	return c.follow(ctx, EventFilter{Prefix: prefix})
+}
+
+func (c *Client) follow(ctx context.Context, filter EventFilter) (*wakeups, error) {
+	body, err := c.openEvents(ctx, filter)
 	if err != nil {
 		return nil, err
 	}

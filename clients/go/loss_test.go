@@ -165,7 +165,7 @@ func TestAWaiterIsWokenByTheRelease(t *testing.T) {
 			}
 			handoff := r.at.Sub(released)
 			t.Logf("hand-off %v", handoff)
-			if handoff > 250*time.Millisecond {
+			if handoff > 400*time.Millisecond {
 				t.Fatalf("hand-off took %v", handoff)
 			}
 			if r.l.Token() <= a.Token() {

@@ -64,6 +64,10 @@ func (l *Lock) wantedTimer() time.Time {
 // add schedules a new lock whose grant was requested at sent.
 func (r *renewer) add(l *Lock, sent time.Time) {
 	r.mu.Lock()
+	if l.done { // ended (by Close) before it was scheduled
+		r.mu.Unlock()
+		return
+	}
 	l.next = jittered(sent, period(l.granted))
 	l.timer = l.wantedTimer()
 	heap.Push(&r.h, l)

@@ -105,17 +105,19 @@ type Lock struct {
 	lost   chan struct{}
 
 	// Guarded by c.renewer.mu.
-	ttl       time.Duration // asked at each renewal
-	granted   time.Duration // last granted
-	deadline  time.Time     // local trust ends (I5)
-	expiresAt time.Time     // backend's clock, display
-	next      time.Time     // next renewal; zero while one is in flight
-	timer     time.Time     // min(next, deadline): the renewer's one timer
-	index     int           // in the renewer's heap; -1 when not scheduled
-	retryCap  time.Duration // backoff cap during a streak of failures
-	lastErr   error
-	done      bool
-	err       error
+	ttl      time.Duration // asked at each renewal
+	granted  time.Duration // last granted
+	deadline time.Time     // local trust ends (I5)
+	// bootDeadline is the same end on the boot-time clock (0: none).
+	bootDeadline time.Duration
+	expiresAt    time.Time     // backend's clock, display
+	next         time.Time     // next renewal; zero while one is in flight
+	timer        time.Time     // min(next, deadline): the renewer's one timer
+	index        int           // in the renewer's heap; -1 when not scheduled
+	retryCap     time.Duration // backoff cap during a streak of failures
+	lastErr      error
+	done         bool
+	err          error
 }
 
 // Key is the lock's key.
@@ -155,7 +157,7 @@ func (l *Lock) Deadline() time.Time {
 func (l *Lock) Valid() bool {
 	l.c.renewer.mu.Lock()
 	defer l.c.renewer.mu.Unlock()
-	return !l.done && time.Now().Before(l.deadline)
+	return !l.done && time.Now().Before(l.deadline) && !l.bootExpired()
 }
 
 // TTL is the lease length last granted.
@@ -222,7 +224,7 @@ func (l *Lock) Renew(ctx context.Context) error {
 	}
 	ttl := l.ttl
 	r.mu.Unlock()
-	sent := time.Now()
+	sent := now()
 	g, err := l.c.renew(ctx, l, ttl, l.c.timeout)
 	r.settle(l, sent, g, err)
 	if errors.Is(err, ErrNotHeld) {
@@ -382,19 +384,19 @@ func ctxError(op, key string, ctx context.Context, last error) error {
 // attempt is one acquire request, with t_sent taken before it leaves.
 func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Lock, error) {
 	body := acquireBody{Owner: cfg.owner, TTLms: cfg.ttl.Milliseconds(), Kind: cfg.kind, Data: cfg.data, MinToken: cfg.minToken}
-	sent := time.Now() // I5: before the request is sent (monotonic)
+	sent := now() // I5: before the request is sent (monotonic and boot-time)
 	var g grantBody
 	if err := c.do(ctx, "acquire", key, "POST", c.path("v1", "locks", key, "acquire"), body, &g, 0); err != nil {
 		return nil, err
 	}
 	granted := time.Duration(g.TTLms) * time.Millisecond
-	deadline := sent.Add(ValidFor(granted))
+	deadline := sent.mono.Add(ValidFor(granted))
 	if !time.Now().Before(deadline) {
 		// The answer came after the instant until which it could be
 		// trusted: give the grant back and count a failed attempt.
 		c.releaseInBackground(key, g.Owner, g.Token)
 		return nil, &Error{Op: "acquire", Key: key, Code: "timeout",
-			Message: fmt.Sprintf("the round trip (%v) outlasted the trusted part of the %v lease", time.Since(sent).Round(time.Millisecond), granted)}
+			Message: fmt.Sprintf("the round trip (%v) outlasted the trusted part of the %v lease", time.Since(sent.mono).Round(time.Millisecond), granted)}
 	}
 	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	l := &Lock{
@@ -402,6 +404,9 @@ func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Loc
 		ctx: lctx, cancel: cancel, lost: make(chan struct{}),
 		ttl: cfg.ttl, granted: granted, deadline: deadline, expiresAt: g.ExpiresAt,
 		index: -1,
+	}
+	if sent.bootOK {
+		l.bootDeadline = sent.boot + ValidFor(granted)
 	}
 	c.mu.Lock()
 	if c.closed {

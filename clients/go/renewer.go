@@ -6,8 +6,62 @@ import (
 	"errors"
 	"math/rand"
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// stamp is the instant a request was sent, on the monotonic clock and, where
+// the OS has one, on the boot-time clock, which keeps counting while the
+// machine is suspended (crates/fencelock-core/src/clock.rs): a lease is
+// trusted only while both clocks are inside its window.
+type stamp struct {
+	mono   time.Time
+	boot   time.Duration
+	bootOK bool
+}
+
+// bootSkew is added to the boot-time clock: tests simulate a suspend with it.
+var bootSkew atomic.Int64
+
+func bootNow() (time.Duration, bool) {
+	b, ok := bootClock()
+	return b + time.Duration(bootSkew.Load()), ok
+}
+
+func now() stamp {
+	s := stamp{mono: time.Now()}
+	s.boot, s.bootOK = bootNow()
+	return s
+}
+
+// epoch anchors monotonic readings for the suspend detector.
+var epoch = time.Now()
+
+// suspendedSoFar is boot-time minus monotonic time: it grows by the length
+// of every suspend.
+func suspendedSoFar() (time.Duration, bool) {
+	b, ok := bootNow()
+	return b - time.Since(epoch), ok
+}
+
+const (
+	// suspendCheck: how often the renewer compares the two clocks while it
+	// holds locks.
+	suspendCheck = time.Second
+	// suspendJump: how far the boot-time clock must run ahead to count as
+	// a suspend.
+	suspendJump = 100 * time.Millisecond
+)
+
+// bootExpired reports whether the boot-time clock has left l's window;
+// r.mu held.
+func (l *Lock) bootExpired() bool {
+	if l.bootDeadline == 0 {
+		return false
+	}
+	b, ok := bootNow()
+	return ok && b >= l.bootDeadline
+}
 
 // renewer is the one goroutine per Client that renews every lock the client
 // holds and declares a lock lost when its local deadline passes
@@ -62,13 +116,13 @@ func (l *Lock) wantedTimer() time.Time {
 }
 
 // add schedules a new lock whose grant was requested at sent.
-func (r *renewer) add(l *Lock, sent time.Time) {
+func (r *renewer) add(l *Lock, sent stamp) {
 	r.mu.Lock()
 	if l.done { // ended (by Close) before it was scheduled
 		r.mu.Unlock()
 		return
 	}
-	l.next = jittered(sent, period(l.granted))
+	l.next = jittered(sent.mono, period(l.granted))
 	l.timer = l.wantedTimer()
 	heap.Push(&r.h, l)
 	first := r.h[0] == l
@@ -99,10 +153,27 @@ func (r *renewer) run() {
 	defer close(r.done)
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	lastSuspended, _ := suspendedSoFar()
 	for {
 		var lost, batch []*Lock
 		r.mu.Lock()
 		now := time.Now()
+		// Monotonic timers stop during a suspend: after a resume, every
+		// lease whose window the boot-time clock has left is lost.
+		if s, ok := suspendedSoFar(); ok {
+			if s > lastSuspended+suspendJump {
+				for i := 0; i < len(r.h); {
+					if l := r.h[i]; l.bootExpired() {
+						heap.Remove(&r.h, i)
+						lost = append(lost, l)
+						i = 0
+						continue
+					}
+					i++
+				}
+			}
+			lastSuspended = s
+		}
 		for len(r.h) > 0 && !r.h[0].timer.After(now) {
 			l := r.h[0]
 			if !now.Before(l.deadline) {
@@ -118,7 +189,7 @@ func (r *renewer) run() {
 		}
 		wait := time.Hour
 		if len(r.h) > 0 {
-			wait = r.h[0].timer.Sub(now)
+			wait = min(r.h[0].timer.Sub(now), suspendCheck)
 		}
 		r.mu.Unlock()
 		for _, l := range lost {
@@ -163,13 +234,13 @@ func (r *renewer) renewInBackground(l *Lock) {
 	if bound < time.Millisecond {
 		bound = time.Millisecond
 	}
-	sent := time.Now()
+	sent := now()
 	g, err := r.c.renew(context.Background(), l, ttl, bound)
 	r.settle(l, sent, g, err)
 }
 
 // settle records the outcome of a renewal sent at sent.
-func (r *renewer) settle(l *Lock, sent time.Time, g *grantBody, err error) {
+func (r *renewer) settle(l *Lock, sent stamp, g *grantBody, err error) {
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.finish(&LostError{Key: l.key, Token: l.token, Reason: "refused", Err: err})
 		return
@@ -181,14 +252,19 @@ func (r *renewer) settle(l *Lock, sent time.Time, g *grantBody, err error) {
 	}
 	if err == nil {
 		granted := time.Duration(g.TTLms) * time.Millisecond
-		if d := sent.Add(ValidFor(granted)); d.After(l.deadline) {
+		valid := ValidFor(granted)
+		if d := sent.mono.Add(valid); d.After(l.deadline) {
 			l.deadline = d
+			l.bootDeadline = 0
+			if sent.bootOK {
+				l.bootDeadline = sent.boot + valid
+			}
 		}
 		l.granted = granted
 		l.expiresAt = g.ExpiresAt
 		l.retryCap = 0
 		l.lastErr = nil
-		l.next = jittered(sent, period(granted))
+		l.next = jittered(sent.mono, period(granted))
 	} else {
 		// Retry while the lease is trusted, pausing at least half of a cap
 		// that doubles from ttl/100 to ttl/10: a dead service costs a

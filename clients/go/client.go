@@ -126,7 +126,7 @@ func NewClient(baseURL string, opts ...Option) (*Client, error) {
 	c := &Client{
 		base:     &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimSuffix(u.Path, "/")},
 		token:    os.Getenv(TokenEnv),
-		http:     &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+		http:     &http.Client{Transport: transport()},
 		ownsHTTP: true,
 		timeout:  DefaultTimeout,
 		held:     make(map[*Lock]struct{}),
@@ -143,6 +143,15 @@ func NewClient(baseURL string, opts ...Option) (*Client, error) {
 	}
 	c.renewer = newRenewer(c)
 	return c, nil
+}
+
+// transport is http.DefaultTransport with more idle connections to the
+// one host: renewals of many locks come in bursts, and two idle
+// connections (the default) would make most of them dial anew.
+func transport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	return t
 }
 
 // Close stops the renewer, releases every lock the client holds (their

@@ -87,11 +87,13 @@ func (e *Election) Observe(ctx context.Context) (<-chan LeaderChange, error) {
 	out := make(chan LeaderChange, 4)
 	go func() {
 		defer close(out)
-		defer cancel()
+		// Deferred in this order: cancel ends the stream, then the drain
+		// waits for its reader.
 		defer func() {
 			for range events {
 			}
 		}()
+		defer cancel()
 		send := func(ch LeaderChange) bool {
 			select {
 			case out <- ch:

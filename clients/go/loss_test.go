@@ -172,6 +172,24 @@ func TestAWaiterIsWokenByTheRelease(t *testing.T) {
 				t.Fatalf("token %d not above %d", r.l.Token(), a.Token())
 			}
 			_ = r.l.Release(ctx)
+
+			// A wait that ends first is ErrNotAcquired, at its end, with
+			// the holder.
+			b, err := holder.Acquire(ctx, "handoff", TTL(10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err = waiter.Acquire(ctx, "handoff", Wait(300*time.Millisecond))
+			took := time.Since(start)
+			var e *Error
+			if !errors.Is(err, ErrNotAcquired) || errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &e) || e.Holder == nil || e.Holder.Token != b.Token() {
+				t.Fatalf("a wait that ended: %v", err)
+			}
+			if took < 300*time.Millisecond || took > 700*time.Millisecond {
+				t.Fatalf("Wait(300ms) returned after %v", took)
+			}
+			_ = b.Release(ctx)
 		})
 	}
 }

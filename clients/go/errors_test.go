@@ -1,0 +1,259 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bad input is a typed error, never a retry, and never past the caller's
+// deadline.
+func TestBadInputGivesTypedErrors(t *testing.T) {
+	s := startService(t, "sqlite", true)
+	c := newClient(t, s.url, WithToken(clientToken))
+	ctx := ctxT(t, 5*time.Second)
+	cases := []struct {
+		name string
+		call func() error
+		want error
+		code string
+	}{
+		{"empty key", func() error { _, err := c.Acquire(ctx, "", TTL(time.Second)); return err }, ErrInvalid, "bad_request"},
+		{"TTL too short", func() error { _, err := c.Acquire(ctx, "k", TTL(50*time.Millisecond)); return err }, ErrInvalid, "invalid_ttl"},
+		{"control character", func() error { _, err := c.Acquire(ctx, "bad\x01key"); return err }, ErrInvalid, "invalid_key"},
+		{"key too long", func() error { _, err := c.Acquire(ctx, strings.Repeat("k", 300)); return err }, ErrInvalid, "invalid_key"},
+		{"owner too long", func() error { _, err := c.Acquire(ctx, "k", Owner(strings.Repeat("o", 300))); return err }, ErrInvalid, "invalid_owner"},
+		{"release of a lease not held", func() error { return c.release(ctx, "k", "nobody", 42) }, ErrNotHeld, "not_held"},
+		{"inspect a free lock", func() error { _, err := c.Inspect(ctx, "free"); return err }, ErrNotFound, "not_found"},
+		{"client force-release", func() error { _, err := c.ForceRelease(ctx, "k"); return err }, ErrForbidden, "forbidden"},
+	}
+	for _, tc := range cases {
+		start := time.Now()
+		err := tc.call()
+		var e *Error
+		if !errors.Is(err, tc.want) || !errors.As(err, &e) || e.Code != tc.code {
+			t.Errorf("%s: %v (want %v, code %s)", tc.name, err, tc.want, tc.code)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("%s took %v", tc.name, took)
+		}
+	}
+	bad := newClient(t, s.url, WithToken("not-a-token-at-all-0000"))
+	if _, err := bad.TryAcquire(ctx, "k"); !errors.Is(err, ErrUnauthorized) {
+		t.Errorf("unknown token: %v", err)
+	}
+	// A stale token at a fence and in the fenced store.
+	if err := c.Fence("printer").Admit(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Fence("printer").Admit(ctx, 9)
+	var e *Error
+	if !errors.Is(err, ErrStale) || !errors.As(err, &e) || e.Current == nil || *e.Current != 10 {
+		t.Errorf("stale admission: %v", err)
+	}
+	if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || !ok || cur != 10 {
+		t.Errorf("fence current: %d %v %v", cur, ok, err)
+	}
+	if err := c.KVPut(ctx, "doc", 5, map[string]int{"v": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KVPut(ctx, "doc", 4, map[string]int{"v": 2}); !errors.Is(err, ErrStale) {
+		t.Errorf("stale write: %v", err)
+	}
+	if v, err := c.KVGet(ctx, "doc"); err != nil || v.Token != 5 || string(v.Value) != `{"v":1}` {
+		t.Errorf("kv get: %+v %v", v, err)
+	}
+}
+
+// A dead or hung service gives ErrUnavailable within the caller's deadline.
+func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
+	dead := newClient(t, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+	start := time.Now()
+	if _, err := dead.TryAcquire(context.Background(), "k"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("try against a dead service: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	_, err := dead.Acquire(ctx, "k")
+	took := time.Since(start)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("acquire against a dead service: %v", err)
+	}
+	if took > 600*time.Millisecond {
+		t.Fatalf("took %v past a 400 ms deadline", took)
+	}
+
+	// Hung: the service is paused.
+	s := startService(t, "sqlite", false)
+	hung := newClient(t, s.url)
+	s.stop(t)
+	defer s.cont(t)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	start = time.Now()
+	_, err = hung.Acquire(ctx2, "k")
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Fatalf("took %v past a 300 ms deadline", took)
+	}
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("acquire against a hung service: %v", err)
+	}
+	hung2 := newClient(t, s.url, WithTimeout(200*time.Millisecond))
+	start = time.Now()
+	if _, err := hung2.TryAcquire(context.Background(), "k"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("try against a hung service: %v", err)
+	}
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Fatalf("WithTimeout(200ms) took %v", took)
+	}
+}
+
+// Run holds the lock for the function, releases after, and reports a loss.
+func TestRun(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	c := newClient(t, s.url)
+	ctx := ctxT(t, 20*time.Second)
+	var token uint64
+	err := c.Run(ctx, "run", func(ctx context.Context, l *Lock) error {
+		token = l.Token()
+		if _, err := c.TryAcquire(ctx, "run"); !errors.Is(err, ErrNotAcquired) {
+			return fmt.Errorf("not exclusive: %v", err)
+		}
+		return c.KVPut(ctx, "run", l.Token(), "done")
+	}, TTL(time.Second))
+	if err != nil || token == 0 {
+		t.Fatal(err)
+	}
+	if _, err := c.Inspect(ctx, "run"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("not released after Run: %v", err)
+	}
+	fnErr := errors.New("work failed")
+	if err := c.Run(ctx, "run", func(context.Context, *Lock) error { return fnErr }); err != fnErr {
+		t.Fatalf("Run returned %v", err)
+	}
+	// Lost during Run: the function's context is cancelled and Run says so.
+	err = c.Run(ctx, "run", func(ctx context.Context, l *Lock) error {
+		if _, err := c.ForceRelease(ctx, "run"); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}, TTL(600*time.Millisecond))
+	if !errors.Is(err, ErrLost) {
+		t.Fatalf("Run after a loss: %v", err)
+	}
+}
+
+// The LockManager adapter.
+func TestManager(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	c := newClient(t, s.url)
+	var m LockManager = NewManager(c)
+	ctx := ctxT(t, 20*time.Second)
+	if ok, err := m.TryLock(ctx, "m", time.Second); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if ok, err := m.TryLock(ctx, "m", time.Second); ok || err != nil {
+		t.Fatal("second TryLock", ok, err)
+	}
+	other := NewManager(newClient(t, s.url))
+	if ok, err := other.TryLock(ctx, "m", time.Second); ok || err != nil {
+		t.Fatal("other TryLock", ok, err)
+	}
+	tok, err := m.GetFencingToken(ctx, "m")
+	if err != nil || tok == 0 {
+		t.Fatal(tok, err)
+	}
+	if locked, err := m.IsLocked(ctx, "m"); !locked || err != nil {
+		t.Fatal(locked, err)
+	}
+	if err := m.Renew(ctx, "m", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx, "m"); !errors.Is(err, ErrNotHeld) {
+		t.Fatal(err)
+	}
+	if locked, err := m.IsLocked(ctx, "m"); locked || err != nil {
+		t.Fatal(locked, err)
+	}
+	if err := other.Lock(ctx, "m", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if tok2, _ := other.GetFencingToken(ctx, "m"); tok2 <= tok {
+		t.Fatalf("token %d not above %d", tok2, tok)
+	}
+	if _, err := m.GetFencingToken(ctx, "m"); !errors.Is(err, ErrNotHeld) {
+		t.Fatal(err)
+	}
+}
+
+// Closing releases what the client holds, cancels it, and leaves no
+// goroutine behind: not the renewer, not a waiter's event stream, not a
+// connection.
+func TestNoGoroutineLeaks(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	time.Sleep(50 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	func() {
+		c, err := NewClient(s.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t, 20*time.Second)
+		a, err := c.Acquire(ctx, "leak", TTL(300*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer wcancel()
+		go func() { _, err := c.Acquire(wctx, "leak"); waited <- err }()
+		events, err := c.Events(wctx, EventFilter{Prefix: "le"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waited; !errors.Is(err, ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("waiter: %v", err)
+		}
+		for range events {
+		}
+		held, err := c.Acquire(ctx, "leak2", TTL(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = a.Release(ctx)
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var lost *LostError
+		if !errors.As(context.Cause(held.Context()), &lost) || lost.Reason != "closed" {
+			t.Fatalf("held lock after Close: %v", context.Cause(held.Context()))
+		}
+		if _, err := c.TryAcquire(ctx, "leak3"); !errors.Is(err, ErrClosed) {
+			t.Fatalf("after Close: %v", err)
+		}
+		probe := newClient(t, s.url)
+		if _, err := probe.Inspect(ctx, "leak2"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Close did not release: %v", err)
+		}
+		_ = probe.Close()
+	}()
+	http.DefaultClient.CloseIdleConnections()
+	deadline := time.Now().Add(3 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Fatalf("%d goroutines before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:n])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

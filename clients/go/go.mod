@@ -1,0 +1,3 @@
+module fencelock.dev/clients/go
+
+go 1.21

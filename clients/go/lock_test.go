@@ -1,0 +1,149 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+var backends = []string{"sqlite", "redis"}
+
+var acquiredRe = regexp.MustCompile(` token=(\d+) owner=(\S+)`)
+
+// Exclusion and growing tokens between this module and the Rust CLI
+// (the http:// backend) on one key, in both directions.
+func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			s := startService(t, backend, false)
+			c := newClient(t, s.url)
+			ctx := ctxT(t, 60*time.Second)
+			key := "jobs/nightly report"
+
+			// Go holds: the CLI is refused.
+			g1, err := c.Acquire(ctx, key, TTL(5*time.Second), Wait(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code, out := cli(t, nil, "--url", s.url, "acquire", key, "--wait", "0"); code != 75 {
+				t.Fatalf("the CLI acquired a key the Go client holds: exit %d, %s", code, out)
+			}
+			if err := g1.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if g1.Context().Err() == nil || context.Cause(g1.Context()) != ErrReleased {
+				t.Fatalf("released lock's context: %v", context.Cause(g1.Context()))
+			}
+
+			// The CLI holds: Go is refused and sees the holder.
+			code, out := cli(t, nil, "--url", s.url, "acquire", key, "--ttl", "30s")
+			m := acquiredRe.FindStringSubmatch(out)
+			if code != 0 || m == nil {
+				t.Fatalf("CLI acquire: exit %d, %q", code, out)
+			}
+			t2, _ := strconv.ParseUint(m[1], 10, 64)
+			if t2 <= g1.Token() {
+				t.Fatalf("CLI token %d not above Go's %d", t2, g1.Token())
+			}
+			_, err = c.TryAcquire(ctx, key)
+			var e *Error
+			if !errors.Is(err, ErrNotAcquired) || !errors.As(err, &e) || e.Holder == nil || e.Holder.Token != t2 {
+				t.Fatalf("TryAcquire of a key the CLI holds: %v (%+v)", err, e)
+			}
+
+			// A Go waiter gets it when the CLI releases.
+			got := make(chan *Lock, 1)
+			go func() {
+				l, err := c.Acquire(ctx, key, Wait(20*time.Second))
+				if err != nil {
+					t.Error(err)
+				}
+				got <- l
+			}()
+			time.Sleep(200 * time.Millisecond)
+			if code, out := cli(t, nil, "--url", s.url, "release", key, "--owner", m[2], "--token", m[1]); code != 0 {
+				t.Fatalf("CLI release: exit %d %s", code, out)
+			}
+			g3 := <-got
+			if g3 == nil {
+				t.FailNow()
+			}
+			if g3.Token() <= t2 {
+				t.Fatalf("Go token %d not above the CLI's %d", g3.Token(), t2)
+			}
+
+			// `fencelock run` waits for Go's lock and gets a higher token.
+			done := make(chan string, 1)
+			go func() {
+				code, out := cli(t, nil, "--url", s.url, "run", key, "--wait", "20s", "--", "sh", "-c", "echo token=$FENCELOCK_TOKEN")
+				done <- fmt.Sprintf("%d %s", code, out)
+			}()
+			time.Sleep(300 * time.Millisecond)
+			select {
+			case r := <-done:
+				t.Fatalf("fencelock run did not wait for the Go lock: %s", r)
+			default:
+			}
+			if err := g3.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			var code4 int
+			var t4 uint64
+			if _, err := fmt.Sscanf(r, "%d token=%d", &code4, &t4); err != nil || code4 != 0 || t4 <= g3.Token() {
+				t.Fatalf("fencelock run after the Go release: %q (Go token %d)", r, g3.Token())
+			}
+
+			// And Go again, above everything.
+			g5, err := c.Acquire(ctx, key, Wait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g5.Token() <= t4 {
+				t.Fatalf("token %d not above %d", g5.Token(), t4)
+			}
+			if err := g5.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A held lock is renewed in the background past its TTL.
+func TestRenewalKeepsTheLock(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	c := newClient(t, s.url)
+	ctx := ctxT(t, 30*time.Second)
+	l, err := c.Acquire(ctx, "renewed", TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := l.Deadline()
+	time.Sleep(1200 * time.Millisecond)
+	if !l.Valid() || l.Context().Err() != nil {
+		t.Fatalf("lock lost while renewing: %v", l.Err())
+	}
+	if !l.Deadline().After(first.Add(700 * time.Millisecond)) {
+		t.Fatalf("deadline did not move: %v then %v", first, l.Deadline())
+	}
+	info, err := c.Inspect(ctx, "renewed")
+	if err != nil || info.Token != l.Token() {
+		t.Fatalf("inspect: %v %+v", err, info)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Inspect(ctx, "renewed"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("inspect after release: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+}

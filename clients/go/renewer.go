@@ -1,0 +1,311 @@
+package fencelock
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"math/rand"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// stamp is the instant a request was sent, on the monotonic clock and, where
+// the OS has one, on the boot-time clock, which keeps counting while the
+// machine is suspended (crates/fencelock-core/src/clock.rs): a lease is
+// trusted only while both clocks are inside its window.
+type stamp struct {
+	mono   time.Time
+	boot   time.Duration
+	bootOK bool
+}
+
+// bootSkew is added to the boot-time clock: tests simulate a suspend with it.
+var bootSkew atomic.Int64
+
+func bootNow() (time.Duration, bool) {
+	b, ok := bootClock()
+	return b + time.Duration(bootSkew.Load()), ok
+}
+
+func now() stamp {
+	s := stamp{mono: time.Now()}
+	s.boot, s.bootOK = bootNow()
+	return s
+}
+
+// epoch anchors monotonic readings for the suspend detector.
+var epoch = time.Now()
+
+// suspendedSoFar is boot-time minus monotonic time: it grows by the length
+// of every suspend.
+func suspendedSoFar() (time.Duration, bool) {
+	b, ok := bootNow()
+	return b - time.Since(epoch), ok
+}
+
+const (
+	// suspendCheck: how often the renewer compares the two clocks while it
+	// holds locks.
+	suspendCheck = time.Second
+	// suspendJump: how far the boot-time clock must run ahead to count as
+	// a suspend.
+	suspendJump = 100 * time.Millisecond
+)
+
+// bootExpired reports whether the boot-time clock has left l's window;
+// r.mu held.
+func (l *Lock) bootExpired() bool {
+	if l.bootDeadline == 0 {
+		return false
+	}
+	b, ok := bootNow()
+	return ok && b >= l.bootDeadline
+}
+
+// renewer is the one goroutine per Client that renews every lock the client
+// holds and declares a lock lost when its local deadline passes
+// (crates/fencelock-core/src/renewer.rs). Each lock has one timer in a
+// heap: its next renewal, or its deadline while a renewal is in flight.
+// Each renewal is one request in a goroutine of its own, bounded by a third
+// of the lease, so a hung request delays no other lock and no deadline.
+type renewer struct {
+	c    *Client
+	mu   sync.Mutex
+	h    lockHeap
+	wake chan struct{}
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// early: each renewal comes due up to this fraction of its period early,
+// at random, so that clients do not renew in lockstep.
+const early = 0.1
+
+func newRenewer(c *Client) *renewer {
+	r := &renewer{c: c, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *renewer) stop() {
+	r.once.Do(func() { close(r.quit) })
+	<-r.done
+}
+
+func (r *renewer) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// period is the renewal period of a lease granted for ttl.
+func period(ttl time.Duration) time.Duration { return ttl / 3 }
+
+func jittered(sent time.Time, p time.Duration) time.Time {
+	return sent.Add(p - time.Duration(rand.Float64()*early*float64(p)))
+}
+
+func (l *Lock) wantedTimer() time.Time {
+	if !l.next.IsZero() && l.next.Before(l.deadline) {
+		return l.next
+	}
+	return l.deadline
+}
+
+// add schedules a new lock whose grant was requested at sent.
+func (r *renewer) add(l *Lock, sent stamp) {
+	r.mu.Lock()
+	if l.done { // ended (by Close) before it was scheduled
+		r.mu.Unlock()
+		return
+	}
+	l.next = jittered(sent.mono, period(l.granted))
+	l.timer = l.wantedTimer()
+	heap.Push(&r.h, l)
+	first := r.h[0] == l
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+}
+
+// remove takes l out of the schedule; r.mu held.
+func (r *renewer) remove(l *Lock) {
+	if l.index >= 0 {
+		heap.Remove(&r.h, l.index)
+	}
+}
+
+// reschedule moves l's timer; r.mu held. Reports whether it is now first.
+func (r *renewer) reschedule(l *Lock) bool {
+	if l.index < 0 {
+		return false
+	}
+	l.timer = l.wantedTimer()
+	heap.Fix(&r.h, l.index)
+	return r.h[0] == l
+}
+
+func (r *renewer) run() {
+	defer close(r.done)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	lastSuspended, _ := suspendedSoFar()
+	for {
+		var lost, batch []*Lock
+		r.mu.Lock()
+		now := time.Now()
+		// Monotonic timers stop during a suspend: after a resume, every
+		// lease whose window the boot-time clock has left is lost.
+		if s, ok := suspendedSoFar(); ok {
+			if s > lastSuspended+suspendJump {
+				for i := 0; i < len(r.h); {
+					if l := r.h[i]; l.bootExpired() {
+						heap.Remove(&r.h, i)
+						lost = append(lost, l)
+						i = 0
+						continue
+					}
+					i++
+				}
+			}
+			lastSuspended = s
+		}
+		for len(r.h) > 0 && !r.h[0].timer.After(now) {
+			l := r.h[0]
+			if !now.Before(l.deadline) {
+				heap.Pop(&r.h)
+				lost = append(lost, l)
+				continue
+			}
+			if !l.next.IsZero() && !l.next.After(now) {
+				l.next = time.Time{} // in flight
+				batch = append(batch, l)
+			}
+			r.reschedule(l)
+		}
+		wait := time.Hour
+		if len(r.h) > 0 {
+			wait = min(r.h[0].timer.Sub(now), suspendCheck)
+		}
+		r.mu.Unlock()
+		for _, l := range lost {
+			r.mu.Lock()
+			last := l.lastErr
+			r.mu.Unlock()
+			if l.finish(&LostError{Key: l.key, Token: l.token, Reason: "deadline", Err: last}) {
+				// Hand the lease back as soon as the service answers, so
+				// that the next holder need not wait out the TTL.
+				r.c.releaseInBackground(l.key, l.owner, l.token)
+			}
+		}
+		for _, l := range batch {
+			r.c.bg.Add(1)
+			go r.renewInBackground(l)
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(wait)
+		select {
+		case <-r.quit:
+			return
+		case <-r.wake:
+		case <-t.C:
+		}
+	}
+}
+
+func (r *renewer) renewInBackground(l *Lock) {
+	defer r.c.bg.Done()
+	r.mu.Lock()
+	ttl, granted := l.ttl, l.granted
+	r.mu.Unlock()
+	bound := r.c.timeout
+	if granted/3 < bound {
+		bound = granted / 3
+	}
+	if bound < time.Millisecond {
+		bound = time.Millisecond
+	}
+	sent := now()
+	g, err := r.c.renew(context.Background(), l, ttl, bound)
+	r.settle(l, sent, g, err)
+}
+
+// settle records the outcome of a renewal sent at sent.
+func (r *renewer) settle(l *Lock, sent stamp, g *grantBody, err error) {
+	if err != nil && errors.Is(err, ErrNotHeld) {
+		l.finish(&LostError{Key: l.key, Token: l.token, Reason: "refused", Err: err})
+		return
+	}
+	r.mu.Lock()
+	if l.done {
+		r.mu.Unlock()
+		return
+	}
+	if err == nil {
+		granted := time.Duration(g.TTLms) * time.Millisecond
+		valid := ValidFor(granted)
+		if d := sent.mono.Add(valid); d.After(l.deadline) {
+			l.deadline = d
+			l.bootDeadline = 0
+			if sent.bootOK {
+				l.bootDeadline = sent.boot + valid
+			}
+		}
+		l.granted = granted
+		l.expiresAt = g.ExpiresAt
+		l.retryCap = 0
+		l.lastErr = nil
+		l.next = jittered(sent.mono, period(granted))
+	} else {
+		// Retry while the lease is trusted, pausing at least half of a cap
+		// that doubles from ttl/100 to ttl/10: a dead service costs a
+		// bounded number of requests per lease.
+		if l.retryCap == 0 {
+			l.retryCap = max(l.granted/100, time.Millisecond)
+		}
+		b := backoff{initial: l.retryCap, max: max(l.granted/10, time.Millisecond), cap: l.retryCap}
+		pause := b.retryPause()
+		l.retryCap = b.cap
+		l.lastErr = err
+		l.next = time.Now().Add(pause)
+	}
+	first := r.reschedule(l)
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+}
+
+// lockHeap orders locks by their timer.
+type lockHeap []*Lock
+
+func (h lockHeap) Len() int           { return len(h) }
+func (h lockHeap) Less(i, j int) bool { return h[i].timer.Before(h[j].timer) }
+func (h lockHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *lockHeap) Push(x any) {
+	l := x.(*Lock)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *lockHeap) Pop() any {
+	old := *h
+	n := len(old)
+	l := old[n-1]
+	old[n-1] = nil
+	l.index = -1
+	*h = old[:n-1]
+	return l
+}

@@ -1,0 +1,218 @@
+package fencelock
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The tests run against the real service, started from the cargo-built
+// binary: $FENCELOCK_BIN, else ../../target/debug/fencelock. A missing
+// binary or server is a failure, never a skip.
+
+func binary(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv("FENCELOCK_BIN")
+	if bin == "" {
+		abs, err := filepath.Abs("../../target/debug/fencelock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin = abs
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("the fencelock binary is missing (%v): build it with `cargo build -p fencelock-cli --all-features` from the repository root, or set FENCELOCK_BIN", err)
+	}
+	return bin
+}
+
+const (
+	adminToken  = "admin-token-0123456789abcdef"
+	clientToken = "client-token-0123456789abcdef"
+)
+
+type service struct {
+	url    string
+	dbURL  string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startRedis starts a throwaway redis-server and returns its URL.
+func startRedis(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not installed: %v", err)
+	}
+	port := freePort(t)
+	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not start on port %d", port)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d", port)
+}
+
+// startService starts `fencelock serve` on backend "sqlite" or "redis",
+// with admin and client tokens when tokens is set.
+func startService(t testing.TB, backend string, tokens bool) *service {
+	t.Helper()
+	bin := binary(t)
+	dir := t.TempDir()
+	var dbURL string
+	switch backend {
+	case "sqlite":
+		dbURL = "sqlite://" + filepath.Join(dir, "locks.db")
+	case "redis":
+		dbURL = startRedis(t)
+	default:
+		t.Fatalf("unknown backend %s", backend)
+	}
+	args := []string{"--url", dbURL, "serve", "--listen", "127.0.0.1:0"}
+	if tokens {
+		file := filepath.Join(dir, "tokens.txt")
+		text := "admin " + adminToken + "\nclient " + clientToken + " gotest\n"
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--token-file", file)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "FENCELOCK_HTTP_TOKEN=", "RUST_LOG=warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &service{cmd: cmd, dbURL: dbURL, stderr: &syncBuffer{}}
+	cmd.Stderr = s.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("service stderr:\n%s", s.stderr.String())
+		}
+	})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				found <- strings.TrimSpace(rest)
+			}
+		}
+	}()
+	select {
+	case s.url = <-found:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("fencelock serve did not say where it listens; stderr:\n%s", s.stderr.String())
+	}
+	return s
+}
+
+func (s *service) stop(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *service) cont(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newClient(t testing.TB, url string, opts ...Option) *Client {
+	t.Helper()
+	c, err := NewClient(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// cli runs the Rust CLI and returns its exit code and stdout.
+func cli(t testing.TB, env []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd.Env = append(append(os.Environ(), "FENCELOCK_HTTP_TOKEN=", "RUST_LOG=error"), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("fencelock %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	if errb.Len() > 0 {
+		t.Logf("fencelock %v stderr: %s", args, errb.String())
+	}
+	return code, out.String()
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -7,7 +7,7 @@ import (
 	"log"
 	"time"
 
-	fencelock "fencelock.dev/clients/go"
+	fencelock "fencelock/clients/go"
 )
 
 // Take a lock, fence the resource with its token, and stop when the lock

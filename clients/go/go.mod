@@ -1,3 +1,3 @@
-module fencelock.dev/clients/go
+module fencelock/clients/go
 
 go 1.21

@@ -12,11 +12,18 @@ use crate::output::Output;
 /// Options of `fencelock serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Read these options from a TOML file (keys as the flags without
+    /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
+    /// events_interval, ephemeral); a flag given as well wins. The backend
+    /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// Address to listen on, `HOST:PORT` with an IP address or a host
     /// name such as `localhost` (its first address); port 0 picks a free
-    /// one; the address is printed on stdout.
-    #[arg(long, default_value = "127.0.0.1:7878")]
-    pub listen: String,
+    /// one; the address is printed on stdout [default: 127.0.0.1:7878].
+    #[arg(long)]
+    pub listen: Option<String>,
 
     /// Require a bearer token on every route but /healthz: one
     /// `client TOKEN` or `admin TOKEN` a line; only admin tokens may
@@ -40,13 +47,83 @@ pub struct ServeArgs {
     pub ephemeral: bool,
 
     /// How often /v1/events lists the backend for changes made by other
-    /// clients and for expiries, while someone follows it.
-    #[arg(long, default_value = "500ms", value_parser = crate::cli::duration)]
-    pub events_interval: Duration,
+    /// clients and for expiries, while someone follows it [default: 500ms].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub events_interval: Option<Duration>,
+}
+
+/// `--config FILE`: the flags of `serve` as TOML keys.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    listen: Option<String>,
+    token_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    events_interval: Option<String>,
+    ephemeral: Option<bool>,
+}
+
+/// The options of `serve` once the flags and `--config` are merged.
+#[derive(Debug)]
+struct Settings {
+    listen: String,
+    token_file: Option<PathBuf>,
+    tls: Option<(PathBuf, PathBuf)>,
+    events_interval: Duration,
+    ephemeral: bool,
+}
+
+impl ServeArgs {
+    /// The flags over the config file over the defaults. A bad file is a
+    /// usage error (exit 2) that names the file and the key.
+    fn settings(self) -> Result<Settings, Error> {
+        let file = match &self.config {
+            None => ConfigFile::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Error::InvalidArgument(format!("cannot read --config {}: {e}", path.display()))
+                })?;
+                toml::from_str(&text).map_err(|e| {
+                    Error::InvalidArgument(format!("--config {}: {e}", path.display()))
+                })?
+            }
+        };
+        let events_interval = match (self.events_interval, file.events_interval) {
+            (Some(d), _) => d,
+            (None, Some(text)) => crate::cli::duration(&text).map_err(|e| {
+                Error::InvalidArgument(format!("--config: events_interval {text:?}: {e}"))
+            })?,
+            (None, None) => Duration::from_millis(500),
+        };
+        let tls = match (
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "tls_cert and tls_key go together".into(),
+                ))
+            }
+        };
+        Ok(Settings {
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:7878".to_owned()),
+            token_file: self.token_file.or(file.token_file),
+            tls,
+            events_interval,
+            ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
+        })
+    }
 }
 
 /// Serves until SIGINT or SIGTERM, then shuts down cleanly.
 pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
+    let args = args.settings()?;
     let backend = fencelock::open_backend(url).await?;
     if !backend.capabilities().persistent && !args.ephemeral {
         return Err(Error::InvalidArgument(format!(
@@ -67,12 +144,12 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
     let mut server = Server::bind(listen, service.build())
         .await
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
-    let scheme = match (args.tls_cert, args.tls_key) {
-        (Some(cert), Some(key)) => {
+    let scheme = match args.tls {
+        Some((cert, key)) => {
             server = server.tls(cert, key);
             "https"
         }
-        _ => "http",
+        None => "http",
     };
     let addr = server.local_addr();
     if out.json {
@@ -125,5 +202,19 @@ async fn stop_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example shipped in deploy/ stays a valid config file.
+    #[test]
+    fn the_shipped_config_parses() {
+        let file: ConfigFile = toml::from_str(include_str!("../../../deploy/serve.toml"))
+            .expect("deploy/serve.toml parses");
+        assert_eq!(file.listen.as_deref(), Some("0.0.0.0:7878"));
+        assert!(file.token_file.is_some());
     }
 }

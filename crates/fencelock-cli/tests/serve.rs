@@ -153,3 +153,49 @@ fn serving_a_backend_that_forgets_needs_ephemeral() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `serve --config FILE` takes the flags' options from TOML; a flag given
+/// as well wins; an unknown key is a usage error that names it.
+#[test]
+fn serve_reads_its_options_from_a_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:1\"\nephemeral = true\nevents_interval = \"250ms\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args(["--url", "mem://", "serve", "--config"])
+        .arg(&config)
+        // The flag wins over the file's port 1.
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+    assert!(!line.trim_end().ends_with(":1"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\nlisten_on = 1\n").unwrap();
+    let refused = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args(["--url", "mem://", "serve", "--ephemeral", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("listen_on"),
+        "{}",
+        stderr(&refused)
+    );
+}

@@ -27,6 +27,9 @@ const locks = new Map();
 const events = [];
 const filters = { prefix: "", kind: "" };
 let snapshotTimer = null;
+// The service refused the token (or wants one): the tables say so instead
+// of claiming that nothing is held.
+let authNeeded = false;
 let streamAbort = null;
 
 // ---- helpers ----------------------------------------------------------
@@ -209,17 +212,27 @@ function logEvent(e) {
 
 // ---- network ----------------------------------------------------------
 
+// What the page shows without a token it may use: nothing of the locks,
+// and why.
+function needToken() {
+  authNeeded = true;
+  locks.clear();
+  setStatus("auth", "The service wants a token: enter it above.");
+  render();
+}
+
 async function snapshot() {
   const since = journal.length;
   snapshotsInFlight += 1;
   try {
     const response = await fetch("/v1/locks", { headers: headers(), cache: "no-store" });
     if (response.status === 401 || response.status === 403) {
-      setStatus("auth", "The service wants a token: enter it above.");
+      needToken();
       return;
     }
     if (!response.ok) throw new Error("GET /v1/locks answered " + response.status);
     const body = await response.json();
+    authNeeded = false;
     applySnapshot(Array.isArray(body.locks) ? body.locks : [], since);
     await summary();
   } catch (err) {
@@ -267,7 +280,7 @@ async function stream() {
         signal: controller.signal,
       });
       if (response.status === 401 || response.status === 403) {
-        setStatus("auth", "The service wants a token: enter it above.");
+        needToken();
         return;
       }
       if (!response.ok || !response.body) throw new Error("GET /v1/events answered " + response.status);
@@ -467,7 +480,12 @@ function renderTable(id, rows, build) {
     if (tbody.children[i] !== row) tbody.insertBefore(row, tbody.children[i] || null);
   });
   $(id).hidden = wanted.length === 0;
-  $(id + "-empty").hidden = wanted.length !== 0;
+  const empty = $(id + "-empty");
+  if (!empty.dataset.text) empty.dataset.text = empty.textContent;
+  empty.textContent = authNeeded
+    ? "Not shown: the service needs a token (enter it above)."
+    : empty.dataset.text;
+  empty.hidden = wanted.length !== 0;
 }
 
 function renderKinds() {

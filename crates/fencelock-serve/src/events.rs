@@ -9,9 +9,17 @@
 //! view. Both go through one table of known leases, so a change is reported
 //! once whichever source sees it first. `Backend::watch` streams one key,
 //! not a whole table, so the listing is what covers every backend alike.
+//!
+//! Every event has an SSE id, `<run>-<seq>`: the run names this process's
+//! life (a replica restarted, or another replica, has another run) and
+//! `seq` counts its events. The last [`BUFFER`] events are kept, so a
+//! follower that reconnects with `Last-Event-ID` gets what it missed, in
+//! order, before the live events; when that is not possible (another run,
+//! an id older than the buffer, or a stretch in which nobody followed and
+//! changes made elsewhere went unseen) it gets a `resync` event first.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     convert::Infallible,
     sync::{Mutex, PoisonError},
     time::Duration,
@@ -19,11 +27,12 @@ use std::{
 
 use axum::{
     extract::{Query, State},
+    http::HeaderMap,
     response::sse::{Event, KeepAlive, Sse},
 };
 use chrono::Utc;
 use fencelock_http::wire::{EventBody, GrantBody, LockBody};
-use futures_util::{stream, Stream};
+use futures_util::{stream, Stream, StreamExt};
 use serde::Deserialize;
 use tokio::{sync::broadcast, time::Instant};
 
@@ -61,11 +70,36 @@ struct Table {
     listed_at: Option<Instant>,
 }
 
-/// The event channel and the table of known leases.
+/// The events published lately, for followers that reconnect.
+#[derive(Debug)]
+struct Ring {
+    /// The last event's number.
+    seq: u64,
+    events: VecDeque<(u64, EventBody)>,
+    /// Events after this number are complete: the table of known leases
+    /// has been compared with every listing since. `u64::MAX` while nobody
+    /// follows (changes made elsewhere then go unseen).
+    complete_after: u64,
+}
+
+/// What a reconnecting follower is sent before the live events.
+enum Replay {
+    /// A new follower: nothing.
+    Nothing,
+    /// What it missed, in order.
+    Missed(Vec<(u64, EventBody)>),
+    /// `resync`: it must reload what it shows.
+    Resync,
+}
+
+/// The event channel, the table of known leases and the recent events.
 #[derive(Debug)]
 pub(crate) struct Events {
-    tx: broadcast::Sender<EventBody>,
+    tx: broadcast::Sender<(u64, EventBody)>,
     table: Mutex<Table>,
+    ring: Mutex<Ring>,
+    /// This process's life, the first part of every event id.
+    run: String,
 }
 
 impl Events {
@@ -73,6 +107,12 @@ impl Events {
         Self {
             tx: broadcast::channel(BUFFER).0,
             table: Mutex::default(),
+            ring: Mutex::new(Ring {
+                seq: 0,
+                events: VecDeque::with_capacity(BUFFER),
+                complete_after: u64::MAX,
+            }),
+            run: run_id(),
         }
     }
 
@@ -80,9 +120,58 @@ impl Events {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn publish(&self, event: EventBody) {
+        // Numbered, kept and sent under one lock, so that a follower that
+        // subscribes and copies the ring under it misses nothing and sees
+        // nothing twice.
+        let mut ring = self.ring();
+        ring.seq += 1;
+        let seq = ring.seq;
+        if ring.events.len() == BUFFER {
+            ring.events.pop_front();
+        }
+        ring.events.push_back((seq, event.clone()));
         // No receiver is not an error: nobody follows the stream.
-        let _ = self.tx.send(event);
+        let _ = self.tx.send((seq, event));
+    }
+
+    /// Subscribes a follower that last saw `last_id` (its `Last-Event-ID`),
+    /// with what it must be sent first.
+    fn subscribe(&self, last_id: Option<&str>) -> (broadcast::Receiver<(u64, EventBody)>, Replay) {
+        let ring = self.ring();
+        let rx = self.tx.subscribe();
+        let Some(last_id) = last_id else {
+            return (rx, Replay::Nothing);
+        };
+        let last = last_id
+            .rsplit_once('-')
+            .filter(|(run, _)| *run == self.run)
+            .and_then(|(_, seq)| seq.parse::<u64>().ok());
+        let replay = match last {
+            // Everything after `last` is in the ring and was complete.
+            Some(last)
+                if last <= ring.seq
+                    && last >= ring.complete_after
+                    && ring
+                        .events
+                        .front()
+                        .is_none_or(|(first, _)| *first <= last + 1) =>
+            {
+                Replay::Missed(
+                    ring.events
+                        .iter()
+                        .filter(|(seq, _)| *seq > last)
+                        .cloned()
+                        .collect(),
+                )
+            }
+            _ => Replay::Resync,
+        };
+        (rx, replay)
     }
 
     /// The TTL last granted through this service for `key`'s lease `token`.
@@ -229,6 +318,11 @@ impl Events {
                     }
                 }
             }
+            if !table.seeded {
+                // From here on, changes made elsewhere are seen again.
+                let mut ring = self.ring();
+                ring.complete_after = ring.seq;
+            }
             table.seeded = true;
         }
         for e in out {
@@ -241,6 +335,7 @@ impl Events {
         table.leases.clear();
         table.seeded = false;
         table.listed_at = None;
+        self.ring().complete_after = u64::MAX;
     }
 
     /// Lists the backend and compares the listing with the known leases.
@@ -252,6 +347,21 @@ impl Events {
             Err(_) => tracing::debug!("event listing got no answer; trying again"),
         }
     }
+}
+
+/// `resync`: the follower missed events and must reload what it shows. It
+/// has no id, so a reconnect after it still names the last event seen.
+fn resync() -> Event {
+    Event::default().event("resync").data("{}")
+}
+
+/// A name for this process's life: the start time in nanoseconds and the
+/// process id, so a restarted replica and every other replica differ.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}.{:x}", std::process::id())
 }
 
 fn event(kind: &str, key: &str, owner: Option<String>, token: u64) -> EventBody {
@@ -302,8 +412,13 @@ pub(crate) struct EventQuery {
 pub(crate) async fn stream(
     State(service): State<Service>,
     Query(q): Query<EventQuery>,
+    headers: HeaderMap,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let rx = service.inner.events.tx.subscribe();
+    let last_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let (rx, replay) = service.inner.events.subscribe(last_id);
     if !service.inner.events.table().seeded {
         service
             .inner
@@ -316,8 +431,26 @@ pub(crate) async fn stream(
         q.key.as_deref().is_none_or(|k| e.key == k)
             && q.prefix.as_deref().is_none_or(|p| e.key.starts_with(p))
     };
-    let events = stream::unfold((rx, shutdown), move |(mut rx, shutdown)| {
+    let run = service.inner.events.run.clone();
+    let sse = move |seq: u64, e: &EventBody| {
+        Event::default()
+            .id(format!("{run}-{seq}"))
+            .event(e.kind.clone())
+            .json_data(e)
+            .unwrap_or_else(|_| Event::default().event("error"))
+    };
+    let first: Vec<Event> = match replay {
+        Replay::Nothing => Vec::new(),
+        Replay::Missed(missed) => missed
+            .iter()
+            .filter(|(_, e)| matches(e))
+            .map(|(seq, e)| sse(*seq, e))
+            .collect(),
+        Replay::Resync => vec![resync()],
+    };
+    let live = stream::unfold((rx, shutdown), move |(mut rx, shutdown)| {
         let matches = matches.clone();
+        let sse = sse.clone();
         async move {
             loop {
                 let received = tokio::select! {
@@ -325,20 +458,16 @@ pub(crate) async fn stream(
                     r = rx.recv() => r,
                 };
                 let event = match received {
-                    Ok(e) if matches(&e) => Event::default()
-                        .event(e.kind.clone())
-                        .json_data(&e)
-                        .unwrap_or_else(|_| Event::default().event("error")),
+                    Ok((seq, e)) if matches(&e) => sse(seq, &e),
                     Ok(_) => continue,
                     // Events were dropped: the follower should reload the list.
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        Event::default().event("resync").data("{}")
-                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => resync(),
                     Err(broadcast::error::RecvError::Closed) => return None,
                 };
                 return Some((Ok(event), (rx, shutdown)));
             }
         }
     });
+    let events = stream::iter(first.into_iter().map(Ok)).chain(live);
     Sse::new(events).keep_alive(KeepAlive::default())
 }

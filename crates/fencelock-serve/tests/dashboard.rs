@@ -118,6 +118,17 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
             vec![],
         )
         .await?;
+    // Locks may well be held: the tables say why they show none.
+    browser
+        .wait_for(
+            "the tables to say that a token is needed",
+            WAIT,
+            "return ['locks', 'elections', 'semaphores'].every(id => { \
+               const p = document.getElementById(id + '-empty'); \
+               return !p.hidden && p.textContent.includes('needs a token'); });",
+            vec![],
+        )
+        .await?;
     use_token(browser, token).await?;
     browser
         .wait_for(

@@ -876,3 +876,83 @@ async fn renewals_and_losses_of_http_clients_are_counted() {
         "{text}"
     );
 }
+
+/// Every event has an id; a follower that reconnects with `Last-Event-ID`
+/// gets what it missed, in order, before the live events, and one whose id
+/// this service cannot resume from (another replica, or this one before a
+/// restart) gets `resync` first.
+#[tokio::test]
+async fn a_follower_resumes_from_its_last_event_id() {
+    let api = Api::start(false).await;
+    // A second follower keeps the stream's view complete while the first
+    // is away, as a service with several followers has.
+    let mut keeper = follow(&api, "").await;
+    let mut events = follow(&api, "").await;
+    let (_, first) = api.acquire("resume-1", json!({"ttl_ms": 30000})).await;
+    let last = tokio::time::timeout(EVENT_BOUND, events.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.event, "acquired");
+    assert!(!last.id.is_empty(), "an event without an id: {last:?}");
+    drop(events);
+
+    // Missed while away.
+    let (_, second) = api.acquire("resume-2", json!({"ttl_ms": 30000})).await;
+    api.send(
+        Method::POST,
+        "/v1/locks/resume-1/release",
+        Some(json!({"owner": first["owner"], "token": first["token"]})),
+    )
+    .await;
+    expect_events(&mut keeper, &["acquired", "acquired", "released"]).await;
+
+    let resumed = api
+        .request(Method::GET, "/v1/events")
+        .header("Last-Event-ID", &last.id)
+        .send()
+        .await
+        .unwrap();
+    let mut resumed = resumed.bytes_stream().eventsource();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let e = tokio::time::timeout(EVENT_BOUND, resumed.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let body: Value = serde_json::from_str(&e.data).unwrap();
+        seen.push((e.event, body["key"].clone(), body["token"].clone(), e.id));
+    }
+    assert_eq!(seen[0].0, "acquired");
+    assert_eq!(
+        (&seen[0].1, &seen[0].2),
+        (&json!("resume-2"), &second["token"])
+    );
+    assert_eq!(seen[1].0, "released");
+    assert_eq!(
+        (&seen[1].1, &seen[1].2),
+        (&json!("resume-1"), &first["token"])
+    );
+    assert!(seen[0].3 != last.id && seen[1].3 != seen[0].3, "{seen:?}");
+    // Then live.
+    api.acquire("resume-3", json!({"ttl_ms": 30000})).await;
+    let live = expect_events(&mut resumed, &["acquired"]).await;
+    assert_eq!(live[0]["key"], "resume-3");
+
+    // An id from another run of the service cannot be resumed from.
+    let stranger = api
+        .request(Method::GET, "/v1/events")
+        .header("Last-Event-ID", "0.0-1")
+        .send()
+        .await
+        .unwrap();
+    let mut stranger = stranger.bytes_stream().eventsource();
+    let e = tokio::time::timeout(EVENT_BOUND, stranger.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.event, "resync");
+}

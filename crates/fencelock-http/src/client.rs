@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use fencelock_core::Admission;
 use fencelock_core::{
     redact_url, Acquire, AcquireRequest, Backend, BackendError, Capabilities, Driver, Error,
-    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
-    WakeSubscription,
+    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Result,
+    Stats, WakeSubscription,
 };
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -15,8 +15,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
 use crate::wire::{
-    AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody, GrantBody, InfoBody, LockBody,
-    LockList, ReleaseBody, RenewBody,
+    AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody, GrantBody, InfoBody, IntentBody,
+    LockBody, LockList, ReleaseBody, RenewBody,
 };
 
 const NAME: &str = "http";
@@ -270,6 +270,99 @@ pub struct HttpBackend {
 }
 
 impl HttpBackend {
+    /// One acquisition, of the writer's side (`mode` absent) or a reader's.
+    async fn acquire_as(
+        &self,
+        request: &AcquireRequest,
+        mode: Option<LockMode>,
+    ) -> Result<Acquire> {
+        let body = AcquireBody {
+            owner: Some(request.owner.to_string()),
+            ttl_ms: millis(request.ttl),
+            wait_ms: None,
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            mode,
+            min_token: request.min_token.map(FencingToken::get),
+        };
+        let url = self.lock_url(&request.key, Some("acquire"));
+        match self
+            .conn
+            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(g) => Ok(Acquire::Granted(grant(g))),
+            Err(refusal) if refusal.code == "held" => Ok(Acquire::Held(refusal.holder)),
+            Err(refusal) if refusal.code == "tokens_exhausted" => Err(Error::TokensExhausted {
+                key: request.key.clone(),
+            }),
+            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
+    }
+
+    async fn renew_as(
+        &self,
+        lease: &LeaseId,
+        ttl: Duration,
+        mode: Option<LockMode>,
+    ) -> Result<Grant> {
+        let body = RenewBody {
+            owner: lease.owner.to_string(),
+            token: lease.token.get(),
+            ttl_ms: Some(millis(ttl)),
+            mode,
+        };
+        let url = self.lock_url(&lease.key, Some("renew"));
+        match self
+            .conn
+            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(g) => Ok(grant(g)),
+            Err(_) => Err(Error::not_held(lease)),
+        }
+    }
+
+    async fn release_as(&self, lease: &LeaseId, mode: Option<LockMode>) -> Result<()> {
+        let body = ReleaseBody {
+            owner: lease.owner.to_string(),
+            token: lease.token.get(),
+            mode,
+        };
+        let url = self.lock_url(&lease.key, Some("release"));
+        match self
+            .conn
+            .json::<serde_json::Value>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::not_held(lease)),
+        }
+    }
+
+    /// A request whose answer carries nothing but success.
+    async fn call_ok(
+        &self,
+        method: Method,
+        url: Url,
+        body: &(impl Serialize + Sync),
+    ) -> Result<()> {
+        self.conn
+            .json::<serde_json::Value>(method, url, Some(body), &[])
+            .await?
+            .map(|_| ())
+            .map_err(|e| refused(StatusCode::OK, e))
+    }
+
+    /// Refuses what only a service over a backend with read-write locks does.
+    fn shared_only(&self, what: &str) -> Result<()> {
+        if self.capabilities.shared {
+            Ok(())
+        } else {
+            Err(Error::unsupported(NAME, what))
+        }
+    }
+
     /// Connects to the service `url` names and learns what its backend can
     /// do (`GET /v1/info`).
     pub async fn connect(url: &str) -> Result<Self> {
@@ -284,7 +377,8 @@ impl HttpBackend {
             .with_persistent(remote.persistent)
             .with_keeps_expired(remote.keeps_expired)
             .with_min_token(remote.min_token)
-            .with_set_data(remote.set_data);
+            .with_set_data(remote.set_data)
+            .with_shared(remote.shared);
         Ok(Self { conn, capabilities })
     }
 
@@ -307,60 +401,53 @@ impl Backend for HttpBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let body = AcquireBody {
-            owner: Some(request.owner.to_string()),
-            ttl_ms: millis(request.ttl),
-            wait_ms: None,
-            kind: request.kind.clone(),
-            data: request.data.clone(),
-            min_token: request.min_token.map(FencingToken::get),
-        };
-        let url = self.lock_url(&request.key, Some("acquire"));
-        match self
-            .conn
-            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
-            .await?
-        {
-            Ok(g) => Ok(Acquire::Granted(grant(g))),
-            Err(refusal) if refusal.code == "held" => Ok(Acquire::Held(refusal.holder)),
-            Err(refusal) if refusal.code == "tokens_exhausted" => Err(Error::TokensExhausted {
-                key: request.key.clone(),
-            }),
-            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
-        }
+        self.acquire_as(request, None).await
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let body = RenewBody {
-            owner: lease.owner.to_string(),
-            token: lease.token.get(),
-            ttl_ms: Some(millis(ttl)),
-        };
-        let url = self.lock_url(&lease.key, Some("renew"));
-        match self
-            .conn
-            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
-            .await?
-        {
-            Ok(g) => Ok(grant(g)),
-            Err(_) => Err(Error::not_held(lease)),
-        }
+        self.renew_as(lease, ttl, None).await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let body = ReleaseBody {
-            owner: lease.owner.to_string(),
-            token: lease.token.get(),
+        self.release_as(lease, None).await
+    }
+
+    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.shared_only("shared locks")?;
+        self.acquire_as(request, Some(LockMode::Shared)).await
+    }
+
+    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        self.shared_only("shared locks")?;
+        self.renew_as(lease, ttl, Some(LockMode::Shared)).await
+    }
+
+    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        self.shared_only("shared locks")?;
+        self.release_as(lease, Some(LockMode::Shared)).await
+    }
+
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.shared_only("write intents")?;
+        let body = IntentBody {
+            owner: owner.to_string(),
+            ttl_ms: Some(millis(ttl)),
         };
-        let url = self.lock_url(&lease.key, Some("release"));
-        match self
-            .conn
-            .json::<serde_json::Value>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
-            .await?
-        {
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::not_held(lease)),
-        }
+        self.call_ok(Method::POST, self.lock_url(key, Some("intent")), &body)
+            .await
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.shared_only("write intents")?;
+        let body = IntentBody {
+            owner: owner.to_string(),
+            ttl_ms: None,
+        };
+        let mut url = self.lock_url(key, Some("intent"));
+        url.path_segments_mut()
+            .map_err(|()| Error::InvalidUrl("not a base URL".into()))?
+            .push("withdraw");
+        self.call_ok(Method::POST, url, &body).await
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {

@@ -4,7 +4,7 @@
 //! milliseconds, tokens unsigned 64-bit integers.
 
 use chrono::{DateTime, Utc};
-use fencelock_core::{Capabilities, LockInfo};
+use fencelock_core::{Capabilities, LockInfo, LockMode};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/locks/{key}/acquire`.
@@ -25,6 +25,10 @@ pub struct AcquireBody {
     /// JSON metadata stored with the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
+    /// `shared` for a reader's lease of a read-write lock, on backends
+    /// that offer them (`exclusive`, the plain lock, when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
     /// A floor for the grant's token, on backends that support one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_token: Option<u64>,
@@ -57,6 +61,9 @@ pub struct RenewBody {
     /// The new lease length from now (default 30 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// `shared` for a reader's lease (exclusive when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
 }
 
 /// `POST /v1/locks/{key}/release`.
@@ -67,6 +74,21 @@ pub struct ReleaseBody {
     pub owner: String,
     /// The grant's token.
     pub token: u64,
+    /// `shared` for a reader's lease (exclusive when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
+}
+
+/// `POST /v1/locks/{key}/intent` (a waiting writer's intent, which keeps
+/// new readers out: `docs/rwlock.md`) and `POST /v1/locks/{key}/intent/withdraw`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntentBody {
+    /// The waiting writer.
+    pub owner: String,
+    /// How long the intent lasts unless posted again (posting only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
 /// `PUT /v1/locks/{key}/data`.
@@ -166,6 +188,9 @@ pub struct CapabilitiesBody {
     pub batch_renew: bool,
     /// See [`Capabilities::set_data`].
     pub set_data: bool,
+    /// See [`Capabilities::shared`] (absent from services before it).
+    #[serde(default)]
+    pub shared: bool,
 }
 
 impl From<Capabilities> for CapabilitiesBody {
@@ -178,6 +203,7 @@ impl From<Capabilities> for CapabilitiesBody {
             watch: c.watch,
             batch_renew: c.batch_renew,
             set_data: c.set_data,
+            shared: c.shared,
         }
     }
 }

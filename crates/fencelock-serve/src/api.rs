@@ -9,12 +9,12 @@ use axum::{
     Extension, Json,
 };
 use fencelock_core::{
-    validate_data, validate_ttl, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner,
-    Stats,
+    validate_data, validate_ttl, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode,
+    Owner, Stats,
 };
 use fencelock_http::wire::{
-    AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, KvBody,
-    KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
+    AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, IntentBody,
+    KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -166,6 +166,8 @@ pub(crate) async fn acquire(
     if let Some(floor) = body.min_token {
         request = request.min_token(FencingToken(floor));
     }
+    let shared = body.mode == Some(LockMode::Shared);
+    request = request.shared(shared);
     let _waiting = (!wait.is_zero()).then(|| {
         s.inner.waiters.fetch_add(1, Ordering::Relaxed);
         Waiting(&s.inner.waiters)
@@ -181,7 +183,11 @@ pub(crate) async fn acquire(
             };
             let ends = tokio::time::Instant::now() + guard.remaining();
             guard.detach();
-            s.inner.events.granted(&grant, ends);
+            // The table of known leases holds a key's writer; readers reach
+            // the stream through its listing.
+            if !shared {
+                s.inner.events.granted(&grant, ends);
+            }
             grant.owner = caller.owner_out(&grant.owner);
             Ok(Json(grant))
         }
@@ -228,7 +234,10 @@ pub(crate) async fn renew(
     let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
     let sent = tokio::time::Instant::now();
     let backend = s.inner.client.backend();
-    let renewed = bounded("renew", backend.renew(&lease, ttl)).await;
+    let renewed = match body.mode {
+        Some(LockMode::Shared) => bounded("renew", backend.renew_shared(&lease, ttl)).await,
+        _ => bounded("renew", backend.renew(&lease, ttl)).await,
+    };
     count_renewal(backend.name(), sent.elapsed(), &renewed);
     let grant = renewed?;
     let mut grant = GrantBody {
@@ -275,7 +284,11 @@ pub(crate) async fn release(
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<Released> {
     let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
-    bounded("release", s.inner.client.backend().release(&lease)).await?;
+    let backend = s.inner.client.backend();
+    match body.mode {
+        Some(LockMode::Shared) => bounded("release", backend.release_shared(&lease)).await?,
+        _ => bounded("release", backend.release(&lease)).await?,
+    }
     s.inner.events.gone(
         "released",
         lease.key.as_str(),
@@ -283,6 +296,48 @@ pub(crate) async fn release(
         lease.token.get(),
     );
     Ok(Json(Released { released: true }))
+}
+
+/// Posts (or refreshes) a waiting writer's intent, which keeps new readers
+/// out of the key (`docs/rwlock.md`); the owner is in the caller's
+/// namespace like every other.
+pub(crate) async fn post_intent(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+    Body(body): Body<IntentBody>,
+) -> ApiResult<Updated> {
+    let key = name.key()?;
+    let owner = caller.owner_in(&body.owner)?;
+    let Some(ttl_ms) = body.ttl_ms else {
+        return Err(ApiError::bad_request("an intent needs ttl_ms"));
+    };
+    let ttl = validate_ttl(Duration::from_millis(ttl_ms))?;
+    let backend = s.inner.client.backend();
+    bounded(
+        "post_write_intent",
+        backend.post_write_intent(&key, &owner, ttl),
+    )
+    .await?;
+    Ok(Json(Updated { updated: true }))
+}
+
+/// Withdraws the caller's writer intent on the key (none: nothing to do).
+pub(crate) async fn withdraw_intent(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+    Body(body): Body<IntentBody>,
+) -> ApiResult<Updated> {
+    let key = name.key()?;
+    let owner = caller.owner_in(&body.owner)?;
+    let backend = s.inner.client.backend();
+    bounded(
+        "withdraw_write_intent",
+        backend.withdraw_write_intent(&key, &owner),
+    )
+    .await?;
+    Ok(Json(Updated { updated: true }))
 }
 
 /// Replaces a held lease's data (an election leader's `proclaim`).

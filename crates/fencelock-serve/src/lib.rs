@@ -155,6 +155,11 @@ pub fn router(service: Service) -> Router {
         .route("/v1/locks/{key}/renew", post(api::renew))
         .route("/v1/locks/{key}/release", post(api::release))
         .route("/v1/locks/{key}/data", put(api::set_data))
+        .route("/v1/locks/{key}/intent", post(api::post_intent))
+        .route(
+            "/v1/locks/{key}/intent/withdraw",
+            post(api::withdraw_intent),
+        )
         .route("/v1/owners/{owner}/release", post(api::release_all))
         .route("/v1/stats", get(api::stats))
         .route("/v1/cleanup", post(api::cleanup))

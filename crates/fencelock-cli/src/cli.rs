@@ -71,7 +71,8 @@ pub struct LockArgs {
     /// The lock's key (1–255 bytes, no control characters).
     pub key: String,
 
-    /// Lease length (at least 100ms); renewed every third of it while held.
+    /// Lease length (at least 100ms). `run` renews it every third of it
+    /// while the command runs; `acquire` never renews it (see `renew`).
     #[arg(
         long,
         short = 't',
@@ -335,6 +336,25 @@ pub enum Command {
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.
     #[cfg(feature = "lab")]
     Torture(fencelock_lab::torture::TortureArgs),
+
+    /// Print a shell completion script for SHELL on stdout.
+    ///
+    /// E.g. `fencelock completions bash > ~/.local/share/bash-completion/completions/fencelock`,
+    /// `fencelock completions zsh > ~/.zfunc/_fencelock` (with ~/.zfunc in
+    /// fpath), `fencelock completions fish > ~/.config/fish/completions/fencelock.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Print the man page (roff) on stdout, e.g. `fencelock man > fencelock.1`
+    /// or `fencelock man | man -l -`; `fencelock man COMMAND` prints
+    /// fencelock-COMMAND(1), the page of one command.
+    Man {
+        /// A command whose page to print instead of fencelock(1).
+        command: Option<String>,
+    },
 
     /// One torture worker, started by `fencelock torture`.
     #[cfg(feature = "lab")]

@@ -48,6 +48,7 @@ fn main() -> ExitCode {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("fencelock: {e}");
+                out.fail_with(&e);
                 exit::code_for(&e)
             }
         }
@@ -63,15 +64,32 @@ fn main() -> ExitCode {
 /// missing, the closest subcommand to a typo, the usage) and exit 2 — but
 /// `torture` or `bench` in a build without them is one line saying how to
 /// get them.
+///
+/// With `--json` anywhere before a `--` (parsing failed, so the flag is
+/// found by hand), a usage error is also one `{"error", "code":
+/// "bad_request"}` object on stdout, as any other failure is.
 fn usage_error(e: clap::Error) -> u8 {
+    let json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    let out = Output { json, quiet: false };
     if let Some(hint) = lab::missing_command(&e) {
         eprintln!("{hint}");
+        out.fail("bad_request", &hint, serde_json::Value::Null);
         return exit::USAGE;
     }
     let _ = e.print();
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => exit::OK,
-        _ => exit::USAGE,
+        _ => {
+            // clap's first line, e.g. "error: unexpected argument '--x' found".
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let reason = first.strip_prefix("error: ").unwrap_or(first);
+            out.fail("bad_request", reason, serde_json::Value::Null);
+            exit::USAGE
+        }
     }
 }
 
@@ -132,6 +150,80 @@ fn resolve_url(url: Option<String>) -> Result<String, Error> {
     })?;
     // The SQLite backend creates the file's missing directories itself.
     Ok(format!("sqlite://{}", path.display()))
+}
+
+/// `url` for a command that only reads (`inspect`, `list`, `stats`,
+/// `leader`): a SQLite store is opened with `create=false`, so that a
+/// mistyped path (or a store never used) is an error, exit 69, instead of
+/// a new empty database and "no locks held". The server backends are left
+/// as they are: their schema (tables, ZooKeeper directories) lives in a
+/// server someone provisioned, and creating it is what connecting does for
+/// every command (README, CLI). A `create=` the user wrote is kept.
+fn read_only(url: &str) -> String {
+    let sqlite = url
+        .get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("sqlite://"));
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let chosen = query
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some("create"));
+    if !sqlite || chosen {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}create=false")
+}
+
+/// `fencelock completions SHELL`.
+fn print_completions(shell: clap_complete::Shell) -> u8 {
+    use clap::CommandFactory;
+    // Into memory first: the generator panics on a failed write (a reader
+    // such as `head` that closed the pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "fencelock", &mut script);
+    print_all(&script, "completion script")
+}
+
+/// `fencelock man [COMMAND]`: the roff page, built from the same
+/// definitions as `--help`.
+fn print_man(command: Option<&str>) -> Result<u8, Error> {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    let page_of = match command {
+        None => cli,
+        Some(name) => {
+            let Some(sub) = cli.find_subcommand(name).filter(|c| !c.is_hide_set()) else {
+                return Err(Error::InvalidArgument(format!(
+                    "no command {name:?}; `fencelock --help` lists them"
+                )));
+            };
+            // Built, so its display name is fencelock-acquire, as git's
+            // pages are named, and its usage says `fencelock acquire`.
+            sub.clone()
+        }
+    };
+    let mut page = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page_of).render(&mut page) {
+        eprintln!("fencelock: cannot render the man page: {e}");
+        return Ok(exit::UNAVAILABLE);
+    }
+    Ok(print_all(&page, "man page"))
+}
+
+/// Writes `bytes` to stdout. A reader that stopped reading (`| head`) is
+/// not an error: it had what it wanted.
+fn print_all(bytes: &[u8], what: &str) -> u8 {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => exit::OK,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit::OK,
+        Err(e) => {
+            eprintln!("fencelock: cannot write the {what}: {e}");
+            exit::UNAVAILABLE
+        }
+    }
 }
 
 /// When a command that waits stops waiting; `None` for `--wait forever`.
@@ -260,13 +352,19 @@ fn waited(lock: &LockArgs) -> String {
     }
 }
 
-/// Reports who holds `key`, which kept the acquisition from succeeding.
+/// Reports who holds `key`, which kept the acquisition from succeeding
+/// (with `--json`, also as a `held` error with the `holder`, as the REST
+/// API's 409 has it).
 async fn not_acquired(client: &LockClient, lock: &LockArgs, key: &str, out: Output) {
     let waited = waited(lock);
-    match client.inspect(key).await.ok().flatten() {
-        Some(info) => out.note(format_args!("not acquired{waited}: {}", describe(&info))),
-        None => out.note(format_args!("not acquired{waited}: {key} was held")),
-    }
+    let holder = client.inspect(key).await.ok().flatten();
+    let reason = match &holder {
+        Some(info) => format!("not acquired{waited}: {}", describe(info)),
+        None => format!("not acquired{waited}: {key} was held"),
+    };
+    out.note(&reason);
+    let extra = holder.map_or(serde_json::Value::Null, |h| json!({ "holder": h }));
+    out.fail("held", &reason, extra);
 }
 
 /// `--permits` names one semaphore: refused beside more keys; `--shared`
@@ -321,11 +419,13 @@ async fn take_permit(
             Ok(Some(permit))
         }
         Err(Error::Timeout { .. }) => {
-            out.note(format_args!(
+            let reason = format!(
                 "not acquired{}: all {permits} permits of {} were held",
                 waited(lock),
                 lock.key
-            ));
+            );
+            out.note(&reason);
+            out.fail("held", &reason, serde_json::Value::Null);
             Ok(None)
         }
         Err(e) => Err(e),
@@ -386,6 +486,12 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
     };
     #[cfg(not(feature = "lab"))]
     let command = cli.command;
+    // Neither needs a store, nor may fail for want of one.
+    match command {
+        Command::Completions { shell } => return Ok(print_completions(shell)),
+        Command::Man { command } => return print_man(command.as_deref()),
+        _ => {}
+    }
     let url = resolve_url(cli.url)?;
     match command {
         Command::Run {
@@ -503,7 +609,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                     );
                     Ok(exit::OK)
                 }
-                Err(Error::NotHeld { .. }) => not_held(&lease),
+                Err(Error::NotHeld { .. }) => not_held(&lease, out),
                 Err(e) => Err(e),
             }
         }
@@ -527,12 +633,12 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                     });
                     Ok(exit::OK)
                 }
-                Err(Error::NotHeld { .. }) => not_held(&lease),
+                Err(Error::NotHeld { .. }) => not_held(&lease, out),
                 Err(e) => Err(e),
             }
         }
         Command::Inspect { key } => {
-            let client = client(&url, None, Deadline::now()).await?;
+            let client = client(&read_only(&url), None, Deadline::now()).await?;
             match client.inspect(&key).await? {
                 Some(info) if info.mode == fencelock::LockMode::Shared => {
                     // Every reader, not only the one inspect reports.
@@ -555,13 +661,16 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::List { prefix } => {
-            let client = client(&url, None, Deadline::now()).await?;
+            let client = client(&read_only(&url), None, Deadline::now()).await?;
             let leases = client.list(prefix.as_deref()).await?;
             out.emit(&leases, || output::table(&leases));
             Ok(exit::OK)
         }
         Command::Stats => {
-            let stats = client(&url, None, Deadline::now()).await?.stats().await?;
+            let stats = client(&read_only(&url), None, Deadline::now())
+                .await?
+                .stats()
+                .await?;
             out.emit(&stats, || output::stats(&stats));
             Ok(exit::OK)
         }
@@ -619,24 +728,25 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
                 Err(Error::Timeout { .. }) => {
                     let leader = election.leader().await.ok().flatten();
-                    match leader {
-                        Some(l) => out.note(format_args!(
+                    let reason = match &leader {
+                        Some(l) => format!(
                             "not elected within {}: {name} is led by {} (term {})",
                             human_duration(wait),
                             l.owner,
                             l.term
-                        )),
-                        None => {
-                            out.note(format_args!("not elected within {}", human_duration(wait)))
-                        }
-                    }
+                        ),
+                        None => format!("not elected within {}", human_duration(wait)),
+                    };
+                    out.note(&reason);
+                    let extra = leader.map_or(serde_json::Value::Null, |l| json!({ "leader": l }));
+                    out.fail("held", &reason, extra);
                     Ok(exit::NOT_ACQUIRED)
                 }
                 Err(e) => Err(e),
             }
         }
         Command::Leader { name, watch } => {
-            let client = client(&url, None, Deadline::now()).await?;
+            let client = client(&read_only(&url), None, Deadline::now()).await?;
             let election = client.election(name.as_str());
             if watch {
                 let mut changes = election.observe().await?;
@@ -657,6 +767,7 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             }
         }
         Command::Serve(args) => serve::run(&url, args, out).await,
+        Command::Completions { .. } | Command::Man { .. } => unreachable!("dispatched above"),
         #[cfg(feature = "lab")]
         Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
     }
@@ -675,11 +786,12 @@ fn lease_id(key: &str, owner: &str, token: &str) -> Result<LeaseId, Error> {
     ))
 }
 
-fn not_held(lease: &LeaseId) -> Result<u8, Error> {
-    eprintln!(
-        "fencelock: {} is not held by {} with token {} \
-         (it expired, was released, or was taken over)",
+fn not_held(lease: &LeaseId, out: Output) -> Result<u8, Error> {
+    let reason = format!(
+        "{} is not held by {} with token {} (it expired, was released, or was taken over)",
         lease.key, lease.owner, lease.token
     );
+    eprintln!("fencelock: {reason}");
+    out.fail("not_held", &reason, serde_json::Value::Null);
     Ok(exit::NOT_HELD)
 }

@@ -25,6 +25,27 @@ impl Output {
         }
     }
 
+    /// In `--json` mode, a failure as one JSON object on stdout, `{"error":
+    /// "…", "code": "…"}` plus `extra`'s fields, with the REST API's codes
+    /// (`docs/http.md`, [`fencelock::Error::code`]), so that scripts parse
+    /// failures as they parse results. The reason goes to stderr as well,
+    /// from the caller, in either mode.
+    pub fn fail(&self, code: &str, error: impl std::fmt::Display, extra: serde_json::Value) {
+        if !self.json {
+            return;
+        }
+        let mut body = serde_json::json!({ "error": error.to_string(), "code": code });
+        if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        println!("{body}");
+    }
+
+    /// [`Self::fail`] for a library error.
+    pub fn fail_with(&self, error: &fencelock::Error) {
+        self.fail(error.code(), error, serde_json::Value::Null);
+    }
+
     /// A progress or diagnostic line on stderr, unless quiet.
     pub fn note(&self, line: impl std::fmt::Display) {
         if !self.quiet {

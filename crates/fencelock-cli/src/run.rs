@@ -213,7 +213,9 @@ pub async fn run_child(
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            eprintln!("fencelock: cannot run {program:?}: {e}");
+            let reason = format!("cannot run {program:?}: {e}");
+            eprintln!("fencelock: {reason}");
+            out.fail("bad_request", &reason, serde_json::Value::Null);
             release(held, out).await;
             return Ok(if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -245,23 +247,25 @@ pub async fn run_child(
                 // Lost at about the moment the command ended: whatever it
                 // did last may have been done without the lock.
                 if let Some((key, token, reason)) = held.loss() {
-                    eprintln!(
-                        "fencelock: lost lock {key} (token {token}) as {program:?} exited: {reason}"
-                    );
+                    let reason =
+                        format!("lost lock {key} (token {token}) as {program:?} exited: {reason}");
+                    eprintln!("fencelock: {reason}");
+                    out.fail("not_held", &reason, serde_json::Value::Null);
                     return Ok(exit::LOST);
                 }
                 release(held, out).await;
                 return Ok(status_code(status));
             }
             (key, token, reason) = &mut lost => {
-                eprintln!(
-                    "fencelock: lost lock {key} (token {token}): {reason}; stopping {program:?}"
-                );
+                let reason = format!("lost lock {key} (token {token}): {reason}");
+                eprintln!("fencelock: {reason}; stopping {program:?}");
                 stop(&mut child, target, kill_after).await;
                 // Usually refused (the lease is gone), but after a deadline
                 // loss the lease may still exist: free it for the next holder
                 // if the backend answers quickly.
                 let _ = tokio::time::timeout(Duration::from_secs(1), held.release()).await;
+                // Last, after the command's own output: stdout is its too.
+                out.fail("not_held", &reason, serde_json::Value::Null);
                 return Ok(exit::LOST);
             }
             Some(sig) = signals.recv() => target.send(sig),

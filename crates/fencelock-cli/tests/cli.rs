@@ -58,8 +58,9 @@ fn field(out: &Output, name: &str) -> String {
 fn fifty_concurrent_acquire_processes_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
-    // Create the schema first so the race is about the lock, not the DDL.
-    assert_eq!(code(&run(&db, &["list"])), 0);
+    // Create the schema first so the race is about the lock, not the DDL
+    // (`cleanup` writes; `list` only reads, and creates nothing).
+    assert_eq!(code(&run(&db, &["cleanup"])), 0);
     let children: Vec<_> = (0..50)
         .map(|_| {
             fencelock(&db, &["acquire", "K", "--ttl", "30s", "--wait", "0s"])
@@ -418,4 +419,191 @@ fn a_missing_command_is_127_and_releases() {
     let out = run(&db, &["run", "K", "--", "/no/such/command"]);
     assert_eq!(code(&out), 127, "{}", stderr(&out));
     assert_eq!(code(&run(&db, &["inspect", "K"])), 1);
+}
+
+/// `list`, `inspect`, `stats` and `leader` only read: a store that is not
+/// there is exit 69, and neither its directories nor the file nor the
+/// tables come into being.
+#[test]
+fn read_only_commands_create_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir
+        .path()
+        .join("nonexistent-root-dir")
+        .join("x")
+        .join("locks.db");
+    let reads: &[&[&str]] = &[&["list"], &["inspect", "k"], &["stats"], &["leader", "e"]];
+    for args in reads {
+        let out = run(&missing, args);
+        assert_eq!(code(&out), 69, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no lock database at"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !dir.path().join("nonexistent-root-dir").exists(),
+            "{args:?} created the directory"
+        );
+    }
+    // A file that is not a lock store (yet) is not made one by a read.
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    for args in reads {
+        let out = run(&empty, args);
+        assert_eq!(code(&out), 69, "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            std::fs::metadata(&empty).unwrap().len(),
+            0,
+            "{args:?} wrote"
+        );
+    }
+    // Once a command that takes a lock made the store, reads work as before.
+    let db = dir.path().join("locks.db");
+    assert_eq!(code(&run(&db, &["acquire", "k", "--ttl", "30s"])), 0);
+    for args in reads {
+        let out = run(&db, args);
+        assert!(matches!(code(&out), 0 | 1), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// With `--json`, every failure is one JSON object on stdout with `error`
+/// and the REST API's `code`.
+#[test]
+fn json_failures_print_error_and_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let taken = run(
+        &db,
+        &["--json", "acquire", "k", "--ttl", "30s", "--owner", "a"],
+    );
+    assert_eq!(code(&taken), 0, "{}", stderr(&taken));
+    let failure = |args: &[&str]| -> (i32, serde_json::Value) {
+        let out = run(&db, args);
+        let text = stdout(&out);
+        assert_eq!(
+            text.lines().count(),
+            1,
+            "{args:?}: {text:?} {}",
+            stderr(&out)
+        );
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            value["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{args:?}: {value}"
+        );
+        (code(&out), value)
+    };
+    let (exit, held) = failure(&["--json", "acquire", "k"]);
+    assert_eq!((exit, held["code"].as_str()), (75, Some("held")), "{held}");
+    assert_eq!(held["holder"]["owner"], "a", "{held}");
+    let (exit, gone) = failure(&["--json", "release", "k", "--owner", "b", "--token", "1"]);
+    assert_eq!(
+        (exit, gone["code"].as_str()),
+        (1, Some("not_held")),
+        "{gone}"
+    );
+    let (exit, bad) = failure(&["--json", "acquire", ""]);
+    assert_eq!(
+        (exit, bad["code"].as_str()),
+        (2, Some("invalid_key")),
+        "{bad}"
+    );
+    let (exit, bad) = failure(&["--json", "--url", "nope", "list"]);
+    assert_eq!(
+        (exit, bad["code"].as_str()),
+        (2, Some("bad_request")),
+        "{bad}"
+    );
+    let (exit, bad) = failure(&["--json", "acquire", "k", "--frobnicate"]);
+    assert_eq!(
+        (exit, bad["code"].as_str()),
+        (2, Some("bad_request")),
+        "{bad}"
+    );
+    let missing = format!("sqlite://{}/none/locks.db", dir.path().display());
+    let (exit, none) = failure(&["--json", "--url", &missing, "list"]);
+    assert_eq!(
+        (exit, none["code"].as_str()),
+        (69, Some("internal")),
+        "{none}"
+    );
+    // Nothing listens on a port just freed: refused, a transient failure.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = format!("redis://127.0.0.1:{port}");
+    let (exit, down) = failure(&["--json", "--url", &refused, "acquire", "k"]);
+    assert_eq!(
+        (exit, down["code"].as_str()),
+        (69, Some("unavailable")),
+        "{down}"
+    );
+}
+
+#[test]
+fn completions_and_man_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&db, &["completions", shell]);
+        assert_eq!(code(&out), 0, "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        assert!(
+            script.contains("fencelock") && script.contains("force-release"),
+            "{shell}: {script}"
+        );
+    }
+    let page = run(&db, &["man"]);
+    assert_eq!(code(&page), 0, "{}", stderr(&page));
+    assert!(
+        stdout(&page).contains(".TH fencelock 1"),
+        "{}",
+        stdout(&page)
+    );
+    let page = run(&db, &["man", "acquire"]);
+    assert_eq!(code(&page), 0, "{}", stderr(&page));
+    assert!(
+        stdout(&page).contains(".TH fencelock-acquire 1"),
+        "{}",
+        stdout(&page)
+    );
+    assert_eq!(code(&run(&db, &["man", "nope"])), 2);
+    assert_eq!(code(&run(&db, &["completions", "nosh"])), 2);
+    // Neither touched the store.
+    assert!(!db.exists());
+}
+
+/// `acquire` never renews; its help must not say the TTL is renewed.
+#[test]
+fn acquire_help_does_not_promise_renewal() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = stdout(&run(&dir.path().join("l.db"), &["acquire", "--help"]));
+    let ttl = help
+        .split("--ttl")
+        .nth(1)
+        .and_then(|rest| rest.split("\n  -").next())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(ttl.contains("never renews"), "{ttl}");
+}
+
+/// `sqlite:relative.db` (no `//`) is refused with the two ways to write it.
+#[test]
+fn a_sqlite_url_without_slashes_says_how_to_write_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        &dir.path().join("l.db"),
+        &["--url", "sqlite:relative.db", "acquire", "k"],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("sqlite://relative.db") && err.contains("sqlite:///relative.db"),
+        "{err}"
+    );
+    assert!(!err.contains("has no scheme"), "{err}");
+    assert!(!dir.path().join("relative.db").exists());
 }

@@ -206,7 +206,8 @@ fn a_deposed_leaders_command_is_stopped_with_76() {
 fn leader_watch_prints_each_election_and_vacancy() {
     let dir = tempfile::tempdir().unwrap();
     let db = sqlite(dir.path());
-    assert_eq!(code(&run(&db, &["list"])), 0);
+    // The store first (`leader` only reads, and creates nothing).
+    assert_eq!(code(&run(&db, &["cleanup"])), 0);
     let mut watch = spawn(&db, &["leader", "w", "--watch", "--json"]);
     let (tx, lines) = mpsc::channel();
     let stdout = watch.stdout.take().unwrap();

@@ -380,7 +380,8 @@ fn exercise(engine: &str, url: &str) {
     // Schema first, so that the scenarios are about clocks and crashes: two
     // processes opening a brand-new SQLite file at once can see "database
     // is locked" from the switch to WAL mode, which SQLite does not retry.
-    let out = run(url, None, &["list"]);
+    // (`cleanup`: `list` only reads, and creates nothing.)
+    let out = run(url, None, &["cleanup"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     clock_step(url);
     let (after_kill, after_end) = holder_crash(url);

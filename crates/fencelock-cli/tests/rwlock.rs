@@ -194,6 +194,8 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
 #[test]
 fn shared_with_permits_or_several_keys_is_refused() {
     let s = Store::new();
+    // The store first, for `inspect` below (which reads, and creates nothing).
+    assert_eq!(code(&s.run(&["cleanup"])), 0);
     for args in [
         &["run", "K", "--shared", "--permits", "2", "--", "true"][..],
         &["run", "K", "L", "--shared", "--", "true"],

@@ -103,6 +103,8 @@ fn another_number_of_permits_beside_a_permit_off_slot_0_is_a_usage_error() {
 #[test]
 fn permits_with_several_keys_is_refused_and_takes_nothing() {
     let s = Store::new();
+    // The store first, for `inspect` below (which reads, and creates nothing).
+    assert_eq!(code(&s.run(&["cleanup"])), 0);
     let out = s.run(&["run", "A", "B", "--permits", "2", "--", "true"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     let err = stderr(&out);
@@ -153,7 +155,8 @@ fn run_with_permits_passes_the_permit_and_releases_it() {
 #[test]
 fn concurrent_runs_never_exceed_the_permits() {
     let s = Store::new();
-    assert_eq!(code(&s.run(&["list"])), 0);
+    // The store first (`cleanup` writes; `list` only reads).
+    assert_eq!(code(&s.run(&["cleanup"])), 0);
     let slots = s.dir.path().join("holding");
     std::fs::create_dir(&slots).unwrap();
     let seen = s.dir.path().join("seen");

@@ -183,6 +183,50 @@ impl Error {
         }
     }
 
+    /// The stable, machine-readable name of this failure: the `code` of the
+    /// REST API's error bodies (`docs/http.md`) and of the CLI's `--json`
+    /// errors, so that both name a failure alike. One of `held` (the wait
+    /// ended while another held the key), `not_held` (the lease is gone:
+    /// not held, or lost), `stale`, `tokens_exhausted`, `invalid_key`,
+    /// `invalid_owner`, `invalid_ttl`, `invalid_token`, `bad_request`,
+    /// `unsupported`, `timeout` (no answer in time), `unavailable` (a
+    /// transient failure, or a closed client) and `internal` (any other
+    /// failure of the backend).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "held",
+            Error::NotHeld { .. } | Error::LockLost { .. } => "not_held",
+            Error::TokensExhausted { .. } => "tokens_exhausted",
+            Error::Stale { .. } => "stale",
+            Error::InvalidKey(_) => "invalid_key",
+            Error::InvalidOwner(_) => "invalid_owner",
+            Error::InvalidTtl(_) => "invalid_ttl",
+            Error::InvalidToken(_) => "invalid_token",
+            Error::InvalidArgument(_) | Error::InvalidUrl(_) | Error::PermitsMismatch { .. } => {
+                "bad_request"
+            }
+            Error::Unsupported(_) => "unsupported",
+            Error::ClientClosed => "unavailable",
+            Error::OperationTimeout { .. } => "timeout",
+            Error::Backend(b) => match b.status() {
+                ErrorStatus::Transient => "unavailable",
+                ErrorStatus::Timeout => "timeout",
+                ErrorStatus::Permanent => "internal",
+            },
+        }
+    }
+
+    /// A copy of this failure for another caller of the same failed
+    /// request (each lease of a failed batch renewal), since errors cannot
+    /// be cloned: a backend error is [`BackendError::duplicate`]d; any
+    /// other becomes an error of `backend` with this one's status and text.
+    pub fn duplicate(&self, backend: &'static str) -> Error {
+        match self {
+            Error::Backend(b) => b.duplicate().into(),
+            other => BackendError::message(backend, other.status(), other.to_string()).into(),
+        }
+    }
+
     /// [`Error::Unsupported`] for an operation `backend` does not offer.
     pub fn unsupported(backend: &str, operation: &str) -> Self {
         Error::Unsupported(format!(
@@ -276,6 +320,23 @@ impl BackendError {
         self.status
     }
 
+    /// The same failure again, for another caller of one failed request
+    /// (every lease of a failed batch renewal): the same backend, status
+    /// and message, with the source kept as its text, since sources cannot
+    /// be cloned. Rebuilding it from its `Display` instead would repeat the
+    /// "BACKEND backend:" prefix.
+    pub fn duplicate(&self) -> Self {
+        Self {
+            backend: self.backend,
+            status: self.status,
+            message: self.message.clone(),
+            source: self
+                .source
+                .as_ref()
+                .map(|s| Box::<dyn StdError + Send + Sync>::from(s.to_string())),
+        }
+    }
+
     /// Whether retrying could help (transient or timed out).
     pub fn is_transient(&self) -> bool {
         self.status != ErrorStatus::Permanent
@@ -313,5 +374,24 @@ impl StdError for BackendError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicate_names_its_backend_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        let e = BackendError::transient("redis", "renew script failed", io);
+        let copy = e.duplicate();
+        assert_eq!(copy.to_string(), e.to_string());
+        assert_eq!(
+            copy.to_string(),
+            "redis backend: renew script failed: broken pipe"
+        );
+        assert_eq!(copy.status(), ErrorStatus::Transient);
+        assert_eq!(Error::from(copy).code(), "unavailable");
     }
 }

@@ -173,6 +173,11 @@ impl Shared {
             .record(self.granted_at.elapsed().as_secs_f64());
     }
 
+    /// Whether the loss was declared already.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.reason.get().is_some()
+    }
+
     /// Signals the loss, once, unless the guard already finished.
     pub(crate) fn declare_lost(&self, reason: LossReason) {
         if self.finished.load(Ordering::SeqCst) || self.reason.set(reason).is_err() {

@@ -351,6 +351,14 @@ impl Renewer {
             shared.declare_lost(LossReason::Refused);
             return;
         }
+        if shared.is_lost() {
+            // A renewal still in flight when the local deadline passed:
+            // the loss has been announced (and acted on: `fencelock run`
+            // stops its command), so "retrying while the lease is still
+            // trusted" would be false, and would print after the loss.
+            self.deregister(shared.id);
+            return;
+        }
         let remaining = shared.deadline().saturating_duration_since(Instant::now());
         let mut schedule = self.schedule();
         let Some(entry) = schedule.entries.get_mut(&shared.id) else {
@@ -512,11 +520,9 @@ async fn renew_one_mode(renewer: Renewer, batch: Vec<Arc<Shared>>, mode: LockMod
                 .collect()
         }
         Ok(Err(e)) => {
-            let (message, status) = (e.to_string(), e.status());
-            batch
-                .iter()
-                .map(|_| Err(crate::BackendError::message(name, status, message.clone()).into()))
-                .collect()
+            // A copy per lease; rebuilt from its text instead, a backend
+            // error would print "redis backend: redis backend: …".
+            batch.iter().map(|_| Err(e.duplicate(name))).collect()
         }
         Err(_) => batch
             .iter()

@@ -1170,9 +1170,9 @@ impl Backend for EtcdBackend {
             let granted = match kept.get(&c.lease) {
                 Some(Ok(Some(granted))) => *granted,
                 Some(Err(e)) => {
-                    results.push(Err(
-                        BackendError::message(NAME, e.status(), e.to_string()).into()
-                    ));
+                    // One failed answer for several leases: each gets a
+                    // copy, not a message that repeats "etcd backend:".
+                    results.push(Err(e.duplicate(NAME)));
                     continue;
                 }
                 _ => {

@@ -137,15 +137,45 @@ pub(crate) async fn connect(
         .set_connection_timeout(options.timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
-    within(options.timeout, async {
+    let connecting = async {
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| map("connect", e))?;
         let mut conn = BoundedConnection::new(manager, options.timeout);
         load_scripts(&mut conn, scripts).await?;
-        Ok((vec![client], conn))
-    })
-    .await
+        Ok((vec![client.clone()], conn))
+    };
+    within(options.timeout, unless_refused(&client, connecting)).await
+}
+
+/// `connecting`, unless a plain TCP connect to the server, made beside it,
+/// is refused first. The connection manager retries a refused first connect
+/// with backoff (the same retries that carry it through a server restart
+/// later), which took about 5 s to report a port nobody listens on; the
+/// refusal is an answer, returned at once as a transient error, which
+/// callers that wait (`fencelock acquire --wait`) retry themselves. A
+/// silent server is left to the time-out as before: the probe then neither
+/// fails nor matters. Unix sockets are not probed.
+async fn unless_refused<T>(
+    client: &Client,
+    connecting: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let (host, port) = match &client.get_connection_info().addr {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+        _ => return connecting.await,
+    };
+    let refused = async move {
+        match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(e),
+            _ => None,
+        }
+    };
+    tokio::pin!(connecting);
+    tokio::select! {
+        result = &mut connecting => result,
+        Some(e) = refused => Err(map("connect", e.into())),
+    }
 }
 
 async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts) -> Result<()> {
@@ -358,13 +388,10 @@ impl RedisBackend {
                     }
                 }
                 Err(e) => {
+                    // One failed answer for several leases: each gets a
+                    // copy, not a message that repeats "redis backend:".
                     for &i in indices {
-                        results[i] = Some(Err(fencelock_core::BackendError::message(
-                            crate::error::NAME,
-                            e.status(),
-                            e.to_string(),
-                        )
-                        .into()));
+                        results[i] = Some(Err(e.duplicate(crate::error::NAME)));
                     }
                 }
             }
@@ -438,7 +465,12 @@ impl RedisBackend {
                 .wait_replicas(self.inner.keys.slot(&first.lease.key))
                 .await
             {
-                let message = e.to_string();
+                // Transient whatever WAIT's failure was: the writes are
+                // done, only their acknowledgement is missing. The text
+                // without the "redis backend: " the new error adds again.
+                let text = e.to_string();
+                let prefix = format!("{} backend: ", crate::error::NAME);
+                let message = text.strip_prefix(&prefix).unwrap_or(&text).to_owned();
                 for result in results.iter_mut().filter(|r| r.is_ok()) {
                     *result = Err(bad_reply_transient(message.clone()));
                 }

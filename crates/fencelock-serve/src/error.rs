@@ -6,7 +6,7 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use fencelock_core::{Error, ErrorStatus, LockInfo};
+use fencelock_core::{Error, LockInfo};
 use fencelock_http::wire::ErrorBody;
 
 /// A refusal.
@@ -71,31 +71,24 @@ impl ApiError {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        let (status, code) = match &e {
+        // The code is `Error::code`'s, which the CLI's `--json` errors
+        // share; only the status is decided here.
+        let code = e.code();
+        match &e {
             Error::Timeout { key, .. } => return ApiError::held(key.as_str(), None),
-            Error::NotHeld { .. } | Error::LockLost { .. } => (StatusCode::CONFLICT, "not_held"),
-            Error::TokensExhausted { .. } => (StatusCode::CONFLICT, "tokens_exhausted"),
             Error::Stale { current, .. } => {
-                let mut out = ApiError::new(StatusCode::CONFLICT, "stale", &e);
+                let mut out = ApiError::new(StatusCode::CONFLICT, code, &e);
                 out.body.current = Some(current.get());
                 return out;
             }
-            Error::InvalidKey(_) => (StatusCode::BAD_REQUEST, "invalid_key"),
-            Error::InvalidOwner(_) => (StatusCode::BAD_REQUEST, "invalid_owner"),
-            Error::InvalidTtl(_) => (StatusCode::BAD_REQUEST, "invalid_ttl"),
-            Error::InvalidToken(_) => (StatusCode::BAD_REQUEST, "invalid_token"),
-            Error::InvalidArgument(_) | Error::InvalidUrl(_) | Error::PermitsMismatch { .. } => {
-                (StatusCode::BAD_REQUEST, "bad_request")
-            }
-            Error::Unsupported(_) => (StatusCode::BAD_REQUEST, "unsupported"),
-            Error::ClientClosed => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            Error::OperationTimeout { .. } => (StatusCode::SERVICE_UNAVAILABLE, "timeout"),
-            Error::Backend(b) => match b.status() {
-                ErrorStatus::Transient => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-                ErrorStatus::Timeout => (StatusCode::SERVICE_UNAVAILABLE, "timeout"),
-                _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-            },
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            _ => {}
+        }
+        let status = match code {
+            "held" | "not_held" | "stale" | "tokens_exhausted" => StatusCode::CONFLICT,
+            "invalid_key" | "invalid_owner" | "invalid_ttl" | "invalid_token" | "bad_request"
+            | "unsupported" => StatusCode::BAD_REQUEST,
+            "unavailable" | "timeout" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
             tracing::warn!(error = %e, "request failed on the backend");

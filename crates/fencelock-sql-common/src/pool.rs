@@ -153,11 +153,14 @@ impl<DB: Database> Drop for Session<DB> {
 
 /// Opens a pool and makes its first connection now, within `limit`,
 /// handing it to the caller (for the schema check), so that a one-shot
-/// process uses exactly one connection. Refused connections and errors
-/// that `transient` accepts, such as "too many connections", are retried
-/// until four fifths of `limit` have passed; if that ends without an
-/// answer, one direct attempt in the time left names the cause ("connection
-/// refused") instead of a bare time-out.
+/// process uses exactly one connection. Errors that `transient` accepts,
+/// such as "too many connections", are retried until four fifths of
+/// `limit` have passed; if that ends without an answer, one direct attempt
+/// in the time left names the cause instead of a bare time-out. A refused
+/// connection is returned at once (still transient, so callers that wait
+/// retry it on their own schedule): nothing listens on the port, which a
+/// few more seconds rarely change, and a one-shot command with `--wait 0s`
+/// must not spend the whole connect time-out learning that.
 pub async fn open_pool<DB: Database>(
     connect: <DB::Connection as Connection>::Options,
     max: u32,
@@ -175,6 +178,7 @@ pub async fn open_pool<DB: Database>(
             match pool.session().await {
                 Ok(conn) => return Ok(conn),
                 Err(sqlx::Error::PoolTimedOut) => return Err(None),
+                Err(e) if is_refused(&e) => return Err(Some(e)),
                 Err(e) if transient(&e) => {
                     let pause = backoff.next_pause();
                     if tokio::time::Instant::now() + pause >= retry_until {
@@ -201,4 +205,10 @@ pub async fn open_pool<DB: Database>(
         }
         Err(_) => Err(silent),
     }
+}
+
+/// Whether connecting failed because nothing listens at the address
+/// (`ECONNREFUSED`), as opposed to a server that answered with an error.
+fn is_refused(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused)
 }

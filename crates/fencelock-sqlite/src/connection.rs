@@ -8,7 +8,7 @@ use std::{
 };
 
 use fencelock_core::Result;
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 use crate::{
     error,
@@ -122,8 +122,25 @@ impl Db {
 }
 
 pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
-    create_parent_dir(&options.path)?;
-    let conn = Connection::open(&options.path).map_err(|e| {
+    if !options.create && !options.path.is_file() {
+        // Checked here rather than left to SQLite's "unable to open", which
+        // does not say which of file and directory is missing.
+        return Err(fencelock_core::BackendError::message(
+            error::NAME,
+            fencelock_core::ErrorStatus::Permanent,
+            format!("no lock database at {}", options.path.display()),
+        )
+        .into());
+    }
+    if options.create {
+        create_parent_dir(&options.path)?;
+    }
+    let flags = if options.create {
+        OpenFlags::default()
+    } else {
+        OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE
+    };
+    let conn = Connection::open_with_flags(&options.path, flags).map_err(|e| {
         fencelock_core::BackendError::permanent(
             error::NAME,
             format!("cannot open {}", options.path.display()),
@@ -135,7 +152,12 @@ pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
     let deadline = Instant::now() + options.busy_timeout;
     let mut pause = Duration::from_millis(1);
     loop {
-        match prepare(&conn, options) {
+        let prepared = if options.create {
+            prepare(&conn, options)
+        } else {
+            prepare_existing(&conn, options)
+        };
+        match prepared {
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::DatabaseBusy && Instant::now() < deadline =>
             {
@@ -148,7 +170,19 @@ pub(crate) fn open_blocking(options: &SqliteOptions) -> Result<Connection> {
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
             Err(e) => return Err(error::map(e)),
-            Ok(()) => return Ok(conn),
+            Ok(false) => {
+                return Err(fencelock_core::BackendError::message(
+                    error::NAME,
+                    fencelock_core::ErrorStatus::Permanent,
+                    format!(
+                        "{} holds no fencelock tables, or tables an older version made \
+                         (a command that takes a lock creates or upgrades them)",
+                        options.path.display()
+                    ),
+                )
+                .into())
+            }
+            Ok(true) => return Ok(conn),
         }
     }
 }
@@ -178,8 +212,8 @@ fn create_parent_dir(path: &Path) -> Result<()> {
 }
 
 /// Puts a freshly opened connection in fencelock's modes and makes sure the
-/// schema exists.
-fn prepare(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
+/// schema exists; always `true` (the schema is there).
+fn prepare(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<bool> {
     // WAL lets readers run beside the one writer; it is a property of the
     // file, so setting it again is a no-op.
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -191,7 +225,39 @@ fn prepare(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
         Synchronous::Normal => "NORMAL",
     };
     conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))?;
-    create_schema(conn)
+    create_schema(conn).map(|()| true)
+}
+
+/// [`prepare`] for an opening that must not write (`create=false`): the
+/// journal mode is left as the file has it (a store fencelock made is in
+/// WAL already), and `false` if the schema is missing or outdated.
+fn prepare_existing(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<bool> {
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))?;
+    schema_current(conn)
+}
+
+/// Whether every table of fencelock's schema exists in its current form.
+fn schema_current(conn: &Connection) -> rusqlite::Result<bool> {
+    let present: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences', \
+             'fencelock_readers', 'fencelock_intents')",
+        [],
+        |r| r.get(0),
+    )?;
+    if present != 5 {
+        return Ok(false);
+    }
+    conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('fencelock_fences') \
+         WHERE name = 'writer_token'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n == 1),
+    )
 }
 
 /// Creates fencelock's tables in `conn`'s database if they are missing.
@@ -204,13 +270,9 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     // A read first, so that opening an initialised database does not take
     // the write lock. (`PRAGMA user_version` is left alone: the fence tables
     // may live in an application's own database, whose migrations own it.)
-    let present: i64 = conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences', \
-             'fencelock_readers', 'fencelock_intents')",
-        [],
-        |r| r.get(0),
-    )?;
+    if schema_current(conn)? {
+        return Ok(());
+    }
     let fences_current = || -> rusqlite::Result<bool> {
         conn.query_row(
             "SELECT count(*) FROM pragma_table_info('fencelock_fences') \
@@ -219,9 +281,6 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
             |r| r.get::<_, i64>(0).map(|n| n == 1),
         )
     };
-    if present == 5 && fences_current()? {
-        return Ok(());
-    }
     // Decided again under the write lock: another process may have
     // upgraded the file meanwhile.
     let upgrade = |conn: &Connection| -> rusqlite::Result<()> {

@@ -25,6 +25,7 @@ pub struct SqliteOptions {
     pub(crate) path: PathBuf,
     pub(crate) busy_timeout: Duration,
     pub(crate) synchronous: Synchronous,
+    pub(crate) create: bool,
 }
 
 impl SqliteOptions {
@@ -35,13 +36,15 @@ impl SqliteOptions {
             path: path.into(),
             busy_timeout: Duration::from_secs(5),
             synchronous: Synchronous::Full,
+            create: true,
         }
     }
 
-    /// Parses `sqlite://PATH[?busy_timeout=5s&synchronous=full|normal]`.
+    /// Parses `sqlite://PATH[?busy_timeout=5s&synchronous=full|normal&create=true|false]`.
     ///
     /// `sqlite:///var/lib/app/locks.db` is an absolute path,
-    /// `sqlite://locks.db` a relative one.
+    /// `sqlite://locks.db` a relative one. `create=false` opens an existing
+    /// lock database only (see [`Self::create`]).
     pub fn from_url(url: &str) -> Result<Self> {
         let rest = url
             .get(..9)
@@ -73,9 +76,20 @@ impl SqliteOptions {
                         }
                     }
                 }
+                "create" => {
+                    options.create = match value.to_ascii_lowercase().as_str() {
+                        "true" => true,
+                        "false" => false,
+                        other => {
+                            return Err(Error::InvalidUrl(format!(
+                                "create={other:?}: expected true or false"
+                            )))
+                        }
+                    }
+                }
                 other => {
                     return Err(Error::InvalidUrl(format!(
-                        "unknown sqlite option {other:?} (known: busy_timeout, synchronous)"
+                        "unknown sqlite option {other:?} (known: busy_timeout, synchronous, create)"
                     )))
                 }
             }
@@ -93,6 +107,18 @@ impl SqliteOptions {
     /// Commit durability (default [`Synchronous::Full`]).
     pub fn synchronous(mut self, mode: Synchronous) -> Self {
         self.synchronous = mode;
+        self
+    }
+
+    /// Whether opening may create what is missing: the file, its
+    /// directories and fencelock's tables (default `true`). With `false`,
+    /// opening a path with no file, or a file without fencelock's tables
+    /// (or with tables an older version made, which only an opening that
+    /// may create upgrades), fails with a permanent error and changes
+    /// nothing: for tools that only read the locks, where a mistyped path
+    /// must not leave an empty store behind (`fencelock list`).
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
         self
     }
 

@@ -56,9 +56,16 @@ impl fmt::Debug for Conn {
 async fn connect(options: &ZkOptions) -> Result<zk::Client> {
     let client = bounded(
         options.timeout,
+        // Eagerly: once every listed server has been tried, fail (with a
+        // transient error that waiting callers retry) instead of cycling
+        // through them again until the time-out, which took 5 s to report
+        // a port nobody listens on. A server that accepts and stays silent
+        // is still given the whole connection time-out. Only the first
+        // connect: the session's later reconnections cycle as before.
         zk::Client::connector()
             .with_session_timeout(options.session_timeout)
             .with_connection_timeout(options.timeout)
+            .with_fail_eagerly()
             .connect(&options.connect_string()),
     )
     .await

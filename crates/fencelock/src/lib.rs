@@ -219,9 +219,13 @@ const FEATURES: &[(&str, &str)] = &[
 /// scheme in lower case (the backends parse only that form).
 fn driver_for(url: &str) -> Result<(&'static dyn Driver, String)> {
     let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| !s.is_empty()) else {
-        return Err(Error::InvalidUrl(format!(
-            "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
-            redact_url(url)
+        return Err(Error::InvalidUrl(missing_slashes(url).unwrap_or_else(
+            || {
+                format!(
+                    "{:?} has no scheme; expected e.g. sqlite:///path/locks.db",
+                    redact_url(url)
+                )
+            },
         )));
     };
     let scheme = scheme.to_ascii_lowercase();
@@ -245,6 +249,30 @@ fn driver_for(url: &str) -> Result<(&'static dyn Driver, String)> {
         "unknown scheme {scheme:?}; known: {}",
         known.join(", ")
     )))
+}
+
+/// The reason for `scheme:rest`, a known scheme without the `//` (such as
+/// `sqlite:locks.db`): it is refused rather than guessed at, since what
+/// follows the colon could be a path or a host, but the message says how to
+/// write it.
+fn missing_slashes(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once(':')?;
+    let scheme = scheme.to_ascii_lowercase();
+    if !FEATURES.iter().any(|(s, _)| *s == scheme) {
+        return None;
+    }
+    Some(if scheme == "sqlite" {
+        let path = rest.trim_start_matches('/');
+        format!(
+            "a sqlite URL needs `//` after the colon: sqlite://{path} for a path relative \
+             to the working directory, sqlite:///{path} for /{path}"
+        )
+    } else {
+        format!(
+            "a {scheme} URL needs `//` after the colon, e.g. {scheme}://{}",
+            redact_url(rest)
+        )
+    })
 }
 
 /// Opens the backend a URL names.

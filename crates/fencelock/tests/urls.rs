@@ -45,3 +45,38 @@ async fn memory_and_sqlite_open() {
         Err(Error::InvalidUrl(_))
     ));
 }
+
+/// A known scheme without `//` is refused, saying how to write it.
+#[tokio::test]
+async fn a_known_scheme_without_slashes_says_how_to_write_it() {
+    let err = open_backend("sqlite:relative.db").await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::InvalidUrl(_)), "{err:?}");
+    assert!(
+        text.contains("sqlite://relative.db") && text.contains("sqlite:///relative.db"),
+        "{text}"
+    );
+    let err = open_backend("postgres:u:hunter2@h/db").await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("postgres://") && !text.contains("hunter2"),
+        "{text}"
+    );
+}
+
+/// `create=false` opens an existing store only, and creates nothing.
+#[tokio::test]
+async fn sqlite_create_false_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub").join("l.db");
+    let url = format!("sqlite://{}", path.display());
+    let r = open_backend(&format!("{url}?create=false")).await;
+    assert!(r.is_err(), "a missing store opened");
+    assert!(!dir.path().join("sub").exists());
+    assert!(open_backend(&url).await.is_ok());
+    assert!(open_backend(&format!("{url}?create=false")).await.is_ok());
+    assert!(matches!(
+        open_backend(&format!("{url}?create=maybe")).await,
+        Err(Error::InvalidUrl(_))
+    ));
+}

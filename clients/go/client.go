@@ -179,7 +179,7 @@ func (c *Client) Close() error {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 				defer cancel()
-				_ = c.release(ctx, l.key, l.owner, l.token)
+				_ = c.release(ctx, l.key, l.owner, l.token, l.mode)
 			}(l)
 		}
 	}

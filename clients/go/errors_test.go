@@ -28,7 +28,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		{"control character", func() error { _, err := c.Acquire(ctx, "bad\x01key"); return err }, ErrInvalid, "invalid_key"},
 		{"key too long", func() error { _, err := c.Acquire(ctx, strings.Repeat("k", 300)); return err }, ErrInvalid, "invalid_key"},
 		{"owner too long", func() error { _, err := c.Acquire(ctx, "k", Owner(strings.Repeat("o", 300))); return err }, ErrInvalid, "invalid_owner"},
-		{"release of a lease not held", func() error { return c.release(ctx, "k", "nobody", 42) }, ErrNotHeld, "not_held"},
+		{"release of a lease not held", func() error { return c.release(ctx, "k", "nobody", 42, "") }, ErrNotHeld, "not_held"},
 		{"inspect a free lock", func() error { _, err := c.Inspect(ctx, "free"); return err }, ErrNotFound, "not_found"},
 		{"client force-release", func() error { _, err := c.ForceRelease(ctx, "k"); return err }, ErrForbidden, "forbidden"},
 	}

@@ -41,12 +41,14 @@ type acquireBody struct {
 	Kind     string  `json:"kind,omitempty"`
 	Data     any     `json:"data,omitempty"`
 	MinToken *uint64 `json:"min_token,omitempty"`
+	Mode     string  `json:"mode,omitempty"`
 }
 
 type leaseBody struct {
 	Owner string `json:"owner"`
 	Token uint64 `json:"token"`
 	TTLms int64  `json:"ttl_ms,omitempty"`
+	Mode  string `json:"mode,omitempty"`
 }
 
 // LockOption configures one acquisition.
@@ -59,7 +61,15 @@ type lockConfig struct {
 	kind     string
 	data     any
 	minToken *uint64
+	mode     string // "" (exclusive) or "shared"
 }
+
+// Shared takes a reader's lease of a read-write lock: readers share the
+// key, a writer (a plain Acquire) excludes them all (docs/rwlock.md). It
+// needs a service whose backend offers read-write locks; elsewhere the
+// acquisition fails with ErrUnsupported. A waiting writer does not post a
+// writer intent, so a steady stream of readers can keep it waiting.
+func Shared() LockOption { return func(c *lockConfig) { c.mode = "shared" } }
 
 // TTL sets the lease length (default 30 s; the service takes 100 ms to
 // 7 days). The lease is renewed every third of it.
@@ -100,6 +110,7 @@ type Lock struct {
 	key    string
 	owner  string
 	token  uint64
+	mode   string // "" or "shared", as acquired
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	lost   chan struct{}
@@ -207,7 +218,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	if !l.finish(ErrReleased) {
 		return l.Err()
 	}
-	return l.c.release(ctx, l.key, l.owner, l.token)
+	return l.c.release(ctx, l.key, l.owner, l.token, l.mode)
 }
 
 // Renew renews the lease now (the renewer also does, every third of the
@@ -236,16 +247,16 @@ func (l *Lock) Renew(ctx context.Context) error {
 func (c *Client) renew(ctx context.Context, l *Lock, ttl, bound time.Duration) (*grantBody, error) {
 	var g grantBody
 	err := c.do(ctx, "renew", l.key, "POST", c.path("v1", "locks", l.key, "renew"),
-		leaseBody{Owner: l.owner, Token: l.token, TTLms: ttl.Milliseconds()}, &g, bound)
+		leaseBody{Owner: l.owner, Token: l.token, TTLms: ttl.Milliseconds(), Mode: l.mode}, &g, bound)
 	if err != nil {
 		return nil, err
 	}
 	return &g, nil
 }
 
-func (c *Client) release(ctx context.Context, key, owner string, token uint64) error {
+func (c *Client) release(ctx context.Context, key, owner string, token uint64, mode string) error {
 	return c.send(ctx, "release", key, "POST", c.path("v1", "locks", key, "release"),
-		leaseBody{Owner: owner, Token: token}, nil, 0)
+		leaseBody{Owner: owner, Token: token, Mode: mode}, nil, 0)
 }
 
 // TryAcquire is Acquire with Wait(0): one attempt.
@@ -383,7 +394,7 @@ func ctxError(op, key string, ctx context.Context, last error) error {
 
 // attempt is one acquire request, with t_sent taken before it leaves.
 func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Lock, error) {
-	body := acquireBody{Owner: cfg.owner, TTLms: cfg.ttl.Milliseconds(), Kind: cfg.kind, Data: cfg.data, MinToken: cfg.minToken}
+	body := acquireBody{Owner: cfg.owner, TTLms: cfg.ttl.Milliseconds(), Kind: cfg.kind, Data: cfg.data, MinToken: cfg.minToken, Mode: cfg.mode}
 	sent := now() // I5: before the request is sent (monotonic and boot-time)
 	var g grantBody
 	if err := c.do(ctx, "acquire", key, "POST", c.path("v1", "locks", key, "acquire"), body, &g, 0); err != nil {
@@ -394,13 +405,13 @@ func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Loc
 	if !time.Now().Before(deadline) {
 		// The answer came after the instant until which it could be
 		// trusted: give the grant back and count a failed attempt.
-		c.releaseInBackground(key, g.Owner, g.Token)
+		c.releaseInBackground(key, g.Owner, g.Token, cfg.mode)
 		return nil, &Error{Op: "acquire", Key: key, Code: "timeout",
 			Message: fmt.Sprintf("the round trip (%v) outlasted the trusted part of the %v lease", time.Since(sent.mono).Round(time.Millisecond), granted)}
 	}
 	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	l := &Lock{
-		c: c, key: key, owner: g.Owner, token: g.Token,
+		c: c, key: key, owner: g.Owner, token: g.Token, mode: cfg.mode,
 		ctx: lctx, cancel: cancel, lost: make(chan struct{}),
 		ttl: cfg.ttl, granted: granted, deadline: deadline, expiresAt: g.ExpiresAt,
 		index: -1,
@@ -412,7 +423,7 @@ func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Loc
 	if c.closed {
 		c.mu.Unlock()
 		cancel(ErrClosed)
-		c.releaseInBackground(key, g.Owner, g.Token)
+		c.releaseInBackground(key, g.Owner, g.Token, cfg.mode)
 		return nil, &Error{Op: "acquire", Key: key, Message: "client closed", Err: ErrClosed}
 	}
 	c.held[l] = struct{}{}
@@ -422,13 +433,13 @@ func (c *Client) attempt(ctx context.Context, key string, cfg *lockConfig) (*Loc
 }
 
 // releaseInBackground hands a lease back without making the caller wait.
-func (c *Client) releaseInBackground(key, owner string, token uint64) {
+func (c *Client) releaseInBackground(key, owner string, token uint64, mode string) {
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		defer cancel()
-		_ = c.release(ctx, key, owner, token)
+		_ = c.release(ctx, key, owner, token, mode)
 	}()
 }
 

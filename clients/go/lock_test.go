@@ -147,3 +147,46 @@ func TestRenewalKeepsTheLock(t *testing.T) {
 		t.Fatalf("second release: %v", err)
 	}
 }
+
+// Readers share a key and keep renewing; a writer waits for them all, then
+// holds alone with a higher token than every reader's.
+func TestSharedReadersExcludeAWriter(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	c := newClient(t, s.url)
+	ctx := ctxT(t, 30*time.Second)
+	r1, err := c.Acquire(ctx, "table", Shared(), TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := c.TryAcquire(ctx, "table", Shared(), TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatalf("a second reader was refused: %v", err)
+	}
+	if _, err := c.TryAcquire(ctx, "table"); !errors.Is(err, ErrNotAcquired) {
+		t.Fatalf("a writer beside readers: %v", err)
+	}
+	// Renewals of the readers' leases (three TTLs).
+	time.Sleep(900 * time.Millisecond)
+	if !r1.Valid() || !r2.Valid() {
+		t.Fatalf("readers lost their leases: %v / %v", r1.Err(), r2.Err())
+	}
+	if err := r1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Acquire(ctx, "table", Wait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Token() <= r1.Token() || w.Token() <= r2.Token() {
+		t.Fatalf("writer token %d not above readers' %d, %d", w.Token(), r1.Token(), r2.Token())
+	}
+	if _, err := c.TryAcquire(ctx, "table", Shared()); !errors.Is(err, ErrNotAcquired) {
+		t.Fatalf("a reader beside a writer: %v", err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

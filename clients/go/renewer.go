@@ -199,7 +199,7 @@ func (r *renewer) run() {
 			if l.finish(&LostError{Key: l.key, Token: l.token, Reason: "deadline", Err: last}) {
 				// Hand the lease back as soon as the service answers, so
 				// that the next holder need not wait out the TTL.
-				r.c.releaseInBackground(l.key, l.owner, l.token)
+				r.c.releaseInBackground(l.key, l.owner, l.token, l.mode)
 			}
 		}
 		for _, l := range batch {

@@ -221,7 +221,10 @@ fn bad_combinations_are_usage_errors() {
     ] {
         let out = run(&url, args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(out.stdout.is_empty(), "{args:?}");
+        // With --json, the failure is one object on stdout and no report.
+        let failure: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {:?}", out.stdout));
+        assert_eq!(failure["code"], "bad_request", "{args:?}: {failure}");
     }
 }
 

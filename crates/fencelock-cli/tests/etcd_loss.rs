@@ -4,26 +4,16 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+mod support;
+
 use std::{
-    process::{Command, Output, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
+use support::{code, fencelock_at as fencelock};
+
 use fencelock_testkit::servers::etcd::EtcdCluster;
-
-const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-
-fn fencelock(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env("FENCELOCK_URL", url)
-        .env_remove("RUST_LOG")
-        .args(args);
-    cmd
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited normally")
-}
 
 #[test]
 fn run_exits_76_when_its_key_is_deleted_and_another_client_takes_it() {

@@ -5,22 +5,16 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+mod support;
+
 use std::{
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
+use support::fencelock_at as fencelock;
+
 use fencelock_testkit::{proxy::ProxiedUrl, servers::redis::RedisServer};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-
-fn fencelock(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env("FENCELOCK_URL", url)
-        .env_remove("RUST_LOG")
-        .args(args);
-    cmd
-}
 
 #[test]
 fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {

@@ -125,17 +125,24 @@ fn serving_a_backend_that_forgets_needs_ephemeral() {
         "{why}"
     );
 
-    let mut child = Command::new(BIN)
-        .env_remove("FENCELOCK_URL")
-        .args([
-            "--url",
-            "mem://",
-            "serve",
-            "--ephemeral",
-            // A host name is resolved, as a newcomer would write it.
-            "--listen",
-            "localhost:0",
-        ])
+    // A host name is resolved, as a newcomer would write it.
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args(["--url", "mem://", "serve", "--ephemeral"])
+            .args(["--listen", "localhost:0"]),
+    );
+    assert!(
+        line.starts_with("listening on http://127.0.0.1:")
+            || line.starts_with("listening on http://[::1]:"),
+        "{line}"
+    );
+}
+
+/// Starts `command`, reads the first line it prints on stdout (`serve`'s
+/// `listening on URL`), and stops it.
+fn first_line(command: &mut Command) -> String {
+    let mut child = command
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -145,13 +152,9 @@ fn serving_a_backend_that_forgets_needs_ephemeral() {
         &mut line,
     )
     .unwrap();
-    assert!(
-        line.starts_with("listening on http://127.0.0.1:")
-            || line.starts_with("listening on http://[::1]:"),
-        "{line}"
-    );
     child.kill().unwrap();
     child.wait().unwrap();
+    line
 }
 
 /// `serve --config FILE` takes the flags' options from TOML; a flag given
@@ -165,25 +168,16 @@ fn serve_reads_its_options_from_a_config_file() {
         "listen = \"127.0.0.1:1\"\nephemeral = true\nevents_interval = \"250ms\"\n",
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .env_remove("FENCELOCK_URL")
-        .args(["--url", "mem://", "serve", "--config"])
-        .arg(&config)
-        // The flag wins over the file's port 1.
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args(["--url", "mem://", "serve", "--config"])
+            .arg(&config)
+            // The flag wins over the file's port 1.
+            .args(["--listen", "127.0.0.1:0"]),
+    );
     assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
     assert!(!line.trim_end().ends_with(":1"), "{line}");
-    child.kill().unwrap();
-    child.wait().unwrap();
 
     std::fs::write(&config, "listen = \"127.0.0.1:0\"\nlisten_on = 1\n").unwrap();
     let refused = Command::new(BIN)

@@ -797,17 +797,22 @@ async fn the_http_backend_works_inside_its_namespace() {
     term.resign().await.unwrap();
 }
 
-/// The value of one sample of `/metrics` (0 when absent).
-async fn sample(api: &Api, series: &str) -> f64 {
-    let text = api
-        .request(Method::GET, "/metrics")
+/// The text of `/metrics`.
+async fn scrape(api: &Api) -> String {
+    api.request(Method::GET, "/metrics")
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// The value of one sample of `/metrics` (0 when absent).
+async fn sample(api: &Api, series: &str) -> f64 {
+    scrape(api)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
 }
@@ -863,14 +868,7 @@ async fn renewals_and_losses_of_http_clients_are_counted() {
         "failures {before:?} → {after:?}"
     );
     assert!(after[2] - before[2] >= 1.0, "losses {before:?} → {after:?}");
-    let text = api
-        .request(Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(&api).await;
     assert!(
         text.contains("fencelock_renew_seconds_count{backend=\"memory\"}"),
         "{text}"

@@ -47,8 +47,13 @@ impl Store {
 }
 
 pub fn fencelock(db: &Path, args: &[&str]) -> Command {
+    fencelock_at(&format!("sqlite://{}", db.display()), args)
+}
+
+/// The binary on the store at `url` (through `FENCELOCK_URL`).
+pub fn fencelock_at(url: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
-    cmd.env("FENCELOCK_URL", format!("sqlite://{}", db.display()))
+    cmd.env("FENCELOCK_URL", url)
         .env_remove("RUST_LOG")
         .args(args);
     cmd

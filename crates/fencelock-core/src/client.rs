@@ -8,9 +8,11 @@ use tracing::Instrument;
 use crate::{
     backend::{Acquire, AcquireRequest, Backend, Grant, Stats},
     backoff::Backoff,
-    clock::Sent,
+    clock::{ClockPolicy, Sent},
+    deadline::bounded,
     error::{Error, ErrorStatus, Result},
-    guard::{release_as, GuardConfig, GuardHandle, LockGuard},
+    guard::{GuardHandle, LockGuard},
+    lease::{release_as, GuardConfig},
     metrics as m,
     renewer::Renewer,
     types::{validate_ttl, FencingToken, LockInfo, LockKey, LockMode, Owner},
@@ -32,48 +34,6 @@ const MAX_DATA_LEN: usize = 64 * 1024;
 /// two or three more polls per wait.
 pub(crate) const WAIT_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(1));
-
-/// How conservatively a guard believes in its lease (invariant I5).
-///
-/// After a grant or renewal sent at monotonic instant `t_sent`, the guard
-/// considers itself valid until
-/// `t_sent + ttl × (1 − drift) − min(ttl / 10, max_margin)`.
-/// Because `t_sent` is taken *before* the request leaves, and the backend
-/// starts its lease only when the request arrives, the guard's belief ends
-/// before the backend's lease does, even if the two clocks run at rates that
-/// differ by up to `drift`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ClockPolicy {
-    /// Largest relative rate difference between the client's and the
-    /// backend's clocks (default 1%).
-    pub drift: f64,
-    /// Upper bound of the safety margin subtracted from every lease (default
-    /// 500 ms); the margin is a tenth of the TTL below that. It covers timer
-    /// latency between the deadline and the moment the application reacts.
-    pub max_margin: Duration,
-}
-
-impl Default for ClockPolicy {
-    fn default() -> Self {
-        Self {
-            drift: 0.01,
-            max_margin: Duration::from_millis(500),
-        }
-    }
-}
-
-impl ClockPolicy {
-    /// How long after `t_sent` a lease of `ttl` is trusted locally.
-    pub fn valid_for(&self, ttl: Duration) -> Duration {
-        let drift = if self.drift.is_finite() {
-            self.drift.clamp(0.0, 0.5)
-        } else {
-            0.5
-        };
-        let margin = (ttl / 10).min(self.max_margin);
-        ttl.mul_f64(1.0 - drift).saturating_sub(margin)
-    }
-}
 
 /// Builds a [`LockClient`] with non-default settings.
 #[derive(Debug)]
@@ -313,12 +273,6 @@ impl LockClient {
             self.inner.op_timeout,
         )
         .await
-    }
-
-    /// The leader election `name` on this client's backend (see
-    /// [`crate::Election`]).
-    pub fn election(&self, name: impl Into<String>) -> crate::election::Election {
-        crate::election::Election::new(self.clone(), name.into())
     }
 
     /// The client's operation timeout.
@@ -1149,21 +1103,6 @@ impl Drop for QueueEntry {
 async fn leave_queue(backend: &dyn Backend, key: &LockKey, owner: &Owner, op_timeout: Duration) {
     if let Err(e) = bounded(op_timeout, "leave_queue", backend.leave_queue(key, owner)).await {
         tracing::debug!(error = %e, "could not leave the queue; the entry will expire");
-    }
-}
-
-/// `call` bounded by the operation timeout.
-pub(crate) async fn bounded<T>(
-    timeout: Duration,
-    operation: &'static str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(answer) => answer,
-        Err(_) => Err(Error::OperationTimeout {
-            operation,
-            after: timeout,
-        }),
     }
 }
 

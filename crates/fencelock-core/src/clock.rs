@@ -1,4 +1,4 @@
-//! The two clocks a guard reads.
+//! The two clocks a guard reads, and how far it trusts them ([`ClockPolicy`]).
 //!
 //! Timers and deadlines run on tokio's monotonic clock (which tests can
 //! pause). On Linux that clock stops while the machine is suspended, but a
@@ -100,5 +100,47 @@ fn watch_for_suspends(notify: &Notify) {
             }
         }
         last = now;
+    }
+}
+
+/// How conservatively a guard believes in its lease (invariant I5).
+///
+/// After a grant or renewal sent at monotonic instant `t_sent`, the guard
+/// considers itself valid until
+/// `t_sent + ttl × (1 − drift) − min(ttl / 10, max_margin)`.
+/// Because `t_sent` is taken *before* the request leaves, and the backend
+/// starts its lease only when the request arrives, the guard's belief ends
+/// before the backend's lease does, even if the two clocks run at rates that
+/// differ by up to `drift`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClockPolicy {
+    /// Largest relative rate difference between the client's and the
+    /// backend's clocks (default 1%).
+    pub drift: f64,
+    /// Upper bound of the safety margin subtracted from every lease (default
+    /// 500 ms); the margin is a tenth of the TTL below that. It covers timer
+    /// latency between the deadline and the moment the application reacts.
+    pub max_margin: Duration,
+}
+
+impl Default for ClockPolicy {
+    fn default() -> Self {
+        Self {
+            drift: 0.01,
+            max_margin: Duration::from_millis(500),
+        }
+    }
+}
+
+impl ClockPolicy {
+    /// How long after `t_sent` a lease of `ttl` is trusted locally.
+    pub fn valid_for(&self, ttl: Duration) -> Duration {
+        let drift = if self.drift.is_finite() {
+            self.drift.clamp(0.0, 0.5)
+        } else {
+            0.5
+        };
+        let margin = (ttl / 10).min(self.max_margin);
+        ttl.mul_f64(1.0 - drift).saturating_sub(margin)
     }
 }

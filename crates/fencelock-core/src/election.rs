@@ -14,7 +14,8 @@ use futures_util::Stream;
 use serde::Serialize;
 
 use crate::{
-    client::{bounded, validate_data, LockClient, LockRequest},
+    client::{validate_data, LockClient, LockRequest},
+    deadline::bounded,
     error::{Error, LossReason, Result},
     guard::{GuardHandle, LockGuard},
     types::{FencingToken, LockInfo, LockKey, Owner},
@@ -57,6 +58,14 @@ pub struct Election {
     value: Option<serde_json::Value>,
     renew_every: Option<Duration>,
     wait: Option<Duration>,
+}
+
+impl LockClient {
+    /// The leader election `name` on this client's backend (see
+    /// [`Election`]).
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(self.clone(), name.into())
+    }
 }
 
 impl Election {

@@ -7,15 +7,7 @@
 //! instant *before* each request was sent, so the signal fires before the
 //! backend's lease can end.
 
-use std::{
-    fmt,
-    future::Future,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, OnceLock, PoisonError,
-    },
-    time::Duration,
-};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
@@ -23,284 +15,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     backend::{AcquireRequest, Backend, Grant},
-    client::{bounded, ClockPolicy},
-    clock::{boot_time, Sent},
+    clock::Sent,
+    deadline::bounded,
     error::{Error, LossReason, Result},
+    lease::{GuardConfig, Shared},
     metrics as m,
     renewer::Renewer,
-    types::{FencingToken, LeaseId, LockKey, LockMode, Owner, MIN_TTL},
+    types::{FencingToken, LeaseId, LockKey, LockMode, Owner},
 };
-
-/// Settings a guard takes from its request and client.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GuardConfig {
-    pub(crate) renew_every: Option<Duration>,
-    pub(crate) clock: ClockPolicy,
-    pub(crate) op_timeout: Duration,
-    /// A writer's (or plain lock's) lease, or a reader's.
-    pub(crate) mode: LockMode,
-    /// Lock delay: how long after the grant the key stays unavailable to
-    /// others, however early it is released.
-    pub(crate) hold_at_least: Option<Duration>,
-}
-
-/// What a guard, its handles and the renewer share.
-pub(crate) struct Shared {
-    /// The guard's id in its client's renewer.
-    pub(crate) id: u64,
-    pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) lease: LeaseId,
-    pub(crate) mode: LockMode,
-    pub(crate) ttl: Duration,
-    pub(crate) renew_every: Option<Duration>,
-    renewer: Renewer,
-    clock: ClockPolicy,
-    op_timeout: Duration,
-    /// When the grant's answer arrived, which is after the backend granted
-    /// it: a lock delay counted from here ends no earlier on the backend.
-    granted_at: Instant,
-    hold_at_least: Option<Duration>,
-    /// What each confirmed grant or renewal updates, under one lock.
-    trust: Mutex<Trust>,
-    /// Whether the hold has been recorded in the metrics (on loss or finish,
-    /// whichever comes first).
-    accounted: AtomicBool,
-    lost: LossSignal,
-    reason: OnceLock<LossReason>,
-    /// Set when the guard is released, dropped or detached: a loss is no
-    /// longer signalled.
-    finished: AtomicBool,
-}
-
-/// How far a lease is trusted, as of the last confirmed grant or renewal.
-#[derive(Clone, Copy)]
-struct Trust {
-    /// Latest instant until which the lease is trusted locally.
-    deadline: Instant,
-    /// The same limit on the boot-time clock, which keeps counting while the
-    /// machine is suspended (see `clock.rs`).
-    boot_deadline: Option<Duration>,
-    /// The TTL the backend last granted (etcd may round up).
-    granted_ttl: Duration,
-    /// Backend-reported end of the lease, for display.
-    expires_at: DateTime<Utc>,
-}
-
-impl Trust {
-    fn boot_ok(&self) -> bool {
-        match (self.boot_deadline, boot_time()) {
-            (Some(limit), Some(now)) => now < limit,
-            _ => true,
-        }
-    }
-}
-
-/// The loss signal: fired once. The cancellation token that waiters use is
-/// made only when someone first asks for it: most guards are never waited
-/// on, and a token costs an allocation of about a hundred bytes per held
-/// lock.
-#[derive(Default)]
-struct LossSignal {
-    fired: AtomicBool,
-    token: Mutex<Option<CancellationToken>>,
-}
-
-impl LossSignal {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<CancellationToken>> {
-        self.token.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn fire(&self) {
-        let token = self.lock();
-        self.fired.store(true, Ordering::SeqCst);
-        if let Some(token) = token.as_ref() {
-            token.cancel();
-        }
-    }
-
-    fn has_fired(&self) -> bool {
-        self.fired.load(Ordering::SeqCst)
-    }
-
-    /// The token cancelled when the signal fires (already cancelled if it
-    /// has). Made under the same lock as `fire` sets the flag, so it cannot
-    /// miss a loss.
-    fn token(&self) -> CancellationToken {
-        let mut token = self.lock();
-        let token = token.get_or_insert_with(CancellationToken::new);
-        if self.fired.load(Ordering::SeqCst) {
-            token.cancel();
-        }
-        token.clone()
-    }
-}
-
-impl Shared {
-    fn trust(&self) -> Trust {
-        *self.trust.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn deadline(&self) -> Instant {
-        self.trust().deadline
-    }
-
-    /// Whether the boot-time clock is still inside the trusted window.
-    pub(crate) fn boot_ok(&self) -> bool {
-        self.trust().boot_ok()
-    }
-
-    /// Records a confirmed grant/renewal whose request left at `sent`.
-    pub(crate) fn extend(&self, sent: Sent, grant: &Grant) {
-        let valid_for = self.clock.valid_for(grant.ttl);
-        let trusted_until = sent.mono + valid_for;
-        let mut trust = self.trust.lock().unwrap_or_else(PoisonError::into_inner);
-        if trusted_until > trust.deadline {
-            trust.deadline = trusted_until;
-            trust.boot_deadline = sent.boot.map(|b| b + valid_for);
-        }
-        trust.granted_ttl = grant.ttl;
-        trust.expires_at = grant.expires_at;
-    }
-
-    /// Records the hold once: at loss, release, drop or detach.
-    fn account_hold(&self) {
-        if self.accounted.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let backend = self.backend.name();
-        ::metrics::gauge!(m::HELD, "backend" => backend).decrement(1.0);
-        ::metrics::histogram!(m::HOLD_SECONDS, "backend" => backend)
-            .record(self.granted_at.elapsed().as_secs_f64());
-    }
-
-    /// Whether the loss was declared already.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.reason.get().is_some()
-    }
-
-    /// Signals the loss, once, unless the guard already finished.
-    pub(crate) fn declare_lost(&self, reason: LossReason) {
-        if self.finished.load(Ordering::SeqCst) || self.reason.set(reason).is_err() {
-            return;
-        }
-        let backend = self.backend.name();
-        ::metrics::counter!(m::LOCKS_LOST, "backend" => backend, "reason" => reason.as_str())
-            .increment(1);
-        if reason != LossReason::Closed {
-            tracing::warn!(
-                key = %self.lease.key, owner = %self.lease.owner, token = %self.lease.token,
-                backend, reason = reason.as_str(), "lock lost: {reason}"
-            );
-        }
-        self.account_hold();
-        self.lost.fire();
-    }
-
-    fn lost_error(&self) -> Error {
-        Error::LockLost {
-            key: self.lease.key.clone(),
-            token: self.lease.token,
-            reason: self.reason.get().copied().unwrap_or(LossReason::Deadline),
-        }
-    }
-
-    fn is_valid(&self) -> bool {
-        if self.lost.has_fired() {
-            return false;
-        }
-        let trust = self.trust();
-        Instant::now() < trust.deadline && trust.boot_ok()
-    }
-
-    /// How long one renewal may take: a hung connection costs one attempt,
-    /// not the whole remaining lease. Measured on the lease the backend
-    /// granted, which may be longer than the one asked for (etcd rounds up).
-    pub(crate) fn renew_bound(&self) -> Duration {
-        let granted = self.trust().granted_ttl;
-        self.op_timeout
-            .min(granted / 3)
-            .max(Duration::from_millis(1))
-    }
-
-    /// Stops renewal and records the hold; `true` the first time.
-    fn finish(&self) -> bool {
-        if self.finished.swap(true, Ordering::SeqCst) {
-            return false;
-        }
-        self.renewer.deregister(self.id);
-        self.account_hold();
-        true
-    }
-
-    /// Releases the lease on the backend, bounded by the operation timeout.
-    /// Inside a lock delay the lease is not deleted but renewed to what is
-    /// left of the delay (`docs/lock-delay.md`): the backend's clock ends it,
-    /// no earlier than the grant plus the delay, and nobody is woken before.
-    async fn release(&self) -> Result<()> {
-        let left = self
-            .hold_at_least
-            .and_then(|d| d.checked_sub(self.granted_at.elapsed()))
-            .filter(|left| !left.is_zero());
-        let call = async {
-            match left {
-                // The shortest lease a backend is asked for: a longer one
-                // only keeps the key a little longer, never shorter.
-                Some(left) => self
-                    .backend
-                    .renew(&self.lease, left.max(MIN_TTL))
-                    .await
-                    .map(|_| ()),
-                None => release_as(&*self.backend, &self.lease, self.mode).await,
-            }
-        };
-        bounded(self.op_timeout, "release", call).await
-    }
-
-    /// After a loss at the local deadline the lease may still be live on
-    /// the backend (the renewals went unanswered, not refused): hands it
-    /// back so that the next holder need not wait out its TTL, and so that
-    /// a lease shared with other locks (etcd) does not keep this key alive.
-    /// Best effort: if the backend cannot be reached, the lease expires.
-    pub(crate) async fn release_after_loss(self: Arc<Self>) {
-        if self.finished.load(Ordering::SeqCst) {
-            return;
-        }
-        match self.release().await {
-            Ok(()) | Err(Error::NotHeld { .. }) => {}
-            Err(e) => tracing::debug!(
-                key = %self.lease.key, error = %e,
-                "could not hand back a lost lease; it will expire"
-            ),
-        }
-    }
-
-    /// Releases on behalf of [`crate::LockClient::close`]: the guard is
-    /// lost for its holder (reason [`LossReason::Closed`]) and its lease
-    /// freed.
-    pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
-        self.declare_lost(LossReason::Closed);
-        if !self.finish() {
-            return Ok(());
-        }
-        match self.release().await {
-            Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Releases `lease` held in `mode`: the one place that picks the backend
-/// call for each side of a read-write lock.
-pub(crate) async fn release_as(
-    backend: &dyn Backend,
-    lease: &LeaseId,
-    mode: LockMode,
-) -> Result<()> {
-    match mode {
-        LockMode::Exclusive => backend.release(lease).await,
-        LockMode::Shared => backend.release_shared(lease).await,
-    }
-}
 
 /// A cheap, cloneable view of a held lock: what `with_lock` closures get, and
 /// what a [`LockGuard`] dereferences to.
@@ -477,6 +199,8 @@ impl fmt::Debug for GuardHandle {
 #[must_use = "dropping a guard releases the lock"]
 pub struct LockGuard {
     handle: GuardHandle,
+    /// The schedule the lease leaves when the guard finishes.
+    renewer: Renewer,
 }
 
 impl LockGuard {
@@ -488,31 +212,7 @@ impl LockGuard {
         sent: Sent,
         config: GuardConfig,
     ) -> Self {
-        let shared = Arc::new(Shared {
-            id: renewer.next_id(),
-            lease: request.lease(grant.token),
-            mode: config.mode,
-            backend,
-            ttl: request.ttl,
-            renew_every: config.renew_every,
-            renewer: renewer.clone(),
-            clock: config.clock,
-            op_timeout: config.op_timeout,
-            granted_at: Instant::now(),
-            hold_at_least: config.hold_at_least,
-            trust: Mutex::new(Trust {
-                deadline: sent.mono,
-                boot_deadline: None,
-                granted_ttl: grant.ttl,
-                expires_at: grant.expires_at,
-            }),
-            accounted: AtomicBool::new(false),
-            lost: LossSignal::default(),
-            reason: OnceLock::new(),
-            finished: AtomicBool::new(false),
-        });
-        shared.extend(sent, &grant);
-        ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
+        let shared = Shared::new(renewer.next_id(), backend, &request, &grant, sent, config);
         if !renewer.register(Arc::clone(&shared), config.renew_every) {
             // The client was closed while this grant was on its way: it is
             // released like every other lease the client held.
@@ -520,7 +220,18 @@ impl LockGuard {
         }
         Self {
             handle: GuardHandle { shared },
+            renewer: renewer.clone(),
         }
+    }
+
+    /// Finishes the lease (see `Shared::finish`) and takes it out of the
+    /// renewer's schedule; `true` the first time.
+    fn finish(&self) -> bool {
+        let first = self.handle.shared.finish();
+        if first {
+            self.renewer.deregister(self.handle.shared.id);
+        }
+        first
     }
 
     /// A cloneable handle that outlives borrows of the guard.
@@ -536,7 +247,7 @@ impl LockGuard {
     pub async fn release(self) -> Result<()> {
         let shared = Arc::clone(&self.handle.shared);
         // Finished first, so that dropping `self` does not release as well.
-        let first = shared.finish();
+        let first = self.finish();
         drop(self);
         if !first {
             // Only `close` finishes a guard that its holder still owns.
@@ -556,7 +267,7 @@ impl LockGuard {
     /// first.
     pub fn detach(self) {
         // Finished, so that dropping `self` does not release.
-        self.handle.shared.finish();
+        self.finish();
     }
 }
 
@@ -575,10 +286,10 @@ impl fmt::Debug for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let shared = Arc::clone(&self.handle.shared);
-        if !shared.finish() {
+        if !self.finish() {
             return;
         }
+        let shared = Arc::clone(&self.handle.shared);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 match shared.release().await {

@@ -74,6 +74,7 @@ mod backoff;
 pub mod baseline;
 mod client;
 mod clock;
+mod deadline;
 mod driver;
 mod election;
 mod error;
@@ -82,6 +83,7 @@ mod error;
 pub mod fault;
 mod fence;
 mod guard;
+mod lease;
 mod memory;
 pub mod metrics;
 mod multi;
@@ -97,8 +99,9 @@ pub use backend::{
 };
 pub use backoff::Backoff;
 pub use client::{
-    validate_data, ClockPolicy, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
+    validate_data, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
 };
+pub use clock::ClockPolicy;
 pub use driver::{Driver, MemoryDriver};
 pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
 pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::{
     backend::Backend,
-    client::bounded,
+    deadline::bounded,
     error::Result,
     types::{LeaseId, LockInfo, LockKey},
     watch::{HolderChange, Watch, WatchFeeder},

@@ -40,7 +40,7 @@ use crate::{
     backoff::Backoff,
     clock::{suspends, Sent},
     error::{Error, LossReason},
-    guard::Shared,
+    lease::Shared,
     metrics as m,
     types::LockMode,
 };

@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use crate::{
     backoff::Backoff,
-    client::{attempt, bounded, Attempt, LockClient, LockRequest, WAIT_BACKOFF},
+    client::{attempt, Attempt, LockClient, LockRequest, WAIT_BACKOFF},
+    deadline::bounded,
     error::{Error, Result},
     guard::{GuardHandle, LockGuard},
     types::{LockInfo, LockKey},

@@ -143,6 +143,13 @@ fn server(kind: &str) {
     }
 }
 
+/// Three `fencelock serve` replicas behind HAProxy; `restart` kills -9 a
+/// replica under the workers.
+#[test]
+fn service_replicas_behind_haproxy_all_faults() {
+    server("replicas");
+}
+
 #[test]
 fn postgres_all_faults() {
     server("postgres");

@@ -1,6 +1,12 @@
 //! The backend, fence and driver that speak to a `fencelock serve` service.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use fencelock_core::Admission;
@@ -52,11 +58,23 @@ impl Driver for HttpDriver {
     }
 }
 
-/// How requests reach the service: the base URL, the bearer token and one
-/// pooled HTTP client.
+/// How requests reach the service: the base URL of each replica, the bearer
+/// token and one pooled HTTP client.
+///
+/// With several replicas (`http://h1:7878,h2:7878/`), requests go to one of
+/// them until it fails: a refused connection moves to the next one and
+/// tries again at once (the request never reached anyone, so nothing can
+/// have happened twice); any other failure moves on for the next request
+/// only, because the failed one may have taken effect.
 #[derive(Clone)]
 struct Connection {
+    /// The first replica's base URL; requests are built on it and sent to
+    /// the current replica's host and port (every replica has this path).
     base: Url,
+    /// `(host, port)` of each replica, in URL order.
+    replicas: Arc<[(String, Option<u16>)]>,
+    /// Index of the replica requests go to.
+    current: Arc<AtomicUsize>,
     token: Option<String>,
     http: reqwest::Client,
 }
@@ -65,6 +83,7 @@ impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
             .field("base", &self.base.as_str())
+            .field("replicas", &self.replicas.len())
             .field("token", &self.token.as_ref().map(|_| "***"))
             .finish()
     }
@@ -72,10 +91,35 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// Parses
-    /// `http[s]://[:TOKEN@]host:port[/prefix][?token_file=PATH][&ca_file=PATH]`.
+    /// `http[s]://[:TOKEN@]host:port[,host:port…][/prefix][?token_file=PATH][&ca_file=PATH]`.
     fn new(url: &str) -> Result<Self> {
         let bad = |why: String| Error::InvalidUrl(format!("{}: {why}", redact_url(url)));
-        let mut base = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let (first, others) = split_hosts(url);
+        let mut base = Url::parse(&first).map_err(|e| bad(e.to_string()))?;
+        let mut replicas = vec![(base.host_str().unwrap_or_default().to_owned(), base.port())];
+        for other in others {
+            let mut replica = base.clone();
+            let (host, port) = match other.rsplit_once(':') {
+                Some((host, port)) if !port.contains(']') => (
+                    host,
+                    Some(
+                        port.parse::<u16>()
+                            .map_err(|_| bad(format!("{other:?} is not host:port")))?,
+                    ),
+                ),
+                _ => (other.as_str(), None),
+            };
+            if host.is_empty() {
+                return Err(bad("an empty host in the list of replicas".to_owned()));
+            }
+            replica
+                .set_host(Some(host))
+                .map_err(|e| bad(format!("{other:?}: {e}")))?;
+            replicas.push((
+                replica.host_str().unwrap_or_default().to_owned(),
+                port.or(base.port()),
+            ));
+        }
         if base.host_str().is_none_or(str::is_empty) {
             return Err(bad("no host".to_owned()));
         }
@@ -129,7 +173,52 @@ impl Connection {
         let http = http
             .build()
             .map_err(|e| BackendError::permanent(NAME, "cannot build the HTTP client", e))?;
-        Ok(Self { base, token, http })
+        Ok(Self {
+            base,
+            replicas: replicas.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+            token,
+            http,
+        })
+    }
+
+    /// Sends the request `make` builds for `url`, at the current replica;
+    /// fails over as the type's comment says.
+    async fn send(
+        &self,
+        url: Url,
+        make: impl Fn(Url) -> reqwest::RequestBuilder,
+    ) -> std::result::Result<reqwest::Response, reqwest::Error> {
+        let mut tries = self.replicas.len();
+        loop {
+            let at = self.current.load(Ordering::Relaxed) % self.replicas.len();
+            let mut target = url.clone();
+            if self.replicas.len() > 1 {
+                let (host, port) = &self.replicas[at];
+                // Both were accepted by the URL parser when the connection
+                // was made, on a URL of this very scheme.
+                let _ = target.set_host(Some(host));
+                let _ = target.set_port(*port);
+            }
+            match make(target).send().await {
+                Ok(response) => return Ok(response),
+                Err(e) => {
+                    // Move on, unless another request already did.
+                    let next = (at + 1) % self.replicas.len();
+                    let _ = self.current.compare_exchange(
+                        at,
+                        next,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    tries -= 1;
+                    if !e.is_connect() || tries == 0 {
+                        return Err(e);
+                    }
+                    tracing::debug!(replica = at, error = %e, "lock service replica refused; trying the next");
+                }
+            }
+        }
     }
 
     /// The URL of `segments` under the base, each percent-encoded (a key
@@ -158,11 +247,16 @@ impl Connection {
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
     ) -> Result<(StatusCode, Vec<u8>)> {
-        let mut request = self.request(method, url).timeout(REQUEST_TIMEOUT);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = request.send().await.map_err(transport)?;
+        let response = self
+            .send(url, |url| {
+                let request = self.request(method.clone(), url).timeout(REQUEST_TIMEOUT);
+                match body {
+                    Some(body) => request.json(body),
+                    None => request,
+                }
+            })
+            .await
+            .map_err(transport)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?;
         Ok((status, bytes.to_vec()))
@@ -171,6 +265,34 @@ impl Connection {
     /// A call whose only success is 200 with a `T` body; `expected` lists
     /// the refusal codes the caller handles (returned as `Err(Ok(body))`).
     async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&(impl Serialize + Sync)>,
+        expected: &[StatusCode],
+    ) -> Result<std::result::Result<T, ErrorBody>> {
+        // A read changes nothing, so a read that failed in transit (a
+        // replica that died under it, a balancer's 502) is tried once more,
+        // on the next replica when there are several.
+        let tries = if method == Method::GET { 2 } else { 1 };
+        let mut answer = self
+            .answer(method.clone(), url.clone(), body, expected)
+            .await;
+        for _ in 1..tries {
+            match &answer {
+                Err(e) if e.is_transient() => {
+                    answer = self
+                        .answer(method.clone(), url.clone(), body, expected)
+                        .await;
+                }
+                _ => break,
+            }
+        }
+        answer
+    }
+
+    /// One try of [`Connection::json`].
+    async fn answer<T: DeserializeOwned>(
         &self,
         method: Method,
         url: Url,
@@ -199,6 +321,26 @@ impl Connection {
         }
         Err(refused(status, refusal))
     }
+}
+
+/// Splits `scheme://[userinfo@]h1:p1,h2:p2/rest` into the URL of the first
+/// host (`scheme://[userinfo@]h1:p1/rest`) and the other `host:port`s.
+fn split_hosts(url: &str) -> (String, Vec<String>) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return (url.to_owned(), Vec::new());
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    let mut hosts = hosts.split(',');
+    let first = hosts.next().unwrap_or_default();
+    (
+        format!("{scheme}://{userinfo}{first}{tail}"),
+        hosts.map(str::to_owned).collect(),
+    )
 }
 
 /// The userinfo password is percent-encoded in a URL.
@@ -551,8 +693,7 @@ impl Backend for HttpBackend {
         url.query_pairs_mut().append_pair("key", key.as_str());
         let response = self
             .conn
-            .request(Method::GET, url)
-            .send()
+            .send(url, |url| self.conn.request(Method::GET, url))
             .await
             .map_err(transport)?;
         if response.status() != StatusCode::OK {
@@ -678,5 +819,26 @@ mod tests {
         );
         let root = Connection::new("http://h:1").unwrap();
         assert_eq!(root.url(&["v1", "info"]).as_str(), "http://h:1/v1/info");
+    }
+
+    #[test]
+    fn a_list_of_replicas_keeps_userinfo_path_and_options_for_all() {
+        let (first, others) = split_hosts("http://:t@a:1,b:2,[::1]:3/p?ca_file=x");
+        assert_eq!(first, "http://:t@a:1/p?ca_file=x");
+        assert_eq!(others, ["b:2", "[::1]:3"]);
+        let conn = Connection::new("http://a:1,b,127.0.0.1:3/prefix").unwrap();
+        assert_eq!(
+            &conn.replicas[..],
+            [
+                ("a".to_owned(), Some(1)),
+                ("b".to_owned(), Some(1)),
+                ("127.0.0.1".to_owned(), Some(3))
+            ]
+        );
+        assert_eq!(
+            conn.url(&["v1", "info"]).as_str(),
+            "http://a:1/prefix/v1/info"
+        );
+        assert_eq!(split_hosts("http://h:1").1, Vec::<String>::new());
     }
 }

@@ -138,6 +138,11 @@ pub enum ServerKind {
     /// A shard map over two SQLite files that the `reshard` fault steps
     /// through a transition, moving the key between the shards and back.
     Sharded,
+    /// The lock service as it runs in production: three `fencelock serve`
+    /// replicas (this binary) over one Redis with persistence, behind
+    /// HAProxy; the workers go through the balancer, and `restart` kills -9
+    /// one replica (round robin) and starts it again.
+    Replicas,
 }
 
 impl ServerKind {
@@ -154,6 +159,7 @@ impl ServerKind {
             ServerKind::ZookeeperCluster => "zookeeper-cluster",
             ServerKind::Sqlite => "sqlite",
             ServerKind::Sharded => "sharded",
+            ServerKind::Replicas => "replicas",
         }
     }
 
@@ -170,6 +176,7 @@ impl ServerKind {
             ServerKind::Zookeeper => Server::Zookeeper(ZkServer::start()?),
             ServerKind::ZookeeperCluster => Server::Zookeeper(ZkServer::start_members(3)?),
             ServerKind::Sharded => Server::Sharded(shards::ShardSteps::start(key)?),
+            ServerKind::Replicas => Server::Replicas(nemesis::ServiceReplicas::start()?),
             ServerKind::Sqlite => return Ok(None),
         }))
     }
@@ -298,6 +305,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
         (None, Some(ServerKind::Sharded)) => "sharded",
+        (None, Some(ServerKind::Replicas)) => "http",
     };
     let applicable = applicable(engine, args.server);
     let mut faults = if args.faults.is_empty() {

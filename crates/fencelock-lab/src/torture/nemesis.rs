@@ -18,8 +18,14 @@ use fencelock::{Error, LockClient};
 use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::{
-        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        redis_cluster::RedisCluster, redis_set::RedisSet, zookeeper::ZkServer,
+        etcd::EtcdCluster,
+        mariadb::MariaDbServer,
+        postgres::PostgresServer,
+        redis::RedisServer,
+        redis_cluster::RedisCluster,
+        redis_set::RedisSet,
+        replicas::{Haproxy, ServeReplicas},
+        zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -50,8 +56,9 @@ pub enum FaultKind {
     Latency,
     /// Reset a worker's connections to the lock backend.
     Reset,
-    /// kill -9 the lock server (every member of an etcd cluster), start it
-    /// again on the same data 0.75–1.5 × the lease later.
+    /// kill -9 the lock server (every member of an etcd cluster; one
+    /// `fencelock serve` replica of `--server replicas`), start it again on
+    /// the same data 0.75–1.5 × the lease later.
     Restart,
     /// kill -9 the etcd or ZooKeeper leader (a Redis Cluster: the primary
     /// of the key's slot, which its replica replaces), start it again
@@ -107,6 +114,36 @@ pub enum Server {
     Zookeeper(ZkServer),
     /// A shard map over two SQLite files, stepped by `reshard`.
     Sharded(ShardSteps),
+    /// `fencelock serve` replicas behind HAProxy.
+    Replicas(ServiceReplicas),
+}
+
+/// Three `fencelock serve` replicas (this very binary) over one Redis with
+/// persistence, behind HAProxy, and the next replica a restart kills.
+#[derive(Debug)]
+pub struct ServiceReplicas {
+    // Dropped in this order: the balancer, the replicas, then their store.
+    balancer: Haproxy,
+    replicas: ServeReplicas,
+    _redis: RedisServer,
+    next: usize,
+}
+
+impl ServiceReplicas {
+    /// Starts Redis, the replicas and the balancer.
+    pub fn start() -> TestResult<Self> {
+        let redis = RedisServer::start_persistent()?;
+        let binary = std::env::current_exe()?;
+        let replicas = ServeReplicas::start(&binary, &redis.url(), 3, &[])?;
+        let ports: Vec<u16> = (0..replicas.len()).map(|i| replicas.port(i)).collect();
+        let balancer = Haproxy::start(&ports)?;
+        Ok(Self {
+            balancer,
+            replicas,
+            _redis: redis,
+            next: 0,
+        })
+    }
 }
 
 impl Server {
@@ -123,6 +160,7 @@ impl Server {
             Server::Etcd(c) => c.url(),
             Server::Zookeeper(z) => z.url(),
             Server::Sharded(m) => m.url(),
+            Server::Replicas(r) => r.balancer.url(),
         }
     }
 
@@ -143,6 +181,11 @@ impl Server {
             Server::Etcd(c) => (0..c.len()).try_for_each(|i| c.kill(i)),
             Server::Zookeeper(z) => (0..z.len()).try_for_each(|i| z.kill(i)),
             Server::Sharded(_) => Err(FILES.into()),
+            Server::Replicas(r) => {
+                let victim = r.next % r.replicas.len();
+                r.next += 1;
+                r.replicas.kill(victim)
+            }
         }
     }
 
@@ -161,6 +204,9 @@ impl Server {
                 .filter(|&i| !z.is_running(i))
                 .try_for_each(|i| z.start_again(i)),
             Server::Sharded(_) => Err(FILES.into()),
+            Server::Replicas(r) => (0..r.replicas.len())
+                .filter(|&i| !r.replicas.is_running(i))
+                .try_for_each(|i| r.replicas.start_again(i)),
         }
     }
 

@@ -194,5 +194,6 @@ pub mod members;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_set;
+pub mod replicas;
 pub mod url_factory;
 pub mod zookeeper;

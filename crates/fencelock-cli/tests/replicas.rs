@@ -1,0 +1,168 @@
+//! Several `fencelock serve` replicas over one backend behave as one
+//! service (docs/http.md, "Several replicas"): behind HAProxy, and with a
+//! client given every replica's address. One replica is killed with
+//! SIGKILL while clients hold locks and others wait for them: the holders
+//! keep renewing through the other replicas, no lease the backend holds is
+//! lost, the waiters are granted once the holders release, and every token
+//! is above the one before it on its key.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{path::Path, time::Duration};
+
+use fencelock::{LockClient, LockGuard, Owner};
+use fencelock_testkit::servers::{
+    postgres::PostgresServer,
+    redis::RedisServer,
+    replicas::{Haproxy, ServeReplicas},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// Short leases, so that a renewal lost with the replica would show as a
+/// loss within the test.
+const TTL: Duration = Duration::from_secs(3);
+const HOLDERS: usize = 6;
+
+async fn client(url: &str, owner: &str) -> LockClient {
+    LockClient::builder(fencelock::open_backend(url).await.unwrap())
+        .owner(Owner::new(owner).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// The scenario: holders on `url` (which reaches the replicas), waiters
+/// for the same keys, one replica killed, then the hand-over. `backend` is
+/// the backend itself, read to check what it holds.
+async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("fencelock_core=debug,fencelock_http=debug")
+        .with_test_writer()
+        .try_init();
+    let holders = client(url, "holder").await;
+    let mut guards: Vec<LockGuard> = Vec::new();
+    for i in 0..HOLDERS {
+        guards.push(
+            holders
+                .lock(format!("order:{i}"))
+                .ttl(TTL)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut waiters = Vec::new();
+    for i in 0..HOLDERS {
+        let url = url.to_owned();
+        waiters.push(tokio::spawn(async move {
+            let waiter = client(&url, &format!("waiter-{i}")).await;
+            let guard = waiter
+                .lock(format!("order:{i}"))
+                .ttl(TTL)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await;
+            (waiter, guard)
+        }));
+    }
+
+    replicas.kill(0).unwrap();
+    // Several renewals (one every third of the TTL) must go through the
+    // replicas left, each within its lease.
+    let renewals_before: Vec<_> = guards.iter().map(|g| g.expires_at()).collect();
+    tokio::time::sleep(TTL * 3).await;
+    let direct = client(backend, "observer").await;
+    for (guard, before) in guards.iter().zip(renewals_before) {
+        guard.check().unwrap();
+        assert!(
+            guard.expires_at() > before,
+            "{} was not renewed after the kill",
+            guard.key()
+        );
+        let held = direct
+            .backend()
+            .inspect(guard.key())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (&held.owner, held.token),
+            (guard.owner(), guard.token()),
+            "the backend lost or changed {}",
+            guard.key()
+        );
+    }
+    for waiter in &waiters {
+        assert!(!waiter.is_finished(), "a waiter was granted a held key");
+    }
+
+    let tokens: Vec<_> = guards.iter().map(|g| g.token()).collect();
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for (waiter, before) in waiters.into_iter().zip(tokens) {
+        let (_client, guard) = waiter.await.unwrap();
+        let guard = guard.unwrap();
+        assert!(
+            guard.token() > before,
+            "{}: token {} after {before}",
+            guard.key(),
+            guard.token()
+        );
+        guard.release().await.unwrap();
+    }
+    // A new acquisition after all this still draws a higher token.
+    replicas.start_again(0).unwrap();
+    let again = holders.lock("order:0").ttl(TTL).acquire().await.unwrap();
+    let last = direct
+        .backend()
+        .inspect(again.key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.token, again.token());
+    again.release().await.unwrap();
+}
+
+async fn behind_haproxy(backend: &str) {
+    let replicas = ServeReplicas::start(Path::new(BIN), backend, 3, &[]).unwrap();
+    let ports: Vec<u16> = (0..replicas.len()).map(|i| replicas.port(i)).collect();
+    let balancer = Haproxy::start(&ports).unwrap();
+    survive_a_replica_kill(&replicas, &balancer.url(), backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_over_postgres_behind_haproxy_survive_a_kill() {
+    let server = PostgresServer::start().unwrap();
+    behind_haproxy(&server.url("postgres")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_over_redis_behind_haproxy_survive_a_kill() {
+    let server = RedisServer::start_persistent().unwrap();
+    behind_haproxy(&server.url()).await;
+}
+
+/// No balancer: the client is given the three addresses and moves to the
+/// next replica when one refuses its connections. Replica 0, the one it
+/// starts with, is the one killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_every_replica_fails_over_by_itself() {
+    let server = RedisServer::start_persistent().unwrap();
+    let replicas = ServeReplicas::start(Path::new(BIN), &server.url(), 3, &[]).unwrap();
+    survive_a_replica_kill(&replicas, &replicas.url_of_all(), &server.url()).await;
+}
+
+/// A list of replicas with a hole in it is a bad URL, not a panic.
+#[tokio::test]
+async fn a_bad_list_of_replicas_is_an_invalid_url() {
+    for url in [
+        "http://127.0.0.1:1,,127.0.0.1:2",
+        "http://127.0.0.1:1,127.0.0.1:notaport",
+    ] {
+        let opened = fencelock::open_backend(url).await;
+        assert!(
+            matches!(opened, Err(fencelock::Error::InvalidUrl(_))),
+            "{url}: {opened:?}"
+        );
+    }
+}

@@ -1,0 +1,198 @@
+//! Several `fencelock serve` replicas over one backend, and HAProxy in front
+//! of them: the lock service as it runs in production, for tests and the
+//! torture harness to crash replicas under load.
+//!
+//! The test kit does not link the service: it runs the `fencelock` binary
+//! it is given (a test's `CARGO_BIN_EXE_fencelock`, or the harness's own
+//! executable), so the replicas are real processes that `kill -9` ends.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use super::{find_binary, free_port, wait_for_port, ChildProcess};
+use crate::TestResult;
+
+/// `fencelock serve` processes over one backend URL, each on a port of its
+/// own that it keeps across restarts.
+#[derive(Debug)]
+pub struct ServeReplicas {
+    binary: PathBuf,
+    backend: String,
+    args: Vec<String>,
+    ports: Vec<u16>,
+    processes: Vec<Mutex<Option<ChildProcess>>>,
+}
+
+impl ServeReplicas {
+    /// Starts `n` replicas of `binary serve` over `backend`, with `args`
+    /// added to each command line (e.g. `--token-file`); returns once each
+    /// has printed its listening line.
+    pub fn start(binary: &Path, backend: &str, n: usize, args: &[&str]) -> TestResult<Self> {
+        let replicas = Self {
+            binary: binary.to_owned(),
+            backend: backend.to_owned(),
+            args: args.iter().map(|&a| a.to_owned()).collect(),
+            ports: (0..n).map(|_| free_port()).collect::<TestResult<_>>()?,
+            processes: (0..n).map(|_| Mutex::new(None)).collect(),
+        };
+        for i in 0..n {
+            replicas.start_again(i)?;
+        }
+        Ok(replicas)
+    }
+
+    fn process(&self, i: usize) -> MutexGuard<'_, Option<ChildProcess>> {
+        self.processes[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many replicas there are (running or not).
+    pub fn len(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty()
+    }
+
+    /// Replica `i`'s port.
+    pub fn port(&self, i: usize) -> u16 {
+        self.ports[i]
+    }
+
+    /// `http://127.0.0.1:PORT` of replica `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    /// One `http://` URL naming every replica, for a client that fails
+    /// over by itself.
+    pub fn url_of_all(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("http://{}", hosts.join(","))
+    }
+
+    /// Whether replica `i` runs.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.process(i)
+            .as_mut()
+            .is_some_and(|p| p.is_running().unwrap_or(false))
+    }
+
+    /// kill -9 of replica `i`.
+    pub fn kill(&self, i: usize) -> TestResult {
+        if let Some(mut p) = self.process(i).take() {
+            p.kill()?;
+        }
+        Ok(())
+    }
+
+    /// Starts replica `i` (again) on its port; returns once it listens.
+    pub fn start_again(&self, i: usize) -> TestResult {
+        let mut slot = self.process(i);
+        if slot
+            .as_mut()
+            .is_some_and(|p| p.is_running().unwrap_or(false))
+        {
+            return Err(format!("replica {i} is still running").into());
+        }
+        let mut child = Command::new(&self.binary)
+            .env_remove("FENCELOCK_URL")
+            .env_remove("RUST_LOG")
+            .args(["--url", &self.backend, "serve", "--listen"])
+            .arg(format!("127.0.0.1:{}", self.ports[i]))
+            .args(&self.args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut process = ChildProcess::new(format!("fencelock serve #{i}"), child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        if !line.starts_with("listening on ") {
+            process.kill()?;
+            return Err(format!("replica {i} did not start: {line:?}").into());
+        }
+        *slot = Some(process);
+        Ok(())
+    }
+}
+
+/// HAProxy balancing HTTP requests over some servers with health checks on
+/// `/healthz`, so that a dead replica is taken out within a fraction of a
+/// second and requests refused by it are sent to another.
+#[derive(Debug)]
+pub struct Haproxy {
+    _process: ChildProcess,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// Starts `haproxy` in front of `127.0.0.1:PORT` for each of `ports`.
+    pub fn start(ports: &[u16]) -> TestResult<Self> {
+        let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                format!("    server r{i} 127.0.0.1:{p} check inter 300ms fall 2 rise 1\n")
+            })
+            .collect();
+        // Health checks: a replica that refuses connections is out after two
+        // checks; one that is merely slow (a loaded test machine) is given
+        // `timeout check` to answer rather than being taken out with the
+        // others, which would leave no server at all.
+        // `retries` and `redispatch`: a connection a dead replica refuses is
+        // tried on another one, which is safe because the request never
+        // reached the dead one. Requests that reached it are not retried
+        // (HAProxy never resends a request once sent): the client sees an
+        // error and decides, as it would without a balancer.
+        let config = format!(
+            "global\n    maxconn 4096\n\
+             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+             timeout server 1h\n    timeout check 3s\n    retries 3\n    option redispatch 1\n\
+             frontend locks\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\
+             backend replicas\n    balance roundrobin\n    option httpchk GET /healthz\n{servers}"
+        );
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, config)?;
+        let child = Command::new(binary)
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut process = ChildProcess::new("haproxy", child);
+        wait_for_port(
+            ([127, 0, 0, 1], port).into(),
+            Duration::from_secs(10),
+            || process.is_running(),
+        )?;
+        Ok(Self {
+            _process: process,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT` of the balancer.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use fencelock_core::Admission;
 use fencelock_core::{
     redact_url, Acquire, AcquireRequest, Backend, BackendError, Capabilities, Driver, Error,
-    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Result,
-    Stats, WakeSubscription,
+    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal,
+    Result, Stats, WakeSubscription,
 };
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -22,7 +22,8 @@ use url::Url;
 
 use crate::wire::{
     AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody, GrantBody, InfoBody, IntentBody,
-    LockBody, LockList, ReleaseBody, RenewBody,
+    LockBody, LockList, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults,
+    MAX_RENEW_BATCH,
 };
 
 const NAME: &str = "http";
@@ -520,8 +521,77 @@ impl HttpBackend {
             .with_keeps_expired(remote.keeps_expired)
             .with_min_token(remote.min_token)
             .with_set_data(remote.set_data)
-            .with_shared(remote.shared);
+            .with_shared(remote.shared)
+            // One request for a client's due renewals, whatever the backend
+            // does with them behind the service.
+            .with_batch_renew(info.renew_batch);
         Ok(Self { conn, capabilities })
+    }
+
+    /// `POST /v1/renew` in chunks of at most [`MAX_RENEW_BATCH`]; falls back
+    /// to one request per lease on a service without the route.
+    async fn renew_batch(
+        &self,
+        renewals: &[Renewal],
+        mode: Option<LockMode>,
+    ) -> Result<Vec<Result<Grant>>> {
+        if !self.capabilities.batch_renew {
+            let mut results = Vec::with_capacity(renewals.len());
+            for r in renewals {
+                results.push(self.renew_as(&r.lease, r.ttl, mode).await);
+            }
+            return Ok(results);
+        }
+        let url = self.conn.url(&["v1", "renew"]);
+        let mut results = Vec::with_capacity(renewals.len());
+        for chunk in renewals.chunks(MAX_RENEW_BATCH) {
+            let body = RenewManyBody {
+                leases: chunk
+                    .iter()
+                    .map(|r| RenewItem {
+                        key: r.lease.key.to_string(),
+                        owner: r.lease.owner.to_string(),
+                        token: r.lease.token.get(),
+                        ttl_ms: Some(millis(r.ttl)),
+                        mode,
+                    })
+                    .collect(),
+            };
+            let answer: RenewManyResults = self
+                .conn
+                .json(Method::POST, url.clone(), Some(&body), &[])
+                .await?
+                .map_err(|e| refused(StatusCode::OK, e))?;
+            if answer.results.len() != chunk.len() {
+                // Which result belongs to which lease is unknown: nothing
+                // is known of any of them.
+                return Err(BackendError::timeout(
+                    NAME,
+                    format!(
+                        "the lock service answered {} results for {} renewals",
+                        answer.results.len(),
+                        chunk.len()
+                    ),
+                )
+                .into());
+            }
+            for (r, result) in chunk.iter().zip(answer.results) {
+                results.push(match (result.status, result.grant, result.error) {
+                    (200, Some(g), _) => Ok(grant(g)),
+                    (409, _, _) => Err(Error::not_held(&r.lease)),
+                    (status, _, error) => Err(refused(
+                        StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                        error.unwrap_or_else(|| ErrorBody {
+                            error: "no outcome for this renewal".to_owned(),
+                            code: String::new(),
+                            holder: None,
+                            current: None,
+                        }),
+                    )),
+                });
+            }
+        }
+        Ok(results)
     }
 
     fn lock_url(&self, key: &LockKey, action: Option<&str>) -> Url {
@@ -548,6 +618,14 @@ impl Backend for HttpBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_as(lease, ttl, None).await
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_batch(renewals, None).await
+    }
+
+    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.renew_batch(renewals, Some(LockMode::Shared)).await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {

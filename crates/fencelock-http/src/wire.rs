@@ -66,6 +66,57 @@ pub struct RenewBody {
     pub mode: Option<LockMode>,
 }
 
+/// One lease of a `POST /v1/renew` batch.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewItem {
+    /// The lock.
+    pub key: String,
+    /// The holder.
+    pub owner: String,
+    /// The grant's token.
+    pub token: u64,
+    /// The new lease length from now (default 30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// `shared` for a reader's lease (exclusive when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
+}
+
+/// `POST /v1/renew`: several leases renewed in one request, each as
+/// `POST /v1/locks/{key}/renew` would (at most [`MAX_RENEW_BATCH`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewManyBody {
+    /// The leases, in the order of the answer's results.
+    pub leases: Vec<RenewItem>,
+}
+
+/// Most leases one `POST /v1/renew` takes.
+pub const MAX_RENEW_BATCH: usize = 1000;
+
+/// The answer to `POST /v1/renew`: one result per lease, in order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RenewManyResults {
+    /// `status` 200 with `grant`, or the status and `error` that
+    /// `POST /v1/locks/{key}/renew` would have answered for this lease.
+    pub results: Vec<RenewResult>,
+}
+
+/// One lease's outcome in [`RenewManyResults`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RenewResult {
+    /// The HTTP status the single renewal would have had.
+    pub status: u16,
+    /// The renewal, when `status` is 200.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantBody>,
+    /// The refusal otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
 /// `POST /v1/locks/{key}/release`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -168,6 +219,10 @@ pub struct InfoBody {
     pub backend: String,
     /// The backend's capabilities, by name.
     pub capabilities: CapabilitiesBody,
+    /// Whether the service takes `POST /v1/renew` (absent from services
+    /// before it: clients then renew one lease per request).
+    #[serde(default)]
+    pub renew_batch: bool,
 }
 
 /// [`Capabilities`] on the wire.

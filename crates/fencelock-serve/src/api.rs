@@ -14,7 +14,8 @@ use fencelock_core::{
 };
 use fencelock_http::wire::{
     AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, IntentBody,
-    KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
+    KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody, RenewManyBody, RenewManyResults,
+    RenewResult, MAX_RENEW_BATCH,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -117,6 +118,7 @@ pub(crate) async fn info(State(s): State<Service>) -> Json<InfoBody> {
     Json(InfoBody {
         backend: backend.name().to_owned(),
         capabilities: CapabilitiesBody::from(backend.capabilities()),
+        renew_batch: true,
     })
 }
 
@@ -250,6 +252,117 @@ pub(crate) async fn renew(
     s.inner.events.renewed(&grant, sent);
     grant.owner = caller.owner_out(&grant.owner);
     Ok(Json(grant))
+}
+
+/// `POST /v1/renew`: a client's due leases in one request, renewed with the
+/// backend's batch call (one round trip where the backend has one), each
+/// judged as `renew` judges one lease.
+pub(crate) async fn renew_many(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    Body(body): Body<RenewManyBody>,
+) -> ApiResult<RenewManyResults> {
+    use fencelock_core::Renewal;
+    if body.leases.len() > MAX_RENEW_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "{} leases in one renewal; the limit is {MAX_RENEW_BATCH}",
+            body.leases.len()
+        )));
+    }
+    let mut results: Vec<Result<Grant, ApiError>> = Vec::new();
+    // Valid renewals by mode, each with its place in the answer.
+    let mut batches: [(LockMode, Vec<usize>, Vec<Renewal>); 2] = [
+        (LockMode::Exclusive, Vec::new(), Vec::new()),
+        (LockMode::Shared, Vec::new(), Vec::new()),
+    ];
+    for (i, item) in body.leases.iter().enumerate() {
+        let renewal = LockKey::new(item.key.as_str())
+            .map_err(ApiError::from)
+            .and_then(|key| lease(&caller, key, &item.owner, item.token))
+            .and_then(|lease| {
+                let ttl = item.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis);
+                Ok(Renewal::new(lease, validate_ttl(ttl)?))
+            });
+        match renewal {
+            Ok(renewal) => {
+                let batch = &mut batches[usize::from(item.mode == Some(LockMode::Shared))];
+                batch.1.push(i);
+                batch.2.push(renewal);
+                // Replaced by its batch's outcome below.
+                results.push(Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "not renewed",
+                )));
+            }
+            Err(e) => results.push(Err(e)),
+        }
+    }
+    let backend = s.inner.client.backend();
+    let sent = tokio::time::Instant::now();
+    for (mode, places, renewals) in &batches {
+        if renewals.is_empty() {
+            continue;
+        }
+        let renewed = match mode {
+            LockMode::Shared => bounded("renew", backend.renew_many_shared(renewals)).await,
+            LockMode::Exclusive => bounded("renew", backend.renew_many(renewals)).await,
+        };
+        // No answer for the batch is no answer for each of its leases.
+        let renewed: Vec<Result<Grant, ApiError>> = match renewed {
+            Ok(each) => each
+                .into_iter()
+                .map(|r| r.map_err(ApiError::from))
+                .collect(),
+            Err(e) => {
+                let (status, body) = e.into_parts();
+                renewals
+                    .iter()
+                    .map(|_| Err(ApiError::new(status, &body.code, &body.error)))
+                    .collect()
+            }
+        };
+        for (&place, outcome) in places.iter().zip(renewed) {
+            count_renewal(backend.name(), sent.elapsed(), &outcome);
+            results[place] = outcome;
+        }
+    }
+    let results = body
+        .leases
+        .iter()
+        .zip(results)
+        .map(|(item, outcome)| match outcome {
+            Ok(grant) => {
+                let grant = GrantBody {
+                    key: item.key.clone(),
+                    owner: caller
+                        .owner_in(&item.owner)
+                        .map_or_else(|_| item.owner.clone(), |owner| owner.to_string()),
+                    token: grant.token.get(),
+                    expires_at: grant.expires_at,
+                    ttl_ms: ms(grant.ttl),
+                };
+                s.inner.events.renewed(&grant, sent);
+                RenewResult {
+                    status: StatusCode::OK.as_u16(),
+                    grant: Some(GrantBody {
+                        owner: caller.owner_out(&grant.owner),
+                        ..grant
+                    }),
+                    error: None,
+                }
+            }
+            Err(e) => {
+                let (status, error) = e.into_parts();
+                RenewResult {
+                    status: status.as_u16(),
+                    grant: None,
+                    error: Some(error),
+                }
+            }
+        })
+        .collect();
+    Ok(Json(RenewManyResults { results }))
 }
 
 /// Counts an HTTP client's renewal under the names the library's renewer

@@ -36,6 +36,11 @@ impl ApiError {
         }
     }
 
+    /// The status and body, for an answer that carries several outcomes.
+    pub(crate) fn into_parts(self) -> (StatusCode, ErrorBody) {
+        (self.status, *self.body)
+    }
+
     pub(crate) fn bad_request(message: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }

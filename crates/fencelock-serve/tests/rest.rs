@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use eventsource_stream::Eventsource;
-use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+use fencelock_core::{LockClient, LockKey, MemoryBackend, MemoryFence};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -953,4 +953,63 @@ async fn a_follower_resumes_from_its_last_event_id() {
         .unwrap()
         .unwrap();
     assert_eq!(e.event, "resync");
+}
+
+/// `POST /v1/renew` renews a client's leases in one request, each judged
+/// as its own renewal would be: a lease of another client or one that is
+/// gone is refused in its place, a bad key is bad input in its place, and
+/// the others are renewed. A batch over the limit is bad input as a whole.
+#[tokio::test]
+async fn a_batch_renews_each_lease_as_its_own_renewal_would() {
+    let api = Api::start(true).await;
+    let mine = api.as_token(Some(CLIENT));
+    let theirs = api.as_token(Some(OTHER));
+    let (_, a) = mine
+        .acquire("batch:a", json!({"owner": "w", "ttl_ms": 5000}))
+        .await;
+    let (_, b) = mine
+        .acquire("batch:b", json!({"owner": "w", "ttl_ms": 5000}))
+        .await;
+    let (_, c) = theirs
+        .acquire("batch:c", json!({"owner": "w", "ttl_ms": 5000}))
+        .await;
+    let (status, answer) = mine
+        .send(
+            Method::POST,
+            "/v1/renew",
+            Some(json!({"leases": [
+                {"key": "batch:a", "owner": "w", "token": a["token"], "ttl_ms": 60000},
+                {"key": "batch:c", "owner": "w", "token": c["token"], "ttl_ms": 60000},
+                {"key": "", "owner": "w", "token": 1},
+                {"key": "batch:b", "owner": "w", "token": b["token"], "ttl_ms": 60000},
+                {"key": "batch:a", "owner": "w", "token": 999},
+            ]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let results = answer["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 409, 400, 200, 409], "{answer}");
+    assert_eq!(results[0]["grant"]["ttl_ms"], 60000);
+    assert_eq!(results[0]["grant"]["owner"], "w");
+    assert_eq!(results[1]["error"]["code"], "not_held");
+    assert_eq!(results[2]["error"]["code"], "invalid_key");
+    // The other client's lease kept its own length.
+    let held = api
+        .direct
+        .backend()
+        .inspect(&LockKey::new("batch:c").unwrap())
+        .await;
+    assert!(held.unwrap().unwrap().expires_in <= Duration::from_secs(5));
+
+    let many: Vec<Value> = (0..1001)
+        .map(|i| json!({"key": format!("k{i}"), "owner": "w", "token": 1}))
+        .collect();
+    let answer = mine
+        .send(Method::POST, "/v1/renew", Some(json!({ "leases": many })))
+        .await;
+    refused(&answer, StatusCode::BAD_REQUEST, "bad_request");
 }

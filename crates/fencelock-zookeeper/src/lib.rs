@@ -29,6 +29,7 @@ mod backend;
 #[doc(hidden)]
 pub mod baseline;
 mod conn;
+mod curator;
 mod error;
 mod fence;
 mod options;
@@ -40,7 +41,7 @@ use async_trait::async_trait;
 
 pub use backend::ZkBackend;
 pub use fence::ZkFence;
-pub use options::{ZkOptions, DEFAULT_PREFIX};
+pub use options::{ZkLayout, ZkOptions, DEFAULT_PREFIX};
 
 /// Opens ZooKeeper backends and fences from
 /// `zk://host:port[,host:port…][/chroot]` URLs.

@@ -677,6 +677,9 @@ impl ZkBackend {
                 .ok_or_else(|| Error::not_held(lease))?,
         };
         self.forget(lease);
+        if self.curator() {
+            return self.release_unwritten(&c, node, lease, mode).await;
+        }
         // Two writes sent together, which ZooKeeper applies in order: a
         // touch conditional on the version read, whose `mtime` proves on
         // the leader's clock whether the lease was still unexpired, then a
@@ -707,6 +710,42 @@ impl ZkBackend {
                 Ok(()) | Err(zk::Error::NoNode) => Ok(()),
                 Err(e) => Err(map("releasing a lease", e)),
             },
+        }
+    }
+}
+
+impl ZkBackend {
+    /// [`ZkBackend::release_as`] in the Curator layout, without writing
+    /// the node before deleting it: a `LeaderLatch` watching it re-checks
+    /// only when it is deleted and drops its watch when it changes
+    /// (`docs/zookeeper.md`). The leader's clock is read first: a lease
+    /// that had ended by then is not released (it is deleted, as any
+    /// contender would); one that ends between that read and the delete
+    /// was taken over by nobody, or the delete (conditional on the version
+    /// read) would have found it gone.
+    async fn release_unwritten(
+        &self,
+        c: &zk::Client,
+        node: Node,
+        lease: &LeaseId,
+        mode: LockMode,
+    ) -> Result<()> {
+        let now = self.now(c).await?;
+        match self
+            .conn
+            .raw(c.delete(&node.path, Some(node.stat.version)))
+            .await
+        {
+            Ok(()) if node.live_at(now) => Ok(()),
+            Ok(()) | Err(zk::Error::NoNode) => Err(Error::not_held(lease)),
+            // A stale cache entry: the lease may have been renewed since.
+            Err(zk::Error::BadVersion) => match self.find(c, lease, mode).await? {
+                Some(fresh) if fresh.stat.version != node.stat.version => {
+                    Box::pin(self.release_unwritten(c, fresh, lease, mode)).await
+                }
+                _ => Err(Error::not_held(lease)),
+            },
+            Err(e) => Err(map("releasing a lease", e)),
         }
     }
 }

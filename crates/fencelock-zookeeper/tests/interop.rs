@@ -232,9 +232,11 @@ fn waiting(
 /// fencelock on one path, each round both ways: the foreign holder keeps
 /// fencelock waiting until it unlocks, then fencelock keeps the foreign
 /// waiter waiting until it releases. Tokens of the two sides come from one
-/// counter (creation zxids).
+/// counter (creation zxids). `inspect` and `list` show the foreign holder
+/// as `kind`.
 async fn exclusion_both_ways(
     peer: &mut Peer,
+    kind: &str,
     client: &LockClient,
     look: &zk::Client,
 ) -> TestResult {
@@ -249,8 +251,16 @@ async fn exclusion_both_ways(
             .await?
             .ok_or("fencelock sees no holder while the foreign client holds")?;
         assert!(
-            holder.owner.as_str().starts_with("zk-session:"),
+            holder.owner.as_str().starts_with("zk-session:")
+                && holder.kind.as_deref() == Some(kind),
             "{holder:?}"
+        );
+        let listed = client.list(Some("locks/")).await?;
+        assert!(
+            listed.len() == 1
+                && listed[0].key.as_str() == "locks/nightly"
+                && listed[0].owner == holder.owner,
+            "{listed:?}"
         );
         assert!(
             holder.token.0 > last,
@@ -287,7 +297,7 @@ async fn curator_mutex_and_fencelock_exclude_each_other() -> TestResult {
     let (server, url, look) = setup().await?;
     let mut curator = Peer::curator(&server).await?;
     let client = client(&url, "fl").await?;
-    exclusion_both_ways(&mut curator, &client, &look).await?;
+    exclusion_both_ways(&mut curator, "curator", &client, &look).await?;
     // Curator's node is named as Curator names it, and so is fencelock's.
     curator.send("lock last /locks/nightly")?;
     curator.expect("last acquired").await?;
@@ -312,7 +322,7 @@ async fn kazoo_lock_and_fencelock_exclude_each_other() -> TestResult {
     let (server, url, look) = setup().await?;
     let mut kazoo = Peer::kazoo(&server).await?;
     let client = client(&url, "fl").await?;
-    exclusion_both_ways(&mut kazoo, &client, &look).await
+    exclusion_both_ways(&mut kazoo, "kazoo", &client, &look).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

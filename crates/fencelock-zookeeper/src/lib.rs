@@ -21,6 +21,11 @@
 //!   refused by an older live writer's node or a live writer intent (the
 //!   `intent` node); a writer is refused by any older live node. The
 //!   fence keeps the highest writer token beside the highest token.
+//! - `?layout=curator` ([`ZkLayout::Curator`]): the key is a path, and
+//!   contenders are named as Curator's `InterProcessMutex` and
+//!   `LeaderLatch` name theirs, so that Curator's and kazoo's holders and
+//!   fencelock's exclude each other; a foreign node is held until it is
+//!   deleted, and fencelock never deletes one.
 //!
 //! See `docs/zookeeper.md`.
 

@@ -366,15 +366,20 @@ async fn leader_latch_and_fencelock_elect_one_leader() -> TestResult {
     Ok(())
 }
 
-/// A Curator holder dies (its session expires on the server): the next
-/// contender in line gets the lock, fencelock, then the Curator waiter
+/// A foreign holder dies (its session expires on the server): the next
+/// contender in line gets the lock, fencelock, then the foreign waiter
 /// queued after it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_curator_holders_session_expiry_hands_over_in_order() -> TestResult {
+async fn session_expiry_hands_over_in_order(kazoo: bool) -> TestResult {
     let (server, url, look) = setup().await?;
     let path = "/locks/expiry";
-    let mut holder = Peer::curator(&server).await?;
-    let mut next = Peer::curator(&server).await?;
+    let start = || async {
+        match kazoo {
+            true => Peer::kazoo(&server).await,
+            false => Peer::curator(&server).await,
+        }
+    };
+    let mut holder = start().await?;
+    let mut next = start().await?;
     let client = client(&url, "fl").await?;
     holder.send(&format!("lock h {path}"))?;
     holder.expect("h acquired").await?;
@@ -388,6 +393,16 @@ async fn a_curator_holders_session_expiry_hands_over_in_order() -> TestResult {
     guard.release().await?;
     next.expect("n acquired").await?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_holders_session_expiry_hands_over_in_order() -> TestResult {
+    session_expiry_hands_over_in_order(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kazoo_holders_session_expiry_hands_over_in_order() -> TestResult {
+    session_expiry_hands_over_in_order(true).await
 }
 
 /// A fencelock holder stops renewing: once its lease has ended, the next

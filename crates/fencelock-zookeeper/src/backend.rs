@@ -247,7 +247,7 @@ impl ZkBackend {
         };
         let record = match serde_json::from_slice::<Record>(&bytes) {
             Ok(record) => record,
-            Err(_) if self.curator() => self.foreign(&path, &stat)?,
+            Err(_) if self.curator() => self.foreign(&path, &stat),
             Err(e) => return Err(bad_value(format!("{path} holds no lease record: {e}"))),
         };
         Ok(Some(Node { path, record, stat }))
@@ -256,20 +256,20 @@ impl ZkBackend {
     /// The record standing for a Curator or kazoo contender's node: its
     /// owner is its session (`zk-session:0x…`), or its name when it
     /// belongs to none, its kind the client that named it.
-    fn foreign(&self, path: &str, stat: &zk::Stat) -> Result<Record> {
+    fn foreign(&self, path: &str, stat: &zk::Stat) -> Record {
         let name = path.rsplit('/').next().unwrap_or_default();
         let owner = match stat.ephemeral_owner {
             0 => format!("zk-node:{name}"),
             session => format!("zk-session:{session:#x}"),
         };
-        Ok(Record {
+        Record {
             owner,
             kind: Some(crate::curator::client_of(name).to_owned()),
             data: None,
             ttl_ms: ttl_ms(self.conn.options.session_timeout),
             queued: false,
             foreign: true,
-        })
+        }
     }
 
     /// The lease nodes of `dir` named by `names`, read concurrently (one
@@ -531,7 +531,16 @@ impl ZkBackend {
         prefix: Option<&str>,
         now: i64,
     ) -> Result<(Vec<(LockKey, Node)>, Vec<Node>)> {
-        let names = match self.curator() {
+        // In the Curator layout a key's leading `/` is optional: `/a` and
+        // `a` are one lock, listed without it.
+        let curator = self.curator();
+        let bare = |k: &str| match curator {
+            true => k.trim_start_matches('/').to_owned(),
+            false => k.to_owned(),
+        };
+        let prefix = prefix.map(bare);
+        let prefix = prefix.as_deref();
+        let names = match curator {
             true => self.curator_keys(c, prefix).await?,
             false => self
                 .conn
@@ -543,7 +552,7 @@ impl ZkBackend {
         };
         let mut keys: Vec<LockKey> = names
             .into_iter()
-            .filter(|k| prefix.is_none_or(|p| k.starts_with(p)))
+            .filter(|k| prefix.is_none_or(|p| bare(k).starts_with(p)))
             .filter_map(|k| LockKey::new(k).ok())
             .collect();
         keys.sort();
@@ -577,7 +586,7 @@ impl ZkBackend {
         let along = prefix.and_then(|p| match p.strip_prefix(fencelock_core::ELECTION_PREFIX) {
             Some(path) => Some(path.trim_start_matches('/')),
             None if fencelock_core::ELECTION_PREFIX.starts_with(p) => None,
-            None => Some(p.trim_start_matches('/')),
+            None => Some(p),
         });
         let base = options.base();
         let skip = [

@@ -255,7 +255,7 @@ async fn exclusion_both_ways(
                 && holder.kind.as_deref() == Some(kind),
             "{holder:?}"
         );
-        let listed = client.list(Some("locks/")).await?;
+        let listed = client.list(Some("/locks/")).await?;
         assert!(
             listed.len() == 1
                 && listed[0].key.as_str() == "locks/nightly"

@@ -19,7 +19,7 @@ use zookeeper_client as zk;
 use crate::{
     conn::{decode, encode, Conn},
     error::{bad_value, map},
-    options::ZkOptions,
+    options::{ZkLayout, ZkOptions},
 };
 
 mod shared;
@@ -42,9 +42,10 @@ fn prefix(mode: LockMode) -> &'static str {
 
 /// The sequence part of a lease node's name: both prefixes are two bytes,
 /// and the ten-digit numbers share the parent's counter, so comparing
-/// them orders readers and writers by creation.
+/// them orders readers and writers by creation. In the Curator layout,
+/// the digits after the recipe's marker (`curator.rs`).
 fn seq(name: &str) -> &str {
-    name.get(NODE.len()..).unwrap_or_default()
+    crate::curator::sequence(name).unwrap_or_else(|| name.get(NODE.len()..).unwrap_or_default())
 }
 
 /// Past this many cached leases, the ones that ended long ago (lost, never
@@ -65,6 +66,10 @@ pub(crate) struct Record {
     /// A waiter's queue entry, not a lease (`queue.rs`): never the holder.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) queued: bool,
+    /// Not fencelock's: a Curator or kazoo contender (Curator layout), held
+    /// until its node is deleted; the rest of the record describes it.
+    #[serde(skip)]
+    pub(crate) foreign: bool,
 }
 
 /// A lease node as read: its path, record and stat.
@@ -83,9 +88,9 @@ impl Node {
     }
 
     /// Whether the lease is unexpired at `now` (milliseconds on the
-    /// leader's clock).
+    /// leader's clock). A foreign node is live until it is deleted.
     pub(crate) fn live_at(&self, now: i64) -> bool {
-        self.expires_ms() > now
+        self.record.foreign || self.expires_ms() > now
     }
 
     /// Whether this node is a writer's or a reader's lease.
@@ -104,7 +109,13 @@ impl Node {
     }
 
     pub(crate) fn info(&self, key: &LockKey, now: i64) -> Result<LockInfo> {
-        let expires = self.expires_ms();
+        // A foreign holder has no lease: reported as ending one session
+        // timeout (its `ttl_ms`) from now, the soonest its node could go
+        // if its client died now.
+        let expires = match self.record.foreign {
+            true => now.saturating_add(i64::try_from(self.record.ttl_ms).unwrap_or(i64::MAX)),
+            false => self.expires_ms(),
+        };
         Ok(LockInfo {
             key: key.clone(),
             owner: Owner::new(self.record.owner.clone())
@@ -167,7 +178,26 @@ impl ZkBackend {
     }
 
     pub(crate) fn key_dir(&self, key: &str) -> String {
-        format!("{}/{}", self.conn.locks_dir(), encode(key))
+        match self.conn.options.layout {
+            ZkLayout::Curator => crate::curator::key_dir(&self.conn.options.chroot, key)
+                // No Curator client can name this path either.
+                .unwrap_or_else(|| format!("{}/{}", self.conn.locks_dir(), encode(key))),
+            _ => format!("{}/{}", self.conn.locks_dir(), encode(key)),
+        }
+    }
+
+    fn curator(&self) -> bool {
+        self.conn.options.layout == ZkLayout::Curator
+    }
+
+    fn refuse_shared(&self) -> Result<()> {
+        match self.curator() {
+            true => Err(Error::unsupported(
+                crate::error::NAME,
+                "read-write locks in the Curator layout",
+            )),
+            false => Ok(()),
+        }
     }
 
     /// The leader's clock now, in milliseconds: the `mtime` of a write to
@@ -195,6 +225,11 @@ impl ZkBackend {
             .maybe("listing a key's leases", c.list_children(dir))
             .await?
             .unwrap_or_default();
+        if self.curator() {
+            names.retain(|n| crate::curator::sequence(n).is_some());
+            names.sort_by(|a, b| seq(a).cmp(seq(b)));
+            return Ok((names, false));
+        }
         let intent = names.iter().any(|n| n == shared::INTENT);
         names.retain(|n| n.starts_with(NODE) || n.starts_with(READER));
         // Ten-digit sequence numbers: byte order is creation order.
@@ -210,9 +245,31 @@ impl ZkBackend {
         else {
             return Ok(None);
         };
-        let record: Record = serde_json::from_slice(&bytes)
-            .map_err(|e| bad_value(format!("{path} holds no lease record: {e}")))?;
+        let record = match serde_json::from_slice::<Record>(&bytes) {
+            Ok(record) => record,
+            Err(_) if self.curator() => self.foreign(&path, &stat),
+            Err(e) => return Err(bad_value(format!("{path} holds no lease record: {e}"))),
+        };
         Ok(Some(Node { path, record, stat }))
+    }
+
+    /// The record standing for a Curator or kazoo contender's node: its
+    /// owner is its session (`zk-session:0x…`), or its name when it
+    /// belongs to none, its kind the client that named it.
+    fn foreign(&self, path: &str, stat: &zk::Stat) -> Record {
+        let name = path.rsplit('/').next().unwrap_or_default();
+        let owner = match stat.ephemeral_owner {
+            0 => format!("zk-node:{name}"),
+            session => format!("zk-session:{session:#x}"),
+        };
+        Record {
+            owner,
+            kind: Some(crate::curator::client_of(name).to_owned()),
+            data: None,
+            ttl_ms: ttl_ms(self.conn.options.session_timeout),
+            queued: false,
+            foreign: true,
+        }
     }
 
     /// The lease nodes of `dir` named by `names`, read concurrently (one
@@ -246,6 +303,7 @@ impl ZkBackend {
             .into_iter()
             .find(|node| {
                 node.mode() == mode
+                    && !node.record.foreign
                     && node.token() == lease.token
                     && node.record.owner == lease.owner.as_str()
             }))
@@ -302,27 +360,40 @@ impl ZkBackend {
         }
     }
 
-    /// Creates the key's container `dir` unless it exists.
+    /// Creates the key's container `dir` unless it exists (in the Curator
+    /// layout with its missing parents, containers too, as Curator's
+    /// `creatingParentContainersIfNeeded` does).
     async fn ensure_dir(&self, c: &zk::Client, dir: &str) -> Result<()> {
         let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        if self.curator() {
+            return self
+                .conn
+                .call("creating a key", c.mkdir(dir, &container))
+                .await;
+        }
         match self.conn.raw(c.create(dir, b"", &container)).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
             Err(e) => Err(map("creating a key", e)),
         }
     }
 
-    /// Creates a `mode` lease node under `dir`, creating the key's
+    /// Creates a `mode` lease node of `key`, creating the key's
     /// container first when it is missing (or was just reaped by the
     /// server for being empty).
     pub(crate) async fn create(
         &self,
         c: &zk::Client,
-        dir: &str,
+        key: &str,
         mode: LockMode,
         bytes: &[u8],
     ) -> Result<(String, zk::Stat)> {
         let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
-        let path = format!("{dir}/{}", prefix(mode));
+        let dir = self.key_dir(key);
+        let name = match self.curator() {
+            true => crate::curator::node_name(key),
+            false => prefix(mode).to_owned(),
+        };
+        let path = format!("{dir}/{name}");
         for _ in 0..3 {
             match self
                 .conn
@@ -330,7 +401,7 @@ impl ZkBackend {
                 .await?
             {
                 Some((stat, seq)) => return Ok((format!("{path}{seq}"), stat)),
-                None => self.ensure_dir(c, dir).await?,
+                None => self.ensure_dir(c, &dir).await?,
             }
         }
         Err(bad_value(format!(
@@ -460,13 +531,28 @@ impl ZkBackend {
         prefix: Option<&str>,
         now: i64,
     ) -> Result<(Vec<(LockKey, Node)>, Vec<Node>)> {
-        let mut keys: Vec<LockKey> = self
-            .conn
-            .call("listing keys", c.list_children(&self.conn.locks_dir()))
-            .await?
-            .iter()
-            .filter_map(|n| decode(n))
-            .filter(|k| prefix.is_none_or(|p| k.starts_with(p)))
+        // In the Curator layout a key's leading `/` is optional: `/a` and
+        // `a` are one lock, listed without it.
+        let curator = self.curator();
+        let bare = |k: &str| match curator {
+            true => k.trim_start_matches('/').to_owned(),
+            false => k.to_owned(),
+        };
+        let prefix = prefix.map(bare);
+        let prefix = prefix.as_deref();
+        let names = match curator {
+            true => self.curator_keys(c, prefix).await?,
+            false => self
+                .conn
+                .call("listing keys", c.list_children(&self.conn.locks_dir()))
+                .await?
+                .iter()
+                .filter_map(|n| decode(n))
+                .collect(),
+        };
+        let mut keys: Vec<LockKey> = names
+            .into_iter()
+            .filter(|k| prefix.is_none_or(|p| bare(k).starts_with(p)))
             .filter_map(|k| LockKey::new(k).ok())
             .collect();
         keys.sort();
@@ -487,6 +573,74 @@ impl ZkBackend {
             live.extend(shared::holders(nodes).into_iter().map(|n| (key.clone(), n)));
         }
         Ok((live, expired))
+    }
+
+    /// The keys of the Curator layout that may start with `prefix`: every
+    /// node under the chroot with contender children, found by walking the
+    /// tree (skipping fencelock's own nodes and `/zookeeper`), one listing
+    /// per node, so a chroot of its own keeps this cheap.
+    async fn curator_keys(&self, c: &zk::Client, prefix: Option<&str>) -> Result<Vec<String>> {
+        let options = &self.conn.options;
+        // Only paths on the way to the prefix are walked (an election's
+        // prefix names the path after `ELECTION_PREFIX`).
+        let along = prefix.and_then(|p| match p.strip_prefix(fencelock_core::ELECTION_PREFIX) {
+            Some(path) => Some(path.trim_start_matches('/')),
+            None if fencelock_core::ELECTION_PREFIX.starts_with(p) => None,
+            None => Some(p),
+        });
+        let base = options.base();
+        let skip = [
+            format!("{base}/clock"),
+            format!("{base}/fences"),
+            format!("{}/zookeeper", options.chroot),
+        ];
+        let escaped = self.conn.locks_dir();
+        let mut keys = Vec::new();
+        let mut todo = vec![String::new()];
+        while let Some(relative) = todo.pop() {
+            let path = match relative.is_empty() {
+                true if options.chroot.is_empty() => "/".to_owned(),
+                true => options.chroot.clone(),
+                false => format!("{}/{relative}", options.chroot),
+            };
+            let Some(children) = self
+                .conn
+                .maybe("listing keys", c.list_children(&path))
+                .await?
+            else {
+                continue;
+            };
+            if path == escaped {
+                // Keys no path can name (`curator::key_dir`).
+                keys.extend(children.iter().filter_map(|n| decode(n)));
+                continue;
+            }
+            let contenders: Vec<&String> = children
+                .iter()
+                .filter(|n| crate::curator::sequence(n).is_some())
+                .collect();
+            if !contenders.is_empty() {
+                let latch = contenders.iter().any(|n| crate::curator::is_latch(n));
+                keys.push(crate::curator::key_of(&relative, latch));
+            }
+            for child in children {
+                if crate::curator::sequence(&child).is_some() {
+                    continue;
+                }
+                let below = match relative.is_empty() {
+                    true => child,
+                    false => format!("{relative}/{child}"),
+                };
+                let absolute = format!("{}/{below}", options.chroot);
+                let on_the_way = along
+                    .is_none_or(|p| below.starts_with(p) || p.starts_with(&below))
+                    || escaped.starts_with(&absolute);
+                if on_the_way && !skip.contains(&absolute) {
+                    todo.push(below);
+                }
+            }
+        }
+        Ok(keys)
     }
 
     /// Renews the `mode` lease `lease` (`renew` or `renew_shared`).
@@ -532,6 +686,9 @@ impl ZkBackend {
                 .ok_or_else(|| Error::not_held(lease))?,
         };
         self.forget(lease);
+        if self.curator() {
+            return self.release_unwritten(&c, node, lease, mode).await;
+        }
         // Two writes sent together, which ZooKeeper applies in order: a
         // touch conditional on the version read, whose `mtime` proves on
         // the leader's clock whether the lease was still unexpired, then a
@@ -566,6 +723,42 @@ impl ZkBackend {
     }
 }
 
+impl ZkBackend {
+    /// [`ZkBackend::release_as`] in the Curator layout, without writing
+    /// the node before deleting it: a `LeaderLatch` watching it re-checks
+    /// only when it is deleted and drops its watch when it changes
+    /// (`docs/zookeeper.md`). The leader's clock is read first: a lease
+    /// that had ended by then is not released (it is deleted, as any
+    /// contender would); one that ends between that read and the delete
+    /// was taken over by nobody, or the delete (conditional on the version
+    /// read) would have found it gone.
+    async fn release_unwritten(
+        &self,
+        c: &zk::Client,
+        node: Node,
+        lease: &LeaseId,
+        mode: LockMode,
+    ) -> Result<()> {
+        let now = self.now(c).await?;
+        match self
+            .conn
+            .raw(c.delete(&node.path, Some(node.stat.version)))
+            .await
+        {
+            Ok(()) if node.live_at(now) => Ok(()),
+            Ok(()) | Err(zk::Error::NoNode) => Err(Error::not_held(lease)),
+            // A stale cache entry: the lease may have been renewed since.
+            Err(zk::Error::BadVersion) => match self.find(c, lease, mode).await? {
+                Some(fresh) if fresh.stat.version != node.stat.version => {
+                    Box::pin(self.release_unwritten(c, fresh, lease, mode)).await
+                }
+                _ => Err(Error::not_held(lease)),
+            },
+            Err(e) => Err(map("releasing a lease", e)),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for ZkBackend {
     fn name(&self) -> &'static str {
@@ -579,7 +772,8 @@ impl Backend for ZkBackend {
             .with_keeps_expired(true)
             .with_set_data(true)
             .with_fair(true)
-            .with_shared(true)
+            // Curator's read-write lock names its nodes otherwise.
+            .with_shared(!self.curator())
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -596,10 +790,11 @@ impl Backend for ZkBackend {
             data: request.data.clone(),
             ttl_ms: ttl_ms(request.ttl),
             queued: false,
+            foreign: false,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        let dir = self.key_dir(request.key.as_str());
-        let (mine, stat) = self.create(&c, &dir, LockMode::Exclusive, &bytes).await?;
+        let key = request.key.as_str();
+        let (mine, stat) = self.create(&c, key, LockMode::Exclusive, &bytes).await?;
         // The node's creation time is "now" on the leader: any older lease
         // that ends by then has expired.
         match self
@@ -667,7 +862,7 @@ impl Backend for ZkBackend {
         let mut released = 0;
         for (_, node) in live
             .iter()
-            .filter(|(_, n)| n.record.owner == owner.as_str())
+            .filter(|(_, n)| !n.record.foreign && n.record.owner == owner.as_str())
         {
             // Unconditional: a renewal since the scan is still this owner's
             // lease (the path names one grant).
@@ -763,26 +958,32 @@ impl Backend for ZkBackend {
     }
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.refuse_shared()?;
         self.acquire_reader(request).await
     }
 
     async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        self.refuse_shared()?;
         self.renew_as(lease, ttl, LockMode::Shared).await
     }
 
     async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.refuse_shared()?;
         Ok(self.renew_all(renewals, LockMode::Shared).await)
     }
 
     async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        self.refuse_shared()?;
         self.release_as(lease, LockMode::Shared).await
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.refuse_shared()?;
         self.post_intent(key, owner, ttl).await
     }
 
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.refuse_shared()?;
         let c = self.conn.client().await?;
         self.withdraw_intent(&c, &self.key_dir(key.as_str()), owner)
             .await

@@ -21,6 +21,11 @@
 //!   refused by an older live writer's node or a live writer intent (the
 //!   `intent` node); a writer is refused by any older live node. The
 //!   fence keeps the highest writer token beside the highest token.
+//! - `?layout=curator` ([`ZkLayout::Curator`]): the key is a path, and
+//!   contenders are named as Curator's `InterProcessMutex` and
+//!   `LeaderLatch` name theirs, so that Curator's and kazoo's holders and
+//!   fencelock's exclude each other; a foreign node is held until it is
+//!   deleted, and fencelock never deletes one.
 //!
 //! See `docs/zookeeper.md`.
 
@@ -29,6 +34,7 @@ mod backend;
 #[doc(hidden)]
 pub mod baseline;
 mod conn;
+mod curator;
 mod error;
 mod fence;
 mod options;
@@ -40,7 +46,7 @@ use async_trait::async_trait;
 
 pub use backend::ZkBackend;
 pub use fence::ZkFence;
-pub use options::{ZkOptions, DEFAULT_PREFIX};
+pub use options::{ZkLayout, ZkOptions, DEFAULT_PREFIX};
 
 /// Opens ZooKeeper backends and fences from
 /// `zk://host:port[,host:port…][/chroot]` URLs.

@@ -15,6 +15,11 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 ///   `/CHROOT/NAME/fences/` (default `fencelock`);
 /// - `timeout=DURATION` — the longest connecting and any one request may
 ///   take before it fails with a time-out (default `5s`);
+/// - `layout=curator` — keys are ZooKeeper paths under the chroot, with
+///   contender nodes named as Apache Curator's `InterProcessMutex` and
+///   `LeaderLatch` name theirs, so that Curator's and kazoo's holders and
+///   fencelock's exclude each other (`docs/zookeeper.md`, [`ZkLayout`]);
+///   default `fencelock`;
 /// - `session_timeout=DURATION` — the ZooKeeper session asked for (default
 ///   `10s`; the server clamps it to 2–20 × its `tickTime`). Leases do not
 ///   depend on it (`docs/zookeeper.md`): it only bounds how long a dead
@@ -35,6 +40,20 @@ pub struct ZkOptions {
     pub timeout: Duration,
     /// Requested session timeout.
     pub session_timeout: Duration,
+    /// Where lock nodes live and how they are named.
+    pub layout: ZkLayout,
+}
+
+/// Where a backend keeps its lock nodes (the `layout=` URL option).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZkLayout {
+    /// `/CHROOT/PREFIX/locks/kKEY/l-…` nodes (`layout=fencelock`).
+    #[default]
+    Fencelock,
+    /// The key is a path under the chroot and contenders are named as
+    /// Curator's recipes name them (`layout=curator`).
+    Curator,
 }
 
 impl ZkOptions {
@@ -59,6 +78,7 @@ impl ZkOptions {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: Duration::from_secs(5),
             session_timeout: Duration::from_secs(10),
+            layout: ZkLayout::Fencelock,
         };
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match &*name {
@@ -70,6 +90,17 @@ impl ZkOptions {
                 "session_timeout" => {
                     options.session_timeout = parse_duration(&value)
                         .map_err(|e| Error::InvalidUrl(format!("session_timeout: {e}")))?;
+                }
+                "layout" => {
+                    options.layout = match &*value {
+                        "fencelock" => ZkLayout::Fencelock,
+                        "curator" => ZkLayout::Curator,
+                        _ => {
+                            return Err(Error::InvalidUrl(format!(
+                                "layout {value:?}: expected fencelock or curator"
+                            )))
+                        }
+                    };
                 }
                 other => {
                     return Err(Error::InvalidUrl(format!(
@@ -133,6 +164,11 @@ mod tests {
         assert_eq!(o.base(), "/apps/locks/p");
         assert_eq!(o.timeout, Duration::from_secs(2));
         assert_eq!(ZkOptions::from_url("zk://h:1")?.base(), "/fencelock");
+        assert_eq!(ZkOptions::from_url("zk://h:1")?.layout, ZkLayout::Fencelock);
+        assert_eq!(
+            ZkOptions::from_url("zk://h:1/apps?layout=curator")?.layout,
+            ZkLayout::Curator
+        );
         Ok(())
     }
 
@@ -149,6 +185,7 @@ mod tests {
             "zk://h:1/a/../b",
             "zk://h:1?prefix=a/b",
             "zk://h:1?timeout=0s",
+            "zk://h:1?layout=etcd",
         ] {
             match ZkOptions::from_url(bad) {
                 Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),

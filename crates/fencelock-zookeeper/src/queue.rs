@@ -73,7 +73,7 @@ impl ZkBackend {
         let slot = self.slot(&place);
         let answer = {
             let mut entry = slot.lock().await;
-            self.attempt_in_turn(request, &place, &mut entry).await
+            self.attempt_in_turn(request, &mut entry).await
         };
         drop(slot);
         self.tidy(&place);
@@ -85,7 +85,6 @@ impl ZkBackend {
     async fn attempt_in_turn(
         &self,
         request: &AcquireRequest,
-        place: &Place,
         entry: &mut Option<Entry>,
     ) -> Result<Acquire> {
         let c = self.conn.client().await?;
@@ -95,6 +94,7 @@ impl ZkBackend {
             data: request.data.clone(),
             ttl_ms: ttl_ms(request.ttl),
             queued: true,
+            foreign: false,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let cached = entry.clone();
@@ -124,7 +124,7 @@ impl ZkBackend {
                 let (path, stat) = match refreshed {
                     Some(found) => found,
                     None => {
-                        self.create(&c, &place.0, LockMode::Exclusive, &bytes)
+                        self.create(&c, request.key.as_str(), LockMode::Exclusive, &bytes)
                             .await?
                     }
                 };

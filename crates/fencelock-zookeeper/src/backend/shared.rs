@@ -98,9 +98,11 @@ impl ZkBackend {
             data: request.data.clone(),
             ttl_ms: ttl_ms(request.ttl),
             queued: false,
+            foreign: false,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        let (mine, stat) = self.create(&c, &dir, LockMode::Shared, &bytes).await?;
+        let key = request.key.as_str();
+        let (mine, stat) = self.create(&c, key, LockMode::Shared, &bytes).await?;
         match self
             .settle_reader(&c, &request.key, &mine, stat.ctime)
             .await
@@ -166,6 +168,7 @@ impl ZkBackend {
             data: None,
             ttl_ms: ttl_ms(ttl),
             queued: false,
+            foreign: false,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
@@ -244,6 +247,15 @@ impl ZkBackend {
         let c = self.conn.client().await?;
         let now = self.now(&c).await?;
         let nodes = self.nodes(&c, key.as_str()).await?;
+        if let Some(foreign) = nodes.iter().find(|n| n.record.foreign) {
+            // fencelock deletes only the nodes it created: a Curator or
+            // kazoo client still believes in its own.
+            return Err(Error::Unsupported(format!(
+                "force-releasing {key:?}: {} ({}) is a Curator or kazoo contender, \
+                 and fencelock deletes only the nodes it created",
+                foreign.path, foreign.record.owner
+            )));
+        }
         let live = nodes.iter().filter(|n| n.live_at(now)).cloned().collect();
         let reported = holders(live)
             .into_iter()

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -145,6 +148,66 @@ func TestRenewalKeepsTheLock(t *testing.T) {
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("second release: %v", err)
+	}
+}
+
+// countingTransport counts the requests of each path family.
+type countingTransport struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	family := req.URL.Path
+	if strings.HasPrefix(family, "/v1/locks/") && strings.HasSuffix(family, "/renew") {
+		family = "/v1/locks/*/renew"
+	}
+	c.mu.Lock()
+	c.counts[family]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+func (c *countingTransport) get(family string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[family]
+}
+
+// Many locks renew in a few batched requests (POST /v1/renew), not one
+// request each, and every one of them stays valid.
+func TestManyLocksRenewInBatches(t *testing.T) {
+	s := startService(t, "sqlite", false)
+	counting := &countingTransport{counts: map[string]int{}}
+	c := newClient(t, s.url, WithHTTPClient(&http.Client{Transport: counting}))
+	ctx := ctxT(t, 60*time.Second)
+	const n = 200
+	locks := make([]*Lock, n)
+	for i := range locks {
+		l, err := c.Acquire(ctx, fmt.Sprintf("batch-%d", i), TTL(900*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks[i] = l
+	}
+	// Held for several renewal periods (a third of the TTL each).
+	time.Sleep(3 * time.Second)
+	for _, l := range locks {
+		if !l.Valid() {
+			t.Fatalf("%s lost while renewing: %v", l.Key(), l.Err())
+		}
+	}
+	batches, single := counting.get("/v1/renew"), counting.get("/v1/locks/*/renew")
+	t.Logf("%d locks: %d batched and %d single renewal requests", n, batches, single)
+	// Each lock renewed about nine times: one request each would be some
+	// 1,800 requests.
+	if batches == 0 || batches+single > n*2 {
+		t.Fatalf("%d batched and %d single renewal requests for %d locks", batches, single, n)
+	}
+	for _, l := range locks {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,8 +69,10 @@ func (l *Lock) bootExpired() bool {
 // holds and declares a lock lost when its local deadline passes
 // (crates/fencelock-core/src/renewer.rs). Each lock has one timer in a
 // heap: its next renewal, or its deadline while a renewal is in flight.
-// Each renewal is one request in a goroutine of its own, bounded by a third
-// of the lease, so a hung request delays no other lock and no deadline.
+// The renewals that come due together go in one request (POST /v1/renew)
+// in a goroutine of their own, bounded by a third of the shortest lease, so
+// a hung request delays no deadline; a service without that route gets one
+// request per lock, as it did before it had one.
 type renewer struct {
 	c    *Client
 	mu   sync.Mutex
@@ -77,7 +81,16 @@ type renewer struct {
 	quit chan struct{}
 	done chan struct{}
 	once sync.Once
+	// noBatch is set once the service answered 404 to POST /v1/renew.
+	noBatch atomic.Bool
 }
+
+// maxRenewBatch is the most leases the service takes in one POST /v1/renew.
+const maxRenewBatch = 1000
+
+// maxBatchWindow is the longest a renewal is sent ahead of its time to join
+// a batch.
+const maxBatchWindow = time.Second
 
 // early: each renewal comes due up to this fraction of its period early,
 // at random, so that clients do not renew in lockstep.
@@ -174,18 +187,34 @@ func (r *renewer) run() {
 			}
 			lastSuspended = s
 		}
-		for len(r.h) > 0 && !r.h[0].timer.After(now) {
+		// Every timer that has come, and at most a batch of those about
+		// to: a renewal due within a tenth of its period (at most
+		// maxBatchWindow) goes now, with the others, so that many locks
+		// cost a few requests rather than one each.
+		var seen []*Lock
+		upcoming := 0
+		for len(r.h) > 0 && !r.h[0].timer.After(now.Add(maxBatchWindow)) {
 			l := r.h[0]
+			if l.timer.After(now) {
+				if upcoming++; upcoming > maxRenewBatch {
+					break
+				}
+			}
+			heap.Pop(&r.h)
 			if !now.Before(l.deadline) {
-				heap.Pop(&r.h)
 				lost = append(lost, l)
 				continue
 			}
-			if !l.next.IsZero() && !l.next.After(now) {
+			window := min(time.Duration(early*float64(period(l.granted))), maxBatchWindow)
+			if !l.next.IsZero() && !l.next.After(now.Add(window)) && len(batch) < maxRenewBatch {
 				l.next = time.Time{} // in flight
 				batch = append(batch, l)
 			}
-			r.reschedule(l)
+			l.timer = l.wantedTimer()
+			seen = append(seen, l)
+		}
+		for _, l := range seen {
+			heap.Push(&r.h, l)
 		}
 		wait := time.Hour
 		if len(r.h) > 0 {
@@ -202,9 +231,18 @@ func (r *renewer) run() {
 				r.c.releaseInBackground(l.key, l.owner, l.token, l.mode)
 			}
 		}
-		for _, l := range batch {
+		for len(batch) > 0 {
+			if len(batch) == 1 || r.noBatch.Load() {
+				for _, l := range batch {
+					r.c.bg.Add(1)
+					go r.renewInBackground(l)
+				}
+				break
+			}
+			chunk := batch[:min(len(batch), maxRenewBatch)]
+			batch = batch[len(chunk):]
 			r.c.bg.Add(1)
-			go r.renewInBackground(l)
+			go r.renewBatchInBackground(chunk)
 		}
 		if !t.Stop() {
 			select {
@@ -237,6 +275,76 @@ func (r *renewer) renewInBackground(l *Lock) {
 	sent := now()
 	g, err := r.c.renew(context.Background(), l, ttl, bound)
 	r.settle(l, sent, g, err)
+}
+
+type renewItem struct {
+	Key   string `json:"key"`
+	Owner string `json:"owner"`
+	Token uint64 `json:"token"`
+	TTLms int64  `json:"ttl_ms"`
+	Mode  string `json:"mode,omitempty"`
+}
+
+type renewResult struct {
+	Status int        `json:"status"`
+	Grant  *grantBody `json:"grant"`
+	Error  *errorBody `json:"error"`
+}
+
+// renewBatchInBackground renews locks in one request and settles each with
+// its own outcome, as crates/fencelock-core/src/renewer.rs does with
+// Backend::renew_many.
+func (r *renewer) renewBatchInBackground(locks []*Lock) {
+	defer r.c.bg.Done()
+	items := make([]renewItem, len(locks))
+	bound := r.c.timeout
+	r.mu.Lock()
+	for i, l := range locks {
+		items[i] = renewItem{Key: l.key, Owner: l.owner, Token: l.token, TTLms: l.ttl.Milliseconds(), Mode: l.mode}
+		bound = min(bound, l.granted/3)
+	}
+	r.mu.Unlock()
+	bound = max(bound, time.Millisecond)
+	sent := now()
+	var answer struct {
+		Results []renewResult `json:"results"`
+	}
+	err := r.c.do(context.Background(), "renew", "", "POST", r.c.path("v1", "renew"),
+		struct {
+			Leases []renewItem `json:"leases"`
+		}{items}, &answer, bound)
+	var refusal *Error
+	if errors.As(err, &refusal) && refusal.Status == http.StatusNotFound && refusal.Code == "" {
+		// A service from before POST /v1/renew: one request per lock from
+		// now on.
+		r.noBatch.Store(true)
+		for _, l := range locks {
+			r.c.bg.Add(1)
+			go r.renewInBackground(l)
+		}
+		return
+	}
+	if err == nil && len(answer.Results) != len(locks) {
+		err = &Error{Op: "renew", Message: fmt.Sprintf("the lock service answered %d results for %d renewals",
+			len(answer.Results), len(locks))}
+	}
+	for i, l := range locks {
+		if err != nil {
+			// No answer for the batch is no answer for each lock.
+			r.settle(l, sent, nil, err)
+			continue
+		}
+		res := answer.Results[i]
+		if res.Status == http.StatusOK && res.Grant != nil {
+			r.settle(l, sent, res.Grant, nil)
+			continue
+		}
+		e := &Error{Op: "renew", Key: l.key, Status: res.Status, Message: "no outcome for this renewal"}
+		if res.Error != nil {
+			e.Code, e.Message, e.Holder, e.Current = res.Error.Code, res.Error.Error, res.Error.Holder, res.Error.Current
+		}
+		r.settle(l, sent, nil, e)
+	}
 }
 
 // settle records the outcome of a renewal sent at sent.

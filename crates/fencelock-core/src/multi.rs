@@ -9,7 +9,12 @@
 //! callers listed the keys in. The atomic step gets its keys in the same
 //! sorted order, for the same reason inside the engine (row locks).
 
-use std::{collections::BTreeSet, fmt, future::Future, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    future::Future,
+    time::Duration,
+};
 
 use futures_util::future::{join_all, select_all};
 use serde_json::Value;
@@ -24,7 +29,7 @@ use crate::{
     guard::LockGuard,
     lease::{release_as, GuardConfig},
     metrics as m,
-    types::{FencingToken, LockKey, LockMode},
+    types::{FencingToken, LockKey, LockMode, Owner},
     wake::WakeSubscription,
 };
 
@@ -55,6 +60,7 @@ impl LockClient {
         MultiLockRequest {
             keys: keys.into_iter().map(Into::into).collect(),
             parts: self.lock(String::new()),
+            floors: BTreeMap::new(),
         }
     }
 }
@@ -67,6 +73,8 @@ pub struct MultiLockRequest<'a> {
     keys: BTreeSet<String>,
     /// The options every part is taken with (its key is not used).
     parts: LockRequest<'a>,
+    /// Token floors of some parts, by key.
+    floors: BTreeMap<String, FencingToken>,
 }
 
 impl MultiLockRequest<'_> {
@@ -101,6 +109,28 @@ impl MultiLockRequest<'_> {
         self
     }
 
+    /// Holder of every part (default: the client's owner), as
+    /// [`LockRequest::owner`].
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.parts = self.parts.owner(owner);
+        self
+    }
+
+    /// Whether the parts are renewed in the background (default `true`),
+    /// as [`LockRequest::auto_renew`]: off for a holder that renews by
+    /// itself, such as the client of a lock service.
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.parts = self.parts.auto_renew(on);
+        self
+    }
+
+    /// A floor for the token of `key`'s part, as [`LockRequest::min_token`]
+    /// (on backends that support one); the other parts keep their own.
+    pub fn min_token_of(mut self, key: impl Into<String>, floor: FencingToken) -> Self {
+        self.floors.insert(key.into(), floor);
+        self
+    }
+
     /// Lock delay of every part (see [`LockRequest::hold_at_least`]).
     pub fn hold_at_least(mut self, delay: Duration) -> Self {
         self.parts = self.parts.hold_at_least(delay);
@@ -109,7 +139,11 @@ impl MultiLockRequest<'_> {
 
     /// The request for one part, waiting at most `wait`.
     fn part(&self, key: &str, wait: Duration) -> LockRequest<'_> {
-        self.parts.for_key(key.to_owned()).wait(wait)
+        let part = self.parts.for_key(key.to_owned()).wait(wait);
+        match self.floors.get(key) {
+            Some(&floor) => part.min_token(floor),
+            None => part,
+        }
     }
 
     /// Takes every key: in one atomic step where the backend claims
@@ -124,6 +158,11 @@ impl MultiLockRequest<'_> {
             return Err(Error::InvalidArgument(
                 "lock_all needs at least one key".into(),
             ));
+        }
+        if let Some(stray) = self.floors.keys().find(|k| !self.keys.contains(*k)) {
+            return Err(Error::InvalidArgument(format!(
+                "a token floor for {stray:?}, which is not one of the keys"
+            )));
         }
         // Every key and option is checked before anything is taken.
         let mut requests = Vec::with_capacity(self.keys.len());
@@ -444,6 +483,15 @@ impl MultiGuard {
                 return std::future::pending().await;
             }
             select_all(parts).await.0
+        }
+    }
+
+    /// Stops renewing and hands every part over without releasing it, as
+    /// [`LockGuard::detach`] does for one lock. Read [`tokens`](Self::tokens)
+    /// first.
+    pub fn detach(self) {
+        for guard in self.guards {
+            guard.detach();
         }
     }
 

@@ -11,9 +11,9 @@ use std::{
 use async_trait::async_trait;
 use fencelock_core::Admission;
 use fencelock_core::{
-    redact_url, Acquire, AcquireRequest, Backend, BackendError, Capabilities, Driver, Error,
-    ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal,
-    Result, Stats, WakeSubscription,
+    redact_url, Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Driver,
+    Error, ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner,
+    Renewal, Result, Stats, WakeSubscription,
 };
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -21,9 +21,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
 use crate::wire::{
-    AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody, GrantBody, InfoBody, IntentBody,
-    LockBody, LockList, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults,
-    MAX_RENEW_BATCH,
+    AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody,
+    GrantBody, InfoBody, IntentBody, LockBody, LockList, ReleaseBody, RenewBody, RenewItem,
+    RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
 };
 
 const NAME: &str = "http";
@@ -524,7 +524,8 @@ impl HttpBackend {
             .with_shared(remote.shared)
             // One request for a client's due renewals, whatever the backend
             // does with them behind the service.
-            .with_batch_renew(info.renew_batch);
+            .with_batch_renew(info.renew_batch)
+            .with_atomic_multi(remote.atomic_multi && info.renew_batch);
         Ok(Self { conn, capabilities })
     }
 
@@ -618,6 +619,76 @@ impl Backend for HttpBackend {
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.renew_as(lease, ttl, None).await
+    }
+
+    /// `POST /v1/acquire`, one attempt: the service takes the keys in its
+    /// backend's atomic step. It takes one owner, TTL, kind and data for
+    /// every key (and a floor per key); other sets are taken one by one.
+    async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        let Some(first) = requests.first() else {
+            return Err(Error::InvalidArgument(
+                "lock_all needs at least one key".into(),
+            ));
+        };
+        let uniform = requests.iter().all(|r| {
+            r.owner == first.owner
+                && r.ttl == first.ttl
+                && r.kind == first.kind
+                && r.data == first.data
+        });
+        if !uniform || !self.capabilities.atomic_multi {
+            return Err(Error::unsupported(
+                NAME,
+                "atomic multi-key acquisition of this set",
+            ));
+        }
+        let body = AcquireAllBody {
+            keys: requests.iter().map(|r| r.key.to_string()).collect(),
+            owner: Some(first.owner.to_string()),
+            ttl_ms: millis(first.ttl),
+            wait_ms: None,
+            kind: first.kind.clone(),
+            data: first.data.clone(),
+            min_tokens: requests
+                .iter()
+                .filter_map(|r| Some((r.key.to_string(), r.min_token?.get())))
+                .collect(),
+        };
+        let url = self.conn.url(&["v1", "acquire"]);
+        match self
+            .conn
+            .json::<AcquireAllGrant>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(answer) => {
+                let mut grants = Vec::with_capacity(requests.len());
+                for r in requests {
+                    let Some(g) = answer.grants.iter().find(|g| g.key == r.key.as_str()) else {
+                        // Granted, but not as asked: nothing is known of
+                        // the keys, which expire if they were taken.
+                        return Err(BackendError::timeout(
+                            NAME,
+                            format!("the lock service's grant lacks key {}", r.key),
+                        )
+                        .into());
+                    };
+                    grants.push(grant(g.clone()));
+                }
+                Ok(AcquireAll::Granted(grants))
+            }
+            Err(refusal) if refusal.code == "held" => {
+                let index = refusal
+                    .holder
+                    .as_ref()
+                    .and_then(|h| requests.iter().position(|r| r.key == h.key))
+                    .unwrap_or(0);
+                Ok(AcquireAll::Held {
+                    index,
+                    holder: refusal.holder,
+                })
+            }
+            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {

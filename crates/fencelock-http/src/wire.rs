@@ -66,6 +66,39 @@ pub struct RenewBody {
     pub mode: Option<LockMode>,
 }
 
+/// `POST /v1/acquire`: every key or none, as `LockClient::lock_all`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireAllBody {
+    /// The keys (sorted and de-duplicated by the service; at least one).
+    pub keys: Vec<String>,
+    /// Who asks; the service makes up a unique owner when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The lease length of every key.
+    pub ttl_ms: u64,
+    /// How long to wait for all of them (one deadline), bounded by the
+    /// service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// Label stored with every lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// JSON metadata stored with every lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Token floors of some keys, by key, on backends that support one.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub min_tokens: std::collections::BTreeMap<String, u64>,
+}
+
+/// The answer to a granted `POST /v1/acquire`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AcquireAllGrant {
+    /// One grant per key, sorted by key; renew and release each on its own.
+    pub grants: Vec<GrantBody>,
+}
+
 /// One lease of a `POST /v1/renew` batch.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -246,6 +279,9 @@ pub struct CapabilitiesBody {
     /// See [`Capabilities::shared`] (absent from services before it).
     #[serde(default)]
     pub shared: bool,
+    /// See [`Capabilities::atomic_multi`] (absent from services before it).
+    #[serde(default)]
+    pub atomic_multi: bool,
 }
 
 impl From<Capabilities> for CapabilitiesBody {
@@ -259,6 +295,7 @@ impl From<Capabilities> for CapabilitiesBody {
             batch_renew: c.batch_renew,
             set_data: c.set_data,
             shared: c.shared,
+            atomic_multi: c.atomic_multi,
         }
     }
 }

@@ -13,9 +13,9 @@ use fencelock_core::{
     Owner, Stats,
 };
 use fencelock_http::wire::{
-    AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody, GrantBody, InfoBody, IntentBody,
-    KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody, RenewManyBody, RenewManyResults,
-    RenewResult, MAX_RENEW_BATCH,
+    AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody,
+    GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
+    RenewManyBody, RenewManyResults, RenewResult, MAX_RENEW_BATCH,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -252,6 +252,82 @@ pub(crate) async fn renew(
     s.inner.events.renewed(&grant, sent);
     grant.owner = caller.owner_out(&grant.owner);
     Ok(Json(grant))
+}
+
+/// `POST /v1/acquire`: every key or none (`LockClient::lock_all`: one
+/// atomic step where the backend has one, else in sorted order with nothing
+/// left held on failure), waiting as `acquire` does.
+pub(crate) async fn acquire_all(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    Body(body): Body<AcquireAllBody>,
+) -> ApiResult<AcquireAllGrant> {
+    let wait = Duration::from_millis(body.wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
+        return Err(ApiError::bad_request(format!(
+            "wait_ms {} is longer than the {} ms maximum",
+            ms(wait),
+            ms(MAX_WAIT)
+        )));
+    }
+    let owner = match body.owner {
+        Some(owner) => caller.owner_in(&owner)?,
+        None => caller.owner_in(Owner::generate().as_str())?,
+    };
+    let client = &s.inner.client;
+    let mut request = client
+        .lock_all(body.keys)
+        .ttl(Duration::from_millis(body.ttl_ms))
+        .wait(wait)
+        .owner(owner)
+        .auto_renew(false);
+    if let Some(kind) = body.kind {
+        request = request.kind(kind);
+    }
+    if let Some(data) = body.data {
+        request = request.data(data);
+    }
+    for (key, floor) in body.min_tokens {
+        request = request.min_token_of(key, FencingToken(floor));
+    }
+    let _waiting = (!wait.is_zero()).then(|| {
+        s.inner.waiters.fetch_add(1, Ordering::Relaxed);
+        Waiting(&s.inner.waiters)
+    });
+    match request.acquire().await {
+        Ok(all) => {
+            let now = tokio::time::Instant::now();
+            let grants = all
+                .guards()
+                .iter()
+                .map(|guard| {
+                    let grant = GrantBody {
+                        key: guard.key().to_string(),
+                        owner: guard.owner().to_string(),
+                        token: guard.token().get(),
+                        expires_at: guard.expires_at(),
+                        ttl_ms: ms(guard.granted_ttl()),
+                    };
+                    s.inner.events.granted(&grant, now + guard.remaining());
+                    GrantBody {
+                        owner: caller.owner_out(&grant.owner),
+                        ..grant
+                    }
+                })
+                .collect();
+            all.detach();
+            Ok(Json(AcquireAllGrant { grants }))
+        }
+        Err(Error::Timeout { key, .. }) => {
+            let holder = bounded("inspect", client.backend().inspect(&key))
+                .await
+                .ok()
+                .flatten()
+                .map(|info| shown(&caller, info));
+            Err(ApiError::held(key.as_str(), holder))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /v1/renew`: a client's due leases in one request, renewed with the

@@ -152,6 +152,7 @@ pub fn router(service: Service) -> Router {
             get(api::inspect).delete(api::force_release),
         )
         .route("/v1/renew", post(api::renew_many))
+        .route("/v1/acquire", post(api::acquire_all))
         .route("/v1/locks/{key}/acquire", post(api::acquire))
         .route("/v1/locks/{key}/renew", post(api::renew))
         .route("/v1/locks/{key}/release", post(api::release))

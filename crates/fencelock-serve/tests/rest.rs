@@ -1013,3 +1013,48 @@ async fn a_batch_renews_each_lease_as_its_own_renewal_would() {
         .await;
     refused(&answer, StatusCode::BAD_REQUEST, "bad_request");
 }
+
+/// `POST /v1/acquire` takes every key or none: a set with one held key is
+/// refused as held (naming the holder), and takes nothing.
+#[tokio::test]
+async fn several_keys_are_taken_all_or_nothing() {
+    let api = Api::start(true).await;
+    let mine = api.as_token(Some(CLIENT));
+    let (status, all) = mine
+        .send(
+            Method::POST,
+            "/v1/acquire",
+            Some(json!({"keys": ["acct:2", "acct:1"], "owner": "t", "ttl_ms": 30000})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    let grants = all["grants"].as_array().unwrap();
+    assert_eq!(grants[0]["key"], "acct:1");
+    assert_eq!(grants[1]["key"], "acct:2");
+    assert_eq!(grants[0]["owner"], "t");
+
+    let answer = mine
+        .send(
+            Method::POST,
+            "/v1/acquire",
+            Some(json!({"keys": ["acct:3", "acct:2"], "owner": "u", "ttl_ms": 30000})),
+        )
+        .await;
+    refused(&answer, StatusCode::CONFLICT, "held");
+    assert_eq!(answer.1["holder"]["key"], "acct:2");
+    let free = api
+        .direct
+        .backend()
+        .inspect(&LockKey::new("acct:3").unwrap())
+        .await
+        .unwrap();
+    assert!(free.is_none(), "a refused set left acct:3 held: {free:?}");
+    let answer = mine
+        .send(
+            Method::POST,
+            "/v1/acquire",
+            Some(json!({"keys": [], "ttl_ms": 1000})),
+        )
+        .await;
+    refused(&answer, StatusCode::BAD_REQUEST, "bad_request");
+}

@@ -82,13 +82,13 @@ impl LeaseCache {
 pub(crate) struct SharedLease {
     /// The lease's id.
     pub(crate) id: i64,
-    granted: i64,
-    refreshed: Instant,
+    pub(crate) granted: i64,
+    pub(crate) refreshed: Instant,
 }
 
 impl SharedLease {
     /// How long the lease lasts at least from now, on the local clock.
-    fn left(&self) -> Duration {
+    pub(crate) fn left(&self) -> Duration {
         secs(self.granted).saturating_sub(self.refreshed.elapsed())
     }
 }

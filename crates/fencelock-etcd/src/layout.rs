@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     fmt,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -22,8 +22,10 @@ use fencelock_core::{
 use serde_json::{json, Value};
 
 use crate::{
-    backend::{decode, delete_wakeups, secs, token_of, ttl_secs, wall_in, EtcdBackend},
-    error::{bad_value, failover, map, NAME},
+    backend::{
+        decode, delete_wakeups, secs, token_of, ttl_secs, wall_in, EtcdBackend, SharedLease,
+    },
+    error::{bad_value, failover, is_lease_not_found, map, NAME},
     options::EtcdOptions,
 };
 
@@ -32,9 +34,32 @@ use crate::{
 /// its token.
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
-    lease: i64,
+    lease: SharedLease,
     revision: i64,
 }
+
+/// A grant this backend made or renewed: its key (named after the lease it
+/// was first put on), its lease now, the TTL in seconds asked for when that
+/// lease was granted, and the display expiry of the last grant or renewal.
+#[derive(Clone, Debug)]
+struct Held {
+    full: String,
+    lease: SharedLease,
+    asked: i64,
+    expires_at: DateTime<Utc>,
+}
+
+/// What [`EtcdLayoutBackend::enter`] did.
+enum Entry {
+    /// The contender's key is in the queue; the contenders, oldest first.
+    Queued(Waiter, Vec<KeyValue>),
+    /// Asked to enter only a free lock, it found these contenders.
+    Busy(Vec<KeyValue>),
+}
+
+/// At most this many unused leases are kept per TTL (see
+/// `EtcdLayoutBackend::spares`).
+const MAX_SPARES: usize = 64;
 
 /// Locks that `etcdctl lock`, `etcdctl elect` and Go's
 /// `concurrency.Mutex` / `concurrency.Election` contend for too.
@@ -49,9 +74,16 @@ struct Waiter {
 #[derive(Clone)]
 pub struct EtcdLayoutBackend {
     etcd: EtcdBackend,
-    /// The etcd lease of each grant this backend made, so renew and release
-    /// need no read first.
-    grants: Arc<Mutex<HashMap<LeaseId, i64>>>,
+    /// The grants this backend made, so renew and release need no read
+    /// first.
+    grants: Arc<Mutex<HashMap<LeaseId, Held>>>,
+    /// Leases whose key is gone (a released grant, a lost single try), by
+    /// asked TTL: the next contender of that TTL puts its key on one of
+    /// them instead of granting a lease, so a lock cycle writes what
+    /// `concurrency`'s does (a put and a delete). Never kept alive; one is
+    /// reused only while half its TTL is left, like the default layout's
+    /// shared leases.
+    spares: Arc<Mutex<HashMap<i64, Vec<SharedLease>>>>,
     /// The keys this backend's waiting acquisitions keep in the queue, by
     /// lock and owner (tasks of one owner may wait on one lock at once).
     waiters: Arc<Mutex<HashMap<(LockKey, Owner), Vec<Waiter>>>>,
@@ -85,6 +117,7 @@ impl EtcdLayoutBackend {
         Ok(Self {
             etcd: EtcdBackend::open(options).await?,
             grants: Arc::default(),
+            spares: Arc::default(),
             waiters: Arc::default(),
         })
     }
@@ -171,14 +204,22 @@ impl EtcdLayoutBackend {
                 (foreign_owner(kv)?, None, data, now)
             }
         };
+        let token = token_of(kv);
+        // The expiry this backend computed when it granted or renewed the
+        // grant, so that repeated reads show one time rather than one
+        // re-derived from whole-second TTLs.
+        let expires_at = lock(&self.grants)
+            .get(&LeaseId::new(key.clone(), owner.clone(), token))
+            .filter(|h| h.lease.id == kv.lease())
+            .map_or_else(|| wall_in(left), |h| h.expires_at);
         let info = LockInfo {
             key: key.clone(),
             owner,
-            token: token_of(kv),
+            token,
             kind,
             data,
             acquired_at: DateTime::from_timestamp_millis(acquired_ms).unwrap_or_default(),
-            expires_at: wall_in(left),
+            expires_at,
             expires_in: left,
             mode: LockMode::Exclusive,
         };
@@ -227,47 +268,93 @@ impl EtcdLayoutBackend {
         }
     }
 
-    /// Joins the queue of `request.key`: a new lease of the request's TTL,
-    /// and the key `NAME/<lease>` on it, written in the Txn that reads the
-    /// contenders (as `concurrency.Mutex` does). Returns the waiter, the
-    /// TTL granted, and the contenders oldest first.
-    async fn enter(&self, request: &AcquireRequest) -> Result<(Waiter, i64, Vec<KeyValue>)> {
-        let ttl = ttl_secs(request.ttl);
+    /// A lease for a new contender of `ttl` seconds: a spare with half its
+    /// TTL left, else a new one.
+    async fn lease_for(&self, ttl: i64) -> Result<SharedLease> {
+        loop {
+            let spare = lock(&self.spares).get_mut(&ttl).and_then(Vec::pop);
+            match spare {
+                Some(l) if l.left() * 2 >= secs(l.granted) => return Ok(l),
+                // Too little left: it expires on its own.
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        let refreshed = Instant::now();
         let granted = failover(self.timeout(), || {
             let mut c = self.etcd.client.clone();
             async move { c.lease_grant(ttl, None).await }
         })
         .await
         .map_err(|e| map("lease grant", e))?;
-        let lease = granted.id();
-        let full = self.contender_key(&request.key, lease);
-        let txn = Txn::new()
-            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    full,
-                    Self::value(request),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(
-                    self.contenders_prefix(&request.key),
-                    Some(self.contenders_range()),
-                ),
-            ]);
-        let resp = match self.etcd.txn("acquire txn", txn).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                // The put may have happened: a key nobody keeps alive would
-                // block the lock for a TTL, so end its lease.
-                self.revoke(lease).await;
-                return Err(e);
+        Ok(SharedLease {
+            id: granted.id(),
+            granted: granted.ttl(),
+            refreshed,
+        })
+    }
+
+    /// Keeps `lease` for the next contender of `ttl` seconds; its key must
+    /// be gone.
+    fn spare(&self, ttl: i64, lease: SharedLease) {
+        let mut spares = lock(&self.spares);
+        let pool = spares.entry(ttl).or_default();
+        if pool.len() < MAX_SPARES {
+            pool.push(lease);
+        }
+    }
+
+    /// Joins the queue of `request.key`: the key `NAME/<lease>` on a lease
+    /// of the request's TTL, written in the Txn that reads the contenders
+    /// (as `concurrency.Mutex` does). With `free_only`, only if the lock
+    /// has no contender at all (nor does any lock named `NAME/…`): a single
+    /// try that would only queue writes nothing, so of racers on a free
+    /// lock one writes.
+    async fn enter(&self, request: &AcquireRequest, free_only: bool) -> Result<Entry> {
+        let ttl = ttl_secs(request.ttl);
+        let mut lease = self.lease_for(ttl).await?;
+        let mut retried = false;
+        let resp = loop {
+            let full = self.contender_key(&request.key, lease.id);
+            let prefix = self.contenders_prefix(&request.key);
+            let mut when = vec![Compare::create_revision(full.clone(), CompareOp::Equal, 0)];
+            if free_only {
+                // A range compare holds when every key in it satisfies it;
+                // an empty range compares as one absent key.
+                when.push(Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix());
+            }
+            let txn = Txn::new()
+                .when(when)
+                .and_then([
+                    TxnOp::put(
+                        full,
+                        Self::value(request),
+                        Some(PutOptions::new().with_lease(lease.id)),
+                    ),
+                    TxnOp::get(prefix.clone(), Some(self.contenders_range())),
+                ])
+                .or_else([TxnOp::get(prefix, Some(self.contenders_range()))]);
+            let sent = failover(self.timeout(), || {
+                let (mut c, t) = (self.etcd.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+            .await;
+            match sent {
+                Ok(resp) => break resp,
+                // A spare that ended on the server: a new lease, once.
+                Err(e) if is_lease_not_found(&e) && !retried => {
+                    retried = true;
+                    lease = self.lease_for_new(ttl).await?;
+                }
+                Err(e) => {
+                    // The put may have happened: a key nobody keeps alive
+                    // would block the lock for a TTL, so end its lease.
+                    self.revoke(lease.id).await;
+                    return Err(map("acquire txn", e));
+                }
             }
         };
         let revision = resp.header().map_or(0, |h| h.revision());
-        if !resp.succeeded() || revision <= 0 {
-            self.revoke(lease).await;
-            return Err(bad_value("a new lease's key existed already"));
-        }
         let kvs = resp
             .op_responses()
             .into_iter()
@@ -276,8 +363,46 @@ impl EtcdLayoutBackend {
                 _ => None,
             })
             .unwrap_or_default();
-        let waiter = Waiter { lease, revision };
-        Ok((waiter, granted.ttl(), self.own_contenders(&request.key, kvs)))
+        let kvs = self.own_contenders(&request.key, kvs);
+        if !resp.succeeded() && free_only {
+            self.spare(ttl, lease);
+            return Ok(Entry::Busy(kvs));
+        }
+        if !resp.succeeded() || revision <= 0 {
+            self.revoke(lease.id).await;
+            return Err(bad_value("a new contender's key existed already"));
+        }
+        Ok(Entry::Queued(Waiter { lease, revision }, kvs))
+    }
+
+    /// A newly granted lease of `ttl` seconds (no spare).
+    async fn lease_for_new(&self, ttl: i64) -> Result<SharedLease> {
+        lock(&self.spares).remove(&ttl);
+        self.lease_for(ttl).await
+    }
+
+    /// Deletes a contender's key `full` (created at `revision`) and keeps
+    /// its lease as a spare; if the delete fails, ends the lease instead.
+    async fn withdraw(&self, full: &str, revision: i64, ttl: i64, lease: SharedLease) {
+        match self
+            .etcd
+            .delete_grant(full, FencingToken(u64::try_from(revision).unwrap_or(0)))
+            .await
+        {
+            Ok(_) => self.spare(ttl, lease),
+            Err(_) => self.revoke(lease.id).await,
+        }
+    }
+
+    /// Keeps `lease` alive: the lease as refreshed now, or `None` when it
+    /// has ended.
+    async fn keep_alive(&self, mut lease: SharedLease) -> Result<Option<SharedLease>> {
+        let sent = Instant::now();
+        Ok(self.etcd.keep_alive(lease.id).await?.map(|ttl| {
+            lease.granted = ttl;
+            lease.refreshed = sent;
+            lease
+        }))
     }
 
     /// Refreshes a waiter's key: keeps its lease alive, then reads the
@@ -286,16 +411,16 @@ impl EtcdLayoutBackend {
         &self,
         key: &LockKey,
         waiter: Waiter,
-    ) -> Result<Option<(i64, Vec<KeyValue>)>> {
-        let Some(ttl) = self.etcd.keep_alive(waiter.lease).await? else {
+    ) -> Result<Option<(Waiter, Vec<KeyValue>)>> {
+        let Some(lease) = self.keep_alive(waiter.lease).await? else {
             return Ok(None);
         };
         let kvs = self.contenders(key).await?;
-        let full = self.contender_key(key, waiter.lease);
+        let full = self.contender_key(key, lease.id);
         let present = kvs
             .iter()
             .any(|kv| kv.key() == full.as_bytes() && kv.create_revision() == waiter.revision);
-        Ok(present.then_some((ttl, kvs)))
+        Ok(present.then_some((Waiter { lease, ..waiter }, kvs)))
     }
 
     fn take_waiter(&self, key: &LockKey, owner: &Owner) -> Option<Waiter> {
@@ -315,11 +440,12 @@ impl EtcdLayoutBackend {
             .push(waiter);
     }
 
-    /// The etcd lease of `grant`: remembered if granted here, else found
-    /// among the contenders (owner checked). `None` when it is not held.
-    async fn lease_of(&self, grant: &LeaseId) -> Result<Option<i64>> {
-        if let Some(lease) = lock(&self.grants).get(grant).copied() {
-            return Ok(Some(lease));
+    /// `grant` as this backend remembers it, else as found among the
+    /// contenders (owner checked; `asked` 0, as its TTL is not known).
+    /// `None` when it is not held.
+    async fn held(&self, grant: &LeaseId) -> Result<Option<Held>> {
+        if let Some(held) = lock(&self.grants).get(grant).cloned() {
+            return Ok(Some(held));
         }
         let kvs = self.contenders(&grant.key).await?;
         Ok(kvs
@@ -328,17 +454,66 @@ impl EtcdLayoutBackend {
                 token_of(kv) == grant.token
                     && decode(kv).is_ok_and(|stored| stored.owner == grant.owner)
             })
-            .map(KeyValue::lease))
+            .map(|kv| Held {
+                full: String::from_utf8_lossy(kv.key()).into_owned(),
+                lease: SharedLease {
+                    id: kv.lease(),
+                    granted: 0,
+                    refreshed: Instant::now(),
+                },
+                asked: 0,
+                expires_at: Utc::now(),
+            }))
     }
 
     /// Whether the grant's key still has its create revision on `lease`.
-    async fn carries(&self, grant: &LeaseId, lease: i64) -> Result<bool> {
-        let full = self.contender_key(&grant.key, lease);
+    async fn carries(&self, full: &str, token: FencingToken, lease: i64) -> Result<bool> {
         let txn = Txn::new().when([
-            Compare::create_revision(full.clone(), CompareOp::Equal, revision(grant.token)),
+            Compare::create_revision(full, CompareOp::Equal, revision(token)),
             Compare::lease(full, CompareOp::Equal, lease),
         ]);
         Ok(self.etcd.txn("renewal check txn", txn).await?.succeeded())
+    }
+
+    /// Moves the grant `held` to a new lease of `ttl` seconds (an etcd
+    /// lease's TTL cannot change): the key keeps its name and create
+    /// revision, hence its token and its place, and the old lease, which
+    /// carried this key alone, is revoked. The new lease, or `None` when
+    /// the key is no longer the grant's.
+    async fn move_to(&self, grant: &LeaseId, held: &Held, ttl: i64) -> Result<Option<SharedLease>> {
+        let kvs = self.contenders(&grant.key).await?;
+        let Some(kv) = kvs.iter().find(|kv| {
+            kv.key() == held.full.as_bytes()
+                && token_of(kv) == grant.token
+                && kv.lease() == held.lease.id
+        }) else {
+            return Ok(None);
+        };
+        let target = self.lease_for_new(ttl).await?;
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(held.full.clone(), CompareOp::Equal, revision(grant.token)),
+                Compare::mod_revision(held.full.clone(), CompareOp::Equal, kv.mod_revision()),
+            ])
+            .and_then([TxnOp::put(
+                held.full.clone(),
+                kv.value().to_vec(),
+                Some(PutOptions::new().with_lease(target.id)),
+            )]);
+        let moved = match self.etcd.txn("lease move txn", txn).await {
+            Ok(resp) => resp.succeeded(),
+            Err(e) => {
+                self.revoke(target.id).await;
+                return Err(e);
+            }
+        };
+        if moved {
+            self.revoke(held.lease.id).await;
+            Ok(Some(target))
+        } else {
+            self.revoke(target.id).await;
+            Ok(None)
+        }
     }
 
     /// Every contender in the namespace starting with `prefix`, grouped by
@@ -420,7 +595,9 @@ impl Backend for EtcdLayoutBackend {
         if request.min_token.is_some() {
             return Err(Error::unsupported(NAME, "min_token"));
         }
+        let start = Instant::now();
         let (key, owner) = (&request.key, &request.owner);
+        let ttl = ttl_secs(request.ttl);
         // A waiting acquisition goes on with the key it queued with; taken
         // out of the map meanwhile, so that two tasks of one owner never
         // both claim it.
@@ -431,10 +608,10 @@ impl Backend for EtcdLayoutBackend {
         };
         let refreshed = match queued {
             Some(waiter) => match self.refresh(key, waiter).await {
-                Ok(Some((ttl, kvs))) => Some((waiter, ttl, kvs)),
+                Ok(Some(found)) => Some(found),
                 Ok(None) => {
                     // Its lease ended (or its key was deleted): queue again.
-                    self.revoke(waiter.lease).await;
+                    self.revoke(waiter.lease.id).await;
                     None
                 }
                 Err(e) => {
@@ -442,25 +619,50 @@ impl Backend for EtcdLayoutBackend {
                     return Err(e);
                 }
             },
+            None if !request.queue => match self.enter(request, true).await? {
+                Entry::Queued(waiter, kvs) => Some((waiter, kvs)),
+                Entry::Busy(kvs) if !kvs.is_empty() => {
+                    return Ok(Acquire::Held(self.holder(key, &kvs).await?));
+                }
+                // Only locks named `NAME/…` have contenders: this lock's
+                // own holder is judged by queueing.
+                Entry::Busy(_) => None,
+            },
             None => None,
         };
-        let (waiter, ttl, kvs) = match refreshed {
+        let (waiter, kvs) = match refreshed {
             Some(found) => found,
-            None => self.enter(request).await?,
+            None => match self.enter(request, false).await? {
+                Entry::Queued(waiter, kvs) => (waiter, kvs),
+                Entry::Busy(_) => return Err(bad_value("a contender's key could not be put")),
+            },
         };
-        let oldest = kvs.first().map(KeyValue::create_revision);
-        if oldest == Some(waiter.revision) {
+        let full = self.contender_key(key, waiter.lease.id);
+        if kvs.first().map(KeyValue::create_revision) == Some(waiter.revision) {
             let token = request.issued(u64::try_from(waiter.revision).unwrap_or(0))?;
-            lock(&self.grants).insert(request.lease(token), waiter.lease);
-            let granted = secs(ttl);
-            return Ok(Acquire::Granted(Grant::new(token, granted, wall_in(granted))));
+            // All of a lease granted or kept alive by this call (the core's
+            // send instant precedes it), else what is left of a spare.
+            let granted = if waiter.lease.refreshed >= start {
+                secs(waiter.lease.granted)
+            } else {
+                waiter.lease.left()
+            };
+            let expires_at = wall_in(granted);
+            let held = Held {
+                full,
+                lease: waiter.lease,
+                asked: ttl,
+                expires_at,
+            };
+            lock(&self.grants).insert(request.lease(token), held);
+            return Ok(Acquire::Granted(Grant::new(token, granted, expires_at)));
         }
         if request.queue {
             self.put_waiter(key, owner, waiter);
         } else {
             // A single try leaves nothing behind (`concurrency.TryLock`
             // deletes its key the same way).
-            self.revoke(waiter.lease).await;
+            self.withdraw(&full, waiter.revision, ttl, waiter.lease).await;
         }
         let older: Vec<KeyValue> = kvs
             .into_iter()
@@ -469,56 +671,77 @@ impl Backend for EtcdLayoutBackend {
         Ok(Acquire::Held(self.holder(key, &older).await?))
     }
 
-    async fn renew(&self, grant: &LeaseId, _ttl: Duration) -> Result<Grant> {
-        // The grant's lease is its own: keeping it alive keeps no other
-        // grant alive. Its TTL cannot change; the keep-alive answers the
-        // TTL it was extended by. The check comes after the keep-alive for
-        // the reason given in `EtcdBackend::renew_kept`.
-        let Some(lease) = self.lease_of(grant).await? else {
+    async fn renew(&self, grant: &LeaseId, ttl: Duration) -> Result<Grant> {
+        // A grant's lease is its own: keeping it alive keeps no other grant
+        // alive. The check comes after the keep-alive for the reason given
+        // in `EtcdBackend::renew_kept`.
+        let asked = ttl_secs(ttl);
+        let Some(held) = self.held(grant).await? else {
             return Err(Error::not_held(grant));
         };
-        let kept = match self.etcd.keep_alive(lease).await? {
-            Some(ttl) if self.carries(grant, lease).await? => ttl,
-            _ => {
-                lock(&self.grants).remove(grant);
-                return Err(Error::not_held(grant));
+        let lease = if held.asked == asked {
+            match self.keep_alive(held.lease).await? {
+                Some(lease) if self.carries(&held.full, grant.token, lease.id).await? => {
+                    Some(lease)
+                }
+                _ => None,
             }
+        } else {
+            // Another TTL, or a grant made elsewhere.
+            self.move_to(grant, &held, asked).await?
         };
-        lock(&self.grants).insert(grant.clone(), lease);
-        let granted = secs(kept);
-        Ok(Grant::new(grant.token, granted, wall_in(granted)))
+        let Some(lease) = lease else {
+            lock(&self.grants).remove(grant);
+            return Err(Error::not_held(grant));
+        };
+        // Kept alive or granted by this call: the whole TTL, counted from the
+        // core's send instant, which precedes it.
+        let granted = secs(lease.granted);
+        let expires_at = wall_in(granted);
+        lock(&self.grants).insert(
+            grant.clone(),
+            Held {
+                lease,
+                asked,
+                expires_at,
+                ..held
+            },
+        );
+        Ok(Grant::new(grant.token, granted, expires_at))
     }
 
     async fn release(&self, grant: &LeaseId) -> Result<()> {
         let remembered = lock(&self.grants).remove(grant);
-        let lease = match remembered {
-            Some(lease) => Some(lease),
-            None => self.lease_of(grant).await?,
+        let held = match remembered {
+            Some(held) => Some(held),
+            None => self.held(grant).await?,
         };
-        let Some(lease) = lease else {
+        let Some(held) = held else {
             return Err(Error::not_held(grant));
         };
-        let full = self.contender_key(&grant.key, lease);
-        let deleted = self.etcd.delete_grant(&full, grant.token).await?;
-        if deleted {
-            // The lease was this grant's alone.
-            self.revoke(lease).await;
+        let deleted = self.etcd.delete_grant(&held.full, grant.token).await?;
+        if deleted && held.asked > 0 {
+            // The lease carried this key alone; the next contender of its
+            // TTL may use it.
+            self.spare(held.asked, held.lease);
+        } else if deleted {
+            self.revoke(held.lease.id).await;
         }
         grant.found(deleted)
     }
 
     async fn set_data(&self, grant: &LeaseId, data: Option<Value>) -> Result<()> {
-        let Some(lease) = self.lease_of(grant).await? else {
+        let Some(held) = self.held(grant).await? else {
             return Err(Error::not_held(grant));
         };
-        let full = self.contender_key(&grant.key, lease);
         let kvs = self.contenders(&grant.key).await?;
-        let Some(kv) = kvs.iter().find(|kv| kv.key() == full.as_bytes()) else {
+        let Some(kv) = kvs.iter().find(|kv| kv.key() == held.full.as_bytes()) else {
             return Err(Error::not_held(grant));
         };
         let mut value: Value = serde_json::from_slice(kv.value())
             .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
         value["data"] = data.unwrap_or(Value::Null);
+        let full = held.full.clone();
         let txn = Txn::new()
             .when([
                 Compare::create_revision(full.clone(), CompareOp::Equal, revision(grant.token)),
@@ -527,7 +750,7 @@ impl Backend for EtcdLayoutBackend {
             .and_then([TxnOp::put(
                 full,
                 value.to_string(),
-                Some(PutOptions::new().with_lease(lease)),
+                Some(PutOptions::new().with_lease(kv.lease())),
             )]);
         if self.etcd.txn("set_data txn", txn).await?.succeeded() {
             Ok(())
@@ -627,7 +850,7 @@ impl Backend for EtcdLayoutBackend {
 
     async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         if let Some(waiter) = self.take_waiter(key, owner) {
-            self.revoke(waiter.lease).await;
+            self.revoke(waiter.lease.id).await;
         }
         Ok(())
     }

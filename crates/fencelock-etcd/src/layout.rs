@@ -15,9 +15,8 @@ use etcd_client::{
     TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Result, Stats, WakeSubscription,
-    ELECTION_PREFIX,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
+    LockKey, LockMode, Owner, Result, Stats, WakeSubscription, ELECTION_PREFIX,
 };
 use serde_json::{json, Value};
 
@@ -321,7 +320,9 @@ impl EtcdLayoutBackend {
             if free_only {
                 // A range compare holds when every key in it satisfies it;
                 // an empty range compares as one absent key.
-                when.push(Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix());
+                when.push(
+                    Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix(),
+                );
             }
             let txn = Txn::new()
                 .when(when)
@@ -492,7 +493,11 @@ impl EtcdLayoutBackend {
         let target = self.lease_for_new(ttl).await?;
         let txn = Txn::new()
             .when([
-                Compare::create_revision(held.full.clone(), CompareOp::Equal, revision(grant.token)),
+                Compare::create_revision(
+                    held.full.clone(),
+                    CompareOp::Equal,
+                    revision(grant.token),
+                ),
                 Compare::mod_revision(held.full.clone(), CompareOp::Equal, kv.mod_revision()),
             ])
             .and_then([TxnOp::put(
@@ -662,7 +667,8 @@ impl Backend for EtcdLayoutBackend {
         } else {
             // A single try leaves nothing behind (`concurrency.TryLock`
             // deletes its key the same way).
-            self.withdraw(&full, waiter.revision, ttl, waiter.lease).await;
+            self.withdraw(&full, waiter.revision, ttl, waiter.lease)
+                .await;
         }
         let older: Vec<KeyValue> = kvs
             .into_iter()

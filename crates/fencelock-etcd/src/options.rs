@@ -232,7 +232,10 @@ mod tests {
 
     #[test]
     fn the_etcd_layout_is_opt_in() -> Result<()> {
-        assert_eq!(EtcdOptions::from_url("etcd://h:1")?.layout, Layout::Fencelock);
+        assert_eq!(
+            EtcdOptions::from_url("etcd://h:1")?.layout,
+            Layout::Fencelock
+        );
         let o = EtcdOptions::from_url("etcd://h:1?layout=etcd&namespace=app/")?;
         assert_eq!((o.layout, o.namespace.as_str()), (Layout::Etcd, "app/"));
         for bad in ["etcd://h:1?layout=zk", "etcd://h:1?namespace=app/"] {

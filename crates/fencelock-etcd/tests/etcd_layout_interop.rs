@@ -187,7 +187,10 @@ async fn enter_and_leave(c: &mut Client, who: &str, token: u64) -> TestResult {
             Compare::create_revision(MARKER, CompareOp::Equal, 0),
             Compare::value(LAST, CompareOp::Less, padded.clone()),
         ])
-        .and_then([TxnOp::put(MARKER, who, None), TxnOp::put(LAST, padded, None)])
+        .and_then([
+            TxnOp::put(MARKER, who, None),
+            TxnOp::put(LAST, padded, None),
+        ])
         .or_else([TxnOp::get(MARKER, None), TxnOp::get(LAST, None)]);
     let resp = c.txn(enter).await?;
     if !resp.succeeded() {
@@ -202,11 +205,7 @@ async fn enter_and_leave(c: &mut Client, who: &str, token: u64) -> TestResult {
 }
 
 /// Waits until `key`'s queue shows an entry whose owner satisfies `is`.
-async fn queued(
-    backend: &Arc<dyn Backend>,
-    key: &str,
-    is: impl Fn(&str) -> bool,
-) -> TestResult {
+async fn queued(backend: &Arc<dyn Backend>, key: &str, is: impl Fn(&str) -> bool) -> TestResult {
     let key = fencelock_core::LockKey::new(key)?;
     let deadline = tokio::time::Instant::now() + WAKE;
     loop {
@@ -239,8 +238,7 @@ fn token_in(line: &str) -> TestResult<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds() -> TestResult
-{
+async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds() -> TestResult {
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await??;
     let mut sections = start_sections(&etcd).await?;
     let b = backend(&etcd).await?;
@@ -272,8 +270,15 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
                     .args(["lock", name, "--"])
                     .arg(&critical)
                     .args([
-                        "critical", "-endpoints", &endpoints, "-marker", MARKER, "-last", LAST,
-                        "-who", "etcdctl",
+                        "critical",
+                        "-endpoints",
+                        &endpoints,
+                        "-marker",
+                        MARKER,
+                        "-last",
+                        LAST,
+                        "-who",
+                        "etcdctl",
                     ]);
                 command
             };
@@ -330,8 +335,14 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
         b.iter()
             .any(|t| a.iter().any(|x| x < t) && a.iter().any(|x| x > t))
     };
-    assert!(between(&ours, &theirs), "no Go grant came between two of fencelock's: {ours:?} {theirs:?}");
-    assert!(between(&theirs, &ours), "no fencelock grant came between two of Go's: {ours:?} {theirs:?}");
+    assert!(
+        between(&ours, &theirs),
+        "no Go grant came between two of fencelock's: {ours:?} {theirs:?}"
+    );
+    assert!(
+        between(&theirs, &ours),
+        "no fencelock grant came between two of Go's: {ours:?} {theirs:?}"
+    );
     println!(
         "rounds: fencelock {}, Go concurrency.Mutex {}, etcdctl lock {}; every section admitted in token order",
         ours.len(),
@@ -360,14 +371,21 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     guard.release().await?;
     let locked = go_waiter.line(WAKE).await?;
     let go_token = token_in(&locked)?;
-    assert!(go_token > fencelock_token, "{locked} after {fencelock_token}");
+    assert!(
+        go_token > fencelock_token,
+        "{locked} after {fencelock_token}"
+    );
 
     // Go holds: inspect shows it, force-release is refused; fencelock
     // waits and is woken by Go's unlock.
     let holder = b.inspect(&key).await?.ok_or("Go's holder is not shown")?;
     assert!(foreign(holder.owner.as_str()), "{holder:?}");
     assert_eq!(holder.token.get(), go_token);
-    assert!(b.list(Some("rep")).await?.iter().any(|l| l.token.get() == go_token));
+    assert!(b
+        .list(Some("rep"))
+        .await?
+        .iter()
+        .any(|l| l.token.get() == go_token));
     match b.force_release(&key).await {
         Err(Error::Unsupported(msg)) => assert!(msg.contains("concurrency"), "{msg}"),
         other => return Err(format!("force-release of a Go holder: {other:?}").into()),
@@ -375,7 +393,11 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     let waiting = {
         let fencelock = fencelock.clone();
         tokio::spawn(async move {
-            let guard = fencelock.lock(name).wait(Duration::from_secs(60)).acquire().await?;
+            let guard = fencelock
+                .lock(name)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
             let token = guard.token().get();
             guard.release().await?;
             fencelock_core::Result::<u64>::Ok(token)
@@ -398,19 +420,29 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     guard.release().await?;
     let held_key = etcdctl_waiter.line(WAKE).await?;
     assert!(held_key.starts_with("reports/"), "{held_key}");
-    let holder = b.inspect(&key).await?.ok_or("etcdctl's holder is not shown")?;
+    let holder = b
+        .inspect(&key)
+        .await?
+        .ok_or("etcdctl's holder is not shown")?;
     assert!(foreign(holder.owner.as_str()) && holder.token.get() > before);
     let waiting = {
         let fencelock = fencelock.clone();
         tokio::spawn(async move {
-            let guard = fencelock.lock(name).wait(Duration::from_secs(60)).acquire().await?;
+            let guard = fencelock
+                .lock(name)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
             let token = guard.token().get();
             guard.release().await?;
             fencelock_core::Result::<u64>::Ok(token)
         })
     };
     queued(&b, name, |o| o == "fencelock-waiter").await?;
-    assert!(!waiting.is_finished(), "fencelock took the lock etcdctl holds");
+    assert!(
+        !waiting.is_finished(),
+        "fencelock took the lock etcdctl holds"
+    );
     etcdctl_waiter.interrupt()?;
     let woken = tokio::time::timeout(WAKE, waiting).await???;
     assert!(woken > holder.token.get());
@@ -460,7 +492,8 @@ async fn etcdctl_elect_go_election_and_fencelock_elect_see_one_leader() -> TestR
     assert!(observed.starts_with("scheduler/"), "{observed}");
     assert!(observer.line(WAKE).await?.contains("fencelock-candidate"));
     drop(observer);
-    let mut go_candidate = Foreign::spawn(go(&etcd, "campaign", &["-name", name, "-value", "go"])?)?;
+    let mut go_candidate =
+        Foreign::spawn(go(&etcd, "campaign", &["-name", name, "-value", "go"])?)?;
     assert_eq!(go_candidate.line(WAKE).await?, "CAMPAIGNING");
     queued(&b, name, foreign).await?;
     go_candidate.quiet_for(Duration::from_millis(300)).await?;

@@ -48,6 +48,10 @@ struct Held {
     expires_at: DateTime<Utc>,
 }
 
+/// The queued keys of this backend's waiting acquisitions, by lock and
+/// owner.
+type Waiters = HashMap<(LockKey, Owner), Vec<Waiter>>;
+
 /// What [`EtcdLayoutBackend::enter`] did.
 enum Entry {
     /// The contender's key is in the queue; the contenders, oldest first.
@@ -85,7 +89,7 @@ pub struct EtcdLayoutBackend {
     spares: Arc<Mutex<HashMap<i64, Vec<SharedLease>>>>,
     /// The keys this backend's waiting acquisitions keep in the queue, by
     /// lock and owner (tasks of one owner may wait on one lock at once).
-    waiters: Arc<Mutex<HashMap<(LockKey, Owner), Vec<Waiter>>>>,
+    waiters: Arc<Mutex<Waiters>>,
 }
 
 impl fmt::Debug for EtcdLayoutBackend {

@@ -452,6 +452,11 @@ impl EtcdLayoutBackend {
         if let Some(held) = lock(&self.grants).get(grant).cloned() {
             return Ok(Some(held));
         }
+        self.found(grant).await
+    }
+
+    /// `grant` as found among the contenders (see [`Self::held`]).
+    async fn found(&self, grant: &LeaseId) -> Result<Option<Held>> {
         let kvs = self.contenders(&grant.key).await?;
         Ok(kvs
             .iter()
@@ -699,6 +704,15 @@ impl Backend for EtcdLayoutBackend {
         } else {
             // Another TTL, or a grant made elsewhere.
             self.move_to(grant, &held, asked).await?
+        };
+        let lease = match lease {
+            // Off the lease remembered here: gone, or moved by another
+            // process renewing it; a grant that is still there moves here.
+            None if held.asked != 0 => match self.found(grant).await? {
+                Some(found) => self.move_to(grant, &found, asked).await?,
+                None => None,
+            },
+            lease => lease,
         };
         let Some(lease) = lease else {
             lock(&self.grants).remove(grant);

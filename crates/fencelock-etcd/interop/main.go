@@ -67,6 +67,10 @@ func run() error {
 			if err != nil {
 				return err
 			}
+			if i == 0 {
+				// Connected: the other side may start its rounds.
+				fmt.Println("READY")
+			}
 			m := concurrency.NewMutex(s, *name)
 			if err := m.Lock(ctx); err != nil {
 				return err

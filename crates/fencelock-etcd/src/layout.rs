@@ -876,6 +876,20 @@ impl Backend for EtcdLayoutBackend {
         if let Some(waiter) = self.take_waiter(key, owner) {
             self.revoke(waiter.lease.id).await;
         }
+        // A wait dropped in the middle of an attempt took its waiter out of
+        // the map for good: its key is found among the contenders (the
+        // owner's keys that are not a grant held here).
+        for kv in self.contenders(key).await? {
+            let grant = LeaseId::new(key.clone(), owner.clone(), token_of(&kv));
+            let waiting = decode(&kv).is_ok_and(|stored| stored.owner == *owner)
+                && !lock(&self.grants).contains_key(&grant);
+            if waiting {
+                let full = String::from_utf8_lossy(kv.key()).into_owned();
+                if self.etcd.delete_grant(&full, token_of(&kv)).await? {
+                    self.revoke(kv.lease()).await;
+                }
+            }
+        }
         Ok(())
     }
 

@@ -246,7 +246,7 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
     const ROUNDS: usize = 40;
     let name = "jobs/nightly";
 
-    let go_rounds = Foreign::spawn(go(
+    let mut go_rounds = Foreign::spawn(go(
         &etcd,
         "mutex",
         &[
@@ -304,6 +304,9 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
         })
     };
 
+    // Both sides run their rounds at once, so that grants alternate
+    // between them through the one queue.
+    assert_eq!(go_rounds.line(WAKE).await?, "READY");
     let mut ours = Vec::new();
     for _ in 0..ROUNDS {
         let guard = fencelock
@@ -315,7 +318,6 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
         ours.push(guard.token().get());
         guard.release().await?;
     }
-    let mut go_rounds = go_rounds;
     let mut theirs = Vec::new();
     for _ in 0..ROUNDS {
         let line = go_rounds.line(Duration::from_secs(120)).await?;

@@ -126,7 +126,7 @@ impl EtcdLayoutBackend {
     }
 
     /// Connects to `url` (see [`EtcdOptions::from_url`]); `layout=etcd` may
-    /// be left out.
+    /// be left out unless the URL has a `namespace`.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(EtcdOptions::from_url(url)?).await
     }
@@ -283,6 +283,11 @@ impl EtcdLayoutBackend {
                 None => break,
             }
         }
+        self.grant(ttl).await
+    }
+
+    /// A new lease of `ttl` seconds.
+    async fn grant(&self, ttl: i64) -> Result<SharedLease> {
         let refreshed = Instant::now();
         let granted = failover(self.timeout(), || {
             let mut c = self.etcd.client.clone();
@@ -380,10 +385,11 @@ impl EtcdLayoutBackend {
         Ok(Entry::Queued(Waiter { lease, revision }, kvs))
     }
 
-    /// A newly granted lease of `ttl` seconds (no spare).
+    /// A new lease of `ttl` seconds, dropping the spares of that TTL (one
+    /// of them ended on the server: the others are as old).
     async fn lease_for_new(&self, ttl: i64) -> Result<SharedLease> {
         lock(&self.spares).remove(&ttl);
-        self.lease_for(ttl).await
+        self.grant(ttl).await
     }
 
     /// Deletes a contender's key `full` (created at `revision`) and keeps
@@ -499,7 +505,8 @@ impl EtcdLayoutBackend {
         }) else {
             return Ok(None);
         };
-        let target = self.lease_for_new(ttl).await?;
+        // A lease of its own, all of whose TTL the renewal reports.
+        let target = self.grant(ttl).await?;
         let txn = Txn::new()
             .when([
                 Compare::create_revision(

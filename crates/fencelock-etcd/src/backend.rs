@@ -82,13 +82,13 @@ impl LeaseCache {
 pub(crate) struct SharedLease {
     /// The lease's id.
     pub(crate) id: i64,
-    granted: i64,
-    refreshed: Instant,
+    pub(crate) granted: i64,
+    pub(crate) refreshed: Instant,
 }
 
 impl SharedLease {
     /// How long the lease lasts at least from now, on the local clock.
-    fn left(&self) -> Duration {
+    pub(crate) fn left(&self) -> Duration {
         secs(self.granted).saturating_sub(self.refreshed.elapsed())
     }
 }
@@ -97,8 +97,8 @@ impl SharedLease {
 /// shared leases.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    client: Client,
-    options: Arc<EtcdOptions>,
+    pub(crate) client: Client,
+    pub(crate) options: Arc<EtcdOptions>,
     leases: Arc<Mutex<LeaseCache>>,
     /// The lease new grants join, per asked TTL in seconds.
     shared: Arc<Mutex<HashMap<i64, SharedLease>>>,
@@ -177,7 +177,7 @@ fn revision(token: FencingToken) -> i64 {
     i64::try_from(token.0).unwrap_or(i64::MAX)
 }
 
-fn secs(n: i64) -> Duration {
+pub(crate) fn secs(n: i64) -> Duration {
     Duration::from_secs(u64::try_from(n).unwrap_or(0))
 }
 
@@ -192,9 +192,9 @@ pub(crate) struct Stored {
     pub(crate) owner: Owner,
     /// The lease the grant was put on, or last moved to, by this crate.
     lease: Option<i64>,
-    kind: Option<String>,
-    data: Option<Value>,
-    acquired_ms: i64,
+    pub(crate) kind: Option<String>,
+    pub(crate) data: Option<Value>,
+    pub(crate) acquired_ms: i64,
 }
 
 pub(crate) fn decode(kv: &KeyValue) -> Result<Stored> {
@@ -219,8 +219,20 @@ pub(crate) fn token_of(kv: &KeyValue) -> FencingToken {
 }
 
 impl EtcdBackend {
-    /// Connects with `options`.
+    /// Connects with `options`. Options with `layout=etcd` are refused:
+    /// that layout is [`crate::EtcdLayoutBackend`]'s.
     pub async fn connect_with(options: EtcdOptions) -> Result<Self> {
+        if options.layout != crate::Layout::Fencelock {
+            return Err(Error::InvalidUrl(
+                "layout=etcd is opened with EtcdLayoutBackend (or the driver)".into(),
+            ));
+        }
+        Self::open(options).await
+    }
+
+    /// Connects with `options`, whatever their layout (the etcd layout
+    /// runs its requests through one of these).
+    pub(crate) async fn open(options: EtcdOptions) -> Result<Self> {
         let client = connect(&options).await?;
         Ok(Self {
             client,
@@ -353,7 +365,7 @@ impl EtcdBackend {
     /// One keep-alive round trip: the lease's TTL in seconds (to which it
     /// was just extended), `None` when the lease is gone. A shared lease
     /// that answers is remembered as refreshed from before the request.
-    async fn keep_alive(&self, lease: i64) -> Result<Option<i64>> {
+    pub(crate) async fn keep_alive(&self, lease: i64) -> Result<Option<i64>> {
         let sent = Instant::now();
         let kept = bounded(self.options.timeout, async {
             let (mut keeper, mut stream) = failover(self.options.timeout, || {
@@ -535,7 +547,7 @@ impl EtcdBackend {
 
     /// Deletes `full` if it is still the key created at revision `token`;
     /// whether it was.
-    async fn delete_grant(&self, full: &str, token: FencingToken) -> Result<bool> {
+    pub(crate) async fn delete_grant(&self, full: &str, token: FencingToken) -> Result<bool> {
         let txn = Txn::new()
             .when([Compare::create_revision(
                 full,
@@ -616,7 +628,15 @@ impl EtcdBackend {
         key: &LockKey,
         options: WatchOptions,
     ) -> Result<WatchStream> {
-        let full = self.key(key);
+        self.open_watch_at(self.key(key), options).await
+    }
+
+    /// [`Self::open_watch`] of the etcd key `full` as it is.
+    pub(crate) async fn open_watch_at(
+        &self,
+        full: String,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
         let mut stream = failover(self.options.timeout, || {
             let (mut c, k, o) = (self.client.clone(), full.clone(), options.clone());
             async move { c.watch(k, Some(o)).await }
@@ -1345,26 +1365,7 @@ impl Backend for EtcdBackend {
             .with_filters([WatchFilterType::NoPut])
             .with_range(end);
         let stream = self.open_watch(key, options).await?;
-        let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            return None;
-                        }
-                        if resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return Some(((), stream));
-                        }
-                    }
-                    _ => return None,
-                }
-            }
-        });
-        Ok(Some(WakeSubscription::from_stream(wakeups)))
+        Ok(Some(delete_wakeups(stream)))
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
@@ -1378,6 +1379,31 @@ impl Backend for EtcdBackend {
     async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
         self.queue_entries(key).await
     }
+}
+
+/// A wake-up for every watch answer that carries a DELETE event; the
+/// subscription ends with the watch.
+pub(crate) fn delete_wakeups(stream: WatchStream) -> WakeSubscription {
+    let wakeups = futures_util::stream::unfold(stream, |mut stream| async move {
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.canceled() {
+                        return None;
+                    }
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Some(((), stream));
+                    }
+                }
+                _ => return None,
+            }
+        }
+    });
+    WakeSubscription::from_stream(wakeups)
 }
 
 #[cfg(test)]

@@ -15,6 +15,9 @@
 //! - Waiters watch the key for DELETE events; `watch` follows a key's
 //!   holder changes, telling an expiry from a release by the deleted key's
 //!   lease.
+//! - `layout=etcd` ([`EtcdLayoutBackend`]) lays locks out as etcd's own
+//!   `concurrency` package does, so that `etcdctl lock`/`elect` and Go's
+//!   `concurrency.Mutex`/`Election` exclude fencelock and are excluded by it.
 //! - etcd rounds small TTLs up (about 2 s minimum with default settings); the
 //!   granted TTL is returned in `Grant::ttl`.
 //!
@@ -26,6 +29,7 @@ mod backend;
 pub mod baseline;
 mod error;
 mod fence;
+mod layout;
 mod options;
 mod queue;
 mod watch;
@@ -36,7 +40,8 @@ use async_trait::async_trait;
 
 pub use backend::EtcdBackend;
 pub use fence::EtcdFence;
-pub use options::{EtcdOptions, DEFAULT_PREFIX};
+pub use layout::EtcdLayoutBackend;
+pub use options::{EtcdOptions, Layout, DEFAULT_PREFIX};
 
 /// Opens Etcd backends and fences from `etcd://host:port[,host:port…]` URLs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -56,7 +61,11 @@ impl fencelock_core::Driver for EtcdDriver {
         &self,
         url: &str,
     ) -> fencelock_core::Result<Arc<dyn fencelock_core::Backend>> {
-        Ok(Arc::new(EtcdBackend::connect(url).await?))
+        let options = EtcdOptions::from_url(url)?;
+        Ok(match options.layout {
+            Layout::Etcd => Arc::new(EtcdLayoutBackend::connect_with(options).await?),
+            _ => Arc::new(EtcdBackend::connect_with(options).await?),
+        })
     }
 
     async fn open_fence(

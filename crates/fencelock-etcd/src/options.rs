@@ -20,7 +20,14 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 ///   `ca=PATH` (PEM CA bundle) and `domain=NAME` (name to verify);
 /// - `timeout=DURATION` — the longest connecting (which waits for a first
 ///   answer) and any one request may take before it fails transiently
-///   (default `5s`).
+///   (default `5s`);
+/// - `layout=etcd` — locks laid out as etcd's own `concurrency` package
+///   lays them out, so that `etcdctl lock`/`elect` and Go's
+///   `concurrency.Mutex`/`Election` contend with fencelock
+///   ([`crate::EtcdLayoutBackend`]); `layout=fencelock` is the default;
+/// - `namespace=NS` — with `layout=etcd`, a string put before every lock
+///   name (as a Go client wrapped in etcd's `namespace` package does;
+///   default none).
 #[derive(Clone)]
 pub struct EtcdOptions {
     /// Endpoints as `http(s)://host:port`; the client fails over between them.
@@ -36,6 +43,23 @@ pub struct EtcdOptions {
     pub domain: Option<String>,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// How locks are laid out in etcd.
+    pub layout: Layout,
+    /// With [`Layout::Etcd`]: what goes before every lock name.
+    pub namespace: String,
+}
+
+/// How an [`EtcdOptions`] lays locks out in etcd (`layout=` in the URL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Layout {
+    /// fencelock's own: `P/locks/K` and the keys beside it (`docs/etcd.md`).
+    #[default]
+    Fencelock,
+    /// etcd's `concurrency` package's: a key `K/<lease id in hex>` per
+    /// contender, the holder being the oldest (`docs/etcd.md`, "The etcd
+    /// layout").
+    Etcd,
 }
 
 fn percent_decode(s: &str) -> Result<String> {
@@ -73,6 +97,8 @@ impl EtcdOptions {
             ca_file: None,
             domain: None,
             timeout: Duration::from_secs(5),
+            layout: Layout::Fencelock,
+            namespace: String::new(),
         };
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
@@ -94,6 +120,18 @@ impl EtcdOptions {
                         _ => return Err(Error::InvalidUrl("tls must be true or false".into())),
                     }
                 }
+                "layout" => {
+                    options.layout = match &*value {
+                        "fencelock" => Layout::Fencelock,
+                        "etcd" => Layout::Etcd,
+                        _ => {
+                            return Err(Error::InvalidUrl(
+                                "layout must be fencelock or etcd".into(),
+                            ))
+                        }
+                    }
+                }
+                "namespace" => options.namespace = value.into_owned(),
                 "ca" => options.ca_file = Some(value.into_owned()),
                 "domain" => options.domain = Some(value.into_owned()),
                 "timeout" => {
@@ -135,6 +173,14 @@ impl EtcdOptions {
         if options.prefix.is_empty() || options.prefix.contains('\0') {
             return Err(Error::InvalidUrl("the key prefix must not be empty".into()));
         }
+        if !options.namespace.is_empty() && options.layout != Layout::Etcd {
+            return Err(Error::InvalidUrl(
+                "namespace is for layout=etcd (the default layout has prefix)".into(),
+            ));
+        }
+        if options.namespace.contains('\0') {
+            return Err(Error::InvalidUrl("the namespace must not hold NUL".into()));
+        }
         if options.timeout.is_zero() {
             return Err(Error::InvalidUrl("timeout must be positive".into()));
         }
@@ -163,6 +209,8 @@ impl fmt::Debug for EtcdOptions {
             .field("tls", &self.tls)
             .field("ca_file", &self.ca_file)
             .field("timeout", &self.timeout)
+            .field("layout", &self.layout)
+            .field("namespace", &self.namespace)
             .finish()
     }
 }
@@ -179,6 +227,23 @@ mod tests {
         assert_eq!(o.user, Some(("root".into(), "s@cret".into())));
         let shown = format!("{o:?}");
         assert!(!shown.contains("cret"), "{shown}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_etcd_layout_is_opt_in() -> Result<()> {
+        assert_eq!(
+            EtcdOptions::from_url("etcd://h:1")?.layout,
+            Layout::Fencelock
+        );
+        let o = EtcdOptions::from_url("etcd://h:1?layout=etcd&namespace=app/")?;
+        assert_eq!((o.layout, o.namespace.as_str()), (Layout::Etcd, "app/"));
+        for bad in ["etcd://h:1?layout=zk", "etcd://h:1?namespace=app/"] {
+            assert!(
+                matches!(EtcdOptions::from_url(bad), Err(Error::InvalidUrl(_))),
+                "{bad}"
+            );
+        }
         Ok(())
     }
 

@@ -18,6 +18,7 @@
 //! | `redis+cluster://h1:p1,h2:p2`, `rediss+cluster://…` | `redis` (+`tls`) | Redis Cluster |
 //! | `redlock://h1:6379,h2:6379,h3:6379` | `redlock` | a majority of independent Redis 6.2+ servers |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
+//! | `etcd://host:2379?layout=etcd` | `etcd` | etcd v3, locks shared with `etcdctl lock`/`elect` and Go's `concurrency` package |
 //! | `zk://host:2181[,host:2181…][/chroot]` | `zookeeper` | ZooKeeper 3.6+ |
 //! | `http://[:TOKEN@]host:port`, `https://…` | `http` | a `fencelock serve` lock service |
 //! | `mem://` | always | in-process, for tests |

@@ -49,7 +49,7 @@ impl<C: ConnectionLike> RedisBaseline<C> {
     /// Loads the two scripts through `conn` (on every primary of a
     /// cluster).
     async fn loading(mut conn: C, options: &RedisOptions) -> Result<Self> {
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(options.plain);
         for script in [&scripts.acquire, &scripts.release] {
             script
                 .prepare_invoke()
@@ -59,7 +59,7 @@ impl<C: ConnectionLike> RedisBaseline<C> {
         }
         Ok(Self {
             conn,
-            keys: Keys::new(&options.prefix)?,
+            keys: Keys::with_layout(&options.prefix, options.plain)?,
             acquire_sha: scripts.acquire.get_hash().to_owned(),
             release_sha: scripts.release.get_hash().to_owned(),
         })

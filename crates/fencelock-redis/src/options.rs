@@ -23,7 +23,11 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 /// - `wait_timeout=DURATION` — the `WAIT` timeout (default `100ms`);
 /// - `timeout=DURATION` — the longest opening the backend or fence, and any
 ///   one command, may take before it fails transiently (default `5s`;
-///   `WAIT` gets `timeout + wait_timeout`).
+///   `WAIT` gets `timeout + wait_timeout`);
+/// - `layout=plain` — the lock of key `K` is the Redis key `K` itself, so
+///   that fencelock and the single-instance `SET K random NX PX` locks of
+///   other libraries exclude each other (docs/redis.md); `layout=fencelock`
+///   is the default (`PREFIX:{K}` hashes).
 #[derive(Clone)]
 pub struct RedisOptions {
     pub(crate) connection_url: Url,
@@ -38,6 +42,8 @@ pub struct RedisOptions {
     pub wait_timeout: Duration,
     /// Bound of opening and of every command.
     pub timeout: Duration,
+    /// `layout=plain`: the lease is a string at the user's key itself.
+    pub plain: bool,
 }
 
 impl RedisOptions {
@@ -75,6 +81,7 @@ impl RedisOptions {
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(5),
+            plain: false,
         };
         let mut passthrough = Vec::new();
         for (name, value) in parsed.query_pairs() {
@@ -89,6 +96,17 @@ impl RedisOptions {
                 }
                 "wait_timeout" => options.wait_timeout = duration(&value)?,
                 "timeout" => options.timeout = duration(&value)?,
+                "layout" => {
+                    options.plain = match &*value {
+                        "plain" => true,
+                        "fencelock" => false,
+                        other => {
+                            return Err(Error::InvalidUrl(format!(
+                                "layout={other:?} is not `plain` or `fencelock`"
+                            )))
+                        }
+                    }
+                }
                 _ => passthrough.push((name.into_owned(), value.into_owned())),
             }
         }
@@ -102,6 +120,13 @@ impl RedisOptions {
                 .connection_url
                 .query_pairs_mut()
                 .extend_pairs(passthrough);
+        }
+        if options.plain && seeds.is_some() {
+            return Err(Error::Unsupported(
+                "layout=plain on a Redis Cluster: a user's key and its token counter \
+                 would be in different slots"
+                    .into(),
+            ));
         }
         if let Some(seeds) = seeds {
             if !matches!(options.connection_url.path(), "" | "/" | "/0") {
@@ -197,6 +222,7 @@ impl fmt::Debug for RedisOptions {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
             .field("timeout", &self.timeout)
+            .field("plain", &self.plain)
             .finish()
     }
 }

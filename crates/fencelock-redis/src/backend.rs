@@ -19,7 +19,8 @@ use crate::{
     keys::Keys,
     options::RedisOptions,
     scripts::{Call, Scripts},
-    wakeups::Wakeups,
+    sentinel::SentinelMaster,
+    wakeups::{NodeClients, Wakeups},
 };
 
 /// Locks in Redis. Cheap to clone; clones share the connection and the
@@ -110,14 +111,15 @@ pub(crate) async fn cluster_connection(
 /// Opens the command connection (a managed, auto-reconnecting, multiplexed
 /// connection to one server, or a cluster connection) and loads the
 /// scripts once (on every primary of a cluster), within the timeout. Also
-/// answers the clients a pub/sub connection may use: the server's, or one
-/// per listed cluster node.
+/// answers the clients a pub/sub connection may use: the server's, one per
+/// listed cluster node, or through Sentinel the master of the moment.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
-) -> Result<(Vec<Client>, BoundedConnection)> {
+) -> Result<(NodeClients, BoundedConnection)> {
     if options.is_cluster() {
-        let clients = node_clients(options)?;
+        let nodes = node_clients(options)?;
+        let clients: NodeClients = Arc::new(move || nodes.clone());
         return within(options.timeout, async {
             let mut conn =
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
@@ -137,13 +139,25 @@ pub(crate) async fn connect(
         .set_connection_timeout(options.timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
+    if options.is_sentinel() {
+        return within(options.timeout, async {
+            let master = SentinelMaster::connect(options, config).await?;
+            let mut conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
+            load_scripts(&mut conn, scripts).await?;
+            let clients: NodeClients = Arc::new(move || vec![master.client()]);
+            Ok((clients, conn))
+        })
+        .await;
+    }
     let connecting = async {
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| map("connect", e))?;
         let mut conn = BoundedConnection::new(manager, options.timeout);
         load_scripts(&mut conn, scripts).await?;
-        Ok((vec![client.clone()], conn))
+        let one = client.clone();
+        let clients: NodeClients = Arc::new(move || vec![one.clone()]);
+        Ok((clients, conn))
     };
     within(options.timeout, unless_refused(&client, connecting)).await
 }

@@ -34,6 +34,12 @@ pub struct RedisBaseline<C> {
 /// Connects as the backend for `url` does and loads its scripts.
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = RedisOptions::from_url(url)?;
+    if options.is_sentinel() {
+        return Err(fencelock_core::Error::unsupported(
+            "redis",
+            "a raw baseline through Sentinel",
+        ));
+    }
     if options.is_cluster() {
         let conn = cluster_connection(&options).await?;
         return Ok(Box::new(RedisBaseline::loading(conn, &options).await?));

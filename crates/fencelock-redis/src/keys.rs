@@ -405,7 +405,10 @@ mod tests {
         let keys = Keys::with_layout("fl", true)?;
         let k = LockKey::new("jobs:{nightly}*")?;
         assert_eq!(keys.lease(&k).to_string(), "jobs:{nightly}*");
-        assert_eq!(keys.counter(&k).to_string(), "fl:{jobs:%7Bnightly%7D%2A}:token");
+        assert_eq!(
+            keys.counter(&k).to_string(),
+            "fl:{jobs:%7Bnightly%7D%2A}:token"
+        );
         assert_eq!(
             keys.counter_user_key(keys.counter(&k).to_string().as_bytes()),
             Some(k)

@@ -40,6 +40,11 @@ impl Redis {
             persistent,
         })
     }
+
+    /// The `redis-server` binary (Sentinels run it too).
+    pub fn binary(&self) -> &std::path::Path {
+        &self.binary
+    }
 }
 
 impl Engine for Redis {

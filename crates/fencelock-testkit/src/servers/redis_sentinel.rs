@@ -257,11 +257,29 @@ impl RedisSentinel {
         self.await_new_master(old)
     }
 
+    /// `kill -9` of data node `port`.
+    pub fn kill(&self, port: u16) -> TestResult {
+        self.nodes.kill(self.index(port)?)
+    }
+
+    /// `kill -9` of every member: the whole set crashes.
+    pub fn kill_all(&self) -> TestResult {
+        (0..self.nodes.len()).try_for_each(|i| self.nodes.kill(i))
+    }
+
+    /// Starts every killed member again and waits until the set is ready.
+    pub fn start_stopped(&self) -> TestResult {
+        (0..self.nodes.len())
+            .filter(|&i| !self.nodes.is_running(i))
+            .try_for_each(|i| self.nodes.start_again(i))?;
+        self.wait_ready()
+    }
+
     /// `kill -9` of the master; waits until the Sentinels have promoted the
     /// replica. Answers the killed node's port and the new master's.
     pub fn kill_master(&self) -> TestResult<(u16, u16)> {
         let old = self.master_port()?;
-        self.nodes.kill(self.index(old)?)?;
+        self.kill(old)?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             match self.master_port() {

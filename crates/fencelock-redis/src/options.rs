@@ -351,6 +351,18 @@ mod tests {
     }
 
     #[test]
+    fn the_plain_layout_is_opt_in_and_not_for_a_cluster() -> Result<()> {
+        assert!(!RedisOptions::from_url("redis://h")?.plain);
+        assert!(!RedisOptions::from_url("redis://h?layout=fencelock")?.plain);
+        assert!(RedisOptions::from_url("redis://h?layout=plain")?.plain);
+        assert!(matches!(
+            RedisOptions::from_url("redis+cluster://h1:1,h2:2?layout=plain"),
+            Err(Error::Unsupported(_))
+        ));
+        Ok(())
+    }
+
+    #[test]
     fn malformed_urls_never_echo_the_password() {
         for bad in [
             "redis://user:s3cret@[::1",
@@ -369,6 +381,7 @@ mod tests {
             "redis+sentinel://user:s3cret@h1:1,h2:2/",
             "redis+sentinel://user:s3cret@h1:1,h2:x/m",
             "redis+sentinel://user:s3cret@/m",
+            "redis://user:s3cret@host/?layout=bogus",
         ] {
             match RedisOptions::from_url(bad) {
                 Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),

@@ -144,8 +144,8 @@ pub(crate) async fn connect(
             // Boxed: the Sentinel client's futures nest deep, and callers
             // that open backends inside their own futures (the `redlock`
             // backend's lazy node connections) would carry their layout.
-            let master = futures_util::FutureExt::boxed(SentinelMaster::connect(options, config))
-                .await?;
+            let master =
+                futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
             let mut conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
             load_scripts(&mut conn, scripts).await?;
             let clients: NodeClients = Arc::new(move || vec![master.client()]);

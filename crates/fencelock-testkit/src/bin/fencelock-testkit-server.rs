@@ -123,13 +123,11 @@ fn start(engine: &str) -> TestResult<Started> {
             let (url, port) = (server.url("mysql"), server.port());
             (Box::new(server), url, port)
         }
-        other => {
-            return Err(format!(
-                "unknown engine {other:?}: one of redis, redis-persistent, redis-sentinel, postgres, \
+        other => return Err(format!(
+            "unknown engine {other:?}: one of redis, redis-persistent, redis-sentinel, postgres, \
                  mariadb, etcd, zookeeper"
-            )
-            .into())
-        }
+        )
+        .into()),
     })
 }
 

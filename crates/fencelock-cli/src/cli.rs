@@ -329,9 +329,10 @@ pub enum Command {
     /// nemesis pauses them (SIGSTOP), cuts them off from the backend, delays
     /// and resets their connections, and kill -9s the server (--server), one
     /// node of a redlock set (--server redlock, which also pauses its first
-    /// node), or the etcd or ZooKeeper leader or the Redis Cluster primary of
-    /// the key (--server etcd-cluster, zookeeper-cluster, redis-cluster). A
-    /// checker then reads the
+    /// node), or the etcd or ZooKeeper leader, the Redis Cluster primary of
+    /// the key or the Sentinel master (--server etcd-cluster,
+    /// zookeeper-cluster, redis-cluster, redis-sentinel). A checker then
+    /// reads the
     /// recorded history. Exit 0 if no stale write was admitted, no update
     /// lost and no token reissued; 3 on any violation. See docs/safety.md.
     #[cfg(feature = "lab")]

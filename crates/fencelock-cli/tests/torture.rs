@@ -209,6 +209,53 @@ fn etcd_cluster_all_faults_with_leader_kills() {
     }
 }
 
+/// The Sentinel master killed (`leader`: the Sentinels fail over to the
+/// replica, the killed node comes back as its replica), with pauses and
+/// whole-set crashes: zero violations, the workers following the master
+/// through every failover.
+#[test]
+fn redis_sentinel_master_failovers() {
+    let (code, report) = torture(&[
+        "--server",
+        "redis-sentinel",
+        "--faults",
+        "leader,pause,restart",
+        "--duration",
+        "60s",
+        "--ttl",
+        "1s",
+        "--seed",
+        "7",
+    ]);
+    assert_survived(code, &report);
+    assert!(faults(&report, "leader") > 0, "no failover");
+}
+
+/// The control: the same failovers and pauses without the fence show two
+/// workers believing they hold the lock at once.
+#[test]
+fn redis_sentinel_unfenced_failovers_overlap() {
+    let (_, report) = torture(&[
+        "--server",
+        "redis-sentinel",
+        "--unfenced",
+        "--faults",
+        "leader,pause",
+        "--duration",
+        "45s",
+        "--ttl",
+        "1s",
+        "--seed",
+        "7",
+    ]);
+    assert!(faults(&report, "leader") > 0, "no failover: {report:#}");
+    assert!(
+        count(&report, &["results", "overlaps"]) > 0
+            || count(&report, &["results", "lost_updates", "count"]) > 0,
+        "{report:#}"
+    );
+}
+
 /// Faults the harness cannot inject are refused before anything starts.
 #[test]
 fn inapplicable_faults_are_usage_errors() {

@@ -19,7 +19,8 @@ use crate::{
     keys::Keys,
     options::RedisOptions,
     scripts::{Call, Scripts},
-    wakeups::Wakeups,
+    sentinel::SentinelMaster,
+    wakeups::{NodeClients, Wakeups},
 };
 
 /// Locks in Redis. Cheap to clone; clones share the connection and the
@@ -110,14 +111,15 @@ pub(crate) async fn cluster_connection(
 /// Opens the command connection (a managed, auto-reconnecting, multiplexed
 /// connection to one server, or a cluster connection) and loads the
 /// scripts once (on every primary of a cluster), within the timeout. Also
-/// answers the clients a pub/sub connection may use: the server's, or one
-/// per listed cluster node.
+/// answers the clients a pub/sub connection may use: the server's, one per
+/// listed cluster node, or through Sentinel the master of the moment.
 pub(crate) async fn connect(
     options: &RedisOptions,
     scripts: &Scripts,
-) -> Result<(Vec<Client>, BoundedConnection)> {
+) -> Result<(NodeClients, BoundedConnection)> {
     if options.is_cluster() {
-        let clients = node_clients(options)?;
+        let nodes = node_clients(options)?;
+        let clients: NodeClients = Arc::new(move || nodes.clone());
         return within(options.timeout, async {
             let mut conn =
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
@@ -137,13 +139,29 @@ pub(crate) async fn connect(
         .set_connection_timeout(options.timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
+    if options.is_sentinel() {
+        return within(options.timeout, async {
+            // Boxed: the Sentinel client's futures nest deep, and callers
+            // that open backends inside their own futures (the `redlock`
+            // backend's lazy node connections) would carry their layout.
+            let master =
+                futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
+            let mut conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
+            load_scripts(&mut conn, scripts).await?;
+            let clients: NodeClients = Arc::new(move || vec![master.client()]);
+            Ok((clients, conn))
+        })
+        .await;
+    }
     let connecting = async {
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| map("connect", e))?;
         let mut conn = BoundedConnection::new(manager, options.timeout);
         load_scripts(&mut conn, scripts).await?;
-        Ok((vec![client.clone()], conn))
+        let one = client.clone();
+        let clients: NodeClients = Arc::new(move || vec![one.clone()]);
+        Ok((clients, conn))
     };
     within(options.timeout, unless_refused(&client, connecting)).await
 }
@@ -194,8 +212,8 @@ impl RedisBackend {
     /// `redis+cluster://` URL, a cluster connection: one per node) and one
     /// pub/sub connection for wake-ups.
     pub async fn connect_with(options: RedisOptions) -> Result<Self> {
-        let scripts = Scripts::new();
-        let keys = Keys::new(&options.prefix)?;
+        let scripts = Scripts::new(options.plain);
+        let keys = Keys::with_layout(&options.prefix, options.plain)?;
         // One bound for both connections: opening never takes longer than
         // the timeout.
         let (conn, wakeups, subscriber) = within(options.timeout, async {
@@ -249,6 +267,14 @@ impl RedisBackend {
     /// This backend's key names.
     pub fn keys(&self) -> &Keys {
         &self.inner.keys
+    }
+
+    /// Readers exist in the fencelock layout only (see `capabilities`).
+    fn readers_allowed(&self) -> Result<()> {
+        if self.inner.options.plain {
+            return Err(Error::unsupported("redis", "readers in layout=plain"));
+        }
+        Ok(())
     }
 
     /// Runs `WAIT` when configured, on the node that holds `slot` (the
@@ -483,6 +509,9 @@ impl RedisBackend {
     /// in ms. SCAN (never KEYS) in batches so the server is never blocked;
     /// in a cluster, on every primary in turn (SCAN walks one node's keys).
     async fn scan_leases(&self, prefix: Option<&str>) -> Result<(Vec<(LockInfo, i64)>, i64)> {
+        if self.inner.options.plain {
+            return self.scan_plain(prefix).await;
+        }
         let nodes = self
             .inner
             .conn
@@ -562,6 +591,52 @@ impl RedisBackend {
         Ok((found, now_ms))
     }
 
+    /// [`Self::scan_leases`] in the `plain` layout, whose leases are the
+    /// users' keys and cannot be told from other keys by name: the keys
+    /// with a token counter (those fencelock locked in the counters' idle
+    /// week), each inspected, so their holders of other libraries show too.
+    async fn scan_plain(&self, prefix: Option<&str>) -> Result<(Vec<(LockInfo, i64)>, i64)> {
+        let mut conn = self.conn();
+        let pattern = self.inner.keys.counter_pattern(prefix);
+        let mut cursor: u64 = 0;
+        let mut found = Vec::new();
+        let mut now_ms = 0;
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map("SCAN", e))?;
+            for key in names
+                .iter()
+                .filter_map(|n| self.inner.keys.counter_user_key(n))
+            {
+                let row: Vec<Value> = Call::new(&self.inner.scripts.inspect, 3)
+                    .key(self.inner.keys.lease(&key))
+                    .key(self.inner.keys.readers(&key))
+                    .key(self.inner.keys.readers_info(&key))
+                    .invoke(&mut conn)
+                    .await
+                    .map_err(|e| map("inspect script", e))?;
+                now_ms = field(&row, 7)?;
+                if let Some(info) = parse_describe(&key, &row)? {
+                    found.push((info, acquired_ms(&row)?));
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        found.dedup_by(|a, b| a.0.key == b.0.key);
+        Ok((found, now_ms))
+    }
+
     /// Every live reader lease of a key that starts with `prefix`, with its
     /// grant time in ms: a SCAN for readers sets, then one script per set.
     async fn scan_readers(
@@ -606,6 +681,9 @@ impl RedisBackend {
         Ok(found)
     }
 }
+
+/// How far ahead the end of a foreign holder without expiry is shown.
+const FOREIGN_WITHOUT_EXPIRY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The acquire scripts' first element when the key's counter has no token
 /// left (`spent` in the scripts).
@@ -760,7 +838,12 @@ pub fn parse_describe(key: &LockKey, row: &[Value]) -> Result<Option<LockInfo>> 
         ),
         None => None,
     };
-    let remaining = u64::try_from(pttl).unwrap_or(0);
+    // A foreign holder's key may have no expiry (PTTL -1): it stays held
+    // until deleted, shown as ending in a year so waiters keep backing off.
+    let remaining = match pttl {
+        -1 => FOREIGN_WITHOUT_EXPIRY.as_millis() as u64,
+        pttl => u64::try_from(pttl).unwrap_or(0),
+    };
     let expires_ms = field::<Option<String>>(row, 8)?
         .and_then(|s| s.parse::<i64>().ok())
         .unwrap_or_else(|| now_ms.saturating_add(remaining as i64));
@@ -790,7 +873,9 @@ impl Backend for RedisBackend {
             .with_min_token(true)
             .with_batch_renew(true)
             .with_set_data(true)
-            .with_shared(true)
+            // Other libraries' locks know no readers: a reader of the
+            // `plain` layout would not keep their writers out.
+            .with_shared(!self.inner.options.plain)
             // See `try_acquire_all`: not in a cluster.
             .with_atomic_multi(!self.inner.conn.is_cluster())
     }
@@ -871,6 +956,7 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.readers_allowed()?;
         self.acquire_with(
             &self.inner.scripts.acquire_shared,
             LockMode::Shared,
@@ -886,6 +972,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        self.readers_allowed()?;
         self.renew_batch(
             &self.inner.scripts.renew_many_shared,
             renewals,
@@ -899,6 +986,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
+        self.readers_allowed()?;
         let key = &lease.key;
         let removed: i64 = Call::new(&self.inner.scripts.release_shared, 2)
             .key(self.inner.keys.readers(key))
@@ -914,6 +1002,7 @@ impl Backend for RedisBackend {
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.readers_allowed()?;
         let _: i64 = Call::new(&self.inner.scripts.post_intent, 1)
             .key(self.inner.keys.intent(key))
             .arg(owner.as_str())
@@ -925,6 +1014,7 @@ impl Backend for RedisBackend {
     }
 
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.readers_allowed()?;
         let _: i64 = Call::new(&self.inner.scripts.withdraw_intent, 1)
             .key(self.inner.keys.intent(key))
             .arg(owner.as_str())
@@ -1022,6 +1112,12 @@ impl Backend for RedisBackend {
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("force-release script", e))?;
+        if row.len() == 1 {
+            return Err(Error::InvalidArgument(format!(
+                "{key} is held by another library's lock, which fencelock does not release; \
+                 its holder carries no fencing token (docs/redis.md)"
+            )));
+        }
         parse_describe(key, &row)
     }
 

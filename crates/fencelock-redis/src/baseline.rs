@@ -34,6 +34,12 @@ pub struct RedisBaseline<C> {
 /// Connects as the backend for `url` does and loads its scripts.
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = RedisOptions::from_url(url)?;
+    if options.is_sentinel() {
+        return Err(fencelock_core::Error::unsupported(
+            "redis",
+            "a raw baseline through Sentinel",
+        ));
+    }
     if options.is_cluster() {
         let conn = cluster_connection(&options).await?;
         return Ok(Box::new(RedisBaseline::loading(conn, &options).await?));
@@ -49,7 +55,7 @@ impl<C: ConnectionLike> RedisBaseline<C> {
     /// Loads the two scripts through `conn` (on every primary of a
     /// cluster).
     async fn loading(mut conn: C, options: &RedisOptions) -> Result<Self> {
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(options.plain);
         for script in [&scripts.acquire, &scripts.release] {
             script
                 .prepare_invoke()
@@ -59,7 +65,7 @@ impl<C: ConnectionLike> RedisBaseline<C> {
         }
         Ok(Self {
             conn,
-            keys: Keys::new(&options.prefix)?,
+            keys: Keys::with_layout(&options.prefix, options.plain)?,
             acquire_sha: scripts.acquire.get_hash().to_owned(),
             release_sha: scripts.release.get_hash().to_owned(),
         })

@@ -15,15 +15,17 @@
 //! and `WAIT` goes to the primary of the slot written
 //! ([`BoundedConnection::for_slot`]).
 
-use std::{io, time::Duration};
+use std::{io, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use redis::{
     aio::{ConnectionLike, ConnectionManager},
     cluster_async::ClusterConnection,
     cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr},
-    Cmd, Pipeline, RedisFuture, Value,
+    Cmd, Pipeline, RedisFuture, RedisResult, Value,
 };
+
+use crate::sentinel::SentinelMaster;
 
 /// The two kinds of command connection.
 #[derive(Clone)]
@@ -33,6 +35,8 @@ enum Kind {
     /// A Redis Cluster; the client keeps a connection per node and routes
     /// each command by its key's slot.
     Cluster(ClusterConnection),
+    /// The master a set of Sentinels names, followed through failovers.
+    Sentinel(Arc<SentinelMaster>),
 }
 
 /// A command connection whose requests fail with a timeout error (a
@@ -61,6 +65,36 @@ impl BoundedConnection {
             conn: Kind::Cluster(conn),
             timeout,
             route: None,
+        }
+    }
+
+    pub(crate) fn sentinel(master: Arc<SentinelMaster>, timeout: Duration) -> Self {
+        Self {
+            conn: Kind::Sentinel(master),
+            timeout,
+            route: None,
+        }
+    }
+
+    /// Bounds `request` by the timeout; through Sentinel, an outcome that
+    /// shows a failover starts a search for the master.
+    fn bounded<'a, T: Send + 'a>(&self) -> impl FnOnce(RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+        let timeout = self.timeout;
+        let master = match &self.conn {
+            Kind::Sentinel(master) => Some(Arc::clone(master)),
+            _ => None,
+        };
+        move |request| {
+            async move {
+                let outcome: RedisResult<T> = tokio::time::timeout(timeout, request)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(timeout)));
+                if let Some(master) = master {
+                    master.saw(&outcome);
+                }
+                outcome
+            }
+            .boxed()
         }
     }
 
@@ -149,17 +183,19 @@ pub(crate) fn timed_out(timeout: Duration) -> redis::RedisError {
 
 impl ConnectionLike for BoundedConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let timeout = self.timeout;
+        let bounded = self.bounded();
         let request = match (&mut self.conn, &self.route) {
             (Kind::Single(conn), _) => conn.req_packed_command(cmd),
             (Kind::Cluster(conn), None) => conn.req_packed_command(cmd),
             (Kind::Cluster(conn), Some(route)) => conn
                 .route_command(cmd, RoutingInfo::SingleNode(route.clone()))
                 .boxed(),
+            (Kind::Sentinel(master), _) => {
+                let mut conn = master.manager();
+                async move { conn.req_packed_command(cmd).await }.boxed()
+            }
         };
-        tokio::time::timeout(timeout, request)
-            .map(move |r| r.unwrap_or_else(|_| Err(timed_out(timeout))))
-            .boxed()
+        bounded(request)
     }
 
     fn req_packed_commands<'a>(
@@ -168,23 +204,26 @@ impl ConnectionLike for BoundedConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let timeout = self.timeout;
+        let bounded = self.bounded();
         let request = match (&mut self.conn, &self.route) {
             (Kind::Single(conn), _) => conn.req_packed_commands(cmd, offset, count),
             (Kind::Cluster(conn), None) => conn.req_packed_commands(cmd, offset, count),
             (Kind::Cluster(conn), Some(route)) => conn
                 .route_pipeline(cmd, offset, count, route.clone())
                 .boxed(),
+            (Kind::Sentinel(master), _) => {
+                let mut conn = master.manager();
+                async move { conn.req_packed_commands(cmd, offset, count).await }.boxed()
+            }
         };
-        tokio::time::timeout(timeout, request)
-            .map(move |r| r.unwrap_or_else(|_| Err(timed_out(timeout))))
-            .boxed()
+        bounded(request)
     }
 
     fn get_db(&self) -> i64 {
         match &self.conn {
             Kind::Single(conn) => conn.get_db(),
             Kind::Cluster(_) => 0,
+            Kind::Sentinel(master) => master.manager().get_db(),
         }
     }
 }

@@ -36,7 +36,8 @@ impl fmt::Debug for RedisFence {
 impl RedisFence {
     /// Connects with `options` (the fence uses the same key prefix).
     pub async fn connect_with(options: RedisOptions) -> Result<Self> {
-        let scripts = Scripts::new();
+        // Fence records are the same in both layouts.
+        let scripts = Scripts::new(false);
         let keys = Keys::new(&options.prefix)?;
         let (_, conn) = connect(&options, &scripts).await?;
         Ok(Self {

@@ -116,10 +116,16 @@ pub struct Tagged<'a> {
     prefix: &'a str,
     key: &'a str,
     suffix: &'static str,
+    /// The user's key as it is (the `plain` layout's lease).
+    raw: bool,
 }
 
 impl Tagged<'_> {
     fn write_runs(&self, mut push: impl FnMut(&str)) {
+        if self.raw {
+            push(self.key);
+            return;
+        }
         push(self.prefix);
         push(":{");
         encode_runs(self.key, &mut push);
@@ -150,14 +156,23 @@ impl ToRedisArgs for Tagged<'_> {
 #[derive(Clone, Debug)]
 pub struct Keys {
     prefix: String,
+    /// `layout=plain`: a lock's lease is the user's key itself.
+    plain: bool,
 }
 
 impl Keys {
     /// The key names under `prefix` (checked).
     pub fn new(prefix: &str) -> Result<Self> {
+        Self::with_layout(prefix, false)
+    }
+
+    /// The key names under `prefix`, with the leases at the users' keys
+    /// themselves when `plain` (every other key stays under the prefix).
+    pub(crate) fn with_layout(prefix: &str, plain: bool) -> Result<Self> {
         validate_prefix(prefix)?;
         Ok(Self {
             prefix: prefix.to_owned(),
+            plain,
         })
     }
 
@@ -168,12 +183,17 @@ impl Keys {
             prefix: &self.prefix,
             key,
             suffix,
+            raw: false,
         }
     }
 
-    /// The lease hash of `key`.
+    /// The lease of `key`: a hash `PREFIX:{ENC}`, or in the `plain` layout
+    /// the string at the key itself.
     pub fn lease<'a>(&'a self, key: &'a LockKey) -> Tagged<'a> {
-        self.tagged(key.as_str(), "")
+        Tagged {
+            raw: self.plain,
+            ..self.tagged(key.as_str(), "")
+        }
     }
 
     /// The token counter of `key`.
@@ -232,6 +252,18 @@ impl Keys {
     /// characters.
     pub(crate) fn lease_pattern(&self, prefix: Option<&str>) -> String {
         format!("{}:{{{}*}}", self.prefix, encode(prefix.unwrap_or("")))
+    }
+
+    /// A SCAN pattern matching the token counters of keys that start with
+    /// `prefix`: in the `plain` layout, the keys fencelock has locked
+    /// within the counters' idle expiry.
+    pub(crate) fn counter_pattern(&self, prefix: Option<&str>) -> String {
+        format!("{}:token", self.lease_pattern(prefix))
+    }
+
+    /// The user key of a token counter name found by SCAN.
+    pub(crate) fn counter_user_key(&self, counter: &[u8]) -> Option<LockKey> {
+        self.user_key(counter.strip_suffix(b":token")?)
     }
 
     /// A SCAN pattern matching the readers sets of keys that start with
@@ -365,6 +397,22 @@ mod tests {
         for (key, slot) in [("a", 15495), ("job:1", 11113), ("{x", 7951)] {
             assert_eq!(keys.slot(&LockKey::new(key)?), slot, "{key}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn plain_leases_are_the_users_keys() -> Result<()> {
+        let keys = Keys::with_layout("fl", true)?;
+        let k = LockKey::new("jobs:{nightly}*")?;
+        assert_eq!(keys.lease(&k).to_string(), "jobs:{nightly}*");
+        assert_eq!(
+            keys.counter(&k).to_string(),
+            "fl:{jobs:%7Bnightly%7D%2A}:token"
+        );
+        assert_eq!(
+            keys.counter_user_key(keys.counter(&k).to_string().as_bytes()),
+            Some(k)
+        );
         Ok(())
     }
 

@@ -38,6 +38,7 @@ mod fence;
 mod keys;
 mod options;
 mod scripts;
+mod sentinel;
 mod wakeups;
 
 use std::sync::Arc;
@@ -64,8 +65,9 @@ pub use fence::RedisFence;
 pub use options::{RedisOptions, DEFAULT_PREFIX};
 
 /// Opens Redis backends and fences from `redis://` (with the `tls` feature
-/// also `rediss://`) URLs, and Redis Clusters from `redis+cluster://h1:p1,h2:p2`
-/// (`rediss+cluster://`) URLs.
+/// also `rediss://`) URLs, Redis Clusters from `redis+cluster://h1:p1,h2:p2`
+/// (`rediss+cluster://`) URLs, and the master of a Sentinel set from
+/// `redis+sentinel://h1:p1,h2:p2/MASTER_NAME` (`rediss+sentinel://`) URLs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisDriver;
 
@@ -76,7 +78,14 @@ impl fencelock_core::Driver for RedisDriver {
     }
 
     fn schemes(&self) -> &'static [&'static str] {
-        &["redis", "rediss", "redis+cluster", "rediss+cluster"]
+        &[
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+            "rediss+sentinel",
+        ]
     }
 
     async fn open_backend(

@@ -15,19 +15,96 @@ use redis::{
     aio::ConnectionLike, Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ToRedisArgs,
 };
 
-/// Shared Lua: the holder of `KEYS[1]` in the shape every script returns:
-/// `{found, owner, token, kind, data, acquired_ms, pttl_ms, now_ms,
-/// expires_ms}`. `expires_ms` (server clock, written by acquire and renew) is
-/// for display: deriving it from `now + PTTL` would jitter by a millisecond
-/// between calls.
-pub const DESCRIBE: &str = r#"
+/// How a writer's lease is stored, in Lua: `lease_get(key)` answers its
+/// fields `{owner, token, kind, data, acquired, expires}` (`false` where
+/// absent; `foreign = true` for a key held by another library's lock, which
+/// the hash layout never sees), and `lease_set(key, changes, ttl)` writes
+/// the `changes` (field = value, `false` deletes) and, with a `ttl`, sets
+/// the key's expiry (without one the expiry stays). The fencelock layout
+/// keeps a hash at `PREFIX:{KEY}`.
+macro_rules! hash_store {
+    () => {
+        r#"
+local function lease_get(key)
+  return redis.call('HMGET', key, 'owner', 'token', 'kind', 'data', 'acquired', 'expires')
+end
+local function lease_set(key, changes, ttl)
+  local set, del = {}, {}
+  for f, v in pairs(changes) do
+    if v then set[#set + 1] = f; set[#set + 1] = v else del[#del + 1] = f end
+  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+  if ttl then redis.call('PEXPIRE', key, ttl) end
+end
+"#
+    };
+}
+
+/// The `plain` layout's store (docs/redis.md): the lease is a string at the
+/// user's key itself, `fencelock:` followed by the fields as JSON, with a
+/// `PX` expiry, so the `SET key random NX PX ttl` of the single-instance
+/// lock recipe (redis-py's `Lock`, redsync, rslock, node-redlock) fails on
+/// it, and their compare-and-delete leaves it alone. Any other value, or a
+/// key of another type, is another library's holder.
+macro_rules! plain_store {
+    () => {
+        r#"
+local FIELDS = {'owner', 'token', 'kind', 'data', 'acquired', 'expires'}
+local MARK = 'fencelock:'
+local function lease_get(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'none' then return {false, false, false, false, false, false} end
+  if t == 'string' then
+    local v = redis.call('GET', key)
+    if string.sub(v, 1, #MARK) == MARK then
+      local ok, r = pcall(cjson.decode, string.sub(v, #MARK + 1))
+      if ok and type(r) == 'table' then
+        local h = {}
+        for i, f in ipairs(FIELDS) do h[i] = type(r[f]) == 'string' and r[f] or false end
+        return h
+      end
+    end
+  end
+  return {false, false, false, false, false, false, foreign = true}
+end
+local function lease_set(key, changes, ttl)
+  local h, r = lease_get(key), {}
+  for i, f in ipairs(FIELDS) do if h[i] then r[f] = h[i] end end
+  for f, v in pairs(changes) do if v then r[f] = v else r[f] = nil end end
+  local v = MARK .. cjson.encode(r)
+  if ttl then
+    redis.call('SET', key, v, 'PX', ttl)
+  else
+    redis.call('SET', key, v, 'KEEPTTL')
+  end
+end
+"#
+    };
+}
+
+/// Shared Lua over a store (`hash_store!` or `plain_store!`): the holder of
+/// `KEYS[1]` in the shape every script returns: `{found, owner, token,
+/// kind, data, acquired_ms, pttl_ms, now_ms, expires_ms}`. `expires_ms`
+/// (server clock, written by acquire and renew) is for display: deriving it
+/// from `now + PTTL` would jitter by a millisecond between calls. Another
+/// library's holder is `{1, 'foreign', '0', 'foreign', …}`: it has no
+/// token, and 0 is never issued.
+macro_rules! helpers {
+    () => {
+        r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function describe(key)
-  local h = redis.call('HMGET', key, 'owner', 'token', 'kind', 'data', 'acquired', 'expires')
+  local h = lease_get(key)
   local pttl = redis.call('PTTL', key)
+  if h.foreign and pttl ~= -2 then
+    return {1, 'foreign', '0', 'foreign',
+      '{"fencing_token":null,"holder":"another library\'s lock, which carries no fencing token"}',
+      false, pttl, now_ms(), false}
+  end
   if not h[1] or pttl == -2 then
     return {0, false, false, false, false, false, -2, now_ms(), false}
   end
@@ -124,14 +201,23 @@ end
 local function grant(lease, counter, intent, owner, ttl, kind, data, floor)
   local token, now = draw(counter, floor)
   if redis.call('GET', intent) == owner then redis.call('DEL', intent) end
-  redis.call('HSET', lease, 'owner', owner, 'token', token, 'acquired', string.format('%d', now),
-    'expires', string.format('%d', now + tonumber(ttl)))
-  if #kind > 0 then redis.call('HSET', lease, 'kind', string.sub(kind, 2)) end
-  if #data > 0 then redis.call('HSET', lease, 'data', data) end
-  redis.call('PEXPIRE', lease, ttl)
+  local fields = {owner = owner, token = token, acquired = string.format('%d', now),
+    expires = string.format('%d', now + tonumber(ttl))}
+  if #kind > 0 then fields.kind = string.sub(kind, 2) end
+  if #data > 0 then fields.data = data end
+  lease_set(lease, fields, ttl)
   return token, now
 end
-"#;
+"#
+    };
+}
+
+/// The Lua helpers over the fencelock layout's lease hashes, which the
+/// `redlock` backend runs its own scripts over.
+pub const DESCRIBE: &str = concat!(hash_store!(), helpers!());
+
+/// The Lua helpers over the `plain` layout.
+const PLAIN_DESCRIBE: &str = concat!(plain_store!(), helpers!());
 
 /// KEYS: lease, counter, readers, readers' details, writer intent. ARGV:
 /// owner, ttl_ms, kind (`""` = none, else `=` followed by the kind), data
@@ -177,11 +263,10 @@ return out
 
 /// KEYS: lease. ARGV: owner, token, ttl_ms. Returns `{1, now_ms}` or `{0}`.
 const RENEW: &str = r#"
-local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+local h = lease_get(KEYS[1])
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
   local now = now_ms()
-  redis.call('HSET', KEYS[1], 'expires', string.format('%d', now + tonumber(ARGV[3])))
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  lease_set(KEYS[1], {expires = string.format('%d', now + tonumber(ARGV[3]))}, ARGV[3])
   return {1, now}
 end
 return {0}
@@ -198,10 +283,9 @@ local now = now_ms()
 local out = {now}
 for i = 1, #KEYS do
   local owner, token, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  local h = redis.call('HMGET', KEYS[i], 'owner', 'token')
+  local h = lease_get(KEYS[i])
   if h[1] == owner and h[2] == token then
-    redis.call('HSET', KEYS[i], 'expires', string.format('%d', now + tonumber(ttl)))
-    redis.call('PEXPIRE', KEYS[i], ttl)
+    lease_set(KEYS[i], {expires = string.format('%d', now + tonumber(ttl))}, ttl)
     out[i + 1] = 1
   else
     out[i + 1] = 0
@@ -212,7 +296,7 @@ return out
 
 /// KEYS: lease. ARGV: owner, token, channel, user key. Returns 1 or 0.
 const RELEASE: &str = r#"
-local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+local h = lease_get(KEYS[1])
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[3], ARGV[4])
@@ -222,15 +306,12 @@ return 0
 "#;
 
 /// KEYS: lease. ARGV: owner, token, data (`""` = none). Returns 1 or 0.
-/// HSET and HDEL keep the key's PTTL, so the lease's end does not move.
+/// Without a TTL `lease_set` keeps the key's PTTL, so the lease's end does
+/// not move.
 const SET_DATA: &str = r#"
-local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+local h = lease_get(KEYS[1])
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
-  if #ARGV[3] > 0 then
-    redis.call('HSET', KEYS[1], 'data', ARGV[3])
-  else
-    redis.call('HDEL', KEYS[1], 'data')
-  end
+  lease_set(KEYS[1], {data = #ARGV[3] > 0 and ARGV[3] or false})
   return 1
 end
 return 0
@@ -246,9 +327,11 @@ return last_reader(KEYS[2], KEYS[3], now_ms()) or d
 
 /// KEYS: lease, readers, readers' details, intent. ARGV: channel, user key.
 /// Frees the key entirely; returns `describe` of the writer, else of the
-/// reader whose lease ends last.
+/// reader whose lease ends last. Another library's holder is left alone:
+/// `{-1}`.
 const FORCE_RELEASE: &str = r#"
 local d = describe(KEYS[1])
+if d[2] == 'foreign' and d[3] == '0' then return {-1} end
 if d[1] ~= 1 then d = last_reader(KEYS[2], KEYS[3], now_ms()) or d end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 if d[1] == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
@@ -398,18 +481,21 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
-        let with_describe = |body: &str| Script::new(&format!("{DESCRIBE}\n{body}"));
+    /// The scripts over the fencelock layout (hashes under the prefix), or
+    /// over the `plain` layout (a string at the user's key).
+    pub(crate) fn new(plain: bool) -> Self {
+        let helpers = if plain { PLAIN_DESCRIBE } else { DESCRIBE };
+        let with_describe = |body: &str| Script::new(&format!("{helpers}\n{body}"));
         Self {
             acquire: with_describe(ACQUIRE),
             acquire_all: with_describe(ACQUIRE_ALL),
             renew: with_describe(RENEW),
             renew_many: with_describe(RENEW_MANY),
-            release: Script::new(RELEASE),
+            release: with_describe(RELEASE),
             inspect: with_describe(INSPECT),
             force_release: with_describe(FORCE_RELEASE),
             fence_admit: Script::new(FENCE_ADMIT),
-            set_data: Script::new(SET_DATA),
+            set_data: with_describe(SET_DATA),
             acquire_shared: with_describe(ACQUIRE_SHARED),
             renew_many_shared: with_describe(RENEW_MANY_SHARED),
             release_shared: with_describe(RELEASE_SHARED),

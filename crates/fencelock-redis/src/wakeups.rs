@@ -44,20 +44,25 @@ pub(crate) struct Wakeups {
     listening: tokio::sync::Mutex<Listening>,
 }
 
+/// Where a pub/sub connection may go, asked at each (re)connection: the
+/// server; in a Redis Cluster one client per listed node, any of which will
+/// do (a `PUBLISH` on any node is broadcast to every node's subscribers);
+/// through Sentinel the master as last found.
+pub(crate) type NodeClients = Arc<dyn Fn() -> Vec<Client> + Send + Sync>;
+
 /// Opens a pub/sub connection within `timeout` (a server that accepts
 /// connections but does not answer must not stall us), to the first of
 /// `clients` that answers, starting at `*next` and leaving `*next` at the
-/// one that did. There is one client for a single server; in a Redis
-/// Cluster there is one per listed node, any of which will do: a `PUBLISH`
-/// on any node is broadcast to every node's subscribers.
+/// one that did.
 async fn open(
-    clients: &[Client],
+    clients: &NodeClients,
     next: &mut usize,
     timeout: Duration,
 ) -> Result<(PubSubSink, PubSubStream)> {
+    let clients = clients();
     let mut last = None;
     for attempt in 0..clients.len() {
-        let i = (*next + attempt) % clients.len();
+        let i = next.wrapping_add(attempt) % clients.len();
         match tokio::time::timeout(timeout, clients[i].get_async_pubsub()).await {
             Ok(Ok(pubsub)) => {
                 *next = i;
@@ -82,7 +87,7 @@ impl Wakeups {
     /// Opens the pub/sub connection and starts its reader; the reader stops
     /// when the returned handle is aborted.
     pub(crate) async fn start(
-        clients: Vec<Client>,
+        clients: NodeClients,
         keys: Keys,
         timeout: Duration,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>)> {
@@ -171,7 +176,7 @@ impl Wakeups {
     ///
     /// In a cluster, the node that failed is tried last: the reconnection
     /// starts at the next listed node.
-    async fn read(self: Arc<Self>, clients: Vec<Client>, mut next: usize, first: PubSubStream) {
+    async fn read(self: Arc<Self>, clients: NodeClients, mut next: usize, first: PubSubStream) {
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(50);
         loop {

@@ -16,6 +16,7 @@
 //! | `mysql://user:pw@host/db`, `mariadb://…` | `mysql` | MariaDB 10.6+, MySQL 8.0.17+ |
 //! | `redis://:pw@host:6379/0`, `rediss://…` | `redis` (+`tls`) | Redis 6.2+ |
 //! | `redis+cluster://h1:p1,h2:p2`, `rediss+cluster://…` | `redis` (+`tls`) | Redis Cluster |
+//! | `redis+sentinel://h1:p1,h2:p2/MASTER`, `rediss+sentinel://…` | `redis` (+`tls`) | Redis with Sentinel failover |
 //! | `redlock://h1:6379,h2:6379,h3:6379` | `redlock` | a majority of independent Redis 6.2+ servers |
 //! | `etcd://host:2379[,host:2379…]` | `etcd` | etcd v3 (3.4+) |
 //! | `etcd://host:2379?layout=etcd` | `etcd` | etcd v3, locks shared with `etcdctl lock`/`elect` and Go's `concurrency` package |
@@ -208,6 +209,8 @@ const FEATURES: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("redis+cluster", "redis"),
     ("rediss+cluster", "redis"),
+    ("redis+sentinel", "redis"),
+    ("rediss+sentinel", "redis"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
     ("zk", "zookeeper"),

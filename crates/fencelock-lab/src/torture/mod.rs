@@ -30,7 +30,8 @@ use fencelock_testkit::{
     proxy::ProxiedUrl,
     servers::{
         etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-        redis_cluster::RedisCluster, redis_set::RedisSet, zookeeper::ZkServer,
+        redis_cluster::RedisCluster, redis_sentinel::RedisSentinel, redis_set::RedisSet,
+        zookeeper::ZkServer,
     },
     TestResult,
 };
@@ -50,7 +51,8 @@ use crate::{Output, Verdict};
 pub struct TortureArgs {
     /// Start a throwaway server from the binaries on PATH instead of using
     /// --url (etcd-cluster, zookeeper-cluster: 3 members; redis-cluster: 3
-    /// primaries and 3 replicas; for leader kills).
+    /// primaries and 3 replicas; redis-sentinel: a master, a replica and 3
+    /// Sentinels; for leader kills).
     #[arg(long, value_enum)]
     pub server: Option<ServerKind>,
 
@@ -68,10 +70,10 @@ pub struct TortureArgs {
 
     /// Faults to inject, comma-separated [default: every fault that applies
     /// to the backend: pause on SQLite; pause, partition, latency and reset
-    /// on servers (not on a Redis Cluster, whose client bypasses the
-    /// proxies); restart on servers the harness started; leader on
-    /// etcd-cluster, zookeeper-cluster and redis-cluster; pause and reshard
-    /// on sharded].
+    /// on servers (not on a Redis Cluster or Sentinel set, whose clients
+    /// bypass the proxies); restart on servers the harness started; leader
+    /// on etcd-cluster, zookeeper-cluster, redis-cluster and redis-sentinel;
+    /// pause and reshard on sharded].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 
@@ -120,6 +122,10 @@ pub enum ServerKind {
     /// A Redis Cluster of three primaries and three replicas, without
     /// persistence.
     RedisCluster,
+    /// A master and a replica watched by three Sentinels, without
+    /// persistence: `leader` kills -9 the master, which the Sentinels fail
+    /// over to the replica.
+    RedisSentinel,
     /// Three independent Redis servers without persistence, as a
     /// `redlock://` set: `restart` kills -9 one node and starts it again
     /// empty at once (round robin), `leader` pauses the first node (every
@@ -152,6 +158,7 @@ impl ServerKind {
             ServerKind::Mariadb => "mariadb",
             ServerKind::Redis => "redis",
             ServerKind::RedisCluster => "redis-cluster",
+            ServerKind::RedisSentinel => "redis-sentinel",
             ServerKind::Redlock => "redlock",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd-cluster",
@@ -170,6 +177,7 @@ impl ServerKind {
             ServerKind::Mariadb => Server::MariaDb(MariaDbServer::start()?),
             ServerKind::Redis => Server::Redis(RedisServer::start()?),
             ServerKind::RedisCluster => Server::RedisCluster(RedisCluster::start()?),
+            ServerKind::RedisSentinel => Server::RedisSentinel(RedisSentinel::start()?),
             ServerKind::Redlock => Server::Redlock(RedisSet::start(3)?, 0),
             ServerKind::Etcd => Server::Etcd(EtcdCluster::start()?),
             ServerKind::EtcdCluster => Server::Etcd(EtcdCluster::start_members(3)?),
@@ -195,9 +203,10 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
     if engine == "sqlite" || engine == "sharded" {
         return vec![Pause];
     }
-    // A Redis Cluster client connects to the nodes it discovers, not to
-    // the proxy in front of the URL's: no network faults there.
-    let mut kinds = if engine == "redis-cluster" {
+    // A Redis Cluster or Sentinel client connects to the nodes it
+    // discovers, not to the proxy in front of the URL's: no network faults
+    // there.
+    let mut kinds = if engine == "redis-cluster" || engine == "redis-sentinel" {
         vec![Pause]
     } else {
         vec![Pause, Partition, Latency, Reset]
@@ -211,6 +220,7 @@ fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
             ServerKind::EtcdCluster
                 | ServerKind::ZookeeperCluster
                 | ServerKind::RedisCluster
+                | ServerKind::RedisSentinel
                 | ServerKind::Redlock
         )
     ) {
@@ -230,6 +240,7 @@ fn engine_of(url: &str) -> Result<&'static str, Error> {
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" => "redis",
         "redis+cluster" | "rediss+cluster" => "redis-cluster",
+        "redis+sentinel" | "rediss+sentinel" => "redis-sentinel",
         "redlock" => "redlock",
         "etcd" => "etcd",
         "zk" => "zookeeper",
@@ -301,6 +312,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Mariadb)) => "mysql",
         (None, Some(ServerKind::Redis)) => "redis",
         (None, Some(ServerKind::RedisCluster)) => "redis-cluster",
+        (None, Some(ServerKind::RedisSentinel)) => "redis-sentinel",
         (None, Some(ServerKind::Redlock)) => "redlock",
         (None, Some(ServerKind::Etcd | ServerKind::EtcdCluster)) => "etcd",
         (None, Some(ServerKind::Zookeeper | ServerKind::ZookeeperCluster)) => "zookeeper",
@@ -319,7 +331,8 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         let why = match bad {
             FaultKind::Restart => "the harness restarts only servers it started (--server)",
             FaultKind::Leader => {
-                "leader kills need --server etcd-cluster, zookeeper-cluster or redis-cluster"
+                "leader kills need --server etcd-cluster, zookeeper-cluster, redis-cluster or \
+                 redis-sentinel"
             }
             FaultKind::Reshard => "resharding steps the map of --server sharded",
             _ if engine == "sharded" => {
@@ -327,6 +340,9 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
             }
             _ if engine == "redis-cluster" => {
                 "a Redis Cluster client bypasses the fault proxies (it connects to every node)"
+            }
+            _ if engine == "redis-sentinel" => {
+                "a Sentinel client bypasses the fault proxies (it connects to the master it is told of)"
             }
             _ => "SQLite has no network between the workers and the lock",
         };

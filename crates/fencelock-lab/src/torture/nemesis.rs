@@ -23,6 +23,7 @@ use fencelock_testkit::{
         postgres::PostgresServer,
         redis::RedisServer,
         redis_cluster::RedisCluster,
+        redis_sentinel::RedisSentinel,
         redis_set::RedisSet,
         replicas::{Haproxy, ServeReplicas},
         zookeeper::ZkServer,
@@ -61,8 +62,9 @@ pub enum FaultKind {
     /// the same data 0.75–1.5 × the lease later.
     Restart,
     /// kill -9 the etcd or ZooKeeper leader (a Redis Cluster: the primary
-    /// of the key's slot, which its replica replaces), start it again
-    /// 1.5–3 × the lease later.
+    /// of the key's slot, which its replica replaces; Redis Sentinel: the
+    /// master, which the Sentinels fail over to the replica), start it
+    /// again 1.5–3 × the lease later.
     Leader,
     /// Step a `--server sharded` map to its next transition step, then
     /// wait until every worker has reopened on it (docs/sharding.md).
@@ -105,6 +107,9 @@ pub enum Server {
     /// A Redis Cluster (three primaries, three replicas), without
     /// persistence; its "leader" is the primary of the torture key's slot.
     RedisCluster(RedisCluster),
+    /// A master, a replica and three Sentinels, without persistence; its
+    /// leader is the master.
+    RedisSentinel(RedisSentinel),
     /// Independent Redis nodes for `redlock://`, and the next node a
     /// restart hits.
     Redlock(RedisSet, usize),
@@ -154,6 +159,7 @@ impl Server {
             Server::MariaDb(s) => s.url("mysql"),
             Server::Redis(s) => s.url(),
             Server::RedisCluster(c) => c.url(),
+            Server::RedisSentinel(s) => s.url(),
             // A restarted node sits out max_ttl: short, so that a one-minute
             // run sees nodes come back (the lease, 2 s by default, must fit).
             Server::Redlock(set, _) => format!("{}?max_ttl=5s", set.url()),
@@ -171,6 +177,7 @@ impl Server {
             Server::MariaDb(s) => s.kill(),
             Server::Redis(s) => s.kill(0),
             Server::RedisCluster(c) => c.kill_all(),
+            Server::RedisSentinel(s) => s.kill_all(),
             // One node, restarted empty at once: the fault Redlock must
             // survive (its quarantine and token floor).
             Server::Redlock(set, next) => {
@@ -196,6 +203,7 @@ impl Server {
             Server::MariaDb(s) => s.start_again(),
             Server::Redis(s) => s.start_again(0),
             Server::RedisCluster(c) => c.start_stopped(),
+            Server::RedisSentinel(s) => s.start_stopped(),
             Server::Redlock(set, _) => set.resume(0),
             Server::Etcd(c) => (0..c.len())
                 .filter(|&i| !c.is_running(i))
@@ -241,8 +249,14 @@ impl Server {
                 let port = c.primary_of(slot)?;
                 c.kill(port).map(|()| Some(usize::from(port)))
             }
+            // The Sentinels judge it down and promote the replica.
+            Server::RedisSentinel(s) => {
+                let port = s.master_port()?;
+                s.kill(port).map(|()| Some(usize::from(port)))
+            }
             _ => Err(
-                "only an etcd cluster, a ZooKeeper ensemble or a Redis Cluster has a leader to kill"
+                "only an etcd cluster, a ZooKeeper ensemble, a Redis Cluster or a Sentinel set \
+                 has a leader to kill"
                     .into(),
             ),
         }

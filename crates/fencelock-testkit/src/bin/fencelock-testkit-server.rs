@@ -4,8 +4,9 @@
 //! start servers the same way the Rust suite does: random loopback ports,
 //! temporary data directories, nothing left behind.
 //!
-//! Engines: `redis`, `redis-persistent`, `postgres`, `mariadb`, `etcd`,
-//! `zookeeper`.
+//! Engines: `redis`, `redis-persistent`, `redis-sentinel` (a master, a
+//! replica and three Sentinels; the URL is `redis+sentinel://…`, the port
+//! the master's), `postgres`, `mariadb`, `etcd`, `zookeeper`.
 //!
 //! Once the server serves, the program prints one JSON line on stdout,
 //! `{"engine":…,"url":…,"port":…}`, where `url` is the fencelock URL of the
@@ -15,7 +16,9 @@
 //! - `pause` / `resume`: SIGSTOP / SIGCONT the server (a stalled server whose
 //!   connections stay open; Redis, etcd and ZooKeeper);
 //! - `kill` / `start`: SIGKILL it / start it again on the same port and
-//!   directory (every engine).
+//!   directory (every engine; `redis-sentinel`: SIGKILL of the master,
+//!   answered once the Sentinels promoted the replica, and a start of the
+//!   killed node, answered once it is the new master's replica).
 //!
 //! End of input (the test runner exiting, even by a crash, closes the pipe)
 //! stops the server and deletes its directory.
@@ -30,6 +33,7 @@ use fencelock_testkit::servers::{
     members::{Engine, MemberSet},
     postgres::PostgresServer,
     redis::RedisServer,
+    redis_sentinel::RedisSentinel,
     zookeeper::ZkServer,
 };
 use fencelock_testkit::TestResult;
@@ -81,6 +85,15 @@ impl Server for MariaDbServer {
     }
 }
 
+impl Server for RedisSentinel {
+    fn kill(&mut self) -> TestResult {
+        self.kill_master().map(|_| ())
+    }
+    fn start(&mut self) -> TestResult {
+        self.start_stopped()
+    }
+}
+
 /// A started server, its fencelock URL and its client port.
 type Started = (Box<dyn Server>, String, u16);
 
@@ -93,6 +106,11 @@ fn start(engine: &str) -> TestResult<Started> {
     Ok(match engine {
         "redis" => members(RedisServer::start()?),
         "redis-persistent" => members(RedisServer::start_persistent()?),
+        "redis-sentinel" => {
+            let set = RedisSentinel::start()?;
+            let (url, port) = (set.url(), set.master_port()?);
+            (Box::new(set), url, port)
+        }
         "etcd" => members(EtcdCluster::start()?),
         "zookeeper" => members(ZkServer::start()?),
         "postgres" => {
@@ -105,12 +123,11 @@ fn start(engine: &str) -> TestResult<Started> {
             let (url, port) = (server.url("mysql"), server.port());
             (Box::new(server), url, port)
         }
-        other => {
-            return Err(format!(
-                "unknown engine {other:?}: one of redis, redis-persistent, postgres, mariadb, etcd, zookeeper"
-            )
-            .into())
-        }
+        other => return Err(format!(
+            "unknown engine {other:?}: one of redis, redis-persistent, redis-sentinel, postgres, \
+                 mariadb, etcd, zookeeper"
+        )
+        .into()),
     })
 }
 

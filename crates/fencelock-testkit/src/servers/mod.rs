@@ -193,6 +193,7 @@ pub mod etcd;
 pub mod members;
 pub mod redis;
 pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod redis_set;
 pub mod replicas;
 pub mod url_factory;

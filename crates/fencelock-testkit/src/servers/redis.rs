@@ -40,6 +40,11 @@ impl Redis {
             persistent,
         })
     }
+
+    /// The `redis-server` binary (Sentinels run it too).
+    pub fn binary(&self) -> &std::path::Path {
+        &self.binary
+    }
 }
 
 impl Engine for Redis {
@@ -63,7 +68,10 @@ impl Engine for Redis {
             ])
             .arg("--dir")
             .arg(&slot.dir)
-            .args(["--protected-mode", "no", "--loglevel", "warning"]);
+            .args(["--protected-mode", "no", "--loglevel", "warning"])
+            // Room for a database per conformance case where a key prefix
+            // does not separate cases (`PlainRedis`).
+            .args(["--databases", "1024"]);
         command
     }
 
@@ -115,4 +123,28 @@ pub(super) fn pongs(slot: &Slot) -> bool {
         Ok(&reply == b"+PONG\r\n")
     };
     answer().unwrap_or(false)
+}
+
+/// A [`RedisServer`] whose conformance cases use the `plain` layout
+/// (docs/redis.md), each in a database of its own: its lock keys are the
+/// users' keys, which no key prefix separates.
+#[derive(Debug)]
+pub struct PlainRedis(pub RedisServer);
+
+impl super::url_factory::UrlServer for PlainRedis {
+    fn start_shared() -> TestResult<Self> {
+        RedisServer::start().map(Self)
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        RedisServer::start_persistent().map(Self)
+    }
+    fn url(&self) -> String {
+        self.0.url()
+    }
+    fn case_url(&self, case: usize) -> String {
+        format!("{}/{case}?prefix=case{case}&layout=plain", self.0.url())
+    }
+    fn restart_server(&self) -> TestResult {
+        self.0.restart()
+    }
 }

@@ -1,0 +1,16 @@
+//! The conformance suite in the `plain` layout (`?layout=plain`, leases at
+//! the users' keys themselves) against throwaway `redis-server`s, each case
+//! in a database of its own. Stores are opened through the crate's driver.
+
+use std::process::ExitCode;
+
+use fencelock_core::Driver;
+use fencelock_testkit::servers::{redis::PlainRedis, url_factory::UrlFactory};
+
+fn main() -> ExitCode {
+    fencelock_testkit::run(UrlFactory::<PlainRedis>::new(
+        "redis-plain",
+        |url| Box::pin(async move { fencelock_redis::RedisDriver.open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_redis::RedisDriver.open_fence(&url).await })),
+    ))
+}

@@ -1,0 +1,91 @@
+//! A master, a replica and three Sentinels on loopback; the test kit's
+//! `failover` run (clients acquire and release one key in a loop; no
+//! overlapping grants, tokens strictly growing, acquisition resuming on
+//! the new master) with the master failed over two ways:
+//!
+//! - killed with SIGKILL, the Sentinels promoting the replica once they
+//!   judge it down;
+//! - `SENTINEL FAILOVER` while it runs: the replica is promoted and the old
+//!   master turned replica, so clients still connected to it get
+//!   `READONLY` and must find the new one.
+//!
+//! Either way the new master's tokens stay above the old one's (the `TIME`
+//! floor of the acquire script, whatever the replica had received).
+
+use std::sync::Arc;
+
+use fencelock_core::Backend;
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{
+    failover::{leader_failover, Ensemble, Hook},
+    servers::redis_sentinel::RedisSentinel,
+    TestResult,
+};
+
+struct Sentinels {
+    set: Arc<RedisSentinel>,
+    url: String,
+    /// `SENTINEL FAILOVER` rather than SIGKILL.
+    graceful: bool,
+}
+
+impl Ensemble for Sentinels {
+    fn open(&self) -> Hook<'_, Arc<dyn Backend>> {
+        Box::pin(async move {
+            Ok(Arc::new(RedisBackend::connect(&self.url).await?) as Arc<dyn Backend>)
+        })
+    }
+
+    /// Members are named by port; the leader is the master the Sentinels
+    /// agree on, once a failover has finished.
+    fn leader(&self, dead: Option<usize>) -> Hook<'_, usize> {
+        let set = Arc::clone(&self.set);
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let s = Arc::clone(&set);
+                let port = tokio::task::spawn_blocking(move || s.master_port()).await?;
+                match port {
+                    Ok(port) if Some(usize::from(port)) != dead => return Ok(usize::from(port)),
+                    _ if tokio::time::Instant::now() > deadline => {
+                        return Err("no new master".into())
+                    }
+                    // Polls the Sentinels' view, bounded by the deadline.
+                    _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                }
+            }
+        })
+    }
+
+    fn kill(&self, member: usize) -> TestResult {
+        let port = u16::try_from(member)?;
+        if self.graceful {
+            let (old, _) = self.set.fail_over()?;
+            if old != port {
+                return Err(format!("failed over {old}, not {port}").into());
+            }
+            Ok(())
+        } else {
+            self.set.kill(port)
+        }
+    }
+}
+
+async fn run(graceful: bool, key: &str) -> TestResult {
+    let set = Arc::new(tokio::task::spawn_blocking(RedisSentinel::start).await??);
+    let url = format!("{}?prefix=failover&timeout=2s", set.url());
+    let ensemble = Arc::new(Sentinels { set, url, graceful });
+    let run = leader_failover(ensemble as Arc<dyn Ensemble>, key).await?;
+    eprintln!("{run}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_master_keeps_exclusion_and_token_order() -> TestResult {
+    run(false, "sentinel-kill").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_keeps_exclusion_and_token_order() -> TestResult {
+    run(true, "sentinel-failover").await
+}

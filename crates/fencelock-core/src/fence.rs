@@ -191,6 +191,29 @@ impl FencedValue {
     pub fn new(token: FencingToken, value: Vec<u8>) -> Self {
         Self { token, value }
     }
+
+    /// The one-blob form that fences storing token and value in a single
+    /// record (an etcd key, a ZooKeeper node) keep: the token in decimal, a
+    /// newline, the value's bytes.
+    ///
+    /// ```
+    /// # use fencelock_core::{FencedValue, FencingToken};
+    /// let stored = FencedValue::new(FencingToken(7), b"{\"a\":1}".to_vec());
+    /// assert_eq!(stored.to_record(), b"7\n{\"a\":1}");
+    /// assert_eq!(FencedValue::from_record(&stored.to_record()), Some(stored));
+    /// ```
+    pub fn to_record(&self) -> Vec<u8> {
+        let mut record = format!("{}\n", self.token.get()).into_bytes();
+        record.extend_from_slice(&self.value);
+        record
+    }
+
+    /// Reads [`FencedValue::to_record`]'s form; `None` when it is not.
+    pub fn from_record(record: &[u8]) -> Option<Self> {
+        let split = record.iter().position(|b| *b == b'\n')?;
+        let token = std::str::from_utf8(&record[..split]).ok()?.parse().ok()?;
+        Some(Self::new(FencingToken(token), record[split + 1..].to_vec()))
+    }
 }
 
 /// A store of "highest admitted token" per resource.

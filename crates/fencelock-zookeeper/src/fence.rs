@@ -80,7 +80,7 @@ impl ZkFence {
             let record = next.to_string();
             let mut multi = c.new_multi_writer();
             let added = match current {
-                Some((record, _)) if record == next && value.is_none() => {
+                Some((stored, _)) if stored == next && value.is_none() => {
                     return Ok(Admission::Admitted)
                 }
                 Some((_, version)) => multi.add_set_data(&path, record.as_bytes(), Some(version)),

@@ -157,6 +157,65 @@ impl fmt::Display for FenceRecord {
     }
 }
 
+/// The largest value [`Fence::write_value`] stores, in bytes: 64 KiB, which
+/// every fence's store takes in one record (a SQL row, a Redis string, an
+/// etcd key, a ZooKeeper node) with room to spare.
+pub const MAX_FENCED_VALUE: usize = 64 * 1024;
+
+/// Refuses a value larger than [`MAX_FENCED_VALUE`] as
+/// [`Error::InvalidArgument`]: the rule [`Fence::write_value`] applies, for
+/// callers that check before they reach a fence (the lock service).
+pub fn validate_value(value: &[u8]) -> Result<()> {
+    if value.len() > MAX_FENCED_VALUE {
+        return Err(Error::InvalidArgument(format!(
+            "the value is {} bytes; the limit is {MAX_FENCED_VALUE}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A value of a fence's key-value store with the token of the write that
+/// stored it ([`Fence::read_value`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FencedValue {
+    /// The token the writer presented.
+    pub token: FencingToken,
+    /// The value's bytes, as written.
+    pub value: Vec<u8>,
+}
+
+impl FencedValue {
+    /// A value written with `token`.
+    pub fn new(token: FencingToken, value: Vec<u8>) -> Self {
+        Self { token, value }
+    }
+
+    /// The one-blob form that fences storing token and value in a single
+    /// record (an etcd key, a ZooKeeper node) keep: the token in decimal, a
+    /// newline, the value's bytes.
+    ///
+    /// ```
+    /// # use fencelock_core::{FencedValue, FencingToken};
+    /// let stored = FencedValue::new(FencingToken(7), b"{\"a\":1}".to_vec());
+    /// assert_eq!(stored.to_record(), b"7\n{\"a\":1}");
+    /// assert_eq!(FencedValue::from_record(&stored.to_record()), Some(stored));
+    /// ```
+    pub fn to_record(&self) -> Vec<u8> {
+        let mut record = format!("{}\n", self.token.get()).into_bytes();
+        record.extend_from_slice(&self.value);
+        record
+    }
+
+    /// Reads [`FencedValue::to_record`]'s form; `None` when it is not.
+    pub fn from_record(record: &[u8]) -> Option<Self> {
+        let split = record.iter().position(|b| *b == b'\n')?;
+        let token = std::str::from_utf8(&record[..split]).ok()?.parse().ok()?;
+        Some(Self::new(FencingToken(token), record[split + 1..].to_vec()))
+    }
+}
+
 /// A store of "highest admitted token" per resource.
 #[async_trait]
 pub trait Fence: Send + Sync + fmt::Debug {
@@ -238,6 +297,65 @@ pub trait Fence: Send + Sync + fmt::Debug {
     ) -> Result<()> {
         validate_resource(resource)?;
         self.try_admit_as(resource, token, mode)
+            .await?
+            .into_result(self.name(), resource, token)
+    }
+
+    /// Whether this fence keeps a value per resource
+    /// ([`Fence::try_admit_value`], [`Fence::read_value`]) in its own
+    /// store, so that every client of that store sees it and it outlives
+    /// the process that wrote it.
+    fn values(&self) -> bool {
+        false
+    }
+
+    /// Atomically admits `token` for `resource` as a writer (as
+    /// [`Fence::try_admit`] does) and, only if it was admitted, stores
+    /// `value` with it in the same step: no lower token can be admitted, and
+    /// no other value stored, between the admission and the write. A
+    /// refusal stores nothing. `resource` and `value` have already been
+    /// validated by [`Fence::write_value`]. The default answers
+    /// [`Error::Unsupported`]; fences that implement it claim
+    /// [`Fence::values`].
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let _ = (resource, token, value);
+        Err(Error::unsupported(self.name(), "fenced values"))
+    }
+
+    /// The value last stored for `resource` and the token that wrote it, if
+    /// any; the default answers [`Error::Unsupported`].
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let _ = resource;
+        Err(Error::unsupported(self.name(), "fenced values"))
+    }
+
+    /// Admits `token` and stores `value` for `resource` in one step (see
+    /// [`Fence::try_admit_value`]), or fails with [`Error::Stale`]. A
+    /// resource name the fence refuses is [`Error::InvalidKey`], a value
+    /// above [`MAX_FENCED_VALUE`] [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// # use fencelock_core::{Fence, FencingToken, MemoryFence};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock_core::Error> {
+    /// let fence = MemoryFence::new();
+    /// fence.write_value("config", FencingToken(7), b"{\"v\":1}").await?;
+    /// // A paused holder with an older token cannot overwrite it.
+    /// assert!(fence.write_value("config", FencingToken(6), b"{\"v\":0}").await.is_err());
+    /// let stored = fence.read_value("config").await?.expect("written");
+    /// assert_eq!((stored.token, stored.value.as_slice()), (FencingToken(7), &b"{\"v\":1}"[..]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn write_value(&self, resource: &str, token: FencingToken, value: &[u8]) -> Result<()> {
+        validate_resource(resource)?;
+        validate_value(value)?;
+        self.try_admit_value(resource, token, value)
             .await?
             .into_result(self.name(), resource, token)
     }

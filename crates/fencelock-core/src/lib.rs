@@ -105,7 +105,7 @@ pub use clock::ClockPolicy;
 pub use driver::{Driver, MemoryDriver};
 pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
 pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
-pub use fence::{Admission, Fence, FenceRecord};
+pub use fence::{validate_value, Admission, Fence, FenceRecord, FencedValue, MAX_FENCED_VALUE};
 pub use guard::{GuardHandle, LockGuard};
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};

@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 use crate::{
     backend::{Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Stats},
     error::{Error, Result},
-    fence::{Admission, Fence},
+    fence::{Admission, Fence, FencedValue},
     types::{FencingToken, LeaseId, LockInfo, LockKey, LockMode, Owner},
     wake::{WakeHub, WakeSubscription},
     watch::{HolderChange, Watch, WatchFeeder},
@@ -672,12 +672,14 @@ pub struct MemoryFence {
 }
 
 /// What a fence remembers of one resource.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Highest {
     /// The highest token admitted in either mode.
     any: FencingToken,
     /// The highest exclusive (writer) token admitted, if any.
     writer: Option<FencingToken>,
+    /// The value last stored with an admission ([`Fence::try_admit_value`]).
+    value: Option<FencedValue>,
 }
 
 impl MemoryFence {
@@ -714,26 +716,62 @@ impl Fence for MemoryFence {
         mode: LockMode,
     ) -> Result<Admission> {
         let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = highest.entry(resource.to_owned()).or_insert(Highest {
-            any: token,
-            writer: None,
-        });
-        let (floor, writer) = match mode {
-            LockMode::Exclusive => (current.any, Some(token)),
-            LockMode::Shared => (current.writer.unwrap_or(token), current.writer),
-        };
-        if token >= floor {
-            current.any = current.any.max(token);
-            current.writer = writer;
-            Ok(Admission::Admitted)
-        } else {
-            Ok(Admission::Stale { current: floor })
+        Ok(admit_in(&mut highest, resource, token, mode))
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        let admission = admit_in(&mut highest, resource, token, LockMode::Exclusive);
+        if admission == Admission::Admitted {
+            if let Some(record) = highest.get_mut(resource) {
+                record.value = Some(FencedValue::new(token, value.to_vec()));
+            }
         }
+        Ok(admission)
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(highest.get(resource).and_then(|h| h.value.clone()))
     }
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(highest.get(resource).and_then(|h| h.writer))
+    }
+}
+
+/// The fence rule on the records of a [`MemoryFence`], under its lock.
+fn admit_in(
+    highest: &mut HashMap<String, Highest>,
+    resource: &str,
+    token: FencingToken,
+    mode: LockMode,
+) -> Admission {
+    let current = highest.entry(resource.to_owned()).or_insert(Highest {
+        any: token,
+        writer: None,
+        value: None,
+    });
+    let (floor, writer) = match mode {
+        LockMode::Exclusive => (current.any, Some(token)),
+        LockMode::Shared => (current.writer.unwrap_or(token), current.writer),
+    };
+    if token >= floor {
+        current.any = current.any.max(token);
+        current.writer = writer;
+        Admission::Admitted
+    } else {
+        Admission::Stale { current: floor }
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use fencelock_core::{Admission, Fence, FenceRecord, FencingToken, LockMode, Result};
+use fencelock_core::{Admission, Fence, FenceRecord, FencedValue, FencingToken, LockMode, Result};
 
 use crate::{
     backend::connect,
@@ -18,6 +18,9 @@ use crate::{
 /// without it, as every record from before, is a writer's). Admission reads the record and raises it with
 /// a Txn that compares the record's mod revision, retrying on a concurrent
 /// change (tokens are compared as numbers in Rust, not as bytes in etcd).
+/// A fenced value is a key of its own (`PREFIX/fence_values/RESOURCE`: the
+/// writer's token in decimal, a newline, the value's bytes), put by the same
+/// Txn that raises the record.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
@@ -48,6 +51,58 @@ impl EtcdFence {
 
     fn key(&self, resource: &str) -> String {
         format!("{}/fences/{resource}", self.options.prefix)
+    }
+
+    fn value_key(&self, resource: &str) -> String {
+        format!("{}/fence_values/{resource}", self.options.prefix)
+    }
+
+    /// Admits `token` held in `mode` and, with `value`, stores it in the
+    /// same Txn.
+    async fn admit_with(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+        value: Option<&[u8]>,
+    ) -> Result<Admission> {
+        let key = self.key(resource);
+        let value = value.map(|v| {
+            let stored = FencedValue::new(token, v.to_vec()).to_record();
+            (self.value_key(resource), stored)
+        });
+        loop {
+            let (current, revision) = self.read(&key).await?;
+            let next = match FenceRecord::admit(current, token, mode) {
+                Ok(next) => next,
+                Err(floor) => return Ok(Admission::Stale { current: floor }),
+            };
+            if current == Some(next) && value.is_none() {
+                return Ok(Admission::Admitted);
+            }
+            let mut ops = vec![TxnOp::put(key.clone(), next.to_string(), None)];
+            if let Some((value_key, stored)) = &value {
+                ops.push(TxnOp::put(value_key.clone(), stored.clone(), None));
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then(ops);
+            let resp = failover(self.options.timeout, || {
+                let (mut c, t) = (self.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| map("fence txn", e))?;
+            if resp.succeeded() {
+                return Ok(Admission::Admitted);
+            }
+            // Someone else changed the record between our read and write:
+            // read it again and decide afresh.
+        }
     }
 
     /// The current record: (highest token and highest writer token, mod
@@ -98,36 +153,37 @@ impl Fence for EtcdFence {
         token: FencingToken,
         mode: LockMode,
     ) -> Result<Admission> {
-        let key = self.key(resource);
-        loop {
-            let (current, revision) = self.read(&key).await?;
-            let next = match FenceRecord::admit(current, token, mode) {
-                Ok(next) => next,
-                Err(floor) => return Ok(Admission::Stale { current: floor }),
-            };
-            if current == Some(next) {
-                return Ok(Admission::Admitted);
-            }
-            let record = next.to_string();
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    revision,
-                )])
-                .and_then([TxnOp::put(key.clone(), record, None)]);
-            let resp = failover(self.options.timeout, || {
-                let (mut c, t) = (self.client.clone(), txn.clone());
-                async move { c.txn(t).await }
-            })
+        self.admit_with(resource, token, mode, None).await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        self.admit_with(resource, token, LockMode::Exclusive, Some(value))
             .await
-            .map_err(|e| map("fence txn", e))?;
-            if resp.succeeded() {
-                return Ok(Admission::Admitted);
-            }
-            // Someone else changed the record between our read and write:
-            // read it again and decide afresh.
-        }
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let key = self.value_key(resource);
+        let mut resp = failover(self.options.timeout, || {
+            let (mut c, k) = (self.client.clone(), key.clone());
+            async move { c.get(k, None).await }
+        })
+        .await
+        .map_err(|e| map("fenced value get", e))?;
+        let Some(kv) = resp.take_kvs().into_iter().next() else {
+            return Ok(None);
+        };
+        FencedValue::from_record(kv.value())
+            .map(Some)
+            .ok_or_else(|| bad_value("fenced value does not start with its token"))
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {

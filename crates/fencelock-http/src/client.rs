@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use fencelock_core::Admission;
 use fencelock_core::{
     redact_url, Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Driver,
-    Error, ErrorStatus, Fence, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner,
-    Renewal, Result, Stats, WakeSubscription,
+    Error, ErrorStatus, Fence, FencedValue, FencingToken, Grant, LeaseId, LockInfo, LockKey,
+    LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -22,8 +22,8 @@ use url::Url;
 
 use crate::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody,
-    GrantBody, InfoBody, IntentBody, LockBody, LockList, ReleaseBody, RenewBody, RenewItem,
-    RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
+    GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
+    RenewItem, RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
 };
 
 const NAME: &str = "http";
@@ -371,7 +371,7 @@ fn refused(status: StatusCode, body: ErrorBody) -> Error {
         "invalid_ttl" => return Error::InvalidTtl(message),
         "invalid_token" => return Error::InvalidToken(message),
         "unsupported" => return Error::Unsupported(message),
-        "bad_request" => return Error::InvalidArgument(message),
+        "bad_request" | "value_too_large" => return Error::InvalidArgument(message),
         _ => {}
     }
     let message = format!("{status}: {message}");
@@ -903,6 +903,63 @@ impl Fence for HttpFence {
                 current: FencingToken(current),
             }),
             Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
+    }
+
+    /// Through the service's fenced key-value store (`/v1/kv`), which
+    /// holds JSON: a value that is not JSON is
+    /// [`Error::InvalidArgument`], and reads return the value re-serialized
+    /// compactly (the same bytes for compact JSON).
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let value = serde_json::from_slice(value).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "a value stored through the service must be JSON: {e}"
+            ))
+        })?;
+        let url = self.conn.url(&["v1", "kv", resource]);
+        let body = KvPutBody {
+            token: token.get(),
+            value,
+        };
+        match self
+            .conn
+            .json::<KvBody>(Method::PUT, url, Some(&body), &[StatusCode::CONFLICT])
+            .await?
+        {
+            Ok(_) => Ok(Admission::Admitted),
+            Err(ErrorBody {
+                current: Some(current),
+                ..
+            }) => Ok(Admission::Stale {
+                current: FencingToken(current),
+            }),
+            Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
+        }
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let url = self.conn.url(&["v1", "kv", resource]);
+        match self
+            .conn
+            .json::<KvBody>(Method::GET, url, None::<&()>, &[StatusCode::NOT_FOUND])
+            .await?
+        {
+            Ok(body) => {
+                let value = serde_json::to_vec(&body.value)
+                    .map_err(|e| Error::InvalidArgument(format!("unwritable value: {e}")))?;
+                Ok(Some(FencedValue::new(FencingToken(body.token), value)))
+            }
+            Err(refusal) if refusal.code == "not_found" => Ok(None),
+            Err(refusal) => Err(refused(StatusCode::NOT_FOUND, refusal)),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockKey, LockMode, Result};
+use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockKey, LockMode, Result};
 use sqlx::{MySql, MySqlConnection};
 
 use fencelock_sql_common::ConnectionPool;
@@ -12,7 +12,9 @@ use fencelock_sql_common::ConnectionPool;
 use crate::options::MySqlOptions;
 
 /// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
-/// (`docs/semantics.md`, I7).
+/// (`docs/semantics.md`, I7), with its fenced values in
+/// `<prefix>fence_values(resource, token, value MEDIUMBLOB)`, written in the
+/// admission's transaction.
 ///
 /// Use [`Fence::admit`] on its own (one short transaction), or
 /// [`MySqlFence::admit_in`] inside the transaction of the protected write.
@@ -26,6 +28,8 @@ pub struct MySqlFence {
     read_writer: String,
     read_latest: String,
     read_latest_writer: String,
+    store_value: String,
+    read_value: String,
 }
 
 impl fmt::Debug for MySqlFence {
@@ -84,6 +88,15 @@ impl MySqlFence {
             // snapshot still holds the old, lower token and a stale token
             // would read back as admitted.
             read_latest: format!("SELECT token FROM {fences} WHERE resource = ? FOR UPDATE"),
+            store_value: format!(
+                "INSERT INTO {values} (resource, token, value) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE token = VALUES(token), value = VALUES(value)",
+                values = names.fence_values
+            ),
+            read_value: format!(
+                "SELECT token, value FROM {} WHERE resource = ?",
+                names.fence_values
+            ),
         })
     }
 
@@ -239,5 +252,55 @@ impl Fence for MySqlFence {
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         self.read_token(&self.read_writer, resource, true).await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let mode = LockMode::Exclusive;
+        let current = self
+            .options
+            .bounded("writing a value", async {
+                let mut s = self.pool.session().await?;
+                let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                let current = self.admit_on(&mut tx, resource, token, mode).await?;
+                // The fence row stays locked until the commit, so no lower
+                // token's value can land after this one.
+                if admission(current, token, mode) == Admission::Admitted {
+                    sqlx::query(&self.store_value)
+                        .bind(resource)
+                        .bind(token.get())
+                        .bind(value)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                s.finish();
+                Ok(current)
+            })
+            .await?;
+        Ok(admission(current, token, mode))
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let row: Option<(u64, Vec<u8>)> = self
+            .options
+            .bounded("reading a value", async {
+                let mut s = self.pool.session().await?;
+                let row = sqlx::query_as(&self.read_value)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish_after(row)
+            })
+            .await?;
+        Ok(row.map(|(token, value)| FencedValue::new(FencingToken(token), value)))
     }
 }

@@ -13,6 +13,8 @@ pub(crate) struct Names {
     pub locks: String,
     pub readers: String,
     pub fences: String,
+    /// The fenced key-value store: a value per fenced resource.
+    pub fence_values: String,
     /// The token counter: one row, advanced with `LAST_INSERT_ID(expr)`.
     pub counter: String,
     /// The MariaDB sequence that issued tokens before the counter; only
@@ -29,6 +31,7 @@ impl Names {
             locks: format!("{prefix}locks"),
             readers: format!("{prefix}readers"),
             fences: format!("{prefix}fences"),
+            fence_values: format!("{prefix}fence_values"),
             counter: format!("{prefix}counter"),
             legacy_sequence: format!("{prefix}tokens"),
         }
@@ -117,6 +120,15 @@ async fn create(conn: &mut MySqlConnection, n: &Names) -> Result<(), sqlx::Error
                token BIGINT UNSIGNED NOT NULL,
                writer_token BIGINT UNSIGNED NULL
              ) ENGINE=InnoDB"
+        ),
+        // MEDIUMBLOB: a BLOB stops one byte short of MAX_FENCED_VALUE.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+               resource {text} NOT NULL PRIMARY KEY,
+               token BIGINT UNSIGNED NOT NULL,
+               value MEDIUMBLOB NOT NULL
+             ) ENGINE=InnoDB",
+            n.fence_values
         ),
     ];
     for ddl in &tables {
@@ -261,22 +273,24 @@ async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Result<bool, s
     Ok(found > 0)
 }
 
-/// Whether the schema is complete: the four tables exist (the counter is
-/// created last) and the counter has its row (written last).
+/// Whether the schema is complete: the five tables exist (the counter is
+/// created last; a schema from before fenced values lacks theirs) and the
+/// counter has its row (written last).
 async fn present(conn: &mut MySqlConnection, n: &Names) -> fencelock_core::Result<bool> {
     let fail = |e| map("reading the schema", e);
     let found: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TABLES
-          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?)",
+          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?)",
     )
     .bind(&n.locks)
     .bind(&n.fences)
+    .bind(&n.fence_values)
     .bind(&n.readers)
     .bind(&n.counter)
     .fetch_one(&mut *conn)
     .await
     .map_err(fail)?;
-    if found != 4 {
+    if found != 5 {
         return Ok(false);
     }
     let rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", n.counter))

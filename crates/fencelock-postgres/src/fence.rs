@@ -4,13 +4,15 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockKey, LockMode, Result};
+use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockKey, LockMode, Result};
 use fencelock_sql_common::ConnectionPool;
 use sqlx::{PgConnection, Postgres};
 
 use crate::{error::bad_reply, options::PostgresOptions};
 
-/// A fence kept in `<prefix>fences(resource, token)` (`docs/semantics.md`, I7).
+/// A fence kept in `<prefix>fences(resource, token)` (`docs/semantics.md`, I7),
+/// with its fenced values in `<prefix>fence_values(resource, token, value)`,
+/// written in the admission's transaction.
 ///
 /// Tokens are stored as `numeric(20,0)`, not `bigint`: the backend never
 /// issues a token above `i64::MAX`, but a fence also guards tokens from other
@@ -27,6 +29,8 @@ pub struct PostgresFence {
     admit_reader_sql: String,
     highest_sql: String,
     highest_writer_sql: String,
+    store_value_sql: String,
+    read_value_sql: String,
 }
 
 impl fmt::Debug for PostgresFence {
@@ -83,6 +87,16 @@ impl PostgresFence {
             highest_sql: format!("SELECT token::text FROM {fences} WHERE resource = $1"),
             highest_writer_sql: format!(
                 "SELECT COALESCE(writer_token, token)::text FROM {fences} WHERE resource = $1"
+            ),
+            store_value_sql: format!(
+                "INSERT INTO {values} (resource, token, value) VALUES ($1, $2::numeric, $3)
+                 ON CONFLICT (resource) DO UPDATE SET
+                   token = EXCLUDED.token, value = EXCLUDED.value",
+                values = names.fence_values
+            ),
+            read_value_sql: format!(
+                "SELECT token::text, value FROM {} WHERE resource = $1",
+                names.fence_values
             ),
         })
     }
@@ -237,5 +251,56 @@ impl Fence for PostgresFence {
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         self.read_token(&self.highest_writer_sql, resource).await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let mode = LockMode::Exclusive;
+        let stored = self
+            .options
+            .bounded("writing a value", async {
+                let mut s = self.pool.session().await?;
+                let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                let stored = admit(&mut tx, self.admit_sql(mode), resource, token).await?;
+                // The upsert keeps the fence row locked until the commit, so
+                // no lower token's value can land after this one.
+                if matches!(admission(&stored, token, mode), Ok(Admission::Admitted)) {
+                    sqlx::query(&self.store_value_sql)
+                        .bind(resource)
+                        .bind(token.get().to_string())
+                        .bind(value)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                s.finish();
+                Ok(stored)
+            })
+            .await?;
+        admission(&stored, token, mode)
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let row: Option<(String, Vec<u8>)> = self
+            .options
+            .bounded("reading a value", async {
+                let mut s = self.pool.session().await?;
+                let row = sqlx::query_as(&self.read_value_sql)
+                    .bind(resource)
+                    .fetch_optional(s.conn()?)
+                    .await;
+                s.finish_after(row)
+            })
+            .await?;
+        row.map(|(token, value)| Ok(FencedValue::new(parse_token(&token)?, value)))
+            .transpose()
     }
 }

@@ -13,6 +13,7 @@ pub(crate) struct Names {
     pub locks: String,
     pub readers: String,
     pub fences: String,
+    pub fence_values: String,
     pub tokens: String,
 }
 
@@ -25,6 +26,7 @@ impl Names {
             locks: format!("{prefix}locks"),
             readers: format!("{prefix}readers"),
             fences: format!("{prefix}fences"),
+            fence_values: format!("{prefix}fence_values"),
             tokens: format!("{prefix}tokens"),
         }
     }
@@ -37,7 +39,8 @@ impl Names {
 /// key's reader horizon and writer intent on the locks row, and the fence's
 /// highest writer token.
 /// Version 4: the token sequence ends at `FencingToken::MAX` (2^53 − 1).
-const VERSION: u32 = 4;
+/// Version 5: the fenced key-value store's table.
+const VERSION: u32 = 5;
 const VERSION_TAG: &str = "fencelock schema ";
 /// The sequence's MAXVALUE.
 const MAX_TOKEN: u64 = fencelock_core::FencingToken::MAX.0;
@@ -121,6 +124,17 @@ pub(crate) async fn ensure(
         (
             format!("{p}readers_owner_idx"),
             format!("CREATE INDEX {p}readers_owner_idx ON {readers} (owner)"),
+        ),
+        (
+            n.fence_values.clone(),
+            format!(
+                "CREATE TABLE {} (
+                 resource text PRIMARY KEY,
+                 token numeric(20, 0) NOT NULL,
+                 value bytea NOT NULL
+             )",
+                n.fence_values
+            ),
         ),
     ];
     let fail = |e| map("creating the schema", e);

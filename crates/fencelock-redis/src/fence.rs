@@ -3,7 +3,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
+use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockMode, Result};
 use redis::Value;
 
 use crate::{
@@ -16,7 +16,9 @@ use crate::{
 };
 
 /// A fence in Redis: one string per resource (`PREFIX:fence:{RESOURCE}`)
-/// holding the highest admitted token, checked and raised by one script.
+/// holding the highest admitted token, checked and raised by one script,
+/// which also stores a fenced value (`PREFIX:fence:{RESOURCE}:value`, a hash
+/// of `token` and `value`) when it admits its writer.
 #[derive(Clone)]
 pub struct RedisFence {
     options: RedisOptions,
@@ -102,11 +104,65 @@ impl Fence for RedisFence {
             LockMode::Exclusive => "w",
             LockMode::Shared => "r",
         };
-        let row: Vec<Value> = Call::new(&self.scripts.fence_admit, 2)
-            .key(self.keys.fence(resource))
+        let mut call = Call::new(&self.scripts.fence_admit, 2);
+        call.key(self.keys.fence(resource))
             .key(self.keys.fence_writer(resource))
             .arg(token.0)
-            .arg(mode)
+            .arg(mode);
+        self.admission(&call).await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let mut call = Call::new(&self.scripts.fence_admit, 3);
+        call.key(self.keys.fence(resource))
+            .key(self.keys.fence_writer(resource))
+            .key(self.keys.fence_value(resource))
+            .arg(token.0)
+            .arg("w")
+            .arg(value);
+        self.admission(&call).await
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let (token, value): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
+            .arg(self.keys.fence_value(resource))
+            .arg("token")
+            .arg("value")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence HMGET", e))?;
+        match (token, value) {
+            (Some(token), Some(value)) => Ok(Some(FencedValue::new(parse_token(&token)?, value))),
+            (None, None) => Ok(None),
+            _ => Err(bad_reply(
+                "a fenced value without its token, or the reverse",
+            )),
+        }
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let current: Option<String> = redis::cmd("GET")
+            .arg(self.keys.fence(resource))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence GET", e))?;
+        current.as_deref().map(parse_token).transpose()
+    }
+}
+
+impl RedisFence {
+    /// Runs the fence script `call` and reads its answer.
+    async fn admission(&self, call: &Call<'_>) -> Result<Admission> {
+        let row: Vec<Value> = call
             .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| map("fence script", e))?;
@@ -128,14 +184,5 @@ impl Fence for RedisFence {
         Ok(Admission::Stale {
             current: parse_token(&current)?,
         })
-    }
-
-    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let current: Option<String> = redis::cmd("GET")
-            .arg(self.keys.fence(resource))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| map("fence GET", e))?;
-        current.as_deref().map(parse_token).transpose()
     }
 }

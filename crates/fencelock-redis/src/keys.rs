@@ -232,6 +232,12 @@ impl Keys {
         format!("{}:fence:{{{}}}:writer", self.prefix, encode(resource))
     }
 
+    /// The fenced value of a resource (a hash of `token` and `value`), in
+    /// its slot.
+    pub(crate) fn fence_value(&self, resource: &str) -> String {
+        format!("{}:fence:{{{}}}:value", self.prefix, encode(resource))
+    }
+
     /// The pub/sub channel release notices of `key` go to (under the key's
     /// hash tag); the payload is the user key.
     pub(crate) fn channel<'a>(&'a self, key: &'a str) -> Tagged<'a> {

@@ -439,7 +439,9 @@ return out
 /// writer token; a reader's must reach the highest writer token (a record
 /// without a writer record is from before read-write locks: its token was a
 /// writer's; `0` means none yet). Returns `{1}` (admitted) or
-/// `{0, current}`, `current` being the floor the token missed.
+/// `{0, current}`, `current` being the floor the token missed. With a third
+/// key (the resource's value hash) and ARGV[3] (a value), an admitted
+/// writer also stores the value with its token: the fenced key-value store.
 const FENCE_ADMIT: &str = r#"
 local function above(a, b) return #a > #b or (#a == #b and a > b) end
 local cur = redis.call('GET', KEYS[1])
@@ -448,6 +450,7 @@ if ARGV[2] == 'w' then
   if cur and above(cur, t) then return {0, cur} end
   if not cur or cur ~= t then redis.call('SET', KEYS[1], t) end
   redis.call('SET', KEYS[2], t)
+  if KEYS[3] then redis.call('HSET', KEYS[3], 'token', t, 'value', ARGV[3]) end
   return {1}
 end
 local w = redis.call('GET', KEYS[2])

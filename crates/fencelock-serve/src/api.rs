@@ -9,8 +9,8 @@ use axum::{
     Extension, Json,
 };
 use fencelock_core::{
-    validate_data, validate_ttl, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode,
-    Owner, Stats,
+    validate_data, validate_ttl, validate_value, Error, Fence, FencingToken, Grant, LeaseId,
+    LockInfo, LockKey, LockMode, Owner, Stats,
 };
 use fencelock_http::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody,
@@ -70,6 +70,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Name {
 impl Name {
     fn key(&self) -> Result<LockKey, ApiError> {
         Ok(LockKey::new(self.0.as_str())?)
+    }
+
+    /// The name as a fenced resource, which follows the rule of a lock key.
+    fn resource(&self) -> Result<&str, ApiError> {
+        LockKey::new(self.0.as_str()).map_err(|e| match e {
+            Error::InvalidKey(m) => Error::InvalidKey(m.replacen("lock key", "resource name", 1)),
+            e => e,
+        })?;
+        Ok(&self.0)
     }
 }
 
@@ -665,7 +674,7 @@ pub(crate) async fn cleanup(
     Ok(Json(Cleaned { deleted }))
 }
 
-fn fence(s: &Service) -> Result<&dyn fencelock_core::Fence, ApiError> {
+fn fence(s: &Service) -> Result<&dyn Fence, ApiError> {
     s.inner.fence.as_deref().ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -702,10 +711,7 @@ pub(crate) async fn admit(
 }
 
 pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiResult<FenceBody> {
-    LockKey::new(name.0.as_str()).map_err(|e| match e {
-        Error::InvalidKey(m) => Error::InvalidKey(m.replacen("lock key", "resource name", 1)),
-        e => e,
-    })?;
+    name.resource()?;
     let current = bounded("highest", fence(&s)?.highest(&name.0)).await?;
     Ok(Json(FenceBody {
         resource: name.0,
@@ -713,29 +719,68 @@ pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiRe
     }))
 }
 
+/// The fence behind the fenced key-value store: one that keeps values in
+/// its own store ([`Fence::values`]), so that they outlive this process and
+/// every replica over the same backend sees the same ones.
+fn value_fence(s: &Service) -> Result<&dyn Fence, ApiError> {
+    let fence = fence(s)?;
+    if !fence.values() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported",
+            format!("the {} fence keeps no values", fence.name()),
+        ));
+    }
+    Ok(fence)
+}
+
 pub(crate) async fn kv_put(
     State(s): State<Service>,
     name: Name,
     Body(body): Body<KvPutBody>,
 ) -> ApiResult<KvBody> {
-    let key = name.key()?;
-    // One writer at a time, so that the admission and the write it allows
-    // are one step: a lower token cannot slip in between.
-    let mut kv = s.inner.kv.lock().await;
-    admit_token(&s, key.as_str(), FencingToken(body.token)).await?;
-    let value = KvBody {
-        key: key.to_string(),
+    let key = name.resource()?;
+    let bytes = serde_json::to_vec(&body.value)
+        .map_err(|e| ApiError::bad_request(format!("unwritable value: {e}")))?;
+    validate_value(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "value_too_large", e))?;
+    let token = FencingToken(body.token);
+    // The fence admits the token and stores the value in one atomic step
+    // of its backend, so concurrent writers need no lock here.
+    let written = bounded(
+        "write a value",
+        value_fence(&s)?.write_value(key, token, &bytes),
+    )
+    .await;
+    if let Err(e) = &written {
+        if let Some(current) = e.current() {
+            s.inner.events.fenced_out(key, token.get(), current);
+        }
+    }
+    written?;
+    Ok(Json(KvBody {
+        key: key.to_owned(),
         token: body.token,
         value: body.value,
-    };
-    kv.insert(key.to_string(), value.clone());
-    Ok(Json(value))
+    }))
 }
 
 pub(crate) async fn kv_get(State(s): State<Service>, name: Name) -> ApiResult<KvBody> {
-    let key = name.key()?;
-    match s.inner.kv.lock().await.get(key.as_str()) {
-        Some(value) => Ok(Json(value.clone())),
+    let key = name.resource()?;
+    match bounded("read a value", value_fence(&s)?.read_value(key)).await? {
+        Some(stored) => Ok(Json(KvBody {
+            key: key.to_owned(),
+            token: stored.token.get(),
+            // Only a program writing through the library directly can
+            // store bytes that are not JSON.
+            value: serde_json::from_slice(&stored.value).map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("the value stored for {key} is not JSON: {e}"),
+                )
+            })?,
+        })),
         None => Err(ApiError::not_found(format!("no value for {key}"))),
     }
 }

@@ -70,6 +70,13 @@ CREATE TABLE IF NOT EXISTS fencelock_readers (
     PRIMARY KEY (key, token)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS fencelock_readers_owner ON fencelock_readers (owner);
+-- The fenced key-value store (Fence::write_value): the value last stored
+-- with an admission, and its writer's token, padded like the fence's.
+CREATE TABLE IF NOT EXISTS fencelock_fence_values (
+    resource TEXT PRIMARY KEY,
+    token    TEXT NOT NULL,
+    value    BLOB NOT NULL
+);
 -- A waiting writer's intent per key: a lease that stops new readers.
 CREATE TABLE IF NOT EXISTS fencelock_intents (
     key             TEXT PRIMARY KEY,
@@ -245,11 +252,11 @@ fn schema_current(conn: &Connection) -> rusqlite::Result<bool> {
     let present: i64 = conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
          AND name IN ('fencelock_locks', 'fencelock_counter', 'fencelock_fences', \
-             'fencelock_readers', 'fencelock_intents')",
+             'fencelock_readers', 'fencelock_intents', 'fencelock_fence_values')",
         [],
         |r| r.get(0),
     )?;
-    if present != 5 {
+    if present != 6 {
         return Ok(false);
     }
     conn.query_row(

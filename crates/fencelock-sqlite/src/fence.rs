@@ -1,7 +1,7 @@
 //! The SQLite fence, standalone and inside the caller's own transaction.
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FencingToken, LockMode, Result};
+use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockMode, Result};
 use rusqlite::{named_params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{connection::Db, error, options::SqliteOptions};
@@ -82,7 +82,8 @@ fn try_admit_in(
 }
 
 /// A fence kept in a SQLite database: table `fencelock_fences(resource,
-/// token)`.
+/// token)`, and `fencelock_fence_values(resource, token, value)` for its
+/// fenced values, written in the admission's transaction.
 ///
 /// Two ways to use it:
 ///
@@ -203,6 +204,56 @@ impl Fence for SqliteFence {
                 let admission = try_admit_in(&tx, &resource, token, mode)?;
                 tx.commit().map_err(error::map)?;
                 Ok(admission)
+            })
+            .await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        let (resource, value) = (resource.to_owned(), value.to_vec());
+        self.db
+            .call(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(error::map)?;
+                let admission = try_admit_in(&tx, &resource, token, LockMode::Exclusive)?;
+                if admission == Admission::Admitted {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO fencelock_fence_values (resource, token, value) \
+                         VALUES (:resource, :token, :value)",
+                        named_params! {
+                            ":resource": resource, ":token": encode(token), ":value": value
+                        },
+                    )
+                    .map_err(error::map)?;
+                }
+                tx.commit().map_err(error::map)?;
+                Ok(admission)
+            })
+            .await
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
+        let resource = resource.to_owned();
+        self.db
+            .call(move |conn| {
+                conn.query_row(
+                    "SELECT token, value FROM fencelock_fence_values WHERE resource = ?1",
+                    [&resource],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)),
+                )
+                .optional()
+                .map_err(error::map)?
+                .map(|(token, value)| Ok(FencedValue::new(decode(&token)?, value)))
+                .transpose()
             })
             .await
     }

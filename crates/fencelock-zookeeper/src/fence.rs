@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use fencelock_core::{Admission, Fence, FenceRecord, FencingToken, LockMode, Result};
+use fencelock_core::{Admission, Fence, FenceRecord, FencedValue, FencingToken, LockMode, Result};
 use zookeeper_client as zk;
 
 use crate::{
@@ -18,6 +18,9 @@ use crate::{
 /// `docs/rwlock.md`; a bare number, as every node from before, is a
 /// writer's). Admission reads the node and raises it with a write
 /// conditional on the version it read, retrying on a concurrent change.
+/// A fenced value is the fence node's child `value` (the writer's token in
+/// decimal, a newline, the value's bytes), written in the same multi op as
+/// the fence node.
 #[derive(Clone)]
 pub struct ZkFence {
     conn: Arc<Conn>,
@@ -46,6 +49,73 @@ impl ZkFence {
 
     fn path(&self, resource: &str) -> String {
         format!("{}/{}", self.conn.fences_dir(), encode(resource))
+    }
+
+    fn value_path(&self, resource: &str) -> String {
+        format!("{}/value", self.path(resource))
+    }
+
+    /// Admits `token` held in `mode` and, with `value`, stores it in the
+    /// same multi op, which checks the fence node's version.
+    async fn admit_with(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+        value: Option<&[u8]>,
+    ) -> Result<Admission> {
+        let c = self.conn.client().await?;
+        let path = self.path(resource);
+        let value = value.map(|v| {
+            let stored = FencedValue::new(token, v.to_vec()).to_record();
+            (self.value_path(resource), stored)
+        });
+        let create = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        loop {
+            let current = self.read(&c, &path).await?;
+            let next = match FenceRecord::admit(current.map(|(r, _)| r), token, mode) {
+                Ok(next) => next,
+                Err(floor) => return Ok(Admission::Stale { current: floor }),
+            };
+            let record = next.to_string();
+            let mut multi = c.new_multi_writer();
+            let added = match current {
+                Some((stored, _)) if stored == next && value.is_none() => {
+                    return Ok(Admission::Admitted)
+                }
+                Some((_, version)) => multi.add_set_data(&path, record.as_bytes(), Some(version)),
+                None => multi.add_create(&path, record.as_bytes(), &create),
+            };
+            added.map_err(|e| map("admitting a token", e))?;
+            if let Some((value_path, stored)) = &value {
+                // Any version: the fence node's version, checked above,
+                // orders the writers of the value.
+                let exists = current.is_some()
+                    && self
+                        .conn
+                        .raw(c.check_stat(value_path))
+                        .await
+                        .map_err(|e| map("reading a fenced value", e))?
+                        .is_some();
+                let added = if exists {
+                    multi.add_set_data(value_path, stored, None)
+                } else {
+                    multi.add_create(value_path, stored, &create)
+                };
+                added.map_err(|e| map("writing a fenced value", e))?;
+            }
+            let commit = multi.commit();
+            match self
+                .conn
+                .raw(async { commit.await.map_err(zk::Error::from) })
+                .await
+            {
+                Ok(_) => return Ok(Admission::Admitted),
+                // Someone else admitted a token meanwhile: judge again.
+                Err(zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode) => {}
+                Err(e) => return Err(map("admitting a token", e)),
+            }
+        }
     }
 
     /// The record and the node's version, if any.
@@ -88,37 +158,36 @@ impl Fence for ZkFence {
         token: FencingToken,
         mode: LockMode,
     ) -> Result<Admission> {
+        self.admit_with(resource, token, mode, None).await
+    }
+
+    fn values(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_value(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<Admission> {
+        self.admit_with(resource, token, LockMode::Exclusive, Some(value))
+            .await
+    }
+
+    async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
         let c = self.conn.client().await?;
-        let path = self.path(resource);
-        loop {
-            let current = self.read(&c, &path).await?;
-            let next = match FenceRecord::admit(current.map(|(r, _)| r), token, mode) {
-                Ok(next) => next,
-                Err(floor) => return Ok(Admission::Stale { current: floor }),
-            };
-            let value = next.to_string();
-            let written = match current {
-                Some((record, _)) if record == next => return Ok(Admission::Admitted),
-                Some((_, version)) => self
-                    .conn
-                    .raw(c.set_data(&path, value.as_bytes(), Some(version)))
-                    .await
-                    .map(|_| ()),
-                None => {
-                    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                    self.conn
-                        .raw(c.create(&path, value.as_bytes(), &options))
-                        .await
-                        .map(|_| ())
-                }
-            };
-            match written {
-                Ok(()) => return Ok(Admission::Admitted),
-                // Someone else admitted a token meanwhile: judge again.
-                Err(zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode) => {}
-                Err(e) => return Err(map("admitting a token", e)),
-            }
-        }
+        let path = self.value_path(resource);
+        let Some((bytes, _)) = self
+            .conn
+            .maybe("reading a fenced value", c.get_data(&path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        FencedValue::from_record(&bytes)
+            .map(Some)
+            .ok_or_else(|| bad_value(format!("{path} does not start with its token")))
     }
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {

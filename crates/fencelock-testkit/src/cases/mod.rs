@@ -22,6 +22,7 @@ mod resume;
 mod rwlock;
 mod semaphore;
 mod tokens;
+mod values;
 
 use std::{sync::Arc, time::Duration};
 
@@ -116,6 +117,14 @@ pub static CASES: &[Case] = &[
     case!(fence::i7_fence_rule, FENCE),
     case!(fence::i7_admit_before_read_prevents_lost_update, FENCE),
     case!(fence::i7_concurrent_admits_keep_the_maximum, FENCE),
+    case!(values::write_then_read, FENCE),
+    case!(values::stale_write_is_refused, FENCE),
+    case!(values::value_survives_a_new_connection, FENCE),
+    case!(
+        values::concurrent_writers_leave_the_highest_tokens_value,
+        FENCE
+    ),
+    case!(values::oversize_value_is_invalid, FENCE),
     case!(faults::paused_holder_write_is_refused, NETWORK_FENCE),
     case!(faults::waiter_never_gets_an_expired_lease),
     case!(

@@ -225,8 +225,7 @@ def test_an_unreachable_host_is_unavailable_not_a_hang(unreachable: str) -> None
         await client.acquire("k", wait=1)
 
     start = time.monotonic()
-    with pytest.raises((fencelock.Unavailable, fencelock.OperationTimeout, fencelock.NotAcquired)) as failed:
+    with pytest.raises(fencelock.Unavailable) as failed:
         asyncio.run(asyncio.wait_for(main(), 60))
-    assert failed.value.code in ("unavailable", "timeout", "not_acquired"), failed.value
-    assert not isinstance(failed.value, fencelock.NotAcquired) or "unreachable" in str(failed.value)
+    assert failed.value.code == "unavailable", failed.value
     assert time.monotonic() - start < 60

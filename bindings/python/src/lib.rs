@@ -141,10 +141,7 @@ impl Options {
 fn to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let text = serde_json::to_string(value)
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-    Ok(py
-        .import("json")?
-        .call_method1("loads", (text,))?
-        .unbind())
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
 /// Serializable core values (leases, statistics, leaders) handed to
@@ -487,13 +484,20 @@ impl Client {
     /// Deletes expired lease records; how many.
     fn cleanup<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        call(py, self.blocking, async move {
-            core(client.cleanup().await)
-        })
+        call(
+            py,
+            self.blocking,
+            async move { core(client.cleanup().await) },
+        )
     }
 
     /// Whether `token` is still the live lease on `key`.
-    fn validate<'py>(&self, py: Python<'py>, key: String, token: u64) -> PyResult<Bound<'py, PyAny>> {
+    fn validate<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        token: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         call(py, self.blocking, async move {
             core(client.validate(&key, FencingToken(token)).await)
@@ -631,7 +635,7 @@ impl Guard {
     /// Drops the guard as Rust drops one: renewal stops and the lease is
     /// released in the background (what a collected guard does too).
     fn discard(&self) {
-        drop(self.guard.take().map(|guard| Held::new(guard)));
+        drop(self.guard.take().map(Held::new));
     }
 
     /// Stops renewing and leaves the lease to expire (or to another
@@ -760,7 +764,12 @@ fn open_fence(py: Python<'_>, url: String, blocking: bool) -> PyResult<Bound<'_,
 #[pymethods]
 impl PyFence {
     /// Admits `token` for `resource`, or raises `Stale`.
-    fn admit<'py>(&self, py: Python<'py>, resource: String, token: u64) -> PyResult<Bound<'py, PyAny>> {
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        resource: String,
+        token: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let fence = Arc::clone(&self.fence);
         call(py, self.blocking, async move {
             core(fence.admit(&resource, FencingToken(token)).await)
@@ -786,7 +795,11 @@ impl PyFence {
                     ))))
                 }
             };
-            core(fence.admit_shared(&resource, FencingToken(token), mode).await)
+            core(
+                fence
+                    .admit_shared(&resource, FencingToken(token), mode)
+                    .await,
+            )
         })
     }
 

@@ -7,7 +7,7 @@ except that a failed try is ``not_acquired`` here (``held`` there).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional, Type
 
 
 class FencelockError(Exception):
@@ -90,7 +90,7 @@ class BackendError(FencelockError):
     code = "internal"
 
 
-_BY_CODE = {
+_BY_CODE: Dict[str, Type[FencelockError]] = {
     "held": NotAcquired,
     "not_held": LockLost,
     "invalid_key": InvalidInput,

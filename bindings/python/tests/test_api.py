@@ -100,3 +100,14 @@ def test_inspect_list_stats_force_release_cleanup(url: str) -> None:
         guard.release()
     assert gone.value.code == "not_held"
     client.close()
+
+
+def test_a_loss_inside_with_raises_the_loss_not_the_release_failure(url: str) -> None:
+    client = fencelock.connect_sync(url)
+    key = fresh("withlost")
+    with pytest.raises(fencelock.LockLost) as lost:
+        with client.lock(key, ttl=10) as guard:
+            client.force_release(key)
+            guard.renew()
+    assert lost.value.reason == "refused"
+    client.close()

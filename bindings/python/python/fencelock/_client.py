@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import (
     Any,
     AsyncIterator,
@@ -18,6 +19,7 @@ from typing import (
 )
 
 from . import _native
+from ._errors import FencelockError
 from ._common import Duration, GuardBase, JsonValue, dumps, lock_args, seconds
 
 T = TypeVar("T")
@@ -51,8 +53,14 @@ class Guard(GuardBase):
     async def __aenter__(self) -> Guard:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        # A failure of the release must not hide the body's own exception
+        # (a LockLost, typically, whose lease the release then cannot find).
+        if exc_type is None:
+            await self.release()
+        else:
+            with contextlib.suppress(FencelockError):
+                await self.release()
 
 
 class Permit(Guard):
@@ -120,7 +128,7 @@ class _Acquisition(Awaitable[Guard]):
 
     async def __aexit__(self, *exc: object) -> None:
         if self._guard is not None:
-            await self._guard.release()
+            await self._guard.__aexit__(*exc)
 
 
 class MultiLock:

@@ -7,9 +7,11 @@ script busy between calls keeps its locks. Blocking calls release the GIL.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from . import _native
+from ._errors import FencelockError
 from ._common import Duration, GuardBase, JsonValue, dumps, lock_args, seconds
 
 T = TypeVar("T")
@@ -37,8 +39,13 @@ class SyncGuard(GuardBase):
     def __enter__(self) -> SyncGuard:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # A failure of the release must not hide the body's own exception.
+        if exc_type is None:
+            self.release()
+        else:
+            with contextlib.suppress(FencelockError):
+                self.release()
 
 
 class SyncPermit(SyncGuard):

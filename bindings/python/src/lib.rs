@@ -10,7 +10,9 @@
 
 use std::{
     future::Future,
-    sync::{Arc, Mutex},
+    pin::Pin,
+    sync::{Arc, Mutex, OnceLock},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -20,16 +22,49 @@ use fencelock::{
 };
 use pyo3::{prelude::*, types::PyDict, IntoPyObjectExt};
 
-/// The runtime every client's renewer and every call runs on: the one
-/// pyo3-async-runtimes drives, on its own threads, so that renewal goes on
-/// whatever the Python threads do (a blocked event loop, a sync script
-/// busy between calls).
+/// The runtime the core runs on: every client's renewer, every lock call
+/// and every background release, on threads of its own. The asyncio
+/// bridge (pyo3-async-runtimes' runtime) only awaits these tasks and then
+/// takes the GIL to hand the result over, so a Python thread holding the
+/// GIL delays a result, never a renewal.
 fn runtime() -> &'static tokio::runtime::Runtime {
-    pyo3_async_runtimes::tokio::get_runtime()
+    static LOCKS: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    LOCKS.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fencelock")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime starts (threads and timers are available)")
+    })
 }
 
-/// Runs `work` as an asyncio awaitable, or to completion with the GIL
-/// released when `blocking` (the synchronous API).
+/// A task of [`runtime`] awaited from the asyncio bridge; dropping it (the
+/// Python awaitable was cancelled) aborts the task, and a panic in it
+/// becomes a Python exception.
+struct Task<T>(tokio::task::JoinHandle<PyResult<T>>);
+
+impl<T> Future for Task<T> {
+    type Output = PyResult<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PyResult<T>> {
+        Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
+            Ok(result) => result,
+            Err(failed) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "fencelock: the call failed inside the Rust library: {failed}"
+            ))),
+        })
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `work` on [`runtime`] as an asyncio awaitable, or to completion
+/// with the GIL released when `blocking` (the synchronous API).
 fn call<'py, F, T>(py: Python<'py>, blocking: bool, work: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
@@ -39,7 +74,7 @@ where
         let value = py.detach(|| runtime().block_on(work))?;
         value.into_bound_py_any(py)
     } else {
-        pyo3_async_runtimes::tokio::future_into_py(py, work)
+        pyo3_async_runtimes::tokio::future_into_py(py, Task(runtime().spawn(work)))
     }
 }
 

@@ -1,0 +1,166 @@
+"""Side-by-side benchmark on one throwaway Redis (docs/benchmarks.md,
+"Python"): uncontended acquire + release with one client, in alternating
+slices, for the binding (async and sync), the Rust library (`fencelock
+bench`, release build), redis-py's `Lock` and python-redis-lock; then the
+binding's hand-off p50 and its memory per held lock at 10,000 locks.
+
+Not a test: it asserts nothing. Run with the release wheel installed:
+
+    python bindings/python/bench/bench.py [--slice 2] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import fencelock  # noqa: E402
+import redis  # noqa: E402
+import redis_lock  # noqa: E402
+from servers import TARGET, Server  # noqa: E402
+
+RUST = TARGET / "release" / "fencelock"
+
+
+def rate(cycle: Callable[[], None], seconds: float) -> float:
+    done, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        cycle()
+        done += 1
+    return done / seconds
+
+
+async def async_rate(client: fencelock.Client, seconds: float) -> float:
+    done, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        guard = await client.acquire("bench:async", ttl=30.0, wait=0)
+        await guard.release()
+        done += 1
+    return done / seconds
+
+
+def rust_bench(url: str, scenario: str, *extra: str) -> Dict[str, Any]:
+    out = subprocess.run(
+        [str(RUST), "--json", "bench", "--url", url, "--scenario", scenario, *extra],
+        capture_output=True, text=True, check=True,
+    )
+    report: Dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+def rust_rate(url: str, seconds: float) -> float:
+    report = rust_bench(url, "cycle", "--clients", "1", "--duration", f"{seconds}s",
+                        "--warmup", "200ms", "--rounds", "1")
+    return float(report["fencelock"]["ops_per_sec"])
+
+
+async def handoff_p50(url: str, rounds: int) -> float:
+    a = await fencelock.connect(url)
+    b = await fencelock.connect(url)
+    samples: List[float] = []
+    for _ in range(rounds):
+        held = await a.acquire("bench:handoff", ttl=30.0)
+        waiter = asyncio.ensure_future(b.acquire("bench:handoff", ttl=30.0, wait=10.0))
+        await asyncio.sleep(0.005)
+        start = time.perf_counter()
+        await held.release()
+        got = await waiter
+        samples.append(time.perf_counter() - start)
+        await got.release()
+    await a.close()
+    await b.close()
+    return statistics.median(samples) * 1000
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def memory_per_lock(url: str, count: int) -> float:
+    client = await fencelock.connect(url)
+    before = rss()
+    guards = []
+    for start in range(0, count, 100):
+        guards.extend(await asyncio.gather(*(client.acquire(f"bench:hold:{i}", ttl=30.0)
+                                             for i in range(start, start + 100))))
+    await asyncio.sleep(2)
+    per_lock = (rss() - before) / count
+    await client.close()
+    return per_lock
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slice", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    server = Server("redis")
+    try:
+        host, port = "127.0.0.1", server.port
+        r = redis.Redis(host=host, port=port)
+        sync_client = fencelock.connect_sync(server.url)
+
+        def binding_sync() -> None:
+            sync_client.acquire("bench:sync", ttl=30.0, wait=0).release()
+
+        def redis_py() -> None:
+            lock = r.lock("bench:redispy", timeout=30)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        def python_redis_lock() -> None:
+            lock = redis_lock.Lock(r, "bench:prl", expire=30)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        loop = asyncio.new_event_loop()
+        async_client = loop.run_until_complete(fencelock.connect(server.url))
+        rates: Dict[str, List[float]] = {k: [] for k in
+                                         ["rust", "binding async", "binding sync", "redis-py Lock", "python-redis-lock"]}
+        with_rust = RUST.exists()
+        if not with_rust:
+            print(f"{RUST} is missing (cargo build --release -p fencelock-cli --features lab): no Rust rows\n")
+            del rates["rust"]
+        for _ in range(args.rounds):
+            if with_rust:
+                rates["rust"].append(rust_rate(server.url, args.slice))
+            rates["binding async"].append(loop.run_until_complete(async_rate(async_client, args.slice)))
+            rates["binding sync"].append(rate(binding_sync, args.slice))
+            rates["redis-py Lock"].append(rate(redis_py, args.slice))
+            rates["python-redis-lock"].append(rate(python_redis_lock, args.slice))
+        base = statistics.median(rates["rust" if with_rust else "binding async"])
+        print(f"| client | cycles/s (median of rounds) | / {'Rust' if with_rust else 'binding async'} |")
+        print("|---|---|---|")
+        for name, values in rates.items():
+            median = statistics.median(values)
+            print(f"| {name} | {median:,.0f} | {median / base:.2f} |")
+        print(f"\nhand-off p50 (binding, async): {loop.run_until_complete(handoff_p50(server.url, 300)):.3f} ms")
+        print(f"memory per held lock (binding, 10,000 locks): "
+              f"{loop.run_until_complete(memory_per_lock(server.url, 10_000)):,.0f} B")
+        if not with_rust:
+            loop.run_until_complete(async_client.close())
+            sync_client.close()
+            return
+        handoff = rust_bench(server.url, "handoff", "--duration", "3s", "--warmup", "200ms", "--rounds", "1")
+        print(f"hand-off p50 (Rust library): {handoff['fencelock']['latency_ms']['p50']:.3f} ms")
+        hold = rust_bench(server.url, "hold", "--keys", "10000", "--ttl", "30s", "--duration", "4s")
+        print(f"memory per held lock (Rust library, 10,000 locks): {hold['hold']['bytes_per_lock']:,.0f} B")
+        loop.run_until_complete(async_client.close())
+        sync_client.close()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

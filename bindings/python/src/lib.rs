@@ -1,0 +1,860 @@
+//! `fencelock._native`: the Rust client of the `fencelock` crate for Python.
+//!
+//! Only conversions live here: Python arguments to the core's requests,
+//! the core's futures to asyncio awaitables (or to blocking calls for the
+//! synchronous API), and the core's errors to the exception classes of
+//! `fencelock._errors`, chosen by `Error::code()`. Acquisition, renewal,
+//! loss deadlines and release are the core's, unchanged. The idiomatic
+//! Python API (`async with`, `run`, the sync client) is the pure-Python
+//! package around this module.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, OnceLock},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use fencelock::{
+    Error, Fence, FencingToken, GuardHandle, LockClient, LockGuard, LockMode, LockRequest,
+    MultiGuard, Owner,
+};
+use pyo3::{prelude::*, types::PyDict, IntoPyObjectExt};
+
+/// The runtime the core runs on: every client's renewer, every lock call
+/// and every background release, on threads of its own. The asyncio
+/// bridge (pyo3-async-runtimes' runtime) only awaits these tasks and then
+/// takes the GIL to hand the result over, so a Python thread holding the
+/// GIL delays a result, never a renewal.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static LOCKS: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    LOCKS.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fencelock")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime starts (threads and timers are available)")
+    })
+}
+
+/// A task of [`runtime`] awaited from the asyncio bridge; dropping it (the
+/// Python awaitable was cancelled) aborts the task, and a panic in it
+/// becomes a Python exception.
+struct Task<T>(tokio::task::JoinHandle<PyResult<T>>);
+
+impl<T> Future for Task<T> {
+    type Output = PyResult<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PyResult<T>> {
+        Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
+            Ok(result) => result,
+            Err(failed) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "fencelock: the call failed inside the Rust library: {failed}"
+            ))),
+        })
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `work` on [`runtime`] as an asyncio awaitable, or to completion
+/// with the GIL released when `blocking` (the synchronous API).
+fn call<'py, F, T>(py: Python<'py>, blocking: bool, work: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    if blocking {
+        let value = py.detach(|| runtime().block_on(work))?;
+        value.into_bound_py_any(py)
+    } else {
+        pyo3_async_runtimes::tokio::future_into_py(py, Task(runtime().spawn(work)))
+    }
+}
+
+/// The exception of `fencelock._errors` for a core error: the class is
+/// chosen there by the core's stable `code` (the words of the CLI and the
+/// REST API), with the loss reason for a lost lock and whether a client
+/// was closed.
+fn py_err(error: Error) -> PyErr {
+    let reason = match &error {
+        Error::LockLost { reason, .. } => Some(reason.as_str()),
+        _ => None,
+    };
+    let closed = matches!(error, Error::ClientClosed);
+    Python::attach(|py| {
+        let made = py.import("fencelock._errors").and_then(|errors| {
+            errors.call_method1(
+                "_from_core",
+                (error.code(), error.to_string(), reason, closed),
+            )
+        });
+        match made {
+            Ok(exception) => PyErr::from_value(exception),
+            Err(import_failed) => import_failed,
+        }
+    })
+}
+
+fn core<T>(result: fencelock::Result<T>) -> PyResult<T> {
+    result.map_err(py_err)
+}
+
+/// Seconds (already a float in the Python layer) as a `Duration`; a
+/// negative, NaN or infinite value is the core's error for that argument.
+fn seconds(what: &str, value: f64) -> fencelock::Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        let message = format!("{what} must be a finite number of seconds >= 0, not {value}");
+        if what == "ttl" {
+            Error::InvalidTtl(message)
+        } else {
+            Error::InvalidArgument(message)
+        }
+    })
+}
+
+fn json(what: &str, text: Option<String>) -> fencelock::Result<Option<serde_json::Value>> {
+    text.map(|text| {
+        serde_json::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("{what} is not JSON: {e}")))
+    })
+    .transpose()
+}
+
+/// The options of `lock`, `lock_all`, `semaphore` and `campaign`, converted
+/// once; each request type takes the ones it has.
+struct Options {
+    ttl: Option<Duration>,
+    wait: Duration,
+    kind: Option<String>,
+    data: Option<serde_json::Value>,
+    renew_every: Option<Duration>,
+}
+
+impl Options {
+    fn new(
+        ttl: Option<f64>,
+        wait: f64,
+        kind: Option<String>,
+        data: Option<String>,
+        renew_every: Option<f64>,
+    ) -> fencelock::Result<Self> {
+        Ok(Self {
+            ttl: ttl.map(|t| seconds("ttl", t)).transpose()?,
+            wait: seconds("wait", wait)?,
+            kind,
+            data: json("data", data)?,
+            renew_every: renew_every.map(|p| seconds("renew_every", p)).transpose()?,
+        })
+    }
+
+    fn lock<'a>(self, mut request: LockRequest<'a>) -> LockRequest<'a> {
+        request = request.wait(self.wait);
+        if let Some(ttl) = self.ttl {
+            request = request.ttl(ttl);
+        }
+        if let Some(kind) = self.kind {
+            request = request.kind(kind);
+        }
+        if let Some(data) = self.data {
+            request = request.data(data);
+        }
+        if let Some(period) = self.renew_every {
+            request = request.renew_every(period);
+        }
+        request
+    }
+}
+
+/// A `serde_json::Value` as the Python value `json.loads` would give.
+fn to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+/// Serializable core values (leases, statistics, leaders) handed to
+/// Python as dicts.
+struct Json(serde_json::Value);
+
+impl<'py> IntoPyObject<'py> for Json {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(to_py(py, &self.0)?.into_bound(py))
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: T) -> PyResult<Json> {
+    serde_json::to_value(value)
+        .map(Json)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// A held lease of the core (guard, multi-key guard) whose Python object
+/// may be collected without a release: dropping it inside the runtime
+/// lets the core stop its renewal and release it in the background, as a
+/// dropped guard does in Rust. Outside a runtime the core could only stop
+/// renewing and leave the lease to expire.
+struct Held<T>(Mutex<Option<T>>);
+
+impl<T> Held<T> {
+    fn new(value: T) -> Self {
+        Self(Mutex::new(Some(value)))
+    }
+
+    /// The lease, once: `None` after a release or detach.
+    fn take(&self) -> Option<T> {
+        self.0.lock().ok().and_then(|mut held| held.take())
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        let held = self.0.get_mut().ok().and_then(Option::take);
+        if held.is_some() {
+            let _inside = runtime().enter();
+            drop(held);
+        }
+    }
+}
+
+/// A client of one backend (`connect`).
+#[pyclass(frozen, module = "fencelock._native")]
+struct Client {
+    inner: LockClient,
+    blocking: bool,
+}
+
+/// Opens the backend `url` names (every URL the CLI accepts).
+#[pyfunction]
+#[pyo3(signature = (url, *, owner=None, ttl=None, op_timeout=None, blocking=false))]
+fn connect(
+    py: Python<'_>,
+    url: String,
+    owner: Option<String>,
+    ttl: Option<f64>,
+    op_timeout: Option<f64>,
+    blocking: bool,
+) -> PyResult<Bound<'_, PyAny>> {
+    call(py, blocking, async move {
+        let made = async {
+            let backend = fencelock::open_backend(&url).await?;
+            let mut builder = LockClient::builder(backend);
+            if let Some(owner) = owner {
+                builder = builder.owner(Owner::new(owner)?);
+            }
+            if let Some(ttl) = ttl {
+                builder = builder.ttl(seconds("ttl", ttl)?);
+            }
+            if let Some(timeout) = op_timeout {
+                builder = builder.op_timeout(seconds("op_timeout", timeout)?);
+            }
+            builder.build()
+        };
+        let inner = core(made.await)?;
+        Ok(Client { inner, blocking })
+    })
+}
+
+#[pymethods]
+impl Client {
+    /// The owner this client's locks are taken as.
+    #[getter]
+    fn owner(&self) -> String {
+        self.inner.owner().to_string()
+    }
+
+    /// Acquires `key` (see `fencelock.Client.acquire`).
+    #[pyo3(signature = (key, *, ttl=None, wait=0.0, owner=None, kind=None, data=None,
+                        min_token=None, renew_every=None, hold_at_least=None, shared=false))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        ttl: Option<f64>,
+        wait: f64,
+        owner: Option<String>,
+        kind: Option<String>,
+        data: Option<String>,
+        min_token: Option<u64>,
+        renew_every: Option<f64>,
+        hold_at_least: Option<f64>,
+        shared: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let acquired = async {
+                let options = Options::new(ttl, wait, kind, data, renew_every)?;
+                let mut request = options.lock(client.lock(key).shared(shared));
+                if let Some(owner) = owner {
+                    request = request.owner(Owner::new(owner)?);
+                }
+                if let Some(floor) = min_token {
+                    request = request.min_token(FencingToken(floor));
+                }
+                if let Some(delay) = hold_at_least {
+                    request = request.hold_at_least(seconds("hold_at_least", delay)?);
+                }
+                request.acquire().await
+            };
+            Ok(Guard::new(core(acquired.await)?, blocking))
+        })
+    }
+
+    /// Acquires every key of `keys`, all or none (`lock_all`).
+    #[pyo3(signature = (keys, *, ttl=None, wait=0.0, kind=None, data=None, renew_every=None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn acquire_all<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        ttl: Option<f64>,
+        wait: f64,
+        kind: Option<String>,
+        data: Option<String>,
+        renew_every: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let acquired = async {
+                let options = Options::new(ttl, wait, kind, data, renew_every)?;
+                let mut request = client.lock_all(keys).wait(options.wait);
+                if let Some(ttl) = options.ttl {
+                    request = request.ttl(ttl);
+                }
+                if let Some(kind) = options.kind {
+                    request = request.kind(kind);
+                }
+                if let Some(data) = options.data {
+                    request = request.data(data);
+                }
+                if let Some(period) = options.renew_every {
+                    request = request.renew_every(period);
+                }
+                request.acquire().await
+            };
+            let all = core(acquired.await)?;
+            Ok(MultiLock {
+                tokens: all
+                    .tokens()
+                    .into_iter()
+                    .map(|(key, token)| (key.to_string(), token.get()))
+                    .collect(),
+                all: Arc::new(Held::new(all)),
+                blocking,
+            })
+        })
+    }
+
+    /// Takes one permit of the counting semaphore `name`.
+    #[pyo3(signature = (name, permits, *, ttl=None, wait=0.0, kind=None, data=None, renew_every=None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn acquire_permit<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        permits: u32,
+        ttl: Option<f64>,
+        wait: f64,
+        kind: Option<String>,
+        data: Option<String>,
+        renew_every: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let acquired = async {
+                let options = Options::new(ttl, wait, kind, data, renew_every)?;
+                let mut request = client.semaphore(name, permits).wait(options.wait);
+                if let Some(ttl) = options.ttl {
+                    request = request.ttl(ttl);
+                }
+                if let Some(kind) = options.kind {
+                    request = request.kind(kind);
+                }
+                if let Some(data) = options.data {
+                    request = request.data(data);
+                }
+                if let Some(period) = options.renew_every {
+                    request = request.renew_every(period);
+                }
+                request.acquire().await
+            };
+            let permit = core(acquired.await)?;
+            let slot = permit.slot();
+            Ok((Guard::new(permit.into_guard(), blocking), slot))
+        })
+    }
+
+    /// The holders of semaphore `name` (dicts: slot, key, owner, token…).
+    fn permit_holders<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        permits: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            let holders = core(client.semaphore(name, permits).holders().await)?;
+            let listed: Vec<serde_json::Value> = holders
+                .into_iter()
+                .map(|h| serde_json::json!({"slot": h.slot, "lease": h.lease}))
+                .collect();
+            to_json(listed)
+        })
+    }
+
+    /// Campaigns in election `name`: the leader's guard, whose token is
+    /// the term.
+    #[pyo3(signature = (name, *, ttl=None, wait=None, value=None, renew_every=None))]
+    fn campaign<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+        value: Option<String>,
+        renew_every: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let elected = async {
+                let mut election = client.election(name);
+                if let Some(ttl) = ttl {
+                    election = election.ttl(seconds("ttl", ttl)?);
+                }
+                if let Some(value) = json("value", value)? {
+                    election = election.value(value);
+                }
+                if let Some(period) = renew_every {
+                    election = election.renew_every(seconds("renew_every", period)?);
+                }
+                match wait {
+                    Some(wait) => election.campaign_for(seconds("wait", wait)?).await,
+                    None => election.campaign().await,
+                }
+            };
+            Ok(Guard::new(core(elected.await)?.into_guard(), blocking))
+        })
+    }
+
+    /// The current leader of election `name` (a dict), or `None`.
+    fn leader<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            let leader = core(client.election(name).leader().await)?;
+            leader.map(to_json).transpose()
+        })
+    }
+
+    /// Follows the leaders of election `name`.
+    fn observe<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let watch = core(client.election(name).observe().await)?;
+            Ok(LeaderWatch {
+                watch: Arc::new(tokio::sync::Mutex::new(watch)),
+                blocking,
+            })
+        })
+    }
+
+    /// The current lease on `key` (a dict), or `None`.
+    fn inspect<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            core(client.inspect(&key).await)?.map(to_json).transpose()
+        })
+    }
+
+    /// Every unexpired lease on exactly `key` (the writer or the readers).
+    fn holders<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            to_json(core(client.holders(&key).await)?)
+        })
+    }
+
+    /// The current leases whose key starts with `prefix`.
+    #[pyo3(signature = (prefix=None))]
+    fn list<'py>(&self, py: Python<'py>, prefix: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            to_json(core(client.list(prefix.as_deref()).await)?)
+        })
+    }
+
+    /// The backend's operator statistics (a dict).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            to_json(core(client.stats().await)?)
+        })
+    }
+
+    /// Removes whatever lease `key` has; the removed lease, or `None`.
+    fn force_release<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            core(client.force_release(&key).await)?
+                .map(to_json)
+                .transpose()
+        })
+    }
+
+    /// Deletes expired lease records; how many.
+    fn cleanup<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(
+            py,
+            self.blocking,
+            async move { core(client.cleanup().await) },
+        )
+    }
+
+    /// Whether `token` is still the live lease on `key`.
+    fn validate<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        token: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move {
+            core(client.validate(&key, FencingToken(token)).await)
+        })
+    }
+
+    /// Releases every lock the client holds and refuses new ones.
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        call(py, self.blocking, async move { core(client.close().await) })
+    }
+}
+
+/// A held lock: the core's guard, renewed by the client's renewer.
+#[pyclass(frozen, module = "fencelock._native")]
+struct Guard {
+    handle: GuardHandle,
+    guard: Arc<Held<LockGuard>>,
+    blocking: bool,
+}
+
+impl Guard {
+    fn new(guard: LockGuard, blocking: bool) -> Self {
+        Self {
+            handle: guard.handle(),
+            guard: Arc::new(Held::new(guard)),
+            blocking,
+        }
+    }
+}
+
+/// Waits for `lost`, at most `timeout` seconds when given: the reason, or
+/// `None` when the time ran out.
+async fn lost_within<F: Future<Output = fencelock::LossReason>>(
+    lost: F,
+    timeout: Option<f64>,
+) -> PyResult<Option<&'static str>> {
+    match timeout {
+        None => Ok(Some(lost.await.as_str())),
+        Some(limit) => {
+            let limit = core(seconds("timeout", limit))?;
+            Ok(tokio::time::timeout(limit, lost)
+                .await
+                .ok()
+                .map(|reason| reason.as_str()))
+        }
+    }
+}
+
+#[pymethods]
+impl Guard {
+    /// The lock's key.
+    #[getter]
+    fn key(&self) -> String {
+        self.handle.key().to_string()
+    }
+
+    /// The owner the lock is held as.
+    #[getter]
+    fn owner(&self) -> String {
+        self.handle.owner().to_string()
+    }
+
+    /// The grant's fencing token.
+    #[getter]
+    fn token(&self) -> u64 {
+        self.handle.token().get()
+    }
+
+    /// `exclusive` or `shared` (a reader of a read-write lock).
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.handle.mode().as_str()
+    }
+
+    /// The requested lease length, in seconds.
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.handle.ttl().as_secs_f64()
+    }
+
+    /// The lease's end as the backend last reported it (Unix seconds).
+    #[getter]
+    fn expires_at(&self) -> f64 {
+        self.handle.expires_at().timestamp_millis() as f64 / 1000.0
+    }
+
+    /// Whether the lease is still trusted locally.
+    #[getter]
+    fn is_valid(&self) -> bool {
+        self.handle.is_valid()
+    }
+
+    /// Seconds the lease is still trusted locally (0 once lost).
+    #[getter]
+    fn remaining(&self) -> f64 {
+        self.handle.remaining().as_secs_f64()
+    }
+
+    /// Why the lock was lost, once it has been.
+    #[getter]
+    fn loss_reason(&self) -> Option<&'static str> {
+        self.handle.loss_reason().map(|r| r.as_str())
+    }
+
+    /// Raises `LockLost` unless the lease is still trusted.
+    fn check(&self) -> PyResult<()> {
+        core(self.handle.check())
+    }
+
+    /// Completes with the loss reason when the lock is lost.
+    #[pyo3(signature = (timeout=None))]
+    fn lost<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let lost = self.handle.lost();
+        call(py, self.blocking, lost_within(lost, timeout))
+    }
+
+    /// Renews now, besides the background renewal.
+    fn renew<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        call(py, self.blocking, async move { core(handle.renew().await) })
+    }
+
+    /// Stops renewal and releases the lease (once; later calls do nothing).
+    fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let guard = self.guard.take();
+        call(py, self.blocking, async move {
+            match guard {
+                Some(guard) => core(guard.release().await),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Drops the guard as Rust drops one: renewal stops and the lease is
+    /// released in the background (what a collected guard does too).
+    fn discard(&self) {
+        drop(self.guard.take().map(Held::new));
+    }
+
+    /// Stops renewing and leaves the lease to expire (or to another
+    /// process that renews or releases it by owner and token).
+    fn detach(&self) {
+        if let Some(guard) = self.guard.take() {
+            guard.detach();
+        }
+    }
+}
+
+/// Locks on several keys, taken all or none.
+#[pyclass(frozen, module = "fencelock._native")]
+struct MultiLock {
+    all: Arc<Held<MultiGuard>>,
+    tokens: Vec<(String, u64)>,
+    blocking: bool,
+}
+
+impl MultiLock {
+    /// The guards' shared view while held, for the read-only accessors.
+    fn with<T>(&self, read: impl FnOnce(&MultiGuard) -> T) -> Option<T> {
+        self.all.0.lock().ok()?.as_ref().map(read)
+    }
+}
+
+#[pymethods]
+impl MultiLock {
+    /// Each key's fencing token.
+    #[getter]
+    fn tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let tokens = PyDict::new(py);
+        for (key, token) in &self.tokens {
+            tokens.set_item(key, token)?;
+        }
+        Ok(tokens)
+    }
+
+    /// Whether every lease is still trusted locally.
+    #[getter]
+    fn is_valid(&self) -> bool {
+        self.with(MultiGuard::is_valid).unwrap_or(false)
+    }
+
+    /// Raises `LockLost` unless every lease is still trusted.
+    fn check(&self) -> PyResult<()> {
+        match self.with(MultiGuard::check) {
+            Some(checked) => core(checked),
+            None => Err(py_err(Error::ClientClosed)),
+        }
+    }
+
+    /// Completes with `(key, reason)` when the first of the locks is lost.
+    fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let Some(lost) = self.with(MultiGuard::lost) else {
+            return Err(py_err(Error::ClientClosed));
+        };
+        call(py, self.blocking, async move {
+            let (key, reason) = lost.await;
+            Ok((key.to_string(), reason.as_str()))
+        })
+    }
+
+    /// Releases every lease (once).
+    fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let all = self.all.take();
+        call(py, self.blocking, async move {
+            match all {
+                Some(all) => core(all.release().await),
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+/// The changes of an election's leader.
+#[pyclass(frozen, module = "fencelock._native")]
+struct LeaderWatch {
+    watch: Arc<tokio::sync::Mutex<fencelock::LeaderWatch>>,
+    blocking: bool,
+}
+
+#[pymethods]
+impl LeaderWatch {
+    /// The next change as a dict (`{"elected": leader}` or `{"vacant":
+    /// {...}}`), or `None` when the watch ended.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let watch = Arc::clone(&self.watch);
+        call(py, self.blocking, async move {
+            let change = watch.lock().await.next().await;
+            match change {
+                None => Ok(None),
+                Some(Err(e)) => Err(py_err(e)),
+                Some(Ok(fencelock::LeaderChange::Elected(leader))) => {
+                    Ok(Some(to_json(serde_json::json!({ "elected": leader }))?))
+                }
+                Some(Ok(fencelock::LeaderChange::Vacant {
+                    previous_term,
+                    expired,
+                })) => Ok(Some(to_json(serde_json::json!({
+                    "vacant": {"previous_term": previous_term.get(), "expired": expired}
+                }))?)),
+                Some(Ok(_)) => Ok(None),
+            }
+        })
+    }
+}
+
+/// The fence kept by a backend (`open_fence`).
+#[pyclass(frozen, name = "Fence", module = "fencelock._native")]
+struct PyFence {
+    fence: Arc<dyn Fence>,
+    blocking: bool,
+}
+
+/// Opens the fence kept by the backend `url` names.
+#[pyfunction]
+#[pyo3(signature = (url, *, blocking=false))]
+fn open_fence(py: Python<'_>, url: String, blocking: bool) -> PyResult<Bound<'_, PyAny>> {
+    call(py, blocking, async move {
+        let fence = core(fencelock::open_fence(&url).await)?;
+        Ok(PyFence { fence, blocking })
+    })
+}
+
+#[pymethods]
+impl PyFence {
+    /// Admits `token` for `resource`, or raises `Stale`.
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        resource: String,
+        token: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fence = Arc::clone(&self.fence);
+        call(py, self.blocking, async move {
+            core(fence.admit(&resource, FencingToken(token)).await)
+        })
+    }
+
+    /// Admits `token` of a lease held in `mode` (`exclusive` or `shared`).
+    fn admit_shared<'py>(
+        &self,
+        py: Python<'py>,
+        resource: String,
+        token: u64,
+        mode: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fence = Arc::clone(&self.fence);
+        call(py, self.blocking, async move {
+            let mode = match mode.as_str() {
+                "exclusive" => LockMode::Exclusive,
+                "shared" => LockMode::Shared,
+                other => {
+                    return Err(py_err(Error::InvalidArgument(format!(
+                        "mode must be \"exclusive\" or \"shared\", not {other:?}"
+                    ))))
+                }
+            };
+            core(
+                fence
+                    .admit_shared(&resource, FencingToken(token), mode)
+                    .await,
+            )
+        })
+    }
+
+    /// The highest token admitted for `resource`, or `None`.
+    fn highest<'py>(&self, py: Python<'py>, resource: String) -> PyResult<Bound<'py, PyAny>> {
+        let fence = Arc::clone(&self.fence);
+        call(py, self.blocking, async move {
+            Ok(core(fence.highest(&resource).await)?.map(FencingToken::get))
+        })
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(open_fence, m)?)?;
+    m.add_class::<Client>()?;
+    m.add_class::<Guard>()?;
+    m.add_class::<MultiLock>()?;
+    m.add_class::<LeaderWatch>()?;
+    m.add_class::<PyFence>()?;
+    Ok(())
+}

@@ -1,0 +1,113 @@
+"""The rest of the client's API: multi-key locks, semaphores, read-write
+locks, elections, fences and the operator calls."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+import fencelock
+
+
+def fresh(name: str) -> str:
+    return f"py:{name}:{uuid.uuid4().hex[:8]}"
+
+
+def test_lock_all_semaphore_and_rwlock(url: str) -> None:
+    async def main() -> None:
+        async with await fencelock.connect(url) as a, await fencelock.connect(url) as b:
+            keys = [fresh("all1"), fresh("all2")]
+            async with await a.lock_all(keys, ttl=10) as both:
+                assert sorted(both.tokens) == sorted(keys) and both.is_valid
+                with pytest.raises(fencelock.NotAcquired):
+                    await b.lock_all([keys[1], fresh("all3")], wait=0)
+            name = fresh("sem")
+            p1 = await a.semaphore(name, 2, ttl=10)
+            p2 = await b.semaphore(name, 2, ttl=10)
+            assert {p1.slot, p2.slot} == {0, 1} and p1.permits == 2
+            with pytest.raises(fencelock.NotAcquired):
+                await b.semaphore(name, 2, wait=0)
+            assert len(await a.permit_holders(name, 2)) == 2
+            with pytest.raises(fencelock.InvalidInput):
+                await b.semaphore(name, 3, wait=0)
+            await p1.release()
+            await p2.release()
+            key = fresh("rw")
+            r1 = await a.rwlock(key).read(ttl=10)
+            r2 = await b.rwlock(key).read(ttl=10)
+            assert r1.mode == r2.mode == "shared"
+            assert len(await a.holders(key)) == 2
+            with pytest.raises(fencelock.NotAcquired):
+                await b.rwlock(key).write(wait=0)
+            await r1.release()
+            await r2.release()
+            async with b.rwlock(key).write(ttl=10) as writer:
+                assert writer.mode == "exclusive" and writer.token > max(r1.token, r2.token)
+
+    asyncio.run(main())
+
+
+def test_election_and_fence(url: str) -> None:
+    async def main() -> None:
+        async with await fencelock.connect(url) as a, await fencelock.connect(url) as b:
+            election = a.election(fresh("elect").replace(":", "-"))
+            assert await election.leader() is None
+            leader = await election.campaign(ttl=10, value={"addr": "a"})
+            current = await election.leader()
+            assert current is not None and current["term"] == leader.term and current["value"] == {"addr": "a"}
+            with pytest.raises(fencelock.NotAcquired):
+                await b.election(election.name).campaign(wait=0)
+            changes = election.observe()
+            first = await changes.__anext__()
+            assert first["elected"]["term"] == leader.term
+            await leader.resign()
+            standby = await b.election(election.name).campaign(wait=10)
+            assert standby.term > leader.term
+            await standby.resign()
+            ran = await b.election(election.name).run(lambda lead: asyncio.sleep(0, lead.term), ttl=10)
+            assert ran > standby.term
+
+            fence = await fencelock.open_fence(url)
+            resource = fresh("res")
+            assert await fence.highest(resource) is None
+            await fence.admit(resource, 5)
+            await fence.admit(resource, 7)
+            with pytest.raises(fencelock.Stale) as stale:
+                await fence.admit(resource, 6)
+            assert stale.value.code == "stale"
+            assert await fence.highest(resource) == 7
+
+    asyncio.run(main())
+
+
+def test_inspect_list_stats_force_release_cleanup(url: str) -> None:
+    client = fencelock.connect_sync(url)
+    key = fresh("ops")
+    guard = client.acquire(key, ttl=10, kind="job", data={"n": 1})
+    lease = client.inspect(key)
+    assert lease is not None and lease["token"] == guard.token and lease["kind"] == "job"
+    assert lease["data"] == {"n": 1} and lease["owner"] == client.owner
+    assert [l["key"] for l in client.list(key)] == [key]
+    assert client.stats()["held"] >= 1
+    assert client.validate(key, guard.token)
+    removed = client.force_release(key)
+    assert removed is not None and removed["token"] == guard.token
+    assert client.inspect(key) is None
+    assert isinstance(client.cleanup(), int)
+    with pytest.raises(fencelock.LockLost) as gone:
+        guard.release()
+    assert gone.value.code == "not_held"
+    client.close()
+
+
+def test_a_loss_inside_with_raises_the_loss_not_the_release_failure(url: str) -> None:
+    client = fencelock.connect_sync(url)
+    key = fresh("withlost")
+    with pytest.raises(fencelock.LockLost) as lost:
+        with client.lock(key, ttl=10) as guard:
+            client.force_release(key)
+            guard.renew()
+    assert lost.value.reason == "refused"
+    client.close()

@@ -36,10 +36,12 @@
 //! # }
 //! ```
 
+mod acquire;
 mod backend;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod fanout;
 mod options;
 mod scripts;
 

@@ -216,14 +216,14 @@ impl Setup {
             return bad("--permits applies to the semaphore scenario only".into());
         }
         if setup.dead_nodes > 0 {
-            let nodes = fencelock_testkit::proxy::endpoints(&setup.url)
-                .map_err(|e| Error::InvalidArgument(format!("--dead-nodes: {e}")))?
-                .len();
             if setup.scenario != Scenario::Cycle || !setup.url.starts_with("redlock://") {
                 return bad(
                     "--dead-nodes applies to the cycle scenario on a redlock:// URL".into(),
                 );
             }
+            let nodes = fencelock_testkit::proxy::endpoints(&setup.url)
+                .map_err(|e| Error::InvalidArgument(format!("--dead-nodes: {e}")))?
+                .len();
             if setup.dead_nodes > nodes - (nodes / 2 + 1) {
                 return bad(format!(
                     "--dead-nodes {} of {nodes} leaves no majority alive",

@@ -8,7 +8,10 @@ use fencelock_core::{
     Acquire, AcquireRequest, FencingToken, Grant, LeaseId, LockInfo, Owner, Result,
 };
 use fencelock_redis::node::{label_and_data, ms_to_time, ttl_ms};
-use futures_util::future::{join_all, BoxFuture};
+use futures_util::{
+    future::{join_all, BoxFuture},
+    FutureExt,
+};
 use tokio::time::Instant;
 
 use crate::{
@@ -301,7 +304,21 @@ impl RedlockBackend {
             .collect();
         let late = {
             let inner = Arc::clone(&inner);
+            let backend = self.clone();
+            let key = args.key.clone();
             move |i: usize, answer: Result<Answer>| {
+                if matches!(answer, Ok(Answer::Unformed)) {
+                    // A node that lost its data answered after the attempt
+                    // was decided: form it, or it would never rejoin while
+                    // the living nodes decide every attempt without it.
+                    let (backend, key) = (backend.clone(), key.clone());
+                    return Some(
+                        async move {
+                            let _ = backend.fresh_top(&key).await;
+                        }
+                        .boxed(),
+                    );
+                }
                 let lease = pending.get(i).cloned().flatten()?;
                 // Granted, or no answer: the copy may be there.
                 matches!(answer, Ok(Answer::Granted { .. }) | Err(_)).then(|| inner.undo(i, lease))

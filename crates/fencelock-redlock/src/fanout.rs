@@ -21,7 +21,7 @@ use tokio::time::Instant;
 const SKIP: Duration = Duration::from_millis(50);
 
 /// The longest skip.
-const SKIP_MAX: Duration = Duration::from_secs(1);
+const SKIP_MAX: Duration = Duration::from_millis(250);
 
 /// What the client knows of one node's health.
 #[derive(Debug, Default)]

@@ -1,6 +1,15 @@
 //! [`RedlockBackend`]: majority leases over independent Redis nodes.
 
-use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    future::Future,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use fencelock_core::{
@@ -8,20 +17,27 @@ use fencelock_core::{
     Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
 };
 use fencelock_redis::{
-    node::{field, label_and_data, map_error, ms_to_time, parse_describe, ttl_ms, Call},
+    node::{field, map_error, parse_describe, ttl_ms, Call},
     RedisBackend, RedisOptions,
 };
-use futures_util::future::join_all;
+use futures_util::{
+    future::{join_all, BoxFuture},
+    FutureExt,
+};
 use redis::Value;
 use tokio::{sync::OnceCell, time::Instant};
 
-use crate::{options::RedlockOptions, scripts::Scripts};
+use crate::{
+    fanout::{Fanout, Health, Request},
+    options::RedlockOptions,
+    scripts::Scripts,
+};
 
 pub(crate) const NAME: &str = "redlock";
 
-/// How many times one `try_acquire` asks again after losing a token race
-/// (another acquirer drew the same token between our probe and grant).
-const ROUNDS: usize = 5;
+/// How many probe rounds the slow path (docs/redlock.md, "Acquire") runs
+/// while forming nodes before it gives up.
+const PROBES: usize = 5;
 
 /// Locks held by a majority of independent Redis nodes. Cheap to clone.
 #[derive(Clone)]
@@ -29,10 +45,17 @@ pub struct RedlockBackend {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    options: RedlockOptions,
+pub(crate) struct Inner {
+    pub(crate) options: RedlockOptions,
     nodes: Vec<Node>,
     scripts: Scripts,
+    pub(crate) health: Health,
+    /// The latest node clock reading (µs) and when it arrived: tokens are
+    /// guessed from it (docs/redlock.md, "Acquire").
+    clock: Mutex<Option<(u64, Instant)>>,
+    /// The highest token this backend proposed: no two attempts of one
+    /// backend ever propose the same token.
+    last: AtomicU64,
 }
 
 impl fmt::Debug for RedlockBackend {
@@ -60,6 +83,124 @@ impl Node {
     }
 }
 
+impl Inner {
+    /// Runs `f` on node `i` (connecting it first if need be) and records
+    /// in its health whether it answered.
+    pub(crate) async fn call<T, F, Fut>(&self, i: usize, f: F) -> Result<T>
+    where
+        F: FnOnce(RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let result = async { f(self.nodes[i].get().await?).await }.await;
+        self.health.record(i, &result);
+        result
+    }
+
+    /// [`call`](Self::call) as a request that may outlive its caller.
+    pub(crate) fn request<T, F, Fut>(self: &Arc<Self>, i: usize, f: F) -> Request<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(RedisBackend) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let inner = Arc::clone(self);
+        async move { (i, inner.call(i, f).await) }.boxed()
+    }
+
+    /// Release of `lease` on node `i`, its outcome ignored: the undo of a
+    /// copy an acquisition left behind.
+    pub(crate) fn undo(self: &Arc<Self>, i: usize, lease: LeaseId) -> BoxFuture<'static, ()> {
+        let request = self.request(i, move |node| async move { node.release(&lease).await });
+        async move {
+            let _ = request.await;
+        }
+        .boxed()
+    }
+
+    /// A node's clock, in µs, as just read.
+    pub(crate) fn observe_clock(&self, now_us: u64) {
+        let mut clock = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if estimate(*clock, now).is_none_or(|us| us < now_us) {
+            *clock = Some((now_us, now));
+        }
+    }
+
+    /// A lower bound of the clock (µs) of the node read last, if any.
+    pub(crate) fn clock_estimate(&self) -> Option<u64> {
+        estimate(
+            *self.clock.lock().unwrap_or_else(PoisonError::into_inner),
+            Instant::now(),
+        )
+    }
+
+    /// A token at least `at_least` and above every token this backend
+    /// proposed before.
+    pub(crate) fn propose(&self, at_least: u64) -> u64 {
+        let mut proposed = at_least;
+        let _ = self
+            .last
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                proposed = at_least.max(last.saturating_add(1));
+                Some(proposed)
+            });
+        proposed
+    }
+
+    /// The grant of `token` on node `i`; `replace`, the token this attempt
+    /// sent the node before, if any (see `scripts::GRANT`).
+    pub(crate) fn grant(
+        self: &Arc<Self>,
+        i: usize,
+        args: &Arc<GrantArgs>,
+        token: u64,
+        replace: Option<u64>,
+    ) -> Request<Answer> {
+        let inner = Arc::clone(self);
+        let args = Arc::clone(args);
+        self.request(i, move |node| async move {
+            let keys = node.keys();
+            let key = &args.key;
+            let row: Vec<Value> = Call::new(&inner.scripts.grant, 3)
+                .key(keys.own("redlock"))
+                .key(keys.lease(key))
+                .key(keys.counter(key))
+                .arg(args.owner.as_str())
+                .arg(ttl_ms(args.ttl))
+                .arg(args.kind.as_str())
+                .arg(args.data.as_str())
+                .arg(token)
+                .arg(replace.map(|t| t.to_string()).unwrap_or_default())
+                .invoke(&mut node.connection())
+                .await
+                .map_err(|e| map_error("grant script", e))?;
+            Ok(match field::<i64>(&row, 0)? {
+                1 => Answer::Granted {
+                    now_ms: field(&row, 1)?,
+                    now_us: number(&field::<String>(&row, 2)?)?,
+                },
+                0 => Answer::Held(parse_describe(key, &row)?),
+                -1 => Answer::Unformed,
+                -2 => Answer::Quarantined,
+                _ => Answer::Stale {
+                    top: number(&field::<String>(&row, 1)?)?,
+                },
+            })
+        })
+    }
+}
+
+/// What a clock reading `(µs, when)` says of the node's clock `now`: less
+/// 1 % of the time since, so that it stays below the node's clock while
+/// clock rates differ by less than that (docs/redlock.md).
+fn estimate(clock: Option<(u64, Instant)>, now: Instant) -> Option<u64> {
+    clock.map(|(us, at)| {
+        let since =
+            u64::try_from(now.saturating_duration_since(at).as_micros()).unwrap_or(u64::MAX);
+        us.saturating_add(since - since / 100)
+    })
+}
+
 /// What a node answered to the probe.
 #[derive(Clone, Copy, Debug)]
 struct Probe {
@@ -84,15 +225,32 @@ enum Heal {
 
 /// What a node answered to the grant.
 #[derive(Debug)]
-enum Answer {
-    Granted { now_ms: i64 },
+pub(crate) enum Answer {
+    Granted {
+        now_ms: i64,
+        now_us: u64,
+    },
     Held(Option<LockInfo>),
     Unformed,
     Quarantined,
-    Stale,
+    /// The token is not above the key's counter or the node's floor; what
+    /// the probe would answer (`top`).
+    Stale {
+        top: u64,
+    },
 }
 
-fn transient(message: impl Into<String>) -> Error {
+/// What a grant asks of every node, owned so that a request can outlive
+/// the call that sent it (docs/redlock.md, "Late grants").
+pub(crate) struct GrantArgs {
+    pub(crate) key: LockKey,
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+    pub(crate) kind: String,
+    pub(crate) data: String,
+}
+
+pub(crate) fn transient(message: impl Into<String>) -> Error {
     BackendError::message(NAME, ErrorStatus::Transient, message).into()
 }
 
@@ -104,7 +262,7 @@ fn number(s: &str) -> Result<u64> {
 /// What is left of a lease of `ttl` whose request went out `elapsed` ago,
 /// allowing for clock-rate drift between the nodes and this client
 /// (1 % of the TTL plus 2 ms, as in antirez's description).
-fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
+pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
     let drift = ttl / 100 + Duration::from_millis(2);
     ttl.checked_sub(elapsed)?
         .checked_sub(drift)
@@ -123,11 +281,15 @@ impl RedlockBackend {
                 backend: OnceCell::new(),
             })
             .collect();
+        let health = Health::new(options.nodes.len(), options.quorum(), options.node_timeout);
         Self {
             inner: Arc::new(Inner {
                 options,
                 nodes,
                 scripts: Scripts::new(),
+                health,
+                clock: Mutex::new(None),
+                last: AtomicU64::new(0),
             }),
         }
     }
@@ -151,8 +313,12 @@ impl RedlockBackend {
         &self.inner.options
     }
 
-    fn quorum(&self) -> usize {
+    pub(crate) fn quorum(&self) -> usize {
         self.inner.options.quorum()
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     fn need_quorum(&self, answered: usize, what: &str) -> Result<()> {
@@ -167,20 +333,33 @@ impl RedlockBackend {
         }
     }
 
-    /// Runs `f` on every node at once; one result per node, in URL order.
+    /// Runs `f` on every node worth asking (see [`Health::targets`]) at
+    /// once and waits for every answer; one result per node, in URL order,
+    /// a skipped node's a transient error.
     async fn on_all<T, F, Fut>(&self, f: F) -> Vec<Result<T>>
     where
         F: Fn(RedisBackend) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        join_all(self.inner.nodes.iter().map(|node| {
+        let mut out: Vec<Result<T>> = (0..self.inner.nodes.len())
+            .map(|i| {
+                Err(transient(format!(
+                    "node {i} is skipped: it did not answer a moment ago"
+                )))
+            })
+            .collect();
+        let answers = join_all(self.inner.health.targets().into_iter().map(|(i, _)| {
             let f = &f;
-            async move { f(node.get().await?).await }
+            async move { (i, self.inner.call(i, f).await) }
         }))
-        .await
+        .await;
+        for (i, answer) in answers {
+            out[i] = answer;
+        }
+        out
     }
 
-    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<()> {
         let max = self.inner.options.max_ttl;
         if ttl > max {
             return Err(Error::InvalidTtl(format!(
@@ -193,6 +372,7 @@ impl RedlockBackend {
 
     async fn probe(&self, key: &LockKey) -> Vec<Result<Probe>> {
         let script = &self.inner.scripts.probe;
+        let inner = &self.inner;
         self.on_all(|node| async move {
             let keys = node.keys();
             let row: Vec<Value> = Call::new(script, 2)
@@ -201,6 +381,7 @@ impl RedlockBackend {
                 .invoke(&mut node.connection())
                 .await
                 .map_err(|e| map_error("probe script", e))?;
+            inner.observe_clock(number(&field::<String>(&row, 5)?)?);
             Ok(Probe {
                 formed: field::<i64>(&row, 0)? == 1,
                 top: number(&field::<String>(&row, 2)?)?,
@@ -274,18 +455,20 @@ impl RedlockBackend {
                 .nodes
                 .iter()
                 .zip(probes)
-                .filter(|(_, p)| matches!(p, Ok(p) if !p.formed))
-                .map(|(node, _)| async move {
-                    let node = node.get().await?;
-                    let keys = node.keys();
-                    Call::new(script, 1)
-                        .key(keys.own("redlock"))
-                        .arg(quarantine_ms)
-                        .arg(floor)
-                        .arg(mode)
-                        .invoke::<i64>(&mut node.connection())
-                        .await
-                        .map_err(|e| map_error("join script", e))
+                .enumerate()
+                .filter(|(_, (_, p))| matches!(p, Ok(p) if !p.formed))
+                .map(|(i, _)| {
+                    self.inner.call(i, |node| async move {
+                        let keys = node.keys();
+                        Call::new(script, 1)
+                            .key(keys.own("redlock"))
+                            .arg(quarantine_ms)
+                            .arg(floor)
+                            .arg(mode)
+                            .invoke::<i64>(&mut node.connection())
+                            .await
+                            .map_err(|e| map_error("join script", e))
+                    })
                 }),
         )
         .await;
@@ -311,79 +494,38 @@ impl RedlockBackend {
         Ok(how == Heal::Fresh)
     }
 
-    /// Asks every node to grant `token`: first the nodes in URL order
-    /// until one grants (the *arbiter*), then all the rest at once. Racers
-    /// for a free key all meet at the same first node, which grants only
-    /// one of them, so that a race has one winner rather than a split vote
-    /// where nobody reaches a majority; a node that is down or does not
-    /// vote only moves the arbiter to the next one. A first refusal (held,
-    /// or a higher token drawn) ends the attempt without asking the others.
-    async fn grant(
-        &self,
-        request: &AcquireRequest,
-        token: u64,
-        kind: &str,
-        data: &str,
-    ) -> Vec<Result<Answer>> {
-        let nodes = &self.inner.nodes;
-        let mut answers: Vec<Result<Answer>> = Vec::with_capacity(nodes.len());
-        for node in nodes {
-            let answer = self.grant_on(node, request, token, kind, data).await;
-            let decided = matches!(
-                answer,
-                Ok(Answer::Granted { .. } | Answer::Held(_) | Answer::Stale)
-            );
-            let granted = matches!(answer, Ok(Answer::Granted { .. }));
-            answers.push(answer);
-            if granted {
-                let rest = join_all(
-                    nodes[answers.len()..]
-                        .iter()
-                        .map(|node| self.grant_on(node, request, token, kind, data)),
-                )
-                .await;
-                answers.extend(rest);
-                break;
+    /// The slow path of an acquisition (docs/redlock.md, "Acquire"): a
+    /// probe of every node worth asking, forming unformed nodes where the
+    /// rules allow; the highest `top` of a majority of formed nodes, above
+    /// every token a majority has seen for `key`.
+    pub(crate) async fn fresh_top(&self, key: &LockKey) -> Result<u64> {
+        let mut outcome = Err(transient("no probe ran"));
+        for _ in 0..PROBES {
+            let probes = self.probe(key).await;
+            if self.heal(&probes).await? {
+                continue;
             }
-            if decided {
-                break;
+            let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
+            if formed.len() < self.quorum() && formed.len() < probes.iter().flatten().count() {
+                // Another client may be forming or re-forming the nodes
+                // right now; else too few are formed (docs/redlock.md).
+                outcome = Err(transient(format!(
+                    "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
+                     every node answers; a node that lost its data rejoins when a majority of \
+                     formed nodes answers, or, when a majority lost it, when every node \
+                     answers; it votes max_ttl + 1 % later",
+                    formed.len(),
+                    self.inner.nodes.len(),
+                    self.quorum()
+                )));
+                continue;
             }
+            self.need_quorum(formed.len(), "acquire (formed nodes)")?;
+            // Every earlier grant wrote its token to a majority, and two
+            // majorities share a node.
+            return Ok(formed.iter().map(|p| p.top).max().unwrap_or(0));
         }
-        answers
-    }
-
-    async fn grant_on(
-        &self,
-        node: &Node,
-        request: &AcquireRequest,
-        token: u64,
-        kind: &str,
-        data: &str,
-    ) -> Result<Answer> {
-        let node = node.get().await?;
-        let keys = node.keys();
-        let key = &request.key;
-        let row: Vec<Value> = Call::new(&self.inner.scripts.grant, 3)
-            .key(keys.own("redlock"))
-            .key(keys.lease(key))
-            .key(keys.counter(key))
-            .arg(request.owner.as_str())
-            .arg(ttl_ms(request.ttl))
-            .arg(kind)
-            .arg(data)
-            .arg(token)
-            .invoke(&mut node.connection())
-            .await
-            .map_err(|e| map_error("grant script", e))?;
-        Ok(match field::<i64>(&row, 0)? {
-            1 => Answer::Granted {
-                now_ms: field(&row, 1)?,
-            },
-            0 => Answer::Held(parse_describe(key, &row)?),
-            -1 => Answer::Unformed,
-            -2 => Answer::Quarantined,
-            _ => Answer::Stale,
-        })
+        outcome
     }
 
     /// The leases a majority of nodes agree on (same key, owner and token),
@@ -431,136 +573,51 @@ impl Backend for RedlockBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.check_ttl(request.ttl)?;
-        let (kind, data) = label_and_data(request)?;
-        let floor = request.floor()?;
-        let mut outcome = Err(transient("no round ran"));
-        for _ in 0..ROUNDS {
-            let probes = self.probe(&request.key).await;
-            if self.heal(&probes).await? {
-                continue;
-            }
-            let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
-            if formed.len() < self.quorum() && formed.len() < probes.iter().flatten().count() {
-                // Another client may be forming or re-forming the nodes
-                // right now; else too few are formed (docs/redlock.md).
-                outcome = Err(transient(format!(
-                    "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
-                     every node answers; a node that lost its data rejoins when a majority of \
-                     formed nodes answers, or, when a majority lost it, when every node \
-                     answers; it votes max_ttl + 1 % later",
-                    formed.len(),
-                    self.inner.nodes.len(),
-                    self.quorum()
-                )));
-                continue;
-            }
-            self.need_quorum(formed.len(), "acquire (formed nodes)")?;
-            // Above every token a majority has seen for this key: every
-            // earlier grant wrote its token to a majority, and two
-            // majorities share a node (docs/redlock.md).
-            let token = formed
-                .iter()
-                .map(|p| p.top)
-                .max()
-                .unwrap_or(0)
-                .max(floor)
-                .saturating_add(1);
-            // Tokens stop where the nodes' Lua numbers stop counting
-            // exactly; floors stop well below that (MAX_FLOOR).
-            let token = request.issued(token)?.get();
-            let sent = Instant::now();
-            let answers = self.grant(request, token, &kind, &data).await;
-            let granted: Vec<i64> = answers
-                .iter()
-                .filter_map(|a| match a {
-                    Ok(Answer::Granted { now_ms }) => Some(*now_ms),
-                    _ => None,
-                })
-                .collect();
-            let left = validity(request.ttl, sent.elapsed());
-            if granted.len() >= self.quorum() && left.is_some() {
-                let start = granted.iter().copied().min().unwrap_or(0);
-                let ends = start.saturating_add(i64::try_from(ttl_ms(request.ttl)).unwrap_or(0));
-                // Every node keeps the lease for the full TTL from its grant,
-                // which came after the caller's own `t_sent`: the guard's
-                // deadline (I5) ends before the first node's lease does.
-                return Ok(Acquire::Granted(Grant::new(
-                    FencingToken(token),
-                    request.ttl,
-                    ms_to_time(ends),
-                )));
-            }
-            // No majority in time: take back what was granted, also where
-            // the answer was lost.
-            if !granted.is_empty() || answers.iter().any(Result::is_err) {
-                let lease = request.lease(FencingToken(token));
-                let _ = self.release(&lease).await;
-            }
-            let mut holder = None;
-            let (mut held, mut stale, mut quarantined, mut failed) = (false, false, 0, 0);
-            for answer in answers {
-                match answer {
-                    Ok(Answer::Held(info)) => {
-                        held = true;
-                        holder = holder.or(info);
-                    }
-                    Ok(Answer::Stale) => stale = true,
-                    Ok(Answer::Quarantined | Answer::Unformed) => quarantined += 1,
-                    Ok(Answer::Granted { .. }) => {}
-                    Err(_) => failed += 1,
-                }
-            }
-            if held {
-                return Ok(Acquire::Held(holder));
-            }
-            outcome = if stale {
-                // Another acquirer drew a token as high: it may hold the key.
-                Ok(Acquire::Held(None))
-            } else {
-                Err(transient(format!(
-                    "acquire: {} of {} nodes granted ({} needed{}), {quarantined} not voting, \
-                     {failed} unreachable",
-                    granted.len(),
-                    self.inner.nodes.len(),
-                    self.quorum(),
-                    if left.is_none() { ", too late" } else { "" }
-                )))
-            };
-            if !stale {
-                break;
-            }
-        }
-        outcome
+        self.acquire(request).await
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
         self.check_ttl(ttl)?;
+        let n = self.inner.nodes.len();
         let sent = Instant::now();
-        let answers = self
-            .on_all(|node| async move { node.renew(lease, ttl).await })
-            .await;
-        let left = validity(ttl, sent.elapsed());
+        let shared = Arc::new(lease.clone());
+        let mut fanout = Fanout::new(n);
+        for (i, role) in self.inner.health.targets() {
+            let lease = Arc::clone(&shared);
+            fanout.push(
+                i,
+                role,
+                self.inner
+                    .request(i, move |node| async move { node.renew(&lease, ttl).await }),
+            );
+        }
+        // Decided as soon as a majority extended the lease, or so many
+        // said "not held" that no majority can: a straggler's extension is
+        // of this same lease.
         let mut ends = Vec::new();
         let mut not_held = 0;
-        for answer in &answers {
+        while let Some((_, answer)) = fanout.next().await {
             match answer {
                 Ok(grant) => ends.push(grant.expires_at),
                 Err(Error::NotHeld { .. }) => not_held += 1,
                 Err(_) => {}
             }
+            if ends.len() >= self.quorum() || n - not_held < self.quorum() {
+                break;
+            }
         }
+        fanout.detach(Vec::new(), |_, _| None);
+        let left = validity(ttl, sent.elapsed());
         match (ends.len() >= self.quorum(), left) {
             (true, Some(_)) => Ok(Grant::new(
                 lease.token,
                 ttl,
                 ends.into_iter().min().unwrap_or_default(),
             )),
-            _ if self.inner.nodes.len() - not_held < self.quorum() => Err(Error::not_held(lease)),
+            _ if n - not_held < self.quorum() => Err(Error::not_held(lease)),
             _ => Err(transient(format!(
-                "renew: {} of {} nodes extended the lease ({} needed{})",
+                "renew: {} of {n} nodes extended the lease ({} needed{})",
                 ends.len(),
-                self.inner.nodes.len(),
                 self.quorum(),
                 if left.is_none() { ", too late" } else { "" }
             ))),
@@ -568,24 +625,39 @@ impl Backend for RedlockBackend {
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let answers = self
-            .on_all(|node| async move { node.release(lease).await })
-            .await;
-        let removed = answers.iter().filter(|a| a.is_ok()).count();
-        let not_held = answers
-            .iter()
-            .filter(|a| matches!(a, Err(Error::NotHeld { .. })))
-            .count();
+        let shared = Arc::new(lease.clone());
+        let mut fanout = Fanout::new(self.inner.nodes.len());
+        for (i, role) in self.inner.health.targets() {
+            let lease = Arc::clone(&shared);
+            fanout.push(
+                i,
+                role,
+                self.inner
+                    .request(i, move |node| async move { node.release(&lease).await }),
+            );
+        }
+        // Decided once a majority answered: at most a minority can then
+        // still hold a copy (its release under way), and a minority
+        // excludes nobody.
+        let (mut removed, mut not_held) = (0, 0);
+        let mut failure = None;
+        while let Some((_, answer)) = fanout.next().await {
+            match answer {
+                Ok(()) => removed += 1,
+                Err(Error::NotHeld { .. }) => not_held += 1,
+                Err(e) => failure = failure.or(Some(e)),
+            }
+            if (removed > 0 && removed + not_held >= self.quorum()) || not_held >= self.quorum() {
+                break;
+            }
+        }
+        fanout.detach(Vec::new(), |_, _| None);
         if removed > 0 {
             return Ok(());
         }
         if not_held >= self.quorum() {
             return Err(Error::not_held(lease));
         }
-        let failure = answers.into_iter().find_map(|a| match a {
-            Err(Error::NotHeld { .. }) | Ok(()) => None,
-            Err(e) => Some(e),
-        });
         Err(failure.unwrap_or_else(|| Error::not_held(lease)))
     }
 

@@ -1,8 +1,8 @@
 //! `fencelock bench --baseline` for `redlock://`: what antirez's Redlock
 //! sends, with no token and no quarantine: `SET key value NX PX ttl` on
 //! every node at once, granted iff a majority answered OK, then `DEL` on
-//! every node at once. What fencelock adds on top (the probe round, the
-//! arbiter-first grant, the scripts' checks) is what the ratio measures.
+//! every node at once. What fencelock adds on top (the scripts' checks and
+//! token, the lease layout, the guard) is what the ratio measures.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},

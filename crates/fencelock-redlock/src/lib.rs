@@ -3,20 +3,27 @@
 //! that keep growing (I2) across node crashes and restarts without
 //! persistence.
 //!
-//! - Acquire is two rounds to every node at once: a probe (the key's
-//!   highest token seen) and a grant of token = max over a majority + 1,
-//!   which each node accepts only if the key is free, the token is above
-//!   its counter and the node is not in quarantine. Granted iff a majority
-//!   accepted within the lease's validity (TTL − elapsed − drift), and
-//!   [`Grant::ttl`](fencelock_core::Grant::ttl) is that validity.
+//! - Acquire is, without contention, one round to every node at once: a
+//!   grant of a token the client proposes (above a lower bound of the
+//!   nodes' clocks in µs, which tokens follow), which each node accepts
+//!   only if the key is free, the token is above its counter and the node
+//!   is not in quarantine. Granted as soon as a majority accepted within
+//!   the lease's validity (TTL − elapsed − drift), and
+//!   [`Grant::ttl`](fencelock_core::Grant::ttl) is that validity. A token
+//!   refused as too low comes back with the node's highest, for the next
+//!   round; racers that split the vote yield to the one holding the first
+//!   node that voted (the arbiter).
+//! - Late grants (from nodes that answered after the decision) are undone
+//!   in the background; a node that failed a request is skipped for a
+//!   while, then tried again without being waited for.
 //! - Every accepting node stores the token, so every later majority
 //!   contains a node that has seen it: tokens never go backwards.
 //! - A node that lost its data (no marker key) takes no part until a client
 //!   re-forms it: floored above the tokens of a majority and quarantined
 //!   for `max_ttl`, so that it never helps a second holder to a majority.
 //! - Renew and release run the Redis backend's own scripts on every node
-//!   (owner and token checked); renew succeeds iff a majority extended in
-//!   time.
+//!   (owner and token checked); renew succeeds as soon as a majority
+//!   extended in time, release answers once a majority answered.
 //!
 //! See `docs/redlock.md` for the argument, what is and is not guaranteed,
 //! and what happens when a majority of nodes restarts at once.
@@ -36,10 +43,12 @@
 //! # }
 //! ```
 
+mod acquire;
 mod backend;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod fanout;
 mod options;
 mod scripts;
 

@@ -11,56 +11,74 @@
 use redis::Script;
 
 /// KEYS: marker, counter. Returns `{formed, votes_in_ms, top, hwm,
-/// age_ms}`: `formed` 0 or 1; `votes_in_ms` how long until the node votes
-/// (≤ 0: it votes now); `top` the least token this node could have issued
-/// for the key (its counter, its floor, or its clock in µs, whichever is
-/// highest); `hwm` the highest token it granted for any key; `age_ms` how
-/// long ago it was formed (node clock).
+/// age_ms, now_us}`: `formed` 0 or 1; `votes_in_ms` how long until the
+/// node votes (≤ 0: it votes now); `top` the least token this node could
+/// have issued for the key (its counter, its floor, or its clock in µs,
+/// whichever is highest); `hwm` the highest token it granted for any key;
+/// `age_ms` how long ago it was formed (node clock); `now_us` its clock.
 const PROBE: &str = r#"
 local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm', 'born')
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-if not m[1] then return {0, 0, string.format('%d', now_us), '0', 0} end
+local now_s = string.format('%d', now_us)
+if not m[1] then return {0, 0, now_s, '0', 0, now_s} end
 local top = tonumber(redis.call('GET', KEYS[2]) or '0')
 local floor = tonumber(m[2] or '0')
 if floor > top then top = floor end
 if now_us > top then top = now_us end
 return {1, tonumber(m[1]) - now_ms, string.format('%d', top), m[3] or '0',
-  now_ms - tonumber(m[4] or '0')}
+  now_ms - tonumber(m[4] or '0'), now_s}
 "#;
 
 /// KEYS: marker, lease, counter. ARGV: owner, ttl_ms, kind (`""` = none,
-/// else `=` and the kind), data (`""` = none), token. Grants the lease with
-/// that token iff the node is formed and out of quarantine, the key is
-/// free, and the token is above the key's counter and the node's floor.
-/// Returns `{1, now_ms}`; the holder as `describe` with a leading 0; `{-1}`
-/// unformed; `{-2}` quarantined; `{-3}` a token this high was already
-/// drawn (a concurrent acquirer: ask again).
+/// else `=` and the kind), data (`""` = none), token, replace (`""` =
+/// none, else the token this attempt last sent this node). Grants the
+/// lease with that token iff the node is formed and out of quarantine, the
+/// key is free, and the token is above the key's counter and the node's
+/// floor. A copy of the owner's with token `replace` is this attempt's own
+/// from an earlier round: it counts as free, and with the same token it is
+/// only refreshed (no counter is written: the counter holds that token).
+/// Returns `{1, now_ms, now_us}`; the holder as `describe` with a leading
+/// 0; `{-1}` unformed; `{-2}` quarantined; `{-3, top}` the token is not
+/// above the counter or floor (a concurrent acquirer drew as high, or the
+/// client's guess was low), `top` being what the probe would answer.
 const GRANT: &str = r#"
 local m = redis.call('HMGET', KEYS[1], 'votes_from', 'floor', 'hwm')
 if not m[1] then return {-1} end
-local now = now_ms()
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
 if now < tonumber(m[1]) then return {-2} end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  local d = describe(KEYS[2])
-  d[1] = 0
-  return d
-end
 local token = tonumber(ARGV[5])
 local seen = tonumber(redis.call('GET', KEYS[3]) or '0')
 if tonumber(m[2] or '0') > seen then seen = tonumber(m[2]) end
-if seen >= token then return {-3} end
--- A counter idle for a week goes away (keys may be unbounded); `hwm`
--- keeps every later token above it.
-redis.call('SET', KEYS[3], ARGV[5], 'PX', 604800000)
-if tonumber(m[3] or '0') < token then redis.call('HSET', KEYS[1], 'hwm', ARGV[5]) end
+local refresh = false
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local h = redis.call('HMGET', KEYS[2], 'owner', 'token')
+  if #ARGV[6] == 0 or h[1] ~= ARGV[1] or h[2] ~= ARGV[6] then
+    local d = describe(KEYS[2])
+    d[1] = 0
+    return d
+  end
+  refresh = ARGV[6] == ARGV[5]
+end
+if not refresh then
+  if seen >= token then
+    if now_us > seen then seen = now_us end
+    return {-3, string.format('%d', seen)}
+  end
+  -- A counter idle for a week goes away (keys may be unbounded); `hwm`
+  -- keeps every later token above it.
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', 604800000)
+  if tonumber(m[3] or '0') < token then redis.call('HSET', KEYS[1], 'hwm', ARGV[5]) end
+end
 redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'token', ARGV[5],
   'acquired', string.format('%d', now), 'expires', string.format('%d', now + tonumber(ARGV[2])))
 if #ARGV[3] > 0 then redis.call('HSET', KEYS[2], 'kind', string.sub(ARGV[3], 2)) end
 if #ARGV[4] > 0 then redis.call('HSET', KEYS[2], 'data', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return {1, now}
+return {1, now, string.format('%d', now_us)}
 "#;
 
 /// KEYS: marker. ARGV: quarantine_ms, floor, mode. Forms an unformed

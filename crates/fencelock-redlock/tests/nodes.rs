@@ -368,3 +368,214 @@ async fn every_node_restarted_empty_forms_anew_with_tokens_from_the_clocks() -> 
     );
     Ok(())
 }
+
+/// A plain connection to node `i` of `set`.
+async fn node_conn(set: &RedisSet, i: usize) -> TestResult<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(set.node_url(i))?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// The owner of `key`'s lease copy on node `i`, if it has one.
+async fn copy_owner(set: &RedisSet, i: usize, key: &str) -> TestResult<Option<String>> {
+    let owner: Option<String> = redis::cmd("HGET")
+        .arg(format!("fencelock:{{{key}}}"))
+        .arg("owner")
+        .query_async(&mut node_conn(set, i).await?)
+        .await?;
+    Ok(owner)
+}
+
+/// Writes a lease copy of `owner` for `key` on node `i` by hand, as a
+/// failed acquisition whose undo was lost leaves one.
+async fn plant_copy(set: &RedisSet, i: usize, key: &str, owner: &str) -> TestResult {
+    let name = format!("fencelock:{{{key}}}");
+    let mut conn = node_conn(set, i).await?;
+    redis::pipe()
+        .cmd("HSET")
+        .arg(&name)
+        .arg("owner")
+        .arg(owner)
+        .arg("token")
+        .arg("1")
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(&name)
+        .arg(120_000)
+        .ignore()
+        .query_async::<()>(&mut conn)
+        .await?;
+    Ok(())
+}
+
+/// How the nodes of [`dead_nodes_cost_no_node_timeout`] die.
+#[derive(Clone, Copy)]
+enum Death {
+    /// kill -9: connections reset, the port refuses.
+    Killed,
+    /// SIGSTOP: nothing answers, every request waits for `node_timeout`.
+    Silent,
+}
+
+/// `dead` of `n` nodes die. Each round then asks `try_acquire` for a key
+/// whose fate the living nodes cannot settle without the dead ones: the
+/// first living node holds a stray copy of another owner's and the others
+/// grant, one short of a majority. Waiting for the dead nodes would cost
+/// `node_timeout` (10 s) every round; once they have failed a request they
+/// are skipped, so after the first round, ten rounds and ten ordinary
+/// cycles take less than one `node_timeout` together.
+async fn dead_nodes_cost_no_node_timeout(n: usize, dead: &[usize], death: Death) -> TestResult {
+    let node_timeout = Duration::from_secs(10);
+    let set = RedisSet::start(n)?;
+    let b = open(&format!("{}?node_timeout=10s&max_ttl=5s", set.url())).await?;
+    let warm = request("warm", "w", Duration::from_secs(5))?;
+    let mut last = granted(b.try_acquire(&warm).await?)?;
+    b.release(&warm.lease(last)).await?;
+    let first_alive = (0..n).find(|i| !dead.contains(i)).ok_or("no node left")?;
+    plant_copy(&set, first_alive, "split", "x").await?;
+    for &i in dead {
+        match death {
+            Death::Killed => set.kill(i)?,
+            Death::Silent => set.pause(i)?,
+        }
+    }
+    let split = request("split", "a", Duration::from_secs(5))?;
+    let cycle = request("cycle", "a", Duration::from_secs(5))?;
+    // The first round finds the dead nodes dead (at most node_timeout).
+    let first = b.try_acquire(&split).await?;
+    assert!(matches!(first, Acquire::Held(_)), "{first:?}");
+    let started = Instant::now();
+    for _ in 0..10 {
+        match b.try_acquire(&split).await? {
+            Acquire::Held(_) => {}
+            other => return Err(format!("the split key was answered {other:?}").into()),
+        }
+        let token = granted(b.try_acquire(&cycle).await?)?;
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        b.renew(&cycle.lease(token), Duration::from_secs(5)).await?;
+        b.release(&cycle.lease(token)).await?;
+    }
+    let took = started.elapsed();
+    assert!(
+        took < node_timeout,
+        "ten rounds with {dead:?} of {n} dead took {took:?}: a dead node was waited for"
+    );
+    if matches!(death, Death::Silent) {
+        for &i in dead {
+            set.resume(i)?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_killed_node_of_three_costs_no_node_timeout_after_the_first() -> TestResult {
+    dead_nodes_cost_no_node_timeout(3, &[0], Death::Killed).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_killed_nodes_of_five_cost_no_node_timeout_after_the_first() -> TestResult {
+    dead_nodes_cost_no_node_timeout(5, &[0, 3], Death::Killed).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_costs_no_node_timeout_after_the_first() -> TestResult {
+    dead_nodes_cost_no_node_timeout(3, &[0], Death::Silent).await
+}
+
+/// An acquisition that fails before a slow node answers leaves that node's
+/// grant behind it; the grant is undone as soon as its answer arrives,
+/// long before its lease would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_is_undone() -> TestResult {
+    let set = RedisSet::start(3)?;
+    let proxied = ProxiedUrl::start(&format!("{}?node_timeout=10s&max_ttl=60s", set.url())).await?;
+    let b = open(proxied.url()).await?;
+    let warm = request("warm", "w", Duration::from_secs(5))?;
+    let t = granted(b.try_acquire(&warm).await?)?;
+    b.release(&warm.lease(t)).await?;
+    // Another owner holds the key on nodes 0 and 1: a majority, so the
+    // answer is known before node 2, a second away each way, answers.
+    plant_copy(&set, 0, "late", "x").await?;
+    plant_copy(&set, 1, "late", "x").await?;
+    proxied.proxies()[2].controls().set_latency(
+        fencelock_testkit::proxy::Direction::Both,
+        Duration::from_secs(1),
+        Duration::ZERO,
+    );
+    let ttl = Duration::from_secs(60);
+    let asked = Instant::now();
+    match b.try_acquire(&request("late", "a", ttl)?).await? {
+        Acquire::Held(Some(holder)) => assert_eq!(holder.owner.as_str(), "x"),
+        other => return Err(format!("expected x to hold the key, got {other:?}").into()),
+    }
+    assert!(
+        copy_owner(&set, 2, "late").await?.is_none(),
+        "node 2 answered before the attempt ended: the grant was not late"
+    );
+    // The grant lands on node 2, then goes.
+    let deadline = asked + Duration::from_secs(15);
+    let mut landed = false;
+    loop {
+        let owner = copy_owner(&set, 2, "late").await?;
+        match (landed, owner.as_deref()) {
+            (false, Some("a")) => landed = true,
+            (true, None) => break,
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "node 2's late grant {} within 15 s of a {ttl:?} lease",
+                if landed {
+                    "was not undone"
+                } else {
+                    "never landed"
+                }
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// A node killed and started again (with its data: persistent) is skipped
+/// while it is down, then asked again: leases reach it once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_comes_back_is_used_again() -> TestResult {
+    let set = RedisSet::start_persistent(3)?;
+    let b = open(&format!("{}?node_timeout=300ms&max_ttl=5s", set.url())).await?;
+    let req = request("back", "a", Duration::from_secs(5))?;
+    let mut last = granted(b.try_acquire(&req).await?)?;
+    b.release(&req.lease(last)).await?;
+    set.kill(0)?;
+    for _ in 0..20 {
+        let token = granted(b.try_acquire(&req).await?)?;
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        b.release(&req.lease(token)).await?;
+    }
+    set.start_again(0)?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let token = granted(b.try_acquire(&req).await?)?;
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        // Node 0 may answer after the majority did.
+        let seen = Instant::now() + Duration::from_millis(500);
+        let mut used = false;
+        while !used && Instant::now() < seen {
+            used = copy_owner(&set, 0, "back").await?.as_deref() == Some("a");
+            if !used {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        b.release(&req.lease(token)).await?;
+        if used {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err("node 0 was never asked again after it came back".into());
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! data.
 //!
 //! ```text
-//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|redis-cluster|redlock|etcd|zookeeper
+//! cargo run -p fencelock-testkit --example bench_server -- postgres|mariadb|redis|redis-cluster|redlock [NODES]|etcd|zookeeper
 //! ```
 
 use fencelock_testkit::{
@@ -38,12 +38,18 @@ fn main() -> TestResult {
         }
         Some("redis") => serve(RedisServer::start()?.url()),
         Some("redis-cluster") => serve(RedisCluster::start()?.url()),
-        Some("redlock") => serve(RedisSet::start(DEFAULT_NODES)?.url()),
+        Some("redlock") => {
+            let nodes = match std::env::args().nth(2) {
+                Some(n) => n.parse().map_err(|_| format!("{n:?} is not a node count"))?,
+                None => DEFAULT_NODES,
+            };
+            serve(RedisSet::start(nodes)?.url())
+        }
         Some("etcd") => serve(EtcdCluster::start()?.url()),
         Some("zookeeper") => serve(ZkServer::start()?.url()),
         _ => {
             return Err(
-                "usage: bench_server postgres|mariadb|redis|redis-cluster|redlock|etcd|zookeeper"
+                "usage: bench_server postgres|mariadb|redis|redis-cluster|redlock [NODES]|etcd|zookeeper"
                     .into(),
             )
         }

@@ -126,6 +126,28 @@ pub struct BenchArgs {
     /// scripts or RPCs on a raw connection) and print fencelock/limit.
     #[arg(long)]
     pub baseline: bool,
+
+    /// cycle on a `redlock://` URL: also measure, in the same rounds, with
+    /// this many of its nodes (the last ones) dead, and print the cycle's
+    /// p50 beside the all-alive one. Those nodes are reached through fault
+    /// proxies that die after connecting (see --dead-mode).
+    #[arg(long, default_value_t = 0)]
+    pub dead_nodes: usize,
+
+    /// How the --dead-nodes die: `killed` resets their connections and
+    /// refuses new ones (a server killed -9), `silent` swallows every byte
+    /// (a paused server, or one cut off by the network).
+    #[arg(long, value_enum, default_value = "killed")]
+    pub dead_mode: DeadMode,
+}
+
+/// How `--dead-nodes` die.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeadMode {
+    /// Connections reset, new ones refused.
+    Killed,
+    /// Nothing answers.
+    Silent,
 }
 
 /// The settled options of one run.
@@ -141,6 +163,8 @@ struct Setup {
     baseline: bool,
     rounds: u32,
     permits: u32,
+    dead_nodes: usize,
+    dead_mode: DeadMode,
     /// Prefix of every key this run uses, so runs never meet.
     run: String,
 }
@@ -163,6 +187,8 @@ impl Setup {
             baseline: args.baseline,
             rounds: args.rounds,
             permits: args.permits.unwrap_or(4),
+            dead_nodes: args.dead_nodes,
+            dead_mode: args.dead_mode,
             run: format!(
                 "fencelock-bench:{}-{}",
                 std::process::id(),
@@ -188,6 +214,22 @@ impl Setup {
         }
         if args.permits.is_some() && setup.scenario != Scenario::Semaphore {
             return bad("--permits applies to the semaphore scenario only".into());
+        }
+        if setup.dead_nodes > 0 {
+            if setup.scenario != Scenario::Cycle || !setup.url.starts_with("redlock://") {
+                return bad(
+                    "--dead-nodes applies to the cycle scenario on a redlock:// URL".into(),
+                );
+            }
+            let nodes = fencelock_testkit::proxy::endpoints(&setup.url)
+                .map_err(|e| Error::InvalidArgument(format!("--dead-nodes: {e}")))?
+                .len();
+            if setup.dead_nodes > nodes - (nodes / 2 + 1) {
+                return bad(format!(
+                    "--dead-nodes {} of {nodes} leaves no majority alive",
+                    setup.dead_nodes
+                ));
+            }
         }
         if !(1..=fencelock::MAX_PERMITS).contains(&setup.permits) {
             return bad(format!(

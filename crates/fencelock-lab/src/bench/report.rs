@@ -31,6 +31,36 @@ pub struct Report {
     pub permits: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<Failover>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead: Option<Dead>,
+}
+
+/// The same operation with some nodes dead (`--dead-nodes`), measured in
+/// the same rounds as the all-alive figures.
+#[derive(Debug, Serialize)]
+pub struct Dead {
+    /// How many nodes were dead, and how they died (`killed`, `silent`).
+    pub nodes: usize,
+    pub mode: &'static str,
+    pub figures: Figures,
+    /// p50 with the nodes dead ÷ p50 with every node alive (1 = a dead
+    /// node costs nothing).
+    pub p50_ratio: f64,
+    /// ops/s with the nodes dead ÷ ops/s with every node alive.
+    pub ops_ratio: f64,
+}
+
+impl Dead {
+    pub fn new(nodes: usize, mode: &'static str, alive: &Figures, figures: Figures) -> Self {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        Self {
+            nodes,
+            mode,
+            p50_ratio: ratio(figures.latency_ms.p50, alive.latency_ms.p50),
+            ops_ratio: ratio(figures.ops_per_sec, alive.ops_per_sec),
+            figures,
+        }
+    }
 }
 
 /// The engine's own limit, measured in the same run.
@@ -150,6 +180,13 @@ impl Report {
                 "ratio", b.ops_ratio, b.p50_ratio, b.raw
             ));
         }
+        if let Some(d) = &self.dead {
+            lines.push(figures_line(&format!("{} {}", d.nodes, d.mode), &d.figures));
+            lines.push(format!(
+                "{:<10} {:>10.2} x ops/s with every node alive, p50 {:.2} x",
+                "dead ratio", d.ops_ratio, d.p50_ratio
+            ));
+        }
         if let Some(r) = &self.renewals {
             lines.push(format!(
                 "renewals   {} renewed, {} failed, {} lock(s) lost, {} still held at the end",
@@ -183,7 +220,9 @@ impl Report {
                 f.after_expiry_ms.p99
             ));
         }
-        for f in std::iter::once(&self.fencelock).chain(self.baseline.as_ref().map(|b| &b.figures))
+        for f in std::iter::once(&self.fencelock)
+            .chain(self.baseline.as_ref().map(|b| &b.figures))
+            .chain(self.dead.as_ref().map(|d| &d.figures))
         {
             if let Some(e) = &f.first_error {
                 lines.push(format!("first error: {e}"));

@@ -7,15 +7,16 @@ use std::{
 };
 
 use fencelock::{redact_url, Backend, Error, LockClient, LockGuard, Result};
+use fencelock_testkit::proxy::{endpoints, with_endpoints, FaultProxy};
 use tokio::time::{sleep_until, Instant};
 
 use super::{
     driver::{drive, Figures, Keys, LibraryCycle, Op, PermitCycle, RawCycleOp, Tally},
     process,
     recorder::{self, Count},
-    report::{Baseline, Hold, Renewals, Report},
+    report::{Baseline, Dead, Hold, Renewals, Report},
     stats::Latencies,
-    Scenario, Setup,
+    DeadMode, Scenario, Setup,
 };
 
 /// How long a hand-off waiter may wait before the round counts as failed.
@@ -56,6 +57,7 @@ pub(super) fn report(
         hold: None,
         permits: None,
         failover: None,
+        dead: None,
     }
 }
 
@@ -104,9 +106,13 @@ async fn library_beside_raw<F>(
 where
     F: Fn(usize, LockClient) -> Box<dyn Op>,
 {
-    let rounds = if setup.baseline { setup.rounds } else { 1 };
+    let rounds = if setup.baseline || setup.dead_nodes > 0 {
+        setup.rounds
+    } else {
+        1
+    };
     let slice = setup.duration / rounds;
-    let (mut library, mut raw) = (Tally::default(), Tally::default());
+    let (mut library, mut raw, mut dead) = (Tally::default(), Tally::default(), Tally::default());
     let (mut name, mut describe) = ("", String::new());
     for _ in 0..rounds {
         let backend = fencelock::open_backend(&setup.url).await?;
@@ -126,12 +132,63 @@ where
             describe = format!("{what}{raw_note}");
             raw.add(tally);
         }
+        if setup.dead_nodes > 0 {
+            // Connected while alive, as an application is when a node dies;
+            // the warm-up then takes the first operations after the death.
+            let (url, proxies) = behind_proxies(setup).await?;
+            let backend = fencelock::open_backend(&url).await?;
+            let ops = clients(&backend, setup.clients)?
+                .into_iter()
+                .enumerate()
+                .map(|(c, client)| op_of(c, client))
+                .collect();
+            drop(backend);
+            for proxy in &proxies {
+                let node = proxy.controls();
+                match setup.dead_mode {
+                    DeadMode::Killed => {
+                        node.set_refuse(true);
+                        node.reset_all();
+                    }
+                    DeadMode::Silent => node.partition(),
+                }
+            }
+            dead.add(drive(ops, setup.warmup, slice).await);
+        }
     }
     let mut report = report(setup, name, op, library.figures());
     if setup.baseline {
         report.baseline = Some(Baseline::new(describe, &report.fencelock, raw.figures()));
     }
+    if setup.dead_nodes > 0 {
+        let mode = match setup.dead_mode {
+            DeadMode::Killed => "killed",
+            DeadMode::Silent => "silent",
+        };
+        report.dead = Some(Dead::new(
+            setup.dead_nodes,
+            mode,
+            &report.fencelock,
+            dead.figures(),
+        ));
+    }
     Ok(report)
+}
+
+/// The run's URL with its last `--dead-nodes` endpoints reached through
+/// fault proxies, and those proxies.
+async fn behind_proxies(setup: &Setup) -> Result<(String, Vec<FaultProxy>)> {
+    let failed = |e: &dyn std::fmt::Display| Error::InvalidArgument(format!("--dead-nodes: {e}"));
+    let mut nodes = endpoints(&setup.url).map_err(|e| failed(&e))?;
+    let first = nodes.len().saturating_sub(setup.dead_nodes);
+    let mut proxies = Vec::with_capacity(setup.dead_nodes);
+    for node in &mut nodes[first..] {
+        let proxy = FaultProxy::start(*node).await.map_err(|e| failed(&e))?;
+        *node = proxy.addr();
+        proxies.push(proxy);
+    }
+    let url = with_endpoints(&setup.url, &nodes).map_err(|e| failed(&e))?;
+    Ok((url, proxies))
 }
 
 /// `cycle` and `contended`.

@@ -166,6 +166,9 @@ pub enum Step<M, A> {
     Tick,
     /// The message arrives now (any message in flight: reordering).
     Deliver(M),
+    /// The request arrives now and takes effect, but its answer is lost
+    /// (models whose answers travel with the request's step).
+    LoseAnswer(M),
     /// An actor's own step.
     Act(A),
 }
@@ -181,11 +184,27 @@ pub fn world_steps<M: Ord + Clone, A>(
     net: &Net<M>,
     steps: &mut Vec<Step<M, A>>,
 ) {
+    world_steps_answering(now, horizon, net, |_| false, steps);
+}
+
+/// As [`world_steps`], for a model whose answers arrive in the step that
+/// delivers the request (`answered` tells which messages have one): a
+/// request may also take effect with its answer lost.
+pub fn world_steps_answering<M: Ord + Clone, A>(
+    now: Tick,
+    horizon: Tick,
+    net: &Net<M>,
+    answered: fn(&M) -> bool,
+    steps: &mut Vec<Step<M, A>>,
+) {
     if now < horizon {
         steps.push(Step::Tick);
     }
     for m in net.distinct() {
         steps.push(Step::Deliver(m.clone()));
+        if answered(m) {
+            steps.push(Step::LoseAnswer(m.clone()));
+        }
     }
 }
 
@@ -243,9 +262,8 @@ impl Outcome {
     }
 }
 
-/// Runs `model` to completion (breadth first, on `threads` threads; a
-/// broken twin stops at its first counterexample) and collects what the
-/// checker found.
+/// Runs `model` to completion (on `threads` threads; a broken twin stops
+/// at its first counterexample) and collects what the checker found.
 pub fn run<M>(model: M, threads: usize, stop_at_failure: bool) -> Outcome
 where
     M: stateright::Model + Send + Sync + 'static,
@@ -257,7 +275,22 @@ where
     if stop_at_failure {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
-    let checker = builder.spawn_bfs().join();
+    // A broken twin's counterexample lies deep (two acquisitions and a
+    // fault): depth first reaches it long before breadth first would.
+    if stop_at_failure {
+        collect(builder.spawn_dfs().join())
+    } else {
+        collect(builder.spawn_bfs().join())
+    }
+}
+
+fn collect<M, C>(checker: C) -> Outcome
+where
+    M: stateright::Model,
+    M::State: Clone + Debug + PartialEq,
+    M::Action: Clone + Debug + PartialEq,
+    C: stateright::Checker<M>,
+{
     let mut discoveries: Vec<(&'static str, String)> = checker
         .discoveries()
         .into_iter()

@@ -255,7 +255,7 @@ impl Model for Election {
                     }
                 }
             }
-            Step::Deliver(m) => {
+            Step::Deliver(m) | Step::LoseAnswer(m) => {
                 s.net.take(&m);
                 self.deliver(&mut s, m);
             }

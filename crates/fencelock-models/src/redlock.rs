@@ -13,7 +13,7 @@
 use stateright::{Model, Property};
 
 use crate::common::{
-    majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+    majority, rate_assignments, world_steps_answering, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
 };
 
 /// A node's clock read as a token: TIME in µs, here `now × TIME_SCALE`,
@@ -44,6 +44,9 @@ pub struct Config {
     pub return_at_majority: bool,
     /// Do not ask, on the next acquisition, a node that timed out.
     pub skip_timed_out: bool,
+    /// Every node's clock runs fast (the adversarial rate: leases and
+    /// quarantines end earliest), instead of every mix of fast and slow.
+    pub fast_clocks_only: bool,
 }
 
 impl Config {
@@ -60,6 +63,7 @@ impl Config {
             quarantine: true,
             return_at_majority: false,
             skip_timed_out: false,
+            fast_clocks_only: true,
         }
     }
 }
@@ -180,7 +184,11 @@ pub enum Phase {
         arbiter: bool,
     },
     /// Granted; trusted while `now < trust_end`.
-    Holding { t: Token, trust_end: Tick },
+    Holding {
+        t: Token,
+        trust_end: Tick,
+        asks: Vec<Ask>,
+    },
 }
 
 /// A client.
@@ -247,7 +255,8 @@ impl Redlock {
         rate.stretch(now, t.ttl + t.drift, t.drift)
     }
 
-    fn node_receives(&self, s: &mut State, msg: Msg) {
+    /// A node takes a request; its answer, if any.
+    fn node_receives(&self, s: &mut State, msg: Msg) -> Option<Msg> {
         let now = s.now;
         let time = Token::from(now) * TIME_SCALE;
         match msg {
@@ -263,14 +272,14 @@ impl Redlock {
                     top,
                     hwm: node.hwm,
                 };
-                s.net.send(Msg::Probed { c, a, n, ans });
+                Some(Msg::Probed { c, a, n, ans })
             }
             Msg::Mark { n, floor, rule } => {
                 let q_end = self.quarantine_end(now, s.nodes[usize::from(n)].rate);
                 let q_time = Token::from(q_end) * TIME_SCALE;
                 let node = &mut s.nodes[usize::from(n)];
                 if node.formed {
-                    return;
+                    return None;
                 }
                 node.formed = true;
                 let (floor, hwm, votes_from) = match rule {
@@ -281,6 +290,7 @@ impl Redlock {
                 node.floor = floor;
                 node.hwm = hwm;
                 node.votes_from = votes_from;
+                None
             }
             Msg::Grant { c, a, n, t } => {
                 let end = self.0.timing.lease_end(now, s.nodes[usize::from(n)].rate);
@@ -298,15 +308,16 @@ impl Redlock {
                     node.counter = t;
                     node.hwm = node.hwm.max(t);
                 }
-                s.net.send(Msg::Granted { c, a, n, t, ok });
+                Some(Msg::Granted { c, a, n, t, ok })
             }
             Msg::Release { c, n, t } => {
                 let node = &mut s.nodes[usize::from(n)];
                 if node.lease.is_some_and(|l| l.owner == c && l.token == t) {
                     node.lease = None;
                 }
+                None
             }
-            Msg::Probed { .. } | Msg::Granted { .. } => {}
+            Msg::Probed { .. } | Msg::Granted { .. } => None,
         }
     }
 
@@ -505,7 +516,15 @@ impl Redlock {
         if yes >= maj && self.0.timing.still_valid(cl.started, s.now) {
             let trust_end = self.0.timing.trust_end(cl.started);
             let seen = cl.seen;
-            s.clients[usize::from(c)].phase = Phase::Holding { t, trust_end };
+            let asks = match &cl.phase {
+                Phase::Granting { asks, .. } => asks.clone(),
+                _ => Vec::new(),
+            };
+            s.clients[usize::from(c)].phase = Phase::Holding {
+                t,
+                trust_end,
+                asks,
+            };
             s.ledger.complete(seen, t);
             if s.restarts_left < self.0.restarts {
                 s.granted_after_restart = true;
@@ -556,6 +575,12 @@ impl Redlock {
     }
 }
 
+/// Requests whose lost answer differs from a lost request: a probe changes
+/// nothing on the node, so losing its answer is losing it.
+fn has_answer(m: &Msg) -> bool {
+    matches!(m, Msg::Grant { .. })
+}
+
 fn mark_timed_out(asks: &mut [Ask], late: &mut u8) {
     for (i, ask) in asks.iter_mut().enumerate() {
         if *ask == Ask::Pending {
@@ -588,6 +613,7 @@ impl Model for Redlock {
     fn init_states(&self) -> Vec<State> {
         rate_assignments(self.0.nodes)
             .into_iter()
+            .filter(|rates| !self.0.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
             .map(|rates| State {
                 now: 0,
                 nodes: rates.into_iter().map(Node::formed).collect(),
@@ -612,7 +638,7 @@ impl Model for Redlock {
     }
 
     fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
-        world_steps(s.now, self.0.horizon, &s.net, steps);
+        world_steps_answering(s.now, self.0.horizon, &s.net, has_answer, steps);
         for (i, c) in s.clients.iter().enumerate() {
             let c_id = i as Id;
             match c.phase {
@@ -643,18 +669,25 @@ impl Model for Redlock {
             }
             Step::Deliver(m) => {
                 s.net.take(&m);
-                match m {
-                    Msg::Probed { .. } | Msg::Granted { .. } => self.client_receives(&mut s, m),
-                    _ => self.node_receives(&mut s, m),
+                if let Some(answer) = self.node_receives(&mut s, m) {
+                    self.client_receives(&mut s, answer);
                 }
+            }
+            Step::LoseAnswer(m) => {
+                s.net.take(&m);
+                self.node_receives(&mut s, m);
             }
             Step::Act(Act::Start(c)) => self.start(&mut s, c),
             Step::Act(Act::Timeout(c)) => self.timeout(&mut s, c),
             Step::Act(Act::Release(c)) => {
                 let cl = &mut s.clients[usize::from(c)];
-                if let Phase::Holding { t, .. } = cl.phase {
-                    for n in 0..self.0.nodes {
-                        s.net.send(Msg::Release { c, n: n as Id, t });
+                if let Phase::Holding { t, ref asks, .. } = cl.phase {
+                    // Every node that may hold the lease: a release on
+                    // the others finds nothing.
+                    for (n, ask) in asks.iter().enumerate() {
+                        if !matches!(ask, Ask::No | Ask::Refused) {
+                            s.net.send(Msg::Release { c, n: n as Id, t });
+                        }
                     }
                 }
                 cl.phase = Phase::Idle;

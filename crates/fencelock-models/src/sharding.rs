@@ -290,7 +290,7 @@ impl Model for Resharding {
                     shard.expire(s.now);
                 }
             }
-            Step::Deliver(m) => {
+            Step::Deliver(m) | Step::LoseAnswer(m) => {
                 s.net.take(&m);
                 let now = s.now;
                 match m {

@@ -19,10 +19,7 @@ fn main() {
         eprintln!("usage: check MODEL small|deep [THREADS]");
         std::process::exit(2);
     };
-    let threads = args
-        .get(2)
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(2);
+    let threads = args.get(2).and_then(|t| t.parse().ok()).unwrap_or(2);
     let deep = match bound.as_str() {
         "small" => false,
         "deep" => true,

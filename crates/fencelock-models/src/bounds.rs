@@ -22,8 +22,8 @@ pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
                 c.skip_timed_out = true;
             }
             if deep {
-                c.attempts = 2;
-                c.horizon = 7;
+                c.horizon = 2;
+                c.probe_losses = true;
             }
             c.quarantine = !broken;
             run(Redlock(c), threads, broken)
@@ -31,9 +31,9 @@ pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
         "election" => {
             let mut c = election::Config::small();
             if deep {
-                c.candidates = 3;
-                c.requests = 4;
-                c.horizon = 8;
+                c.requests = 3;
+                c.crashes = 1;
+                c.horizon = 6;
             }
             c.timing.conservative = !broken;
             run(Election(c), threads, broken)
@@ -41,8 +41,8 @@ pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
         "sharding" => {
             let mut c = sharding::Config::small();
             if deep {
-                c.attempts = 3;
-                c.horizon = 5;
+                c.attempts = 2;
+                c.horizon = 4;
             }
             if broken {
                 // `handover` skipped: clients on `join` and the new map.

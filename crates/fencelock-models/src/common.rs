@@ -166,9 +166,7 @@ pub enum Step<M, A> {
     Tick,
     /// The message arrives now (any message in flight: reordering).
     Deliver(M),
-    /// The request arrives now and takes effect, but its answer is lost
-    /// (models whose answers travel with the request's step).
-    LoseAnswer(M),
+
     /// An actor's own step.
     Act(A),
 }
@@ -184,27 +182,11 @@ pub fn world_steps<M: Ord + Clone, A>(
     net: &Net<M>,
     steps: &mut Vec<Step<M, A>>,
 ) {
-    world_steps_answering(now, horizon, net, |_| false, steps);
-}
-
-/// As [`world_steps`], for a model whose answers arrive in the step that
-/// delivers the request (`answered` tells which messages have one): a
-/// request may also take effect with its answer lost.
-pub fn world_steps_answering<M: Ord + Clone, A>(
-    now: Tick,
-    horizon: Tick,
-    net: &Net<M>,
-    answered: fn(&M) -> bool,
-    steps: &mut Vec<Step<M, A>>,
-) {
     if now < horizon {
         steps.push(Step::Tick);
     }
     for m in net.distinct() {
         steps.push(Step::Deliver(m.clone()));
-        if answered(m) {
-            steps.push(Step::LoseAnswer(m.clone()));
-        }
     }
 }
 
@@ -381,7 +363,10 @@ impl Store {
 
     /// Ends the lease if `owner` holds it with `token`.
     pub fn release(&mut self, owner: Id, token: Token) {
-        if self.lease.is_some_and(|l| l.owner == owner && l.token == token) {
+        if self
+            .lease
+            .is_some_and(|l| l.owner == owner && l.token == token)
+        {
             self.lease = None;
         }
     }

@@ -37,7 +37,7 @@ impl Config {
             candidates: 2,
             requests: 2,
             crashes: 0,
-            horizon: 5,
+            horizon: 4,
             timing: Timing::new(),
         }
     }
@@ -144,7 +144,8 @@ impl Election {
                     .map(|(_, sent)| sent)
                     .zip(term)
                 else {
-                    let current = cand.life == life && cand.leads.is_some_and(|(t, _)| Some(t) == term);
+                    let current =
+                        cand.life == life && cand.leads.is_some_and(|(t, _)| Some(t) == term);
                     if let (Some(term), false) = (term, current) {
                         // A grant nobody waits for any more: given back.
                         s.net.send(Msg::Resign { o, term });
@@ -255,7 +256,7 @@ impl Model for Election {
                     }
                 }
             }
-            Step::Deliver(m) | Step::LoseAnswer(m) => {
+            Step::Deliver(m) => {
                 s.net.take(&m);
                 self.deliver(&mut s, m);
             }

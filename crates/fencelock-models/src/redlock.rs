@@ -13,7 +13,7 @@
 use stateright::{Model, Property};
 
 use crate::common::{
-    majority, rate_assignments, world_steps_answering, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+    majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
 };
 
 /// A node's clock read as a token: TIME in µs, here `now × TIME_SCALE`,
@@ -44,26 +44,32 @@ pub struct Config {
     pub return_at_majority: bool,
     /// Do not ask, on the next acquisition, a node that timed out.
     pub skip_timed_out: bool,
+    /// A probe's answer may be lost (else every node answers the probe,
+    /// and only grants are lost).
+    pub probe_losses: bool,
     /// Every node's clock runs fast (the adversarial rate: leases and
     /// quarantines end earliest), instead of every mix of fast and slow.
     pub fast_clocks_only: bool,
 }
 
 impl Config {
-    /// The bound `cargo test` checks: 3 nodes, 2 clients with one
-    /// acquisition each, one restart, 5 ticks.
+    /// The bound `cargo test` checks: 3 nodes (clocks fast), 2 clients
+    /// with one acquisition each, one restart, no tick (no lease ends:
+    /// the interleavings of two acquisitions and a restart), probes
+    /// answered.
     pub fn small() -> Self {
         Self {
             nodes: 3,
             clients: 2,
             attempts: 1,
             restarts: 1,
-            horizon: 2,
+            horizon: 0,
             timing: Timing::new(),
             quarantine: true,
             return_at_majority: false,
             skip_timed_out: false,
             fast_clocks_only: true,
+            probe_losses: false,
         }
     }
 }
@@ -137,16 +143,18 @@ pub enum Form {
 #[allow(missing_docs)] // c: client, n: node, t: token, as everywhere here
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg {
-    /// Probe round request.
-    Probe { c: Id, a: u8, n: Id },
-    /// Probe round answer.
-    Probed { c: Id, a: u8, n: Id, ans: Answer },
     /// Writes the marker on an unformed node.
     Mark { n: Id, floor: Token, rule: Form },
     /// Grant request for token `t`.
     Grant { c: Id, a: u8, n: Id, t: Token },
     /// Grant answer.
-    Granted { c: Id, a: u8, n: Id, t: Token, ok: bool },
+    Granted {
+        c: Id,
+        a: u8,
+        n: Id,
+        t: Token,
+        ok: bool,
+    },
     /// Release of the lease (owner `c`, token `t`).
     Release { c: Id, n: Id, t: Token },
 }
@@ -172,11 +180,6 @@ pub enum Ask {
 pub enum Phase {
     /// Not acquiring.
     Idle,
-    /// Probe round.
-    Probing {
-        asks: Vec<Ask>,
-        answers: Vec<Option<Answer>>,
-    },
     /// Grant round; `arbiter` once some node granted first.
     Granting {
         t: Token,
@@ -222,8 +225,9 @@ pub struct State {
 /// Steps of the clients and nodes themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Act {
-    /// Client `c` starts an acquisition.
-    Start(Id),
+    /// Client `c` starts an acquisition; the nodes of the mask answer its
+    /// probe.
+    Start(Id, u8),
     /// Client `c` gives up on the nodes it waits for.
     Timeout(Id),
     /// Client `c` releases what it holds.
@@ -260,20 +264,6 @@ impl Redlock {
         let now = s.now;
         let time = Token::from(now) * TIME_SCALE;
         match msg {
-            Msg::Probe { c, a, n } => {
-                let node = &s.nodes[usize::from(n)];
-                let top = if node.formed {
-                    node.counter.max(node.floor).max(time)
-                } else {
-                    time
-                };
-                let ans = Answer {
-                    formed: node.formed,
-                    top,
-                    hwm: node.hwm,
-                };
-                Some(Msg::Probed { c, a, n, ans })
-            }
             Msg::Mark { n, floor, rule } => {
                 let q_end = self.quarantine_end(now, s.nodes[usize::from(n)].rate);
                 let q_time = Token::from(q_end) * TIME_SCALE;
@@ -317,25 +307,12 @@ impl Redlock {
                 }
                 None
             }
-            Msg::Probed { .. } | Msg::Granted { .. } => None,
+            Msg::Granted { .. } => None,
         }
     }
 
     fn client_receives(&self, s: &mut State, msg: Msg) {
         match msg {
-            Msg::Probed { c, a, n, ans } => {
-                let cl = &mut s.clients[usize::from(c)];
-                if cl.attempt != a {
-                    return;
-                }
-                if let Phase::Probing { asks, answers } = &mut cl.phase {
-                    if asks[usize::from(n)] == Ask::Pending {
-                        asks[usize::from(n)] = Ask::Yes;
-                        answers[usize::from(n)] = Some(ans);
-                        self.probe_progress(s, c);
-                    }
-                }
-            }
             Msg::Granted { c, a, n, t, ok } => {
                 let cl = &mut s.clients[usize::from(c)];
                 let current = cl.attempt == a;
@@ -363,47 +340,49 @@ impl Redlock {
         }
     }
 
-    fn start(&self, s: &mut State, c: Id) {
+    /// What node `n` answers to a probe.
+    fn probe(&self, s: &State, n: usize) -> Answer {
+        let node = &s.nodes[n];
+        let time = Token::from(s.now) * TIME_SCALE;
+        Answer {
+            formed: node.formed,
+            top: if node.formed {
+                node.counter.max(node.floor).max(time)
+            } else {
+                time
+            },
+            hwm: node.hwm,
+        }
+    }
+
+    /// Starts an acquisition with its probe round, answered by the nodes
+    /// of `answering` (the others time out).
+    fn start(&self, s: &mut State, c: Id, answering: u8) {
         let n = self.0.nodes;
         let now = s.now;
         let seen = s.ledger.highest;
+        let answers: Vec<Option<Answer>> = (0..n)
+            .map(|i| (answering & bit(i) != 0).then(|| self.probe(s, i)))
+            .collect();
         let cl = &mut s.clients[usize::from(c)];
         cl.attempts_left -= 1;
         cl.attempt += 1;
         cl.started = now;
         cl.seen = seen;
-        cl.skip = if self.0.skip_timed_out { cl.timed_out } else { 0 };
-        cl.timed_out = 0;
-        let mut asks = vec![Ask::No; n];
-        for (i, ask) in asks.iter_mut().enumerate() {
-            if cl.skip & bit(i) == 0 {
-                *ask = Ask::Pending;
-                s.net.send(Msg::Probe {
-                    c,
-                    a: cl.attempt,
-                    n: i as Id,
-                });
-            }
-        }
-        cl.phase = Phase::Probing {
-            asks,
-            answers: vec![None; n],
+        cl.skip = if self.0.skip_timed_out {
+            cl.timed_out
+        } else {
+            0
         };
-        self.probe_progress(s, c);
+        cl.timed_out = (0..n)
+            .filter(|&i| answers[i].is_none() && cl.skip & bit(i) == 0)
+            .fold(0, |m, i| m | bit(i));
+        self.probed(s, c, &answers);
     }
 
-    /// Decides the probe round once it can.
-    fn probe_progress(&self, s: &mut State, c: Id) {
-        let cl = &s.clients[usize::from(c)];
-        let Phase::Probing { asks, answers } = &cl.phase else {
-            return;
-        };
+    /// Decides on the probe round's answers.
+    fn probed(&self, s: &mut State, c: Id, answers: &[Option<Answer>]) {
         let formed: Vec<&Answer> = answers.iter().flatten().filter(|a| a.formed).collect();
-        let pending = asks.iter().any(|a| *a == Ask::Pending);
-        let early = self.0.return_at_majority && formed.len() >= self.maj();
-        if pending && !early {
-            return;
-        }
         let answered = answers.iter().flatten().count();
         let unformed: Vec<Id> = (0..self.0.nodes)
             .filter(|&i| answers[i].is_some_and(|a| !a.formed))
@@ -520,11 +499,7 @@ impl Redlock {
                 Phase::Granting { asks, .. } => asks.clone(),
                 _ => Vec::new(),
             };
-            s.clients[usize::from(c)].phase = Phase::Holding {
-                t,
-                trust_end,
-                asks,
-            };
+            s.clients[usize::from(c)].phase = Phase::Holding { t, trust_end, asks };
             s.ledger.complete(seen, t);
             if s.restarts_left < self.0.restarts {
                 s.granted_after_restart = true;
@@ -555,30 +530,13 @@ impl Redlock {
     fn timeout(&self, s: &mut State, c: Id) {
         let cl = &mut s.clients[usize::from(c)];
         let mut late = 0;
-        let granting = match &mut cl.phase {
-            Phase::Probing { asks, .. } => {
-                mark_timed_out(asks, &mut late);
-                false
-            }
-            Phase::Granting { asks, .. } => {
-                mark_timed_out(asks, &mut late);
-                true
-            }
-            _ => return,
+        let Phase::Granting { asks, .. } = &mut cl.phase else {
+            return;
         };
+        mark_timed_out(asks, &mut late);
         cl.timed_out |= late;
-        if granting {
-            self.grant_progress(s, c, None);
-        } else {
-            self.probe_progress(s, c);
-        }
+        self.grant_progress(s, c, None);
     }
-}
-
-/// Requests whose lost answer differs from a lost request: a probe changes
-/// nothing on the node, so losing its answer is losing it.
-fn has_answer(m: &Msg) -> bool {
-    matches!(m, Msg::Grant { .. })
 }
 
 fn mark_timed_out(asks: &mut [Ask], late: &mut u8) {
@@ -592,9 +550,7 @@ fn mark_timed_out(asks: &mut [Ask], late: &mut u8) {
 
 fn waiting(phase: &Phase) -> bool {
     match phase {
-        Phase::Probing { asks, .. } | Phase::Granting { asks, .. } => {
-            asks.contains(&Ask::Pending)
-        }
+        Phase::Granting { asks, .. } => asks.contains(&Ask::Pending),
         _ => false,
     }
 }
@@ -638,11 +594,27 @@ impl Model for Redlock {
     }
 
     fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
-        world_steps_answering(s.now, self.0.horizon, &s.net, has_answer, steps);
+        world_steps(s.now, self.0.horizon, &s.net, steps);
         for (i, c) in s.clients.iter().enumerate() {
             let c_id = i as Id;
             match c.phase {
-                Phase::Idle if c.attempts_left > 0 => steps.push(Step::Act(Act::Start(c_id))),
+                Phase::Idle if c.attempts_left > 0 => {
+                    // The probe round is one step: each node answers from
+                    // its state now, or its answer is lost.
+                    let skip = if self.0.skip_timed_out {
+                        c.timed_out
+                    } else {
+                        0
+                    };
+                    let all = (1u8 << self.0.nodes) - 1;
+                    for answering in 0..=all {
+                        if answering & skip == 0
+                            && (self.0.probe_losses || answering == all & !skip)
+                        {
+                            steps.push(Step::Act(Act::Start(c_id, answering)));
+                        }
+                    }
+                }
                 Phase::Holding { .. } => steps.push(Step::Act(Act::Release(c_id))),
                 ref p if waiting(p) => steps.push(Step::Act(Act::Timeout(c_id))),
                 _ => {}
@@ -673,11 +645,7 @@ impl Model for Redlock {
                     self.client_receives(&mut s, answer);
                 }
             }
-            Step::LoseAnswer(m) => {
-                s.net.take(&m);
-                self.node_receives(&mut s, m);
-            }
-            Step::Act(Act::Start(c)) => self.start(&mut s, c),
+            Step::Act(Act::Start(c, answering)) => self.start(&mut s, c, answering),
             Step::Act(Act::Timeout(c)) => self.timeout(&mut s, c),
             Step::Act(Act::Release(c)) => {
                 let cl = &mut s.clients[usize::from(c)];
@@ -707,7 +675,9 @@ impl Model for Redlock {
             Property::always("exclusion", |_, s: &State| trusting(s) <= 1),
             Property::always("tokens increase", |_, s: &State| !s.ledger.regressed),
             Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
-            Property::sometimes("a grant after a restart", |_, s: &State| s.granted_after_restart),
+            Property::sometimes("a grant after a restart", |_, s: &State| {
+                s.granted_after_restart
+            }),
         ]
     }
 }

@@ -38,7 +38,7 @@ impl Config {
     pub fn small() -> Self {
         Self {
             clients: 2,
-            attempts: 2,
+            attempts: 1,
             horizon: 3,
             timing: Timing::new(),
             steps: vec![1, 2, 3, 4],
@@ -62,9 +62,23 @@ fn plan(step: u8) -> &'static [usize] {
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg {
-    Acquire { c: Id, r: u8, shard: u8, floor: Token },
-    Acquired { c: Id, r: u8, shard: u8, token: Option<Token> },
-    Release { c: Id, shard: u8, token: Token },
+    Acquire {
+        c: Id,
+        r: u8,
+        shard: u8,
+        floor: Token,
+    },
+    Acquired {
+        c: Id,
+        r: u8,
+        shard: u8,
+        token: Option<Token>,
+    },
+    Release {
+        c: Id,
+        shard: u8,
+        token: Token,
+    },
 }
 
 /// A client's acquisition.
@@ -290,7 +304,7 @@ impl Model for Resharding {
                     shard.expire(s.now);
                 }
             }
-            Step::Deliver(m) | Step::LoseAnswer(m) => {
+            Step::Deliver(m) => {
                 s.net.take(&m);
                 let now = s.now;
                 match m {

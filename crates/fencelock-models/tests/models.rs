@@ -37,8 +37,14 @@ fn holds(model: &str, always: &[&str], sometimes: &[&str]) {
 fn breaks(model: &str, property: &str) {
     let outcome = check(model);
     let path = outcome.discovery(property);
-    assert!(path.is_some(), "{model}: no counterexample to \"{property}\"");
-    eprintln!("{model}: \"{property}\" broken by\n{}", path.unwrap_or_default());
+    assert!(
+        path.is_some(),
+        "{model}: no counterexample to \"{property}\""
+    );
+    eprintln!(
+        "{model}: \"{property}\" broken by\n{}",
+        path.unwrap_or_default()
+    );
 }
 
 #[test]

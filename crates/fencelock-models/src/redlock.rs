@@ -312,31 +312,29 @@ impl Redlock {
     }
 
     fn client_receives(&self, s: &mut State, msg: Msg) {
-        match msg {
-            Msg::Granted { c, a, n, t, ok } => {
-                let cl = &mut s.clients[usize::from(c)];
-                let current = cl.attempt == a;
-                let mut handled = false;
-                if current {
-                    if let Phase::Granting { asks, .. } = &mut cl.phase {
-                        if asks[usize::from(n)] == Ask::Pending {
-                            asks[usize::from(n)] = if ok { Ask::Yes } else { Ask::Refused };
-                            handled = true;
-                        }
-                    }
-                }
-                if handled {
-                    self.grant_progress(s, c, Some((n, ok)));
-                } else if ok {
-                    // A late grant: part of the lease held with this token
-                    // (released with it), else given back.
-                    let holds = matches!(cl.phase, Phase::Holding { t: held, .. } if held == t);
-                    if !holds {
-                        s.net.send(Msg::Release { c, n, t });
-                    }
+        let Msg::Granted { c, a, n, t, ok } = msg else {
+            return;
+        };
+        let cl = &mut s.clients[usize::from(c)];
+        let current = cl.attempt == a;
+        let mut handled = false;
+        if current {
+            if let Phase::Granting { asks, .. } = &mut cl.phase {
+                if asks[usize::from(n)] == Ask::Pending {
+                    asks[usize::from(n)] = if ok { Ask::Yes } else { Ask::Refused };
+                    handled = true;
                 }
             }
-            _ => {}
+        }
+        if handled {
+            self.grant_progress(s, c, Some((n, ok)));
+        } else if ok {
+            // A late grant: part of the lease held with this token
+            // (released with it), else given back.
+            let holds = matches!(cl.phase, Phase::Holding { t: held, .. } if held == t);
+            if !holds {
+                s.net.send(Msg::Release { c, n, t });
+            }
         }
     }
 

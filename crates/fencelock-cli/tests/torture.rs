@@ -2,7 +2,9 @@
 //! harness starts from the binaries on PATH (a missing one fails the test):
 //! a short run with every fault that applies must end with zero violations
 //! and must actually have injected faults; the same on SQLite without the
-//! fence must lose updates.
+//! fence must lose updates. Those two SQLite runs also export their
+//! history to the outside checker (Porcupine), which must agree with ours
+//! and find the unfenced run's violations too.
 //!
 //! The seeds are chosen so that the first faults of each schedule include
 //! the kinds asserted below; a seed fixes the order of the faults, and each
@@ -30,7 +32,45 @@ const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 /// Runs `fencelock torture ARGS --report FILE`; the exit code and report.
 fn torture(args: &[&str]) -> (i32, Value) {
     let dir = tempfile::tempdir().unwrap();
-    let report = dir.path().join("report.json");
+    torture_in(dir.path(), args)
+}
+
+/// Runs `fencelock torture ARGS --history FILE` and has the outside
+/// checker (Porcupine, `crates/fencelock-lab/porcupine`, run with `go` from
+/// PATH; a missing Go fails the test) check that history: it must agree
+/// with our checker and, with `expect_violations`, find violations.
+fn torture_checked_outside(args: &[&str], expect_violations: bool) -> (i32, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.json");
+    let mut args = args.to_vec();
+    args.extend(["--history", history.to_str().unwrap()]);
+    let result = torture_in(dir.path(), &args);
+    let checker = concat!(env!("CARGO_MANIFEST_DIR"), "/../fencelock-lab/porcupine");
+    let out = Command::new("go")
+        .current_dir(checker)
+        .arg("run")
+        .arg(".")
+        .args(expect_violations.then_some("-expect-violations"))
+        .arg(&history)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run go (Go >= 1.21 on PATH runs the outside checker): {e}")
+        });
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("outside checker: {said}");
+    assert!(
+        out.status.success(),
+        "the outside checker disagrees: {said}"
+    );
+    result
+}
+
+fn torture_in(dir: &std::path::Path, args: &[&str]) -> (i32, Value) {
+    let report = dir.join("report.json");
     let out = Command::new(BIN)
         .env_remove("FENCELOCK_URL")
         .env_remove("RUST_LOG")
@@ -78,16 +118,19 @@ fn assert_survived(code: i32, report: &Value) {
 /// write must be refused, and is counted.
 #[test]
 fn sqlite_pauses() {
-    let (code, report) = torture(&[
-        "--server",
-        "sqlite",
-        "--duration",
-        "45s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "1",
-    ]);
+    let (code, report) = torture_checked_outside(
+        &[
+            "--server",
+            "sqlite",
+            "--duration",
+            "45s",
+            "--ttl",
+            "1s",
+            "--seed",
+            "1",
+        ],
+        false,
+    );
     assert_survived(code, &report);
     assert!(faults(&report, "pause") > 0);
     assert!(
@@ -104,19 +147,22 @@ fn sqlite_pauses() {
 /// hold several such pauses; one suffices.
 #[test]
 fn sqlite_unfenced_pauses_lose_updates() {
-    let (code, report) = torture(&[
-        "--server",
-        "sqlite",
-        "--unfenced",
-        "--faults",
-        "pause",
-        "--duration",
-        "30s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "1",
-    ]);
+    let (code, report) = torture_checked_outside(
+        &[
+            "--server",
+            "sqlite",
+            "--unfenced",
+            "--faults",
+            "pause",
+            "--duration",
+            "30s",
+            "--ttl",
+            "1s",
+            "--seed",
+            "1",
+        ],
+        true,
+    );
     assert!(faults(&report, "pause") > 0, "{report:#}");
     assert!(
         count(&report, &["results", "lost_updates", "count"]) > 0,

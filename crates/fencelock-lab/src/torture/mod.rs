@@ -10,11 +10,13 @@
 //! - `history`: the fenced store and its event table;
 //! - `nemesis`: the fault schedule and the faults;
 //! - `checker`: the verdict, a pure function over the history;
-//! - `report`: JSON and human output.
+//! - `report`: JSON and human output;
+//! - `export`: the history for an outside linearizability checker.
 //!
 //! See `docs/safety.md` for what the runs show per backend.
 
 mod checker;
+mod export;
 mod history;
 mod nemesis;
 mod report;
@@ -84,6 +86,12 @@ pub struct TortureArgs {
     /// Write the JSON report to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+
+    /// Write the history as operations on the fenced counters and grants
+    /// (JSON), for the outside checker of crates/fencelock-lab/porcupine
+    /// (not for --workload rwlock).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
 
     /// Skip the fence (plain read-modify-write): shows what the faults do
     /// without it.
@@ -352,6 +360,12 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         )));
     }
     fencelock::LockKey::new(args.key.as_str())?;
+    if args.history.is_some() && !export::supported(args.workload) {
+        return Err(Error::InvalidArgument(format!(
+            "--history: the outside checker has no model of --workload {}",
+            args.workload.name()
+        )));
+    }
     if args.workload == Workload::Semaphore && args.permits >= args.workers {
         return Err(Error::InvalidArgument(format!(
             "--permits {} leaves {} workers nothing to wait for: use fewer permits than --workers",
@@ -516,6 +530,17 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         permits: args.permits,
     };
     let results = checker::check(spec, &events, &counters);
+    if let Some(path) = &args.history {
+        let history = export::export(args.workload, args.unfenced, &events, &counters, &results);
+        let json = serde_json::to_string(&history)
+            .map_err(|e| harness_error(format!("cannot encode the history: {e}")))?;
+        std::fs::write(path, json + "\n").map_err(|e| {
+            harness_error(format!(
+                "cannot write the history to {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
     let report = Report::new(
         Config {
             backend: engine.to_owned(),

@@ -1,0 +1,5 @@
+module fencelock.dev/porcupine-check
+
+go 1.21
+
+require github.com/anishathalye/porcupine v1.3.1

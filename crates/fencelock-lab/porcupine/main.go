@@ -1,0 +1,266 @@
+// Command porcupine-check is the outside checker of `fencelock torture`
+// histories (`fencelock torture --history FILE`): it checks them for
+// linearizability with Porcupine against two sequential specifications
+// written here, independently of the torture checker (Rust, in
+// crates/fencelock-lab/src/torture/checker.rs), and fails when the two
+// disagree.
+//
+//   - The fenced register, per fenced counter: a fence floor and a value.
+//     An admit of token T succeeds iff T >= floor (the floor becomes T); a
+//     read returns the value; a write of read+1 under token T is admitted iff
+//     T >= floor and the value is still the one read (the floor becomes T,
+//     the value read+1), and refused iff T < floor. An unfenced store admits
+//     every write, so its stale writes and lost updates make the history
+//     non-linearizable.
+//   - The token sequence, per fenced resource: a grant of token T is legal
+//     iff T is above every token granted before it (I2).
+//
+// Usage:
+//
+//	go run . [-expect-violations] HISTORY.json...
+//
+// Exit status: 0 when Porcupine agrees with the torture checker on every
+// file (and, with -expect-violations, found a violation in each), 1 on a
+// disagreement or a missing violation, 2 on bad input or a check that did
+// not finish in time.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// history is the file `fencelock torture --history` writes.
+type history struct {
+	Workload                  string       `json:"workload"`
+	Unfenced                  bool         `json:"unfenced"`
+	CheckerRegisterViolations uint64       `json:"checker_register_violations"`
+	CheckerTokenViolations    uint64       `json:"checker_token_violations"`
+	Register                  []registerOp `json:"register"`
+	Grants                    []grantOp    `json:"grants"`
+}
+
+type registerOp struct {
+	Resource string `json:"resource"`
+	Client   int    `json:"client"`
+	Op       string `json:"op"`
+	Token    uint64 `json:"token"`
+	Value    int64  `json:"value"`
+	Admitted bool   `json:"admitted"`
+	Call     int64  `json:"call"`
+	Ret      int64  `json:"ret"`
+}
+
+type grantOp struct {
+	Resource string `json:"resource"`
+	Client   int    `json:"client"`
+	Token    uint64 `json:"token"`
+	Call     int64  `json:"call"`
+	Ret      int64  `json:"ret"`
+}
+
+// register is the state of one fenced counter.
+type register struct {
+	floor uint64
+	value int64
+}
+
+// registerInput is an operation's input; its output is whether it was
+// admitted (admit, write) or the value read (read).
+type registerInput struct {
+	resource string
+	op       string
+	token    uint64
+	value    int64 // write: the value it read (and increments)
+}
+
+type registerOutput struct {
+	admitted bool
+	value    int64 // read
+}
+
+func partitionBy(key func(op porcupine.Operation) string) func([]porcupine.Operation) [][]porcupine.Operation {
+	return func(history []porcupine.Operation) [][]porcupine.Operation {
+		groups := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			k := key(op)
+			if _, seen := groups[k]; !seen {
+				keys = append(keys, k)
+			}
+			groups[k] = append(groups[k], op)
+		}
+		sort.Strings(keys)
+		parts := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			parts = append(parts, groups[k])
+		}
+		return parts
+	}
+}
+
+var registerModel = porcupine.Model{
+	Partition: partitionBy(func(op porcupine.Operation) string { return op.Input.(registerInput).resource }),
+	Init:      func() interface{} { return register{} },
+	Step: func(state, input, output interface{}) (bool, interface{}) {
+		s := state.(register)
+		in := input.(registerInput)
+		out := output.(registerOutput)
+		switch in.op {
+		case "admit":
+			if out.admitted {
+				return in.token >= s.floor, register{floor: in.token, value: s.value}
+			}
+			return in.token < s.floor, s
+		case "read":
+			return out.value == s.value, s
+		case "write":
+			if out.admitted {
+				ok := in.token >= s.floor && in.value == s.value
+				return ok, register{floor: in.token, value: in.value + 1}
+			}
+			return in.token < s.floor, s
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output interface{}) string {
+		in := input.(registerInput)
+		out := output.(registerOutput)
+		switch in.op {
+		case "read":
+			return fmt.Sprintf("read() -> %d", out.value)
+		case "write":
+			return fmt.Sprintf("write(token %d, %d -> %d) admitted=%v", in.token, in.value, in.value+1, out.admitted)
+		}
+		return fmt.Sprintf("admit(token %d) = %v", in.token, out.admitted)
+	},
+	DescribeState: func(state interface{}) string {
+		s := state.(register)
+		return fmt.Sprintf("floor %d, value %d", s.floor, s.value)
+	},
+}
+
+type grantInput struct {
+	resource string
+	token    uint64
+}
+
+var tokenModel = porcupine.Model{
+	Partition: partitionBy(func(op porcupine.Operation) string { return op.Input.(grantInput).resource }),
+	Init:      func() interface{} { return uint64(0) },
+	Step: func(state, input, _ interface{}) (bool, interface{}) {
+		highest := state.(uint64)
+		in := input.(grantInput)
+		return in.token > highest, in.token
+	},
+	DescribeOperation: func(input, _ interface{}) string {
+		return fmt.Sprintf("granted token %d", input.(grantInput).token)
+	},
+}
+
+func registerOps(h *history) []porcupine.Operation {
+	ops := make([]porcupine.Operation, 0, len(h.Register))
+	for _, r := range h.Register {
+		ops = append(ops, porcupine.Operation{
+			ClientId: r.Client + 1, // the harness's final read is client -1
+			Input:    registerInput{resource: r.Resource, op: r.Op, token: r.Token, value: r.Value},
+			Call:     r.Call,
+			Output:   registerOutput{admitted: r.Admitted, value: r.Value},
+			Return:   r.Ret,
+		})
+	}
+	return ops
+}
+
+func grantOps(h *history) []porcupine.Operation {
+	ops := make([]porcupine.Operation, 0, len(h.Grants))
+	for _, g := range h.Grants {
+		ops = append(ops, porcupine.Operation{
+			ClientId: g.Client,
+			Input:    grantInput{resource: g.Resource, token: g.Token},
+			Call:     g.Call,
+			Return:   g.Ret,
+		})
+	}
+	return ops
+}
+
+// verdict checks one history: whether Porcupine found it linearizable, per
+// specification, or an error when a check did not finish.
+func verdict(h *history, timeout time.Duration) (registerOk, tokensOk bool, err error) {
+	check := func(model porcupine.Model, ops []porcupine.Operation) (bool, error) {
+		switch porcupine.CheckOperationsTimeout(model, ops, timeout) {
+		case porcupine.Ok:
+			return true, nil
+		case porcupine.Illegal:
+			return false, nil
+		default:
+			return false, fmt.Errorf("no verdict within %v", timeout)
+		}
+	}
+	if registerOk, err = check(registerModel, registerOps(h)); err != nil {
+		return
+	}
+	tokensOk, err = check(tokenModel, grantOps(h))
+	return
+}
+
+func main() {
+	expect := flag.Bool("expect-violations", false, "fail unless every history is found not linearizable")
+	timeout := flag.Duration("timeout", 2*time.Minute, "the longest one check may take")
+	flag.Parse()
+	if flag.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "usage: porcupine-check [-expect-violations] [-timeout 2m] HISTORY.json...")
+		os.Exit(2)
+	}
+	failed := false
+	for _, path := range flag.Args() {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		var h history
+		if err := json.Unmarshal(raw, &h); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: not a torture history: %v\n", path, err)
+			os.Exit(2)
+		}
+		registerOk, tokensOk, err := verdict(&h, *timeout)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
+			os.Exit(2)
+		}
+		fmt.Printf("%s: %s workload, %d register operations, %d grants; porcupine: register %s, tokens %s; torture checker: %d register and %d token violations\n",
+			path, h.Workload, len(h.Register), len(h.Grants),
+			linearizable(registerOk), linearizable(tokensOk),
+			h.CheckerRegisterViolations, h.CheckerTokenViolations)
+		if registerOk != (h.CheckerRegisterViolations == 0) {
+			fmt.Printf("%s: DISAGREEMENT on the register\n", path)
+			failed = true
+		}
+		if tokensOk != (h.CheckerTokenViolations == 0) {
+			fmt.Printf("%s: DISAGREEMENT on token order\n", path)
+			failed = true
+		}
+		if *expect && registerOk && tokensOk {
+			fmt.Printf("%s: expected violations, porcupine found none\n", path)
+			failed = true
+		}
+	}
+	if failed {
+		os.Exit(1)
+	}
+}
+
+func linearizable(ok bool) string {
+	if ok {
+		return "linearizable"
+	}
+	return "NOT linearizable"
+}

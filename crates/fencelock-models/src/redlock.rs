@@ -1,0 +1,681 @@
+//! Redlock with quorum-monotonic tokens (`docs/redlock.md`,
+//! `crates/fencelock-redlock`): a probe round, grants asked of an arbiter
+//! first and then of the others, the validity window, the marker rules
+//! for nodes that lost their data (rejoin with a floor from the formed
+//! nodes' `hwm`, re-formation, a new set) and the quarantine `Q` of a node
+//! that joins.
+//!
+//! The client can also return as soon as a majority has answered (late
+//! grants are then released, or expire) and skip, on its next acquisition,
+//! the nodes that timed out on this one: the configuration flags
+//! [`Config::return_at_majority`] and [`Config::skip_timed_out`].
+
+use stateright::{Model, Property};
+
+use crate::common::{
+    majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+};
+
+/// A node's clock read as a token: TIME in µs, here `now × TIME_SCALE`,
+/// coarse enough that no bound lets the model grant more tokens in one
+/// tick than the clock advances.
+const TIME_SCALE: Token = 16;
+
+/// What is checked, and how far.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Redis nodes (odd, at least 3).
+    pub nodes: usize,
+    /// Clients acquiring the one key.
+    pub clients: usize,
+    /// Acquisitions each client starts.
+    pub attempts: u8,
+    /// Node restarts without persistence, over the whole run.
+    pub restarts: u8,
+    /// The last tick of the reference clock explored.
+    pub horizon: Tick,
+    /// Lease timing.
+    pub timing: Timing,
+    /// A node that joins votes only `Q` after it joins. `false` is the
+    /// broken twin: it votes at once.
+    pub quarantine: bool,
+    /// Decide each round at the first majority of answers instead of
+    /// waiting for every node or the timeout.
+    pub return_at_majority: bool,
+    /// Do not ask, on the next acquisition, a node that timed out.
+    pub skip_timed_out: bool,
+    /// A probe's answer may be lost (else every node answers the probe,
+    /// and only grants are lost).
+    pub probe_losses: bool,
+    /// Every node's clock runs fast (the adversarial rate: leases and
+    /// quarantines end earliest), instead of every mix of fast and slow.
+    pub fast_clocks_only: bool,
+}
+
+impl Config {
+    /// The bound `cargo test` checks: 3 nodes (clocks fast), 2 clients
+    /// with one acquisition each, one restart, no tick (no lease ends:
+    /// the interleavings of two acquisitions and a restart), probes
+    /// answered.
+    pub fn small() -> Self {
+        Self {
+            nodes: 3,
+            clients: 2,
+            attempts: 1,
+            restarts: 1,
+            horizon: 0,
+            timing: Timing::new(),
+            quarantine: true,
+            return_at_majority: false,
+            skip_timed_out: false,
+            fast_clocks_only: true,
+            probe_losses: false,
+        }
+    }
+}
+
+/// A lease as one node keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    owner: Id,
+    token: Token,
+    /// When it ends, on the reference clock (the node's clock drifts).
+    end: Tick,
+}
+
+/// One Redis node: the marker (`formed`, `votes_from`, `floor`, `hwm`) and
+/// the key's counter and lease. With one key the counter and `hwm` move
+/// together but are kept apart as the code keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    rate: Rate,
+    formed: bool,
+    votes_from: Tick,
+    floor: Token,
+    hwm: Token,
+    counter: Token,
+    lease: Option<Lease>,
+}
+
+impl Node {
+    fn formed(rate: Rate) -> Self {
+        Self {
+            rate,
+            formed: true,
+            votes_from: 0,
+            floor: 0,
+            hwm: 0,
+            counter: 0,
+            lease: None,
+        }
+    }
+
+    fn empty(rate: Rate) -> Self {
+        Self {
+            formed: false,
+            ..Self::formed(rate)
+        }
+    }
+}
+
+/// A probe's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Answer {
+    formed: bool,
+    top: Token,
+    hwm: Token,
+}
+
+/// Which marker rule a client applies to an unformed node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Form {
+    /// Every node answered, none formed: vote at once, floor = own TIME.
+    New,
+    /// A majority of formed nodes answered: floor = their highest `hwm`.
+    Rejoin,
+    /// Every node answered, fewer than a majority formed: floor = the
+    /// highest `hwm` or own TIME + `Q`, whichever is higher.
+    Reform,
+}
+
+/// Messages between clients and nodes. `a` is the client's acquisition
+/// number, so that late answers to an earlier one are recognised.
+#[allow(missing_docs)] // c: client, n: node, t: token, as everywhere here
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Msg {
+    /// Writes the marker on an unformed node.
+    Mark { n: Id, floor: Token, rule: Form },
+    /// Grant request for token `t`.
+    Grant { c: Id, a: u8, n: Id, t: Token },
+    /// Grant answer.
+    Granted {
+        c: Id,
+        a: u8,
+        n: Id,
+        t: Token,
+        ok: bool,
+    },
+    /// Release of the lease (owner `c`, token `t`).
+    Release { c: Id, n: Id, t: Token },
+}
+
+/// Where one node stands in a client's round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ask {
+    /// Not asked (yet, or skipped).
+    No,
+    /// Asked, no answer yet.
+    Pending,
+    /// Answered: granted / probe answer.
+    Yes,
+    /// Answered: refused.
+    Refused,
+    /// Gave up on it (`node_timeout`).
+    TimedOut,
+}
+
+/// A client's acquisition.
+#[allow(missing_docs)] // asks/answers per node, t: the token
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Not acquiring.
+    Idle,
+    /// Grant round; `arbiter` once some node granted first.
+    Granting {
+        t: Token,
+        asks: Vec<Ask>,
+        arbiter: bool,
+    },
+    /// Granted; trusted while `now < trust_end`.
+    Holding {
+        t: Token,
+        trust_end: Tick,
+        asks: Vec<Ask>,
+    },
+}
+
+/// A client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    attempts_left: u8,
+    attempt: u8,
+    started: Tick,
+    /// The highest completed grant when this acquisition began (I2).
+    seen: Token,
+    /// Nodes skipped on this acquisition (timed out on the last).
+    skip: u8,
+    /// Nodes that timed out on this acquisition.
+    timed_out: u8,
+    phase: Phase,
+}
+
+/// The whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    now: Tick,
+    nodes: Vec<Node>,
+    clients: Vec<Client>,
+    net: Net<Msg>,
+    ledger: Ledger,
+    restarts_left: u8,
+    /// Some grant completed after the last restart (liveness sanity).
+    granted_after_restart: bool,
+}
+
+/// Steps of the clients and nodes themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    /// Client `c` starts an acquisition; the nodes of the mask answer its
+    /// probe.
+    Start(Id, u8),
+    /// Client `c` gives up on the nodes it waits for.
+    Timeout(Id),
+    /// Client `c` releases what it holds.
+    Release(Id),
+    /// Node `n` restarts without persistence.
+    Restart(Id),
+}
+
+/// The model.
+#[derive(Clone, Debug)]
+pub struct Redlock(pub Config);
+
+fn bit(n: usize) -> u8 {
+    1 << n
+}
+
+impl Redlock {
+    fn maj(&self) -> usize {
+        majority(self.0.nodes)
+    }
+
+    fn quarantine_end(&self, now: Tick, rate: Rate) -> Tick {
+        if !self.0.quarantine {
+            return now;
+        }
+        let t = self.0.timing;
+        // Q = max_ttl·1.01 + 2 ms on the node's clock: above max_ttl by
+        // the drift.
+        rate.stretch(now, t.ttl + t.drift, t.drift)
+    }
+
+    /// A node takes a request; its answer, if any.
+    fn node_receives(&self, s: &mut State, msg: Msg) -> Option<Msg> {
+        let now = s.now;
+        let time = Token::from(now) * TIME_SCALE;
+        match msg {
+            Msg::Mark { n, floor, rule } => {
+                let q_end = self.quarantine_end(now, s.nodes[usize::from(n)].rate);
+                let q_time = Token::from(q_end) * TIME_SCALE;
+                let node = &mut s.nodes[usize::from(n)];
+                if node.formed {
+                    return None;
+                }
+                node.formed = true;
+                let (floor, hwm, votes_from) = match rule {
+                    Form::New => (time, 0, now),
+                    Form::Rejoin => (floor, floor, q_end),
+                    Form::Reform => (floor.max(q_time), floor, q_end),
+                };
+                node.floor = floor;
+                node.hwm = hwm;
+                node.votes_from = votes_from;
+                None
+            }
+            Msg::Grant { c, a, n, t } => {
+                let end = self.0.timing.lease_end(now, s.nodes[usize::from(n)].rate);
+                let node = &mut s.nodes[usize::from(n)];
+                let ok = node.formed
+                    && now >= node.votes_from
+                    && node.lease.is_none()
+                    && t > node.counter.max(node.floor);
+                if ok {
+                    node.lease = Some(Lease {
+                        owner: c,
+                        token: t,
+                        end,
+                    });
+                    node.counter = t;
+                    node.hwm = node.hwm.max(t);
+                }
+                Some(Msg::Granted { c, a, n, t, ok })
+            }
+            Msg::Release { c, n, t } => {
+                let node = &mut s.nodes[usize::from(n)];
+                if node.lease.is_some_and(|l| l.owner == c && l.token == t) {
+                    node.lease = None;
+                }
+                None
+            }
+            Msg::Granted { .. } => None,
+        }
+    }
+
+    fn client_receives(&self, s: &mut State, msg: Msg) {
+        let Msg::Granted { c, a, n, t, ok } = msg else {
+            return;
+        };
+        let cl = &mut s.clients[usize::from(c)];
+        let current = cl.attempt == a;
+        let mut handled = false;
+        if current {
+            if let Phase::Granting { asks, .. } = &mut cl.phase {
+                if asks[usize::from(n)] == Ask::Pending {
+                    asks[usize::from(n)] = if ok { Ask::Yes } else { Ask::Refused };
+                    handled = true;
+                }
+            }
+        }
+        if handled {
+            self.grant_progress(s, c, Some((n, ok)));
+        } else if ok {
+            // A late grant: part of the lease held with this token
+            // (released with it), else given back.
+            let holds = matches!(cl.phase, Phase::Holding { t: held, .. } if held == t);
+            if !holds {
+                s.net.send(Msg::Release { c, n, t });
+            }
+        }
+    }
+
+    /// What node `n` answers to a probe.
+    fn probe(&self, s: &State, n: usize) -> Answer {
+        let node = &s.nodes[n];
+        let time = Token::from(s.now) * TIME_SCALE;
+        Answer {
+            formed: node.formed,
+            top: if node.formed {
+                node.counter.max(node.floor).max(time)
+            } else {
+                time
+            },
+            hwm: node.hwm,
+        }
+    }
+
+    /// Starts an acquisition with its probe round, answered by the nodes
+    /// of `answering` (the others time out).
+    fn start(&self, s: &mut State, c: Id, answering: u8) {
+        let n = self.0.nodes;
+        let now = s.now;
+        let seen = s.ledger.highest;
+        let answers: Vec<Option<Answer>> = (0..n)
+            .map(|i| (answering & bit(i) != 0).then(|| self.probe(s, i)))
+            .collect();
+        let cl = &mut s.clients[usize::from(c)];
+        cl.attempts_left -= 1;
+        cl.attempt += 1;
+        cl.started = now;
+        cl.seen = seen;
+        cl.skip = if self.0.skip_timed_out {
+            cl.timed_out
+        } else {
+            0
+        };
+        cl.timed_out = (0..n)
+            .filter(|&i| answers[i].is_none() && cl.skip & bit(i) == 0)
+            .fold(0, |m, i| m | bit(i));
+        self.probed(s, c, &answers);
+    }
+
+    /// Decides on the probe round's answers.
+    fn probed(&self, s: &mut State, c: Id, answers: &[Option<Answer>]) {
+        let formed: Vec<&Answer> = answers.iter().flatten().filter(|a| a.formed).collect();
+        let answered = answers.iter().flatten().count();
+        let unformed: Vec<Id> = (0..self.0.nodes)
+            .filter(|&i| answers[i].is_some_and(|a| !a.formed))
+            .map(|i| i as Id)
+            .collect();
+        let hwm = formed.iter().map(|a| a.hwm).max().unwrap_or(0);
+        if formed.len() >= self.maj() {
+            let t = formed.iter().map(|a| a.top).max().unwrap_or(0) + 1;
+            for n in unformed {
+                s.net.send(Msg::Mark {
+                    n,
+                    floor: hwm,
+                    rule: Form::Rejoin,
+                });
+            }
+            self.begin_grants(s, c, t);
+            return;
+        }
+        if answered == self.0.nodes {
+            let rule = if formed.is_empty() {
+                Form::New
+            } else {
+                Form::Reform
+            };
+            for n in unformed {
+                s.net.send(Msg::Mark {
+                    n,
+                    floor: hwm,
+                    rule,
+                });
+            }
+        }
+        self.fail(s, c);
+    }
+
+    fn begin_grants(&self, s: &mut State, c: Id, t: Token) {
+        let cl = &mut s.clients[usize::from(c)];
+        cl.phase = Phase::Granting {
+            t,
+            asks: vec![Ask::No; self.0.nodes],
+            arbiter: false,
+        };
+        self.next_arbiter(s, c);
+    }
+
+    /// Asks the next node in URL order to be the arbiter; decides when
+    /// there is none left.
+    fn next_arbiter(&self, s: &mut State, c: Id) {
+        let cl = &mut s.clients[usize::from(c)];
+        let skip = cl.skip;
+        let a = cl.attempt;
+        let Phase::Granting { t, asks, .. } = &mut cl.phase else {
+            return;
+        };
+        let next = (0..self.0.nodes).find(|&i| asks[i] == Ask::No && skip & bit(i) == 0);
+        match next {
+            Some(i) => {
+                asks[i] = Ask::Pending;
+                s.net.send(Msg::Grant {
+                    c,
+                    a,
+                    n: i as Id,
+                    t: *t,
+                });
+            }
+            None => self.fail(s, c),
+        }
+    }
+
+    /// After an answer (`Some((node, granted))`) or a timeout (`None`).
+    fn grant_progress(&self, s: &mut State, c: Id, answer: Option<(Id, bool)>) {
+        let cl = &mut s.clients[usize::from(c)];
+        let skip = cl.skip;
+        let a = cl.attempt;
+        let Phase::Granting { t, asks, arbiter } = &mut cl.phase else {
+            return;
+        };
+        let t = *t;
+        if !*arbiter {
+            if answer.is_some_and(|(_, ok)| ok) {
+                *arbiter = true;
+                for (i, ask) in asks.iter_mut().enumerate() {
+                    if *ask == Ask::No && skip & bit(i) == 0 {
+                        *ask = Ask::Pending;
+                        s.net.send(Msg::Grant {
+                            c,
+                            a,
+                            n: i as Id,
+                            t,
+                        });
+                    }
+                }
+            } else {
+                self.next_arbiter(s, c);
+                return;
+            }
+        }
+        let Phase::Granting { asks, .. } = &s.clients[usize::from(c)].phase else {
+            return;
+        };
+        let yes = asks.iter().filter(|a| **a == Ask::Yes).count();
+        let pending = asks.iter().filter(|a| **a == Ask::Pending).count();
+        let maj = self.maj();
+        let decided =
+            pending == 0 || (self.0.return_at_majority && (yes >= maj || yes + pending < maj));
+        if !decided {
+            return;
+        }
+        let cl = &s.clients[usize::from(c)];
+        if yes >= maj && self.0.timing.still_valid(cl.started, s.now) {
+            let trust_end = self.0.timing.trust_end(cl.started);
+            let seen = cl.seen;
+            let asks = match &cl.phase {
+                Phase::Granting { asks, .. } => asks.clone(),
+                _ => Vec::new(),
+            };
+            s.clients[usize::from(c)].phase = Phase::Holding { t, trust_end, asks };
+            s.ledger.complete(seen, t);
+            if s.restarts_left < self.0.restarts {
+                s.granted_after_restart = true;
+            }
+        } else {
+            self.fail(s, c);
+        }
+    }
+
+    /// Ends the acquisition unsuccessfully, releasing every lease it may
+    /// have made.
+    fn fail(&self, s: &mut State, c: Id) {
+        let cl = &mut s.clients[usize::from(c)];
+        if let Phase::Granting { t, asks, .. } = &cl.phase {
+            for (i, ask) in asks.iter().enumerate() {
+                if *ask != Ask::No && *ask != Ask::Refused {
+                    s.net.send(Msg::Release {
+                        c,
+                        n: i as Id,
+                        t: *t,
+                    });
+                }
+            }
+        }
+        cl.phase = Phase::Idle;
+    }
+
+    fn timeout(&self, s: &mut State, c: Id) {
+        let cl = &mut s.clients[usize::from(c)];
+        let mut late = 0;
+        let Phase::Granting { asks, .. } = &mut cl.phase else {
+            return;
+        };
+        mark_timed_out(asks, &mut late);
+        cl.timed_out |= late;
+        self.grant_progress(s, c, None);
+    }
+}
+
+fn mark_timed_out(asks: &mut [Ask], late: &mut u8) {
+    for (i, ask) in asks.iter_mut().enumerate() {
+        if *ask == Ask::Pending {
+            *ask = Ask::TimedOut;
+            *late |= bit(i);
+        }
+    }
+}
+
+fn waiting(phase: &Phase) -> bool {
+    match phase {
+        Phase::Granting { asks, .. } => asks.contains(&Ask::Pending),
+        _ => false,
+    }
+}
+
+fn trusting(s: &State) -> usize {
+    s.clients
+        .iter()
+        .filter(|c| matches!(c.phase, Phase::Holding { trust_end, .. } if s.now < trust_end))
+        .count()
+}
+
+impl Model for Redlock {
+    type State = State;
+    type Action = Step<Msg, Act>;
+
+    fn init_states(&self) -> Vec<State> {
+        rate_assignments(self.0.nodes)
+            .into_iter()
+            .filter(|rates| !self.0.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
+            .map(|rates| State {
+                now: 0,
+                nodes: rates.into_iter().map(Node::formed).collect(),
+                clients: vec![
+                    Client {
+                        attempts_left: self.0.attempts,
+                        attempt: 0,
+                        started: 0,
+                        seen: 0,
+                        skip: 0,
+                        timed_out: 0,
+                        phase: Phase::Idle,
+                    };
+                    self.0.clients
+                ],
+                net: Net::new(),
+                ledger: Ledger::default(),
+                restarts_left: self.0.restarts,
+                granted_after_restart: false,
+            })
+            .collect()
+    }
+
+    fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
+        world_steps(s.now, self.0.horizon, &s.net, steps);
+        for (i, c) in s.clients.iter().enumerate() {
+            let c_id = i as Id;
+            match c.phase {
+                Phase::Idle if c.attempts_left > 0 => {
+                    // The probe round is one step: each node answers from
+                    // its state now, or its answer is lost.
+                    let skip = if self.0.skip_timed_out {
+                        c.timed_out
+                    } else {
+                        0
+                    };
+                    let all = (1u8 << self.0.nodes) - 1;
+                    for answering in 0..=all {
+                        if answering & skip == 0
+                            && (self.0.probe_losses || answering == all & !skip)
+                        {
+                            steps.push(Step::Act(Act::Start(c_id, answering)));
+                        }
+                    }
+                }
+                Phase::Holding { .. } => steps.push(Step::Act(Act::Release(c_id))),
+                ref p if waiting(p) => steps.push(Step::Act(Act::Timeout(c_id))),
+                _ => {}
+            }
+        }
+        if s.restarts_left > 0 {
+            for n in 0..self.0.nodes {
+                steps.push(Step::Act(Act::Restart(n as Id)));
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, step: Self::Action) -> Option<State> {
+        let mut s = last.clone();
+        match step {
+            Step::Tick => {
+                s.now += 1;
+                let now = s.now;
+                for node in &mut s.nodes {
+                    if node.lease.is_some_and(|l| l.end <= now) {
+                        node.lease = None;
+                    }
+                }
+            }
+            Step::Deliver(m) => {
+                s.net.take(&m);
+                if let Some(answer) = self.node_receives(&mut s, m) {
+                    self.client_receives(&mut s, answer);
+                }
+            }
+            Step::Act(Act::Start(c, answering)) => self.start(&mut s, c, answering),
+            Step::Act(Act::Timeout(c)) => self.timeout(&mut s, c),
+            Step::Act(Act::Release(c)) => {
+                let cl = &mut s.clients[usize::from(c)];
+                if let Phase::Holding { t, ref asks, .. } = cl.phase {
+                    // Every node that may hold the lease: a release on
+                    // the others finds nothing.
+                    for (n, ask) in asks.iter().enumerate() {
+                        if !matches!(ask, Ask::No | Ask::Refused) {
+                            s.net.send(Msg::Release { c, n: n as Id, t });
+                        }
+                    }
+                }
+                cl.phase = Phase::Idle;
+            }
+            Step::Act(Act::Restart(n)) => {
+                let node = &mut s.nodes[usize::from(n)];
+                *node = Node::empty(node.rate);
+                s.restarts_left -= 1;
+                s.granted_after_restart = false;
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("exclusion", |_, s: &State| trusting(s) <= 1),
+            Property::always("tokens increase", |_, s: &State| !s.ledger.regressed),
+            Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
+            Property::sometimes("a grant after a restart", |_, s: &State| {
+                s.granted_after_restart
+            }),
+        ]
+    }
+}

@@ -1,0 +1,99 @@
+//! Every model at the small bound (the one CI runs): its safety properties
+//! hold in every state reached and its liveness sanity properties are
+//! reached; its broken twin has a counterexample, so that the model cannot
+//! pass by being vacuous. `examples/check.rs` runs the deeper bound of
+//! `docs/safety.md`.
+
+use fencelock_models::{bounds, common::Outcome};
+
+fn check(model: &str) -> Outcome {
+    let outcome = bounds::check(model, false, 2).expect("a model of bounds.rs");
+    eprintln!(
+        "{model}: {} unique states, depth {}",
+        outcome.unique_states, outcome.max_depth
+    );
+    outcome
+}
+
+/// The model holds `always` everywhere and reaches each of `sometimes`.
+fn holds(model: &str, always: &[&str], sometimes: &[&str]) {
+    let outcome = check(model);
+    for name in always {
+        assert!(
+            outcome.discovery(name).is_none(),
+            "{model}: \"{name}\" broken:\n{}",
+            outcome.discovery(name).unwrap_or_default()
+        );
+    }
+    for name in sometimes {
+        assert!(
+            outcome.discovery(name).is_some(),
+            "{model}: \"{name}\" never reached: the bound shows nothing"
+        );
+    }
+}
+
+/// The twin breaks `property`.
+fn breaks(model: &str, property: &str) {
+    let outcome = check(model);
+    let path = outcome.discovery(property);
+    assert!(
+        path.is_some(),
+        "{model}: no counterexample to \"{property}\""
+    );
+    eprintln!(
+        "{model}: \"{property}\" broken by\n{}",
+        path.unwrap_or_default()
+    );
+}
+
+#[test]
+fn redlock_keeps_exclusion_and_token_order() {
+    holds(
+        "redlock",
+        &["exclusion", "tokens increase"],
+        &["a grant", "a grant after a restart"],
+    );
+}
+
+#[test]
+fn redlock_returning_at_a_majority_and_skipping_nodes_keeps_them() {
+    holds(
+        "redlock-fast",
+        &["exclusion", "tokens increase"],
+        &["a grant", "a grant after a restart"],
+    );
+}
+
+#[test]
+fn redlock_without_quarantine_lets_two_clients_hold() {
+    breaks("redlock-broken", "exclusion");
+}
+
+#[test]
+fn resharding_keeps_exclusion_and_token_order() {
+    holds(
+        "sharding",
+        &["exclusion", "tokens increase"],
+        &["a grant on the new map"],
+    );
+}
+
+#[test]
+fn resharding_without_handover_regresses_tokens() {
+    breaks("sharding-broken", "tokens increase");
+}
+
+#[test]
+fn election_has_one_leader_and_growing_terms() {
+    holds(
+        "election",
+        &["one leader", "terms increase"],
+        &["a second term", "a renewal"],
+    );
+}
+
+#[test]
+fn election_without_the_i5_window_has_two_leaders() {
+    breaks("election-broken", "one leader");
+}

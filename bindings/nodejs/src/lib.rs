@@ -22,7 +22,8 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use fencelock::{CancellationToken, FencingToken, GuardHandle, LockGuard, LockMode, Owner};
-use napi::bindgen_prelude::{within_runtime_if_available, BigInt, Either, Env, Object};
+use napi::bindgen_prelude::{BigInt, Either, Env, Object};
+use tokio::runtime::Handle;
 use napi_derive::napi;
 
 type Result<T> = napi::Result<T>;
@@ -358,6 +359,7 @@ impl Client {
         let guard = multi.acquire().await.map_err(js_error)?;
         Ok(MultiGuard {
             guard: Mutex::new(Some(guard)),
+            runtime: Handle::try_current().ok(),
             done: CancellationToken::new(),
         })
     }
@@ -439,6 +441,8 @@ pub struct Guard {
     guard: Mutex<Option<LockGuard>>,
     handle: GuardHandle,
     slot: Option<u32>,
+    /// The binding's runtime, where a collected guard's release is sent.
+    runtime: Option<Handle>,
     /// Cancelled on release or collection: ends a pending `waitLost`, so
     /// that a released or collected guard leaves no task behind.
     done: CancellationToken,
@@ -450,6 +454,7 @@ impl Guard {
             handle: guard.handle(),
             guard: Mutex::new(Some(guard)),
             slot,
+            runtime: Handle::try_current().ok(),
             done: CancellationToken::new(),
         }
     }
@@ -461,9 +466,21 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.done.cancel();
-        if let Some(guard) = lock(&self.guard).take() {
-            within_runtime_if_available(move || drop(guard));
+        drop_on(self.runtime.as_ref(), lock(&self.guard).take());
+    }
+}
+
+/// Drops `guard` inside `runtime`, where the Rust guard's drop sends its
+/// release. When Node.js exits, napi-rs shuts the runtime down before the
+/// last objects are collected: the guard then stops renewing, nothing is
+/// sent, and the lease ends by expiry.
+fn drop_on<G>(runtime: Option<&Handle>, guard: Option<G>) {
+    match runtime {
+        Some(runtime) => {
+            let _entered = runtime.enter();
+            drop(guard);
         }
+        None => drop(guard),
     }
 }
 
@@ -572,15 +589,14 @@ impl Guard {
 #[napi]
 pub struct MultiGuard {
     guard: Mutex<Option<fencelock::MultiGuard>>,
+    runtime: Option<Handle>,
     done: CancellationToken,
 }
 
 impl Drop for MultiGuard {
     fn drop(&mut self) {
         self.done.cancel();
-        if let Some(guard) = lock(&self.guard).take() {
-            within_runtime_if_available(move || drop(guard));
-        }
+        drop_on(self.runtime.as_ref(), lock(&self.guard).take());
     }
 }
 

@@ -23,8 +23,8 @@ use std::{
 use chrono::{DateTime, Utc};
 use fencelock::{CancellationToken, FencingToken, GuardHandle, LockGuard, LockMode, Owner};
 use napi::bindgen_prelude::{BigInt, Either, Env, Object};
-use tokio::runtime::Handle;
 use napi_derive::napi;
+use tokio::runtime::Handle;
 
 type Result<T> = napi::Result<T>;
 
@@ -336,7 +336,11 @@ impl Client {
 
     /// Acquires every key of `keys`, all or none.
     #[napi]
-    pub async fn lock_all(&self, keys: Vec<String>, options: Option<LockOptions>) -> Result<MultiGuard> {
+    pub async fn lock_all(
+        &self,
+        keys: Vec<String>,
+        options: Option<LockOptions>,
+    ) -> Result<MultiGuard> {
         let client = self.inner.clone();
         let mut multi = client.lock_all(keys);
         if let Some(o) = options {
@@ -374,11 +378,7 @@ impl Client {
     /// Every current lease (whose key starts with `prefix`).
     #[napi]
     pub async fn list(&self, prefix: Option<String>) -> Result<Vec<LockInfo>> {
-        let leases = self
-            .inner
-            .list(prefix.as_deref())
-            .await
-            .map_err(js_error)?;
+        let leases = self.inner.list(prefix.as_deref()).await.map_err(js_error)?;
         Ok(leases.into_iter().map(LockInfo::from).collect())
     }
 
@@ -570,7 +570,11 @@ impl Guard {
     #[napi(ts_return_type = "Promise<string | null>")]
     pub fn wait_lost(&self, env: Env) -> Result<Object> {
         let lost = self.handle.lost();
-        wait_lost(env, async move { lost.await.as_str().to_owned() }, self.done.clone())
+        wait_lost(
+            env,
+            async move { lost.await.as_str().to_owned() },
+            self.done.clone(),
+        )
     }
 
     /// Stops renewal and releases the lease; a second call does nothing.
@@ -637,7 +641,11 @@ impl MultiGuard {
         let Some(lost) = lock(&self.guard).as_ref().map(|g| g.lost()) else {
             return env.spawn_future(async { Ok(None::<String>) });
         };
-        wait_lost(env, async move { lost.await.1.as_str().to_owned() }, self.done.clone())
+        wait_lost(
+            env,
+            async move { lost.await.1.as_str().to_owned() },
+            self.done.clone(),
+        )
     }
 
     /// Releases every lease.

@@ -96,9 +96,13 @@ class Guard extends EventEmitter {
   get lost() {
     if (!this.#lost) {
       // Made on first use only: a guard nobody watches costs no task.
+      // The pending native promise is rooted until it settles: it must
+      // reach the guard only weakly, or a guard someone listens to could
+      // never be collected.
+      const self = new WeakRef(this)
       this.#lost = this.#native.waitLost().then((reason) => {
         if (reason === null) return NEVER
-        this.emit('lost', reason)
+        self.deref()?.emit('lost', reason)
         return reason
       })
     }
@@ -124,9 +128,13 @@ class MultiGuard extends EventEmitter {
   get isValid() { return this.#native.isValid }
   get lost() {
     if (!this.#lost) {
+      // The pending native promise is rooted until it settles: it must
+      // reach the guard only weakly, or a guard someone listens to could
+      // never be collected.
+      const self = new WeakRef(this)
       this.#lost = this.#native.waitLost().then((reason) => {
         if (reason === null) return NEVER
-        this.emit('lost', reason)
+        self.deref()?.emit('lost', reason)
         return reason
       })
     }

@@ -35,6 +35,7 @@ export type ErrorCode =
   | 'internal'
 
 export class FencelockError extends Error {
+  constructor(message: string, code: ErrorCode)
   readonly code: ErrorCode
 }
 /** The wait ended while another holder had the key (`wait: 0`: the try failed). */

@@ -28,7 +28,7 @@ export async function main(url: string): Promise<bigint[]> {
   if (info === null || info.owner !== owner) throw new Error('inspect did not show the holder')
   await guard.release()
   const value: number = await client.run('typed:run', { ttl: '5s' }, async (signal: AbortSignal, g: Guard) => {
-    if (signal.aborted) throw new FencelockError('aborted')
+    if (signal.aborted) throw new FencelockError('aborted', 'not_held')
     return Number(g.token)
   })
   await client.close()

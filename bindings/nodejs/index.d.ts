@@ -6,11 +6,12 @@ import type {
   ElectionOptions,
   Leader,
   LockInfo,
+  LeaderChange,
   LockOptions,
   Stats,
 } from './native'
 
-export type { ConnectOptions, ElectionOptions, Leader, LockInfo, LockOptions, Stats }
+export type { ConnectOptions, ElectionOptions, Leader, LeaderChange, LockInfo, LockOptions, Stats }
 
 /** Milliseconds, or a duration string such as `'30s'` or `'1m 30s'`. */
 export type Duration = number | string
@@ -99,6 +100,8 @@ export class Election {
   /** Waits to become the leader; the guard's token is the term. */
   campaign(): Promise<Guard>
   leader(): Promise<Leader | null>
+  /** The current leader (first) and every change from now on; `break` stops observing. */
+  observe(): Promise<AsyncIterable<LeaderChange>>
 }
 
 export class Fence {

@@ -150,6 +150,24 @@ class Election {
   constructor(nativeElection) { this.#native = nativeElection }
   async campaign() { return new Guard(await call(() => this.#native.campaign())) }
   leader() { return call(() => this.#native.leader()) }
+  /** The current leader (first) and every change, as an async iterable. */
+  async observe() {
+    const observer = await call(() => this.#native.observe())
+    return {
+      [Symbol.asyncIterator]() {
+        return {
+          async next() {
+            const change = await call(() => observer.next())
+            return change === null ? { done: true, value: undefined } : { done: false, value: change }
+          },
+          async return() {
+            observer.close()
+            return { done: true, value: undefined }
+          },
+        }
+      },
+    }
+  }
 }
 
 class Fence {

@@ -692,12 +692,88 @@ impl Election {
     #[napi]
     pub async fn leader(&self) -> Result<Option<Leader>> {
         let leader = self.inner.leader().await.map_err(js_error)?;
-        Ok(leader.map(|l| Leader {
+        Ok(leader.map(Leader::from))
+    }
+
+    /// The current leader (first) and every change from now on.
+    #[napi]
+    pub async fn observe(&self) -> Result<LeaderObserver> {
+        let watch = self.inner.observe().await.map_err(js_error)?;
+        Ok(LeaderObserver {
+            watch: tokio::sync::Mutex::new(watch),
+            closed: CancellationToken::new(),
+        })
+    }
+}
+
+impl From<fencelock::Leader> for Leader {
+    fn from(l: fencelock::Leader) -> Self {
+        Leader {
             owner: l.owner.as_str().to_owned(),
             value: l.value,
             term: BigInt::from(l.term.get()),
             expires_in_ms: millis(l.expires_in),
-        }))
+        }
+    }
+}
+
+/// A change of an election's leader.
+#[napi(object)]
+pub struct LeaderChange {
+    /// `'elected'` or `'vacant'`.
+    pub kind: String,
+    /// The new leader (`'elected'`).
+    pub leader: Option<Leader>,
+    /// The term that ended (`'vacant'`).
+    pub previous_term: Option<BigInt>,
+    /// Whether that term's lease expired rather than being released (`'vacant'`).
+    pub expired: Option<bool>,
+}
+
+/// The changes of an election's leader (native half of `observe`).
+#[napi]
+pub struct LeaderObserver {
+    watch: tokio::sync::Mutex<fencelock::LeaderWatch>,
+    closed: CancellationToken,
+}
+
+#[napi]
+impl LeaderObserver {
+    /// The next change; `null` once closed or when the backend's watch ended.
+    #[napi]
+    pub async fn next(&self) -> Result<Option<LeaderChange>> {
+        let mut watch = self.watch.lock().await;
+        let change = tokio::select! {
+            change = watch.next() => change,
+            () = self.closed.cancelled() => None,
+        };
+        Ok(match change.transpose().map_err(js_error)? {
+            None => None,
+            Some(fencelock::LeaderChange::Elected(leader)) => Some(LeaderChange {
+                kind: "elected".into(),
+                leader: Some(leader.into()),
+                previous_term: None,
+                expired: None,
+            }),
+            Some(fencelock::LeaderChange::Vacant {
+                previous_term,
+                expired,
+            }) => Some(LeaderChange {
+                kind: "vacant".into(),
+                leader: None,
+                previous_term: Some(BigInt::from(previous_term.get())),
+                expired: Some(expired),
+            }),
+            // A kind of change this binding does not know yet ends the
+            // observation rather than being misreported.
+            Some(_) => None,
+        })
+    }
+
+    /// Stops observing: a pending and every later `next` give `null`.
+    #[napi]
+    pub fn close(&self) {
+        self.closed.cancel();
     }
 }
 

@@ -70,6 +70,22 @@ for (const engine of ['sqlite', 'redis']) {
       await next.release()
     })
 
+    it('observes the leader and its changes', async () => {
+      const watcher = other.election('observed')
+      const changes = (await watcher.observe())[Symbol.asyncIterator]()
+      const leadership = await client.election('observed', { ttl: '10s' }).campaign()
+      const elected = (await changes.next()).value
+      assert.equal(elected.kind, 'elected')
+      assert.equal(elected.leader.owner, 'one')
+      assert.equal(elected.leader.term, leadership.token)
+      await leadership.release()
+      const vacant = (await changes.next()).value
+      assert.equal(vacant.kind, 'vacant')
+      assert.equal(vacant.previousTerm, leadership.token)
+      assert.equal(vacant.expired, false)
+      assert.deepEqual(await changes.return(), { done: true, value: undefined })
+    })
+
     it('fences refuse stale tokens and admit readers alike', async () => {
       const fence = await openFence(server.url)
       await fence.admit('fenced', 5n)

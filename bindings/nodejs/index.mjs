@@ -1,0 +1,21 @@
+// The ES module entry point: the CommonJS module's exports, by name.
+import cjs from './index.js'
+
+export const {
+  connect,
+  openFence,
+  Client,
+  Guard,
+  MultiGuard,
+  Election,
+  Fence,
+  FencelockError,
+  NotAcquiredError,
+  LockLostError,
+  InvalidInputError,
+  UnavailableError,
+  OperationTimeoutError,
+  UnsupportedError,
+  StaleTokenError,
+} = cjs
+export default cjs

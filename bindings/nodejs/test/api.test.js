@@ -1,0 +1,116 @@
+'use strict'
+// The rest of the API on SQLite and Redis: semaphores, read-write locks,
+// lockAll, elections, fences, inspect/list/stats/forceRelease/cleanup.
+
+const { describe, it, before, after } = require('node:test')
+const assert = require('node:assert/strict')
+const { connect, openFence, NotAcquiredError, StaleTokenError, InvalidInputError } = require('..')
+const { startServer } = require('./servers.js')
+
+for (const engine of ['sqlite', 'redis']) {
+  describe(engine, () => {
+    let server
+    let client
+    let other
+    before(async () => {
+      server = await startServer(engine)
+      client = await connect(server.url, { owner: 'one' })
+      other = await connect(server.url, { owner: 'two' })
+    })
+    after(async () => {
+      await client.close()
+      await other.close()
+      await server.stop()
+    })
+
+    it('semaphores grant at most their permits', async () => {
+      const a = await client.semaphore('sem', 2, { ttl: '10s' })
+      const b = await other.semaphore('sem', 2, { ttl: '10s' })
+      assert.notEqual(a.slot, b.slot)
+      await assert.rejects(other.semaphore('sem', 2, { ttl: '10s', wait: 0 }), NotAcquiredError)
+      await a.release()
+      const c = await other.semaphore('sem', 2, { ttl: '10s', wait: 0 })
+      await Promise.all([b.release(), c.release()])
+    })
+
+    it('read-write locks share reads and exclude writes', async () => {
+      const r1 = await client.readLock('rw', { ttl: '10s' })
+      const r2 = await other.readLock('rw', { ttl: '10s' })
+      assert.equal(r1.mode, 'shared')
+      await assert.rejects(other.writeLock('rw', { ttl: '10s', wait: 0 }), NotAcquiredError)
+      await Promise.all([r1.release(), r2.release()])
+      const w = await other.writeLock('rw', { ttl: '10s', wait: 0 })
+      assert.equal(w.mode, 'exclusive')
+      await w.release()
+    })
+
+    it('lockAll takes every key or none', async () => {
+      const blocker = await other.acquire('multi:b', { ttl: '10s' })
+      await assert.rejects(client.lockAll(['multi:a', 'multi:b'], { ttl: '10s', wait: 0 }), NotAcquiredError)
+      assert.equal(await client.inspect('multi:a'), null)
+      await blocker.release()
+      const all = await client.lockAll(['multi:a', 'multi:b'], { ttl: '10s' })
+      assert.deepEqual(Object.keys(all.tokens).sort(), ['multi:a', 'multi:b'])
+      assert.ok(all.tokens['multi:b'] > blocker.token)
+      all.check()
+      await all.release()
+      assert.equal(await client.inspect('multi:a'), null)
+    })
+
+    it('elections have one leader whose term is a token', async () => {
+      const election = client.election('leader', { ttl: '10s', value: { addr: 'a' } })
+      const leadership = await election.campaign()
+      const leader = await other.election('leader').leader()
+      assert.equal(leader.owner, 'one')
+      assert.deepEqual(leader.value, { addr: 'a' })
+      assert.equal(leader.term, leadership.token)
+      await leadership.release()
+      const next = await other.election('leader', { wait: '5s' }).campaign()
+      assert.ok(next.token > leadership.token)
+      await next.release()
+    })
+
+    it('observes the leader and its changes', async () => {
+      const watcher = other.election('observed')
+      const changes = (await watcher.observe())[Symbol.asyncIterator]()
+      const leadership = await client.election('observed', { ttl: '10s' }).campaign()
+      const elected = (await changes.next()).value
+      assert.equal(elected.kind, 'elected')
+      assert.equal(elected.leader.owner, 'one')
+      assert.equal(elected.leader.term, leadership.token)
+      await leadership.release()
+      const vacant = (await changes.next()).value
+      assert.equal(vacant.kind, 'vacant')
+      assert.equal(vacant.previousTerm, leadership.token)
+      assert.equal(vacant.expired, false)
+      assert.deepEqual(await changes.return(), { done: true, value: undefined })
+    })
+
+    it('fences refuse stale tokens and admit readers alike', async () => {
+      const fence = await openFence(server.url)
+      await fence.admit('fenced', 5n)
+      await assert.rejects(fence.admit('fenced', 4n), (err) => err instanceof StaleTokenError && err.code === 'stale')
+      await fence.admitShared('fenced-rw', 7n)
+      await fence.admitShared('fenced-rw', 7n)
+      await assert.rejects(fence.admit('fenced', -1n), InvalidInputError)
+    })
+
+    it('inspects, lists, counts and force-releases', async () => {
+      const guard = await client.acquire('admin:k', { ttl: '10s', kind: 'job', data: { n: 1 } })
+      const info = await other.inspect('admin:k')
+      assert.equal(info.owner, 'one')
+      assert.equal(info.kind, 'job')
+      assert.deepEqual(info.data, { n: 1 })
+      assert.equal(info.token, guard.token)
+      assert.ok(info.expiresAt instanceof Date)
+      assert.deepEqual((await other.list('admin:')).map((l) => l.key), ['admin:k'])
+      const stats = await other.stats()
+      assert.ok(stats.held >= 1)
+      assert.ok(stats.heldByKind.job >= 1)
+      const ended = await other.forceRelease('admin:k')
+      assert.equal(ended.token, guard.token)
+      assert.equal(await guard.lost, 'refused')
+      assert.equal(typeof (await other.cleanup()), 'number')
+    })
+  })
+}

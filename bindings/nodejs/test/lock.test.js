@@ -1,0 +1,116 @@
+'use strict'
+// The binding against real servers the tests start (test/servers.js):
+// SQLite, Redis and PostgreSQL, and the Rust CLI on the same keys.
+
+const { describe, it, before, after } = require('node:test')
+const assert = require('node:assert/strict')
+const { connect, openFence, NotAcquiredError, InvalidInputError, FencelockError, StaleTokenError } = require('..')
+const { startServer, cli } = require('./servers.js')
+
+const tokenOf = (stdout) => {
+  const m = /token=(\d+) owner=(\S+)/.exec(stdout)
+  assert.ok(m, `no token in ${JSON.stringify(stdout)}`)
+  return { token: BigInt(m[1]), owner: m[2] }
+}
+
+for (const engine of ['sqlite', 'redis', 'postgres']) {
+  describe(engine, () => {
+    let server
+    before(async () => { server = await startServer(engine) })
+    after(async () => { await server.stop() })
+
+    it('excludes the Rust CLI and is excluded by it, with growing tokens both ways', async () => {
+      const client = await connect(server.url)
+      const first = await client.acquire('interop', { ttl: '30s', wait: 0 })
+      const refused = await cli(server.url, 'acquire', 'interop', '--ttl', '30s')
+      assert.equal(refused.code, 75, refused.stderr)
+      await first.release()
+
+      const byCli = await cli(server.url, 'acquire', 'interop', '--ttl', '30s')
+      assert.equal(byCli.code, 0, byCli.stderr)
+      const held = tokenOf(byCli.stdout)
+      assert.ok(held.token > first.token, `${held.token} after ${first.token}`)
+      await assert.rejects(client.acquire('interop', { ttl: 1000, wait: 0 }), (err) => {
+        assert.ok(err instanceof NotAcquiredError)
+        assert.equal(err.code, 'not_acquired')
+        return true
+      })
+      const released = await cli(server.url, 'release', 'interop', '--owner', held.owner, '--token', String(held.token))
+      assert.equal(released.code, 0, released.stderr)
+
+      const next = await client.acquire('interop', { ttl: 30_000, wait: '5s' })
+      assert.ok(next.token > held.token, `${next.token} after ${held.token}`)
+      assert.equal(typeof next.token, 'bigint')
+      assert.equal(next.owner, client.owner)
+      await next.release()
+      await client.close()
+    })
+
+    it('gives typed errors for bad input, never a crash or a hang', async () => {
+      const client = await connect(server.url)
+      const cases = [
+        [() => client.acquire('', { ttl: 1000 }), 'invalid_key'],
+        [() => client.acquire('k', { ttl: 0 }), 'invalid_ttl'],
+        [() => client.acquire('k', { ttl: 'soon' }), 'invalid_ttl'],
+        [() => client.acquire('k', { ttl: -5 }), 'invalid_ttl'],
+        [() => client.acquire('k', { wait: Number.NaN }), 'bad_request'],
+        [() => client.acquire('k', { owner: '' }), 'invalid_owner'],
+        [() => connect('no-scheme'), 'bad_request'],
+        [() => connect('nosuch://x'), 'bad_request'],
+      ]
+      for (const [attempt, code] of cases) {
+        await assert.rejects(attempt(), (err) => {
+          assert.ok(err instanceof InvalidInputError, `${err}`)
+          assert.equal(err.code, code, err.message)
+          return true
+        })
+      }
+      await client.close()
+    })
+
+    it('close() releases every lock, signals the loss and refuses new locks', async () => {
+      const client = await connect(server.url)
+      const guards = await Promise.all(['a', 'b', 'c'].map((k) => client.acquire(`close:${k}`, { ttl: '60s' })))
+      await client.close()
+      for (const guard of guards) assert.equal(await guard.lost, 'closed')
+      const other = await connect(server.url)
+      for (const guard of guards) {
+        const next = await other.acquire(guard.key, { ttl: '5s', wait: 0 })
+        assert.ok(next.token > guard.token)
+      }
+      await assert.rejects(client.acquire('close:d'), (err) => err instanceof FencelockError && err.code === 'unavailable')
+      await other.close()
+    })
+
+    it('runs work under the lock and releases it', async () => {
+      const client = await connect(server.url)
+      const fence = await openFence(server.url)
+      const token = await client.run('run:k', { ttl: '10s' }, async (signal, guard) => {
+        assert.equal(signal.aborted, false)
+        await fence.admit('run:resource', guard.token)
+        return guard.token
+      })
+      assert.equal(await client.inspect('run:k'), null)
+      await assert.rejects(fence.admit('run:resource', token - 1n), StaleTokenError)
+      await client.close()
+    })
+  })
+}
+
+describe('unreachable host', () => {
+  it('rejects with a typed error within the wait', async () => {
+    const started = Date.now()
+    await assert.rejects(
+      (async () => {
+        const client = await connect('redis://127.0.0.1:1', { opTimeout: '2s' })
+        await client.acquire('k', { ttl: '5s', wait: '1s' })
+      })(),
+      (err) => {
+        assert.ok(err instanceof FencelockError, `${err}`)
+        assert.ok(['unavailable', 'timeout', 'not_acquired'].includes(err.code), err.code)
+        return true
+      },
+    )
+    assert.ok(Date.now() - started < 15_000)
+  })
+})

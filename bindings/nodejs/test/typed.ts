@@ -1,0 +1,36 @@
+// Compiled with `tsc --strict` (test/tsconfig.json) against the shipped
+// index.d.ts and the generated native.d.ts, then run by typed.test.js.
+import {
+  connect,
+  openFence,
+  FencelockError,
+  NotAcquiredError,
+  type Guard,
+  type LossReason,
+} from 'fencelock'
+
+export async function main(url: string): Promise<bigint[]> {
+  const client = await connect(url, { owner: 'typed-test' })
+  const guard: Guard = await client.acquire('typed:k', { ttl: '30s', wait: 0 })
+  const token: bigint = guard.token
+  const owner: string = guard.owner
+  guard.on('lost', (reason: LossReason) => console.error('lost', reason))
+  let code: string | undefined
+  try {
+    await client.acquire('typed:k', { ttl: 1000, wait: 0, owner: 'someone-else' })
+  } catch (err) {
+    if (err instanceof NotAcquiredError) code = err.code
+  }
+  if (code !== 'not_acquired') throw new Error(`expected not_acquired, got ${code}`)
+  const fence = await openFence(url)
+  await fence.admit('typed:resource', token)
+  const info = await client.inspect('typed:k')
+  if (info === null || info.owner !== owner) throw new Error('inspect did not show the holder')
+  await guard.release()
+  const value: number = await client.run('typed:run', { ttl: '5s' }, async (signal: AbortSignal, g: Guard) => {
+    if (signal.aborted) throw new FencelockError('aborted', 'not_held')
+    return Number(g.token)
+  })
+  await client.close()
+  return [token, BigInt(value)]
+}

@@ -123,11 +123,13 @@ fn start(engine: &str) -> TestResult<Started> {
             let (url, port) = (server.url("mysql"), server.port());
             (Box::new(server), url, port)
         }
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unknown engine {other:?}: one of redis, redis-persistent, redis-sentinel, postgres, \
                  mariadb, etcd, zookeeper"
         )
-        .into()),
+            .into())
+        }
     })
 }
 

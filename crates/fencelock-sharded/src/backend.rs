@@ -227,15 +227,28 @@ impl ShardedBackend {
             return self.check_all(ttl).await;
         }
         for &i in indices {
-            epoch::check(&*self.backends[i], &self.names[i], self.epoch, ttl).await?;
+            epoch::check(
+                &*self.backends[i],
+                &self.names[i],
+                self.epoch,
+                self.joins(i),
+                ttl,
+            )
+            .await?;
         }
         Ok(())
     }
 
+    /// Whether store `i` joins at this step: the map is in transition and
+    /// its previous map does not have the store.
+    fn joins(&self, i: usize) -> bool {
+        self.phase.is_some() && !self.previous.iter().any(|&(_, p)| p == i)
+    }
+
     async fn check_all(&self, ttl: Duration) -> Result<()> {
         let started = Instant::now();
-        for (backend, name) in self.backends.iter().zip(&self.names) {
-            epoch::check(&**backend, name, self.epoch, ttl).await?;
+        for (i, (backend, name)) in self.backends.iter().zip(&self.names).enumerate() {
+            epoch::check(&**backend, name, self.epoch, self.joins(i), ttl).await?;
         }
         if let Ok(mut at) = self.checked_all.lock() {
             *at = Some(started);

@@ -82,10 +82,18 @@ struct Slot {
 ///
 /// `need` is how long the record must still live after this check: a
 /// slot closer to its end is renewed.
+///
+/// A store that `joins` at this step (in the map but not in its previous
+/// one) was in no map of the step before, so no process of that step can
+/// have recorded it: its record is older by construction (a shard removed
+/// and added back later shows the epoch it was removed at), and only "too
+/// old" is refused there. The step before is still checked on every store
+/// it used, which the map's previous list names.
 pub(crate) async fn check(
     store: &dyn Backend,
     shard: &str,
     epoch: u64,
+    joins: bool,
     need: Duration,
 ) -> Result<()> {
     let need = need.saturating_add(MARGIN).max(REFRESH_BELOW);
@@ -117,7 +125,7 @@ pub(crate) async fn check(
         let Some(seen) = slots[high].as_ref().map(|s| s.epoch) else {
             continue;
         };
-        if epoch.saturating_add(1) < seen || epoch > seen.saturating_add(1) {
+        if epoch.saturating_add(1) < seen || (epoch > seen.saturating_add(1) && !joins) {
             return Err(refusal(epoch, shard, seen));
         }
         if epoch > seen {
@@ -224,25 +232,46 @@ mod tests {
     #[tokio::test]
     async fn adjacent_epochs_pass_and_raise_others_are_refused() -> TestResult {
         let store = MemoryBackend::new();
-        check(&store, "a", 5, Duration::ZERO).await?;
+        check(&store, "a", 5, false, Duration::ZERO).await?;
         assert_eq!(slots(&store).await?, [Some(5), None]);
         // One step either way passes; only a newer one raises the record.
-        check(&store, "a", 4, Duration::ZERO).await?;
-        check(&store, "a", 6, Duration::ZERO).await?;
+        check(&store, "a", 4, false, Duration::ZERO).await?;
+        check(&store, "a", 6, false, Duration::ZERO).await?;
         assert_eq!(slots(&store).await?, [Some(5), Some(6)]);
-        check(&store, "a", 7, Duration::ZERO).await?;
+        check(&store, "a", 7, false, Duration::ZERO).await?;
         // The raise replaced the lower slot, never the highest.
         assert_eq!(slots(&store).await?, [Some(7), Some(6)]);
         assert!(refused(
-            check(&store, "a", 5, Duration::ZERO).await,
+            check(&store, "a", 5, false, Duration::ZERO).await,
             "epoch 5 is too old: shard \"a\" has seen epoch 7 (only adjacent steps"
         ));
         assert!(refused(
-            check(&store, "a", 9, Duration::ZERO).await,
+            check(&store, "a", 9, false, Duration::ZERO).await,
             "epoch 9 is too new: shard \"a\" has only seen epoch 7"
         ));
         // Refusals write nothing.
         assert_eq!(slots(&store).await?, [Some(7), Some(6)]);
+        Ok(())
+    }
+
+    /// A shard removed at epoch 6 and added back at 8 (in the join step of
+    /// a move) shows 6: it joins, so it is not "too new" there, and the
+    /// record is raised; a process that skips a step is still refused on
+    /// a store it does not join.
+    #[tokio::test]
+    async fn a_store_that_joins_may_have_missed_the_step_before() -> TestResult {
+        let store = MemoryBackend::new();
+        check(&store, "b", 6, false, Duration::ZERO).await?;
+        assert!(refused(
+            check(&store, "b", 8, false, Duration::ZERO).await,
+            "epoch 8 is too new"
+        ));
+        check(&store, "b", 8, true, Duration::ZERO).await?;
+        assert_eq!(slots(&store).await?, [Some(6), Some(8)]);
+        assert!(refused(
+            check(&store, "b", 6, true, Duration::ZERO).await,
+            "epoch 6 is too old"
+        ));
         Ok(())
     }
 
@@ -255,7 +284,7 @@ mod tests {
             store.try_acquire(&short).await?,
             Acquire::Granted(_)
         ));
-        check(&store, "a", 3, Duration::ZERO).await?;
+        check(&store, "a", 3, false, Duration::ZERO).await?;
         let info = store
             .inspect(&LockKey::new(SLOTS[1])?)
             .await?
@@ -277,7 +306,7 @@ mod tests {
             Acquire::Granted(_)
         ));
         assert!(refused(
-            check(&store, "a", 1, Duration::ZERO).await,
+            check(&store, "a", 1, false, Duration::ZERO).await,
             "is held by someone"
         ));
         Ok(())

@@ -85,6 +85,19 @@ fn work_time(rng: &mut StdRng, ttl: Duration) -> Duration {
     }
 }
 
+/// Makes a worker's new step of a shard map known to every store before
+/// the worker says it has moved (the backend's first operation checks and
+/// records its epoch on all of them): the nemesis takes the next step once
+/// every worker has moved, and a store that never saw this step would
+/// refuse processes on the next one as two steps apart.
+async fn record_step(client: &LockClient, key: &str) -> Result<(), Error> {
+    client
+        .backend()
+        .inspect(&fencelock::LockKey::new(key)?)
+        .await
+        .map(|_| ())
+}
+
 /// Runs the worker until `until_us`; [`Verdict::Passed`], or an error that
 /// stops it (the parent then fails the run: the history would be
 /// incomplete).
@@ -96,6 +109,7 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
     let mut epoch = map.as_deref().map(map_epoch).transpose()?;
     let mut client = connect_retrying(url, &args, &store).await?;
     if let Some(epoch) = epoch {
+        record_step(&client, &args.key).await?;
         store.record(vec![map_event(worker, epoch)]).await?;
     }
     let mut rng = StdRng::seed_from_u64(args.seed);
@@ -107,6 +121,7 @@ pub async fn run(url: &str, args: WorkerArgs) -> Result<Verdict, Error> {
             if epoch != Some(now) {
                 client = connect_retrying(url, &args, &store).await?;
                 epoch = Some(now);
+                record_step(&client, &args.key).await?;
                 store.record(vec![map_event(worker, now)]).await?;
             }
         }

@@ -116,12 +116,11 @@ fn init_logging(quiet: bool) {
         .try_init();
 }
 
-/// The guard's own "lock lost" warning: `run` reports a loss itself, in one
-/// line that also says what it does about it, so the guard's would repeat it.
+/// The library's own "lock lost" warning: `run` reports a loss itself, in
+/// one line that also says what it does about it, so the library's would
+/// repeat it.
 fn announces_loss(meta: &tracing::Metadata<'_>) -> bool {
-    meta.is_event()
-        && meta.target().starts_with("fencelock_core::guard")
-        && meta.fields().field("reason").is_some()
+    meta.is_event() && meta.target() == fencelock::LOSS_LOG_TARGET
 }
 
 /// Log timestamps such as `2026-11-22T21:04:05.123Z`.

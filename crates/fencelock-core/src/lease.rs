@@ -24,6 +24,11 @@ use crate::{
     types::{LeaseId, LockMode, MIN_TTL},
 };
 
+/// The `tracing` target of the one warning a loss logs, so that a program
+/// that reports losses itself (the CLI's `run`) can leave this one out
+/// without depending on where in the crate it is raised.
+pub const LOSS_LOG_TARGET: &str = "fencelock::loss";
+
 /// Settings a guard takes from its request and client.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GuardConfig {
@@ -217,6 +222,7 @@ impl Shared {
             .increment(1);
         if reason != LossReason::Closed {
             tracing::warn!(
+                target: LOSS_LOG_TARGET,
                 key = %self.lease.key, owner = %self.lease.owner, token = %self.lease.token,
                 backend, reason = reason.as_str(), "lock lost: {reason}"
             );

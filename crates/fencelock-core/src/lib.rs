@@ -107,6 +107,7 @@ pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELEC
 pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
 pub use fence::{validate_value, Admission, Fence, FenceRecord, FencedValue, MAX_FENCED_VALUE};
 pub use guard::{GuardHandle, LockGuard};
+pub use lease::LOSS_LOG_TARGET;
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use semaphore::{

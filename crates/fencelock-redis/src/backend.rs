@@ -542,15 +542,7 @@ impl RedisBackend {
         let mut found = Vec::new();
         let mut now_ms: i64;
         loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| map("SCAN", e))?;
+            let (next, names) = scan_page(&mut conn, cursor, &pattern).await?;
             let keyed: Vec<(LockKey, Vec<u8>)> = names
                 .into_iter()
                 .filter_map(|n| Some((self.inner.keys.user_key(&n)?, n)))
@@ -602,15 +594,7 @@ impl RedisBackend {
         let mut found = Vec::new();
         let mut now_ms = 0;
         loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| map("SCAN", e))?;
+            let (next, names) = scan_page(&mut conn, cursor, &pattern).await?;
             for key in names
                 .iter()
                 .filter_map(|n| self.inner.keys.counter_user_key(n))
@@ -648,15 +632,7 @@ impl RedisBackend {
         let mut cursor: u64 = 0;
         let mut found = Vec::new();
         loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| map("SCAN", e))?;
+            let (next, names) = scan_page(&mut conn, cursor, &pattern).await?;
             for key in names
                 .iter()
                 .filter_map(|n| self.inner.keys.readers_user_key(n))
@@ -1161,4 +1137,22 @@ impl Backend for RedisBackend {
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.inner.wakeups.subscribe(key).await?))
     }
+}
+
+/// One page of `SCAN cursor MATCH pattern COUNT 1000`: the next cursor (0
+/// at the end) and the key names found.
+async fn scan_page(
+    conn: &mut BoundedConnection,
+    cursor: u64,
+    pattern: &str,
+) -> Result<(u64, Vec<Vec<u8>>)> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await
+        .map_err(|e| map("SCAN", e))
 }

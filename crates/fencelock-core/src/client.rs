@@ -26,6 +26,9 @@ const DEFAULT_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest `kind` label.
 const MAX_KIND_LEN: usize = 64;
+/// Releases `close` keeps in flight: enough to hide round trips, few enough
+/// that none waits behind the others for a connection past its timeout.
+const CLOSE_CONCURRENCY: usize = 32;
 /// Largest `data` payload, serialized.
 const MAX_DATA_LEN: usize = 64 * 1024;
 /// Backoff while waiting without wake-ups (or between them): starts at 1 ms,
@@ -284,14 +287,22 @@ impl LockClient {
     /// refuses new acquisitions with [`Error::ClientClosed`].
     ///
     /// Each guard still in use reports the loss with
-    /// [`crate::LossReason::Closed`] (so `run` closures are cancelled), and
-    /// its own `release` then answers `Ok`. Releases run concurrently, each
-    /// bounded by the operation timeout; the first failure is returned after
-    /// all have been tried (a lease whose release failed ends by expiry).
+    /// [`crate::LossReason::Closed`] at once (so `run` closures are
+    /// cancelled), and its own `release` then answers `Ok`. The leases are
+    /// then freed, at most 32 at a time (a pool of a few connections queues
+    /// the rest, and a queued release would spend its timeout waiting), each
+    /// bounded by the operation timeout from its own start; the first
+    /// failure is returned after all have been tried (a lease whose release
+    /// failed ends by expiry).
     pub async fn close(&self) -> Result<()> {
-        let guards = self.inner.renewer.close();
-        let releases = guards.into_iter().map(|shared| shared.close());
-        let results = futures_util::future::join_all(releases).await;
+        use futures_util::StreamExt as _;
+        let mut to_free = self.inner.renewer.close();
+        to_free.retain(|shared| shared.close());
+        let results: Vec<Result<()>> = futures_util::stream::iter(to_free)
+            .map(|shared| shared.free_closed())
+            .buffer_unordered(CLOSE_CONCURRENCY)
+            .collect()
+            .await;
         results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
     }
 }

@@ -216,7 +216,9 @@ impl LockGuard {
         if !renewer.register(Arc::clone(&shared), config.renew_every) {
             // The client was closed while this grant was on its way: it is
             // released like every other lease the client held.
-            tokio::spawn(Arc::clone(&shared).close());
+            if shared.close() {
+                tokio::spawn(Arc::clone(&shared).free_closed());
+            }
         }
         Self {
             handle: GuardHandle { shared },

@@ -310,14 +310,17 @@ impl Shared {
         }
     }
 
-    /// Releases on behalf of [`crate::LockClient::close`]: the guard is
-    /// lost for its holder (reason [`LossReason::Closed`]) and its lease
-    /// freed.
-    pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
+    /// The first half of [`crate::LockClient::close`] for this guard: it is
+    /// lost for its holder at once (reason [`LossReason::Closed`]); true when
+    /// its lease is still to be freed by [`Shared::free_closed`].
+    pub(crate) fn close(&self) -> bool {
         self.declare_lost(LossReason::Closed);
-        if !self.finish() {
-            return Ok(());
-        }
+        self.finish()
+    }
+
+    /// The second half: frees the lease of a guard that [`Shared::close`]
+    /// ended.
+    pub(crate) async fn free_closed(self: Arc<Self>) -> Result<()> {
         match self.release().await {
             Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
             Err(e) => Err(e),

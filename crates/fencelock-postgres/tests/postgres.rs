@@ -29,6 +29,7 @@ async fn postgres_specific() -> TestResult {
         fence_in_transaction(&base).await?;
         tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
         a_pool_of_one_still_works_and_wakes_waiters(&base).await?;
+        closing_many_leases_does_not_queue_them_past_the_pools_timeout(&base).await?;
         a_release_wakes_the_waiters_of_its_key_only(&base).await?;
         floors_and_plain_draws_racing_keep_tokens_unique_and_growing(&base).await?;
         a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
@@ -139,6 +140,30 @@ async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
     held.release().await?;
     let next = waiting.await??;
     next.release().await?;
+    Ok(())
+}
+
+/// `LockClient::close` frees thousands of leases through a pool of two
+/// connections whose checkout gives up after a second: the releases must
+/// not all wait for a connection at once (each would spend its checkout
+/// time in the queue), so every one succeeds and no lease is left.
+async fn closing_many_leases_does_not_queue_them_past_the_pools_timeout(base: &str) -> TestResult {
+    const LEASES: usize = 2_000;
+    let url = format!("{base}?table_prefix=close_&pool_max=2&acquire_timeout=1s&op_timeout=1s");
+    let backend: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await?);
+    let client = fencelock_core::LockClient::builder(Arc::clone(&backend))
+        .owner(Owner::new("closer")?)
+        .build()?;
+    let mut guards = Vec::with_capacity(LEASES);
+    for i in 0..LEASES {
+        let lock = client
+            .lock(format!("close-{i}"))
+            .ttl(Duration::from_secs(60));
+        guards.push(lock.acquire().await?);
+    }
+    client.close().await?;
+    let left = backend.list(Some("close-")).await?;
+    assert!(left.is_empty(), "{} leases left after close", left.len());
     Ok(())
 }
 

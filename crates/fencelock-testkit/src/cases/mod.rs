@@ -278,6 +278,29 @@ pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant
     }
 }
 
+/// Runs `op` until it answers anything but a transient error, for at most
+/// `bound`: right after a restart a server may refuse or drop requests for a
+/// while (a cluster re-forming, a primary failed over to its replica and
+/// back), and the cases that restart check what survived, not how soon the
+/// server answers again.
+pub(crate) async fn through_restart<T, F>(
+    bound: Duration,
+    mut op: impl FnMut() -> F,
+) -> TestResult<T>
+where
+    F: std::future::Future<Output = Result<T, fencelock_core::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        match op().await {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 /// A client on a new connection to `store`, taking locks as `name`.
 pub(crate) async fn client(
     store: &dyn Store,

@@ -20,8 +20,8 @@ use fencelock_core::{
 };
 
 use super::{
-    client, ensure, fence_of, grant, key, lease, owner, request, wait_out, EXPIRY_SLACK, GUARD_TTL,
-    LONG_TTL, SHORT_TTL,
+    client, ensure, fence_of, grant, key, lease, owner, request, through_restart, wait_out,
+    EXPIRY_SLACK, GUARD_TTL, LONG_TTL, SHORT_TTL,
 };
 use crate::suite::{Store, TestResult};
 
@@ -589,23 +589,23 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
     };
     store.restart().await?;
     let b = store.connect().await?;
-    let bound = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (b, within) = (&*b, Duration::from_secs(30));
     // The reader is still there after the restart: a writer is refused,
     // and the reader's own release works by (owner, token).
-    loop {
-        match b.try_acquire(&request(&k, &owner("rw-w"), LONG_TTL)).await {
-            Ok(Acquire::Held(_)) => break,
-            Ok(Acquire::Granted(g)) => {
-                return Err(format!("a writer got {} over a persisted reader", g.token).into())
-            }
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < bound => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e.into()),
+    let writer = request(&k, &owner("rw-w"), LONG_TTL);
+    match through_restart(within, || b.try_acquire(&writer)).await? {
+        Acquire::Held(_) => {}
+        Acquire::Granted(g) => {
+            return Err(format!("a writer got {} over a persisted reader", g.token).into())
         }
     }
-    b.release_shared(&lease(&k, &o, before.token)).await?;
-    let again = read_grant(&*b, &k, &o, LONG_TTL).await?;
+    let first = lease(&k, &o, before.token);
+    through_restart(within, || b.release_shared(&first)).await?;
+    let reader = request(&k, &o, LONG_TTL);
+    let again = through_restart(within, || b.try_acquire_shared(&reader)).await?;
+    let Acquire::Granted(again) = again else {
+        return Err(format!("reader {o} refused on {k} after its release: {again:?}").into());
+    };
     ensure!(
         again.token > before.token,
         "{} after {}",

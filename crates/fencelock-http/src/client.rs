@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use fencelock_core::Admission;
 use fencelock_core::{
     redact_url, Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Driver,
-    Error, ErrorStatus, Fence, FencedValue, FencingToken, Grant, LeaseId, LockInfo, LockKey,
-    LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Error, ErrorStatus, Fence, FencedValue, FencingToken, Grant, HolderChange, LeaseId, LockInfo,
+    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription, Watch, WatchFeeder,
 };
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -21,9 +21,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
 use crate::wire::{
-    AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, FenceBody,
-    GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
-    RenewItem, RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
+    AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
+    FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody,
+    RenewBody, RenewItem, RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
 };
 
 const NAME: &str = "http";
@@ -517,6 +517,8 @@ impl HttpBackend {
         let remote = info.capabilities;
         let capabilities = Capabilities::default()
             .with_wakeups(true)
+            // Every service streams each key's events, whatever its backend.
+            .with_watch(true)
             .with_persistent(remote.persistent)
             .with_keeps_expired(remote.keeps_expired)
             .with_min_token(remote.min_token)
@@ -838,22 +840,10 @@ impl Backend for HttpBackend {
     /// the key is a wake-up. The service subscribes before it answers, so
     /// once this returns no later release is missed.
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        let mut url = self.conn.url(&["v1", "events"]);
-        url.query_pairs_mut().append_pair("key", key.as_str());
-        let response = self
+        let wakeups = self
             .conn
-            .send(url, |url| self.conn.request(Method::GET, url))
-            .await
-            .map_err(transport)?;
-        if response.status() != StatusCode::OK {
-            let status = response.status();
-            let body = response.json::<ErrorBody>().await.map_err(transport)?;
-            return Err(refused(status, body));
-        }
-        use eventsource_stream::Eventsource;
-        let wakeups = response
-            .bytes_stream()
-            .eventsource()
+            .follow(key, None)
+            .await?
             // A broken stream ends the subscription: the waiter backs off.
             .take_while(|e| std::future::ready(e.is_ok()))
             .filter_map(|e| {
@@ -863,6 +853,217 @@ impl Backend for HttpBackend {
                 std::future::ready(wake.then_some(()))
             });
         Ok(Some(WakeSubscription::from_stream(wakeups)))
+    }
+
+    /// The key's events (`GET /v1/events?key=KEY`) as holder changes, so
+    /// that observers are told of every grant the service sees rather than
+    /// polling. The stream is followed again after a break, from the last
+    /// event's id; when the service cannot replay what was missed (it sent
+    /// `resync`), the key is read and the difference reported, a vanished
+    /// lease as an expiry (the safe side: an expiry is never reported as a
+    /// release).
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        let events = self.conn.follow(key, None).await?;
+        let current = self.inspect(key).await?;
+        let (feeder, watch) = Watch::channel();
+        tokio::spawn(feed_watch(
+            self.clone(),
+            key.clone(),
+            events,
+            current,
+            feeder,
+        ));
+        Ok(watch)
+    }
+}
+
+/// A key's event stream, as `Connection::follow` answers it.
+type Events = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<
+                Item = std::result::Result<
+                    eventsource_stream::Event,
+                    eventsource_stream::EventStreamError<reqwest::Error>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// Feeds `feeder` from the key's events until the watch is dropped.
+async fn feed_watch(
+    backend: HttpBackend,
+    key: LockKey,
+    mut events: Events,
+    current: Option<LockInfo>,
+    feeder: WatchFeeder,
+) {
+    let mut seen = Holders::new(current.as_ref());
+    let mut last_id = String::new();
+    let mut backoff =
+        fencelock_core::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = feeder.closed() => return,
+            next = events.next() => next,
+        };
+        let changes = match next {
+            Some(Ok(event)) => {
+                backoff.reset();
+                if !event.id.is_empty() {
+                    last_id.clone_from(&event.id);
+                }
+                if event.event == "resync" {
+                    match backend.inspect(&key).await {
+                        Ok(current) => seen.resync(current),
+                        // The stream is followed again below, which asks
+                        // for the same again.
+                        Err(_) => Vec::new(),
+                    }
+                } else {
+                    match serde_json::from_str::<EventBody>(&event.data) {
+                        // A grant the service made itself names the lease
+                        // without its record: read it.
+                        Ok(body) if body.kind == "acquired" && body.lock.is_none() => {
+                            match backend.inspect(&key).await {
+                                Ok(Some(info)) if info.token.get() == body.token => {
+                                    seen.acquired(info).into_iter().collect()
+                                }
+                                // Already over (its end is a later event) or
+                                // unreadable now: reported when it ends.
+                                _ => Vec::new(),
+                            }
+                        }
+                        Ok(body) => seen.event(&key, body),
+                        Err(_) => Vec::new(),
+                    }
+                }
+            }
+            Some(Err(_)) | None => {
+                tokio::select! {
+                    _ = feeder.closed() => return,
+                    () = tokio::time::sleep(backoff.next_retry()) => {}
+                }
+                let from = (!last_id.is_empty()).then_some(last_id.as_str());
+                match backend.conn.follow(&key, from).await {
+                    Ok(again) => events = again,
+                    Err(e) if e.is_transient() => {
+                        tracing::debug!(key = %key, error = %e, "watch: following events again failed; retrying");
+                    }
+                    Err(e) => {
+                        let _ = feeder.send(Err(e)).await;
+                        return;
+                    }
+                }
+                Vec::new()
+            }
+        };
+        for change in changes {
+            if !feeder.send(Ok(change)).await {
+                return;
+            }
+        }
+    }
+}
+
+/// What a watch fed from events has reported: the holder it last reported
+/// acquiring, and the highest token whose end it reported, so that an end
+/// seen twice (a `lost` refusal and the listing's `expired`, say) or a grant
+/// replayed after a reconnection is reported once.
+struct Holders {
+    holder: Option<LeaseId>,
+    acquired_up_to: u64,
+    ended_up_to: u64,
+}
+
+impl Holders {
+    fn new(current: Option<&LockInfo>) -> Self {
+        let token = current.map_or(0, |i| i.token.get());
+        Self {
+            holder: current.map(|i| LeaseId::new(i.key.clone(), i.owner.clone(), i.token)),
+            acquired_up_to: token,
+            ended_up_to: 0,
+        }
+    }
+
+    fn acquired(&mut self, info: LockInfo) -> Option<HolderChange> {
+        if info.token.get() <= self.acquired_up_to {
+            return None;
+        }
+        self.acquired_up_to = info.token.get();
+        self.holder = Some(LeaseId::new(
+            info.key.clone(),
+            info.owner.clone(),
+            info.token,
+        ));
+        Some(HolderChange::Acquired(info))
+    }
+
+    fn ended(&mut self, lease: LeaseId, expired: bool) -> Option<HolderChange> {
+        if lease.token.get() <= self.ended_up_to {
+            return None;
+        }
+        self.ended_up_to = lease.token.get();
+        if self.holder.as_ref().is_some_and(|h| h.token == lease.token) {
+            self.holder = None;
+        }
+        Some(if expired {
+            HolderChange::Expired(lease)
+        } else {
+            HolderChange::Released(lease)
+        })
+    }
+
+    fn event(&mut self, key: &LockKey, body: EventBody) -> Vec<HolderChange> {
+        let lease = |owner: Option<String>| {
+            let owner = Owner::new(owner?).ok()?;
+            Some(LeaseId::new(key.clone(), owner, FencingToken(body.token)))
+        };
+        let change = match body.kind.as_str() {
+            "acquired" => body.lock.and_then(|l| self.acquired(l.info)),
+            "released" | "lost" => lease(body.owner).and_then(|l| self.ended(l, false)),
+            "expired" => lease(body.owner).and_then(|l| self.ended(l, true)),
+            _ => None,
+        };
+        change.into_iter().collect()
+    }
+
+    fn resync(&mut self, current: Option<LockInfo>) -> Vec<HolderChange> {
+        let mut changes = Vec::new();
+        let same = |h: &LeaseId| current.as_ref().is_some_and(|c| c.token == h.token);
+        if let Some(gone) = self.holder.clone().filter(|h| !same(h)) {
+            changes.extend(self.ended(gone, true));
+        }
+        if let Some(info) = current {
+            changes.extend(self.acquired(info));
+        }
+        changes
+    }
+}
+
+impl Connection {
+    /// `GET /v1/events?key=KEY`, from the event after `last_id` when given
+    /// (`Last-Event-ID`). Answers once the service has subscribed.
+    async fn follow(&self, key: &LockKey, last_id: Option<&str>) -> Result<Events> {
+        use eventsource_stream::Eventsource;
+        let mut url = self.url(&["v1", "events"]);
+        url.query_pairs_mut().append_pair("key", key.as_str());
+        let response = self
+            .send(url, |url| {
+                let request = self.request(Method::GET, url);
+                match last_id {
+                    Some(id) => request.header("last-event-id", id),
+                    None => request,
+                }
+            })
+            .await
+            .map_err(transport)?;
+        if response.status() != StatusCode::OK {
+            let status = response.status();
+            let body = response.json::<ErrorBody>().await.map_err(transport)?;
+            return Err(refused(status, body));
+        }
+        Ok(Box::pin(response.bytes_stream().eventsource()))
     }
 }
 
@@ -879,17 +1080,19 @@ impl HttpFence {
             conn: Connection::new(url)?,
         })
     }
-}
 
-#[async_trait]
-impl Fence for HttpFence {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+    /// `POST /v1/fences/{resource}/admit`, plain or in `mode`.
+    async fn admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: Option<LockMode>,
+    ) -> Result<Admission> {
         let url = self.conn.url(&["v1", "fences", resource, "admit"]);
-        let body = AdmitBody { token: token.get() };
+        let body = AdmitBody {
+            token: token.get(),
+            mode,
+        };
         match self
             .conn
             .json::<FenceBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
@@ -904,6 +1107,49 @@ impl Fence for HttpFence {
             }),
             Err(refusal) => Err(refused(StatusCode::CONFLICT, refusal)),
         }
+    }
+
+    /// `GET /v1/fences/{resource}`.
+    async fn state(&self, resource: &str) -> Result<FenceBody> {
+        let url = self.conn.url(&["v1", "fences", resource]);
+        self.conn
+            .json(Method::GET, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))
+    }
+}
+
+#[async_trait]
+impl Fence for HttpFence {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn try_admit(&self, resource: &str, token: FencingToken) -> Result<Admission> {
+        self.admit_as(resource, token, None).await
+    }
+
+    /// Claimed whatever the service's fence is: a service whose fence does
+    /// not record readers and writers apart answers `unsupported`.
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_admit_as(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        mode: LockMode,
+    ) -> Result<Admission> {
+        self.admit_as(resource, token, Some(mode)).await
+    }
+
+    async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let state = self.state(resource).await?;
+        if !state.shared {
+            return Err(Error::unsupported(NAME, "shared admission"));
+        }
+        Ok(state.writer.map(FencingToken))
     }
 
     /// Through the service's fenced key-value store (`/v1/kv`), which
@@ -964,13 +1210,7 @@ impl Fence for HttpFence {
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
-        let url = self.conn.url(&["v1", "fences", resource]);
-        let body: FenceBody = self
-            .conn
-            .json(Method::GET, url, None::<&()>, &[])
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))?;
-        Ok(body.current.map(FencingToken))
+        Ok(self.state(resource).await?.current.map(FencingToken))
     }
 }
 

@@ -212,6 +212,12 @@ pub struct LockList {
 pub struct AdmitBody {
     /// The token to admit.
     pub token: u64,
+    /// The mode of the lease the token is from, on a fence that records
+    /// readers and writers apart (`docs/rwlock.md`): a reader's token
+    /// (`shared`) is admitted iff it is at least the highest writer's. When
+    /// absent, a plain admission (a writer's, on such a fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
 }
 
 /// A fence's state: the answer to an admission and to
@@ -222,6 +228,14 @@ pub struct FenceBody {
     pub resource: String,
     /// The highest token admitted, if any.
     pub current: Option<u64>,
+    /// Whether the fence records readers' and writers' tokens apart (then
+    /// `writer` is its highest writer token); absent from services before
+    /// it.
+    #[serde(default)]
+    pub shared: bool,
+    /// With `shared`: the highest writer token admitted, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<u64>,
 }
 
 /// `PUT /v1/kv/{key}`.

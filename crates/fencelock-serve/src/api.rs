@@ -684,9 +684,20 @@ fn fence(s: &Service) -> Result<&dyn Fence, ApiError> {
     })
 }
 
-/// Admits `token` at `resource`, reporting a refusal on the event stream.
-async fn admit_token(s: &Service, resource: &str, token: FencingToken) -> Result<(), ApiError> {
-    match bounded("admit", fence(s)?.admit(resource, token)).await {
+/// Admits `token` at `resource` (in `mode`, when given: `docs/rwlock.md`),
+/// reporting a refusal on the event stream.
+async fn admit_token(
+    s: &Service,
+    resource: &str,
+    token: FencingToken,
+    mode: Option<LockMode>,
+) -> Result<(), ApiError> {
+    let fence = fence(s)?;
+    let admitted = match mode {
+        None => bounded("admit", fence.admit(resource, token)).await,
+        Some(mode) => bounded("admit", fence.admit_shared(resource, token, mode)).await,
+    };
+    match admitted {
         Err(e) => {
             if let Some(current) = e.current() {
                 s.inner.events.fenced_out(resource, token.get(), current);
@@ -697,26 +708,36 @@ async fn admit_token(s: &Service, resource: &str, token: FencingToken) -> Result
     }
 }
 
+/// A fence's state: its highest token, and its highest writer's on a fence
+/// that records them apart.
+async fn fence_state(s: &Service, resource: String) -> ApiResult<FenceBody> {
+    let fence = fence(s)?;
+    let current = bounded("highest", fence.highest(&resource)).await?;
+    let writer = if fence.shared() {
+        bounded("highest writer", fence.highest_writer(&resource)).await?
+    } else {
+        None
+    };
+    Ok(Json(FenceBody {
+        resource,
+        current: current.map(FencingToken::get),
+        shared: fence.shared(),
+        writer: writer.map(FencingToken::get),
+    }))
+}
+
 pub(crate) async fn admit(
     State(s): State<Service>,
     name: Name,
     Body(body): Body<AdmitBody>,
 ) -> ApiResult<FenceBody> {
-    admit_token(&s, &name.0, FencingToken(body.token)).await?;
-    let current = bounded("highest", fence(&s)?.highest(&name.0)).await?;
-    Ok(Json(FenceBody {
-        resource: name.0,
-        current: current.map(FencingToken::get),
-    }))
+    admit_token(&s, &name.0, FencingToken(body.token), body.mode).await?;
+    fence_state(&s, name.0).await
 }
 
 pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiResult<FenceBody> {
     name.resource()?;
-    let current = bounded("highest", fence(&s)?.highest(&name.0)).await?;
-    Ok(Json(FenceBody {
-        resource: name.0,
-        current: current.map(FencingToken::get),
-    }))
+    fence_state(&s, name.0).await
 }
 
 /// The fence behind the fenced key-value store: one that keeps values in

@@ -58,6 +58,19 @@ struct Known {
     recorded: Instant,
 }
 
+impl Known {
+    /// How a lease found gone at `seen` ended: `expired` if its end could
+    /// have come by then (every estimate of `ends` errs early, so an expiry
+    /// is never reported as a release), `released` otherwise.
+    fn ended_by(&self, seen: Instant) -> &'static str {
+        if self.ends <= seen {
+            "expired"
+        } else {
+            "released"
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Table {
     leases: HashMap<String, Known>,
@@ -193,7 +206,7 @@ impl Events {
         {
             return;
         }
-        table.leases.insert(
+        let previous = table.leases.insert(
             grant.key.clone(),
             Known {
                 token: grant.token,
@@ -204,6 +217,18 @@ impl Events {
             },
         );
         drop(table);
+        // The key's previous lease ended before this grant, unseen (it
+        // expired, or was released elsewhere): followers hear of its end
+        // before the new holder, as a listing would have told them.
+        if let Some(previous) = previous.filter(|p| p.token < grant.token) {
+            let kind = previous.ended_by(Instant::now());
+            self.publish(event(
+                kind,
+                &grant.key,
+                Some(previous.owner),
+                previous.token,
+            ));
+        }
         self.publish(EventBody {
             kind: "acquired".to_owned(),
             key: grant.key.clone(),
@@ -286,11 +311,7 @@ impl Events {
                     .collect();
                 for key in gone {
                     if let Some(known) = table.leases.remove(&key) {
-                        let kind = if known.ends <= answered {
-                            "expired"
-                        } else {
-                            "released"
-                        };
+                        let kind = known.ended_by(answered);
                         out.push(event(kind, &key, Some(known.owner), known.token));
                     }
                 }

@@ -613,7 +613,7 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
         before.token
     );
     b.release_shared(&lease(&k, &o, again.token)).await?;
-    let w = grant(&*b, &k, &o, LONG_TTL).await?;
+    let w = grant(b, &k, &o, LONG_TTL).await?;
     ensure!(w.token > again.token, "{} after {}", w.token, again.token);
     Ok(())
 }

@@ -274,25 +274,11 @@ impl ZkBackend {
     }
 
     async fn read(&self, c: &zk::Client, path: String) -> Result<Option<Node>> {
-        // Both at once, on the one session: the node's own data never
-        // changes after its creation, so the pair is the lease as of the
-        // child's read.
-        let lease_path = format!("{path}/{LEASE}");
-        let (node, lease) = futures_util::future::join(
-            self.conn.maybe("reading a lease", c.get_data(&path)),
-            async {
-                match self.curator() {
-                    true => {
-                        self.conn
-                            .maybe("reading a lease", c.get_data(&lease_path))
-                            .await
-                    }
-                    false => Ok(None),
-                }
-            },
-        )
-        .await;
-        let Some((bytes, stat)) = node? else {
+        let Some((bytes, stat)) = self
+            .conn
+            .maybe("reading a lease", c.get_data(&path))
+            .await?
+        else {
             return Ok(None);
         };
         let parse = |bytes: &[u8], path: &str| {
@@ -302,19 +288,30 @@ impl ZkBackend {
         let record = match parse(&bytes, &path) {
             Ok(record) => record,
             // A foreign node is ephemeral: it has no lease child.
-            Err(_) if self.curator() => {
-                let record = self.foreign(&path, &stat);
-                return Ok(Some(Node::created(path, record, stat)));
-            }
+            Err(_) if self.curator() => self.foreign(&path, &stat),
             Err(e) => return Err(e),
         };
-        Ok(Some(match lease? {
-            Some((bytes, lease)) => Node {
-                record: parse(&bytes, &lease_path)?,
-                lease: Some(lease),
-                ..Node::created(path, record, stat)
-            },
-            None => Node::created(path, record, stat),
+        let node = Node::created(path, record, stat);
+        // Only a lease written since its creation has a child (Curator
+        // layout), so a contender read in a race costs one read.
+        if stat.num_children == 0 || node.record.foreign || !self.curator() {
+            return Ok(Some(node));
+        }
+        let lease_path = node.lease_path();
+        // The node's own data never changes, so the pair is the lease as
+        // of this read; the child goes only with the node, so a child gone
+        // since is a node gone.
+        let Some((bytes, lease)) = self
+            .conn
+            .maybe("reading a lease", c.get_data(&lease_path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Node {
+            record: parse(&bytes, &lease_path)?,
+            lease: Some(lease),
+            ..node
         }))
     }
 

@@ -48,6 +48,16 @@ fn seq(name: &str) -> &str {
     crate::curator::sequence(name).unwrap_or_else(|| name.get(NODE.len()..).unwrap_or_default())
 }
 
+/// The child of a fencelock contender node that holds its lease record
+/// once the lease has been written after its creation (Curator layout).
+/// The contender node itself is never written after it is created: the
+/// recipes that queue behind it watch its data, and Curator's
+/// `LeaderLatch` re-checks only when it is deleted and drops its watch
+/// when it changes (`docs/zookeeper.md`). A child is seen by none of them:
+/// they list the children of the key's node, not of a contender's, and a
+/// child's changes fire no data watch on its parent.
+const LEASE: &str = "lease";
+
 /// Past this many cached leases, the ones that ended long ago (lost, never
 /// released here) are swept out.
 const CACHE_SWEEP: usize = 4096;
@@ -76,13 +86,39 @@ pub(crate) struct Record {
 #[derive(Clone)]
 pub(crate) struct Node {
     pub(crate) path: String,
+    /// The lease record as last written: the [`LEASE`] child's once it
+    /// exists, else the node's own.
     pub(crate) record: Record,
+    /// The node's stat: its `czxid` is the token, its `ctime` when it was
+    /// acquired.
     pub(crate) stat: zk::Stat,
+    /// The stat of its [`LEASE`] child, once written (Curator layout).
+    pub(crate) lease: Option<zk::Stat>,
 }
 
 impl Node {
+    /// A node just created with `record`.
+    pub(crate) fn created(path: String, record: Record, stat: zk::Stat) -> Self {
+        Self {
+            path,
+            record,
+            stat,
+            lease: None,
+        }
+    }
+
+    /// The stat of the lease record's last write, whose `mtime` the expiry
+    /// counts from and whose version the next write is conditional on.
+    pub(crate) fn written(&self) -> &zk::Stat {
+        self.lease.as_ref().unwrap_or(&self.stat)
+    }
+
+    fn lease_path(&self) -> String {
+        format!("{}/{LEASE}", self.path)
+    }
+
     pub(crate) fn expires_ms(&self) -> i64 {
-        self.stat
+        self.written()
             .mtime
             .saturating_add(i64::try_from(self.record.ttl_ms).unwrap_or(i64::MAX))
     }
@@ -245,12 +281,38 @@ impl ZkBackend {
         else {
             return Ok(None);
         };
-        let record = match serde_json::from_slice::<Record>(&bytes) {
-            Ok(record) => record,
-            Err(_) if self.curator() => self.foreign(&path, &stat),
-            Err(e) => return Err(bad_value(format!("{path} holds no lease record: {e}"))),
+        let parse = |bytes: &[u8], path: &str| {
+            serde_json::from_slice::<Record>(bytes)
+                .map_err(|e| bad_value(format!("{path} holds no lease record: {e}")))
         };
-        Ok(Some(Node { path, record, stat }))
+        let record = match parse(&bytes, &path) {
+            Ok(record) => record,
+            // A foreign node is ephemeral: it has no lease child.
+            Err(_) if self.curator() => self.foreign(&path, &stat),
+            Err(e) => return Err(e),
+        };
+        let node = Node::created(path, record, stat);
+        // Only a lease written since its creation has a child (Curator
+        // layout), so a contender read in a race costs one read.
+        if stat.num_children == 0 || node.record.foreign || !self.curator() {
+            return Ok(Some(node));
+        }
+        let lease_path = node.lease_path();
+        // The node's own data never changes, so the pair is the lease as
+        // of this read; the child goes only with the node, so a child gone
+        // since is a node gone.
+        let Some((bytes, lease)) = self
+            .conn
+            .maybe("reading a lease", c.get_data(&lease_path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Node {
+            record: parse(&bytes, &lease_path)?,
+            lease: Some(lease),
+            ..node
+        }))
     }
 
     /// The record standing for a Curator or kazoo contender's node: its
@@ -349,15 +411,99 @@ impl ZkBackend {
     /// Deletes `node` if it is unchanged since read: `true` when it is gone
     /// (by this call or another), `false` when it changed (was renewed).
     pub(crate) async fn delete(&self, c: &zk::Client, node: &Node) -> Result<bool> {
-        match self
-            .conn
-            .raw(c.delete(&node.path, Some(node.stat.version)))
-            .await
-        {
+        match self.remove(c, node, true).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(true),
             Err(zk::Error::BadVersion) => Ok(false),
             Err(e) => Err(map("deleting a lease", e)),
         }
+    }
+
+    /// Deletes `node`, conditional on the version of its lease as last
+    /// written when `conditional` (`BadVersion` when it was written since).
+    /// In the Curator layout the node and its [`LEASE`] child go together
+    /// in one multi op, and the node's own version (never written) is
+    /// checked too.
+    pub(crate) async fn remove(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        conditional: bool,
+    ) -> std::result::Result<(), zk::Error> {
+        if !self.curator() {
+            let version = conditional.then_some(node.stat.version);
+            return self.conn.raw(c.delete(&node.path, version)).await;
+        }
+        let lease_path = node.lease_path();
+        let mut child = node.lease.is_some();
+        // The child goes only with the node, so `NoNode` means both are
+        // gone; `NotEmpty` means a lease was written since `node` was read.
+        for _ in 0..2 {
+            let mut multi = c.new_multi_writer();
+            if child {
+                multi.add_delete(&lease_path, conditional.then_some(node.written().version))?;
+            }
+            multi.add_delete(&node.path, conditional.then_some(node.stat.version))?;
+            let commit = multi.commit();
+            match self
+                .conn
+                .raw(async { commit.await.map_err(zk::Error::from) })
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(zk::Error::NotEmpty) if conditional => return Err(zk::Error::BadVersion),
+                // Unconditional: whatever it holds now goes too.
+                Err(zk::Error::NotEmpty) if !child => child = true,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(zk::Error::NotEmpty)
+    }
+
+    /// Writes `record` as `node`'s lease, conditional on the version last
+    /// written (`BadVersion` when written since, `NoNode` when deleted),
+    /// and answers the node as now stored. In the Curator layout the
+    /// record goes to the [`LEASE`] child, created by the first write.
+    pub(crate) async fn write(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        record: Record,
+    ) -> Result<std::result::Result<Node, zk::Error>> {
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let answer = match (self.curator(), &node.lease) {
+            (false, _) => {
+                let answer = c.set_data(&node.path, &bytes, Some(node.stat.version));
+                self.conn.raw(answer).await.map(|stat| Node {
+                    stat,
+                    record,
+                    ..node.clone()
+                })
+            }
+            (true, lease) => {
+                let path = node.lease_path();
+                let answer = match lease {
+                    Some(lease) => {
+                        let answer = c.set_data(&path, &bytes, Some(lease.version));
+                        self.conn.raw(answer).await
+                    }
+                    None => {
+                        let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                        match self.conn.raw(c.create(&path, &bytes, &plain)).await {
+                            Ok((stat, _)) => Ok(stat),
+                            // Written since, by another backend.
+                            Err(zk::Error::NodeExists) => Err(zk::Error::BadVersion),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                answer.map(|stat| Node {
+                    record,
+                    lease: Some(stat),
+                    ..node.clone()
+                })
+            }
+        };
+        Ok(answer)
     }
 
     /// Creates the key's container `dir` unless it exists (in the Curator
@@ -453,37 +599,29 @@ impl ZkBackend {
         Ok(None)
     }
 
-    /// The write of a renewal: `node` with `ttl`, conditional on the
-    /// version read (its `mtime` becomes now on the leader).
-    fn renewed(node: &Node, ttl: Duration) -> Result<(Record, Vec<u8>)> {
-        let record = Record {
+    /// The record a renewal of `node` to `ttl` writes (conditional on the
+    /// version read; the write's `mtime` becomes now on the leader).
+    fn renewed(node: &Node, ttl: Duration) -> Record {
+        Record {
             ttl_ms: ttl_ms(ttl),
             ..node.record.clone()
-        };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        Ok((record, bytes))
+        }
     }
 
-    /// Judges the answer to a renewal write of `node` as `record`: the
-    /// node as now stored, or [`Error::NotHeld`] when it was gone,
-    /// changed, or had expired before the write (I3).
+    /// Judges the answer to a renewal write of `node`: the node as now
+    /// stored, or [`Error::NotHeld`] when it was gone, changed, or had
+    /// expired before the write (I3).
     fn judge(
         node: &Node,
-        record: Record,
         lease: &LeaseId,
-        answer: std::result::Result<zk::Stat, zk::Error>,
+        answer: std::result::Result<Node, zk::Error>,
     ) -> Result<Node> {
-        let stat = match answer {
-            Ok(stat) => stat,
+        let now = match answer {
+            Ok(now) => now,
             Err(zk::Error::NoNode | zk::Error::BadVersion) => return Err(Error::not_held(lease)),
             Err(e) => return Err(map("renewing a lease", e)),
         };
-        let now = Node {
-            path: node.path.clone(),
-            record,
-            stat,
-        };
-        if node.live_at(stat.mtime) {
+        if node.live_at(now.written().mtime) {
             Ok(now)
         } else {
             Err(Error::not_held(lease))
@@ -499,13 +637,9 @@ impl ZkBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Grant> {
-        let (record, bytes) = Self::renewed(node, ttl)?;
-        let answer = self
-            .conn
-            .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
-            .await;
-        let expired = matches!(answer, Ok(stat) if !node.live_at(stat.mtime));
-        match Self::judge(node, record, lease, answer) {
+        let answer = self.write(c, node, Self::renewed(node, ttl)).await?;
+        let expired = matches!(&answer, Ok(now) if !node.live_at(now.written().mtime));
+        match Self::judge(node, lease, answer) {
             Ok(now) => {
                 let grant = Grant::new(lease.token, ttl, ms_to_time(now.expires_ms()));
                 self.remember(lease, now);
@@ -513,7 +647,7 @@ impl ZkBackend {
             }
             Err(e) => {
                 if expired {
-                    let _ = self.conn.raw(c.delete(&node.path, None)).await;
+                    let _ = self.remove(c, node, false).await;
                 }
                 if matches!(e, Error::NotHeld { .. }) {
                     self.forget(lease);
@@ -654,7 +788,7 @@ impl ZkBackend {
             // look it up and try once more.
             Err(Error::NotHeld { .. }) if self.cached(lease, mode).is_none() => {
                 match self.find(&c, lease, mode).await? {
-                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                    Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
                         self.touch(&c, &fresh, lease, ttl).await
                     }
                     _ => Err(Error::not_held(lease)),
@@ -695,7 +829,8 @@ impl ZkBackend {
         // delete conditional on the touch's version. Deleting a lease that
         // had just expired is harmless: nobody took it over, or the touch
         // would have found it gone.
-        let (record, bytes) = Self::renewed(&node, Duration::from_millis(1))?;
+        let record = Self::renewed(&node, Duration::from_millis(1));
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
         let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
         let (touched, deleted) = self
@@ -703,11 +838,16 @@ impl ZkBackend {
             .raw(async { Ok(futures_util::future::join(touch, delete).await) })
             .await
             .map_err(|e| map("releasing a lease", e))?;
-        match Self::judge(&node, record, lease, touched) {
+        let touched = touched.map(|stat| Node {
+            stat,
+            record,
+            ..node.clone()
+        });
+        match Self::judge(&node, lease, touched) {
             // A stale cache entry: the lease may still be there.
             Err(Error::NotHeld { .. }) if deleted.is_err() => {
                 match self.find(&c, lease, mode).await? {
-                    Some(fresh) if fresh.stat.version != node.stat.version => {
+                    Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
                         self.cache().insert(lease.clone(), fresh);
                         Box::pin(self.release_as(lease, mode)).await
                     }
@@ -724,14 +864,14 @@ impl ZkBackend {
 }
 
 impl ZkBackend {
-    /// [`ZkBackend::release_as`] in the Curator layout, without writing
-    /// the node before deleting it: a `LeaderLatch` watching it re-checks
-    /// only when it is deleted and drops its watch when it changes
-    /// (`docs/zookeeper.md`). The leader's clock is read first: a lease
-    /// that had ended by then is not released (it is deleted, as any
-    /// contender would); one that ends between that read and the delete
-    /// was taken over by nobody, or the delete (conditional on the version
-    /// read) would have found it gone.
+    /// [`ZkBackend::release_as`] in the Curator layout: the node and its
+    /// [`LEASE`] child deleted in one multi op, conditional on the lease's
+    /// version, without a touch first (the node is never written, and a
+    /// touch of the child would cost a round trip). The leader's clock is
+    /// read first: a lease that had ended by then is not released (it is
+    /// deleted, as any contender would); one that ends between that read
+    /// and the delete was taken over by nobody, or the delete would have
+    /// found it gone.
     async fn release_unwritten(
         &self,
         c: &zk::Client,
@@ -740,16 +880,12 @@ impl ZkBackend {
         mode: LockMode,
     ) -> Result<()> {
         let now = self.now(c).await?;
-        match self
-            .conn
-            .raw(c.delete(&node.path, Some(node.stat.version)))
-            .await
-        {
+        match self.remove(c, &node, true).await {
             Ok(()) if node.live_at(now) => Ok(()),
             Ok(()) | Err(zk::Error::NoNode) => Err(Error::not_held(lease)),
             // A stale cache entry: the lease may have been renewed since.
             Err(zk::Error::BadVersion) => match self.find(c, lease, mode).await? {
-                Some(fresh) if fresh.stat.version != node.stat.version => {
+                Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
                     Box::pin(self.release_unwritten(c, fresh, lease, mode)).await
                 }
                 _ => Err(Error::not_held(lease)),
@@ -801,14 +937,7 @@ impl Backend for ZkBackend {
             .settle(&c, &request.key, &request.owner, &mine, stat.ctime)
             .await
         {
-            Ok(None) => Ok(self.granted(
-                request,
-                Node {
-                    path: mine,
-                    record,
-                    stat,
-                },
-            )),
+            Ok(None) => Ok(self.granted(request, Node::created(mine, record, stat))),
             outcome => {
                 // Not granted (or unknown): withdraw the node, so that it
                 // never stands in the way of the next contender. If even
@@ -866,7 +995,7 @@ impl Backend for ZkBackend {
         {
             // Unconditional: a renewal since the scan is still this owner's
             // lease (the path names one grant).
-            match self.conn.raw(c.delete(&node.path, None)).await {
+            match self.remove(&c, node, false).await {
                 Ok(()) => released += 1,
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(map("releasing a lease", e)),
@@ -882,11 +1011,7 @@ impl Backend for ZkBackend {
         let mut removed = 0;
         for node in &expired {
             // Conditional: a lease renewed since the scan is live again.
-            match self
-                .conn
-                .raw(c.delete(&node.path, Some(node.stat.version)))
-                .await
-            {
+            match self.remove(&c, node, true).await {
                 Ok(()) => removed += 1,
                 Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
                 Err(e) => return Err(map("deleting an expired lease", e)),
@@ -931,15 +1056,9 @@ impl Backend for ZkBackend {
                 ttl_ms: left,
                 ..node.record.clone()
             };
-            let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-            match self
-                .conn
-                .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
-                .await
-            {
-                Ok(stat) => {
-                    let path = node.path;
-                    self.remember(lease, Node { path, record, stat });
+            match self.write(&c, &node, record).await? {
+                Ok(now) => {
+                    self.remember(lease, now);
                     return Ok(());
                 }
                 // Renewed since it was cached or read: once more, fresh.

@@ -110,31 +110,27 @@ impl ZkBackend {
                 if let Some(entry) = cached {
                     // Conditional: a node deleted as expired, or granted to
                     // another task of this owner, is not ours to revive.
-                    let node = entry.node;
-                    match self
-                        .conn
-                        .raw(c.set_data(&node.path, &bytes, Some(node.stat.version)))
-                        .await
-                    {
-                        Ok(stat) => refreshed = Some((node.path, stat)),
+                    match self.write(&c, &entry.node, record.clone()).await? {
+                        Ok(node) => refreshed = Some(node),
                         Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
                         Err(e) => return Err(map("refreshing a queue entry", e)),
                     }
                 }
-                let (path, stat) = match refreshed {
-                    Some(found) => found,
+                let mine = match refreshed {
+                    Some(node) => node,
                     None => {
-                        self.create(&c, request.key.as_str(), LockMode::Exclusive, &bytes)
-                            .await?
+                        let key = request.key.as_str();
+                        let (path, stat) =
+                            self.create(&c, key, LockMode::Exclusive, &bytes).await?;
+                        Node::created(path, record, stat)
                     }
                 };
-                let mine = Node { path, record, stat };
                 *entry = Some(Entry {
                     node: mine.clone(),
                     written: Instant::now(),
                 });
                 // The write's `mtime` is "now" on the leader.
-                let now = mine.stat.mtime;
+                let now = mine.written().mtime;
                 (mine, now)
             }
         };
@@ -152,23 +148,11 @@ impl ZkBackend {
             queued: false,
             ..mine.record.clone()
         };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
-        let answer = self
-            .conn
-            .raw(c.set_data(&mine.path, &bytes, Some(mine.stat.version)))
-            .await;
-        match answer {
-            Ok(stat) => {
+        match self.write(&c, &mine, record).await? {
+            Ok(granted) => {
                 // The entry is a lease now.
                 *entry = None;
-                Ok(self.granted(
-                    request,
-                    Node {
-                        path: mine.path,
-                        record,
-                        stat,
-                    },
-                ))
+                Ok(self.granted(request, granted))
             }
             // Deleted as expired, or rewritten by another process of this
             // owner: the next attempt queues anew.

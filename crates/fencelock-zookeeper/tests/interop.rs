@@ -34,6 +34,11 @@ const SESSION_MS: u64 = 4000;
 /// machine, a session expiring).
 const STEP: Duration = Duration::from_secs(60);
 
+/// How soon a `LeaderLatch` must lead once the contender it queued behind
+/// has gone: it watches that node, so a round trip or two; far below
+/// anything that would let it recover otherwise (a reconnection).
+const PROMPT: Duration = Duration::from_secs(10);
+
 /// How long a waiter that must stay waiting is watched for a wrong
 /// answer: it has seen the holder's node by then (its own is queued
 /// behind it), so a peer that ignored it would answer at once.
@@ -144,11 +149,16 @@ impl Peer {
 
     /// The peer's next line, which must be `line`.
     async fn expect(&mut self, line: &str) -> TestResult {
-        match tokio::time::timeout(STEP, self.lines.recv()).await {
+        self.expect_within(line, STEP).await
+    }
+
+    /// The peer's next line, which must be `line` and come within `limit`.
+    async fn expect_within(&mut self, line: &str, limit: Duration) -> TestResult {
+        match tokio::time::timeout(limit, self.lines.recv()).await {
             Ok(Some(got)) if got == line => Ok(()),
             Ok(Some(got)) => Err(format!("the peer said {got:?}, not {line:?}").into()),
             Ok(None) => Err(format!("the peer exited before saying {line:?}").into()),
-            Err(_) => Err(format!("the peer did not say {line:?} within {STEP:?}").into()),
+            Err(_) => Err(format!("the peer did not say {line:?} within {limit:?}").into()),
         }
     }
 
@@ -198,10 +208,21 @@ async fn client(url: &str, owner: &str) -> TestResult<LockClient> {
 
 /// Waits (on child watches, no polling) until `path` has `n` children.
 async fn contenders(look: &zk::Client, path: &str, n: usize) -> TestResult<Vec<String>> {
+    children_until(look, path, &format!("{n} children"), |c| c >= n).await
+}
+
+/// Waits (on child watches, no polling) until the number of `path`'s
+/// children satisfies `done` (described by `what`).
+async fn children_until(
+    look: &zk::Client,
+    path: &str,
+    what: &str,
+    done: impl Fn(usize) -> bool,
+) -> TestResult<Vec<String>> {
     let wait = async {
         loop {
             match look.get_and_watch_children(path).await {
-                Ok((children, _, _)) if children.len() >= n => return Ok(children),
+                Ok((children, _, _)) if done(children.len()) => return Ok(children),
                 Ok((_, _, watcher)) => {
                     watcher.changed().await;
                 }
@@ -215,7 +236,7 @@ async fn contenders(look: &zk::Client, path: &str, n: usize) -> TestResult<Vec<S
     };
     let children = tokio::time::timeout(STEP, wait)
         .await
-        .map_err(|_| format!("{path} never had {n} children"))??;
+        .map_err(|_| format!("{path} never had {what}"))??;
     Ok(children)
 }
 
@@ -438,5 +459,123 @@ async fn a_fencelock_lease_expiry_hands_over_in_order() -> TestResult {
     curator.expect("w released").await?;
     let guard = mine.await??;
     assert!(guard.token() > grant.token);
+    Ok(())
+}
+
+/// The contenders' names in `names` in their queue's order (by the
+/// sequence ZooKeeper appended, as every recipe orders them).
+fn in_line(mut names: Vec<String>) -> Vec<String> {
+    names.sort_by_key(|n| n[n.len().saturating_sub(10)..].to_owned());
+    names
+}
+
+/// Checks that fencelock's contender `name` under `path` was never
+/// written after its creation, so that a `LeaderLatch` watching it has
+/// not had its one-shot watch used up.
+async fn never_written(look: &zk::Client, path: &str, name: &str) -> TestResult {
+    let (_, stat) = look.get_data(&format!("{path}/{name}")).await?;
+    assert_eq!(stat.version, 0, "{path}/{name} was written: {stat:?}");
+    Ok(())
+}
+
+/// A `LeaderLatch` queued directly behind a fencelock leader that renews
+/// its lease leads as soon as fencelock resigns. The latch re-checks only
+/// when the node it watches is deleted, and a change of that node's data
+/// uses up its watch: a renewal written to the node would leave the latch
+/// a follower of nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_latch_behind_a_renewed_fencelock_leader_leads_when_it_resigns() -> TestResult {
+    let (server, url, look) = setup().await?;
+    let mut curator = Peer::curator(&server).await?;
+    let backend = ZkBackend::connect(&url).await?;
+    let path = "/services/renewed";
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(
+        LockKey::new(format!(
+            "{}services/renewed",
+            fencelock_core::ELECTION_PREFIX
+        ))?,
+        Owner::new("fl")?,
+        ttl,
+    );
+    let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
+        panic!("{path} was not free");
+    };
+    let lease = request.lease(grant.token);
+    curator.send(&format!("latch l {path}"))?;
+    let names = in_line(contenders(&look, path, 2).await?);
+    // Meanwhile the latch watches fencelock's node.
+    curator.stays_quiet("fencelock leads").await?;
+    let first = backend.renew(&lease, ttl).await?;
+    let second = backend.renew(&lease, ttl).await?;
+    assert!(
+        second.expires_at > grant.expires_at && first.expires_at > grant.expires_at,
+        "{grant:?}, then {first:?} and {second:?}"
+    );
+    // `proclaim` replaces the leader's data: a write too.
+    backend
+        .set_data(&lease, Some(serde_json::json!({"url": "http://a"})))
+        .await?;
+    never_written(&look, path, &names[0]).await?;
+    curator.stays_quiet("fencelock still leads").await?;
+    backend.release(&lease).await?;
+    curator.expect_within("l leader", PROMPT).await?;
+    Ok(())
+}
+
+/// The same for a fencelock waiter: a `LeaderLatch` queued behind a
+/// fencelock waiter whose queue entry was refreshed, and then granted,
+/// leads as soon as that waiter, now the leader, resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_latch_behind_a_refreshed_fencelock_waiter_leads_when_it_resigns() -> TestResult {
+    let (server, url, look) = setup().await?;
+    let mut curator = Peer::curator(&server).await?;
+    let backend = ZkBackend::connect(&url).await?;
+    let path = "/services/queued";
+    let key = LockKey::new(format!(
+        "{}services/queued",
+        fencelock_core::ELECTION_PREFIX
+    ))?;
+    let attempt = |ttl: u64| {
+        let mut request =
+            AcquireRequest::new(key.clone(), Owner::new("fl")?, Duration::from_secs(ttl));
+        request.queue = true;
+        TestResult::Ok(request)
+    };
+    curator.send(&format!("latch l0 {path}"))?;
+    curator.expect("l0 leader").await?;
+    assert!(matches!(
+        backend.try_acquire(&attempt(10)?).await?,
+        Acquire::Held(Some(_))
+    ));
+    let entry = backend.queue(&key).await?;
+    curator.send(&format!("latch l1 {path}"))?;
+    let names = in_line(contenders(&look, path, 3).await?);
+    // Meanwhile l1 watches fencelock's entry.
+    curator.stays_quiet("l0 leads").await?;
+    // A longer TTL: the attempt rewrites the entry, whose lease now ends
+    // later.
+    assert!(matches!(
+        backend.try_acquire(&attempt(20)?).await?,
+        Acquire::Held(Some(_))
+    ));
+    let refreshed = backend.queue(&key).await?;
+    assert!(
+        entry.len() == 1 && refreshed.len() == 1 && refreshed[0].expires_at > entry[0].expires_at,
+        "{entry:?}, then {refreshed:?}"
+    );
+    curator.send("unlatch l0")?;
+    curator.expect("l0 closed").await?;
+    // Curator deletes a closed latch's node in the background.
+    children_until(&look, path, "2 children", |n| n == 2).await?;
+    let request = attempt(10)?;
+    let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
+        panic!("the waiter queued next was not granted {path}");
+    };
+    assert_eq!(grant.token, refreshed[0].token);
+    never_written(&look, path, &names[1]).await?;
+    curator.stays_quiet("fencelock leads").await?;
+    backend.release(&request.lease(grant.token)).await?;
+    curator.expect_within("l1 leader", PROMPT).await?;
     Ok(())
 }

@@ -107,14 +107,7 @@ impl ZkBackend {
             .settle_reader(&c, &request.key, &mine, stat.ctime)
             .await
         {
-            Ok(None) => Ok(self.granted(
-                request,
-                Node {
-                    path: mine,
-                    record,
-                    stat,
-                },
-            )),
+            Ok(None) => Ok(self.granted(request, Node::created(mine, record, stat))),
             outcome => {
                 // As for a refused writer: the node must not stand in the
                 // way of the next writer; if even this fails it expires.
@@ -261,19 +254,13 @@ impl ZkBackend {
             .into_iter()
             .max_by_key(|n| (n.mode() == LockMode::Exclusive, n.token()));
         let intent = self.intent_path(key);
-        let paths = nodes
-            .iter()
-            .map(|n| n.path.as_str())
-            .chain([intent.as_str()]);
         // Unconditional, sent together on the one session: whatever was
         // renewed since the read goes too, the key is freed entirely.
-        let deleted = futures_util::future::join_all(paths.map(|p| c.delete(p, None)));
-        for answer in self
-            .conn
-            .raw(async { Ok(deleted.await) })
-            .await
-            .map_err(|e| map("force-releasing a key", e))?
-        {
+        let leases =
+            futures_util::future::join_all(nodes.iter().map(|n| self.remove(&c, n, false)));
+        let (leases, intent) =
+            futures_util::future::join(leases, self.conn.raw(c.delete(&intent, None))).await;
+        for answer in leases.into_iter().chain([intent]) {
             match answer {
                 Ok(()) | Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(map("force-releasing a lease", e)),

@@ -4,29 +4,65 @@ use crate::{
     common::{run, Outcome},
     election::{self, Election},
     redlock::{self, Redlock},
+    redlock_fast::{self, RedlockFast},
     sharding::{self, Resharding},
 };
 
-/// Checks `model` (`redlock`, `redlock-fast`, …, `-broken` for the twin)
-/// at the small bound or the deep one; `None` for an unknown name.
+/// Every model name [`check`] knows: the models, then their broken twins.
+pub const MODELS: [&str; 10] = [
+    "redlock",
+    "redlock-fast",
+    "sharding",
+    "election",
+    "redlock-broken",
+    "redlock-fast-broken",
+    "redlock-fast-unchecked-broken",
+    "redlock-fast-fresh-join-broken",
+    "sharding-broken",
+    "election-broken",
+];
+
+/// Checks `model` (one of [`MODELS`]; `-broken` for a twin) at the small
+/// bound or the deep one; `None` for an unknown name.
 pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
     let (name, broken) = match model.strip_suffix("-broken") {
         Some(name) => (name, true),
         None => (model, false),
     };
     Some(match name {
-        "redlock" | "redlock-fast" => {
+        "redlock" => {
             let mut c = redlock::Config::small();
-            if name == "redlock-fast" {
-                c.return_at_majority = true;
-                c.skip_timed_out = true;
-            }
             if deep {
                 c.horizon = 2;
                 c.probe_losses = true;
             }
             c.quarantine = !broken;
             run(Redlock(c), threads, broken)
+        }
+        // The twins: quarantine removed; the grant's token check removed
+        // (no `Stale`); the join of a formed majority that never granted
+        // anything without quarantine (the rule this model refuted).
+        "redlock-fast" | "redlock-fast-unchecked" | "redlock-fast-fresh-join" => {
+            let mut c = redlock_fast::Config::small();
+            if deep {
+                c.knowing = 0;
+                c.probe_losses = true;
+                c.rounds = 3;
+                c.probes = 2;
+                c.horizon = 3;
+            }
+            match name {
+                "redlock-fast" => c.quarantine = !broken,
+                "redlock-fast-unchecked" if broken => c.token_check = false,
+                "redlock-fast-fresh-join" if broken => {
+                    // The rule forms nodes as a new set: the client probes
+                    // again to use them.
+                    c.unproven_fresh_join = true;
+                    c.probes = 2;
+                }
+                _ => return None,
+            }
+            run(RedlockFast(c), threads, broken)
         }
         "election" => {
             let mut c = election::Config::small();

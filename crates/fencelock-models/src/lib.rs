@@ -26,4 +26,5 @@ pub mod bounds;
 pub mod common;
 pub mod election;
 pub mod redlock;
+pub mod redlock_fast;
 pub mod sharding;

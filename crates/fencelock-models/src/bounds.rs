@@ -45,19 +45,37 @@ pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
         "redlock-fast" | "redlock-fast-unchecked" | "redlock-fast-fresh-join" => {
             let mut c = redlock_fast::Config::small();
             if deep {
-                c.knowing = 0;
-                c.probe_losses = true;
-                c.rounds = 3;
+                // Time passing: leases end at tick 1 on fast nodes and a
+                // quarantine begun at tick 0 ends at tick 2.
+                c.timing.ttl = 2;
+                c.horizon = 2;
+                c.knowing = 1;
+                c.rounds = 2;
                 c.probes = 2;
-                c.horizon = 3;
+                c.releases = true;
             }
             match name {
-                "redlock-fast" => c.quarantine = !broken,
-                "redlock-fast-unchecked" if broken => c.token_check = false,
+                "redlock-fast" if broken => {
+                    // A client that probes, so that a node rejoins.
+                    c.quarantine = false;
+                    c.knowing = 1;
+                    c.probes = 2;
+                }
+                "redlock-fast" => {}
+                "redlock-fast-unchecked" if broken => {
+                    // Two clients that guess from their clock readings and
+                    // release: only the nodes' check keeps the second
+                    // one's token above the first's.
+                    c.token_check = false;
+                    c.rounds = 2;
+                    c.releases = true;
+                    c.restarts = 0;
+                }
                 "redlock-fast-fresh-join" if broken => {
                     // The rule forms nodes as a new set: the client probes
                     // again to use them.
                     c.unproven_fresh_join = true;
+                    c.knowing = 1;
                     c.probes = 2;
                 }
                 _ => return None,

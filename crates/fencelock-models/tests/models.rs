@@ -66,11 +66,9 @@ fn fast_redlock_keeps_exclusion_and_token_order() {
     holds(
         "redlock-fast",
         &["exclusion", "tokens increase"],
-        &[
-            "a grant",
-            "a grant after a restart",
-            "a grant after a stale answer",
-        ],
+        // "a grant after a stale answer" needs a second round: the deep
+        // bound's.
+        &["a grant", "a grant after a restart"],
     );
 }
 

@@ -5,9 +5,9 @@
 //! cargo run --release -p fencelock-models --example check -- redlock deep
 //! ```
 //!
-//! Models: `redlock`, `redlock-fast`, `sharding`, `election`, and each
-//! with `-broken` for its broken twin; bounds: `small` (the tests') or
-//! `deep`.
+//! Models: `bounds::MODELS` (`redlock`, `redlock-fast`, `sharding`,
+//! `election`, and their broken twins, named `…-broken`); bounds: `small`
+//! (the tests') or `deep`.
 
 use std::time::Instant;
 
@@ -30,7 +30,10 @@ fn main() {
     };
     let started = Instant::now();
     let Some(outcome) = bounds::check(model, deep, threads) else {
-        eprintln!("unknown model {model}");
+        eprintln!(
+            "unknown model {model}: one of {}",
+            bounds::MODELS.join(", ")
+        );
         std::process::exit(2);
     };
     println!(

@@ -1,6 +1,7 @@
 //! Model checks of fencelock's own protocols with
 //! [stateright](https://docs.rs/stateright): Redlock with quorum-monotonic
-//! tokens ([`redlock`]), two-step resharding ([`sharding`]) and election
+//! tokens ([`redlock_fast`], the one-round grant the code runs, and
+//! [`redlock`], the probe-round protocol before it), two-step resharding ([`sharding`]) and election
 //! hand-over ([`election`]). `docs/safety.md` says what each model covers,
 //! the bounds checked and what the broken twins produced.
 //!
@@ -26,4 +27,5 @@ pub mod bounds;
 pub mod common;
 pub mod election;
 pub mod redlock;
+pub mod redlock_fast;
 pub mod sharding;

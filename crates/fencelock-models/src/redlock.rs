@@ -5,10 +5,11 @@
 //! nodes' `hwm`, re-formation, a new set) and the quarantine `Q` of a node
 //! that joins.
 //!
-//! The client can also return as soon as a majority has answered (late
-//! grants are then released, or expire) and skip, on its next acquisition,
-//! the nodes that timed out on this one: the configuration flags
-//! [`Config::return_at_majority`] and [`Config::skip_timed_out`].
+//! This is the protocol as it was before the fast Redlock work: a probe
+//! before every acquisition, then grants one node at a time until an
+//! arbiter granted. [`crate::redlock_fast`] models the one-round grant
+//! `crates/fencelock-redlock` implements now; the marker rules and the
+//! node's scripts are shared.
 
 use stateright::{Model, Property};
 
@@ -19,7 +20,7 @@ use crate::common::{
 /// A node's clock read as a token: TIME in µs, here `now × TIME_SCALE`,
 /// coarse enough that no bound lets the model grant more tokens in one
 /// tick than the clock advances.
-const TIME_SCALE: Token = 16;
+pub(crate) const TIME_SCALE: Token = 16;
 
 /// What is checked, and how far.
 #[derive(Clone, Debug)]
@@ -39,11 +40,6 @@ pub struct Config {
     /// A node that joins votes only `Q` after it joins. `false` is the
     /// broken twin: it votes at once.
     pub quarantine: bool,
-    /// Decide each round at the first majority of answers instead of
-    /// waiting for every node or the timeout.
-    pub return_at_majority: bool,
-    /// Do not ask, on the next acquisition, a node that timed out.
-    pub skip_timed_out: bool,
     /// A probe's answer may be lost (else every node answers the probe,
     /// and only grants are lost).
     pub probe_losses: bool,
@@ -66,8 +62,6 @@ impl Config {
             horizon: 0,
             timing: Timing::new(),
             quarantine: true,
-            return_at_majority: false,
-            skip_timed_out: false,
             fast_clocks_only: true,
             probe_losses: false,
         }
@@ -77,10 +71,10 @@ impl Config {
 /// A lease as one node keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lease {
-    owner: Id,
-    token: Token,
+    pub(crate) owner: Id,
+    pub(crate) token: Token,
     /// When it ends, on the reference clock (the node's clock drifts).
-    end: Tick,
+    pub(crate) end: Tick,
 }
 
 /// One Redis node: the marker (`formed`, `votes_from`, `floor`, `hwm`) and
@@ -88,17 +82,17 @@ pub struct Lease {
 /// together but are kept apart as the code keeps them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
-    rate: Rate,
-    formed: bool,
-    votes_from: Tick,
-    floor: Token,
-    hwm: Token,
-    counter: Token,
-    lease: Option<Lease>,
+    pub(crate) rate: Rate,
+    pub(crate) formed: bool,
+    pub(crate) votes_from: Tick,
+    pub(crate) floor: Token,
+    pub(crate) hwm: Token,
+    pub(crate) counter: Token,
+    pub(crate) lease: Option<Lease>,
 }
 
 impl Node {
-    fn formed(rate: Rate) -> Self {
+    pub(crate) fn formed(rate: Rate) -> Self {
         Self {
             rate,
             formed: true,
@@ -110,12 +104,53 @@ impl Node {
         }
     }
 
-    fn empty(rate: Rate) -> Self {
+    pub(crate) fn empty(rate: Rate) -> Self {
         Self {
             formed: false,
             ..Self::formed(rate)
         }
     }
+}
+
+/// When a node that joins at `now` votes: `Q = max_ttl·1.01 + 2 ms` on
+/// its clock, above `max_ttl` by the drift; at once without `quarantine`
+/// (the broken twins).
+pub(crate) fn quarantine_end(quarantine: bool, t: &Timing, now: Tick, rate: Rate) -> Tick {
+    if quarantine {
+        rate.stretch(now, t.ttl + t.drift, t.drift)
+    } else {
+        now
+    }
+}
+
+/// The `JOIN` script (`crates/fencelock-redlock/src/scripts.rs`): forms
+/// an unformed node by `rule`, with `floor` from the client's probe; a
+/// formed node is left alone.
+pub(crate) fn mark(
+    node: &mut Node,
+    now: Tick,
+    floor: Token,
+    rule: Form,
+    quarantine: bool,
+    t: &Timing,
+) {
+    if node.formed {
+        return;
+    }
+    let q_end = quarantine_end(quarantine, t, now, node.rate);
+    let time = Token::from(now) * TIME_SCALE;
+    let given = floor;
+    let (floor, votes_from) = match rule {
+        Form::New => (floor.max(time), now),
+        Form::Rejoin => (floor, q_end),
+        Form::Reform => (floor.max(Token::from(q_end) * TIME_SCALE), q_end),
+    };
+    // `fresh` keeps the given floor as `hwm` (0 from a new set: it has
+    // granted nothing), `join` and `reform` the floor they set.
+    node.hwm = if rule == Form::New { given } else { floor };
+    node.formed = true;
+    node.floor = floor;
+    node.votes_from = votes_from;
 }
 
 /// A probe's answer.
@@ -202,10 +237,6 @@ pub struct Client {
     started: Tick,
     /// The highest completed grant when this acquisition began (I2).
     seen: Token,
-    /// Nodes skipped on this acquisition (timed out on the last).
-    skip: u8,
-    /// Nodes that timed out on this acquisition.
-    timed_out: u8,
     phase: Phase,
 }
 
@@ -249,37 +280,19 @@ impl Redlock {
         majority(self.0.nodes)
     }
 
-    fn quarantine_end(&self, now: Tick, rate: Rate) -> Tick {
-        if !self.0.quarantine {
-            return now;
-        }
-        let t = self.0.timing;
-        // Q = max_ttl·1.01 + 2 ms on the node's clock: above max_ttl by
-        // the drift.
-        rate.stretch(now, t.ttl + t.drift, t.drift)
-    }
-
     /// A node takes a request; its answer, if any.
     fn node_receives(&self, s: &mut State, msg: Msg) -> Option<Msg> {
         let now = s.now;
-        let time = Token::from(now) * TIME_SCALE;
         match msg {
             Msg::Mark { n, floor, rule } => {
-                let q_end = self.quarantine_end(now, s.nodes[usize::from(n)].rate);
-                let q_time = Token::from(q_end) * TIME_SCALE;
-                let node = &mut s.nodes[usize::from(n)];
-                if node.formed {
-                    return None;
-                }
-                node.formed = true;
-                let (floor, hwm, votes_from) = match rule {
-                    Form::New => (time, 0, now),
-                    Form::Rejoin => (floor, floor, q_end),
-                    Form::Reform => (floor.max(q_time), floor, q_end),
-                };
-                node.floor = floor;
-                node.hwm = hwm;
-                node.votes_from = votes_from;
+                mark(
+                    &mut s.nodes[usize::from(n)],
+                    now,
+                    floor,
+                    rule,
+                    self.0.quarantine,
+                    &self.0.timing,
+                );
                 None
             }
             Msg::Grant { c, a, n, t } => {
@@ -367,14 +380,6 @@ impl Redlock {
         cl.attempt += 1;
         cl.started = now;
         cl.seen = seen;
-        cl.skip = if self.0.skip_timed_out {
-            cl.timed_out
-        } else {
-            0
-        };
-        cl.timed_out = (0..n)
-            .filter(|&i| answers[i].is_none() && cl.skip & bit(i) == 0)
-            .fold(0, |m, i| m | bit(i));
         self.probed(s, c, &answers);
     }
 
@@ -430,12 +435,11 @@ impl Redlock {
     /// there is none left.
     fn next_arbiter(&self, s: &mut State, c: Id) {
         let cl = &mut s.clients[usize::from(c)];
-        let skip = cl.skip;
         let a = cl.attempt;
         let Phase::Granting { t, asks, .. } = &mut cl.phase else {
             return;
         };
-        let next = (0..self.0.nodes).find(|&i| asks[i] == Ask::No && skip & bit(i) == 0);
+        let next = (0..self.0.nodes).find(|&i| asks[i] == Ask::No);
         match next {
             Some(i) => {
                 asks[i] = Ask::Pending;
@@ -453,7 +457,6 @@ impl Redlock {
     /// After an answer (`Some((node, granted))`) or a timeout (`None`).
     fn grant_progress(&self, s: &mut State, c: Id, answer: Option<(Id, bool)>) {
         let cl = &mut s.clients[usize::from(c)];
-        let skip = cl.skip;
         let a = cl.attempt;
         let Phase::Granting { t, asks, arbiter } = &mut cl.phase else {
             return;
@@ -463,7 +466,7 @@ impl Redlock {
             if answer.is_some_and(|(_, ok)| ok) {
                 *arbiter = true;
                 for (i, ask) in asks.iter_mut().enumerate() {
-                    if *ask == Ask::No && skip & bit(i) == 0 {
+                    if *ask == Ask::No {
                         *ask = Ask::Pending;
                         s.net.send(Msg::Grant {
                             c,
@@ -484,9 +487,7 @@ impl Redlock {
         let yes = asks.iter().filter(|a| **a == Ask::Yes).count();
         let pending = asks.iter().filter(|a| **a == Ask::Pending).count();
         let maj = self.maj();
-        let decided =
-            pending == 0 || (self.0.return_at_majority && (yes >= maj || yes + pending < maj));
-        if !decided {
+        if pending > 0 {
             return;
         }
         let cl = &s.clients[usize::from(c)];
@@ -527,22 +528,15 @@ impl Redlock {
 
     fn timeout(&self, s: &mut State, c: Id) {
         let cl = &mut s.clients[usize::from(c)];
-        let mut late = 0;
         let Phase::Granting { asks, .. } = &mut cl.phase else {
             return;
         };
-        mark_timed_out(asks, &mut late);
-        cl.timed_out |= late;
-        self.grant_progress(s, c, None);
-    }
-}
-
-fn mark_timed_out(asks: &mut [Ask], late: &mut u8) {
-    for (i, ask) in asks.iter_mut().enumerate() {
-        if *ask == Ask::Pending {
-            *ask = Ask::TimedOut;
-            *late |= bit(i);
+        for ask in asks.iter_mut() {
+            if *ask == Ask::Pending {
+                *ask = Ask::TimedOut;
+            }
         }
+        self.grant_progress(s, c, None);
     }
 }
 
@@ -577,8 +571,6 @@ impl Model for Redlock {
                         attempt: 0,
                         started: 0,
                         seen: 0,
-                        skip: 0,
-                        timed_out: 0,
                         phase: Phase::Idle,
                     };
                     self.0.clients
@@ -599,16 +591,9 @@ impl Model for Redlock {
                 Phase::Idle if c.attempts_left > 0 => {
                     // The probe round is one step: each node answers from
                     // its state now, or its answer is lost.
-                    let skip = if self.0.skip_timed_out {
-                        c.timed_out
-                    } else {
-                        0
-                    };
                     let all = (1u8 << self.0.nodes) - 1;
                     for answering in 0..=all {
-                        if answering & skip == 0
-                            && (self.0.probe_losses || answering == all & !skip)
-                        {
+                        if self.0.probe_losses || answering == all {
                             steps.push(Step::Act(Act::Start(c_id, answering)));
                         }
                     }

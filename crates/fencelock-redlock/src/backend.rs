@@ -398,8 +398,9 @@ impl RedlockBackend {
     ///
     /// - every node answered and none is formed (a new set): all at once,
     ///   voting at once, floored at their clocks;
-    /// - a majority of formed nodes answered: each joins, quarantined for
-    ///   `max_ttl` + 1 %, floored above the highest token of that majority;
+    /// - a majority of formed nodes answered (even nodes that have never
+    ///   granted anything): each joins, quarantined for `max_ttl` + 1 %,
+    ///   floored above the highest token of that majority;
     /// - every node answered and a majority is unformed (a majority lost
     ///   its data, which no formed majority can ever vouch for again):
     ///   each joins, quarantined the same way, floored above the highest
@@ -419,11 +420,11 @@ impl RedlockBackend {
         let highest = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
         let (quarantine, floor, how) = if unformed == self.inner.nodes.len() {
             (Duration::ZERO, 0, Heal::Fresh)
-        } else if formed.len() >= self.quorum() && formed.iter().all(|p| p.hwm == 0) {
-            // A majority has never granted anything (a set being formed
-            // right now): no lease can have been lost, so no quarantine.
-            (Duration::ZERO, 0, Heal::Fresh)
         } else if formed.len() >= self.quorum() {
+            // Even when those nodes have never granted anything: a grant
+            // the empty node made before it lost its data may still reach
+            // them (the model `redlock-fast-fresh-join-broken`,
+            // docs/safety.md), so the node waits out that lease.
             (quarantine, highest, Heal::Rejoin)
         } else if everyone {
             // Fewer than a majority is formed and every node answered: a

@@ -369,6 +369,65 @@ async fn every_node_restarted_empty_forms_anew_with_tokens_from_the_clocks() -> 
     Ok(())
 }
 
+/// A node that lost its data joins in quarantine even a formed majority
+/// that has never granted anything: a grant the node made before it lost
+/// its data may still complete on that majority, whose copies then make
+/// a lease that the node, voting at once, would grant again (the
+/// counterexample of `redlock-fast-fresh-join-broken`, docs/safety.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_data_joins_a_majority_that_never_granted_in_quarantine() -> TestResult
+{
+    let max_ttl = Duration::from_secs(2);
+    let set = RedisSet::start(3)?;
+    // Nodes 1 and 2 formed as a new set and granted nothing (the marker
+    // the join script's `fresh` mode writes); node 0 is empty.
+    for i in [1, 2] {
+        let mut conn = node_conn(&set, i).await?;
+        let (now_ms, now_us) = node_time(&mut conn).await?;
+        redis::cmd("HSET")
+            .arg("fencelock:redlock")
+            .arg("votes_from")
+            .arg(now_ms)
+            .arg("floor")
+            .arg(now_us)
+            .arg("hwm")
+            .arg(0)
+            .arg("born")
+            .arg(now_ms)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    let b = open(&format!("{}?node_timeout=300ms&max_ttl=2s", set.url())).await?;
+    // Nodes 1 and 2 grant; node 0 joins on the way.
+    granted(
+        b.try_acquire(&request("key", "b", Duration::from_secs(1))?)
+            .await?,
+    )?;
+    assert!(formed(&set, 0).await?);
+    let mut conn = node_conn(&set, 0).await?;
+    let votes_from: i64 = redis::cmd("HGET")
+        .arg("fencelock:redlock")
+        .arg("votes_from")
+        .query_async(&mut conn)
+        .await?;
+    let (now_ms, _) = node_time(&mut conn).await?;
+    // The join was under a second ago on a loaded machine; the quarantine
+    // lasts max_ttl + 1 % from it.
+    let ahead = Duration::from_millis(u64::try_from(votes_from - now_ms).unwrap_or(0));
+    assert!(
+        ahead > max_ttl / 2,
+        "node 0 votes {ahead:?} from now: it joined without quarantine"
+    );
+    Ok(())
+}
+
+/// A node's clock: (ms, µs).
+async fn node_time(conn: &mut redis::aio::MultiplexedConnection) -> TestResult<(i64, i64)> {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    let now_us = s * 1_000_000 + us;
+    Ok((now_us / 1000, now_us))
+}
+
 /// A plain connection to node `i` of `set`.
 async fn node_conn(set: &RedisSet, i: usize) -> TestResult<redis::aio::MultiplexedConnection> {
     let client = redis::Client::open(set.node_url(i))?;

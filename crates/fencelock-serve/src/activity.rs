@@ -33,8 +33,8 @@ pub(crate) const WINDOW_SECONDS: u64 = 300;
 /// Upper bounds (inclusive, in ms) of the wait and hold time buckets; one
 /// more bucket counts what is longer.
 pub(crate) const BUCKETS_MS: [u64; 16] = [
-    1, 5, 10, 50, 100, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000,
-    900_000, 3_600_000,
+    1, 5, 10, 50, 100, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 900_000,
+    3_600_000,
 ];
 /// Elections whose backend queue one answer lists at most.
 const MAX_QUEUED_ELECTIONS: usize = 50;
@@ -113,7 +113,7 @@ pub(crate) struct Incident {
 }
 
 #[derive(Debug, Default)]
-struct State {
+struct Record {
     next_waiter: u64,
     waiters: HashMap<u64, Waiter>,
     notes: HashMap<String, Note>,
@@ -121,7 +121,7 @@ struct State {
     seconds: VecDeque<Second>,
 }
 
-impl State {
+impl Record {
     /// The counts of the current second, dropping those out of the window.
     fn second(&mut self) -> &mut Second {
         let now = Utc::now().timestamp();
@@ -182,7 +182,7 @@ fn ms(d: Duration) -> u64 {
 /// The service's record of activity.
 #[derive(Debug, Default)]
 pub(crate) struct Activity {
-    state: Mutex<State>,
+    state: Mutex<Record>,
 }
 
 /// Counts an acquisition as waiting while it lives, however it ends (the
@@ -199,7 +199,7 @@ impl Drop for Waiting<'_> {
 }
 
 impl Activity {
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, Record> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -228,7 +228,14 @@ impl Activity {
     /// The service granted `key`'s lease `token` for `ttl_ms` after the
     /// request had waited `waited` (readers share a key, so only a
     /// writer's lease gets a note).
-    pub(crate) fn granted(&self, key: &str, token: u64, ttl_ms: u64, waited: Duration, shared: bool) {
+    pub(crate) fn granted(
+        &self,
+        key: &str,
+        token: u64,
+        ttl_ms: u64,
+        waited: Duration,
+        shared: bool,
+    ) {
         let mut state = self.state();
         state.second().wait[bucket(waited)] += 1;
         if shared {
@@ -261,7 +268,13 @@ impl Activity {
     /// A renewal of `key`'s lease `token` by `owner` through the service:
     /// `Ok(ttl)` renewed, `Err(code)` failed with that error code (a
     /// `not_held` refusal ends the holder's lock: an incident).
-    pub(crate) fn renewal(&self, key: &str, owner: &str, token: u64, outcome: Result<Duration, &str>) {
+    pub(crate) fn renewal(
+        &self,
+        key: &str,
+        owner: &str,
+        token: u64,
+        outcome: Result<Duration, &str>,
+    ) {
         let mut state = self.state();
         let note = state.notes.get_mut(key).filter(|n| n.token == token);
         match (outcome, note) {
@@ -320,10 +333,10 @@ impl Activity {
                     .is_none_or(|n| n.token != event.token)
                 {
                     // Seen by the listing: the backend says when it began.
-                    let (acquired_at, left) = event.lock.as_ref().map_or(
-                        (event.at, UNKNOWN_TTL),
-                        |l| (l.info.acquired_at, l.info.expires_in),
-                    );
+                    let (acquired_at, left) =
+                        event.lock.as_ref().map_or((event.at, UNKNOWN_TTL), |l| {
+                            (l.info.acquired_at, l.info.expires_in)
+                        });
                     state.notes.insert(
                         event.key.clone(),
                         Note {
@@ -481,7 +494,7 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
     let mut waiters: Vec<KeyWaiters> = per_key
         .into_iter()
         .map(|(key, mut waiting)| {
-            waiting.sort_by(|a, b| b.waited_ms.cmp(&a.waited_ms));
+            waiting.sort_by_key(|w| std::cmp::Reverse(w.waited_ms));
             KeyWaiters {
                 key: key.to_owned(),
                 count: waiting.len(),
@@ -584,13 +597,14 @@ pub(crate) async fn activity(
         .collect();
     for w in &body.waiters {
         if w.key.starts_with(ELECTION_PREFIX) {
-            elections.entry(w.key.clone()).or_default().extend(
-                w.waiting.iter().map(|w| StandbyBody {
+            elections
+                .entry(w.key.clone())
+                .or_default()
+                .extend(w.waiting.iter().map(|w| StandbyBody {
                     owner: w.owner.clone(),
                     source: "service",
                     waited_ms: Some(w.waited_ms),
-                }),
-            );
+                }));
         }
     }
     body.backend_queue = backend.capabilities().fair;

@@ -318,13 +318,9 @@ pub(crate) async fn acquire_all(
                         ttl_ms: ms(guard.granted_ttl()),
                     };
                     s.inner.events.granted(&grant, now + guard.remaining());
-                    s.inner.activity.granted(
-                        &grant.key,
-                        grant.token,
-                        grant.ttl_ms,
-                        waited,
-                        false,
-                    );
+                    s.inner
+                        .activity
+                        .granted(&grant.key, grant.token, grant.ttl_ms, waited, false);
                     GrantBody {
                         owner: caller.owner_out(&grant.owner),
                         ..grant

@@ -32,10 +32,7 @@ mod events;
 mod metrics;
 mod server;
 
-use std::{
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     routing::{get, post, put},

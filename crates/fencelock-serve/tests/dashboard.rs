@@ -505,7 +505,10 @@ const HELD_MATCHES_ROWS: &str = r#"
 /// Types `text` into the prefix filter after clearing it (with key presses,
 /// which fire the input events the page listens to).
 async fn set_prefix(browser: &Browser, text: &str) -> TestResult {
-    let field = browser.client().find(Locator::Css("#filter-prefix")).await?;
+    let field = browser
+        .client()
+        .find(Locator::Css("#filter-prefix"))
+        .await?;
     let current = field.prop("value").await?.unwrap_or_default();
     field
         .send_keys(&"\u{E003}".repeat(current.chars().count()))
@@ -525,7 +528,10 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
 
     // Waiters per key: two long polls on a held key, longest first.
     let held = fixture
-        .acquire("queue:1", json!({"owner": "holder", "ttl_ms": 60_000, "kind": "batch"}))
+        .acquire(
+            "queue:1",
+            json!({"owner": "holder", "ttl_ms": 60_000, "kind": "batch"}),
+        )
         .await?;
     let first = fixture.wait_for_key("queue:1", "waiter-1");
     cell_until(&browser, "waiters", "queue:1", "Waiting", "text === '1'").await?;
@@ -540,7 +546,14 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     )
     .await?;
     assert_eq!(owners, "waiter-1, waiter-2");
-    cell_until(&browser, "waiters", "queue:1", "Longest wait", "/^\\d+ s$/.test(text)").await?;
+    cell_until(
+        &browser,
+        "waiters",
+        "queue:1",
+        "Longest wait",
+        "/^\\d+ s$/.test(text)",
+    )
+    .await?;
 
     // An election leader and a standby waiting through the service.
     let election = format!("{ELECTION_PREFIX}sched");
@@ -559,8 +572,22 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
 
     // Each lease's length and last renewal.
     let token = held["token"].as_u64().ok_or("token")?;
-    cell_until(&browser, "locks", "queue:1", "Length", "text === '1 min 00 s'").await?;
-    cell_until(&browser, "locks", "queue:1", "Last renewal", "text === 'never'").await?;
+    cell_until(
+        &browser,
+        "locks",
+        "queue:1",
+        "Length",
+        "text === '1 min 00 s'",
+    )
+    .await?;
+    cell_until(
+        &browser,
+        "locks",
+        "queue:1",
+        "Last renewal",
+        "text === 'never'",
+    )
+    .await?;
     let (status, body) = fixture
         .call(
             Method::POST,
@@ -569,16 +596,40 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
         )
         .await?;
     assert_eq!(status, StatusCode::OK, "{body}");
-    cell_until(&browser, "locks", "queue:1", "Length", "text === '1 min 30 s'").await?;
-    cell_until(&browser, "locks", "queue:1", "Last renewal", "/^\\d+ s ago$/.test(text)").await?;
+    cell_until(
+        &browser,
+        "locks",
+        "queue:1",
+        "Length",
+        "text === '1 min 30 s'",
+    )
+    .await?;
+    cell_until(
+        &browser,
+        "locks",
+        "queue:1",
+        "Last renewal",
+        "/^\\d+ s ago$/.test(text)",
+    )
+    .await?;
 
     // "Held" counts the rows shown, with and without a filter.
     browser
-        .wait_for("Held to equal 2 rows", WAIT, HELD_MATCHES_ROWS, vec![json!(2)])
+        .wait_for(
+            "Held to equal 2 rows",
+            WAIT,
+            HELD_MATCHES_ROWS,
+            vec![json!(2)],
+        )
         .await?;
     set_prefix(&browser, "queue").await?;
     browser
-        .wait_for("Held to equal 1 row", WAIT, HELD_MATCHES_ROWS, vec![json!(1)])
+        .wait_for(
+            "Held to equal 1 row",
+            WAIT,
+            HELD_MATCHES_ROWS,
+            vec![json!(1)],
+        )
         .await?;
     set_prefix(&browser, "").await?;
 
@@ -685,7 +736,10 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
             "the rate plot to count one more acquisition",
             WAIT,
             PLOT_TOTAL,
-            vec![json!("#plot-rates polyline.series-acquired"), json!(acquired + 1)],
+            vec![
+                json!("#plot-rates polyline.series-acquired"),
+                json!(acquired + 1),
+            ],
         )
         .await?;
     browser
@@ -803,16 +857,19 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     Ok(())
 }
 
-/// Makes `docs/images/dashboard.png`: `cargo test -p fencelock-serve --test
-/// dashboard -- --ignored screenshot`.
+/// Makes `docs/images/dashboard.png` and `docs/images/dashboard-losses.png`:
+/// `cargo test -p fencelock-serve --test dashboard -- --ignored screenshot`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "writes docs/images/dashboard.png; run by hand after changing the page"]
+#[ignore = "writes docs/images/dashboard*.png; run by hand after changing the page"]
 async fn screenshot() -> TestResult {
     let fixture = Fixture::start().await?;
-    let browser = Browser::launch(1280, 1100).await?;
-    open_page(&browser, &fixture, "/", ADMIN).await?;
+    let browser = Browser::launch(1280, 1500).await?;
+    open_page(&browser, &fixture, "/?activity=1", ADMIN).await?;
+
+    traffic(&fixture).await?;
 
     let mut expected = 0;
+    let mut renewed = None;
     for (key, owner, kind, data) in [
         (
             "workflow:8841",
@@ -843,43 +900,31 @@ async fn screenshot() -> TestResult {
         if !data.is_null() {
             body["data"] = data;
         }
-        fixture.acquire(key, body).await?;
+        let grant = fixture.acquire(key, body).await?;
+        renewed.get_or_insert((key, owner, grant["token"].clone()));
         expected += 1;
     }
-    // Something released, and a stale token refused by a fence, for the log.
-    let gone = fixture
-        .acquire(
-            "workflow:8839",
-            json!({"owner": "api-7f9c:4411", "ttl_ms": 30_000, "kind": "workflow"}),
-        )
-        .await?;
-    fixture
-        .call(
-            Method::POST,
-            "/v1/locks/workflow%3A8839/release",
-            json!({"owner": "api-7f9c:4411", "token": gone["token"]}),
-        )
-        .await?;
-    fixture
-        .call(
-            Method::POST,
-            "/v1/fences/calendar_db/admit",
-            json!({"token": 9}),
-        )
-        .await?;
-    fixture
-        .call(
-            Method::POST,
-            "/v1/fences/calendar_db/admit",
-            json!({"token": 4}),
-        )
-        .await?;
+    if let Some((key, owner, token)) = renewed {
+        fixture
+            .call(
+                Method::POST,
+                &format!("/v1/locks/{}/renew", encode(key)),
+                json!({"owner": owner, "token": token, "ttl_ms": 90_000}),
+            )
+            .await?;
+    }
+    let waiters = [
+        fixture.wait_for_key("resource:database:calendar_db", "migrator:91"),
+        fixture.wait_for_key("resource:database:calendar_db", "migrator:95"),
+        fixture.wait_for_key("report:nightly", "cron-2:6001"),
+    ];
     let leadership = fixture
         .client
         .election("scheduler")
         .value(json!({"addr": "10.0.0.7:8080"}))
         .campaign()
         .await?;
+    let standby = fixture.wait_for_key(&format!("{ELECTION_PREFIX}scheduler"), "node-b:7781");
     let permits = [
         fixture.client.semaphore("encoders", 3).acquire().await?,
         fixture.client.semaphore("encoders", 3).acquire().await?,
@@ -889,30 +934,139 @@ async fn screenshot() -> TestResult {
         .wait_for(
             "every lease on the page",
             WAIT,
-            "return document.querySelectorAll('tbody tr').length === arguments[0];",
+            HELD_MATCHES_ROWS,
             vec![json!(expected)],
         )
         .await?;
     browser
         .wait_for(
-            "the fenced-out event",
+            "the waiters and the standby",
             WAIT,
-            LOGGED,
-            vec![json!("fenced-out"), json!("calendar_db")],
+            "return document.querySelectorAll('#waiters tbody tr').length === 3 \
+               && document.querySelector('#elections [data-standbys]').textContent.startsWith('node-b');",
+            vec![],
         )
         .await?;
-    let png = browser.client().screenshot().await?;
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/images/dashboard.png");
-    std::fs::create_dir_all(path.parent().ok_or("docs/images")?)?;
-    std::fs::write(&path, png)?;
+    browser
+        .wait_for(
+            "the fenced-out writes in the kept list",
+            WAIT,
+            "return document.querySelector('#incidents tbody tr.incident-fenced_out') !== null;",
+            vec![],
+        )
+        .await?;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/images");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("dashboard.png"),
+        browser.client().screenshot().await?,
+    )?;
+    browser
+        .client()
+        .execute(
+            "document.getElementById('semaphores-title').scrollIntoView();",
+            vec![],
+        )
+        .await?;
+    browser
+        .wait_for(
+            "the page to scroll",
+            WAIT,
+            "return window.scrollY > 0;",
+            vec![],
+        )
+        .await?;
+    std::fs::write(
+        dir.join("dashboard-losses.png"),
+        browser.client().screenshot().await?,
+    )?;
 
+    for waiter in waiters {
+        waiter.abort();
+    }
+    standby.abort();
     for permit in permits {
         permit.release().await?;
     }
     leadership.resign().await?;
     browser.close().await?;
     fixture.server.shutdown().await;
+    Ok(())
+}
+
+/// Half a minute of traffic for the plots of the screenshot: an
+/// acquisition every 100 ms, held 0 to 4 s, some taken after a wait, a few
+/// force-released and a few stale tokens refused by a fence. Paced by a
+/// timer because the plots count per second; nothing waits on it for a
+/// result.
+async fn traffic(fixture: &Fixture) -> TestResult {
+    let mut held: std::collections::VecDeque<(u64, String, Value)> = Default::default();
+    let mut waits = Vec::new();
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    for tick in 0..300u64 {
+        pace.tick().await;
+        let key = format!("task:{tick}");
+        let owner = format!("worker-{}", tick % 5);
+        let grant = fixture
+            .acquire(
+                &key,
+                json!({"owner": owner, "ttl_ms": 60_000, "kind": "task"}),
+            )
+            .await?;
+        held.push_back((tick + (tick * 7919) % 40, key.clone(), grant));
+        if tick % 9 == 0 {
+            waits.push(fixture.wait_for_key(&key, &format!("worker-{}", tick % 3 + 5)));
+        }
+        if tick % 60 == 30 {
+            fixture
+                .call_as_admin(Method::DELETE, &format!("/v1/locks/{}", encode(&key)))
+                .await?;
+        }
+        if tick % 45 == 0 {
+            for token in [tick + 100, tick + 50] {
+                fixture
+                    .call(
+                        Method::POST,
+                        "/v1/fences/calendar_db/admit",
+                        json!({"token": token}),
+                    )
+                    .await?;
+            }
+        }
+        let mut due: Vec<_> = Vec::new();
+        held.retain(|h| {
+            if h.0 <= tick {
+                due.push(h.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for (_, key, grant) in due {
+            release(fixture, &key, &grant).await?;
+        }
+    }
+    for (_, key, grant) in held {
+        release(fixture, &key, &grant).await?;
+    }
+    for wait in waits {
+        let grant = wait.await??;
+        if let Some(key) = grant["key"].as_str() {
+            release(fixture, key, &grant).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Releases `grant` of `key` through the REST API (already gone is fine).
+async fn release(fixture: &Fixture, key: &str, grant: &Value) -> TestResult {
+    fixture
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{}/release", encode(key)),
+            json!({"owner": grant["owner"], "token": grant["token"]}),
+        )
+        .await?;
     Ok(())
 }
 

@@ -1171,9 +1171,10 @@ async fn activity_lists_waiters_per_key_and_election_standbys() {
         )
         .await;
     let seen = activity_until(&client, "one waiter left and two waits counted", |a| {
-        a["waiters"].as_array().is_some_and(|w| {
-            w.len() == 1 && w[0]["key"] == "job:1" && w[0]["count"] == 1
-        }) && total(&a["wait_ms"]["counts"]) >= 4
+        a["waiters"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1 && w[0]["key"] == "job:1" && w[0]["count"] == 1)
+            && total(&a["wait_ms"]["counts"]) >= 4
     })
     .await;
     assert_eq!(
@@ -1257,7 +1258,11 @@ async fn activity_keeps_lease_lengths_renewals_and_refused_renewals() {
     assert_eq!(kinds, ["renewal_refused", "lost"], "{seen}");
     assert_eq!(seen["incidents"][0]["owner"], "w");
     assert_eq!(seen["incidents"][0]["token"], token);
-    assert_eq!(note(&seen), Value::Null, "the ended lease keeps a note: {seen}");
+    assert_eq!(
+        note(&seen),
+        Value::Null,
+        "the ended lease keeps a note: {seen}"
+    );
     assert_eq!(total(&seen["rates"]["lost"]), 2, "{seen}");
     assert_eq!(total(&seen["rates"]["acquired"]), 1, "{seen}");
 }
@@ -1316,6 +1321,9 @@ async fn losses_and_fenced_out_writes_outlive_the_event_stream_and_are_bounded()
     assert_eq!(incidents[0]["type"], "fenced_out");
     assert_eq!(incidents[0]["token"], 501);
     assert_eq!(incidents[0]["current"], 1_000_000);
-    assert_eq!(incidents[499]["token"], 2, "the loss and token 1 are the oldest, dropped");
+    assert_eq!(
+        incidents[499]["token"], 2,
+        "the loss and token 1 are the oldest, dropped"
+    );
     assert_eq!(total(&seen["rates"]["fenced_out"]), 501);
 }

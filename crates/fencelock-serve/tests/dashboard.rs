@@ -90,14 +90,21 @@ impl Fixture {
         Ok((status, response.json().await?))
     }
 
-    /// Starts a long-polling acquisition of `key` by `owner` (up to 30 s)
-    /// in the background; it ends with its grant or its refusal.
-    fn wait_for_key(&self, key: &str, owner: &str) -> tokio::task::JoinHandle<TestResult<Value>> {
+    /// Starts a long-polling acquisition of `key` by `owner` (up to 60 s)
+    /// with `token` in the background (with the admin token, `owner` is
+    /// shown as written to every token); it ends with its grant or its
+    /// refusal.
+    fn wait_for_key(
+        &self,
+        key: &str,
+        owner: &str,
+        token: &str,
+    ) -> tokio::task::JoinHandle<TestResult<Value>> {
         let request = self
             .http
             .post(self.url(&format!("/v1/locks/{}/acquire", encode(key))))
-            .bearer_auth(CLIENT)
-            .json(&json!({"owner": owner, "ttl_ms": 60_000, "wait_ms": 30_000}));
+            .bearer_auth(token)
+            .json(&json!({"owner": owner, "ttl_ms": 60_000, "wait_ms": 60_000}));
         tokio::spawn(async move { Ok(request.send().await?.json().await?) })
     }
 
@@ -291,7 +298,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     assert_eq!(cells[1], "workflow");
     assert_eq!(cells[2], "worker-1");
     assert!(
-        cells[6].contains("<img src=x onerror=alert(1)>"),
+        cells[8].contains("<img src=x onerror=alert(1)>"),
         "{cells:?}"
     );
     let markup = browser
@@ -377,7 +384,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     let cells = row(&browser, "semaphores", &permit_key, permit.token().get()).await?;
     assert_eq!(cells[0], "encoders");
     assert_eq!(cells[1], format!("{} of 3", permit.slot()));
-    assert_eq!(cells[6], r#"{"job":7}"#);
+    assert_eq!(cells[8], r#"{"job":7}"#);
     for hidden in [&election_key, &permit_key] {
         let absent = browser
             .client()
@@ -533,9 +540,12 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
             json!({"owner": "holder", "ttl_ms": 60_000, "kind": "batch"}),
         )
         .await?;
-    let first = fixture.wait_for_key("queue:1", "waiter-1");
-    cell_until(&browser, "waiters", "queue:1", "Waiting", "text === '1'").await?;
-    let second = fixture.wait_for_key("queue:1", "waiter-2");
+    let first = fixture.wait_for_key("queue:1", "waiter-1", CLIENT);
+    if let Err(e) = cell_until(&browser, "waiters", "queue:1", "Waiting", "text === '1'").await {
+        let ended = tokio::time::timeout(Duration::from_secs(1), first).await;
+        return Err(format!("{e}: the long poll: {ended:?}").into());
+    }
+    let second = fixture.wait_for_key("queue:1", "waiter-2", CLIENT);
     cell_until(&browser, "waiters", "queue:1", "Waiting", "text === '2'").await?;
     let owners = cell_until(
         &browser,
@@ -560,7 +570,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     fixture
         .acquire(&election, json!({"owner": "leader-a", "ttl_ms": 60_000}))
         .await?;
-    let standby = fixture.wait_for_key(&election, "standby-b");
+    let standby = fixture.wait_for_key(&election, "standby-b", CLIENT);
     cell_until(
         &browser,
         "elections",
@@ -913,40 +923,71 @@ async fn screenshot() -> TestResult {
             )
             .await?;
     }
-    let waiters = [
-        fixture.wait_for_key("resource:database:calendar_db", "migrator:91"),
-        fixture.wait_for_key("resource:database:calendar_db", "migrator:95"),
-        fixture.wait_for_key("report:nightly", "cron-2:6001"),
-    ];
     let leadership = fixture
         .client
         .election("scheduler")
         .value(json!({"addr": "10.0.0.7:8080"}))
         .campaign()
         .await?;
-    let standby = fixture.wait_for_key(&format!("{ELECTION_PREFIX}scheduler"), "node-b:7781");
     let permits = [
         fixture.client.semaphore("encoders", 3).acquire().await?,
         fixture.client.semaphore("encoders", 3).acquire().await?,
     ];
     expected += 3;
-    browser
+    let seen = browser
         .wait_for(
             "every lease on the page",
             WAIT,
             HELD_MATCHES_ROWS,
             vec![json!(expected)],
         )
-        .await?;
-    browser
+        .await
+        .map_err(|e| format!("{e}"));
+    if let Err(e) = seen {
+        let rows = browser
+            .client()
+            .execute("return Array.from(document.querySelectorAll('tbody tr')).map((r) => r.dataset.key + ' ' + r.textContent);", vec![])
+            .await?;
+        return Err(format!("{e}: {rows}").into());
+    }
+    // Started last: a long poll ends after a minute.
+    let waiters = [
+        fixture.wait_for_key("resource:database:calendar_db", "migrator:91", CLIENT),
+        fixture.wait_for_key("resource:database:calendar_db", "migrator:95", CLIENT),
+        fixture.wait_for_key("report:nightly", "cron-2:6001", CLIENT),
+    ];
+    let standby = fixture.wait_for_key(
+        &format!("{ELECTION_PREFIX}scheduler"),
+        "node-b:7781",
+        CLIENT,
+    );
+    let seen = browser
         .wait_for(
             "the waiters and the standby",
             WAIT,
-            "return document.querySelectorAll('#waiters tbody tr').length === 3 \
-               && document.querySelector('#elections [data-standbys]').textContent.startsWith('node-b');",
+            "const rows = document.querySelectorAll('#waiters tbody tr').length; \
+             const standbys = document.querySelector('#elections [data-standbys]'); \
+             const text = standbys ? standbys.textContent : null; \
+             return rows === 3 && text !== null && text.includes('node-b') \
+               ? true : (window.lastSeen = [rows, text], false);",
             vec![],
         )
-        .await?;
+        .await
+        .map_err(|e| format!("{e}"));
+    if let Err(e) = seen {
+        let last = browser
+            .client()
+            .execute("return [window.lastSeen, activity === null ? null : activity.waiters.length, activityAt, performance.now()];", vec![])
+            .await?;
+        let (_, api) = fixture.call_as_admin(Method::GET, "/v1/activity").await?;
+        let [first, ..] = waiters;
+        let ended = tokio::time::timeout(Duration::from_secs(1), first).await;
+        return Err(format!(
+            "{e}: {last} / {} / {} / the first long poll: {ended:?}",
+            api["waiters"], api["elections"]
+        )
+        .into());
+    }
     browser
         .wait_for(
             "the fenced-out writes in the kept list",
@@ -1015,7 +1056,7 @@ async fn traffic(fixture: &Fixture) -> TestResult {
             .await?;
         held.push_back((tick + (tick * 7919) % 40, key.clone(), grant));
         if tick % 9 == 0 {
-            waits.push(fixture.wait_for_key(&key, &format!("worker-{}", tick % 3 + 5)));
+            waits.push(fixture.wait_for_key(&key, &format!("worker-{}", tick % 3 + 5), CLIENT));
         }
         if tick % 60 == 30 {
             fixture

@@ -5,20 +5,25 @@
 // cannot say, such as a lease that expired with nobody watching) and is kept
 // live by the server-sent events of `/v1/events`. Every string from the
 // server reaches the page through `textContent` or an attribute, never as
-// markup.
+// markup. What the lease list does not say (waiters, standbys, renewals,
+// the losses and fenced-out writes the service kept, the counts behind the
+// plots) comes from `GET /v1/activity`, read every few seconds.
 "use strict";
 
 const TOKEN_STORAGE = "fencelock.token";
 // `?refresh=SECONDS` sets how often the whole list is read again (default 5;
 // 0: only when the event stream (re)connects or reports a grant it has no
 // details of).
-const SNAPSHOT_EVERY_MS = refreshSetting(new URLSearchParams(window.location.search).get("refresh"));
+const SNAPSHOT_EVERY_MS = refreshSetting(new URLSearchParams(window.location.search).get("refresh"), 5);
+// `?activity=SECONDS` sets how often `GET /v1/activity` is read (default 2).
+const ACTIVITY_EVERY_MS = Math.max(500, refreshSetting(new URLSearchParams(window.location.search).get("activity"), 2));
 const TICK_MS = 250;
 const MAX_EVENTS = 100;
 const RECONNECT_MIN_MS = 500;
 const RECONNECT_MAX_MS = 10000;
 const ELECTION_PREFIX = "fencelock/election/";
 const SEMAPHORE_PREFIX = "fencelock/semaphore/";
+const SVG_NS = "http://www.w3.org/2000/svg";
 
 // key -> { info, at, ageMs, leftMs }: `at` is this page's monotonic clock
 // when the server answered, `ageMs`/`leftMs` the lease's age and time left
@@ -31,12 +36,23 @@ let snapshotTimer = null;
 // of claiming that nothing is held.
 let authNeeded = false;
 let streamAbort = null;
+// The last `GET /v1/activity` answer, this page's monotonic clock when it
+// arrived, and the service's clock when it was made: times the service
+// reports are shown relative to the latter, so no browser wall clock takes
+// part.
+let activity = null;
+let activityAt = 0;
+let activityServerAt = NaN;
+let activityTimer = null;
+// key -> the kind of its last lease seen, so that events of a lease that
+// ended still follow the kind filter.
+const kinds = new Map();
 
 // ---- helpers ----------------------------------------------------------
 
-function refreshSetting(text) {
-  const seconds = text === null ? 5 : Number(text);
-  return Number.isFinite(seconds) && seconds >= 0 ? seconds * 1000 : 5000;
+function refreshSetting(text, fallback) {
+  const seconds = text === null ? fallback : Number(text);
+  return Number.isFinite(seconds) && seconds >= 0 ? seconds * 1000 : fallback * 1000;
 }
 
 function $(id) {
@@ -95,6 +111,17 @@ function formatDuration(ms) {
   return Math.floor(hours / 24) + " d " + (hours % 24) + " h";
 }
 
+// A lease length: "800 ms", "30 s", "5 min 00 s".
+function formatLength(ms) {
+  if (!Number.isFinite(ms)) return "—";
+  return ms < 1000 ? Math.round(ms) + " ms" : formatDuration(ms);
+}
+
+// How long ago the service's clock read `iso`, now.
+function serviceAgo(iso) {
+  return activityServerAt - Date.parse(iso) + (performance.now() - activityAt);
+}
+
 function formatData(data) {
   if (data === undefined || data === null) return "";
   return typeof data === "string" ? data : JSON.stringify(data);
@@ -115,6 +142,7 @@ function entry(info) {
   // Both instants are the backend's, so their difference is free of skew.
   const held = expires - acquired;
   const ageMs = Number.isFinite(held) && Number.isFinite(leftMs) ? held - leftMs : NaN;
+  if (typeof info.key === "string") kinds.set(info.key, info.kind === undefined ? null : info.kind);
   return { info, at: performance.now(), ageMs, leftMs };
 }
 
@@ -217,6 +245,8 @@ function logEvent(e) {
 function needToken() {
   authNeeded = true;
   locks.clear();
+  activity = null;
+  renderActivity();
   setStatus("auth", "The service wants a token: enter it above.");
   render();
 }
@@ -249,7 +279,6 @@ async function summary() {
   if (!response.ok) return;
   const stats = await response.json();
   const count = (n) => (Number.isFinite(n) ? String(n) : "—");
-  $("stat-held").textContent = count(stats.held);
   $("stat-waiters").textContent = count(stats.waiters);
   $("stat-expired").textContent = count(stats.expired_not_cleaned);
   $("stat-max-hold").textContent = Number.isFinite(stats.max_hold_seconds)
@@ -345,6 +374,34 @@ function restart() {
   if (streamAbort) streamAbort.abort();
   stream();
   scheduleSnapshot(0);
+  scheduleActivity(0);
+}
+
+// `GET /v1/activity`; a failure leaves what was shown.
+async function readActivity() {
+  try {
+    const response = await fetch("/v1/activity", { headers: headers(), cache: "no-store" });
+    if (response.status === 401 || response.status === 403) {
+      needToken();
+      return;
+    }
+    if (!response.ok) return;
+    const body = await response.json();
+    activity = body;
+    activityAt = performance.now();
+    activityServerAt = Date.parse(body.at);
+    renderActivity();
+  } catch {
+    // The status line already says when the service cannot be reached.
+  }
+}
+
+function scheduleActivity(delay) {
+  clearTimeout(activityTimer);
+  activityTimer = setTimeout(async () => {
+    await readActivity();
+    scheduleActivity(ACTIVITY_EVERY_MS);
+  }, delay);
 }
 
 async function forceRelease(key, e) {
@@ -373,11 +430,22 @@ async function forceRelease(key, e) {
 
 // ---- rendering ----------------------------------------------------------
 
-function visible(key, e) {
+// The one rule of the filters, for leases, waiters, losses and events.
+function matches(key, kind) {
   if (filters.prefix && !key.startsWith(filters.prefix)) return false;
-  if (filters.kind === "\u0000none") return e.info.kind === undefined || e.info.kind === null;
-  if (filters.kind && e.info.kind !== filters.kind) return false;
+  if (filters.kind === "\u0000none") return kind === undefined || kind === null;
+  if (filters.kind && kind !== filters.kind) return false;
   return true;
+}
+
+function visible(key, e) {
+  return matches(key, e.info.kind);
+}
+
+// The kind of `key`'s current lease, else of the last one seen.
+function kindOf(key) {
+  const e = locks.get(key);
+  return e ? e.info.kind : kinds.get(key);
 }
 
 function releaseButton(key, e) {
@@ -394,6 +462,10 @@ function timeCell(kind) {
   return h("td", { className: "num", ["data-" + kind]: "" });
 }
 
+function renewalCell() {
+  return h("td", { className: "renewal", "data-renewed": "" });
+}
+
 function lockRow(key, e) {
   const data = formatData(e.info.data);
   return h("tr", {},
@@ -402,7 +474,9 @@ function lockRow(key, e) {
     h("td", { className: "owner" }, String(e.info.owner)),
     h("td", { className: "num" }, String(e.info.token)),
     timeCell("age"),
+    timeCell("length"),
     timeCell("left"),
+    renewalCell(),
     h("td", { className: "data", title: data }, data),
     h("td", {}, releaseButton(key, e)));
 }
@@ -414,7 +488,10 @@ function electionRow(key, e) {
     h("td", { className: "owner" }, String(e.info.owner)),
     h("td", { className: "num" }, String(e.info.token)),
     timeCell("age"),
+    timeCell("length"),
     timeCell("left"),
+    renewalCell(),
+    h("td", { className: "standbys", "data-standbys": "" }),
     h("td", { className: "data", title: value }, value),
     h("td", {}, releaseButton(key, e)));
 }
@@ -438,7 +515,9 @@ function semaphoreRow(key, e) {
     h("td", { className: "owner" }, String(e.info.owner)),
     h("td", { className: "num" }, String(e.info.token)),
     timeCell("age"),
+    timeCell("length"),
     timeCell("left"),
+    renewalCell(),
     h("td", { className: "data", title: data }, data),
     h("td", {}, releaseButton(key, e)));
 }
@@ -479,13 +558,18 @@ function renderTable(id, rows, build) {
   wanted.forEach((row, i) => {
     if (tbody.children[i] !== row) tbody.insertBefore(row, tbody.children[i] || null);
   });
-  $(id).hidden = wanted.length === 0;
+  showEmpty(id, wanted.length);
+}
+
+// Hides the element `id` without rows and shows why it has none.
+function showEmpty(id, rows, filtered) {
+  $(id).hidden = rows === 0;
   const empty = $(id + "-empty");
   if (!empty.dataset.text) empty.dataset.text = empty.textContent;
   empty.textContent = authNeeded
     ? "Not shown: the service needs a token (enter it above)."
-    : empty.dataset.text;
-  empty.hidden = wanted.length !== 0;
+    : filtered ? "Nothing matches the filters." : empty.dataset.text;
+  empty.hidden = rows !== 0;
 }
 
 function renderKinds() {
@@ -530,8 +614,43 @@ function render() {
   $("locks-count").textContent = "(" + plain.length + ")";
   $("elections-count").textContent = "(" + elections.length + ")";
   $("semaphores-count").textContent = "(" + semaphores.length + ")";
+  // The rows, not the backend's count: expired leases not yet cleaned and
+  // readers are not rows, and the filters apply.
+  $("stat-held").textContent = authNeeded ? "—" : String(plain.length + elections.length + semaphores.length);
   renderKinds();
+  renderEvents();
+  renderActivity();
   tick();
+}
+
+// What the service noted of the lease `e` of `key` (length, renewals), if
+// it is the same lease.
+function noteOf(key, e) {
+  if (!activity || !Array.isArray(activity.leases)) return null;
+  const note = activity.leases.find((n) => n.key === key);
+  return note && note.token === e.info.token ? note : null;
+}
+
+function renewalText(note) {
+  if (!note) return { text: "—", title: "Not renewed through this service" };
+  let text = note.renewed_at ? formatDuration(serviceAgo(note.renewed_at)) + " ago" : "never";
+  if (note.renewals > 1) text += " (" + note.renewals + "\u00d7)";
+  let title = note.renewals + " renewal(s) through this service";
+  if (note.renewal_failures > 0) {
+    text += " \u00b7 " + note.renewal_failures + " failed";
+    title += "; last failure: " + (note.last_failure || "unknown");
+  }
+  return { text, title };
+}
+
+function standbysText(key) {
+  const election = activity && Array.isArray(activity.elections)
+    ? activity.elections.find((el) => el.key === key)
+    : null;
+  if (!election || election.standbys.length === 0) return "none";
+  return election.standbys.map((s) => Number.isFinite(s.waited_ms)
+    ? s.owner + " (" + formatDuration(s.waited_ms + (performance.now() - activityAt)) + ")"
+    : s.owner).join(", ");
 }
 
 function tick() {
@@ -542,12 +661,30 @@ function tick() {
     if (age) age.textContent = formatDuration(ageNow(e));
     if (left) left.textContent = remaining > 0 ? formatDuration(remaining) : "expired";
     row.classList.toggle("expired", remaining <= 0);
+    const note = noteOf(row.dataset.key, e);
+    const length = row.querySelector("[data-length]");
+    // The note follows renewals; the list only at its next read.
+    const ttl = note && Number.isFinite(note.ttl_ms) ? note.ttl_ms : e.info.ttl_ms;
+    if (length) length.textContent = formatLength(Number.isFinite(ttl) ? ttl : NaN);
+    const renewed = row.querySelector("[data-renewed]");
+    if (renewed) {
+      const { text, title } = renewalText(note);
+      renewed.textContent = text;
+      renewed.title = title;
+      renewed.classList.toggle("failing", Boolean(note && note.renewal_failures > 0));
+    }
+    const standbys = row.querySelector("[data-standbys]");
+    if (standbys) standbys.textContent = standbysText(row.dataset.key);
+  }
+  for (const cell of document.querySelectorAll("#waiters [data-waited]")) {
+    cell.textContent = formatDuration(Number(cell.dataset.waited) + (performance.now() - activityAt));
   }
 }
 
 function renderEvents() {
   const list = $("events");
-  list.replaceChildren(...events.map((e) => h("li", { className: "event event-" + e.type },
+  const shown = events.filter((e) => matches(e.key || "", kindOf(e.key)));
+  list.replaceChildren(...shown.map((e) => h("li", { className: "event event-" + e.type },
     h("time", { datetime: e.time.toISOString() }, e.time.toLocaleTimeString()),
     " ",
     h("span", { className: "badge" }, e.type),
@@ -556,8 +693,162 @@ function renderEvents() {
     e.owner !== undefined && e.owner !== null ? " by " + e.owner : "",
     e.token !== undefined && e.token !== null ? " (token " + e.token + ")" : "",
     e.detail ? ": " + e.detail : "")));
-  list.hidden = events.length === 0;
-  $("events-empty").hidden = events.length !== 0;
+  $("events-count").textContent = shown.length === events.length
+    ? "(" + events.length + ")"
+    : "(" + shown.length + " of " + events.length + ")";
+  showEmpty("events", shown.length, events.length > 0);
+}
+
+// ---- activity: waiters, losses, plots ------------------------------------
+
+function renderActivity() {
+  const waiters = activity ? activity.waiters.filter((w) => matches(w.key, kindOf(w.key))) : [];
+  $("waiters").querySelector("tbody").replaceChildren(...waiters.map((w) => h("tr", { "data-key": w.key },
+    h("th", { scope: "row", className: "key" }, w.key),
+    h("td", { className: "num" }, String(w.count)),
+    h("td", { className: "num", "data-waited": String(w.longest_ms) }, formatDuration(w.longest_ms)),
+    h("td", { className: "owner" }, w.waiting.map((x) => x.owner).join(", ")))));
+  $("waiters-count").textContent = "(" + waiters.reduce((n, w) => n + w.count, 0) + ")";
+  showEmpty("waiters", waiters.length, activity !== null && activity.waiters.length > 0);
+
+  const all = activity ? activity.incidents : [];
+  const incidents = all.filter((i) => matches(i.key, kindOf(i.key)));
+  $("incidents").querySelector("tbody").replaceChildren(...incidents.map(incidentRow));
+  $("incidents-count").textContent = incidents.length === all.length
+    ? "(" + all.length + ")"
+    : "(" + incidents.length + " of " + all.length + ")";
+  showEmpty("incidents", incidents.length, all.length > 0);
+
+  const total = (series) => (activity ? activity.rates[series].reduce((a, b) => a + b, 0) : NaN);
+  const count = (n) => (Number.isFinite(n) ? String(n) : "—");
+  $("stat-lost").textContent = count(total("lost"));
+  $("stat-fenced-out").textContent = count(total("fenced_out"));
+  renderRates();
+  renderHistogram("plot-wait", activity ? activity.wait_ms : null);
+  renderHistogram("plot-hold", activity ? activity.hold_ms : null);
+}
+
+const INCIDENT_NAMES = { lost: "lost", renewal_refused: "renewal refused", fenced_out: "fenced out" };
+
+function incidentRow(i) {
+  const at = new Date(i.at);
+  let detail = "";
+  if (i.type === "fenced_out" && Number.isFinite(i.current)) detail = "highest admitted token " + i.current;
+  else if (i.type === "lost") detail = "force-released";
+  else if (i.type === "renewal_refused") detail = "the backend no longer had this lease";
+  return h("tr", { className: "incident-" + i.type },
+    h("td", {}, h("time", { datetime: i.at }, at.toLocaleString())),
+    h("td", { className: "badge" }, INCIDENT_NAMES[i.type] || String(i.type)),
+    h("td", { className: "key" }, i.key),
+    h("td", { className: "owner" }, i.owner === undefined || i.owner === null ? "" : String(i.owner)),
+    h("td", { className: "num" }, String(i.token)),
+    h("td", {}, detail));
+}
+
+// Builds an SVG element; children that are strings become text nodes.
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  for (const child of children) node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  return node;
+}
+
+const PLOT = { width: 640, height: 180, left: 44, right: 10, top: 12, bottom: 26 };
+
+// A round ceiling for an axis: 1, 2, 5, 10, 20, 50, …
+function axisMax(n) {
+  let step = 1;
+  for (;;) {
+    for (const m of [1, 2, 5]) if (n <= step * m) return step * m;
+    step *= 10;
+  }
+}
+
+const RATE_SERIES = [["acquired", "acquisitions"], ["lost", "losses"], ["fenced_out", "fenced-out writes"]];
+
+function renderRates() {
+  const plot = $("plot-rates");
+  const legend = $("plot-rates-legend");
+  if (!activity) {
+    plot.replaceChildren();
+    legend.replaceChildren();
+    return;
+  }
+  const rates = activity.rates;
+  const n = rates.acquired.length;
+  let peak = 0;
+  for (const [name] of RATE_SERIES) for (const v of rates[name]) peak = Math.max(peak, v);
+  const max = axisMax(Math.max(1, peak));
+  const { width, height, left, right, top, bottom } = PLOT;
+  const x = (i) => left + ((width - left - right) * i) / Math.max(1, n - 1);
+  const y = (v) => top + (height - top - bottom) * (1 - v / max);
+  const parts = [];
+  for (const v of [0, max / 2, max]) {
+    parts.push(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "grid" }));
+    parts.push(svg("text", { x: left - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, String(v)));
+  }
+  for (let minutes = Math.floor((n - 1) / 60); minutes >= 0; minutes -= 1) {
+    const i = n - 1 - minutes * 60;
+    parts.push(svg("text", { x: x(i), y: height - 8, class: "tick", "text-anchor": minutes === 0 ? "end" : "middle" },
+      minutes === 0 ? "now" : "\u2212" + minutes + " min"));
+  }
+  for (const [name, label] of RATE_SERIES) {
+    const points = rates[name].map((v, i) => x(i).toFixed(1) + "," + y(v).toFixed(1)).join(" ");
+    const sum = rates[name].reduce((a, b) => a + b, 0);
+    parts.push(svg("polyline", { points, class: "series series-" + name, "data-total": sum },
+      svg("title", {}, label + ": " + sum + " in the last " + Math.round(n / 60) + " min")));
+  }
+  plot.replaceChildren(...parts);
+  legend.replaceChildren(...RATE_SERIES.map(([name, label]) => {
+    const series = rates[name];
+    const sum = series.reduce((a, b) => a + b, 0);
+    return h("li", {}, h("span", { className: "swatch swatch-" + name }), label + ": " + sum +
+      " (peak " + Math.max(0, ...series) + "/s)");
+  }));
+}
+
+// "5 ms", "0.5 s", "2 min", "1 h".
+function bucketLabel(ms) {
+  if (ms < 100) return ms + " ms";
+  if (ms < 60000) return ms / 1000 + " s";
+  if (ms < 3600000) return ms / 60000 + " min";
+  return ms / 3600000 + " h";
+}
+
+function renderHistogram(id, histogram) {
+  const plot = $(id);
+  if (!histogram) {
+    plot.replaceChildren();
+    plot.removeAttribute("data-total");
+    return;
+  }
+  const { counts, bounds_ms: bounds } = histogram;
+  const total = counts.reduce((a, b) => a + b, 0);
+  const max = axisMax(Math.max(1, ...counts));
+  const { width, height, left, right, top, bottom } = PLOT;
+  const slot = (width - left - right) / counts.length;
+  const y = (v) => top + (height - top - bottom) * (1 - v / max);
+  const parts = [];
+  for (const v of [0, max / 2, max]) {
+    parts.push(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "grid" }));
+    parts.push(svg("text", { x: left - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, String(v)));
+  }
+  counts.forEach((count, i) => {
+    const label = i < bounds.length ? "\u2264 " + bucketLabel(bounds[i]) : "> " + bucketLabel(bounds[bounds.length - 1]);
+    const x = left + slot * i;
+    parts.push(svg("rect", { x: x + 2, y: y(count), width: Math.max(1, slot - 4), height: y(0) - y(count),
+      class: "bar", "data-count": count }, svg("title", {}, label + ": " + count)));
+    if (count > 0) {
+      parts.push(svg("text", { x: x + slot / 2, y: y(count) - 3, class: "tick", "text-anchor": "middle" }, String(count)));
+    }
+    // Every other bound, so that the labels do not overlap.
+    if (i % 2 === 0) {
+      parts.push(svg("text", { x: x + slot / 2, y: height - 8, class: "tick", "text-anchor": "middle" },
+        i < bounds.length ? bucketLabel(bounds[i]) : ">"));
+    }
+  });
+  plot.replaceChildren(...parts);
+  plot.setAttribute("data-total", String(total));
 }
 
 // ---- start --------------------------------------------------------------
@@ -586,7 +877,6 @@ function start() {
     restart();
   });
   render();
-  renderEvents();
   setInterval(tick, TICK_MS);
   restart();
 }

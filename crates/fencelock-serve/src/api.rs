@@ -1,6 +1,6 @@
 //! The REST handlers (`docs/http.md`).
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::time::Duration;
 
 use axum::{
     body::Bytes,
@@ -131,16 +131,6 @@ pub(crate) async fn info(State(s): State<Service>) -> Json<InfoBody> {
     })
 }
 
-/// Counts a long-polling acquisition for the `waiters` figures while it
-/// waits, however it ends (the client may hang up).
-struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 pub(crate) async fn acquire(
     State(s): State<Service>,
     Extension(caller): Extension<Caller>,
@@ -160,6 +150,8 @@ pub(crate) async fn acquire(
         Some(owner) => caller.owner_in(&owner)?,
         None => caller.owner_in(Owner::generate().as_str())?,
     };
+    let owner_name = owner.to_string();
+    let owner_name = owner_name.as_str();
     let client = &s.inner.client;
     // The service holds no lease: its HTTP client renews and releases.
     let mut request = client
@@ -179,10 +171,9 @@ pub(crate) async fn acquire(
     }
     let shared = body.mode == Some(LockMode::Shared);
     request = request.shared(shared);
-    let _waiting = (!wait.is_zero()).then(|| {
-        s.inner.waiters.fetch_add(1, Ordering::Relaxed);
-        Waiting(&s.inner.waiters)
-    });
+    let started = tokio::time::Instant::now();
+    let _waiting =
+        (!wait.is_zero()).then(|| s.inner.activity.waiting(vec![key.to_string()], owner_name));
     match request.acquire().await {
         Ok(guard) => {
             let mut grant = GrantBody {
@@ -194,6 +185,13 @@ pub(crate) async fn acquire(
             };
             let ends = tokio::time::Instant::now() + guard.remaining();
             guard.detach();
+            s.inner.activity.granted(
+                &grant.key,
+                grant.token,
+                grant.ttl_ms,
+                started.elapsed(),
+                shared,
+            );
             // The table of known leases holds a key's writer; readers reach
             // the stream through its listing.
             if !shared {
@@ -250,6 +248,7 @@ pub(crate) async fn renew(
         _ => bounded("renew", backend.renew(&lease, ttl)).await,
     };
     count_renewal(backend.name(), sent.elapsed(), &renewed);
+    note_renewal(&s, &lease, &renewed);
     let grant = renewed?;
     let mut grant = GrantBody {
         key: lease.key.to_string(),
@@ -283,6 +282,8 @@ pub(crate) async fn acquire_all(
         Some(owner) => caller.owner_in(&owner)?,
         None => caller.owner_in(Owner::generate().as_str())?,
     };
+    let owner_name = owner.to_string();
+    let keys = body.keys.clone();
     let client = &s.inner.client;
     let mut request = client
         .lock_all(body.keys)
@@ -299,13 +300,12 @@ pub(crate) async fn acquire_all(
     for (key, floor) in body.min_tokens {
         request = request.min_token_of(key, FencingToken(floor));
     }
-    let _waiting = (!wait.is_zero()).then(|| {
-        s.inner.waiters.fetch_add(1, Ordering::Relaxed);
-        Waiting(&s.inner.waiters)
-    });
+    let started = tokio::time::Instant::now();
+    let _waiting = (!wait.is_zero()).then(|| s.inner.activity.waiting(keys, &owner_name));
     match request.acquire().await {
         Ok(all) => {
             let now = tokio::time::Instant::now();
+            let waited = now - started;
             let grants = all
                 .guards()
                 .iter()
@@ -318,6 +318,9 @@ pub(crate) async fn acquire_all(
                         ttl_ms: ms(guard.granted_ttl()),
                     };
                     s.inner.events.granted(&grant, now + guard.remaining());
+                    s.inner
+                        .activity
+                        .granted(&grant.key, grant.token, grant.ttl_ms, waited, false);
                     GrantBody {
                         owner: caller.owner_out(&grant.owner),
                         ..grant
@@ -407,8 +410,9 @@ pub(crate) async fn renew_many(
                     .collect()
             }
         };
-        for (&place, outcome) in places.iter().zip(renewed) {
+        for ((&place, renewal), outcome) in places.iter().zip(renewals).zip(renewed) {
             count_renewal(backend.name(), sent.elapsed(), &outcome);
+            note_renewal(&s, &renewal.lease, &outcome);
             results[place] = outcome;
         }
     }
@@ -468,6 +472,16 @@ fn count_renewal(backend: &'static str, took: Duration, outcome: &Result<Grant, 
             }
         }
     }
+}
+
+/// Keeps a renewal's outcome for `GET /v1/activity`.
+fn note_renewal(s: &Service, lease: &LeaseId, outcome: &Result<Grant, ApiError>) {
+    s.inner.activity.renewal(
+        lease.key.as_str(),
+        lease.owner.as_str(),
+        lease.token.get(),
+        outcome.as_ref().map(|g| g.ttl).map_err(ApiError::code),
+    );
 }
 
 #[derive(Serialize)]
@@ -656,7 +670,7 @@ pub(crate) async fn stats(State(s): State<Service>) -> ApiResult<StatsBody> {
     let stats = bounded("stats", s.inner.client.backend().stats()).await?;
     Ok(Json(StatsBody {
         stats,
-        waiters: s.inner.waiters.load(Ordering::Relaxed),
+        waiters: s.inner.activity.waiters(),
     }))
 }
 

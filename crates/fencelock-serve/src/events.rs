@@ -21,7 +21,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     convert::Infallible,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -36,7 +36,7 @@ use futures_util::{stream, Stream, StreamExt};
 use serde::Deserialize;
 use tokio::{sync::broadcast, time::Instant};
 
-use crate::{api::OP_TIMEOUT, Service};
+use crate::{activity::Activity, api::OP_TIMEOUT, Service};
 
 /// Events a slow follower may fall behind by before it is told to resync.
 const BUFFER: usize = 1024;
@@ -113,10 +113,12 @@ pub(crate) struct Events {
     ring: Mutex<Ring>,
     /// This process's life, the first part of every event id.
     run: String,
+    /// Counts every event and keeps losses and fenced-out writes.
+    activity: Arc<Activity>,
 }
 
 impl Events {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(activity: Arc<Activity>) -> Self {
         Self {
             tx: broadcast::channel(BUFFER).0,
             table: Mutex::default(),
@@ -126,6 +128,7 @@ impl Events {
                 complete_after: u64::MAX,
             }),
             run: run_id(),
+            activity,
         }
     }
 
@@ -138,6 +141,7 @@ impl Events {
     }
 
     fn publish(&self, event: EventBody) {
+        self.activity.record(&event);
         // Numbered, kept and sent under one lock, so that a follower that
         // subscribes and copies the ring under it misses nothing and sees
         // nothing twice.

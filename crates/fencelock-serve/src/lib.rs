@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod activity;
 mod api;
 mod auth;
 mod dashboard;
@@ -31,10 +32,7 @@ mod events;
 mod metrics;
 mod server;
 
-use std::{
-    sync::{atomic::AtomicU64, Arc},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     routing::{get, post, put},
@@ -62,7 +60,7 @@ struct Inner {
     fence: Option<Arc<dyn Fence>>,
     tokens: Option<Tokens>,
     events: events::Events,
-    waiters: AtomicU64,
+    activity: Arc<activity::Activity>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     shutdown: CancellationToken,
 }
@@ -104,14 +102,15 @@ impl ServiceBuilder {
     /// it inside a tokio runtime.
     pub fn build(self) -> Service {
         let shutdown = CancellationToken::new();
-        let events = events::Events::new();
+        let activity = Arc::new(activity::Activity::default());
+        let events = events::Events::new(Arc::clone(&activity));
         let service = Service {
             inner: Arc::new(Inner {
                 client: self.client,
                 fence: self.fence,
                 tokens: self.tokens,
                 events,
-                waiters: AtomicU64::new(0),
+                activity,
                 metrics: metrics::handle(),
                 shutdown,
             }),
@@ -164,6 +163,7 @@ pub fn router(service: Service) -> Router {
         .route("/v1/stats", get(api::stats))
         .route("/v1/cleanup", post(api::cleanup))
         .route("/v1/events", get(events::stream))
+        .route("/v1/activity", get(activity::activity))
         .route("/v1/fences/{resource}", get(api::fence_current))
         .route("/v1/fences/{resource}/admit", post(api::admit))
         .route("/v1/kv/{key}", put(api::kv_put).get(api::kv_get))

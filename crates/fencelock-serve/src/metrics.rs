@@ -1,7 +1,7 @@
 //! `GET /metrics`: the library's metrics in Prometheus text, and gauges
 //! computed from the backend at scrape time (`docs/observability.md`).
 
-use std::sync::{atomic::Ordering, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use axum::{extract::State, http::header, response::IntoResponse};
 use metrics::{describe_gauge, gauge, Unit};
@@ -78,7 +78,7 @@ static KINDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 pub(crate) async fn scrape(State(s): State<Service>) -> Result<impl IntoResponse, ApiError> {
     let backend = s.inner.client.backend();
     let name = backend.name();
-    gauge!(SERVICE_WAITERS, "backend" => name).set(s.inner.waiters.load(Ordering::Relaxed) as f64);
+    gauge!(SERVICE_WAITERS, "backend" => name).set(s.inner.activity.waiters() as f64);
     match tokio::time::timeout(OP_TIMEOUT, backend.stats()).await {
         Ok(Ok(stats)) => {
             gauge!(BACKEND_UP, "backend" => name).set(1.0);

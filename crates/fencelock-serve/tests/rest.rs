@@ -1058,3 +1058,272 @@ async fn several_keys_are_taken_all_or_nothing() {
         .await;
     refused(&answer, StatusCode::BAD_REQUEST, "bad_request");
 }
+
+/// Reads `GET /v1/activity` until `done` holds for it (within
+/// `EVENT_BOUND`, which only bounds a failure); returns that answer.
+async fn activity_until(api: &Api, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    let found = tokio::time::timeout(EVENT_BOUND, async {
+        loop {
+            let (status, body) = api.send(Method::GET, "/v1/activity", None).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            if done(&body) {
+                return body;
+            }
+            last = body;
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("/v1/activity never showed {what}: {last}"))
+}
+
+fn total(series: &Value) -> u64 {
+    series
+        .as_array()
+        .map_or(0, |s| s.iter().filter_map(Value::as_u64).sum())
+}
+
+#[tokio::test]
+async fn activity_lists_waiters_per_key_and_election_standbys() {
+    let api = Arc::new(Api::start(true).await);
+    let client = Arc::new(api.as_token(Some(CLIENT)));
+    let (_, job) = client
+        .acquire("job:1", json!({"owner": "holder", "ttl_ms": 60000}))
+        .await;
+    let election = "fencelock%2Felection%2Fsched";
+    let (_, leader) = client
+        .acquire(election, json!({"owner": "leader-a", "ttl_ms": 60000}))
+        .await;
+    let long_poll = |key: &'static str, owner: &'static str| {
+        let client = Arc::clone(&client);
+        tokio::spawn(async move {
+            client
+                .acquire(
+                    key,
+                    json!({"owner": owner, "ttl_ms": 60000, "wait_ms": 30000}),
+                )
+                .await
+        })
+    };
+    let waiters = [
+        long_poll("job:1", "w1"),
+        long_poll("job:1", "w2"),
+        long_poll(election, "standby-b"),
+    ];
+    let seen = activity_until(&client, "two waiters on job:1 and a standby", |a| {
+        a["waiters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|w| w["key"] == "job:1" && w["count"] == 2)
+            && a["elections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["election"] == "sched" && e["standbys"][0]["owner"] == "standby-b")
+    })
+    .await;
+    let job_waiters = seen["waiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["key"] == "job:1")
+        .unwrap();
+    // The client sees owners of its own namespace as it wrote them, the
+    // longest waiting first.
+    let owners: Vec<&str> = job_waiters["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["owner"].as_str().unwrap())
+        .collect();
+    assert_eq!(owners.len(), 2, "{seen}");
+    assert!(owners.contains(&"w1") && owners.contains(&"w2"), "{seen}");
+    let waited: Vec<u64> = job_waiters["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["waited_ms"].as_u64().unwrap())
+        .collect();
+    assert!(waited[0] >= waited[1], "{seen}");
+    assert_eq!(job_waiters["longest_ms"], waited[0]);
+    assert_eq!(seen["elections"][0]["key"], "fencelock/election/sched");
+    assert_eq!(seen["elections"][0]["standbys"][0]["source"], "service");
+    // The memory backend keeps no queue of its own.
+    assert_eq!(seen["backend_queue"], false);
+    let (_, stats) = client.send(Method::GET, "/v1/stats", None).await;
+    assert_eq!(stats["waiters"], 3, "{stats}");
+
+    // Released: a waiter is granted, its wait counted; the other still waits.
+    client
+        .send(
+            Method::POST,
+            "/v1/locks/job:1/release",
+            Some(json!({"owner": "holder", "token": job["token"]})),
+        )
+        .await;
+    client
+        .send(
+            Method::POST,
+            &format!("/v1/locks/{election}/release"),
+            Some(json!({"owner": "leader-a", "token": leader["token"]})),
+        )
+        .await;
+    let seen = activity_until(&client, "one waiter left and two waits counted", |a| {
+        a["waiters"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1 && w[0]["key"] == "job:1" && w[0]["count"] == 1)
+            && total(&a["wait_ms"]["counts"]) >= 4
+    })
+    .await;
+    assert_eq!(
+        seen["wait_ms"]["counts"].as_array().unwrap().len(),
+        seen["wait_ms"]["bounds_ms"].as_array().unwrap().len() + 1
+    );
+    // A lease released through the service has a hold time.
+    assert!(total(&seen["hold_ms"]["counts"]) >= 2, "{seen}");
+    for waiter in waiters {
+        waiter.abort();
+    }
+    activity_until(&client, "no waiter once their requests are gone", |a| {
+        a["waiters"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn activity_keeps_lease_lengths_renewals_and_refused_renewals() {
+    let api = Api::start(true).await;
+    let client = api.as_token(Some(CLIENT));
+    let (_, grant) = client
+        .acquire("lease:1", json!({"owner": "w", "ttl_ms": 30000}))
+        .await;
+    let token = grant["token"].as_u64().unwrap();
+    let note = |a: &Value| {
+        a["leases"]
+            .as_array()
+            .and_then(|l| l.iter().find(|n| n["key"] == "lease:1").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let (_, seen) = client.send(Method::GET, "/v1/activity", None).await;
+    let first = note(&seen);
+    assert_eq!(first["token"], token, "{seen}");
+    assert_eq!(first["ttl_ms"], 30000);
+    assert_eq!(first["renewed_at"], Value::Null);
+    assert_eq!(first["renewals"], 0);
+
+    let (status, _) = client
+        .send(
+            Method::POST,
+            "/v1/locks/lease:1/renew",
+            Some(json!({"owner": "w", "token": token, "ttl_ms": 45000})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = client
+        .send(
+            Method::POST,
+            "/v1/renew",
+            Some(json!({"leases": [{"key": "lease:1", "owner": "w", "token": token, "ttl_ms": 50000}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, seen) = client.send(Method::GET, "/v1/activity", None).await;
+    let renewed = note(&seen);
+    assert_eq!(renewed["ttl_ms"], 50000, "{seen}");
+    assert_eq!(renewed["renewals"], 2);
+    assert!(renewed["renewed_at"].is_string(), "{seen}");
+    assert_eq!(renewed["renewal_failures"], 0);
+
+    // Force-released by the admin: a loss; the holder's next renewal is
+    // refused: a second one, kept with its owner.
+    let (status, _) = api.send(Method::DELETE, "/v1/locks/lease:1", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let refused_renewal = client
+        .send(
+            Method::POST,
+            "/v1/locks/lease:1/renew",
+            Some(json!({"owner": "w", "token": token})),
+        )
+        .await;
+    refused(&refused_renewal, StatusCode::CONFLICT, "not_held");
+    let (_, seen) = client.send(Method::GET, "/v1/activity", None).await;
+    let kinds: Vec<&str> = seen["incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["renewal_refused", "lost"], "{seen}");
+    assert_eq!(seen["incidents"][0]["owner"], "w");
+    assert_eq!(seen["incidents"][0]["token"], token);
+    assert_eq!(
+        note(&seen),
+        Value::Null,
+        "the ended lease keeps a note: {seen}"
+    );
+    assert_eq!(total(&seen["rates"]["lost"]), 2, "{seen}");
+    assert_eq!(total(&seen["rates"]["acquired"]), 1, "{seen}");
+}
+
+#[tokio::test]
+async fn losses_and_fenced_out_writes_outlive_the_event_stream_and_are_bounded() {
+    let api = Api::start(false).await;
+    let (_, grant) = api
+        .acquire("victim", json!({"owner": "v", "ttl_ms": 60000}))
+        .await;
+    api.send(Method::DELETE, "/v1/locks/victim", None).await;
+    // Many more events than a page keeps, none of them a loss.
+    for _ in 0..60 {
+        let (_, g) = api
+            .acquire("busy", json!({"owner": "b", "ttl_ms": 60000}))
+            .await;
+        api.send(
+            Method::POST,
+            "/v1/locks/busy/release",
+            Some(json!({"owner": "b", "token": g["token"]})),
+        )
+        .await;
+    }
+    let (_, seen) = api.send(Method::GET, "/v1/activity", None).await;
+    assert_eq!(seen["incidents"][0]["type"], "lost", "{seen}");
+    assert_eq!(seen["incidents"][0]["key"], "victim");
+    assert_eq!(seen["incidents"][0]["token"], grant["token"]);
+    assert_eq!(total(&seen["rates"]["acquired"]), 61, "{seen}");
+    assert_eq!(total(&seen["rates"]["released"]), 60, "{seen}");
+    assert_eq!(
+        seen["rates"]["acquired"].as_array().unwrap().len(),
+        300,
+        "five minutes of seconds"
+    );
+
+    // Fenced-out writes fill the bounded history; the oldest go first.
+    api.send(
+        Method::POST,
+        "/v1/fences/res/admit",
+        Some(json!({"token": 1_000_000})),
+    )
+    .await;
+    for token in 1..=501u64 {
+        let (status, _) = api
+            .send(
+                Method::POST,
+                "/v1/fences/res/admit",
+                Some(json!({"token": token})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT);
+    }
+    let (_, seen) = api.send(Method::GET, "/v1/activity", None).await;
+    let incidents = seen["incidents"].as_array().unwrap();
+    assert_eq!(incidents.len(), 500);
+    assert_eq!(incidents[0]["type"], "fenced_out");
+    assert_eq!(incidents[0]["token"], 501);
+    assert_eq!(incidents[0]["current"], 1_000_000);
+    assert_eq!(
+        incidents[499]["token"], 2,
+        "the loss and token 1 are the oldest, dropped"
+    );
+    assert_eq!(total(&seen["rates"]["fenced_out"]), 501);
+}

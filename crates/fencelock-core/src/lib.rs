@@ -69,6 +69,7 @@
 
 mod backend;
 mod backoff;
+mod changes;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
@@ -98,6 +99,7 @@ pub use backend::{
     Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats,
 };
 pub use backoff::Backoff;
+pub use changes::{Change, ChangeFeed, ChangeHub};
 pub use client::{
     validate_data, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
 };

@@ -90,7 +90,9 @@ impl ChangeHub {
     }
 
     fn followers(&self) -> std::sync::MutexGuard<'_, Vec<Follower>> {
-        self.followers.lock().unwrap_or_else(PoisonError::into_inner)
+        self.followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A new feed, which sees the notices from now on.
@@ -112,14 +114,15 @@ impl ChangeHub {
     }
 
     fn send(&self, change: &Change) {
-        self.followers().retain(|f| match f.tx.try_send(change.clone()) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                f.overflowed.store(true, Ordering::Release);
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        });
+        self.followers()
+            .retain(|f| match f.tx.try_send(change.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    f.overflowed.store(true, Ordering::Release);
+                    true
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
     }
 
     /// The holder of `key` may have changed.

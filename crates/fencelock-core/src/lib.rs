@@ -69,10 +69,10 @@
 
 mod backend;
 mod backoff;
-mod changes;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod changes;
 mod client;
 mod clock;
 mod deadline;

@@ -5,8 +5,8 @@ use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{

@@ -268,7 +268,9 @@ async fn run(
             // A followed change feed has nobody to ask for a reconnection:
             // the task retries on its own, spaced by the backoff.
             None if shared.changes.is_followed() => {
-                let pause = retry_at.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
+                let pause = retry_at.map_or(Duration::ZERO, |at| {
+                    at.saturating_duration_since(Instant::now())
+                });
                 tokio::select! {
                     command = commands.recv() => command,
                     () = tokio::time::sleep(pause) => {

@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},

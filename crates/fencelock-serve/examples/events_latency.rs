@@ -247,7 +247,11 @@ async fn main() {
     let holder = Owner::new("holder").unwrap();
     let began = Instant::now();
     let leases = hold(direct.as_ref(), &holder, args.locks, args.ttl).await;
-    eprintln!("holding {} locks (taken in {:?})", leases.len(), began.elapsed());
+    eprintln!(
+        "holding {} locks (taken in {:?})",
+        leases.len(),
+        began.elapsed()
+    );
     let renewer = {
         let direct = Arc::clone(&direct);
         let ttl = args.ttl;

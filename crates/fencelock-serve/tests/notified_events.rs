@@ -27,9 +27,8 @@ const EVENT_BOUND: Duration = Duration::from_secs(10);
 /// state before the first follower, from the one listing that seeds it).
 const NEVER: Duration = Duration::from_secs(3600);
 
-type Events = std::pin::Pin<
-    Box<dyn Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
->;
+type Events =
+    std::pin::Pin<Box<dyn Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
 
 /// A service over `service_side`, listing every `interval`, and a follower
 /// of its whole stream (its head received).
@@ -90,10 +89,16 @@ async fn direct_changes_and_expiries_arrive_without_listing(
     let lease = take(direct.as_ref(), "outside", Duration::from_secs(30)).await?;
     let token = lease.token.get();
     let (kind, body) = next_of(&mut events, "outside").await;
-    assert_eq!((kind.as_str(), body["token"].as_u64()), ("acquired", Some(token)));
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("acquired", Some(token))
+    );
     direct.release(&lease).await?;
     let (kind, body) = next_of(&mut events, "outside").await;
-    assert_eq!((kind.as_str(), body["token"].as_u64()), ("released", Some(token)));
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("released", Some(token))
+    );
 
     // Nobody announces an expiry: the service reads the key when its known
     // lease should have ended, and says so.
@@ -104,7 +109,10 @@ async fn direct_changes_and_expiries_arrive_without_listing(
     let (kind, _) = next_of(&mut events, "short").await;
     assert_eq!(kind, "acquired");
     let (kind, body) = next_of(&mut events, "short").await;
-    assert_eq!((kind.as_str(), body["token"].as_u64()), ("expired", Some(token)));
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("expired", Some(token))
+    );
     Ok(())
 }
 
@@ -150,7 +158,10 @@ async fn a_change_made_while_redis_notices_were_cut_off_still_arrives() -> TestR
         .token
         .get();
     let (kind, body) = next_of(&mut events, "during").await;
-    assert_eq!((kind.as_str(), body["token"].as_u64()), ("acquired", Some(token)));
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("acquired", Some(token))
+    );
     Ok(())
 }
 
@@ -171,6 +182,9 @@ async fn a_backend_without_notices_is_listed() -> TestResult {
     let (kind, _) = next_of(&mut events, "listed").await;
     assert_eq!(kind, "acquired");
     let (kind, body) = next_of(&mut events, "listed").await;
-    assert_eq!((kind.as_str(), body["token"].as_u64()), ("expired", Some(token)));
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("expired", Some(token))
+    );
     Ok(())
 }

@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    changes::ChangeFeed,
     error::Result,
     types::{FencingToken, LeaseId, LockInfo, LockKey, Owner},
     wake::WakeSubscription,
@@ -459,6 +460,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         let _ = key;
         Err(crate::Error::unsupported(self.name(), "watch"))
+    }
+
+    /// Notices of the keys whose holder changes anywhere in the store from
+    /// now on, whoever changes it: every grant and every release
+    /// (force-releases included), but neither renewals nor expiries (see
+    /// [`crate::ChangeFeed`]). What the lock service's event stream follows
+    /// instead of listing the whole store (`docs/http.md#events`). `None`
+    /// when this backend is not told of such changes (the default).
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        Ok(None)
     }
 
     /// Replaces the JSON data of `lease` (its token, owner, expiry and kind

@@ -72,6 +72,7 @@ mod backoff;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod changes;
 mod client;
 mod clock;
 mod deadline;
@@ -98,6 +99,7 @@ pub use backend::{
     Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats,
 };
 pub use backoff::Backoff;
+pub use changes::{Change, ChangeFeed, ChangeHub};
 pub use client::{
     validate_data, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
 };

@@ -5,8 +5,8 @@ use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{
@@ -65,6 +65,9 @@ impl Sql {
     pub(crate) fn new(n: &Names) -> Self {
         let (locks, tokens, readers) = (&n.locks, &n.tokens, &n.readers);
         let channel = listener::channel_sql(locks);
+        // Every grant and release also tells the table's change channel
+        // (what `Backend::changes` follows).
+        let changes = listener::changes_channel(locks);
         Self {
             // The upsert only overwrites an expired row (I1, I6). The token
             // is drawn from the sequence on every grant (I2).
@@ -111,7 +114,7 @@ impl Sql {
                                          ELSE l.intent_until END
                    WHERE l.expires_at <= now()
                      AND (l.readers_until IS NULL OR l.readers_until <= now())
-                   RETURNING *
+                   RETURNING *, pg_notify('{changes}', l.key)::text AS notified
                  )
                  SELECT true AS won, {LEASE_COLUMNS}, false AS shared FROM won
                  UNION ALL
@@ -157,7 +160,8 @@ impl Sql {
                    (key, owner, token, kind, data, acquired_at, expires_at, updated_at)
                  VALUES ($1, $2, nextval('{tokens}'), $3::text, $4::text::json, now(),
                          now() + $5::bigint * interval '1 microsecond', now())
-                 RETURNING {LEASE_COLUMNS}, true AS shared"
+                 RETURNING {LEASE_COLUMNS}, true AS shared,
+                           pg_notify('{changes}', key)::text AS notified"
             ),
             writer: format!(
                 "SELECT {LEASE_COLUMNS} FROM {locks} WHERE key = $1 AND expires_at > now()"
@@ -192,7 +196,8 @@ impl Sql {
                       WHERE r.key = $1 AND r.expires_at > now()
                         AND NOT (r.owner = $2 AND r.token = $3))
                     WHERE key = $1 AND EXISTS (SELECT 1 FROM gone))
-                 SELECT pg_notify({channel}, key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text, pg_notify('{changes}', key)::text
+                   FROM gone"
             ),
             // On the key's locks row (one that holds no lease if the key
             // has none), which the readers' gate re-checks. Another owner's
@@ -228,7 +233,8 @@ impl Sql {
                      SELECT max(expires_at) FROM {readers} AS r
                       WHERE r.key = l.key AND r.expires_at > now() AND r.owner <> $1)
                     WHERE l.key = ANY($2::text[]))
-                 SELECT pg_notify({channel}, key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text, pg_notify('{changes}', key)::text
+                   FROM gone"
             ),
             // Run in the acquiring transaction before `acquire`, one after
             // the other. With the exclusive lock, every draw before it has
@@ -267,7 +273,8 @@ impl Sql {
                    DELETE FROM {locks}
                     WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()
                    RETURNING key)
-                 SELECT pg_notify({channel}, key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text, pg_notify('{changes}', key)::text
+                   FROM gone"
             ),
             // The writer, else the reader whose lease ends last.
             inspect: format!(
@@ -302,12 +309,14 @@ impl Sql {
                    UNION ALL
                    (SELECT {LEASE_COLUMNS}, true FROM r WHERE expires_at > now()
                      ORDER BY token DESC LIMIT 1))
-                 SELECT *, pg_notify({channel}, key)::text FROM live LIMIT 1"
+                 SELECT *, pg_notify({channel}, key)::text, pg_notify('{changes}', key)::text
+                   FROM live LIMIT 1"
             ),
             release_all: format!(
                 "WITH gone AS (
                    DELETE FROM {locks} WHERE owner = $1 AND expires_at > now() RETURNING key)
-                 SELECT pg_notify({channel}, key)::text FROM gone"
+                 SELECT pg_notify({channel}, key)::text, pg_notify('{changes}', key)::text
+                   FROM gone"
             ),
             cleanup: format!(
                 "WITH w AS (DELETE FROM {locks} WHERE {DEAD} RETURNING 1),
@@ -474,6 +483,21 @@ fn lease(row: &PgRow) -> Result<LockInfo> {
             _ => LockMode::Exclusive,
         },
     })
+}
+
+impl PostgresBackend {
+    /// The LISTEN session, opened on first use: it costs a connection of
+    /// its own, so a one-shot process that does not wait uses one
+    /// connection.
+    fn listener(&self) -> &Listener {
+        self.listener.get_or_init(|| {
+            Listener::spawn(
+                self.listener_pool.clone(),
+                self.options.names().locks,
+                self.options.connect_timeout(),
+            )
+        })
+    }
 }
 
 #[async_trait]
@@ -986,17 +1010,18 @@ impl Backend for PostgresBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        // The LISTEN session costs a connection of its own, so it is opened
-        // only once somebody waits: a one-shot process that does not wait
-        // uses one connection.
-        let listener = self.listener.get_or_init(|| {
-            Listener::spawn(
-                self.listener_pool.clone(),
-                self.options.names().locks,
-                self.options.connect_timeout(),
+        Ok(self.listener().subscribe(key).await)
+    }
+
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        self.listener().changes().await.map(Some).ok_or_else(|| {
+            fencelock_core::BackendError::message(
+                "postgres",
+                fencelock_core::ErrorStatus::Transient,
+                "cannot LISTEN to the change channel now",
             )
-        });
-        Ok(listener.subscribe(key).await)
+            .into()
+        })
     }
 }
 

@@ -8,6 +8,13 @@
 //! only while a subscription for the key lives, so a notice nobody waits
 //! for is dropped by the server. The connection opens with the first
 //! waiter; a one-shot process that never waits uses one connection.
+//!
+//! The same connection carries the store's change notices
+//! (`Backend::changes`): every grant and release also notifies one channel
+//! for the whole table ([`changes_channel`]), listened to while a lock
+//! service follows its event stream. While that is followed, a lost
+//! connection is re-opened by the listener itself (no waiter may come to
+//! ask for it), and the feed is told it missed notices.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use fencelock_core::{Backoff, LockKey, WakeHub, WakeSubscription};
+use fencelock_core::{Backoff, ChangeFeed, ChangeHub, LockKey, WakeHub, WakeSubscription};
 use md5::{Digest, Md5};
 use sqlx::{postgres::PgListener, PgPool};
 use tokio::{
@@ -32,6 +39,17 @@ const CHANNEL_PREFIX: &str = "fencelock_wake_";
 /// deletes rows it did not know the keys of can notify each.
 pub(crate) fn channel_sql(locks: &str) -> String {
     format!("'{CHANNEL_PREFIX}' || md5('{locks}:' || key)")
+}
+
+/// The NOTIFY channel of every grant and release in table `locks`: a
+/// fixed prefix and the hex MD5 of the table name, 50 bytes.
+pub(crate) fn changes_channel(locks: &str) -> String {
+    let digest = Md5::new().chain_update(locks.as_bytes()).finalize();
+    let mut name = String::from("fencelock_changes_");
+    for byte in digest {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name
 }
 
 /// The NOTIFY channel of `key` in table `locks`: a fixed prefix and the
@@ -65,6 +83,9 @@ enum Command {
 /// What the subscriptions and the listener task share.
 struct Shared {
     hub: WakeHub,
+    changes: ChangeHub,
+    /// [`changes_channel`] of the table.
+    changes_channel: String,
     locks: String,
     /// Live subscriptions per channel.
     waiters: Mutex<HashMap<String, usize>>,
@@ -101,6 +122,8 @@ impl Listener {
         let (commands, received) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             hub: WakeHub::new(),
+            changes: ChangeHub::new(),
+            changes_channel: changes_channel(&locks),
             locks,
             waiters: Mutex::default(),
             commands,
@@ -143,6 +166,21 @@ impl Listener {
             (subscription, waiter),
             |(mut sub, waiter)| async move { sub.woken().await.then_some(((), (sub, waiter))) },
         )))
+    }
+
+    /// A feed of the table's change notices, listened to on the server
+    /// before this returns; `None` when the listener cannot listen now.
+    pub(crate) async fn changes(&self) -> Option<ChangeFeed> {
+        let feed = self.shared.changes.subscribe();
+        let (ack, acked) = oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::Listen(self.shared.changes_channel.clone(), ack))
+            .ok()?;
+        match tokio::time::timeout(self.timeout, acked).await {
+            Ok(Ok(true)) => Some(feed),
+            _ => None,
+        }
     }
 
     #[cfg(test)]
@@ -207,6 +245,10 @@ async fn run(
                 notice = c.listener.try_recv() => {
                     match notice {
                         Ok(Some(notice)) => {
+                            if notice.channel() == shared.changes_channel {
+                                shared.changes.notify(notice.payload());
+                                continue;
+                            }
                             #[cfg(test)]
                             shared.notices.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             shared.hub.notify(notice.payload());
@@ -217,11 +259,37 @@ async fn run(
                             // Waiters fall back to backoff and subscribe
                             // again, which reconnects.
                             shared.hub.close_all();
+                            shared.changes.missed();
                         }
                     }
                     continue;
                 }
             },
+            // A followed change feed has nobody to ask for a reconnection:
+            // the task retries on its own, spaced by the backoff.
+            None if shared.changes.is_followed() => {
+                let pause = retry_at.map_or(Duration::ZERO, |at| {
+                    at.saturating_duration_since(Instant::now())
+                });
+                tokio::select! {
+                    command = commands.recv() => command,
+                    () = tokio::time::sleep(pause) => {
+                        match connect(&pool, &shared, timeout).await {
+                            Ok(c) => {
+                                backoff.reset();
+                                retry_at = None;
+                                conn = Some(c);
+                                shared.changes.missed();
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "change listener cannot connect");
+                                retry_at = Some(Instant::now() + backoff.next_pause());
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
             None => commands.recv().await,
         };
         let Some(command) = command else { return };
@@ -293,7 +361,10 @@ async fn connect(
         // waiter, as notices may have been missed) instead of being
         // replaced behind its back.
         listener.eager_reconnect(false);
-        let waited: Vec<String> = shared.waiters().keys().cloned().collect();
+        let mut waited: Vec<String> = shared.waiters().keys().cloned().collect();
+        if shared.changes.is_followed() {
+            waited.push(shared.changes_channel.clone());
+        }
         let mut channels = HashSet::new();
         for channel in waited {
             listener.listen(&channel).await?;

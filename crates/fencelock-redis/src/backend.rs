@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
+    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
@@ -319,6 +319,8 @@ impl RedisBackend {
         self.add_acquire_keys(&mut call, request);
         let row: Vec<Value> = args
             .add_to(&mut call)
+            .arg(self.inner.keys.changes())
+            .arg(request.key.as_str())
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("acquire script", e))?;
@@ -890,6 +892,10 @@ impl Backend for RedisBackend {
         for a in &args {
             a.add_to(&mut call);
         }
+        call.arg(self.inner.keys.changes());
+        for request in requests {
+            call.arg(request.key.as_str());
+        }
         let row: Vec<Value> = match call.invoke(&mut self.conn()).await {
             Ok(row) => row,
             Err(e) if e.kind() == redis::ErrorKind::CrossSlot => return Err(cross_slot()),
@@ -971,6 +977,7 @@ impl Backend for RedisBackend {
             .arg(lease.token.0)
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
+            .arg(self.inner.keys.changes())
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("release script", e))?;
@@ -1032,6 +1039,7 @@ impl Backend for RedisBackend {
             .arg(token.0)
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
+            .arg(self.inner.keys.changes())
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("release script", e))?;
@@ -1085,6 +1093,7 @@ impl Backend for RedisBackend {
             .key(self.inner.keys.intent(key))
             .arg(self.inner.keys.channel(key.as_str()))
             .arg(key.as_str())
+            .arg(self.inner.keys.changes())
             .invoke(&mut self.conn())
             .await
             .map_err(|e| map("force-release script", e))?;
@@ -1136,6 +1145,10 @@ impl Backend for RedisBackend {
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.inner.wakeups.subscribe(key).await?))
+    }
+
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        Ok(Some(self.inner.wakeups.changes().await?))
     }
 }
 

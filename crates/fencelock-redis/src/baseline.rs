@@ -115,6 +115,8 @@ impl<C: ConnectionLike + Send + Sync> RawCycle for Worker<C> {
             .arg("")
             .arg("")
             .arg("")
+            .arg(self.keys.changes())
+            .arg(key.as_str())
             .query_async(&mut self.conn)
             .await
             .map_err(|e| map("EVALSHA acquire", e))?;
@@ -140,6 +142,7 @@ impl<C: ConnectionLike + Send + Sync> RawCycle for Worker<C> {
             .arg(token.to_string())
             .arg(self.keys.channel(key.as_str()))
             .arg(key.as_str())
+            .arg(self.keys.changes())
             .query_async(&mut self.conn)
             .await
             .map_err(|e| map("EVALSHA release", e))?;

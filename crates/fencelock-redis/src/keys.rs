@@ -244,6 +244,13 @@ impl Keys {
         self.tagged(key, ":released")
     }
 
+    /// The pub/sub channel every grant and release of the store publishes
+    /// its user key on, which the lock service's event stream follows
+    /// (`Backend::changes`); a channel, not a key, so no slot applies.
+    pub(crate) fn changes(&self) -> String {
+        self.own("changes")
+    }
+
     /// The Redis Cluster slot of every key of `key`'s lock (they share the
     /// hash tag `{ENC}`, never empty since keys are not): where its scripts
     /// run, and the unit by which a Cluster backend splits batches.

@@ -222,7 +222,8 @@ const PLAIN_DESCRIBE: &str = concat!(plain_store!(), helpers!());
 /// KEYS: lease, counter, readers, readers' details, writer intent. ARGV:
 /// owner, ttl_ms, kind (`""` = none, else `=` followed by the kind), data
 /// (`""` = none), token floor (`""` = none, else a decimal of at most
-/// 2^52, `FencingToken::MAX_FLOOR`). Returns `{1, token, now_ms}`, `{2}`
+/// 2^52, `FencingToken::MAX_FLOOR`), the store's change channel, user key
+/// (a grant publishes the user key there, see `wakeups.rs`). Returns `{1, token, now_ms}`, `{2}`
 /// when the key's tokens are spent, or the holder as `describe` does
 /// (`found` = 1 means held; the leading element is then 0 to tell it from
 /// a grant): the writer, or the reader whose lease ends last. A grant
@@ -232,11 +233,13 @@ local held = blocker(KEYS[1], KEYS[3], KEYS[4])
 if held then return held end
 if spent(KEYS[2], ARGV[5]) then return {2} end
 local token, now = grant(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
 return {1, token, now}
 "#;
 
 /// Several keys at once, all or nothing: KEYS and ARGV are those of
-/// `ACQUIRE` for each key in turn (five keys, five arguments per key). Every
+/// `ACQUIRE`'s first five for each key in turn (five keys, five arguments
+/// per key), then the store's change channel and the user keys. Every
 /// key is checked before any is written, and nothing after the checks can
 /// fail, so a script never stops half way. Returns `{1, token1, now1,
 /// token2, now2, …}`, or `{0, i, holder}` with `i` the 0-based index of the
@@ -257,6 +260,7 @@ for i = 1, n do
     ARGV[k + 1], ARGV[k + 2], ARGV[k + 3], ARGV[k + 4], ARGV[k + 5])
   out[2 * i] = token
   out[2 * i + 1] = now
+  redis.call('PUBLISH', ARGV[5 * n + 1], ARGV[5 * n + 1 + i])
 end
 return out
 "#;
@@ -294,12 +298,14 @@ end
 return out
 "#;
 
-/// KEYS: lease. ARGV: owner, token, channel, user key. Returns 1 or 0.
+/// KEYS: lease. ARGV: owner, token, channel, user key, the store's change
+/// channel. Returns 1 or 0.
 const RELEASE: &str = r#"
 local h = lease_get(KEYS[1])
 if h[1] == ARGV[1] and h[2] == ARGV[2] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[3], ARGV[4])
+  redis.call('PUBLISH', ARGV[5], ARGV[4])
   return 1
 end
 return 0
@@ -325,7 +331,8 @@ if d[1] == 1 then return d end
 return last_reader(KEYS[2], KEYS[3], now_ms()) or d
 "#;
 
-/// KEYS: lease, readers, readers' details, intent. ARGV: channel, user key.
+/// KEYS: lease, readers, readers' details, intent. ARGV: channel, user key,
+/// the store's change channel.
 /// Frees the key entirely; returns `describe` of the writer, else of the
 /// reader whose lease ends last. Another library's holder is left alone:
 /// `{-1}`.
@@ -334,7 +341,10 @@ local d = describe(KEYS[1])
 if d[2] == 'foreign' and d[3] == '0' then return {-1} end
 if d[1] ~= 1 then d = last_reader(KEYS[2], KEYS[3], now_ms()) or d end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-if d[1] == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+if d[1] == 1 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[2])
+end
 return d
 "#;
 
@@ -361,6 +371,7 @@ if #ARGV[4] > 0 then r.data = ARGV[4] end
 redis.call('ZADD', KEYS[3], string.format('%d', now + tonumber(ARGV[2])), token)
 redis.call('HSET', KEYS[4], token, cjson.encode(r))
 keep(KEYS[3], KEYS[4], ARGV[2])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
 return {1, token, now}
 "#;
 
@@ -387,8 +398,8 @@ end
 return out
 "#;
 
-/// KEYS: readers, readers' details. ARGV: owner, token, channel, user key.
-/// Returns 1 or 0.
+/// KEYS: readers, readers' details. ARGV: owner, token, channel, user key,
+/// the store's change channel. Returns 1 or 0.
 const RELEASE_SHARED: &str = r#"
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
 if ends and tonumber(ends) > now_ms() then
@@ -397,6 +408,7 @@ if ends and tonumber(ends) > now_ms() then
     redis.call('ZREM', KEYS[1], ARGV[2])
     redis.call('HDEL', KEYS[2], ARGV[2])
     redis.call('PUBLISH', ARGV[3], ARGV[4])
+    redis.call('PUBLISH', ARGV[5], ARGV[4])
     return 1
   end
 end

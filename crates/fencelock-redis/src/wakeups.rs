@@ -7,6 +7,11 @@
 //! client CPU as the acquire+release itself (measured with `fencelock bench
 //! --scenario cycle --baseline`, docs/benchmarks.md). Per-key channels
 //! subscribed on demand cost a `PUBLISH` to no one when nobody waits.
+//!
+//! The same connection carries the store's change notices
+//! (`Backend::changes`): every grant and release also publishes its user
+//! key on one channel for the whole store (`Keys::changes`), subscribed
+//! while a lock service follows its event stream.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -14,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use fencelock_core::{LockKey, Result, WakeHub, WakeSubscription};
+use fencelock_core::{ChangeFeed, ChangeHub, LockKey, Result, WakeHub, WakeSubscription};
 use futures_util::StreamExt;
 use redis::{
     aio::{PubSubSink, PubSubStream},
@@ -29,11 +34,14 @@ struct Listening {
     sink: Option<PubSubSink>,
     /// User keys whose channel is subscribed.
     keys: HashSet<String>,
+    /// Whether the store's change channel is subscribed.
+    changes: bool,
 }
 
 /// Waiters of this backend and the subscriptions that serve them.
 pub(crate) struct Wakeups {
     hub: WakeHub,
+    changes: ChangeHub,
     keys: Keys,
     timeout: Duration,
     /// Live waiters per user key.
@@ -95,12 +103,14 @@ impl Wakeups {
         let (sink, stream) = open(&clients, &mut next, timeout).await?;
         let wakeups = Arc::new(Self {
             hub: WakeHub::new(),
+            changes: ChangeHub::new(),
             keys,
             timeout,
             waiters: Mutex::default(),
             listening: tokio::sync::Mutex::new(Listening {
                 sink: Some(sink),
                 keys: HashSet::new(),
+                changes: false,
             }),
         });
         let reader = tokio::spawn(Arc::clone(&wakeups).read(clients, next, stream));
@@ -156,6 +166,34 @@ impl Wakeups {
         )))
     }
 
+    /// A feed of the store's change notices, subscribed on the server before
+    /// this returns.
+    pub(crate) async fn changes(&self) -> Result<ChangeFeed> {
+        let feed = self.changes.subscribe();
+        let mut listening = self.listening.lock().await;
+        if !listening.changes {
+            let sink = listening.sink.as_mut().ok_or_else(|| {
+                fencelock_core::BackendError::message(
+                    crate::error::NAME,
+                    fencelock_core::ErrorStatus::Transient,
+                    "the pub/sub connection is down",
+                )
+            })?;
+            match tokio::time::timeout(self.timeout, sink.subscribe(self.keys.changes())).await {
+                Ok(Ok(())) => listening.changes = true,
+                Ok(Err(e)) => return Err(map("SUBSCRIBE", e)),
+                Err(_) => {
+                    return Err(fencelock_core::BackendError::timeout(
+                        crate::error::NAME,
+                        "SUBSCRIBE timed out",
+                    )
+                    .into())
+                }
+            }
+        }
+        Ok(feed)
+    }
+
     /// Unsubscribes `key` if it has no waiter any more.
     async fn forget(self: Arc<Self>, key: String) {
         let mut listening = self.listening.lock().await;
@@ -177,6 +215,7 @@ impl Wakeups {
     /// In a cluster, the node that failed is tried last: the reconnection
     /// starts at the next listed node.
     async fn read(self: Arc<Self>, clients: NodeClients, mut next: usize, first: PubSubStream) {
+        let changes = self.keys.changes();
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(50);
         loop {
@@ -184,7 +223,11 @@ impl Wakeups {
                 delay = Duration::from_millis(50);
                 while let Some(msg) = messages.next().await {
                     if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                        self.hub.notify(key);
+                        if msg.get_channel_name() == changes {
+                            self.changes.notify(key);
+                        } else {
+                            self.hub.notify(key);
+                        }
                     }
                 }
                 tracing::debug!("redis wake-up connection lost; reconnecting");
@@ -207,9 +250,17 @@ impl Wakeups {
                             listening.keys.insert(key);
                         }
                     }
+                    if self.changes.is_followed() {
+                        let subscribed =
+                            tokio::time::timeout(self.timeout, sink.subscribe(&changes)).await;
+                        listening.changes = matches!(subscribed, Ok(Ok(())));
+                    }
                     listening.sink = Some(sink);
                     drop(listening);
                     self.hub.notify_all();
+                    // Also when the resubscription failed: the follower
+                    // then finds changes by listing until it asks again.
+                    self.changes.missed();
                     stream = Some(messages);
                 }
                 Err(e) => tracing::debug!(error = %e, "redis wake-up reconnect failed"),

@@ -4,11 +4,27 @@
 //! Two sources feed one broadcast channel. What the service does itself
 //! (grants, releases, force-releases, fence refusals) is published at once.
 //! What happens elsewhere (clients using the backend directly, and expiries,
-//! which no call announces) is found by listing the backend every
-//! interval while someone follows the stream and comparing with the last
-//! view. Both go through one table of known leases, so a change is reported
-//! once whichever source sees it first. `Backend::watch` streams one key,
-//! not a whole table, so the listing is what covers every backend alike.
+//! which no call announces) is found by one task, the follower, while
+//! someone follows the stream, and compared with the last view. Both go
+//! through one table of known leases, so a change is reported once
+//! whichever source sees it first.
+//!
+//! How the follower finds changes depends on the backend:
+//! - One that notifies (`Backend::changes`: PostgreSQL NOTIFY, Redis
+//!   pub/sub) names each key a grant or release touched, whoever made it;
+//!   the follower reads those keys only. Expiries and renewals are not
+//!   announced, so it also reads, every [`EXPIRY_TICK`], the keys whose
+//!   known lease should have ended by then: gone, the lease expired; still
+//!   there (renewed by a client of the backend), its known end moves on. A
+//!   full listing still runs every [`SAFETY_NET`] (or `--events-interval`
+//!   if longer), and at once when the feed says notices were lost: it is
+//!   what repairs a notice lost without the feed knowing.
+//! - Any other lists the whole backend every `--events-interval`.
+//!
+//! All of it runs in that one task, one read after the other, so no two
+//! views of the backend are applied out of order; the service's own
+//! grants and releases, which happen meanwhile, are kept apart by the time
+//! they were recorded (`Known::recorded`, `Table::gone_at`).
 //!
 //! Every event has an SSE id, `<run>-<seq>`: the run names this process's
 //! life (a replica restarted, or another replica, has another run) and
@@ -19,7 +35,7 @@
 //! changes made elsewhere went unseen) it gets a `resync` event first.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     convert::Infallible,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -31,15 +47,35 @@ use axum::{
     response::sse::{Event, KeepAlive, Sse},
 };
 use chrono::Utc;
+use fencelock_core::{Backend, Change, ChangeFeed, LockInfo, LockKey};
 use fencelock_http::wire::{EventBody, GrantBody, LockBody};
 use futures_util::{stream, Stream, StreamExt};
 use serde::Deserialize;
-use tokio::{sync::broadcast, time::Instant};
+use tokio::{
+    sync::{broadcast, mpsc, oneshot},
+    time::Instant,
+};
 
 use crate::{activity::Activity, api::OP_TIMEOUT, Service};
 
 /// Events a slow follower may fall behind by before it is told to resync.
 const BUFFER: usize = 1024;
+
+/// How often a backend that notifies is still listed whole. Notices are
+/// not acknowledged: one lost without the connection dropping (a server
+/// that restarted between two reads, a notice queue that overflowed on the
+/// server) is repaired by this listing, so it bounds how long such a
+/// change can go unreported, while costing a thirtieth of the default
+/// listing's reads of every lease.
+pub(crate) const SAFETY_NET: Duration = Duration::from_secs(30);
+
+/// How often, with notices, the keys whose known lease should have ended
+/// are read (for expiries, which nobody announces): the most an expiry's
+/// event lags behind the backend's, on top of one read.
+const EXPIRY_TICK: Duration = Duration::from_millis(200);
+
+/// Keys read at once after notices or at an expiry tick.
+const READS_IN_FLIGHT: usize = 64;
 
 /// A lease the event stream has reported.
 #[derive(Debug)]
@@ -81,6 +117,57 @@ struct Table {
     /// earlier is an older view and is dropped, so that two listings
     /// answered out of order never report a change twice or backwards.
     listed_at: Option<Instant>,
+    /// When the service itself ended a key's lease lately: a read asked
+    /// for before then shows the lease that ended, which is no news. Kept
+    /// for [`OP_TIMEOUT`], the age of the oldest read still unanswered.
+    gone_at: HashMap<String, Instant>,
+}
+
+impl Table {
+    /// Whether a view of `key` asked for at `asked` is older than what the
+    /// service itself did to the key since.
+    fn outdated(&self, key: &str, asked: Instant) -> bool {
+        self.gone_at.get(key).is_some_and(|at| asked < *at)
+            || self.leases.get(key).is_some_and(|k| k.recorded > asked)
+    }
+
+    /// Removes the known lease of `key`, seen gone by a read answered at
+    /// `answered`, as the event to report: an expiry when its known end had
+    /// passed, else a release (`Known::ends`).
+    fn vanished(&mut self, key: &str, answered: Instant) -> Option<EventBody> {
+        let known = self.leases.remove(key)?;
+        let kind = known.ended_by(answered);
+        Some(event(kind, key, Some(known.owner), known.token))
+    }
+
+    /// Records a lease a read asked for at `asked` found, the event to
+    /// report when it is new.
+    fn found(&mut self, key: String, info: LockInfo, asked: Instant) -> Option<EventBody> {
+        let ends = asked + info.expires_in;
+        match self.leases.get_mut(&key) {
+            Some(known) if known.token == info.token.get() => {
+                known.ends = ends;
+                None
+            }
+            Some(known) if known.recorded > asked => None,
+            _ => {
+                let known = Known {
+                    token: info.token.get(),
+                    owner: info.owner.to_string(),
+                    ends,
+                    ttl_ms: None,
+                    recorded: asked,
+                };
+                let report = self.seeded.then(|| {
+                    let mut e = event("acquired", &key, Some(known.owner.clone()), known.token);
+                    e.lock = Some(LockBody { info, ttl_ms: None });
+                    e
+                });
+                self.leases.insert(key, known);
+                report
+            }
+        }
+    }
 }
 
 /// The events published lately, for followers that reconnect.
@@ -115,11 +202,19 @@ pub(crate) struct Events {
     run: String,
     /// Counts every event and keeps losses and fenced-out writes.
     activity: Arc<Activity>,
+    /// Asks the follower task to list the backend (and open the change
+    /// feed) before a first follower's response head is sent.
+    seed: mpsc::Sender<oneshot::Sender<()>>,
+    /// The follower task's end of `seed`, taken when it starts.
+    seeds: Mutex<Option<mpsc::Receiver<oneshot::Sender<()>>>>,
 }
 
 impl Events {
     pub(crate) fn new(activity: Arc<Activity>) -> Self {
+        let (seed, seeds) = mpsc::channel(16);
         Self {
+            seed,
+            seeds: Mutex::new(Some(seeds)),
             tx: broadcast::channel(BUFFER).0,
             table: Mutex::default(),
             ring: Mutex::new(Ring {
@@ -264,6 +359,9 @@ impl Events {
             if table.leases.get(key).is_some_and(|k| k.token == token) {
                 table.leases.remove(key);
             }
+            if table.seeded {
+                table.gone_at.insert(key.to_owned(), Instant::now());
+            }
         }
         self.publish(EventBody {
             kind: kind.to_owned(),
@@ -314,34 +412,14 @@ impl Events {
                     .map(|(key, _)| key.clone())
                     .collect();
                 for key in gone {
-                    if let Some(known) = table.leases.remove(&key) {
-                        let kind = known.ended_by(answered);
-                        out.push(event(kind, &key, Some(known.owner), known.token));
-                    }
+                    out.extend(table.vanished(&key, answered));
                 }
             }
             for (key, info) in current.drain() {
-                let ends = asked + info.expires_in;
-                match table.leases.get_mut(&key) {
-                    Some(known) if known.token == info.token.get() => known.ends = ends,
-                    Some(known) if known.recorded > asked => {}
-                    _ => {
-                        let known = Known {
-                            token: info.token.get(),
-                            owner: info.owner.to_string(),
-                            ends,
-                            ttl_ms: None,
-                            recorded: asked,
-                        };
-                        if table.seeded {
-                            let mut e =
-                                event("acquired", &key, Some(known.owner.clone()), known.token);
-                            e.lock = Some(LockBody { info, ttl_ms: None });
-                            out.push(e);
-                        }
-                        table.leases.insert(key, known);
-                    }
+                if table.gone_at.get(&key).is_some_and(|at| asked < *at) {
+                    continue;
                 }
+                out.extend(table.found(key, info, asked));
             }
             if !table.seeded {
                 // From here on, changes made elsewhere are seen again.
@@ -355,16 +433,109 @@ impl Events {
         }
     }
 
+    /// Compares what reads of single keys, asked for at `asked` and
+    /// answered by `answered`, found with the known leases and publishes the
+    /// differences.
+    fn observe_keys(
+        &self,
+        found: Vec<(String, Option<LockInfo>)>,
+        asked: Instant,
+        answered: Instant,
+    ) {
+        let mut out = Vec::new();
+        {
+            let mut table = self.table();
+            if !table.seeded {
+                return;
+            }
+            for (key, info) in found {
+                if table.outdated(&key, asked) {
+                    continue;
+                }
+                match info {
+                    Some(info) => {
+                        if table
+                            .leases
+                            .get(&key)
+                            .is_some_and(|k| k.token != info.token.get())
+                        {
+                            out.extend(table.vanished(&key, answered));
+                        }
+                        out.extend(table.found(key, info, asked));
+                    }
+                    None => out.extend(table.vanished(&key, answered)),
+                }
+            }
+        }
+        for e in out {
+            self.publish(e);
+        }
+    }
+
+    /// The keys whose known lease should have ended by `now`, and drops
+    /// the service's own records of ended leases no read can predate.
+    fn due(&self, now: Instant) -> Vec<String> {
+        let mut table = self.table();
+        table
+            .gone_at
+            .retain(|_, at| now.saturating_duration_since(*at) <= OP_TIMEOUT);
+        table
+            .leases
+            .iter()
+            .filter(|(_, k)| k.ends <= now)
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     fn forget(&self) {
         let mut table = self.table();
         table.leases.clear();
+        table.gone_at.clear();
         table.seeded = false;
         table.listed_at = None;
         self.ring().complete_after = u64::MAX;
     }
 
+    /// Lists the backend before a first follower's head is sent: the
+    /// follower task does it, so that the change feed is open before the
+    /// listing (no change falls between them).
+    async fn seed(&self) {
+        let (done, seeded) = oneshot::channel();
+        if self.seed.send(done).await.is_ok() {
+            // Dropped unanswered only when the service shuts down.
+            let _ = seeded.await;
+        }
+    }
+
+    /// Reads `keys` one by one, a few at a time, and compares what was found
+    /// with the known leases.
+    async fn read_keys(&self, backend: &dyn Backend, keys: impl IntoIterator<Item = String>) {
+        let asked = Instant::now();
+        let found: Vec<(String, Option<LockInfo>)> = stream::iter(keys)
+            .map(|key| async move {
+                let lock_key = LockKey::new(key.as_str()).ok()?;
+                match tokio::time::timeout(OP_TIMEOUT, backend.inspect(&lock_key)).await {
+                    Ok(Ok(info)) => Some((key, info)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, key, "event read failed; the listing will see it");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!(key, "event read got no answer; the listing will see it");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(READS_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        self.observe_keys(found, asked, Instant::now());
+    }
+
     /// Lists the backend and compares the listing with the known leases.
     async fn list(&self, backend: &dyn fencelock_core::Backend) {
+        reads(backend, "listing", 1);
         let asked = Instant::now();
         match tokio::time::timeout(OP_TIMEOUT, backend.list(None)).await {
             Ok(Ok(locks)) => self.observe(locks, asked, Instant::now()),
@@ -401,22 +572,160 @@ fn event(kind: &str, key: &str, owner: Option<String>, token: u64) -> EventBody 
     }
 }
 
-/// Lists the backend every `interval` while the stream has followers,
-/// until the service shuts down.
-pub(crate) fn spawn_poller(service: &Service, interval: Duration) {
+/// Counts `n` reads of the backend from `source`
+/// ([`crate::metrics::SERVICE_EVENT_READS`]).
+fn reads(backend: &dyn Backend, source: &'static str, n: usize) {
+    if n > 0 {
+        metrics::counter!(
+            crate::metrics::SERVICE_EVENT_READS,
+            "backend" => backend.name(),
+            "source" => source
+        )
+        .increment(n as u64);
+    }
+}
+
+/// The next notice of `feed`, or never without one.
+async fn next_change(feed: &mut Option<ChangeFeed>) -> Option<Change> {
+    match feed {
+        Some(feed) => feed.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the backend notifies: `None` until asked, then whether
+/// [`Backend::changes`] answered a feed (an error is asked again at the next
+/// listing).
+async fn open_feed(backend: &dyn Backend, notifies: &mut Option<bool>) -> Option<ChangeFeed> {
+    if *notifies == Some(false) {
+        return None;
+    }
+    match tokio::time::timeout(OP_TIMEOUT, backend.changes()).await {
+        Ok(Ok(Some(feed))) => {
+            *notifies = Some(true);
+            Some(feed)
+        }
+        Ok(Ok(None)) => {
+            *notifies = Some(false);
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "change notices unavailable; listing meanwhile");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("change notices got no answer; listing meanwhile");
+            None
+        }
+    }
+}
+
+/// The follower task: while the stream has followers, finds the changes
+/// made elsewhere (see the module doc), until the service shuts down.
+/// `interval` is `--events-interval`; without `notices` the backend is
+/// listed every `interval` even if it notifies.
+pub(crate) fn spawn_poller(service: &Service, interval: Duration, notices: bool) {
     let service = service.clone();
+    let Some(mut seeds) = service
+        .inner
+        .events
+        .seeds
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    else {
+        return;
+    };
     tokio::spawn(async move {
         let inner = &service.inner;
+        let events = &inner.events;
+        let backend = inner.client.backend();
+        let backend = backend.as_ref();
+        let mut feed: Option<ChangeFeed> = None;
+        let mut notifies: Option<bool> = (!notices).then_some(false);
+        let every = |feed: &Option<ChangeFeed>| {
+            if feed.is_some() {
+                interval.max(SAFETY_NET)
+            } else {
+                interval
+            }
+        };
+        let mut next_listing = Instant::now() + interval;
+        let mut changed: HashSet<String> = HashSet::new();
+        // An interval, not a sleep in the select: notices arriving more often
+        // than the tick must not postpone it.
+        let mut tick = tokio::time::interval(EXPIRY_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = inner.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
+                seed = seeds.recv() => {
+                    let Some(done) = seed else { return };
+                    if feed.is_none() {
+                        feed = open_feed(backend, &mut notifies).await;
+                    }
+                    events.list(backend).await;
+                    next_listing = Instant::now() + every(&feed);
+                    let _ = done.send(());
+                }
+                _ = tokio::time::sleep_until(next_listing) => {
+                    if events.tx.receiver_count() == 0 {
+                        events.forget();
+                        // Notices nobody reads are not received at all.
+                        feed = None;
+                        next_listing = Instant::now() + interval;
+                        continue;
+                    }
+                    if feed.is_none() {
+                        feed = open_feed(backend, &mut notifies).await;
+                    }
+                    events.list(backend).await;
+                    next_listing = Instant::now() + every(&feed);
+                }
+                change = next_change(&mut feed) => match change {
+                    Some(Change::Key(key)) => {
+                        let before = changed.len();
+                        changed.insert(key);
+                        // What arrived meanwhile is read in the same round.
+                        while let Some(Some(change)) = feed.as_mut().map(ChangeFeed::try_next) {
+                            match change {
+                                Change::Key(key) => {
+                                    changed.insert(key);
+                                }
+                                _ => {
+                                    next_listing = Instant::now();
+                                    break;
+                                }
+                            }
+                        }
+                        reads(backend, "notice", changed.len() - before);
+                    }
+                    Some(_) => next_listing = Instant::now(),
+                    // The backend stopped notifying: listing takes over,
+                    // and asks for a feed again.
+                    None => {
+                        feed = None;
+                        next_listing = next_listing.min(Instant::now() + interval);
+                    }
+                },
+                _ = tick.tick(), if feed.is_some() => {
+                    if events.tx.receiver_count() == 0 {
+                        events.forget();
+                        feed = None;
+                        continue;
+                    }
+                    let due = events.due(Instant::now());
+                    reads(backend, "expiry", due.len());
+                    changed.extend(due);
+                }
             }
-            if inner.events.tx.receiver_count() == 0 {
-                inner.events.forget();
-                continue;
+            if !changed.is_empty() {
+                if events.table().seeded {
+                    events.read_keys(backend, changed.drain()).await;
+                } else {
+                    changed.clear();
+                }
             }
-            inner.events.list(inner.client.backend().as_ref()).await;
         }
     });
 }
@@ -445,11 +754,7 @@ pub(crate) async fn stream(
         .map(str::trim);
     let (rx, replay) = service.inner.events.subscribe(last_id);
     if !service.inner.events.table().seeded {
-        service
-            .inner
-            .events
-            .list(service.inner.client.backend().as_ref())
-            .await;
+        service.inner.events.seed().await;
     }
     let shutdown = service.inner.shutdown.clone();
     let matches = move |e: &EventBody| {

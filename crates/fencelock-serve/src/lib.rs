@@ -73,6 +73,7 @@ pub struct ServiceBuilder {
     fence: Option<Arc<dyn Fence>>,
     tokens: Option<Tokens>,
     events_interval: Duration,
+    events_notices: bool,
 }
 
 impl ServiceBuilder {
@@ -96,6 +97,16 @@ impl ServiceBuilder {
         self
     }
 
+    /// Whether `/v1/events` follows the backend's change notices where it
+    /// has them (default true; PostgreSQL, Redis), listing it whole only
+    /// every 30 s, or every `events_interval` if longer (`docs/http.md`); false
+    /// lists every `events_interval` whatever the backend, which is only
+    /// worth it to compare the two (`docs/benchmarks.md`).
+    pub fn events_notices(mut self, yes: bool) -> Self {
+        self.events_notices = yes;
+        self
+    }
+
     /// The service. Installs the Prometheus recorder of `/metrics` as the
     /// process's `metrics` recorder unless one is installed already, and
     /// starts the event poller (it stops with [`Service::shutdown`]); call
@@ -115,7 +126,7 @@ impl ServiceBuilder {
                 shutdown,
             }),
         };
-        events::spawn_poller(&service, self.events_interval);
+        events::spawn_poller(&service, self.events_interval, self.events_notices);
         service
     }
 }
@@ -128,6 +139,7 @@ impl Service {
             fence: None,
             tokens: None,
             events_interval: DEFAULT_EVENTS_INTERVAL,
+            events_notices: true,
         }
     }
 

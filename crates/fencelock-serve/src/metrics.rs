@@ -4,7 +4,7 @@
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use axum::{extract::State, http::header, response::IntoResponse};
-use metrics::{describe_gauge, gauge, Unit};
+use metrics::{describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::{api::OP_TIMEOUT, error::ApiError, Service};
@@ -19,6 +19,11 @@ pub const BACKEND_EXPIRED_NOT_CLEANED: &str = "fencelock_backend_expired_not_cle
 pub const BACKEND_OLDEST_HOLD_SECONDS: &str = "fencelock_backend_oldest_hold_seconds";
 /// Gauge: 1 when the last scrape could read the backend, else 0.
 pub const BACKEND_UP: &str = "fencelock_backend_up";
+/// Counter: reads of the backend made to find changes for `/v1/events`, by
+/// `source`: `listing` (a whole listing), `notice` (a key named by the
+/// backend's change notices), `expiry` (a key whose known lease should have
+/// ended).
+pub const SERVICE_EVENT_READS: &str = "fencelock_service_event_reads_total";
 
 /// The process's Prometheus handle: installs the recorder on first use. If
 /// the process has another recorder already, the handle renders only what
@@ -68,6 +73,11 @@ fn describe() {
         BACKEND_UP,
         Unit::Count,
         "1 when the last scrape could read the backend's statistics, else 0."
+    );
+    describe_counter!(
+        SERVICE_EVENT_READS,
+        Unit::Count,
+        "Reads of the backend made to find changes for /v1/events, by source: listing (the whole backend), notice (a key the backend's change notices named), expiry (a key whose known lease should have ended)."
     );
 }
 

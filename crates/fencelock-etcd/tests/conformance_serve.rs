@@ -85,9 +85,14 @@ impl StoreFactory for ServeOverEtcd {
             .events_interval(std::time::Duration::from_millis(50))
             .build();
         let server = Server::bind("127.0.0.1:0".parse()?, service).await?.spawn();
+        let url = format!("http://{}", server.local_addr());
+        // Without the claim the `fair::` cases would check nothing.
+        if !HttpBackend::connect(&url).await?.capabilities().fair {
+            return Err("the http:// backend over etcd does not claim fair".into());
+        }
         Ok(Box::new(ServeStore {
             etcd,
-            url: format!("http://{}", server.local_addr()),
+            url,
             _server: server,
         }))
     }

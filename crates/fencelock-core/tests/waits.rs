@@ -184,7 +184,10 @@ async fn the_last_stretch_ends_at_the_deadline_and_a_single_try_never_waits() {
     let tried = client(&backend, "other").try_lock("k").await.unwrap();
     assert!(tried.is_none());
     assert_eq!(backend.stretches.lock().unwrap().len(), 2);
-    assert_eq!(backend.attempts.lock().unwrap().last(), Some(&(false, false)));
+    assert_eq!(
+        backend.attempts.lock().unwrap().last(),
+        Some(&(false, false))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -232,7 +235,10 @@ async fn on_a_fair_backend_a_wait_keeps_its_entry_with_single_tries() {
         .await;
     assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
     let attempts = backend.attempts.lock().unwrap().clone();
-    assert!(attempts[1..].iter().all(|&a| a == (true, false)), "{attempts:?}");
+    assert!(
+        attempts[1..].iter().all(|&a| a == (true, false)),
+        "{attempts:?}"
+    );
     // One try of a wait run across requests (a lock service's client).
     let tried = client(&backend, "other")
         .lock("k")
@@ -242,5 +248,8 @@ async fn on_a_fair_backend_a_wait_keeps_its_entry_with_single_tries() {
         .await
         .unwrap();
     assert!(tried.is_none());
-    assert_eq!(backend.attempts.lock().unwrap().last(), Some(&(true, false)));
+    assert_eq!(
+        backend.attempts.lock().unwrap().last(),
+        Some(&(true, false))
+    );
 }

@@ -1,4 +1,6 @@
-//! The conformance suite through `http://` over etcd: each case gets a
+//! The conformance suite's `fair` cases through `http://` over etcd (the
+//! other cases run through a service over SQLite,
+//! `crates/fencelock-testkit/tests/conformance_http.rs`): each case gets a
 //! `fencelock serve` service of its own, in process on a loopback port, over
 //! the case's prefix of a throwaway etcd (a server of its own for cases
 //! that restart it); every `connect` is a new HTTP client of it, as another
@@ -64,9 +66,7 @@ impl StoreFactory for ServeOverEtcd {
         true
     }
     async fn store(&self, dedicated: bool) -> TestResult<Box<dyn Store>> {
-        let n = self
-            .cases
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let n = self.cases.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let etcd = if dedicated {
             Arc::new(tokio::task::spawn_blocking(EtcdCluster::start_dedicated).await??)
         } else {
@@ -78,7 +78,9 @@ impl StoreFactory for ServeOverEtcd {
             Arc::clone(self.shared.get_or_try_init(start).await?)
         };
         let backend_url = etcd.case_url(n);
-        let backend = fencelock_etcd::EtcdDriver.open_backend(&backend_url).await?;
+        let backend = fencelock_etcd::EtcdDriver
+            .open_backend(&backend_url)
+            .await?;
         let fence = fencelock_etcd::EtcdDriver.open_fence(&backend_url).await?;
         let service = Service::builder(LockClient::new(backend))
             .fence(fence)
@@ -99,8 +101,11 @@ impl StoreFactory for ServeOverEtcd {
 }
 
 fn main() -> ExitCode {
-    fencelock_testkit::run(ServeOverEtcd {
-        shared: tokio::sync::OnceCell::new(),
-        cases: std::sync::atomic::AtomicUsize::new(0),
-    })
+    fencelock_testkit::run_group(
+        ServeOverEtcd {
+            shared: tokio::sync::OnceCell::new(),
+            cases: std::sync::atomic::AtomicUsize::new(0),
+        },
+        "fair",
+    )
 }

@@ -806,7 +806,12 @@ impl Backend for HttpBackend {
         }
         let list: LockList = self
             .conn
-            .json(Method::GET, self.lock_url(key, Some("queue")), None::<&()>, &[])
+            .json(
+                Method::GET,
+                self.lock_url(key, Some("queue")),
+                None::<&()>,
+                &[],
+            )
             .await?
             .map_err(|e| refused(StatusCode::OK, e))?;
         Ok(list.locks.into_iter().map(|l| l.info).collect())

@@ -443,7 +443,9 @@ impl HttpBackend {
         let body = AcquireBody {
             owner: Some(request.owner.to_string()),
             ttl_ms: millis(request.ttl),
-            wait_ms: (!wait.is_zero()).then(|| millis(wait)),
+            // Rounded up: the client asks again at once only after a
+            // stretch waited whole.
+            wait_ms: (!wait.is_zero()).then(|| millis(wait + Duration::from_nanos(999_999))),
             kind: request.kind.clone(),
             data: request.data.clone(),
             mode,

@@ -150,8 +150,8 @@ async fn a_wait_is_asked_of_the_backend_in_stretches_and_granted_in_the_stretch_
     assert_eq!(stretches, [TTL / 3; 3], "one stretch per third of the TTL");
     assert_eq!(backend.subscriptions.load(Ordering::SeqCst), 0);
     assert!(
-        backend.attempts.lock().unwrap().iter().all(|a| a.1),
-        "every attempt of the wait may wait"
+        backend.attempts.lock().unwrap()[1..].iter().all(|a| a.1),
+        "every attempt of the wait (after the holder's) may wait"
     );
 }
 

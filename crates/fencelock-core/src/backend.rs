@@ -223,6 +223,11 @@ pub struct Capabilities {
     /// sequential nodes), [`Backend::leave_queue`] withdraws it, and
     /// [`Backend::queue`] lists the live entries.
     pub fair: bool,
+    /// [`Backend::try_acquire_waiting`] waits for a held key where the key
+    /// is (a lock service waits with its own backend's wake-ups and answers
+    /// at once with the grant), so a waiting client needs no wake-up
+    /// subscription and no second round trip after a release.
+    pub waits: bool,
 }
 
 impl Capabilities {
@@ -277,6 +282,12 @@ impl Capabilities {
     /// Claims FIFO grants to waiters ([`Capabilities::fair`]).
     pub fn with_fair(mut self, yes: bool) -> Self {
         self.fair = yes;
+        self
+    }
+
+    /// Claims waiting attempts ([`Capabilities::waits`]).
+    pub fn with_waits(mut self, yes: bool) -> Self {
+        self.waits = yes;
         self
     }
 
@@ -377,6 +388,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`Acquire::Held`] with that reader, [`crate::LockMode::Shared`]), and a
     /// grant withdraws the requesting owner's writer intent on `key`.
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
+
+    /// [`Backend::try_acquire`] that may wait up to `wait` for a held key
+    /// before answering [`Acquire::Held`]; a grant is answered as soon as
+    /// it is made. Backends that claim [`Capabilities::waits`] implement
+    /// it; the client calls it only for waiting exclusive acquisitions that
+    /// keep no queue entry, with `wait` short enough that the lease it
+    /// counts from before the call is still worth having. The default is
+    /// one try that does not wait.
+    async fn try_acquire_waiting(
+        &self,
+        request: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquire> {
+        let _ = wait;
+        self.try_acquire(request).await
+    }
 
     /// Takes every key of `requests` in one atomic step, each as
     /// [`Backend::try_acquire`] would (its own token, above its floor, I1 and

@@ -31,6 +31,10 @@ const MAX_KIND_LEN: usize = 64;
 const CLOSE_CONCURRENCY: usize = 32;
 /// Largest `data` payload, serialized.
 const MAX_DATA_LEN: usize = 64 * 1024;
+/// Longest stretch a waiting attempt waits where the key is
+/// ([`crate::Capabilities::waits`]): well under the minute after which
+/// proxies and load balancers drop a quiet request.
+const WAIT_THERE_MAX: Duration = Duration::from_secs(20);
 /// Backoff while waiting without wake-ups (or between them): starts at 1 ms,
 /// caps at 1 s. A short first step makes a hand-off on an engine without
 /// wake-ups (MariaDB) cost a millisecond or two rather than a 5 ms step, for
@@ -190,6 +194,7 @@ impl LockClient {
             auto_renew: true,
             mode: LockMode::Exclusive,
             hold_at_least: None,
+            queued: false,
         }
     }
 
@@ -326,6 +331,7 @@ pub struct LockRequest<'a> {
     auto_renew: bool,
     mode: LockMode,
     hold_at_least: Option<Duration>,
+    queued: bool,
 }
 
 impl LockRequest<'_> {
@@ -393,6 +399,19 @@ impl LockRequest<'_> {
     /// exclusive locks only.
     pub fn hold_at_least(mut self, delay: Duration) -> Self {
         self.hold_at_least = Some(delay);
+        self
+    }
+
+    /// Marks a single try as one attempt of a wait that the caller runs
+    /// itself across requests (a lock service's client does,
+    /// `docs/fairness.md`): on a backend that claims
+    /// [`crate::Capabilities::fair`], a refused try leaves or refreshes the
+    /// owner's queue entry on the key, and the caller withdraws it with
+    /// [`Backend::leave_queue`] when its wait ends without a grant. Ignored
+    /// for a request that waits here (it keeps its own entry) and on other
+    /// backends.
+    pub fn queued(mut self, yes: bool) -> Self {
+        self.queued = yes;
         self
     }
 
@@ -494,7 +513,7 @@ impl LockRequest<'_> {
             mode = %config.mode,
             backend = self.client.inner.backend.name(),
         );
-        acquire_loop(&self.client.inner, request, config, self.wait)
+        acquire_loop(&self.client.inner, request, config, self.wait, self.queued)
             .instrument(span)
             .await
     }
@@ -561,6 +580,7 @@ async fn acquire_loop(
     request: AcquireRequest,
     config: GuardConfig,
     wait: Duration,
+    queued: bool,
 ) -> Result<LockGuard> {
     let backend = &client.backend;
     let name = backend.name();
@@ -568,11 +588,20 @@ async fn acquire_loop(
     // `None`: a wait too long to represent (e.g. `Duration::MAX`) is forever.
     let deadline = started.checked_add(wait);
     let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
+    let queue = QueueEntry::new(client, &request, config, wait);
+    // A backend that waits where the key is (a lock service) is asked to,
+    // one stretch at a time: it is woken there by its own backend, so the
+    // wait needs no subscription here. Queued waits keep the attempts that
+    // refresh their entry.
+    let waits_there = backend.capabilities().waits
+        && !wait.is_zero()
+        && config.mode == LockMode::Exclusive
+        && queue.is_none();
     // Subscribe before the first try so that a release between a failed try
     // and the wait that follows is still seen. Bounded like every other
     // call, and by the wait itself: an unanswered subscription must not
     // stretch the wait, it only costs the wake-ups.
-    let mut wakeups = if wait.is_zero() || !backend.capabilities().wakeups {
+    let mut wakeups = if wait.is_zero() || !backend.capabilities().wakeups || waits_there {
         None
     } else {
         let subscribe = backend.subscribe(&request.key);
@@ -590,10 +619,29 @@ async fn acquire_loop(
     };
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
     let mut intent = WriteIntent::new(client, &request, config, wait);
-    let mut queue = QueueEntry::new(client, &request, config, wait);
-    let request = request.with_queue(queue.is_some());
+    let mut queue = queue;
+    // One try of a wait run across requests keeps the caller's entry.
+    let queued = queued
+        && wait.is_zero()
+        && config.mode == LockMode::Exclusive
+        && backend.capabilities().fair;
+    let request = request.with_queue(queue.is_some() || queued);
     loop {
-        let outcome = attempt(client, &request, config, deadline, started).await;
+        let stretch = if waits_there {
+            // The lease is counted from before the call, so a grant at the
+            // end of a stretch must leave most of it trusted.
+            let left = deadline.map_or(WAIT_THERE_MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            left.min(WAIT_THERE_MAX).min(request.ttl / 3)
+        } else {
+            Duration::ZERO
+        };
+        let asked = Instant::now();
+        let outcome = attempt(client, &request, config, deadline, started, stretch).await;
+        // Held after waiting its whole stretch where the key is: ask again
+        // at once (a backend that answered early is waited for here).
+        let waited = !stretch.is_zero() && asked.elapsed() >= stretch;
         let holder = match outcome {
             Ok(Attempt::Granted(guard)) => {
                 // The grant took the entry off the queue on the backend.
@@ -629,6 +677,9 @@ async fn acquire_loop(
                 key: request.key,
                 waited: wait,
             });
+        }
+        if waited {
+            continue;
         }
         let mut pause = backoff.next_pause();
         if let Some(deadline) = deadline {
@@ -682,6 +733,7 @@ pub(crate) async fn attempt(
     config: GuardConfig,
     deadline: Option<Instant>,
     started: Instant,
+    stretch: Duration,
 ) -> Result<Attempt> {
     let backend = &client.backend;
     let name = backend.name();
@@ -690,11 +742,14 @@ pub(crate) async fn attempt(
     let sent = Sent::now();
     let call = async {
         match config.mode {
+            LockMode::Exclusive if !stretch.is_zero() => {
+                backend.try_acquire_waiting(request, stretch).await
+            }
             LockMode::Exclusive => backend.try_acquire(request).await,
             LockMode::Shared => backend.try_acquire_shared(request).await,
         }
     };
-    let attempt = tokio::time::timeout(client.op_timeout, call).await;
+    let attempt = tokio::time::timeout(client.op_timeout + stretch, call).await;
     match attempt {
         Ok(Ok(Acquire::Granted(grant)))
             if Instant::now() >= sent.mono + config.clock.valid_for(grant.ttl) =>

@@ -152,6 +152,14 @@ impl Backend for FaultyBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.call(self.inner.try_acquire(request)).await
     }
+    async fn try_acquire_waiting(
+        &self,
+        request: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquire> {
+        self.call(self.inner.try_acquire_waiting(request, wait))
+            .await
+    }
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
         self.call(self.inner.try_acquire_all(requests)).await
     }

@@ -229,7 +229,16 @@ impl SemaphoreRequest<'_> {
                 };
                 let mut slot_request = request.clone();
                 slot_request.key = LockKey::new(semaphore_slot_key(&self.name, slot))?;
-                match attempt(inner, &slot_request, config, deadline, started).await? {
+                match attempt(
+                    inner,
+                    &slot_request,
+                    config,
+                    deadline,
+                    started,
+                    Duration::ZERO,
+                )
+                .await?
+                {
                     Attempt::Granted(guard) => {
                         // A grant is a permit only once a read after it
                         // found no live permit of another size on any slot:

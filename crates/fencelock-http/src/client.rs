@@ -22,8 +22,9 @@ use url::Url;
 
 use crate::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
-    FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody,
-    RenewBody, RenewItem, RenewManyBody, RenewManyResults, MAX_RENEW_BATCH,
+    FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList,
+    QueueLeaveBody, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults,
+    MAX_RENEW_BATCH,
 };
 
 const NAME: &str = "http";
@@ -247,10 +248,11 @@ impl Connection {
         method: Method,
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
+        timeout: Duration,
     ) -> Result<(StatusCode, Vec<u8>)> {
         let response = self
             .send(url, |url| {
-                let request = self.request(method.clone(), url).timeout(REQUEST_TIMEOUT);
+                let request = self.request(method.clone(), url).timeout(timeout);
                 match body {
                     Some(body) => request.json(body),
                     None => request,
@@ -272,18 +274,32 @@ impl Connection {
         body: Option<&(impl Serialize + Sync)>,
         expected: &[StatusCode],
     ) -> Result<std::result::Result<T, ErrorBody>> {
+        self.json_within(method, url, body, expected, REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Connection::json`] bounded by `timeout` (a long poll's wait and
+    /// then the usual bound).
+    async fn json_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&(impl Serialize + Sync)>,
+        expected: &[StatusCode],
+        timeout: Duration,
+    ) -> Result<std::result::Result<T, ErrorBody>> {
         // A read changes nothing, so a read that failed in transit (a
         // replica that died under it, a balancer's 502) is tried once more,
         // on the next replica when there are several.
         let tries = if method == Method::GET { 2 } else { 1 };
         let mut answer = self
-            .answer(method.clone(), url.clone(), body, expected)
+            .answer(method.clone(), url.clone(), body, expected, timeout)
             .await;
         for _ in 1..tries {
             match &answer {
                 Err(e) if e.is_transient() => {
                     answer = self
-                        .answer(method.clone(), url.clone(), body, expected)
+                        .answer(method.clone(), url.clone(), body, expected, timeout)
                         .await;
                 }
                 _ => break,
@@ -299,8 +315,9 @@ impl Connection {
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
         expected: &[StatusCode],
+        timeout: Duration,
     ) -> Result<std::result::Result<T, ErrorBody>> {
-        let (status, bytes) = self.call(method, url, body).await?;
+        let (status, bytes) = self.call(method, url, body, timeout).await?;
         if status == StatusCode::OK {
             return serde_json::from_slice(&bytes).map(Ok).map_err(|e| {
                 // A 200 whose body does not parse was cut or garbled: what
@@ -404,8 +421,11 @@ fn grant(body: GrantBody) -> Grant {
 /// Locks through a `fencelock serve` service.
 ///
 /// Each operation is one request; the service makes one backend call of
-/// it, so this backend keeps what the service's backend keeps. Release
-/// wake-ups come from the service's event stream (`GET /v1/events?key=`).
+/// it, so this backend keeps what the service's backend keeps. A wait is a
+/// series of long polls the service answers on its backend's own wake-up
+/// ([`Backend::try_acquire_waiting`]); on a fair backend the wait keeps its
+/// queue entry with single tries instead, woken by the service's event
+/// stream (`GET /v1/events?key=`, `docs/http.md`).
 #[derive(Clone, Debug)]
 pub struct HttpBackend {
     conn: Connection,
@@ -413,25 +433,36 @@ pub struct HttpBackend {
 }
 
 impl HttpBackend {
-    /// One acquisition, of the writer's side (`mode` absent) or a reader's.
+    /// One acquisition, of the writer's side (`mode` absent) or a reader's,
+    /// waiting up to `wait` in the service (a long poll) when not zero.
     async fn acquire_as(
         &self,
         request: &AcquireRequest,
         mode: Option<LockMode>,
+        wait: Duration,
     ) -> Result<Acquire> {
         let body = AcquireBody {
             owner: Some(request.owner.to_string()),
             ttl_ms: millis(request.ttl),
-            wait_ms: None,
+            // Rounded up: the client asks again at once only after a
+            // stretch waited whole.
+            wait_ms: (!wait.is_zero()).then(|| millis(wait + Duration::from_nanos(999_999))),
             kind: request.kind.clone(),
             data: request.data.clone(),
             mode,
             min_token: request.min_token.map(FencingToken::get),
+            queue: request.queue,
         };
         let url = self.lock_url(&request.key, Some("acquire"));
         match self
             .conn
-            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .json_within::<GrantBody>(
+                Method::POST,
+                url,
+                Some(&body),
+                &[StatusCode::CONFLICT],
+                REQUEST_TIMEOUT + wait,
+            )
             .await?
         {
             Ok(g) => Ok(Acquire::Granted(grant(g))),
@@ -527,7 +558,13 @@ impl HttpBackend {
             // One request for a client's due renewals, whatever the backend
             // does with them behind the service.
             .with_batch_renew(info.renew_batch)
-            .with_atomic_multi(remote.atomic_multi && info.renew_batch);
+            .with_atomic_multi(remote.atomic_multi && info.renew_batch)
+            // Queue entries are the backend's own; the service passes the
+            // attempts that keep them (`docs/fairness.md`).
+            .with_fair(remote.fair)
+            // Every service long-polls an acquisition (`wait_ms`), woken
+            // by its own backend.
+            .with_waits(true);
         Ok(Self { conn, capabilities })
     }
 
@@ -616,7 +653,17 @@ impl Backend for HttpBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.acquire_as(request, None).await
+        self.acquire_as(request, None, Duration::ZERO).await
+    }
+
+    /// A long poll: the service waits up to `wait` with its backend's own
+    /// wake-ups and answers the grant at once.
+    async fn try_acquire_waiting(
+        &self,
+        request: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquire> {
+        self.acquire_as(request, None, wait).await
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
@@ -707,7 +754,8 @@ impl Backend for HttpBackend {
 
     async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.shared_only("shared locks")?;
-        self.acquire_as(request, Some(LockMode::Shared)).await
+        self.acquire_as(request, Some(LockMode::Shared), Duration::ZERO)
+            .await
     }
 
     async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
@@ -741,6 +789,37 @@ impl Backend for HttpBackend {
             .map_err(|()| Error::InvalidUrl("not a base URL".into()))?
             .push("withdraw");
         self.call_ok(Method::POST, url, &body).await
+    }
+
+    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        if !self.capabilities.fair {
+            return Ok(());
+        }
+        let body = QueueLeaveBody {
+            owner: owner.to_string(),
+        };
+        let mut url = self.lock_url(key, Some("queue"));
+        url.path_segments_mut()
+            .map_err(|()| Error::InvalidUrl("not a base URL".into()))?
+            .push("leave");
+        self.call_ok(Method::POST, url, &body).await
+    }
+
+    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
+        if !self.capabilities.fair {
+            return Ok(Vec::new());
+        }
+        let list: LockList = self
+            .conn
+            .json(
+                Method::GET,
+                self.lock_url(key, Some("queue")),
+                None::<&()>,
+                &[],
+            )
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(list.locks.into_iter().map(|l| l.info).collect())
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {

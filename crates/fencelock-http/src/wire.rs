@@ -32,6 +32,21 @@ pub struct AcquireBody {
     /// A floor for the grant's token, on backends that support one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_token: Option<u64>,
+    /// One try of a wait the client runs itself, on a fair backend
+    /// (`docs/fairness.md`): a refusal leaves or refreshes the owner's
+    /// queue entry on the key, which the client keeps by trying again
+    /// within a third of `ttl_ms` and withdraws with
+    /// `POST /v1/locks/{key}/queue/leave`. Only without `wait_ms`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue: bool,
+}
+
+/// `POST /v1/locks/{key}/queue/leave`: a waiter's queue entry withdrawn.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueLeaveBody {
+    /// The waiter.
+    pub owner: String,
 }
 
 /// The answer to a granted acquisition or renewal.
@@ -296,6 +311,9 @@ pub struct CapabilitiesBody {
     /// See [`Capabilities::atomic_multi`] (absent from services before it).
     #[serde(default)]
     pub atomic_multi: bool,
+    /// See [`Capabilities::fair`] (absent from services before it).
+    #[serde(default)]
+    pub fair: bool,
 }
 
 impl From<Capabilities> for CapabilitiesBody {
@@ -310,6 +328,7 @@ impl From<Capabilities> for CapabilitiesBody {
             set_data: c.set_data,
             shared: c.shared,
             atomic_multi: c.atomic_multi,
+            fair: c.fair,
         }
     }
 }

@@ -14,8 +14,8 @@ use fencelock_core::{
 };
 use fencelock_http::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody,
-    GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, ReleaseBody, RenewBody,
-    RenewManyBody, RenewManyResults, RenewResult, MAX_RENEW_BATCH,
+    GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, QueueLeaveBody,
+    ReleaseBody, RenewBody, RenewManyBody, RenewManyResults, RenewResult, MAX_RENEW_BATCH,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -146,6 +146,11 @@ pub(crate) async fn acquire(
             ms(MAX_WAIT)
         )));
     }
+    if body.queue && !wait.is_zero() {
+        return Err(ApiError::bad_request(
+            "queue is for single tries; a wait_ms acquire keeps its own queue entry",
+        ));
+    }
     let owner = match body.owner {
         Some(owner) => caller.owner_in(&owner)?,
         None => caller.owner_in(Owner::generate().as_str())?,
@@ -159,6 +164,7 @@ pub(crate) async fn acquire(
         .ttl(Duration::from_millis(body.ttl_ms))
         .wait(wait)
         .owner(owner)
+        .queued(body.queue)
         .auto_renew(false);
     if let Some(kind) = body.kind {
         request = request.kind(kind);
@@ -547,6 +553,44 @@ pub(crate) async fn withdraw_intent(
     bounded(
         "withdraw_write_intent",
         backend.withdraw_write_intent(&key, &owner),
+    )
+    .await?;
+    Ok(Json(Updated { updated: true }))
+}
+
+/// The live queue entries of a key on a fair backend, oldest first
+/// (`docs/fairness.md`); empty elsewhere.
+pub(crate) async fn queue(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+) -> ApiResult<LockList> {
+    let key = name.key()?;
+    let entries = bounded("queue", s.inner.client.backend().queue(&key)).await?;
+    Ok(Json(LockList {
+        locks: entries
+            .into_iter()
+            .map(|info| LockBody {
+                info: shown(&caller, info),
+                ttl_ms: None,
+            })
+            .collect(),
+    }))
+}
+
+/// Withdraws the caller's queue entry on the key (a wait the client ran
+/// with single tries ended without a grant); none: nothing to do.
+pub(crate) async fn leave_queue(
+    State(s): State<Service>,
+    Extension(caller): Extension<Caller>,
+    name: Name,
+    Body(body): Body<QueueLeaveBody>,
+) -> ApiResult<Updated> {
+    let key = name.key()?;
+    let owner = caller.owner_in(&body.owner)?;
+    bounded(
+        "leave_queue",
+        s.inner.client.backend().leave_queue(&key, &owner),
     )
     .await?;
     Ok(Json(Updated { updated: true }))

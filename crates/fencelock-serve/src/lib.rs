@@ -171,6 +171,8 @@ pub fn router(service: Service) -> Router {
             "/v1/locks/{key}/intent/withdraw",
             post(api::withdraw_intent),
         )
+        .route("/v1/locks/{key}/queue", get(api::queue))
+        .route("/v1/locks/{key}/queue/leave", post(api::leave_queue))
         .route("/v1/owners/{owner}/release", post(api::release_all))
         .route("/v1/stats", get(api::stats))
         .route("/v1/cleanup", post(api::cleanup))

@@ -57,7 +57,15 @@ impl Server {
         };
         match self.tls {
             None => {
-                let listener = tokio::net::TcpListener::from_std(self.listener)?;
+                use axum::serve::ListenerExt;
+                // Answers and events are small writes: Nagle's algorithm
+                // would hold one back until the peer acknowledged the last
+                // (a delayed ACK away) whenever two follow each other.
+                let listener = tokio::net::TcpListener::from_std(self.listener)?.tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                });
                 axum::serve(listener, app)
                     .with_graceful_shutdown(stop)
                     .await

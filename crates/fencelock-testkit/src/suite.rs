@@ -99,11 +99,18 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(180);
 /// arguments (filters, `--list`, `--test-threads`). Call it from the `main`
 /// of a `harness = false` test binary and return its exit code.
 pub fn run(factory: impl StoreFactory) -> ExitCode {
+    run_group(factory, "")
+}
+
+/// [`run`] for the cases of one group only (`fair`, `exclusion`, …; `""`:
+/// all of them), for a store whose other cases another binary covers.
+pub fn run_group(factory: impl StoreFactory, group: &str) -> ExitCode {
     init_tracing();
     let args = Arguments::from_args();
     let factory: Arc<dyn StoreFactory> = Arc::new(factory);
     let trials = CASES
         .iter()
+        .filter(|case| group.is_empty() || case.name.split("::").next() == Some(group))
         .map(|case| trial(Arc::clone(&factory), case))
         .collect();
     libtest_mimic::run(&args, trials).exit_code()

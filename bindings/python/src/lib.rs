@@ -11,7 +11,7 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, OnceLock},
     task::{Context, Poll},
     time::Duration,
 };

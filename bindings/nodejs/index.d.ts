@@ -4,14 +4,26 @@ import { EventEmitter } from 'node:events'
 import type {
   ConnectOptions,
   ElectionOptions,
+  KeyChange,
   Leader,
   LockInfo,
   LeaderChange,
   LockOptions,
+  ResumeOptions,
   Stats,
 } from './native'
 
-export type { ConnectOptions, ElectionOptions, Leader, LeaderChange, LockInfo, LockOptions, Stats }
+export type {
+  ConnectOptions,
+  ElectionOptions,
+  KeyChange,
+  Leader,
+  LeaderChange,
+  LockInfo,
+  LockOptions,
+  ResumeOptions,
+  Stats,
+}
 
 /** Milliseconds, or a duration string such as `'30s'` or `'1m 30s'`. */
 export type Duration = number | string
@@ -81,7 +93,19 @@ export class Guard extends EventEmitter implements LossEvents {
   renew(): Promise<void>
   /** Stops renewal and releases the lease; a second call does nothing. */
   release(): Promise<void>
+  /** Stops renewing and leaves the lease to expire, or to `client.resume(key, owner, token)`. */
+  detach(): Promise<void>
   [Symbol.asyncDispose](): Promise<void>
+}
+
+/** Being an election's leader: a guard on the election's key. */
+export class Leadership extends Guard {
+  /** The term (the token): present it to fences so that a deposed leader's writes are refused. */
+  readonly term: bigint
+  /** Publishes `value` as the leader's value; rejects with LockLostError once no longer leader. */
+  proclaim(value: unknown): Promise<void>
+  /** Steps down now, so that a standby is elected at once. */
+  resign(): Promise<void>
 }
 
 /** Locks on several keys, taken all or none. */
@@ -97,11 +121,16 @@ export class MultiGuard extends EventEmitter implements LossEvents {
 }
 
 export class Election {
-  /** Waits to become the leader; the guard's token is the term. */
-  campaign(): Promise<Guard>
+  /** Waits to become the leader. */
+  campaign(): Promise<Leadership>
   leader(): Promise<Leader | null>
   /** The current leader (first) and every change from now on; `break` stops observing. */
   observe(): Promise<AsyncIterable<LeaderChange>>
+  /**
+   * Campaigns, runs `fn` while leader (the signal aborts when leadership is
+   * lost, and it campaigns again), resigns when `fn` settles and returns its value.
+   */
+  run<T>(fn: (signal: AbortSignal, leadership: Leadership) => Promise<T> | T): Promise<T>
 }
 
 export class Fence {
@@ -131,6 +160,10 @@ export class Client {
     options: AcquireOptions | undefined,
     fn: (signal: AbortSignal, guard: Guard) => Promise<T> | T,
   ): Promise<T>
+  /** Re-attaches to a lease a guard detached (here or in another process), once the backend confirms it. */
+  resume(key: string, owner: string, token: bigint, options?: ResumeOptions): Promise<Guard>
+  /** The holder changes of `key` from now on; `break` stops watching. */
+  watch(key: string): Promise<AsyncIterable<KeyChange>>
   election(name: string, options?: ElectionOptions): Election
   inspect(key: string): Promise<LockInfo | null>
   list(prefix?: string): Promise<LockInfo[]>

@@ -70,17 +70,50 @@ function sync(fn) {
 
 const NEVER = new Promise(() => {})
 
-// A held lock. Emits 'lost' (with the reason) when the lease can no longer
-// be trusted; `lost` is a Promise that settles with the same reason.
-class Guard extends EventEmitter {
-  #native
+// What emits 'lost' (with the reason) when a lease can no longer be
+// trusted; `lost` is a Promise that settles with the same reason. Both are
+// made on first use only: a guard nobody watches costs no native task and
+// no listener of its own.
+class LossEmitter extends EventEmitter {
   #lost
-  constructor(nativeGuard) {
+  #waitLost
+  constructor(waitLost) {
     super()
+    this.#waitLost = waitLost
+  }
+  /** Settles with the loss reason ('refused', 'deadline', 'closed'); never once released. */
+  get lost() {
+    if (!this.#lost) {
+      // The pending native promise is rooted until it settles: it must
+      // reach the guard only weakly, or a guard someone listens to could
+      // never be collected.
+      const self = new WeakRef(this)
+      this.#lost = this.#waitLost().then((reason) => {
+        if (reason === null) return NEVER
+        self.deref()?.emit('lost', reason)
+        return reason
+      })
+    }
+    return this.#lost
+  }
+  // once() and prependOnceListener() go through these two.
+  addListener(event, listener) {
+    if (event === 'lost') void this.lost
+    return super.addListener(event, listener)
+  }
+  on(event, listener) { return this.addListener(event, listener) }
+  prependListener(event, listener) {
+    if (event === 'lost') void this.lost
+    return super.prependListener(event, listener)
+  }
+}
+
+// A held lock, renewed in the background until released or lost.
+class Guard extends LossEmitter {
+  #native
+  constructor(nativeGuard) {
+    super(() => nativeGuard.waitLost())
     this.#native = nativeGuard
-    this.on('newListener', (event) => {
-      if (event === 'lost') void this.lost
-    })
   }
   get key() { return this.#native.key }
   get owner() { return this.#native.owner }
@@ -92,80 +125,102 @@ class Guard extends EventEmitter {
   get remainingMs() { return this.#native.remainingMs }
   get isValid() { return this.#native.isValid }
   get lossReason() { return this.#native.lossReason }
-  /** Settles with the loss reason ('refused', 'deadline', 'closed'); never once released. */
-  get lost() {
-    if (!this.#lost) {
-      // Made on first use only: a guard nobody watches costs no task.
-      // The pending native promise is rooted until it settles: it must
-      // reach the guard only weakly, or a guard someone listens to could
-      // never be collected.
-      const self = new WeakRef(this)
-      this.#lost = this.#native.waitLost().then((reason) => {
-        if (reason === null) return NEVER
-        self.deref()?.emit('lost', reason)
-        return reason
-      })
-    }
-    return this.#lost
-  }
   check() { sync(() => this.#native.check()) }
   renew() { return call(() => this.#native.renew()) }
+  release() { return call(() => this.#native.release()) }
+  /** Stops renewing and leaves the lease to expire, or to client.resume(key, owner, token). */
+  detach() { return call(() => this.#native.detach()) }
+  async [Symbol.asyncDispose]() { await this.release() }
+}
+
+// Being an election's leader: a guard on the election's key, whose token is
+// the term.
+class Leadership extends Guard {
+  #native
+  constructor(nativeGuard) {
+    super(nativeGuard)
+    this.#native = nativeGuard
+  }
+  /** The term: present it to fences so that a deposed leader's writes are refused. */
+  get term() { return this.token }
+  /** Publishes value as the leader's value while still leader. */
+  proclaim(value) { return call(() => this.#native.proclaim(value)) }
+  /** Steps down now, so that a standby is elected at once. */
+  resign() { return this.release() }
+}
+
+class MultiGuard extends LossEmitter {
+  #native
+  constructor(nativeGuard) {
+    super(() => nativeGuard.waitLost())
+    this.#native = nativeGuard
+  }
+  get tokens() { return this.#native.tokens }
+  get isValid() { return this.#native.isValid }
+  check() { sync(() => this.#native.check()) }
   release() { return call(() => this.#native.release()) }
   async [Symbol.asyncDispose]() { await this.release() }
 }
 
-class MultiGuard extends EventEmitter {
-  #native
-  #lost
-  constructor(nativeGuard) {
-    super()
-    this.#native = nativeGuard
-    this.on('newListener', (event) => {
-      if (event === 'lost') void this.lost
-    })
+// A native watch (next() gives null at its end, close() stops it) as an
+// async iterable; `break` closes it.
+function iterate(watch) {
+  return {
+    [Symbol.asyncIterator]() {
+      return {
+        async next() {
+          const change = await call(() => watch.next())
+          return change === null ? { done: true, value: undefined } : { done: false, value: change }
+        },
+        async return() {
+          watch.close()
+          return { done: true, value: undefined }
+        },
+      }
+    },
   }
-  get tokens() { return this.#native.tokens }
-  get isValid() { return this.#native.isValid }
-  get lost() {
-    if (!this.#lost) {
-      // The pending native promise is rooted until it settles: it must
-      // reach the guard only weakly, or a guard someone listens to could
-      // never be collected.
-      const self = new WeakRef(this)
-      this.#lost = this.#native.waitLost().then((reason) => {
-        if (reason === null) return NEVER
-        self.deref()?.emit('lost', reason)
-        return reason
-      })
-    }
-    return this.#lost
-  }
-  check() { sync(() => this.#native.check()) }
-  release() { return call(() => this.#native.release()) }
-  async [Symbol.asyncDispose]() { await this.release() }
+}
+
+// Runs fn(signal, guard) until it settles, or until the guard is lost: then
+// the signal aborts with the LockLostError as its reason and that error is
+// thrown without waiting for fn. The guard is not released here.
+async function supervise(guard, fn) {
+  const controller = new AbortController()
+  const lost = guard.lost.then((reason) => {
+    const error = new LockLostError(`lock ${guard.key} (token ${guard.token}) was lost: ${reason}`, 'not_held')
+    error.reason = reason
+    controller.abort(error)
+    throw error
+  })
+  const value = await Promise.race([fn(controller.signal, guard), lost])
+  guard.check()
+  return value
 }
 
 class Election {
   #native
   constructor(nativeElection) { this.#native = nativeElection }
-  async campaign() { return new Guard(await call(() => this.#native.campaign())) }
+  async campaign() { return new Leadership(await call(() => this.#native.campaign())) }
   leader() { return call(() => this.#native.leader()) }
   /** The current leader (first) and every change, as an async iterable. */
-  async observe() {
-    const observer = await call(() => this.#native.observe())
-    return {
-      [Symbol.asyncIterator]() {
-        return {
-          async next() {
-            const change = await call(() => observer.next())
-            return change === null ? { done: true, value: undefined } : { done: false, value: change }
-          },
-          async return() {
-            observer.close()
-            return { done: true, value: undefined }
-          },
-        }
-      },
+  async observe() { return iterate(await call(() => this.#native.observe())) }
+  /**
+   * Campaigns, runs fn(signal, leadership) while leader, and campaigns
+   * again whenever the leadership is lost (the signal aborts then). When fn
+   * settles while still leader, resigns and returns its value (or throws
+   * its error). Rejects with LockLostError when the client is closed while
+   * leading, and with the campaign's error otherwise.
+   */
+  async run(fn) {
+    for (;;) {
+      const leadership = await this.campaign()
+      try {
+        return await supervise(leadership, fn)
+      } catch (err) {
+        if (!(err instanceof LockLostError) || err.reason === undefined || err.reason === 'closed') throw err
+      } finally {
+        await leadership.resign().catch(() => {})
+      }
     }
   }
 }
@@ -206,20 +261,22 @@ class Client {
    */
   async run(key, options, fn) {
     const guard = await this.acquire(key, options)
-    const controller = new AbortController()
-    const lost = guard.lost.then((reason) => {
-      const error = new LockLostError(`lock ${guard.key} (token ${guard.token}) was lost: ${reason}`, 'not_held')
-      controller.abort(error)
-      throw error
-    })
     try {
-      const value = await Promise.race([fn(controller.signal, guard), lost])
-      guard.check()
-      return value
+      return await supervise(guard, fn)
     } finally {
       await guard.release().catch(() => {})
     }
   }
+  /**
+   * Re-attaches to the lease of owner on key granted with token (one that
+   * guard.detach() left, here or in another process): a guard renewed by
+   * this client once the backend confirmed the lease is still current.
+   */
+  async resume(key, owner, token, options) {
+    return new Guard(await call(() => this.#native.resume(key, owner, token, options)))
+  }
+  /** The holder changes of key from now on, as an async iterable; `break` stops watching. */
+  async watch(key) { return iterate(await call(() => this.#native.watch(key))) }
   election(name, options) { return new Election(sync(() => this.#native.election(name, options))) }
   inspect(key) { return call(() => this.#native.inspect(key)) }
   list(prefix) { return call(() => this.#native.list(prefix)) }
@@ -242,6 +299,7 @@ module.exports = {
   openFence,
   Client,
   Guard,
+  Leadership,
   MultiGuard,
   Election,
   Fence,

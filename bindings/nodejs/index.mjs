@@ -6,6 +6,7 @@ export const {
   openFence,
   Client,
   Guard,
+  Leadership,
   MultiGuard,
   Election,
   Fence,

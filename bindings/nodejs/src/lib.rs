@@ -21,7 +21,10 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use fencelock::{CancellationToken, FencingToken, GuardHandle, LockGuard, LockMode, Owner};
+use fencelock::{
+    CancellationToken, FencingToken, GuardHandle, HolderChange, Leadership, LockGuard, LockMode,
+    Owner,
+};
 use napi::bindgen_prelude::{BigInt, Either, Env, Object};
 use napi_derive::napi;
 use tokio::runtime::Handle;
@@ -409,6 +412,40 @@ impl Client {
         Ok(self.inner.cleanup().await.map_err(js_error)? as f64)
     }
 
+    /// Re-attaches to the lease of `owner` on `key` granted with `token`
+    /// (one a guard detached, here or in another process): a guard renewed
+    /// by this client, once the backend confirmed the lease is current.
+    #[napi]
+    pub async fn resume(
+        &self,
+        key: String,
+        owner: String,
+        token: BigInt,
+        options: Option<ResumeOptions>,
+    ) -> Result<Guard> {
+        let owner = Owner::new(owner).map_err(js_error)?;
+        let mut request = self.inner.resume(key, owner, token_from_js(token)?);
+        if let Some(o) = options {
+            if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
+                request = request.ttl(ttl);
+            }
+            if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
+                request = request.renew_every(period);
+            }
+        }
+        Ok(Guard::new(request.await.map_err(js_error)?, None))
+    }
+
+    /// The holder changes of `key` from now on.
+    #[napi]
+    pub async fn watch(&self, key: String) -> Result<KeyWatch> {
+        let watch = self.inner.watch(&key).await.map_err(js_error)?;
+        Ok(KeyWatch {
+            watch: tokio::sync::Mutex::new(watch),
+            closed: CancellationToken::new(),
+        })
+    }
+
     /// The election `name`.
     #[napi]
     pub fn election(&self, name: String, options: Option<ElectionOptions>) -> Result<Election> {
@@ -434,11 +471,36 @@ impl Client {
     }
 }
 
+/// What a guard holds: a lock, or an election's leadership (a lock that
+/// can also publish the leader's value).
+enum Holding {
+    Lock(LockGuard),
+    Leader(Leadership),
+}
+
+impl Holding {
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            Holding::Lock(guard) => guard.release().await,
+            Holding::Leader(leadership) => leadership.resign().await,
+        }
+    }
+
+    fn detach(self) {
+        match self {
+            Holding::Lock(guard) => guard.detach(),
+            Holding::Leader(leadership) => leadership.into_guard().detach(),
+        }
+    }
+}
+
 /// A held lock (native half): renewed in the background until released,
 /// lost or collected.
 #[napi]
 pub struct Guard {
-    guard: Mutex<Option<LockGuard>>,
+    /// An async mutex: `proclaim` uses the leadership across an await, and
+    /// a `release` meanwhile must wait for it rather than find nothing.
+    guard: tokio::sync::Mutex<Option<Holding>>,
     handle: GuardHandle,
     slot: Option<u32>,
     /// The binding's runtime, where a collected guard's release is sent.
@@ -450,9 +512,13 @@ pub struct Guard {
 
 impl Guard {
     fn new(guard: LockGuard, slot: Option<u32>) -> Self {
+        Self::holding(guard.handle(), Holding::Lock(guard), slot)
+    }
+
+    fn holding(handle: GuardHandle, holding: Holding, slot: Option<u32>) -> Self {
         Guard {
-            handle: guard.handle(),
-            guard: Mutex::new(Some(guard)),
+            handle,
+            guard: tokio::sync::Mutex::new(Some(holding)),
             slot,
             runtime: Handle::try_current().ok(),
             done: CancellationToken::new(),
@@ -466,7 +532,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.done.cancel();
-        drop_on(self.runtime.as_ref(), lock(&self.guard).take());
+        drop_on(self.runtime.as_ref(), self.guard.get_mut().take());
     }
 }
 
@@ -580,11 +646,34 @@ impl Guard {
     /// Stops renewal and releases the lease; a second call does nothing.
     #[napi]
     pub async fn release(&self) -> Result<()> {
-        let guard = lock(&self.guard).take();
+        let guard = self.guard.lock().await.take();
         self.done.cancel();
         match guard {
             Some(guard) => guard.release().await.map_err(js_error),
             None => Ok(()),
+        }
+    }
+
+    /// Stops renewing and leaves the lease to expire, or to `resume` by
+    /// key, owner and token (in this process or another).
+    #[napi]
+    pub async fn detach(&self) {
+        let guard = self.guard.lock().await.take();
+        self.done.cancel();
+        if let Some(guard) = guard {
+            guard.detach();
+        }
+    }
+
+    /// Publishes `value` as the leader's value (a leadership only).
+    #[napi]
+    pub async fn proclaim(&self, value: serde_json::Value) -> Result<()> {
+        match self.guard.lock().await.as_ref() {
+            Some(Holding::Leader(leadership)) => leadership.proclaim(value).await.map_err(js_error),
+            Some(Holding::Lock(_)) => Err(js_error(fencelock::Error::InvalidArgument(
+                "only an election's leadership can proclaim".into(),
+            ))),
+            None => Err(js_error(fencelock::Error::not_held(self.handle.lease()))),
         }
     }
 }
@@ -685,7 +774,11 @@ impl Election {
     #[napi]
     pub async fn campaign(&self) -> Result<Guard> {
         let leadership = self.inner.campaign().await.map_err(js_error)?;
-        Ok(Guard::new(leadership.into_guard(), None))
+        Ok(Guard::holding(
+            leadership.handle(),
+            Holding::Leader(leadership),
+            None,
+        ))
     }
 
     /// The current leader, if any.
@@ -771,6 +864,85 @@ impl LeaderObserver {
     }
 
     /// Stops observing: a pending and every later `next` give `null`.
+    #[napi]
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+}
+
+/// Options of `resume`.
+#[napi(object)]
+pub struct ResumeOptions {
+    /// Lease length from now on (default: the client's).
+    #[napi(ts_type = "number | string")]
+    pub ttl: Option<JsDuration>,
+    /// Renewal period (default: a third of the TTL).
+    #[napi(ts_type = "number | string")]
+    pub renew_every: Option<JsDuration>,
+}
+
+/// A change of a key's holder.
+#[napi(object)]
+pub struct KeyChange {
+    /// `'acquired'`, `'released'` (or force-released) or `'expired'`.
+    pub kind: String,
+    /// The key.
+    pub key: String,
+    /// The holder whose lease began or ended.
+    pub owner: String,
+    /// That lease's fencing token.
+    pub token: BigInt,
+    /// The new lease as the backend reports it (`'acquired'`).
+    pub lease: Option<LockInfo>,
+}
+
+impl KeyChange {
+    /// `None` for a kind of change this binding does not know yet: the
+    /// watch ends rather than misreport it.
+    fn new(change: HolderChange) -> Option<Self> {
+        let (kind, id, lease) = match change {
+            HolderChange::Acquired(info) => {
+                let id = fencelock::LeaseId::new(info.key.clone(), info.owner.clone(), info.token);
+                ("acquired", id, Some(LockInfo::from(info)))
+            }
+            HolderChange::Released(id) => ("released", id, None),
+            HolderChange::Expired(id) => ("expired", id, None),
+            _ => return None,
+        };
+        Some(KeyChange {
+            kind: kind.into(),
+            key: id.key.as_str().to_owned(),
+            owner: id.owner.as_str().to_owned(),
+            token: BigInt::from(id.token.get()),
+            lease,
+        })
+    }
+}
+
+/// The holder changes of a key (native half of `watch`).
+#[napi]
+pub struct KeyWatch {
+    watch: tokio::sync::Mutex<fencelock::Watch>,
+    closed: CancellationToken,
+}
+
+#[napi]
+impl KeyWatch {
+    /// The next change; `null` once closed or when the backend's watch ended.
+    #[napi]
+    pub async fn next(&self) -> Result<Option<KeyChange>> {
+        let mut watch = self.watch.lock().await;
+        let change = tokio::select! {
+            change = watch.next() => change,
+            () = self.closed.cancelled() => None,
+        };
+        Ok(change
+            .transpose()
+            .map_err(js_error)?
+            .and_then(KeyChange::new))
+    }
+
+    /// Stops watching: a pending and every later `next` give `null`.
     #[napi]
     pub fn close(&self) {
         self.closed.cancel();

@@ -4,7 +4,7 @@
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { connect, openFence, NotAcquiredError, StaleTokenError, InvalidInputError } = require('..')
+const { connect, openFence, NotAcquiredError, StaleTokenError, InvalidInputError, LockLostError, Leadership } = require('..')
 const { startServer } = require('./servers.js')
 
 for (const engine of ['sqlite', 'redis']) {
@@ -84,6 +84,67 @@ for (const engine of ['sqlite', 'redis']) {
       assert.equal(vacant.previousTerm, leadership.token)
       assert.equal(vacant.expired, false)
       assert.deepEqual(await changes.return(), { done: true, value: undefined })
+    })
+
+    it('a leader proclaims its value, and no longer once it resigned', async () => {
+      const leadership = await client.election('proclaimed', { ttl: '10s', value: 'a' }).campaign()
+      assert.ok(leadership instanceof Leadership)
+      assert.equal(leadership.term, leadership.token)
+      await leadership.proclaim({ addr: 'b' })
+      assert.deepEqual((await other.election('proclaimed').leader()).value, { addr: 'b' })
+      await leadership.resign()
+      await assert.rejects(leadership.proclaim('c'), LockLostError)
+      assert.equal(await other.election('proclaimed').leader(), null)
+    })
+
+    it('Election.run campaigns again after a loss and resigns when fn returns', async () => {
+      const election = client.election('supervised', { ttl: '3s' })
+      const terms = []
+      const aborted = []
+      const value = await election.run(async (signal, leadership) => {
+        terms.push(leadership.term)
+        if (terms.length === 1) {
+          // Deposed from outside: the signal must abort, then run campaigns again.
+          await other.forceRelease('fencelock/election/supervised')
+          await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }))
+          aborted.push(signal.reason)
+          return 'first'
+        }
+        return 'second'
+      })
+      assert.equal(value, 'second')
+      assert.equal(terms.length, 2)
+      assert.ok(terms[1] > terms[0])
+      assert.ok(aborted[0] instanceof LockLostError)
+      assert.equal(await other.election('supervised').leader(), null)
+    })
+
+    it('watches the holders of a key', async () => {
+      const changes = (await other.watch('watched'))[Symbol.asyncIterator]()
+      const guard = await client.acquire('watched', { ttl: '10s' })
+      const acquired = (await changes.next()).value
+      assert.equal(acquired.kind, 'acquired')
+      assert.equal(acquired.owner, 'one')
+      assert.equal(acquired.token, guard.token)
+      assert.equal(acquired.lease.key, 'watched')
+      await guard.release()
+      const released = (await changes.next()).value
+      assert.equal(released.kind, 'released')
+      assert.equal(released.token, guard.token)
+      assert.deepEqual(await changes.return(), { done: true, value: undefined })
+    })
+
+    it('resumes a detached lease by key, owner and token', async () => {
+      const guard = await client.acquire('resumed', { ttl: '10s' })
+      await guard.detach()
+      assert.equal((await other.inspect('resumed')).token, guard.token)
+      await assert.rejects(other.resume('resumed', 'one', guard.token + 1n), LockLostError)
+      const again = await other.resume('resumed', 'one', guard.token, { ttl: '10s' })
+      assert.equal(again.token, guard.token)
+      assert.equal(again.owner, 'one')
+      again.check()
+      await again.release()
+      assert.equal(await other.inspect('resumed'), null)
     })
 
     it('fences refuse stale tokens and admit readers alike', async () => {

@@ -14,9 +14,10 @@ it('the shipped types compile with tsc --strict and describe what runs', async (
   const { main } = require('./dist/typed.js')
   const server = await startServer('sqlite')
   try {
-    const [token, runToken] = await main(server.url)
+    const [token, runToken, term] = await main(server.url)
     assert.equal(typeof token, 'bigint')
     assert.ok(runToken > 0n)
+    assert.ok(term > 0n)
   } finally {
     await server.stop()
   }

@@ -6,6 +6,8 @@ import {
   FencelockError,
   NotAcquiredError,
   type Guard,
+  type KeyChange,
+  type Leadership,
   type LossReason,
 } from 'fencelock'
 
@@ -31,6 +33,18 @@ export async function main(url: string): Promise<bigint[]> {
     if (signal.aborted) throw new FencelockError('aborted', 'not_held')
     return Number(g.token)
   })
+  const term: bigint = await client.election('typed:e', { ttl: '5s' }).run(async (signal: AbortSignal, l: Leadership) => {
+    await l.proclaim({ at: 'typed' })
+    return signal.aborted ? 0n : l.term
+  })
+  const held = await client.acquire('typed:resume', { ttl: '5s' })
+  const changes: AsyncIterable<KeyChange> = await client.watch('typed:resume')
+  await held.detach()
+  const resumed: Guard = await client.resume('typed:resume', held.owner, held.token, { ttl: '5s' })
+  await resumed.release()
+  for await (const change of changes) {
+    if (change.kind === 'released' && change.token === held.token) break
+  }
   await client.close()
-  return [token, BigInt(value)]
+  return [token, BigInt(value), term]
 }

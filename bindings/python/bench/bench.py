@@ -4,6 +4,11 @@ slices, for the binding (async and sync), the Rust library (`fencelock
 bench`, release build), redis-py's `Lock` and python-redis-lock; then the
 binding's hand-off p50 and its memory per held lock at 10,000 locks.
 
+The Rust library's cycle rate comes from `bindings/nodejs/examples/cycle.rs`
+when its release build is in the target directory (`cargo build --release
+--example cycle` in bindings/nodejs: the same library, one release build
+fewer than the CLI with `lab`), else from `fencelock bench`.
+
 Not a test: it asserts nothing. Run with the release wheel installed:
 
     python bindings/python/bench/bench.py [--slice 2] [--rounds 5]
@@ -30,6 +35,7 @@ import redis_lock  # noqa: E402
 from servers import TARGET, Server  # noqa: E402
 
 RUST = TARGET / "release" / "fencelock"
+CYCLE = TARGET / "release" / "examples" / "cycle"
 
 
 def rate(cycle: Callable[[], None], seconds: float) -> float:
@@ -59,6 +65,10 @@ def rust_bench(url: str, scenario: str, *extra: str) -> Dict[str, Any]:
 
 
 def rust_rate(url: str, seconds: float) -> float:
+    if CYCLE.exists():
+        out = subprocess.run([str(CYCLE), url, str(int(seconds * 1000))],
+                             capture_output=True, text=True, check=True)
+        return float(out.stdout)
     report = rust_bench(url, "cycle", "--clients", "1", "--duration", f"{seconds}s",
                         "--warmup", "200ms", "--rounds", "1")
     return float(report["fencelock"]["ops_per_sec"])
@@ -128,9 +138,9 @@ def main() -> None:
         async_client = loop.run_until_complete(fencelock.connect(server.url))
         rates: Dict[str, List[float]] = {k: [] for k in
                                          ["rust", "binding async", "binding sync", "redis-py Lock", "python-redis-lock"]}
-        with_rust = RUST.exists()
+        with_rust = CYCLE.exists() or RUST.exists()
         if not with_rust:
-            print(f"{RUST} is missing (cargo build --release -p fencelock-cli --features lab): no Rust rows\n")
+            print(f"{RUST} and {CYCLE} are missing: no Rust rows\n")
             del rates["rust"]
         for _ in range(args.rounds):
             if with_rust:
@@ -148,7 +158,9 @@ def main() -> None:
         print(f"\nhand-off p50 (binding, async): {loop.run_until_complete(handoff_p50(server.url, 300)):.3f} ms")
         print(f"memory per held lock (binding, 10,000 locks): "
               f"{loop.run_until_complete(memory_per_lock(server.url, 10_000)):,.0f} B")
-        if not with_rust:
+        if not RUST.exists():
+            print(f"{RUST} is missing (cargo build --release -p fencelock-cli --features lab): "
+                  "no Rust hand-off and memory rows")
             loop.run_until_complete(async_client.close())
             sync_client.close()
             return

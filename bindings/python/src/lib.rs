@@ -11,14 +11,14 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, OnceLock},
     task::{Context, Poll},
     time::Duration,
 };
 
 use fencelock::{
-    Error, Fence, FencingToken, GuardHandle, LockClient, LockGuard, LockMode, LockRequest,
-    MultiGuard, Owner,
+    Error, Fence, FencingToken, GuardHandle, HolderChange, Leadership, LockClient, LockGuard,
+    LockMode, LockRequest, MultiGuard, Owner,
 };
 use pyo3::{prelude::*, types::PyDict, IntoPyObjectExt};
 
@@ -204,25 +204,67 @@ fn to_json<T: serde::Serialize>(value: T) -> PyResult<Json> {
 /// lets the core stop its renewal and release it in the background, as a
 /// dropped guard does in Rust. Outside a runtime the core could only stop
 /// renewing and leave the lease to expire.
-struct Held<T>(Mutex<Option<T>>);
+///
+/// An async mutex: a leader's `proclaim` uses its leadership across an
+/// await, and a `release` meanwhile must wait for it rather than find
+/// nothing to release.
+struct Held<T>(tokio::sync::Mutex<Option<T>>);
 
 impl<T> Held<T> {
     fn new(value: T) -> Self {
-        Self(Mutex::new(Some(value)))
+        Self(tokio::sync::Mutex::new(Some(value)))
     }
 
     /// The lease, once: `None` after a release or detach.
-    fn take(&self) -> Option<T> {
-        self.0.lock().ok().and_then(|mut held| held.take())
+    async fn take(&self) -> Option<T> {
+        self.0.lock().await.take()
+    }
+
+    /// [`take`](Held::take) from a Python thread (never a runtime's), with
+    /// the GIL released while a `proclaim` finishes.
+    fn take_blocking(&self, py: Python<'_>) -> Option<T>
+    where
+        T: Send,
+    {
+        py.detach(|| self.0.blocking_lock().take())
+    }
+
+    /// Reads the lease while held, for the accessors that do not await
+    /// (no one holds a multi-key guard's lock across an await).
+    fn with<R>(&self, read: impl FnOnce(&T) -> R) -> Option<R> {
+        self.0.try_lock().ok()?.as_ref().map(read)
     }
 }
 
 impl<T> Drop for Held<T> {
     fn drop(&mut self) {
-        let held = self.0.get_mut().ok().and_then(Option::take);
+        let held = self.0.get_mut().take();
         if held.is_some() {
             let _inside = runtime().enter();
             drop(held);
+        }
+    }
+}
+
+/// What a guard holds: a lock, or an election's leadership (a lock that
+/// can also publish the leader's value).
+enum Holding {
+    Lock(LockGuard),
+    Leader(Leadership),
+}
+
+impl Holding {
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            Holding::Lock(guard) => guard.release().await,
+            Holding::Leader(leadership) => leadership.resign().await,
+        }
+    }
+
+    fn detach(self) {
+        match self {
+            Holding::Lock(guard) => guard.detach(),
+            Holding::Leader(leadership) => leadership.into_guard().detach(),
         }
     }
 }
@@ -447,7 +489,12 @@ impl Client {
                     None => election.campaign().await,
                 }
             };
-            Ok(Guard::new(core(elected.await)?.into_guard(), blocking))
+            let leadership = core(elected.await)?;
+            Ok(Guard::holding(
+                leadership.handle(),
+                Holding::Leader(leadership),
+                blocking,
+            ))
         })
     }
 
@@ -467,6 +514,49 @@ impl Client {
         call(py, blocking, async move {
             let watch = core(client.election(name).observe().await)?;
             Ok(LeaderWatch {
+                watch: Arc::new(tokio::sync::Mutex::new(watch)),
+                blocking,
+            })
+        })
+    }
+
+    /// Re-attaches to the lease of `owner` on `key` granted with `token`
+    /// (one a guard detached, here or in another process): a guard renewed
+    /// by this client once the backend confirmed the lease is current.
+    #[pyo3(signature = (key, owner, token, *, ttl=None, renew_every=None))]
+    fn resume<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        owner: String,
+        token: u64,
+        ttl: Option<f64>,
+        renew_every: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let resumed = async {
+                let mut request = client.resume(key, Owner::new(owner)?, FencingToken(token));
+                if let Some(ttl) = ttl {
+                    request = request.ttl(seconds("ttl", ttl)?);
+                }
+                if let Some(period) = renew_every {
+                    request = request.renew_every(seconds("renew_every", period)?);
+                }
+                request.await
+            };
+            Ok(Guard::new(core(resumed.await)?, blocking))
+        })
+    }
+
+    /// Follows the holders of `key`.
+    fn watch<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let blocking = self.blocking;
+        call(py, blocking, async move {
+            let watch = core(client.watch(&key).await)?;
+            Ok(KeyWatch {
                 watch: Arc::new(tokio::sync::Mutex::new(watch)),
                 blocking,
             })
@@ -550,15 +640,19 @@ impl Client {
 #[pyclass(frozen, module = "fencelock._native")]
 struct Guard {
     handle: GuardHandle,
-    guard: Arc<Held<LockGuard>>,
+    guard: Arc<Held<Holding>>,
     blocking: bool,
 }
 
 impl Guard {
     fn new(guard: LockGuard, blocking: bool) -> Self {
+        Self::holding(guard.handle(), Holding::Lock(guard), blocking)
+    }
+
+    fn holding(handle: GuardHandle, holding: Holding, blocking: bool) -> Self {
         Self {
-            handle: guard.handle(),
-            guard: Arc::new(Held::new(guard)),
+            handle,
+            guard: Arc::new(Held::new(holding)),
             blocking,
         }
     }
@@ -658,9 +752,9 @@ impl Guard {
 
     /// Stops renewal and releases the lease (once; later calls do nothing).
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let guard = self.guard.take();
+        let guard = Arc::clone(&self.guard);
         call(py, self.blocking, async move {
-            match guard {
+            match guard.take().await {
                 Some(guard) => core(guard.release().await),
                 None => Ok(()),
             }
@@ -669,16 +763,35 @@ impl Guard {
 
     /// Drops the guard as Rust drops one: renewal stops and the lease is
     /// released in the background (what a collected guard does too).
-    fn discard(&self) {
-        drop(self.guard.take().map(Held::new));
+    fn discard(&self, py: Python<'_>) {
+        drop(self.guard.take_blocking(py).map(Held::new));
     }
 
-    /// Stops renewing and leaves the lease to expire (or to another
-    /// process that renews or releases it by owner and token).
-    fn detach(&self) {
-        if let Some(guard) = self.guard.take() {
+    /// Stops renewing and leaves the lease to expire (or to `resume`, or
+    /// another process that renews or releases it by owner and token).
+    fn detach(&self, py: Python<'_>) {
+        if let Some(guard) = self.guard.take_blocking(py) {
             guard.detach();
         }
+    }
+
+    /// Publishes `value` (JSON text) as the leader's value: a leadership
+    /// only, while still leader.
+    fn proclaim<'py>(&self, py: Python<'py>, value: String) -> PyResult<Bound<'py, PyAny>> {
+        let guard = Arc::clone(&self.guard);
+        let lease = self.handle.lease().clone();
+        call(py, self.blocking, async move {
+            let Some(value) = core(json("value", Some(value)))? else {
+                return Ok(());
+            };
+            match guard.0.lock().await.as_ref() {
+                Some(Holding::Leader(leadership)) => core(leadership.proclaim(value).await),
+                Some(Holding::Lock(_)) => Err(py_err(Error::InvalidArgument(
+                    "only an election's leadership can proclaim".into(),
+                ))),
+                None => Err(py_err(Error::not_held(&lease))),
+            }
+        })
     }
 }
 
@@ -693,7 +806,7 @@ struct MultiLock {
 impl MultiLock {
     /// The guards' shared view while held, for the read-only accessors.
     fn with<T>(&self, read: impl FnOnce(&MultiGuard) -> T) -> Option<T> {
-        self.all.0.lock().ok()?.as_ref().map(read)
+        self.all.with(read)
     }
 }
 
@@ -736,9 +849,9 @@ impl MultiLock {
 
     /// Releases every lease (once).
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let all = self.all.take();
+        let all = Arc::clone(&self.all);
         call(py, self.blocking, async move {
-            match all {
+            match all.take().await {
                 Some(all) => core(all.release().await),
                 None => Ok(()),
             }
@@ -775,6 +888,46 @@ impl LeaderWatch {
                 }))?)),
                 Some(Ok(_)) => Ok(None),
             }
+        })
+    }
+}
+
+/// The holder changes of a key.
+#[pyclass(frozen, module = "fencelock._native")]
+struct KeyWatch {
+    watch: Arc<tokio::sync::Mutex<fencelock::Watch>>,
+    blocking: bool,
+}
+
+#[pymethods]
+impl KeyWatch {
+    /// The next change as a dict (`kind`: `acquired`, `released` or
+    /// `expired`; `key`, `owner`, `token`; `lease`, the new lease, for
+    /// `acquired`), or `None` when the watch ended.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let watch = Arc::clone(&self.watch);
+        call(py, self.blocking, async move {
+            let change = watch.lock().await.next().await;
+            let (kind, id, lease) = match change.transpose().map_err(py_err)? {
+                None => return Ok(None),
+                Some(HolderChange::Acquired(info)) => {
+                    let id =
+                        fencelock::LeaseId::new(info.key.clone(), info.owner.clone(), info.token);
+                    ("acquired", id, Some(info))
+                }
+                Some(HolderChange::Released(id)) => ("released", id, None),
+                Some(HolderChange::Expired(id)) => ("expired", id, None),
+                // A kind of change this binding does not know yet ends the
+                // watch rather than being misreported.
+                Some(_) => return Ok(None),
+            };
+            Ok(Some(to_json(serde_json::json!({
+                "kind": kind,
+                "key": id.key,
+                "owner": id.owner,
+                "token": id.token.get(),
+                "lease": lease,
+            }))?))
         })
     }
 }
@@ -855,6 +1008,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Guard>()?;
     m.add_class::<MultiLock>()?;
     m.add_class::<LeaderWatch>()?;
+    m.add_class::<KeyWatch>()?;
     m.add_class::<PyFence>()?;
     Ok(())
 }

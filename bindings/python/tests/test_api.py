@@ -111,3 +111,90 @@ def test_a_loss_inside_with_raises_the_loss_not_the_release_failure(url: str) ->
             guard.renew()
     assert lost.value.reason == "refused"
     client.close()
+
+
+def test_a_leader_proclaims_and_observers_see_it(url: str) -> None:
+    async def main() -> None:
+        async with await fencelock.connect(url) as a, await fencelock.connect(url) as b:
+            name = fresh("proclaim").replace(":", "-")
+            changes = b.election(name).observe()
+            leader = await a.election(name).campaign(ttl=10, value="a")
+            elected = await changes.__anext__()
+            assert elected["elected"]["term"] == leader.term
+            await leader.proclaim({"addr": "b"})
+            current = await b.election(name).leader()
+            assert current is not None and current["value"] == {"addr": "b"}
+            await leader.resign()
+            vacant = await changes.__anext__()
+            assert vacant == {"vacant": {"previous_term": leader.term, "expired": False}}
+            await changes.aclose()
+            with pytest.raises(fencelock.LockLost):
+                await leader.proclaim("c")
+            plain = await a.acquire(fresh("plain"), ttl=10)
+            with pytest.raises(fencelock.InvalidInput):
+                await plain._native.proclaim('"x"')
+            await plain.release()
+
+    asyncio.run(main())
+
+
+def test_watch_reports_acquisitions_and_releases(url: str) -> None:
+    async def main() -> None:
+        async with await fencelock.connect(url) as a, await fencelock.connect(url) as b:
+            key = fresh("watched")
+            changes = await b.watch(key)
+            guard = await a.acquire(key, ttl=10)
+            acquired = await changes.__anext__()
+            assert acquired["kind"] == "acquired" and acquired["token"] == guard.token
+            assert acquired["owner"] == a.owner and acquired["lease"]["key"] == key
+            await guard.release()
+            released = await changes.__anext__()
+            assert released["kind"] == "released" and released["token"] == guard.token
+            assert released["lease"] is None
+            await changes.aclose()
+
+    asyncio.run(main())
+
+
+def test_resume_reattaches_to_a_detached_lease(url: str) -> None:
+    async def main() -> None:
+        async with await fencelock.connect(url) as a, await fencelock.connect(url) as b:
+            key = fresh("resumed")
+            guard = await a.acquire(key, ttl=10)
+            guard.detach()
+            lease = await b.inspect(key)
+            assert lease is not None and lease["token"] == guard.token
+            with pytest.raises(fencelock.LockLost):
+                await b.resume(key, a.owner, guard.token + 1)
+            again = await b.resume(key, a.owner, guard.token, ttl=10)
+            assert again.token == guard.token and again.owner == a.owner
+            again.check()
+            await again.release()
+            assert await b.inspect(key) is None
+
+    asyncio.run(main())
+
+
+def test_sync_proclaim_watch_observe_and_resume(url: str) -> None:
+    a = fencelock.connect_sync(url)
+    b = fencelock.connect_sync(url)
+    name = fresh("sync-elect").replace(":", "-")
+    observed = b.election(name).observe()
+    leader = a.election(name).campaign(ttl=10)
+    assert next(observed)["elected"]["term"] == leader.term
+    leader.proclaim([1, 2])
+    current = b.election(name).leader()
+    assert current is not None and current["value"] == [1, 2]
+    leader.resign()
+    assert next(observed)["vacant"]["previous_term"] == leader.term
+
+    key = fresh("sync-resume")
+    changes = b.watch(key)
+    guard = a.acquire(key, ttl=10)
+    assert next(changes)["token"] == guard.token
+    guard.detach()
+    again = b.resume(key, a.owner, guard.token, ttl=10)
+    again.release()
+    assert next(changes)["kind"] == "released"
+    a.close()
+    b.close()

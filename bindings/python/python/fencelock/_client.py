@@ -89,6 +89,11 @@ class Leadership(Guard):
         """Steps down now, so that a standby is elected at once."""
         await self.release()
 
+    async def proclaim(self, value: JsonValue) -> None:
+        """Publishes ``value`` as the leader's value; raises :class:`LockLost`
+        once no longer leader."""
+        await self._native.proclaim(dumps("value", value) or "null")
+
 
 async def _supervise(guard: Guard, fn: Callable[[Any], Awaitable[T]]) -> T:
     """Runs ``fn(guard)`` as a task cancelled when the lock is lost, then
@@ -232,14 +237,21 @@ class Election:
         return leader
 
     async def observe(self) -> AsyncIterator[Dict[str, Any]]:
-        """The changes of leader from now on: ``{"elected": leader}`` or
-        ``{"vacant": {"previous_term": …, "expired": …}}``."""
-        watch = await self._client._native.observe(self.name)
-        while True:
-            change: Optional[Dict[str, Any]] = await watch.next()
-            if change is None:
-                return
+        """The current leader (first) and every change of leader from now
+        on: ``{"elected": leader}`` or ``{"vacant": {"previous_term": …,
+        "expired": …}}``."""
+        async for change in _changes(await self._client._native.observe(self.name)):
             yield change
+
+
+async def _changes(watch: Any) -> AsyncIterator[Dict[str, Any]]:
+    """A native watch's changes until it ends (``next()`` gives ``None``);
+    closing the iterator drops the watch, which stops it."""
+    while True:
+        change: Optional[Dict[str, Any]] = await watch.next()
+        if change is None:
+            return
+        yield change
 
 
 class Client:
@@ -330,6 +342,32 @@ class Client:
             raise
         await guard.release()
         return result
+
+    async def resume(
+        self,
+        key: str,
+        owner: str,
+        token: int,
+        *,
+        ttl: Optional[Duration] = None,
+        renew_every: Optional[Duration] = None,
+    ) -> Guard:
+        """Re-attaches to the lease of ``owner`` on ``key`` granted with
+        ``token`` (one that :meth:`Guard.detach` left, in this process or
+        another): a guard renewed by this client, once the backend confirmed
+        the lease is still current (:class:`LockLost` otherwise)."""
+        native = await self._native.resume(
+            key, owner, token, ttl=seconds("ttl", ttl), renew_every=seconds("renew_every", renew_every)
+        )
+        return Guard(native)
+
+    async def watch(self, key: str) -> AsyncIterator[Dict[str, Any]]:
+        """The holder changes of ``key`` from now on: dicts with ``kind``
+        (``acquired``, ``released``, ``expired``), ``key``, ``owner``,
+        ``token`` and, for ``acquired``, ``lease``. Backends without a
+        native watch are polled (docs/python.md). Every change after the
+        ``await`` is reported: ``async for change in await client.watch(key)``."""
+        return _changes(await self._native.watch(key))
 
     def rwlock(self, key: str) -> RwLock:
         """The read-write lock on ``key``."""

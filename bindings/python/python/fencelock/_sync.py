@@ -8,7 +8,7 @@ script busy between calls keeps its locks. Blocking calls release the GIL.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import _native
 from ._errors import FencelockError
@@ -74,6 +74,11 @@ class SyncLeadership(SyncGuard):
         """Steps down now."""
         self.release()
 
+    def proclaim(self, value: JsonValue) -> None:
+        """Publishes ``value`` as the leader's value; raises :class:`LockLost`
+        once no longer leader."""
+        self._native.proclaim(dumps("value", value) or "null")
+
 
 class SyncMultiLock:
     """Locks on several keys, taken all or none."""
@@ -130,6 +135,20 @@ class SyncElection:
         """The current leader, or ``None``."""
         leader: Optional[Dict[str, Any]] = self._client._native.leader(self.name)
         return leader
+
+    def observe(self) -> Iterator[Dict[str, Any]]:
+        """The current leader (first) and every change of leader from now
+        on, as :meth:`Election.observe` gives them; each ``next`` blocks."""
+        return _changes(self._client._native.observe(self.name))
+
+
+def _changes(watch: Any) -> Iterator[Dict[str, Any]]:
+    """A native watch's changes until it ends (``next()`` gives ``None``)."""
+    while True:
+        change: Optional[Dict[str, Any]] = watch.next()
+        if change is None:
+            return
+        yield change
 
 
 class SyncClient:
@@ -231,6 +250,26 @@ class SyncClient:
         """Takes one of ``permits`` permits of semaphore ``name``."""
         native, slot = self._native.acquire_permit(name, permits, **lock_args(ttl, wait, kind, data, renew_every))
         return SyncPermit(native, name, slot, permits)
+
+    def resume(
+        self,
+        key: str,
+        owner: str,
+        token: int,
+        *,
+        ttl: Optional[Duration] = None,
+        renew_every: Optional[Duration] = None,
+    ) -> SyncGuard:
+        """Re-attaches to a lease a guard detached, as :meth:`Client.resume`."""
+        native = self._native.resume(
+            key, owner, token, ttl=seconds("ttl", ttl), renew_every=seconds("renew_every", renew_every)
+        )
+        return SyncGuard(native)
+
+    def watch(self, key: str) -> Iterator[Dict[str, Any]]:
+        """The holder changes of ``key`` from now on, as :meth:`Client.watch`
+        gives them; each ``next`` blocks."""
+        return _changes(self._native.watch(key))
 
     def election(self, name: str) -> SyncElection:
         """Leader election ``name``."""

@@ -17,8 +17,8 @@ import (
 //	go test -run '^$' -bench . -benchtime 3s
 //
 // The BenchmarkRust… ones run the Rust http:// client (`fencelock bench`,
-// the same binary) against the same kind of service in the same run, each
-// after its Go counterpart. docs/go.md#performance has the commands.
+// the same binary) against the same kind of service in the same run.
+// docs/go.md#performance has the commands.
 
 // One uncontended TryAcquire + Release.
 func BenchmarkCycle(b *testing.B) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"testing"
@@ -11,12 +12,13 @@ import (
 )
 
 // Benchmarks through a `fencelock serve` over SQLite started from the
-// cargo-built binary (as the tests):
+// cargo-built binary (as the tests; FENCELOCK_BIN picks a release build):
 //
 //	go test -run '^$' -bench . -benchtime 3s
 //
-// BenchmarkRustCycle and BenchmarkRustHandoff run the Rust http:// client
-// (`fencelock bench`) against the same kind of service in the same run.
+// The BenchmarkRust… ones run the Rust http:// client (`fencelock bench`,
+// the same binary) against the same kind of service in the same run.
+// docs/go.md#performance has the commands.
 
 // One uncontended TryAcquire + Release.
 func BenchmarkCycle(b *testing.B) {
@@ -93,41 +95,93 @@ func BenchmarkHandoff(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
 
-// Memory per held lock: 10,000 locks held (and renewed) by one client.
+// Memory per held lock: 10,000 locks held by one client, read once every
+// lock has been renewed (so its renewal state is counted, as the Rust
+// client's `hold` scenario does): live heap after a GC and resident memory
+// (Linux), each the growth over the client before it took a lock.
 func BenchmarkHold10000(b *testing.B) {
+	const ttl = 30 * time.Second
 	s := startService(b, "sqlite", false)
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		c := newClient(b, s.url)
+		// Warm the connection and the allocator before the baseline.
+		if l, err := c.TryAcquire(ctx, "bench/hold/warm", TTL(ttl)); err != nil {
+			b.Fatal(err)
+		} else if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
+		rssBefore := rss()
 		locks := make([]*Lock, 0, 10000)
+		granted := make([]time.Time, 0, 10000)
 		for k := 0; k < 10000; k++ {
-			l, err := c.TryAcquire(ctx, fmt.Sprintf("bench/hold/%d", k), TTL(5*time.Minute))
+			l, err := c.TryAcquire(ctx, fmt.Sprintf("bench/hold/%d", k), TTL(ttl))
 			if err != nil {
 				b.Fatal(err)
 			}
 			locks = append(locks, l)
+			granted = append(granted, l.Deadline())
+		}
+		renewedAll := time.Now().Add(ttl)
+		for k := 0; k < len(locks) && time.Now().Before(renewedAll); {
+			if locks[k].Deadline().After(granted[k]) {
+				k++
+				continue
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(len(locks)), "heap-B/lock")
+		rssHeld := rss()
+		n := float64(len(locks))
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/n, "heap-B/lock")
+		if rssBefore > 0 && rssHeld > 0 {
+			b.ReportMetric(float64(rssHeld-rssBefore)/n, "rss-B/lock")
+		}
 		b.ReportMetric(float64(runtime.NumGoroutine()), "goroutines")
+		for _, l := range locks {
+			if !l.Valid() {
+				b.Fatalf("%v was lost while held", l)
+			}
+		}
 		_ = c.Close()
 	}
 }
 
+// rss is this process's resident memory in bytes (0 where /proc is not).
+func rss() int64 {
+	data, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	var size, resident int64
+	if _, err := fmt.Sscan(string(data), &size, &resident); err != nil {
+		return 0
+	}
+	return resident * int64(os.Getpagesize())
+}
+
 // The Rust http:// client's figures for the same scenarios
 // (`fencelock bench --url http://…`), for comparison.
-func BenchmarkRustCycle(b *testing.B)   { rustBench(b, "cycle") }
-func BenchmarkRustHandoff(b *testing.B) { rustBench(b, "handoff") }
+func BenchmarkRustCycle(b *testing.B)   { rustBench(b, "cycle", "--duration", "3s") }
+func BenchmarkRustHandoff(b *testing.B) { rustBench(b, "handoff", "--duration", "3s") }
 
-func rustBench(b *testing.B, scenario string) {
+// BenchmarkRustHold10000 is BenchmarkHold10000's counterpart: one Rust
+// client holding 10,000 renewed locks (`fencelock bench --scenario hold`,
+// which reads its resident memory once every lock was renewed).
+func BenchmarkRustHold10000(b *testing.B) {
+	rustBench(b, "hold", "--keys", "10000", "--clients", "1", "--ttl", "30s", "--duration", "2s")
+}
+
+func rustBench(b *testing.B, scenario string, extra ...string) {
 	s := startService(b, "sqlite", false)
+	args := append([]string{"bench", "--scenario", scenario, "--url", s.url, "--json"}, extra...)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		code, out := cli(b, nil, "bench", "--scenario", scenario, "--url", s.url, "--duration", "3s", "--json")
+		code, out := cliWithin(b, 2*time.Minute, nil, args...)
 		if code != 0 {
 			b.Fatalf("fencelock bench: exit %d %s", code, out)
 		}
@@ -139,9 +193,17 @@ func rustBench(b *testing.B, scenario string) {
 					P99 float64 `json:"p99"`
 				} `json:"latency_ms"`
 			} `json:"fencelock"`
+			Hold *struct {
+				Locks        int     `json:"locks"`
+				BytesPerLock float64 `json:"bytes_per_lock"`
+			} `json:"hold"`
 		}
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			b.Fatal(err, out)
+		}
+		if r.Hold != nil {
+			b.ReportMetric(r.Hold.BytesPerLock, "rss-B/lock")
+			continue
 		}
 		b.ReportMetric(r.Fencelock.OpsPerSec, "ops/s")
 		b.ReportMetric(r.Fencelock.Latency.P50, "p50-ms")

@@ -190,7 +190,13 @@ func newClient(t testing.TB, url string, opts ...Option) *Client {
 // cli runs the Rust CLI and returns its exit code and stdout.
 func cli(t testing.TB, env []string, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return cliWithin(t, 30*time.Second, env, args...)
+}
+
+// cliWithin is cli with the command killed after limit.
+func cliWithin(t testing.TB, limit time.Duration, env []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary(t), args...)
 	cmd.Env = append(append(os.Environ(), "FENCELOCK_HTTP_TOKEN=", "RUST_LOG=error"), env...)

@@ -415,6 +415,16 @@ impl Events {
                     out.extend(table.vanished(&key, answered));
                 }
             }
+            if !table.seeded {
+                // What was kept while nobody followed and is gone now ended
+                // before anyone could follow it: dropped, not reported.
+                table.leases.retain(|key, known| {
+                    known.recorded > asked
+                        || current
+                            .get(key)
+                            .is_some_and(|l| l.token.get() == known.token)
+                });
+            }
             for (key, info) in current.drain() {
                 if table.gone_at.get(&key).is_some_and(|at| asked < *at) {
                     continue;
@@ -488,8 +498,13 @@ impl Events {
     }
 
     fn forget(&self) {
+        let now = Instant::now();
         let mut table = self.table();
-        table.leases.clear();
+        // The service's own live grants stay: their TTL is known nowhere
+        // else (`GET /v1/locks/{key}` shows it), whether or not anyone
+        // follows. The first listing after this drops those it no longer
+        // finds, without reporting them.
+        table.leases.retain(|_, k| k.ttl_ms.is_some() && k.ends > now);
         table.gone_at.clear();
         table.seeded = false;
         table.listed_at = None;

@@ -114,6 +114,24 @@ fn refused(answer: &(StatusCode, Value), status: StatusCode, code: &str) {
     assert!(!reason.is_empty() && !reason.contains('\n'), "{reason:?}");
 }
 
+/// The TTL a lease was granted with is shown for as long as the lease
+/// lives, whether or not anyone follows the event stream: while nobody does,
+/// the service forgets what listings told it every events interval (20 ms
+/// here), but not its own grants.
+#[tokio::test]
+async fn the_ttl_of_a_grant_outlives_intervals_without_followers() {
+    let api = Api::start(false).await;
+    let (status, grant) = api
+        .acquire("kept", json!({"owner": "alice", "ttl_ms": 30000}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    // Ten events intervals with nobody following the stream.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, lock) = api.send(Method::GET, "/v1/locks/kept", None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    assert_eq!(lock["ttl_ms"], 30000, "{lock}");
+}
+
 #[tokio::test]
 async fn a_lock_is_acquired_inspected_renewed_and_released() {
     let api = Api::start(false).await;

@@ -504,7 +504,9 @@ impl Events {
         // else (`GET /v1/locks/{key}` shows it), whether or not anyone
         // follows. The first listing after this drops those it no longer
         // finds, without reporting them.
-        table.leases.retain(|_, k| k.ttl_ms.is_some() && k.ends > now);
+        table
+            .leases
+            .retain(|_, k| k.ttl_ms.is_some() && k.ends > now);
         table.gone_at.clear();
         table.seeded = false;
         table.listed_at = None;

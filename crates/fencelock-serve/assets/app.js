@@ -279,7 +279,6 @@ async function summary() {
   if (!response.ok) return;
   const stats = await response.json();
   const count = (n) => (Number.isFinite(n) ? String(n) : "—");
-  $("stat-waiters").textContent = count(stats.waiters);
   $("stat-expired").textContent = count(stats.expired_not_cleaned);
   $("stat-max-hold").textContent = Number.isFinite(stats.max_hold_seconds)
     ? formatDuration(stats.max_hold_seconds * 1000)
@@ -709,6 +708,8 @@ function renderActivity() {
     h("td", { className: "num", "data-waited": String(w.longest_ms) }, formatDuration(w.longest_ms)),
     h("td", { className: "owner" }, w.waiting.map((x) => x.owner).join(", ")))));
   $("waiters-count").textContent = "(" + waiters.reduce((n, w) => n + w.count, 0) + ")";
+  // From the same reading as the table, so that the two never disagree.
+  $("stat-waiters").textContent = activity ? String(activity.waiting) : "—";
   showEmpty("waiters", waiters.length, activity !== null && activity.waiters.length > 0);
 
   const all = activity ? activity.incidents : [];

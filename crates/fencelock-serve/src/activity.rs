@@ -389,6 +389,9 @@ fn incident(event: &EventBody) -> Incident {
 pub(crate) struct ActivityBody {
     /// When this answer was made (the service's clock).
     at: DateTime<Utc>,
+    /// How many acquisitions long-poll through this service (a multi-key
+    /// one counts once), as `/v1/stats` `waiters` counts them.
+    waiting: u64,
     /// Acquisitions long-polling through this service, per key, the
     /// longest waiting first.
     waiters: Vec<KeyWaiters>,
@@ -480,6 +483,7 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
     state.prune();
     let now = Utc::now().timestamp();
     state.trim(now);
+    let waiting = state.waiters.len() as u64;
     let mut per_key: BTreeMap<&str, Vec<WaiterBody>> = BTreeMap::new();
     for w in state.waiters.values() {
         let body = WaiterBody {
@@ -557,6 +561,7 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
         .collect();
     ActivityBody {
         at: Utc::now(),
+        waiting,
         waiters,
         leases,
         elections: Vec::new(),

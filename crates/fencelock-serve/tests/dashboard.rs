@@ -547,6 +547,16 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     }
     let second = fixture.wait_for_key("queue:1", "waiter-2", CLIENT);
     cell_until(&browser, "waiters", "queue:1", "Waiting", "text === '2'").await?;
+    // "Waiting here" comes from the same reading as the table.
+    browser
+        .wait_for(
+            "Waiting here to say 2 with the table",
+            WAIT,
+            "return document.getElementById('stat-waiters').textContent === '2' \
+               && document.getElementById('waiters-count').textContent === '(2)';",
+            vec![],
+        )
+        .await?;
     let owners = cell_until(
         &browser,
         "waiters",

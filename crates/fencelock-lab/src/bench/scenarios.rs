@@ -237,6 +237,26 @@ struct Relay {
     released_at: Mutex<Option<Instant>>,
     /// Grants so far, so a releaser can stay out until someone else got it.
     grants: Arc<Count>,
+    /// Acquisitions begun and ended (granted or failed): while more began
+    /// than ended, some client other than the holder is waiting. Counted
+    /// around the whole acquisition, not per attempt, because a wait through
+    /// a lock service is one long poll (`Capabilities::waits`), not a
+    /// series of tries.
+    began: Arc<Count>,
+    ended: Arc<Count>,
+}
+
+impl Relay {
+    /// Completes once a client is inside an acquisition.
+    async fn someone_waits(&self) {
+        loop {
+            let began = self.began.get();
+            if began > self.ended.get() {
+                return;
+            }
+            self.began.above(began).await;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -248,11 +268,12 @@ struct HandoffTally {
 }
 
 async fn handoff(setup: &Setup) -> Result<Report> {
-    let observed = recorder::install();
     let key = format!("{}:handoff", setup.run);
     let relay = Arc::new(Relay {
         released_at: Mutex::new(None),
         grants: Arc::new(Count::default()),
+        began: Arc::new(Count::default()),
+        ended: Arc::new(Count::default()),
     });
     let start = Instant::now() + setup.warmup;
     let end = start + setup.duration;
@@ -273,13 +294,15 @@ async fn handoff(setup: &Setup) -> Result<Report> {
             let mut tally = HandoffTally::default();
             while Instant::now() < end {
                 let waiting_since = Instant::now();
-                let guard = match client
+                relay.began.increment_by_one();
+                let acquired = client
                     .lock(key.as_str())
                     .ttl(ttl)
                     .wait(HANDOFF_WAIT)
                     .acquire()
-                    .await
-                {
+                    .await;
+                relay.ended.increment_by_one();
+                let guard = match acquired {
                     Ok(guard) => guard,
                     Err(e) => {
                         tally.errors += 1;
@@ -304,7 +327,7 @@ async fn handoff(setup: &Setup) -> Result<Report> {
                         tally.latencies.record(granted - released);
                     }
                 }
-                pass_on(guard, observed.attempts.as_ref(), &relay, end, &mut tally).await;
+                pass_on(guard, &relay, end, &mut tally).await;
             }
             tally
         }));
@@ -355,19 +378,12 @@ async fn handoff(setup: &Setup) -> Result<Report> {
     Ok(report)
 }
 
-/// Holds the lock until another client has started trying (plus
+/// Holds the lock until another client is waiting for it (plus
 /// [`HANDOFF_HOLD`]), releases it, and stays out until someone else got it.
-async fn pass_on(
-    guard: LockGuard,
-    attempts: &Count,
-    relay: &Relay,
-    end: Instant,
-    tally: &mut HandoffTally,
-) {
+async fn pass_on(guard: LockGuard, relay: &Relay, end: Instant, tally: &mut HandoffTally) {
     if Instant::now() < end {
-        let seen = attempts.get();
         tokio::select! {
-            _ = attempts.above(seen) => tokio::time::sleep(HANDOFF_HOLD).await,
+            () = relay.someone_waits() => tokio::time::sleep(HANDOFF_HOLD).await,
             _ = sleep_until(end) => {}
         }
     }

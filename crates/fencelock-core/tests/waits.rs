@@ -21,8 +21,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockClient, LockInfo,
-    LockKey, MemoryBackend, Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockClient, LockGuard,
+    LockInfo, LockKey, MemoryBackend, Owner, Result, Stats, WakeSubscription,
 };
 use tokio::time::Instant;
 
@@ -121,15 +121,30 @@ fn client(backend: &Arc<Waiting>, name: &str) -> LockClient {
 
 const TTL: Duration = Duration::from_secs(30);
 
-#[tokio::test(start_paused = true)]
-async fn a_wait_is_asked_of_the_backend_in_stretches_and_granted_in_the_stretch_of_the_release() {
-    let backend = Arc::new(Waiting::default());
-    let holder = client(&backend, "holder")
+/// `k`, taken by "holder" for [`TTL`].
+async fn hold(backend: &Arc<Waiting>) -> LockGuard {
+    client(backend, "holder")
         .lock("k")
         .ttl(TTL)
         .acquire()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// `k`, waited for by "waiter" for at most `wait`.
+async fn wait_for(backend: &Arc<Waiting>, wait: Duration) -> Result<LockGuard> {
+    client(backend, "waiter")
+        .lock("k")
+        .ttl(TTL)
+        .wait(wait)
+        .acquire()
+        .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_is_asked_of_the_backend_in_stretches_and_granted_in_the_stretch_of_the_release() {
+    let backend = Arc::new(Waiting::default());
+    let holder = hold(&backend).await;
     let waiter = client(&backend, "waiter");
     let wait = tokio::spawn(async move {
         let guard = waiter
@@ -158,19 +173,9 @@ async fn a_wait_is_asked_of_the_backend_in_stretches_and_granted_in_the_stretch_
 #[tokio::test(start_paused = true)]
 async fn the_last_stretch_ends_at_the_deadline_and_a_single_try_never_waits() {
     let backend = Arc::new(Waiting::default());
-    let _holder = client(&backend, "holder")
-        .lock("k")
-        .ttl(TTL)
-        .acquire()
-        .await
-        .unwrap();
+    let _holder = hold(&backend).await;
     let started = Instant::now();
-    let waited = client(&backend, "waiter")
-        .lock("k")
-        .ttl(TTL)
-        .wait(Duration::from_secs(15))
-        .acquire()
-        .await;
+    let waited = wait_for(&backend, Duration::from_secs(15)).await;
     assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
     let took = started.elapsed();
     assert!(
@@ -196,18 +201,8 @@ async fn a_backend_that_answers_at_once_is_waited_for_with_backoff() {
         answers_at_once: true,
         ..Waiting::default()
     });
-    let _holder = client(&backend, "holder")
-        .lock("k")
-        .ttl(TTL)
-        .acquire()
-        .await
-        .unwrap();
-    let waited = client(&backend, "waiter")
-        .lock("k")
-        .ttl(TTL)
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await;
+    let _holder = hold(&backend).await;
+    let waited = wait_for(&backend, Duration::from_secs(5)).await;
     assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
     // Jittered backoff doubling from 1 ms to 1 s: about twenty attempts in
     // 5 s (a busy loop would never let the paused clock move at all).
@@ -221,18 +216,8 @@ async fn on_a_fair_backend_a_wait_keeps_its_entry_with_single_tries() {
         fair: true,
         ..Waiting::default()
     });
-    let _holder = client(&backend, "holder")
-        .lock("k")
-        .ttl(TTL)
-        .acquire()
-        .await
-        .unwrap();
-    let waited = client(&backend, "waiter")
-        .lock("k")
-        .ttl(TTL)
-        .wait(Duration::from_secs(2))
-        .acquire()
-        .await;
+    let _holder = hold(&backend).await;
+    let waited = wait_for(&backend, Duration::from_secs(2)).await;
     assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
     let attempts = backend.attempts.lock().unwrap().clone();
     assert!(

@@ -11,18 +11,32 @@ import (
 	"time"
 )
 
-// Benchmarks through a `fencelock serve` over SQLite started from the
-// cargo-built binary (as the tests; FENCELOCK_BIN picks a release build):
+// Benchmarks through a `fencelock serve` started from the cargo-built
+// binary (as the tests; FENCELOCK_BIN picks a release build):
 //
 //	go test -run '^$' -bench . -benchtime 3s
 //
 // The BenchmarkRust… ones run the Rust http:// client (`fencelock bench`,
 // the same binary) against the same kind of service in the same run.
+// Cycle and hand-off run over SQLite, where the service's transactions
+// dominate, and over Redis, where the clients' own cost shows.
 // docs/go.md#performance has the commands.
 
+// benchBackends are the services' backends the cycle and hand-off
+// benchmarks run over, one sub-benchmark each.
+var benchBackends = []string{"sqlite", "redis"}
+
+func overBackends(b *testing.B, bench func(b *testing.B, backend string)) {
+	for _, backend := range benchBackends {
+		b.Run(backend, func(b *testing.B) { bench(b, backend) })
+	}
+}
+
 // One uncontended TryAcquire + Release.
-func BenchmarkCycle(b *testing.B) {
-	s := startService(b, "sqlite", false)
+func BenchmarkCycle(b *testing.B) { overBackends(b, benchCycle) }
+
+func benchCycle(b *testing.B, backend string) {
+	s := startService(b, backend, false)
 	c := newClient(b, s.url)
 	ctx := context.Background()
 	b.ResetTimer()
@@ -41,8 +55,10 @@ func BenchmarkCycle(b *testing.B) {
 // Two clients alternate on one key, each waiting in Acquire while the
 // other holds it; hand-off = the holder's Release call to the waiter's
 // grant.
-func BenchmarkHandoff(b *testing.B) {
-	s := startService(b, "sqlite", false)
+func BenchmarkHandoff(b *testing.B) { overBackends(b, benchHandoff) }
+
+func benchHandoff(b *testing.B, backend string) {
+	s := startService(b, backend, false)
 	clients := [2]*Client{newClient(b, s.url), newClient(b, s.url)}
 	ctx := context.Background()
 	type grant struct {
@@ -166,18 +182,27 @@ func rss() int64 {
 
 // The Rust http:// client's figures for the same scenarios
 // (`fencelock bench --url http://…`), for comparison.
-func BenchmarkRustCycle(b *testing.B)   { rustBench(b, "cycle", "--duration", "3s") }
-func BenchmarkRustHandoff(b *testing.B) { rustBench(b, "handoff", "--duration", "3s") }
+func BenchmarkRustCycle(b *testing.B) {
+	overBackends(b, func(b *testing.B, backend string) {
+		rustBench(b, backend, "cycle", "--duration", "3s")
+	})
+}
+
+func BenchmarkRustHandoff(b *testing.B) {
+	overBackends(b, func(b *testing.B, backend string) {
+		rustBench(b, backend, "handoff", "--duration", "3s")
+	})
+}
 
 // BenchmarkRustHold10000 is BenchmarkHold10000's counterpart: one Rust
 // client holding 10,000 renewed locks (`fencelock bench --scenario hold`,
 // which reads its resident memory once every lock was renewed).
 func BenchmarkRustHold10000(b *testing.B) {
-	rustBench(b, "hold", "--keys", "10000", "--clients", "1", "--ttl", "30s", "--duration", "2s")
+	rustBench(b, "sqlite", "hold", "--keys", "10000", "--clients", "1", "--ttl", "30s", "--duration", "2s")
 }
 
-func rustBench(b *testing.B, scenario string, extra ...string) {
-	s := startService(b, "sqlite", false)
+func rustBench(b *testing.B, backend, scenario string, extra ...string) {
+	s := startService(b, backend, false)
 	args := append([]string{"bench", "--scenario", scenario, "--url", s.url, "--json"}, extra...)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

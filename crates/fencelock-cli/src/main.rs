@@ -28,10 +28,14 @@ fn main() -> ExitCode {
         Err(e) => return ExitCode::from(usage_error(e)),
     };
     init_logging(cli.quiet);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // Two workers keep a command's footprint small on a big machine; tokio's
+    // own TOKIO_WORKER_THREADS overrides that (docs/serve.md: a replica
+    // sized to its host).
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        builder.worker_threads(2);
+    }
+    let runtime = match builder.enable_all().build()
     {
         Ok(rt) => rt,
         Err(e) => {

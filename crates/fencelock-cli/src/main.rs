@@ -30,8 +30,8 @@ fn main() -> ExitCode {
     init_logging(cli.quiet);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     // Two workers keep a command's footprint small on a big machine; tokio's
-    // own TOKIO_WORKER_THREADS overrides that (docs/serve.md: a replica
-    // sized to its host).
+    // own TOKIO_WORKER_THREADS overrides that, e.g. for a replica given a
+    // host of its own (docs/http.md, "Running it").
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         builder.worker_threads(2);
     }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! cargo run --release -p fencelock-serve --example events_latency -- \
-//!     redis://127.0.0.1:PORT [--locks 100000] [--probes 100] [--rounds 3] [--ttl 60s]
+//!     redis://127.0.0.1:PORT [--locks 100000] [--probes 100] [--rounds 3] [--ttl 60s] \
+//!     [--sources listing,notices]
 //! ```
 //!
 //! The locks are held by a client of the backend itself (renewed every
@@ -40,6 +41,10 @@ struct Args {
     probes: usize,
     rounds: usize,
     ttl: Duration,
+    /// Which sides run: with 100,000 locks a listing takes longer than a
+    /// probe waits, so a large run may measure the notices alone.
+    listing: bool,
+    notices: bool,
 }
 
 fn args() -> Args {
@@ -49,6 +54,8 @@ fn args() -> Args {
         probes: 100,
         rounds: 3,
         ttl: Duration::from_secs(60),
+        listing: true,
+        notices: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -58,6 +65,15 @@ fn args() -> Args {
             "--probes" => args.probes = value().parse().expect("--probes N"),
             "--rounds" => args.rounds = value().parse().expect("--rounds N"),
             "--ttl" => args.ttl = humantime::parse_duration(&value()).expect("--ttl 60s"),
+            "--sources" => {
+                let sources = value();
+                args.listing = sources.split(',').any(|s| s == "listing");
+                args.notices = sources.split(',').any(|s| s == "notices");
+                assert!(
+                    args.listing || args.notices,
+                    "--sources listing,notices (either or both)"
+                );
+            }
             url if !url.starts_with("--") => args.url = url.to_owned(),
             other => panic!("unknown option {other}"),
         }
@@ -275,6 +291,9 @@ async fn main() {
             [true, false]
         };
         for notices in order {
+            if !(if notices { args.notices } else { args.listing }) {
+                continue;
+            }
             let f = measure(&args, notices, direct.as_ref()).await;
             println!(
                 "{round}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.1}\t{}",

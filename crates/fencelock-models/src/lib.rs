@@ -13,12 +13,12 @@
 //! that lose state, which leases need.
 //!
 //! ```
-//! use fencelock_models::{common::{run, Search}, redlock::{Config, Redlock}};
+//! use fencelock_models::{common::run, redlock::{Config, Redlock}};
 //! let mut config = Config::small();
 //! config.clients = 1;
 //! config.restarts = 0;
 //! config.horizon = 1;
-//! let outcome = run(Redlock(config), 1, Search::Everything);
+//! let outcome = run(Redlock(config), 1, false);
 //! assert!(outcome.discovery("exclusion").is_none());
 //! assert!(outcome.discovery("a grant").is_some());
 //! ```

@@ -244,8 +244,15 @@ impl Outcome {
     }
 }
 
-/// Runs `model` to completion (on `threads` threads; a broken twin stops
+/// Runs `model` to completion on `threads` threads (a broken twin stops
 /// at its first counterexample) and collects what the checker found.
+///
+/// Depth first: its stack holds one path of states where a breadth-first
+/// queue holds a whole frontier (160 MB against 1.2 GB for the deep
+/// bound of `redlock-fast`, and less CPU per state), and a broken twin's
+/// counterexample lies deep (two acquisitions and a fault), where depth
+/// first reaches it long before breadth first would. The paths it finds
+/// are not the shortest.
 pub fn run<M>(model: M, threads: usize, stop_at_failure: bool) -> Outcome
 where
     M: stateright::Model + Send + Sync + 'static,
@@ -257,13 +264,7 @@ where
     if stop_at_failure {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
-    // A broken twin's counterexample lies deep (two acquisitions and a
-    // fault): depth first reaches it long before breadth first would.
-    if stop_at_failure {
-        collect(builder.spawn_dfs().join())
-    } else {
-        collect(builder.spawn_bfs().join())
-    }
+    collect(builder.spawn_dfs().join())
 }
 
 fn collect<M, C>(checker: C) -> Outcome

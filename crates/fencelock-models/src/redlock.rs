@@ -251,6 +251,11 @@ pub struct State {
     restarts_left: u8,
     /// Some grant completed after the last restart (liveness sanity).
     granted_after_restart: bool,
+    /// Some lease ended with time on a node (not by a release).
+    lease_ended: bool,
+    /// Some grant completed after that (liveness sanity: time hands the
+    /// key over).
+    granted_after_lease_end: bool,
 }
 
 /// Steps of the clients and nodes themselves.
@@ -503,6 +508,7 @@ impl Redlock {
             if s.restarts_left < self.0.restarts {
                 s.granted_after_restart = true;
             }
+            s.granted_after_lease_end |= s.lease_ended;
         } else {
             self.fail(s, c);
         }
@@ -579,6 +585,8 @@ impl Model for Redlock {
                 ledger: Ledger::default(),
                 restarts_left: self.0.restarts,
                 granted_after_restart: false,
+                lease_ended: false,
+                granted_after_lease_end: false,
             })
             .collect()
     }
@@ -619,6 +627,7 @@ impl Model for Redlock {
                 for node in &mut s.nodes {
                     if node.lease.is_some_and(|l| l.end <= now) {
                         node.lease = None;
+                        s.lease_ended = true;
                     }
                 }
             }
@@ -660,6 +669,9 @@ impl Model for Redlock {
             Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
             Property::sometimes("a grant after a restart", |_, s: &State| {
                 s.granted_after_restart
+            }),
+            Property::sometimes("a grant after a lease ended", |_, s: &State| {
+                s.granted_after_lease_end
             }),
         ]
     }

@@ -234,6 +234,11 @@ pub struct State {
     restarts_left: u8,
     /// Some grant completed after the last restart (liveness sanity).
     granted_after_restart: bool,
+    /// Some lease ended with time on a node (not by a release).
+    lease_ended: bool,
+    /// Some grant completed after that (liveness sanity: time hands the
+    /// key over).
+    granted_after_lease_end: bool,
     /// Some grant completed after a `Stale` answer made its client ask
     /// again (liveness sanity: the round that reads the floor).
     granted_after_stale: bool,
@@ -704,6 +709,7 @@ impl RedlockFast {
             if s.restarts_left < self.0.restarts {
                 s.granted_after_restart = true;
             }
+            s.granted_after_lease_end |= s.lease_ended;
             s.granted_after_stale |= raised;
         }
     }
@@ -746,6 +752,8 @@ impl Model for RedlockFast {
                 ledger: Ledger::default(),
                 restarts_left: self.0.restarts,
                 granted_after_restart: false,
+                lease_ended: false,
+                granted_after_lease_end: false,
                 granted_after_stale: false,
             })
             .collect()
@@ -804,6 +812,7 @@ impl Model for RedlockFast {
                 for node in &mut s.nodes {
                     if node.lease.is_some_and(|l| l.end <= now) {
                         node.lease = None;
+                        s.lease_ended = true;
                     }
                 }
                 // A skipped node is tried again after at most 250 ms.
@@ -910,6 +919,9 @@ impl Model for RedlockFast {
             Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
             Property::sometimes("a grant after a restart", |_, s: &State| {
                 s.granted_after_restart
+            }),
+            Property::sometimes("a grant after a lease ended", |_, s: &State| {
+                s.granted_after_lease_end
             }),
             Property::sometimes("a grant after a stale answer", |_, s: &State| {
                 s.granted_after_stale

@@ -61,15 +61,52 @@ fn redlock_without_quarantine_lets_two_clients_hold() {
     breaks("redlock-broken", "exclusion");
 }
 
+/// Leases that end with time: a client trusts its grant for
+/// `ttl − drift` from its request, so a node whose clock runs fast ends
+/// its copy no earlier, and the next client's grant comes after the trust.
+#[test]
+fn redlock_keeps_exclusion_while_leases_end() {
+    holds(
+        "redlock-timed",
+        &["exclusion", "tokens increase"],
+        &["a grant", "a grant after a lease ended"],
+    );
+}
+
+/// The margin dropped: the client trusts the whole TTL from its request,
+/// past the end of the copy a fast node granted.
+#[test]
+fn redlock_trusting_the_whole_ttl_lets_two_clients_hold() {
+    breaks("redlock-timed-broken", "exclusion");
+}
+
 #[test]
 fn fast_redlock_keeps_exclusion_and_token_order() {
     holds(
         "redlock-fast",
         &["exclusion", "tokens increase"],
-        // "a grant after a stale answer" needs a second round: the deep
-        // bound's.
+        // "a grant after a stale answer" needs a second round: the
+        // bound with time's.
         &["a grant", "a grant after a restart"],
     );
+}
+
+#[test]
+fn fast_redlock_keeps_exclusion_and_token_order_while_leases_end() {
+    holds(
+        "redlock-fast-timed",
+        &["exclusion", "tokens increase"],
+        &[
+            "a grant",
+            "a grant after a lease ended",
+            "a grant after a stale answer",
+        ],
+    );
+}
+
+#[test]
+fn fast_redlock_trusting_the_whole_ttl_lets_two_clients_hold() {
+    breaks("redlock-fast-timed-broken", "exclusion");
 }
 
 #[test]

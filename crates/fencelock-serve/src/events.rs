@@ -11,7 +11,8 @@
 //!
 //! How the follower finds changes depends on the backend:
 //! - One that notifies (`Backend::changes`: PostgreSQL NOTIFY, Redis
-//!   pub/sub) names each key a grant or release touched, whoever made it;
+//!   pub/sub, an etcd or ZooKeeper watch) names each key a grant or release
+//!   touched, whoever made it;
 //!   the follower reads those keys only. Expiries and renewals are not
 //!   announced, so it also reads, every [`EXPIRY_TICK`], the keys whose
 //!   known lease should have ended by then: gone, the lease expired; still

@@ -1,5 +1,5 @@
 //! `/v1/events` over backends that notify (`Backend::changes`: PostgreSQL,
-//! Redis, etcd): a change made by a client of the backend itself, not of
+//! Redis, etcd, ZooKeeper): a change made by a client of the backend itself, not of
 //! the service, reaches a follower from the backend's notice, long before
 //! the next listing (the services here list once an hour); an expiry is
 //! reported as an expiry (announced by etcd, found by the service's reads
@@ -18,9 +18,12 @@ use fencelock_postgres::PostgresBackend;
 use fencelock_redis::RedisBackend;
 use fencelock_serve::{Server, ServerHandle, Service};
 use fencelock_testkit::{
-    servers::{etcd::EtcdCluster, postgres::PostgresServer, redis::RedisServer},
+    servers::{
+        etcd::EtcdCluster, postgres::PostgresServer, redis::RedisServer, zookeeper::ZkServer,
+    },
     TestResult,
 };
+use fencelock_zookeeper::ZkBackend;
 use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
@@ -144,6 +147,15 @@ async fn etcd_notices_bring_direct_changes_and_expiries_are_expiries() -> TestRe
     let url = format!("{}?prefix=notified", etcd.url());
     let service_side = EtcdBackend::connect(&url).await?;
     let direct = EtcdBackend::connect(&url).await?;
+    direct_changes_and_expiries_arrive_without_listing(Arc::new(service_side), Arc::new(direct))
+        .await
+}
+
+#[tokio::test]
+async fn zookeeper_notices_bring_direct_changes_and_expiries_are_expiries() -> TestResult {
+    let server = ZkServer::start()?;
+    let service_side = ZkBackend::connect(&server.url()).await?;
+    let direct = ZkBackend::connect(&server.url()).await?;
     direct_changes_and_expiries_arrive_without_listing(Arc::new(service_side), Arc::new(direct))
         .await
 }

@@ -1,9 +1,11 @@
 //! `fencelock bench`: every scenario runs briefly and prints one well-formed
 //! JSON report with sane fields, on SQLite and on the server engines (each a
-//! throwaway server), with the raw baseline where it applies. Never asserts
-//! a speed.
+//! throwaway server), with the raw baseline where it applies, and `handoff`
+//! through `fencelock serve`. Never asserts a speed.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+mod support;
 
 use std::process::{Command, Output};
 
@@ -204,6 +206,21 @@ fn every_scenario_on_sqlite() {
         "{hold}"
     );
     assert_eq!(hold["renewals"]["still_held"], 200, "{hold}");
+}
+
+/// `handoff` through `fencelock serve` over SQLite: the waiter is inside
+/// its long poll when the holder releases, so hand-offs are measured, and
+/// none fails. What they cost is docs/benchmarks.md's, never asserted.
+#[test]
+fn handoff_through_the_service() {
+    let service = support::LockService::start(&[]);
+    let handoff = bench(
+        &service.url,
+        &["--scenario", "handoff", "--duration", "600ms"],
+    );
+    assert_eq!(handoff["backend"], "http", "{handoff}");
+    sane(&handoff["fencelock"]);
+    assert_eq!(handoff["fencelock"]["errors"], 0, "{handoff}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! (`docs/http.md#events`).
 //!
 //! A backend that is told of every acquisition and release, whoever makes
-//! it (PostgreSQL NOTIFY, Redis pub/sub), feeds each key into a
+//! it (PostgreSQL NOTIFY, Redis pub/sub, an etcd or ZooKeeper watch), feeds
+//! each key into a
 //! [`ChangeHub`]; a follower reads a [`ChangeFeed`] and looks at those keys
 //! only. A notice names a key, not what happened to it: the follower reads
 //! the key's holder itself, so a notice that arrives late or twice costs a

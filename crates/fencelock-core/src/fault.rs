@@ -47,6 +47,7 @@ pub struct FaultyBackend {
     renew_batches: AtomicUsize,
     list_calls: AtomicUsize,
     failing_lists: AtomicUsize,
+    inspect_calls: AtomicUsize,
 }
 
 impl FaultyBackend {
@@ -60,6 +61,7 @@ impl FaultyBackend {
             renew_batches: AtomicUsize::new(0),
             list_calls: AtomicUsize::new(0),
             failing_lists: AtomicUsize::new(0),
+            inspect_calls: AtomicUsize::new(0),
         })
     }
 
@@ -90,6 +92,11 @@ impl FaultyBackend {
     /// How many `list` calls reached this wrapper (failed or not).
     pub fn list_calls(&self) -> usize {
         self.list_calls.load(Ordering::SeqCst)
+    }
+
+    /// How many `inspect` calls reached this wrapper (failed or not).
+    pub fn inspect_calls(&self) -> usize {
+        self.inspect_calls.load(Ordering::SeqCst)
     }
 
     /// How many `renew_many` batches reached this wrapper.
@@ -178,6 +185,7 @@ impl Backend for FaultyBackend {
         self.call(self.inner.release(lease)).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.inspect_calls.fetch_add(1, Ordering::SeqCst);
         self.call(self.inner.inspect(key)).await
     }
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {

@@ -14,9 +14,9 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus,
-    FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
-    WakeSubscription, Watch,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ChangeFeed, Error,
+    ErrorStatus, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result,
+    Stats, WakeSubscription, Watch,
 };
 use serde_json::{json, Value};
 
@@ -35,6 +35,9 @@ const LEASE_CACHE_SWEEP: usize = 4096;
 
 /// What follows a lock key in the keys of its readers.
 const READERS: &str = "\0r/";
+
+/// What follows a lock key in the key of a waiting writer's intent.
+pub(crate) const INTENT: &str = "\0i";
 
 /// Numbers reader keys apart within this process (see
 /// `EtcdBackend::try_acquire_shared`).
@@ -109,6 +112,8 @@ pub struct EtcdBackend {
     /// The create revision of each queue entry this backend's waiters
     /// hold (their place), by entry key.
     pub(crate) positions: Arc<Mutex<HashMap<String, i64>>>,
+    /// The store's change feeds and their one watch (`changes.rs`).
+    pub(crate) changes: Arc<crate::changes::Changes>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -241,6 +246,7 @@ impl EtcdBackend {
             shared: Arc::default(),
             queue_leases: Arc::default(),
             positions: Arc::default(),
+            changes: Arc::default(),
         })
     }
 
@@ -254,7 +260,7 @@ impl EtcdBackend {
         &self.options
     }
 
-    fn locks_prefix(&self) -> String {
+    pub(crate) fn locks_prefix(&self) -> String {
         format!("{}/locks/", self.options.prefix)
     }
 
@@ -278,7 +284,7 @@ impl EtcdBackend {
 
     /// A waiting writer's intent on `key`: its owner, on a lease.
     fn intent_key(&self, key: &LockKey) -> String {
-        format!("{}\0i", self.key(key))
+        format!("{}{INTENT}", self.key(key))
     }
 
     /// The user key of a reader's key.
@@ -1370,6 +1376,10 @@ impl Backend for EtcdBackend {
 
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         crate::watch::watch(self, key).await
+    }
+
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        Ok(Some(crate::changes::feed(self).await?))
     }
 
     async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {

@@ -14,7 +14,8 @@
 //!   to the shared lease of that TTL.
 //! - Waiters watch the key for DELETE events; `watch` follows a key's
 //!   holder changes, telling an expiry from a release by the deleted key's
-//!   lease.
+//!   lease; `changes` follows the whole store with one watch of its lock
+//!   keys' prefix.
 //! - `layout=etcd` ([`EtcdLayoutBackend`]) lays locks out as etcd's own
 //!   `concurrency` package does, so that `etcdctl lock`/`elect` and Go's
 //!   `concurrency.Mutex`/`Election` exclude fencelock and are excluded by it.
@@ -27,6 +28,7 @@ mod backend;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod changes;
 mod error;
 mod fence;
 mod layout;

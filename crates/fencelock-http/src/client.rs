@@ -1001,8 +1001,9 @@ async fn feed_watch(
                     }
                 } else {
                     match serde_json::from_str::<EventBody>(&event.data) {
-                        // A grant the service made itself names the lease
-                        // without its record: read it.
+                        // Every `acquired` event carries the lease; a
+                        // service older than that named its own grants
+                        // without it: read it then.
                         Ok(body) if body.kind == "acquired" && body.lock.is_none() => {
                             match backend.inspect(&key).await {
                                 Ok(Some(info)) if info.token.get() == body.token => {

@@ -166,10 +166,10 @@ pub(crate) async fn acquire(
         .owner(owner)
         .queued(body.queue)
         .auto_renew(false);
-    if let Some(kind) = body.kind {
+    if let Some(kind) = body.kind.clone() {
         request = request.kind(kind);
     }
-    if let Some(data) = body.data {
+    if let Some(data) = body.data.clone() {
         request = request.data(data);
     }
     if let Some(floor) = body.min_token {
@@ -201,7 +201,7 @@ pub(crate) async fn acquire(
             // The table of known leases holds a key's writer; readers reach
             // the stream through its listing.
             if !shared {
-                s.inner.events.granted(&grant, ends);
+                s.inner.events.granted(&grant, ends, body.kind, body.data);
             }
             grant.owner = caller.owner_out(&grant.owner);
             Ok(Json(grant))
@@ -297,10 +297,10 @@ pub(crate) async fn acquire_all(
         .wait(wait)
         .owner(owner)
         .auto_renew(false);
-    if let Some(kind) = body.kind {
+    if let Some(kind) = body.kind.clone() {
         request = request.kind(kind);
     }
-    if let Some(data) = body.data {
+    if let Some(data) = body.data.clone() {
         request = request.data(data);
     }
     for (key, floor) in body.min_tokens {
@@ -323,7 +323,12 @@ pub(crate) async fn acquire_all(
                         expires_at: guard.expires_at(),
                         ttl_ms: ms(guard.granted_ttl()),
                     };
-                    s.inner.events.granted(&grant, now + guard.remaining());
+                    s.inner.events.granted(
+                        &grant,
+                        now + guard.remaining(),
+                        body.kind.clone(),
+                        body.data.clone(),
+                    );
                     s.inner
                         .activity
                         .granted(&grant.key, grant.token, grant.ttl_ms, waited, false);

@@ -11,7 +11,8 @@
 //!
 //! How the follower finds changes depends on the backend:
 //! - One that notifies (`Backend::changes`: PostgreSQL NOTIFY, Redis
-//!   pub/sub) names each key a grant or release touched, whoever made it;
+//!   pub/sub, an etcd or ZooKeeper watch) names each key a grant or release
+//!   touched, whoever made it;
 //!   the follower reads those keys only. Expiries and renewals are not
 //!   announced, so it also reads, every [`EXPIRY_TICK`], the keys whose
 //!   known lease should have ended by then: gone, the lease expired; still
@@ -47,7 +48,9 @@ use axum::{
     response::sse::{Event, KeepAlive, Sse},
 };
 use chrono::Utc;
-use fencelock_core::{Backend, Change, ChangeFeed, LockInfo, LockKey};
+use fencelock_core::{
+    Backend, Change, ChangeFeed, FencingToken, LockInfo, LockKey, LockMode, Owner,
+};
 use fencelock_http::wire::{EventBody, GrantBody, LockBody};
 use futures_util::{stream, Stream, StreamExt};
 use serde::Deserialize;
@@ -295,8 +298,15 @@ impl Events {
             .and_then(|k| k.ttl_ms)
     }
 
-    /// The service granted a lease, trusted until `ends` (I5).
-    pub(crate) fn granted(&self, grant: &GrantBody, ends: Instant) {
+    /// The service granted a lease, trusted until `ends` (I5), to a
+    /// request with `kind` and `data`.
+    pub(crate) fn granted(
+        &self,
+        grant: &GrantBody,
+        ends: Instant,
+        kind: Option<String>,
+        data: Option<serde_json::Value>,
+    ) {
         let mut table = self.table();
         if table
             .leases
@@ -328,15 +338,14 @@ impl Events {
                 previous.token,
             ));
         }
-        self.publish(EventBody {
-            kind: "acquired".to_owned(),
-            key: grant.key.clone(),
-            owner: Some(grant.owner.clone()),
-            token: grant.token,
-            lock: None,
-            current: None,
-            at: Utc::now(),
-        });
+        let mut acquired = event(
+            "acquired",
+            &grant.key,
+            Some(grant.owner.clone()),
+            grant.token,
+        );
+        acquired.lock = granted_lock(grant, ends, kind, data);
+        self.publish(acquired);
     }
 
     /// The service renewed a lease with a call sent at `sent`: keeps its
@@ -587,6 +596,35 @@ fn event(kind: &str, key: &str, owner: Option<String>, token: u64) -> EventBody 
         current: None,
         at: Utc::now(),
     }
+}
+
+/// The lease the service granted as `GET /v1/locks/{key}` shows it, so that
+/// a follower need not read it: the backend keeps the request's kind and
+/// data, and the grant's start is its end less the TTL granted, both on the
+/// backend's clock. `None` only for a key or owner the backend could not
+/// have granted.
+fn granted_lock(
+    grant: &GrantBody,
+    ends: Instant,
+    kind: Option<String>,
+    data: Option<serde_json::Value>,
+) -> Option<LockBody> {
+    let ttl = Duration::from_millis(grant.ttl_ms);
+    let info = LockInfo {
+        key: LockKey::new(grant.key.as_str()).ok()?,
+        owner: Owner::new(grant.owner.as_str()).ok()?,
+        token: FencingToken(grant.token),
+        kind,
+        data,
+        acquired_at: grant.expires_at - chrono::Duration::from_std(ttl).ok()?,
+        expires_at: grant.expires_at,
+        expires_in: ends.saturating_duration_since(Instant::now()),
+        mode: LockMode::Exclusive,
+    };
+    Some(LockBody {
+        info,
+        ttl_ms: Some(grant.ttl_ms),
+    })
 }
 
 /// Counts `n` reads of the backend from `source`

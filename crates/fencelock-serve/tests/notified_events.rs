@@ -1,9 +1,11 @@
-//! `/v1/events` over backends that notify (`Backend::changes`): a change
-//! made by a client of the backend itself, not of the service, reaches a
-//! follower from the backend's notice, long before the next listing (the
-//! services here list once an hour); an expiry, which nobody announces, is
-//! still reported as an expiry; and a backend without notices still works
-//! by listing. Real servers from the test kit.
+//! `/v1/events` over backends that notify (`Backend::changes`: PostgreSQL,
+//! Redis, etcd, ZooKeeper): a change made by a client of the backend itself, not of
+//! the service, reaches a follower from the backend's notice, long before
+//! the next listing (the services here list once an hour); an expiry is
+//! reported as an expiry (announced by etcd, found by the service's reads
+//! of due keys elsewhere); notices lost while the notification connection
+//! was down are made up for; and a backend without notices still works by
+//! listing. Real servers from the test kit.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -11,13 +13,17 @@ use std::{sync::Arc, time::Duration};
 
 use eventsource_stream::Eventsource;
 use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockClient, LockKey, Owner};
+use fencelock_etcd::EtcdBackend;
 use fencelock_postgres::PostgresBackend;
 use fencelock_redis::RedisBackend;
 use fencelock_serve::{Server, ServerHandle, Service};
 use fencelock_testkit::{
-    servers::{postgres::PostgresServer, redis::RedisServer},
+    servers::{
+        etcd::EtcdCluster, postgres::PostgresServer, redis::RedisServer, zookeeper::ZkServer,
+    },
     TestResult,
 };
+use fencelock_zookeeper::ZkBackend;
 use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
@@ -133,6 +139,53 @@ async fn postgres_notices_bring_direct_changes_and_expiries_are_expiries() -> Te
     let direct = PostgresBackend::connect(&url).await?;
     direct_changes_and_expiries_arrive_without_listing(Arc::new(service_side), Arc::new(direct))
         .await
+}
+
+#[tokio::test]
+async fn etcd_notices_bring_direct_changes_and_expiries_are_expiries() -> TestResult {
+    let etcd = EtcdCluster::start()?;
+    let url = format!("{}?prefix=notified", etcd.url());
+    let service_side = EtcdBackend::connect(&url).await?;
+    let direct = EtcdBackend::connect(&url).await?;
+    direct_changes_and_expiries_arrive_without_listing(Arc::new(service_side), Arc::new(direct))
+        .await
+}
+
+#[tokio::test]
+async fn zookeeper_notices_bring_direct_changes_and_expiries_are_expiries() -> TestResult {
+    let server = ZkServer::start()?;
+    let service_side = ZkBackend::connect(&server.url()).await?;
+    let direct = ZkBackend::connect(&server.url()).await?;
+    direct_changes_and_expiries_arrive_without_listing(Arc::new(service_side), Arc::new(direct))
+        .await
+}
+
+/// The etcd watch behind the notices breaks with the member the service
+/// talks to: a change made on another member meanwhile is in no watch the
+/// service opens afterwards, so only the listing that the reported loss
+/// asks for can find it.
+#[tokio::test]
+async fn a_change_made_while_the_etcd_watch_was_down_still_arrives() -> TestResult {
+    let etcd = EtcdCluster::start_members(3)?;
+    let at = |i: usize| format!("etcd://{}?prefix=notified", etcd.endpoint(i));
+    // The service's member is a follower, so the change needs no election.
+    let leader = etcd.leader().ok_or("the cluster has no leader")?;
+    let follower = (leader + 1) % etcd.len();
+    let service_side = EtcdBackend::connect(&at(follower)).await?;
+    let direct = EtcdBackend::connect(&at(leader)).await?;
+    let (_server, mut events) = follow(Arc::new(service_side), NEVER).await;
+    etcd.kill(follower)?;
+    let token = take(&direct, "during", Duration::from_secs(30))
+        .await?
+        .token
+        .get();
+    etcd.start_again(follower)?;
+    let (kind, body) = next_of(&mut events, "during").await;
+    assert_eq!(
+        (kind.as_str(), body["token"].as_u64()),
+        ("acquired", Some(token))
+    );
+    Ok(())
 }
 
 /// Notices lost while the notification connection was down are made up

@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use eventsource_stream::Eventsource;
-use fencelock_core::{LockClient, LockKey, MemoryBackend, MemoryFence};
+use fencelock_core::{Backend, LockClient, LockKey, MemoryBackend, MemoryFence};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
@@ -31,7 +31,12 @@ struct Api {
 
 impl Api {
     async fn start(tokens: bool) -> Self {
-        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        Self::over(Arc::new(MemoryBackend::new()), tokens).await
+    }
+
+    /// A service over `backend`.
+    async fn over(backend: Arc<dyn Backend>, tokens: bool) -> Self {
+        let client = LockClient::new(backend);
         let direct = client.clone();
         let mut service = Service::builder(client)
             .fence(Arc::new(MemoryFence::new()))
@@ -623,6 +628,59 @@ async fn events_report_acquisitions_releases_losses_expiries_and_fenced_out_writ
     api.acquire("mine", json!({"ttl_ms": 30000})).await;
     let seen = expect_events(&mut only, &["acquired"]).await;
     assert_eq!(seen[0]["key"], "mine");
+}
+
+/// A grant the service made itself reaches followers with the whole lease,
+/// as `GET /v1/locks/{key}` shows it (`expires_in_ms` aside, which counts
+/// down), so that an `http://` watch has nothing to read: the backend sees
+/// no read of the key between the grant and the watch's report of it.
+#[tokio::test]
+async fn the_services_own_grants_carry_the_lease_and_a_watch_reads_nothing() {
+    use fencelock_core::{fault::FaultyBackend, HolderChange};
+    use fencelock_http::HttpBackend;
+    let backend = FaultyBackend::new(Arc::new(MemoryBackend::new()));
+    let api = Api::over(backend.clone(), false).await;
+    let mut events = follow(&api, "?key=rec").await;
+    let key = LockKey::new("rec").unwrap();
+    let mut watch = HttpBackend::connect(&api.base)
+        .await
+        .unwrap()
+        .watch(&key)
+        .await
+        .unwrap();
+    let reads = backend.inspect_calls();
+
+    let (status, grant) = api
+        .acquire(
+            "rec",
+            json!({"owner": "o", "ttl_ms": 30000, "kind": "job", "data": {"shard": 7}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    let change = tokio::time::timeout(EVENT_BOUND, watch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let HolderChange::Acquired(info) = change else {
+        panic!("{change:?}")
+    };
+    assert_eq!(info.token.get(), grant["token"].as_u64().unwrap());
+    assert_eq!(
+        (info.kind.as_deref(), info.data),
+        (Some("job"), Some(json!({"shard": 7})))
+    );
+    assert_eq!(backend.inspect_calls(), reads, "the watch read the key");
+
+    let seen = expect_events(&mut events, &["acquired"]).await;
+    let (status, mut shown) = api.send(Method::GET, "/v1/locks/rec", None).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    let mut lock = seen[0]["lock"].clone();
+    for record in [&mut lock, &mut shown] {
+        let left = record.as_object_mut().unwrap().remove("expires_in_ms");
+        assert!(left.and_then(|v| v.as_u64()).is_some(), "{record}");
+    }
+    assert_eq!(lock, shown);
 }
 
 #[tokio::test]

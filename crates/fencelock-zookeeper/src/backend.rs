@@ -10,8 +10,8 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken, Grant,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
 };
 use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
@@ -26,11 +26,11 @@ mod shared;
 
 /// The name every exclusive lease node starts with; ZooKeeper appends the
 /// sequence.
-const NODE: &str = "l-";
+pub(crate) const NODE: &str = "l-";
 
 /// The name every reader's lease node starts with (`shared.rs`). Readers
 /// and writers are siblings numbered by the key's one sequence counter.
-const READER: &str = "r-";
+pub(crate) const READER: &str = "r-";
 
 /// The prefix of `mode`'s lease nodes.
 fn prefix(mode: LockMode) -> &'static str {
@@ -188,6 +188,8 @@ pub struct ZkBackend {
     /// Queue entries of this backend's waiters, as last written
     /// (`queue.rs`).
     pub(crate) queued: Arc<Mutex<HashMap<(String, String), crate::queue::Slot>>>,
+    /// The store's change feeds and their one watch (`changes.rs`).
+    pub(crate) changes: Arc<crate::changes::Changes>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -205,6 +207,7 @@ impl ZkBackend {
             conn: Arc::new(Conn::open(options).await?),
             cache: Arc::default(),
             queued: Arc::default(),
+            changes: Arc::default(),
         })
     }
 
@@ -1106,6 +1109,14 @@ impl Backend for ZkBackend {
         let c = self.conn.client().await?;
         self.withdraw_intent(&c, &self.key_dir(key.as_str()), owner)
             .await
+    }
+
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        // Curator's keys are paths of any depth, not one node per key.
+        if self.curator() {
+            return Ok(None);
+        }
+        Ok(Some(crate::changes::feed(self).await?))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {

@@ -17,6 +17,8 @@
 //!   by the time they were written. Leases are not ZooKeeper sessions
 //!   (`docs/zookeeper.md` says why).
 //! - Waiters watch the oldest child for deletion; renewals do not wake them.
+//!   `changes` follows the whole store with one persistent recursive watch
+//!   of the locks directory, in a session of its own.
 //! - Read-write locks: a reader is an `r-` sibling in the same sequence,
 //!   refused by an older live writer's node or a live writer intent (the
 //!   `intent` node); a writer is refused by any older live node. The
@@ -33,6 +35,7 @@ mod backend;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod changes;
 mod conn;
 mod curator;
 mod error;

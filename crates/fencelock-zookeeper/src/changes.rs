@@ -1,0 +1,144 @@
+//! Changed keys across the store (`Backend::changes`) from one persistent
+//! recursive watch of the locks directory, open while some feed is read.
+//!
+//! A grant creates a lease node under its key's node and a release or
+//! force-release deletes one, so the watch names each key whose holder may
+//! have changed, whoever changed it. A lease's end is no event (the node
+//! stays until the next acquisition clears it) and neither is a renewal
+//! (new data): the follower reads the keys whose leases it knows should
+//! have ended. Intents and queue entries are no leases and name nothing.
+//!
+//! The watch has a session of its own, so that it never shares a path's
+//! watch bookkeeping with the waiters' one-shot watches (ZooKeeper before
+//! 3.9 keeps one watch mode per path and session). It is added before the
+//! first feed is returned, so no change falls between a caller's feed and
+//! its listing, and the session is closed once no feed is read. Events
+//! that happen while the session reconnects can be lost (the client
+//! re-adds the watch, not what it missed), and a session that expired takes
+//! its watch with it: either way the feeds are told notices were missed, so
+//! that their reader lists the store once.
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{Backoff, ChangeFeed, ChangeHub, Result};
+use tokio::sync::Mutex;
+use zookeeper_client as zk;
+
+use crate::{
+    backend::{ZkBackend, NODE, READER},
+    conn::{decode, Conn},
+};
+
+/// The feeds of one backend and whether its watch runs.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    hub: ChangeHub,
+    /// Whether the watch task runs; it is started and stopped under this
+    /// lock, so that there is never more than one and a feed subscribed as
+    /// the task stops starts another.
+    watching: Mutex<bool>,
+}
+
+/// A feed of the store's changes, the watch added on the server before
+/// this returns.
+pub(crate) async fn feed(backend: &ZkBackend) -> Result<ChangeFeed> {
+    let changes = Arc::clone(&backend.changes);
+    let feed = changes.hub.subscribe();
+    let mut watching = changes.watching.lock().await;
+    if !*watching {
+        let conn = Conn::open(backend.conn.options.clone()).await?;
+        let watcher = open(&conn).await?;
+        *watching = true;
+        tokio::spawn(run(Arc::clone(&changes), conn, watcher));
+    }
+    Ok(feed)
+}
+
+async fn open(conn: &Conn) -> Result<zk::PersistentWatcher> {
+    let client = conn.client().await?;
+    conn.call(
+        "watching the locks",
+        client.watch(&conn.locks_dir(), zk::AddWatchMode::PersistentRecursive),
+    )
+    .await
+}
+
+/// Whether the watch should end because no feed is read; if so it is
+/// marked stopped.
+async fn unfollowed(changes: &Changes) -> bool {
+    let mut watching = changes.watching.lock().await;
+    if changes.hub.is_followed() {
+        return false;
+    }
+    *watching = false;
+    true
+}
+
+/// Feeds the hub from `watcher` until no feed is read; the session ends
+/// with this task.
+async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatcher) {
+    let dir = format!("{}/", conn.locks_dir());
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut disconnected = false;
+    loop {
+        let event = tokio::select! {
+            event = watcher.changed() => event,
+            // A quiet store: whether anyone still reads is checked now and
+            // then, not only when a change arrives.
+            () = tokio::time::sleep(conn.options.timeout) => {
+                if unfollowed(&changes).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        match event.event_type {
+            zk::EventType::NodeCreated | zk::EventType::NodeDeleted => {
+                if let Some(key) = changed(&dir, &event.path) {
+                    changes.hub.notify(&key);
+                }
+                if !changes.hub.is_followed() && unfollowed(&changes).await {
+                    return;
+                }
+            }
+            zk::EventType::Session if event.session_state.is_terminated() => {
+                // The watcher must not be read again: a new session (the
+                // connection opens one) and a new watch.
+                tracing::debug!(state = ?event.session_state, "ZooKeeper change watch ended; adding it again");
+                watcher = loop {
+                    if unfollowed(&changes).await {
+                        return;
+                    }
+                    tokio::time::sleep(backoff.next_retry()).await;
+                    match open(&conn).await {
+                        Ok(again) => break again,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "ZooKeeper change watch: adding it failed");
+                        }
+                    }
+                };
+                backoff.reset();
+                disconnected = false;
+                changes.hub.missed();
+            }
+            zk::EventType::Session => match event.session_state {
+                zk::SessionState::Disconnected => disconnected = true,
+                _ if disconnected => {
+                    disconnected = false;
+                    changes.hub.missed();
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+}
+
+/// The key whose holder a node event at `path` may have changed: a lease
+/// node's, directly under a key's node in `dir`.
+fn changed(dir: &str, path: &str) -> Option<String> {
+    let (key, node) = path.strip_prefix(dir)?.split_once('/')?;
+    (node.starts_with(NODE) || node.starts_with(READER))
+        .then(|| decode(key))
+        .flatten()
+}

@@ -19,13 +19,21 @@ const here = path.dirname(fileURLToPath(import.meta.url))
 const rounds = Number(process.argv[2] || 5)
 const window = Number(process.argv[3] || 3000)
 
+// This process's CPU time (every thread: the event loop and the addon's
+// runtime) per cycle of the last rate() run: less swayed by a loaded
+// machine than the rate is.
+let lastCpuUs = NaN
+
 async function rate(cycle) {
+  const cpu = process.cpuUsage()
   const started = performance.now()
   let cycles = 0
   while (performance.now() - started < window) {
     await cycle()
     cycles++
   }
+  const used = process.cpuUsage(cpu)
+  lastCpuUs = (used.user + used.system) / cycles
   return cycles / ((performance.now() - started) / 1000)
 }
 
@@ -68,11 +76,14 @@ async function serverUsec() {
 
 const results = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
 const server_us = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
+const client_us = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
 for (let r = 0; r < rounds; r++) {
   for (const [name, run] of Object.entries(contenders)) {
     await redis.config('RESETSTAT')
+    lastCpuUs = NaN
     const cyclesPerSecond = await run()
     results[name].push(cyclesPerSecond)
+    client_us[name].push(lastCpuUs)
     server_us[name].push((await serverUsec()) / (cyclesPerSecond * window / 1000))
   }
 }
@@ -84,7 +95,7 @@ for (const [name, rates] of Object.entries(results)) {
   // Each round's ratio to the Rust library's run just before it.
   const ratios = rates.map((rate, r) => rate / results['Rust library'][r])
   const ratioRange = `${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}`
-  console.log(`${name.padEnd(28)} ${m.toFixed(0).padStart(7)} cycles/s (${range})  ${(m / rustRate).toFixed(2)} x Rust (rounds ${ratioRange})  server ${median(server_us[name]).toFixed(1)} us/cycle`)
+  console.log(`${name.padEnd(28)} ${m.toFixed(0).padStart(7)} cycles/s (${range})  ${(m / rustRate).toFixed(2)} x Rust (rounds ${ratioRange})  server ${median(server_us[name]).toFixed(1)} us/cycle  client CPU ${median(client_us[name]).toFixed(1)} us/cycle`)
 }
 
 // Hand-off: the holder's release() call to the waiter's grant, two clients.

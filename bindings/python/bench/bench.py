@@ -38,20 +38,30 @@ RUST = TARGET / "release" / "fencelock"
 CYCLE = TARGET / "release" / "examples" / "cycle"
 
 
+#: This process's CPU time (every thread: the interpreter's and the
+#: extension's runtime) per cycle of the last rate measured in-process; less
+#: swayed by a loaded machine than the rate.
+CPU_US: List[float] = [float("nan")]
+
+
 def rate(cycle: Callable[[], None], seconds: float) -> float:
+    cpu = time.process_time()
     done, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         cycle()
         done += 1
+    CPU_US[0] = (time.process_time() - cpu) * 1e6 / done
     return done / seconds
 
 
 async def async_rate(client: fencelock.Client, seconds: float) -> float:
+    cpu = time.process_time()
     done, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         guard = await client.acquire("bench:async", ttl=30.0, wait=0)
         await guard.release()
         done += 1
+    CPU_US[0] = (time.process_time() - cpu) * 1e6 / done
     return done / seconds
 
 
@@ -158,22 +168,25 @@ def main() -> None:
             "python-redis-lock": lambda: rate(python_redis_lock, args.slice),
         }
         server_us: Dict[str, List[float]] = {k: [] for k in rates}
+        client_us: Dict[str, List[float]] = {k: [] for k in rates}
         for _ in range(args.rounds):
             for name in rates:
                 r.config_resetstat()
+                CPU_US[0] = float("nan")
                 cycles_per_second = runs[name]()
+                client_us[name].append(CPU_US[0])
                 rates[name].append(cycles_per_second)
                 server_us[name].append(server_usec(r) / (cycles_per_second * args.slice))
         base_name = "rust" if with_rust else "binding async"
         base = statistics.median(rates[base_name])
-        print(f"| client | cycles/s (median of rounds; range) | / {base_name} (rounds) | server µs/cycle |")
-        print("|---|---|---|---|")
+        print(f"| client | cycles/s (median of rounds; range) | / {base_name} (rounds) | server µs/cycle | client CPU µs/cycle |")
+        print("|---|---|---|---|---|")
         for name, values in rates.items():
             median = statistics.median(values)
             ratios = [v / b for v, b in zip(values, rates[base_name])]
             print(f"| {name} | {median:,.0f} ({min(values):,.0f}–{max(values):,.0f}) | "
                   f"{median / base:.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
-                  f"{statistics.median(server_us[name]):.1f} |")
+                  f"{statistics.median(server_us[name]):.1f} | {statistics.median(client_us[name]):.1f} |")
         print(f"\nhand-off p50 (binding, async): {loop.run_until_complete(handoff_p50(server.url, 300)):.3f} ms")
         print(f"memory per held lock (binding, 10,000 locks): "
               f"{loop.run_until_complete(memory_per_lock(server.url, 10_000)):,.0f} B")

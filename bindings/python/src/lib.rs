@@ -10,7 +10,9 @@
 
 use std::{
     future::Future,
+    pin::Pin,
     sync::{Arc, OnceLock},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -21,13 +23,10 @@ use fencelock::{
 use pyo3::{prelude::*, types::PyDict, IntoPyObjectExt};
 
 /// The runtime the core runs on: every client's renewer, every lock call
-/// and every background release, on threads of its own. It is also the
-/// asyncio bridge's (pyo3-async-runtimes, set in the module's init), so a
-/// call is one task here, not a task awaited by a task of a second runtime
-/// (one cross-thread wake-up less per call, docs/benchmarks.md "Python").
-/// The bridge takes the GIL to hand a result over on a blocking-pool thread,
-/// never on a worker, so a Python thread holding the GIL delays a result,
-/// never a renewal.
+/// and every background release, on threads of its own. The asyncio
+/// bridge (pyo3-async-runtimes' runtime) only awaits these tasks and then
+/// takes the GIL to hand the result over, so a Python thread holding the
+/// GIL delays a result, never a renewal.
 fn runtime() -> &'static tokio::runtime::Runtime {
     static LOCKS: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     LOCKS.get_or_init(|| {
@@ -40,10 +39,32 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `work` on [`runtime`] as an asyncio awaitable (cancelling it drops
-/// `work`; a panic in it becomes pyo3-async-runtimes' `RustPanic`
-/// exception), or to completion with the GIL released when `blocking` (the
-/// synchronous API).
+/// A task of [`runtime`] awaited from the asyncio bridge; dropping it (the
+/// Python awaitable was cancelled) aborts the task, and a panic in it
+/// becomes a Python exception.
+struct Task<T>(tokio::task::JoinHandle<PyResult<T>>);
+
+impl<T> Future for Task<T> {
+    type Output = PyResult<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PyResult<T>> {
+        Pin::new(&mut self.0).poll(cx).map(|joined| match joined {
+            Ok(result) => result,
+            Err(failed) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "fencelock: the call failed inside the Rust library: {failed}"
+            ))),
+        })
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `work` on [`runtime`] as an asyncio awaitable, or to completion
+/// with the GIL released when `blocking` (the synchronous API).
 fn call<'py, F, T>(py: Python<'py>, blocking: bool, work: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
@@ -53,7 +74,7 @@ where
         let value = py.detach(|| runtime().block_on(work))?;
         value.into_bound_py_any(py)
     } else {
-        pyo3_async_runtimes::tokio::future_into_py(py, work)
+        pyo3_async_runtimes::tokio::future_into_py(py, Task(runtime().spawn(work)))
     }
 }
 
@@ -981,9 +1002,6 @@ impl PyFence {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // Err only when the bridge already has a runtime (the module loaded
-    // twice in one process): calls then still work, one hop slower.
-    let _ = pyo3_async_runtimes::tokio::init_with_runtime(runtime());
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(open_fence, m)?)?;
     m.add_class::<Client>()?;

@@ -49,7 +49,8 @@ type Result<T> = napi::Result<T>;
 fn init_runtime() {
     let workers = std::env::var("FENCELOCK_NODE_WORKERS")
         .ok()
-        .and_then(|w| w.parse().ok())
+        .and_then(|w| w.parse::<usize>().ok())
+        .filter(|&w| w > 0)
         .unwrap_or(1);
     // On failure napi-rs builds its default runtime, which then fails the
     // same way on the first call, as a JavaScript exception.

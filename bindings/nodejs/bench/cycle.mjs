@@ -9,7 +9,9 @@ import { fileURLToPath } from 'node:url'
 import Redis from 'ioredis'
 import Redlock from 'redlock'
 import { Mutex } from 'redis-semaphore'
-import { connect } from 'fencelock'
+// FENCELOCK_PKG=<directory> measures another build of the package (e.g. a
+// copy of the previous one, run alternately with this one).
+const { connect } = await import(process.env.FENCELOCK_PKG ? path.resolve(process.env.FENCELOCK_PKG, 'index.js') : 'fencelock')
 
 const require = createRequire(import.meta.url)
 const { startServer, TARGET } = require('../test/servers.js')
@@ -17,13 +19,21 @@ const here = path.dirname(fileURLToPath(import.meta.url))
 const rounds = Number(process.argv[2] || 5)
 const window = Number(process.argv[3] || 3000)
 
+// This process's CPU time (every thread: the event loop and the addon's
+// runtime) per cycle of the last rate() run: less swayed by a loaded
+// machine than the rate is.
+let lastCpuUs = NaN
+
 async function rate(cycle) {
+  const cpu = process.cpuUsage()
   const started = performance.now()
   let cycles = 0
   while (performance.now() - started < window) {
     await cycle()
     cycles++
   }
+  const used = process.cpuUsage(cpu)
+  lastCpuUs = (used.user + used.system) / cycles
   return cycles / ((performance.now() - started) / 1000)
 }
 
@@ -54,15 +64,38 @@ const contenders = {
   }),
 }
 
+// The server's own time per cycle (the sum of INFO commandstats' usec,
+// which counts a script's commands inside its EVALSHA): what each lock
+// costs Redis, apart from the client and the machine's load.
+async function serverUsec() {
+  const stats = await redis.info('commandstats')
+  return [...stats.matchAll(/^cmdstat_(\w+):calls=\d+,usec=(\d+)/gm)]
+    .filter(([, command]) => command !== 'info' && command !== 'config')
+    .reduce((sum, [, , usec]) => sum + Number(usec), 0)
+}
+
 const results = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
+const server_us = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
+const client_us = Object.fromEntries(Object.keys(contenders).map((name) => [name, []]))
 for (let r = 0; r < rounds; r++) {
-  for (const [name, run] of Object.entries(contenders)) results[name].push(await run())
+  for (const [name, run] of Object.entries(contenders)) {
+    await redis.config('RESETSTAT')
+    lastCpuUs = NaN
+    const cyclesPerSecond = await run()
+    results[name].push(cyclesPerSecond)
+    client_us[name].push(lastCpuUs)
+    server_us[name].push((await serverUsec()) / (cyclesPerSecond * window / 1000))
+  }
 }
 const rustRate = median(results['Rust library'])
 console.log(`uncontended acquire + release on Redis, one client, median of ${rounds} rounds of ${window} ms`)
 for (const [name, rates] of Object.entries(results)) {
   const m = median(rates)
-  console.log(`${name.padEnd(28)} ${m.toFixed(0).padStart(7)} cycles/s  ${(m / rustRate).toFixed(2)} x Rust`)
+  const range = `${Math.min(...rates).toFixed(0)}-${Math.max(...rates).toFixed(0)}`
+  // Each round's ratio to the Rust library's run just before it.
+  const ratios = rates.map((rate, r) => rate / results['Rust library'][r])
+  const ratioRange = `${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}`
+  console.log(`${name.padEnd(28)} ${m.toFixed(0).padStart(7)} cycles/s (${range})  ${(m / rustRate).toFixed(2)} x Rust (rounds ${ratioRange})  server ${median(server_us[name]).toFixed(1)} us/cycle  client CPU ${median(client_us[name]).toFixed(1)} us/cycle`)
 }
 
 // Hand-off: the holder's release() call to the waiter's grant, two clients.

@@ -38,20 +38,30 @@ RUST = TARGET / "release" / "fencelock"
 CYCLE = TARGET / "release" / "examples" / "cycle"
 
 
+#: This process's CPU time (every thread: the interpreter's and the
+#: extension's runtime) per cycle of the last rate measured in-process; less
+#: swayed by a loaded machine than the rate.
+CPU_US: List[float] = [float("nan")]
+
+
 def rate(cycle: Callable[[], None], seconds: float) -> float:
+    cpu = time.process_time()
     done, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         cycle()
         done += 1
+    CPU_US[0] = (time.process_time() - cpu) * 1e6 / done
     return done / seconds
 
 
 async def async_rate(client: fencelock.Client, seconds: float) -> float:
+    cpu = time.process_time()
     done, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         guard = await client.acquire("bench:async", ttl=30.0, wait=0)
         await guard.release()
         done += 1
+    CPU_US[0] = (time.process_time() - cpu) * 1e6 / done
     return done / seconds
 
 
@@ -90,6 +100,14 @@ async def handoff_p50(url: str, rounds: int) -> float:
     await a.close()
     await b.close()
     return statistics.median(samples) * 1000
+
+
+def server_usec(r: "redis.Redis[bytes]") -> int:
+    """The server's own time since the last CONFIG RESETSTAT: the sum of
+    INFO commandstats' usec (a script's commands count inside its EVALSHA)."""
+    stats: Dict[str, Dict[str, Any]] = r.info("commandstats")
+    return sum(int(v["usec"]) for k, v in stats.items()
+               if k not in ("cmdstat_info", "cmdstat_config"))
 
 
 def rss() -> int:
@@ -142,19 +160,33 @@ def main() -> None:
         if not with_rust:
             print(f"{RUST} and {CYCLE} are missing: no Rust rows\n")
             del rates["rust"]
+        runs: Dict[str, Callable[[], float]] = {
+            "rust": lambda: rust_rate(server.url, args.slice),
+            "binding async": lambda: loop.run_until_complete(async_rate(async_client, args.slice)),
+            "binding sync": lambda: rate(binding_sync, args.slice),
+            "redis-py Lock": lambda: rate(redis_py, args.slice),
+            "python-redis-lock": lambda: rate(python_redis_lock, args.slice),
+        }
+        server_us: Dict[str, List[float]] = {k: [] for k in rates}
+        client_us: Dict[str, List[float]] = {k: [] for k in rates}
         for _ in range(args.rounds):
-            if with_rust:
-                rates["rust"].append(rust_rate(server.url, args.slice))
-            rates["binding async"].append(loop.run_until_complete(async_rate(async_client, args.slice)))
-            rates["binding sync"].append(rate(binding_sync, args.slice))
-            rates["redis-py Lock"].append(rate(redis_py, args.slice))
-            rates["python-redis-lock"].append(rate(python_redis_lock, args.slice))
-        base = statistics.median(rates["rust" if with_rust else "binding async"])
-        print(f"| client | cycles/s (median of rounds) | / {'Rust' if with_rust else 'binding async'} |")
-        print("|---|---|---|")
+            for name in rates:
+                r.config_resetstat()
+                CPU_US[0] = float("nan")
+                cycles_per_second = runs[name]()
+                client_us[name].append(CPU_US[0])
+                rates[name].append(cycles_per_second)
+                server_us[name].append(server_usec(r) / (cycles_per_second * args.slice))
+        base_name = "rust" if with_rust else "binding async"
+        base = statistics.median(rates[base_name])
+        print(f"| client | cycles/s (median of rounds; range) | / {base_name} (rounds) | server µs/cycle | client CPU µs/cycle |")
+        print("|---|---|---|---|---|")
         for name, values in rates.items():
             median = statistics.median(values)
-            print(f"| {name} | {median:,.0f} | {median / base:.2f} |")
+            ratios = [v / b for v, b in zip(values, rates[base_name])]
+            print(f"| {name} | {median:,.0f} ({min(values):,.0f}–{max(values):,.0f}) | "
+                  f"{median / base:.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                  f"{statistics.median(server_us[name]):.1f} | {statistics.median(client_us[name]):.1f} |")
         print(f"\nhand-off p50 (binding, async): {loop.run_until_complete(handoff_p50(server.url, 300)):.3f} ms")
         print(f"memory per held lock (binding, 10,000 locks): "
               f"{loop.run_until_complete(memory_per_lock(server.url, 10_000)):,.0f} B")

@@ -52,37 +52,12 @@ function typed(err) {
   return new FencelockError(err.message, 'internal')
 }
 
-// Every asynchronous native call settles through one threadsafe function
-// of the native half (made by native.init): a call passes its id, returns at
-// once, and its outcome comes back to settle(id, error, value). The promise
-// is made here, so a call creates no promise or threadsafe function in
-// native code. While calls are pending, native.hold(true) keeps Node.js
-// running, as a pending napi-rs promise would.
-const pending = new Map()
-let nextId = 0
-
-native.init((id, error, value) => {
-  const call = pending.get(id)
-  pending.delete(id)
-  if (pending.size === 0) native.hold(false)
-  if (error === undefined) call.resolve(value)
-  else call.reject(typed(error))
-})
-
-// Calls start(id), the native method with the call's id; a promise of its
-// outcome. A wrong argument throws in start and rejects at once.
-function call(start) {
-  return new Promise((resolve, reject) => {
-    const id = nextId++
-    try {
-      start(id)
-    } catch (err) {
-      reject(typed(err))
-      return
-    }
-    if (pending.size === 0) native.hold(true)
-    pending.set(id, { resolve, reject })
-  })
+async function call(fn) {
+  try {
+    return await fn()
+  } catch (err) {
+    throw typed(err)
+  }
 }
 
 function sync(fn) {
@@ -137,7 +112,7 @@ class LossEmitter extends EventEmitter {
 class Guard extends LossEmitter {
   #native
   constructor(nativeGuard) {
-    super(() => call((id) => nativeGuard.waitLost(id)))
+    super(() => nativeGuard.waitLost())
     this.#native = nativeGuard
   }
   get key() { return this.#native.key }
@@ -151,10 +126,10 @@ class Guard extends LossEmitter {
   get isValid() { return this.#native.isValid }
   get lossReason() { return this.#native.lossReason }
   check() { sync(() => this.#native.check()) }
-  renew() { return call((id) => this.#native.renew(id)) }
-  release() { return call((id) => this.#native.release(id)) }
+  renew() { return call(() => this.#native.renew()) }
+  release() { return call(() => this.#native.release()) }
   /** Stops renewing and leaves the lease to expire, or to client.resume(key, owner, token). */
-  detach() { return call((id) => this.#native.detach(id)) }
+  detach() { return call(() => this.#native.detach()) }
   async [Symbol.asyncDispose]() { await this.release() }
 }
 
@@ -169,7 +144,7 @@ class Leadership extends Guard {
   /** The term: present it to fences so that a deposed leader's writes are refused. */
   get term() { return this.token }
   /** Publishes value as the leader's value while still leader. */
-  proclaim(value) { return call((id) => this.#native.proclaim(id, value)) }
+  proclaim(value) { return call(() => this.#native.proclaim(value)) }
   /** Steps down now, so that a standby is elected at once. */
   resign() { return this.release() }
 }
@@ -177,13 +152,13 @@ class Leadership extends Guard {
 class MultiGuard extends LossEmitter {
   #native
   constructor(nativeGuard) {
-    super(() => call((id) => nativeGuard.waitLost(id)))
+    super(() => nativeGuard.waitLost())
     this.#native = nativeGuard
   }
   get tokens() { return this.#native.tokens }
   get isValid() { return this.#native.isValid }
   check() { sync(() => this.#native.check()) }
-  release() { return call((id) => this.#native.release(id)) }
+  release() { return call(() => this.#native.release()) }
   async [Symbol.asyncDispose]() { await this.release() }
 }
 
@@ -194,7 +169,7 @@ function iterate(watch) {
     [Symbol.asyncIterator]() {
       return {
         async next() {
-          const change = await call((id) => watch.next(id))
+          const change = await call(() => watch.next())
           return change === null ? { done: true, value: undefined } : { done: false, value: change }
         },
         async return() {
@@ -225,10 +200,10 @@ async function supervise(guard, fn) {
 class Election {
   #native
   constructor(nativeElection) { this.#native = nativeElection }
-  async campaign() { return new Leadership(await call((id) => this.#native.campaign(id))) }
-  leader() { return call((id) => this.#native.leader(id)) }
+  async campaign() { return new Leadership(await call(() => this.#native.campaign())) }
+  leader() { return call(() => this.#native.leader()) }
   /** The current leader (first) and every change, as an async iterable. */
-  async observe() { return iterate(await call((id) => this.#native.observe(id))) }
+  async observe() { return iterate(await call(() => this.#native.observe())) }
   /**
    * Campaigns, runs fn(signal, leadership) while leader, and campaigns
    * again whenever the leadership is lost (the signal aborts then). When fn
@@ -253,8 +228,8 @@ class Election {
 class Fence {
   #native
   constructor(nativeFence) { this.#native = nativeFence }
-  admit(resource, token) { return call((id) => this.#native.admit(id, resource, token)) }
-  admitShared(resource, token) { return call((id) => this.#native.admitShared(id, resource, token)) }
+  admit(resource, token) { return call(() => this.#native.admit(resource, token)) }
+  admitShared(resource, token) { return call(() => this.#native.admitShared(resource, token)) }
 }
 
 class Client {
@@ -262,21 +237,21 @@ class Client {
   constructor(nativeClient) { this.#native = nativeClient }
   get owner() { return this.#native.owner }
   async acquire(key, options) {
-    return new Guard(await call((id) => this.#native.acquire(id, key, options)))
+    return new Guard(await call(() => this.#native.acquire(key, options)))
   }
   /** Same as acquire: the name the Rust client and the Python package use. */
   lock(key, options) { return this.acquire(key, options) }
   async readLock(key, options) {
-    return new Guard(await call((id) => this.#native.acquireRw(id, key, true, options)))
+    return new Guard(await call(() => this.#native.acquireRw(key, true, options)))
   }
   async writeLock(key, options) {
-    return new Guard(await call((id) => this.#native.acquireRw(id, key, false, options)))
+    return new Guard(await call(() => this.#native.acquireRw(key, false, options)))
   }
   async semaphore(name, permits, options) {
-    return new Guard(await call((id) => this.#native.acquirePermit(id, name, permits, options)))
+    return new Guard(await call(() => this.#native.acquirePermit(name, permits, options)))
   }
   async lockAll(keys, options) {
-    return new MultiGuard(await call((id) => this.#native.lockAll(id, keys, options)))
+    return new MultiGuard(await call(() => this.#native.lockAll(keys, options)))
   }
   /**
    * Runs fn(signal, guard) under the lock: the signal aborts (with the
@@ -298,25 +273,25 @@ class Client {
    * this client once the backend confirmed the lease is still current.
    */
   async resume(key, owner, token, options) {
-    return new Guard(await call((id) => this.#native.resume(id, key, owner, token, options)))
+    return new Guard(await call(() => this.#native.resume(key, owner, token, options)))
   }
   /** The holder changes of key from now on, as an async iterable; `break` stops watching. */
-  async watch(key) { return iterate(await call((id) => this.#native.watch(id, key))) }
+  async watch(key) { return iterate(await call(() => this.#native.watch(key))) }
   election(name, options) { return new Election(sync(() => this.#native.election(name, options))) }
-  inspect(key) { return call((id) => this.#native.inspect(id, key)) }
-  list(prefix) { return call((id) => this.#native.list(id, prefix)) }
-  stats() { return call((id) => this.#native.stats(id)) }
-  forceRelease(key) { return call((id) => this.#native.forceRelease(id, key)) }
-  cleanup() { return call((id) => this.#native.cleanup(id)) }
-  close() { return call((id) => this.#native.close(id)) }
+  inspect(key) { return call(() => this.#native.inspect(key)) }
+  list(prefix) { return call(() => this.#native.list(prefix)) }
+  stats() { return call(() => this.#native.stats()) }
+  forceRelease(key) { return call(() => this.#native.forceRelease(key)) }
+  cleanup() { return call(() => this.#native.cleanup()) }
+  close() { return call(() => this.#native.close()) }
 }
 
 async function connect(url, options) {
-  return new Client(await call((id) => native.connect(id, url, options)))
+  return new Client(await call(() => native.connect(url, options)))
 }
 
 async function openFence(url) {
-  return new Fence(await call((id) => native.openFence(id, url)))
+  return new Fence(await call(() => native.openFence(url)))
 }
 
 module.exports = {

@@ -16,8 +16,6 @@
 
 use std::{
     collections::HashMap,
-    future::Future,
-    panic::AssertUnwindSafe,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
@@ -27,132 +25,11 @@ use fencelock::{
     CancellationToken, FencingToken, GuardHandle, HolderChange, Leadership, LockGuard, LockMode,
     Owner,
 };
-use futures_util::FutureExt;
-use napi::{
-    bindgen_prelude::{BigInt, Either, Env, FromNapiValue, ToNapiValue},
-    threadsafe_function::{
-        ErrorStrategy, ThreadSafeCallContext, ThreadsafeFunction, ThreadsafeFunctionCallMode,
-    },
-    JsError, JsFunction, JsUnknown,
-};
+use napi::bindgen_prelude::{BigInt, Either, Env, Object};
 use napi_derive::napi;
 use tokio::runtime::Handle;
 
 type Result<T> = napi::Result<T>;
-
-/// napi-rs's runtime, built here instead of by napi-rs (which would start
-/// one worker per core): with one worker, a call's task and the backend
-/// connection's task it talks to run on the same thread, so a call wakes
-/// one runtime thread and then the event loop, and never hops between
-/// workers (docs/benchmarks.md, "The Node.js package").
-#[napi::module_init]
-fn init_runtime() {
-    let workers = std::env::var("FENCELOCK_NODE_WORKERS")
-        .ok()
-        .and_then(|w| w.parse::<usize>().ok())
-        .filter(|&w| w > 0)
-        .unwrap_or(1);
-    // On failure napi-rs builds its default runtime, which then fails the
-    // same way on the first call, as a JavaScript exception.
-    if let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("fencelock-node")
-        .enable_all()
-        .build()
-    {
-        napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
-    }
-}
-
-/// A call's outcome, made into a JavaScript value on the event loop.
-type Outcome = Box<dyn FnOnce(Env) -> Result<JsUnknown> + Send>;
-
-/// The one threadsafe function of a Node.js environment (made by `init`,
-/// which `index.js` calls once): it carries every asynchronous call's
-/// outcome, with the call's id, to the promise `index.js` made for it. A
-/// call thus creates one task and no promise or threadsafe function in
-/// native code (napi-rs's `async fn` makes a promise, a threadsafe function
-/// and two tasks per call).
-struct Replies(ThreadsafeFunction<(f64, Outcome), ErrorStrategy::Fatal>);
-
-/// Makes this environment's reply channel: `settle(id, error, value)` is
-/// called on the event loop with each call's outcome. The channel does not
-/// keep Node.js running by itself; `hold` says when calls are pending.
-#[napi]
-pub fn init(env: Env, settle: JsFunction) -> Result<()> {
-    let mut replies =
-        settle.create_threadsafe_function(0, |ctx: ThreadSafeCallContext<(f64, Outcome)>| {
-            let (id, outcome) = ctx.value;
-            let id = ctx.env.create_double(id)?.into_unknown();
-            let undefined = ctx.env.get_undefined()?.into_unknown();
-            Ok(match outcome(ctx.env) {
-                Ok(value) => vec![id, undefined, value],
-                Err(e) => vec![id, JsError::from(e).into_unknown(ctx.env), undefined],
-            })
-        })?;
-    replies.unref(&env)?;
-    env.set_instance_data(Replies(replies), (), |_| {})
-}
-
-/// Keeps Node.js running while calls are pending (`pending`), or not.
-#[napi]
-pub fn hold(env: Env, pending: bool) -> Result<()> {
-    let replies = replies(&env)?;
-    if pending {
-        replies.refer(&env)
-    } else {
-        replies.unref(&env)
-    }
-}
-
-fn replies(
-    env: &Env,
-) -> Result<&'static mut ThreadsafeFunction<(f64, Outcome), ErrorStrategy::Fatal>> {
-    match env.get_instance_data::<Replies>()? {
-        Some(replies) => Ok(&mut replies.0),
-        None => Err(napi::Error::from_reason(
-            "fencelock: the native module was loaded without index.js (init was not called)",
-        )),
-    }
-}
-
-/// Runs `work` on the runtime and settles the call `id` of `index.js` with
-/// its outcome; a panic in `work` rejects the call instead of crossing into
-/// Node.js.
-fn start<T, F>(env: &Env, id: f64, work: F) -> Result<()>
-where
-    T: ToNapiValue + Send + 'static,
-    F: Future<Output = Result<T>> + Send + 'static,
-{
-    let replies = replies(env)?.clone();
-    napi::bindgen_prelude::spawn(async move {
-        let outcome: Outcome = match AssertUnwindSafe(work).catch_unwind().await {
-            Ok(Ok(value)) => Box::new(move |env| to_js(env, value)),
-            Ok(Err(e)) => Box::new(move |_| Err(e)),
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Box::new(move |_| {
-                    Err(napi::Error::from_reason(format!(
-                        "the call panicked inside the Rust library: {what}"
-                    )))
-                })
-            }
-        };
-        replies.call((id, outcome), ThreadsafeFunctionCallMode::NonBlocking);
-    });
-    Ok(())
-}
-
-fn to_js<T: ToNapiValue>(env: Env, value: T) -> Result<JsUnknown> {
-    // SAFETY: `env` is the environment of the thread this runs on (the
-    // event loop, in the threadsafe function's callback), which is all
-    // both conversions require.
-    unsafe { JsUnknown::from_napi_value(env.raw(), T::to_napi_value(env.raw(), value)?) }
-}
 
 /// A duration from JavaScript: milliseconds, or a string such as `'30s'`.
 type JsDuration = Either<f64, String>;
@@ -330,11 +207,7 @@ pub struct Leader {
 
 /// Connects to the backend a URL names.
 #[napi]
-pub fn connect(env: Env, id: f64, url: String, options: Option<ConnectOptions>) -> Result<()> {
-    start(&env, id, connecting(url, options))
-}
-
-async fn connecting(url: String, options: Option<ConnectOptions>) -> Result<Client> {
+pub async fn connect(url: String, options: Option<ConnectOptions>) -> Result<Client> {
     let backend = fencelock::open_backend(&url).await.map_err(js_error)?;
     let mut builder = fencelock::LockClient::builder(backend);
     if let Some(options) = options {
@@ -355,11 +228,9 @@ async fn connecting(url: String, options: Option<ConnectOptions>) -> Result<Clie
 
 /// Opens the fence kept by the backend a URL names.
 #[napi]
-pub fn open_fence(env: Env, id: f64, url: String) -> Result<()> {
-    start(&env, id, async move {
-        Ok(Fence {
-            inner: fencelock::open_fence(&url).await.map_err(js_error)?,
-        })
+pub async fn open_fence(url: String) -> Result<Fence> {
+    Ok(Fence {
+        inner: fencelock::open_fence(&url).await.map_err(js_error)?,
     })
 }
 
@@ -400,66 +271,6 @@ fn request<'a>(
     Ok(request)
 }
 
-async fn permit(
-    client: fencelock::LockClient,
-    name: String,
-    permits: u32,
-    options: Option<LockOptions>,
-) -> Result<Guard> {
-    let mut sem = client.semaphore(name, permits);
-    if let Some(o) = options {
-        if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
-            sem = sem.ttl(ttl);
-        }
-        if let Some(wait) = opt_duration(&o.wait, "wait", true)? {
-            sem = sem.wait(wait);
-        }
-        if let Some(kind) = o.kind {
-            sem = sem.kind(kind);
-        }
-        if let Some(data) = o.data {
-            sem = sem.data(data);
-        }
-        if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
-            sem = sem.renew_every(period);
-        }
-    }
-    let permit = sem.acquire().await.map_err(js_error)?;
-    let slot = permit.slot();
-    Ok(Guard::new(permit.into_guard(), Some(slot)))
-}
-
-async fn lock_all(
-    client: fencelock::LockClient,
-    keys: Vec<String>,
-    options: Option<LockOptions>,
-) -> Result<MultiGuard> {
-    let mut multi = client.lock_all(keys);
-    if let Some(o) = options {
-        if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
-            multi = multi.ttl(ttl);
-        }
-        if let Some(wait) = opt_duration(&o.wait, "wait", true)? {
-            multi = multi.wait(wait);
-        }
-        if let Some(kind) = o.kind {
-            multi = multi.kind(kind);
-        }
-        if let Some(data) = o.data {
-            multi = multi.data(data);
-        }
-        if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
-            multi = multi.renew_every(period);
-        }
-    }
-    let guard = multi.acquire().await.map_err(js_error)?;
-    Ok(MultiGuard {
-        guard: Mutex::new(Some(guard)),
-        runtime: Handle::try_current().ok(),
-        done: CancellationToken::new(),
-    })
-}
-
 #[napi]
 impl Client {
     /// The owner name this client's locks are taken as.
@@ -470,162 +281,168 @@ impl Client {
 
     /// Acquires `key` (exclusive).
     #[napi]
-    pub fn acquire(
-        &self,
-        env: Env,
-        id: f64,
-        key: String,
-        options: Option<LockOptions>,
-    ) -> Result<()> {
+    pub async fn acquire(&self, key: String, options: Option<LockOptions>) -> Result<Guard> {
         let client = self.inner.clone();
-        start(&env, id, async move {
-            let guard = request(client.lock(key), options)?
-                .acquire()
-                .await
-                .map_err(js_error)?;
-            Ok(Guard::new(guard, None))
-        })
+        let guard = request(client.lock(key), options)?
+            .acquire()
+            .await
+            .map_err(js_error)?;
+        Ok(Guard::new(guard, None))
     }
 
     /// Acquires the read-write lock `key` as a reader (`shared`) or writer.
     #[napi]
-    pub fn acquire_rw(
+    pub async fn acquire_rw(
         &self,
-        env: Env,
-        id: f64,
         key: String,
         shared: bool,
         options: Option<LockOptions>,
-    ) -> Result<()> {
+    ) -> Result<Guard> {
         let client = self.inner.clone();
-        start(&env, id, async move {
-            let rw = client.rwlock(key);
-            let base = if shared { rw.read() } else { rw.write() };
-            let guard = request(base, options)?.acquire().await.map_err(js_error)?;
-            Ok(Guard::new(guard, None))
-        })
+        let rw = client.rwlock(key);
+        let base = if shared { rw.read() } else { rw.write() };
+        let guard = request(base, options)?.acquire().await.map_err(js_error)?;
+        Ok(Guard::new(guard, None))
     }
 
     /// Takes one of the `permits` permits of the semaphore `name`.
     #[napi]
-    pub fn acquire_permit(
+    pub async fn acquire_permit(
         &self,
-        env: Env,
-        id: f64,
         name: String,
         permits: u32,
         options: Option<LockOptions>,
-    ) -> Result<()> {
-        start(&env, id, permit(self.inner.clone(), name, permits, options))
+    ) -> Result<Guard> {
+        let client = self.inner.clone();
+        let mut sem = client.semaphore(name, permits);
+        if let Some(o) = options {
+            if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
+                sem = sem.ttl(ttl);
+            }
+            if let Some(wait) = opt_duration(&o.wait, "wait", true)? {
+                sem = sem.wait(wait);
+            }
+            if let Some(kind) = o.kind {
+                sem = sem.kind(kind);
+            }
+            if let Some(data) = o.data {
+                sem = sem.data(data);
+            }
+            if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
+                sem = sem.renew_every(period);
+            }
+        }
+        let permit = sem.acquire().await.map_err(js_error)?;
+        let slot = permit.slot();
+        Ok(Guard::new(permit.into_guard(), Some(slot)))
     }
 
     /// Acquires every key of `keys`, all or none.
     #[napi]
-    pub fn lock_all(
+    pub async fn lock_all(
         &self,
-        env: Env,
-        id: f64,
         keys: Vec<String>,
         options: Option<LockOptions>,
-    ) -> Result<()> {
-        start(&env, id, lock_all(self.inner.clone(), keys, options))
+    ) -> Result<MultiGuard> {
+        let client = self.inner.clone();
+        let mut multi = client.lock_all(keys);
+        if let Some(o) = options {
+            if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
+                multi = multi.ttl(ttl);
+            }
+            if let Some(wait) = opt_duration(&o.wait, "wait", true)? {
+                multi = multi.wait(wait);
+            }
+            if let Some(kind) = o.kind {
+                multi = multi.kind(kind);
+            }
+            if let Some(data) = o.data {
+                multi = multi.data(data);
+            }
+            if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
+                multi = multi.renew_every(period);
+            }
+        }
+        let guard = multi.acquire().await.map_err(js_error)?;
+        Ok(MultiGuard {
+            guard: Mutex::new(Some(guard)),
+            runtime: Handle::try_current().ok(),
+            done: CancellationToken::new(),
+        })
     }
+
     /// The current lease of `key`, if any.
     #[napi]
-    pub fn inspect(&self, env: Env, id: f64, key: String) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let info = client.inspect(&key).await.map_err(js_error)?;
-            Ok(info.map(LockInfo::from))
-        })
+    pub async fn inspect(&self, key: String) -> Result<Option<LockInfo>> {
+        let info = self.inner.inspect(&key).await.map_err(js_error)?;
+        Ok(info.map(LockInfo::from))
     }
 
     /// Every current lease (whose key starts with `prefix`).
     #[napi]
-    pub fn list(&self, env: Env, id: f64, prefix: Option<String>) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let leases = client.list(prefix.as_deref()).await.map_err(js_error)?;
-            Ok(leases.into_iter().map(LockInfo::from).collect::<Vec<_>>())
-        })
+    pub async fn list(&self, prefix: Option<String>) -> Result<Vec<LockInfo>> {
+        let leases = self.inner.list(prefix.as_deref()).await.map_err(js_error)?;
+        Ok(leases.into_iter().map(LockInfo::from).collect())
     }
 
     /// Counts of the backend's leases.
     #[napi]
-    pub fn stats(&self, env: Env, id: f64) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let s = client.stats().await.map_err(js_error)?;
-            Ok(Stats {
-                held: s.held as f64,
-                held_by_kind: counts(s.held_by_kind),
-                held_by_owner: counts(s.held_by_owner),
-                avg_hold_seconds: s.avg_hold_seconds,
-                max_hold_seconds: s.max_hold_seconds,
-                expired_not_cleaned: s.expired_not_cleaned as f64,
-            })
+    pub async fn stats(&self) -> Result<Stats> {
+        let s = self.inner.stats().await.map_err(js_error)?;
+        Ok(Stats {
+            held: s.held as f64,
+            held_by_kind: counts(s.held_by_kind),
+            held_by_owner: counts(s.held_by_owner),
+            avg_hold_seconds: s.avg_hold_seconds,
+            max_hold_seconds: s.max_hold_seconds,
+            expired_not_cleaned: s.expired_not_cleaned as f64,
         })
     }
 
     /// Ends the lease of `key` whoever holds it; the lease it ended, if any.
     #[napi]
-    pub fn force_release(&self, env: Env, id: f64, key: String) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let info = client.force_release(&key).await.map_err(js_error)?;
-            Ok(info.map(LockInfo::from))
-        })
+    pub async fn force_release(&self, key: String) -> Result<Option<LockInfo>> {
+        let info = self.inner.force_release(&key).await.map_err(js_error)?;
+        Ok(info.map(LockInfo::from))
     }
 
     /// Deletes expired leases; how many.
     #[napi]
-    pub fn cleanup(&self, env: Env, id: f64) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            Ok(client.cleanup().await.map_err(js_error)? as f64)
-        })
+    pub async fn cleanup(&self) -> Result<f64> {
+        Ok(self.inner.cleanup().await.map_err(js_error)? as f64)
     }
 
     /// Re-attaches to the lease of `owner` on `key` granted with `token`
     /// (one a guard detached, here or in another process): a guard renewed
     /// by this client, once the backend confirmed the lease is current.
     #[napi]
-    pub fn resume(
+    pub async fn resume(
         &self,
-        env: Env,
-        id: f64,
         key: String,
         owner: String,
         token: BigInt,
         options: Option<ResumeOptions>,
-    ) -> Result<()> {
+    ) -> Result<Guard> {
         let owner = Owner::new(owner).map_err(js_error)?;
-        let token = token_from_js(token)?;
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let mut request = client.resume(key, owner, token);
-            if let Some(o) = options {
-                if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
-                    request = request.ttl(ttl);
-                }
-                if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
-                    request = request.renew_every(period);
-                }
+        let mut request = self.inner.resume(key, owner, token_from_js(token)?);
+        if let Some(o) = options {
+            if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
+                request = request.ttl(ttl);
             }
-            Ok(Guard::new(request.await.map_err(js_error)?, None))
-        })
+            if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
+                request = request.renew_every(period);
+            }
+        }
+        Ok(Guard::new(request.await.map_err(js_error)?, None))
     }
 
     /// The holder changes of `key` from now on.
     #[napi]
-    pub fn watch(&self, env: Env, id: f64, key: String) -> Result<()> {
-        let client = self.inner.clone();
-        start(&env, id, async move {
-            let watch = client.watch(&key).await.map_err(js_error)?;
-            Ok(KeyWatch {
-                watch: Arc::new(tokio::sync::Mutex::new(watch)),
-                closed: CancellationToken::new(),
-            })
+    pub async fn watch(&self, key: String) -> Result<KeyWatch> {
+        let watch = self.inner.watch(&key).await.map_err(js_error)?;
+        Ok(KeyWatch {
+            watch: tokio::sync::Mutex::new(watch),
+            closed: CancellationToken::new(),
         })
     }
 
@@ -649,13 +466,8 @@ impl Client {
 
     /// Releases every lock this client holds and stops its renewer.
     #[napi]
-    pub fn close(&self, env: Env, id: f64) -> Result<()> {
-        let client = self.inner.clone();
-        start(
-            &env,
-            id,
-            async move { client.close().await.map_err(js_error) },
-        )
+    pub async fn close(&self) -> Result<()> {
+        self.inner.close().await.map_err(js_error)
     }
 }
 
@@ -688,9 +500,7 @@ impl Holding {
 pub struct Guard {
     /// An async mutex: `proclaim` uses the leadership across an await, and
     /// a `release` meanwhile must wait for it rather than find nothing.
-    /// Shared with the task of a call in flight, which may outlive the
-    /// JavaScript object.
-    guard: Arc<tokio::sync::Mutex<Option<Holding>>>,
+    guard: tokio::sync::Mutex<Option<Holding>>,
     handle: GuardHandle,
     slot: Option<u32>,
     /// The binding's runtime, where a collected guard's release is sent.
@@ -708,7 +518,7 @@ impl Guard {
     fn holding(handle: GuardHandle, holding: Holding, slot: Option<u32>) -> Self {
         Guard {
             handle,
-            guard: Arc::new(tokio::sync::Mutex::new(Some(holding))),
+            guard: tokio::sync::Mutex::new(Some(holding)),
             slot,
             runtime: Handle::try_current().ok(),
             done: CancellationToken::new(),
@@ -718,14 +528,11 @@ impl Guard {
 
 /// Dropped by the garbage collector (the JavaScript object became
 /// unreachable without `release()`): stops renewing and releases the lease
-/// in the background, on the binding's runtime. A call still in flight
-/// holds the lock and finishes with the lease (on the runtime).
+/// in the background, on the binding's runtime.
 impl Drop for Guard {
     fn drop(&mut self) {
         self.done.cancel();
-        if let Ok(mut guard) = self.guard.try_lock() {
-            drop_on(self.runtime.as_ref(), guard.take());
-        }
+        drop_on(self.runtime.as_ref(), self.guard.get_mut().take());
     }
 }
 
@@ -743,15 +550,13 @@ fn drop_on<G>(runtime: Option<&Handle>, guard: Option<G>) {
     }
 }
 
-/// Settles the call `id` with the loss reason, or with `null` once `done`
-/// is cancelled.
+/// Settles with the loss reason, or with `null` once `done` is cancelled.
 fn wait_lost(
-    env: &Env,
-    id: f64,
-    lost: impl Future<Output = String> + Send + 'static,
+    env: Env,
+    lost: impl std::future::Future<Output = String> + Send + 'static,
     done: CancellationToken,
-) -> Result<()> {
-    start(env, id, async move {
+) -> Result<Object> {
+    env.spawn_future(async move {
         Ok(tokio::select! {
             reason = lost => Some(reason),
             () = done.cancelled() => None,
@@ -823,22 +628,16 @@ impl Guard {
 
     /// Renews now.
     #[napi]
-    pub fn renew(&self, env: Env, id: f64) -> Result<()> {
-        let handle = self.handle.clone();
-        start(
-            &env,
-            id,
-            async move { handle.renew().await.map_err(js_error) },
-        )
+    pub async fn renew(&self) -> Result<()> {
+        self.handle.renew().await.map_err(js_error)
     }
 
-    /// Settles the call `id` with the loss reason; with `null` once released.
-    #[napi]
-    pub fn wait_lost(&self, env: Env, id: f64) -> Result<()> {
+    /// Settles with the loss reason; with `null` once released.
+    #[napi(ts_return_type = "Promise<string | null>")]
+    pub fn wait_lost(&self, env: Env) -> Result<Object> {
         let lost = self.handle.lost();
         wait_lost(
-            &env,
-            id,
+            env,
             async move { lost.await.as_str().to_owned() },
             self.done.clone(),
         )
@@ -846,48 +645,36 @@ impl Guard {
 
     /// Stops renewal and releases the lease; a second call does nothing.
     #[napi]
-    pub fn release(&self, env: Env, id: f64) -> Result<()> {
-        let (guard, done) = (self.guard.clone(), self.done.clone());
-        start(&env, id, async move {
-            let guard = guard.lock().await.take();
-            done.cancel();
-            match guard {
-                Some(guard) => guard.release().await.map_err(js_error),
-                None => Ok(()),
-            }
-        })
+    pub async fn release(&self) -> Result<()> {
+        let guard = self.guard.lock().await.take();
+        self.done.cancel();
+        match guard {
+            Some(guard) => guard.release().await.map_err(js_error),
+            None => Ok(()),
+        }
     }
 
     /// Stops renewing and leaves the lease to expire, or to `resume` by
     /// key, owner and token (in this process or another).
     #[napi]
-    pub fn detach(&self, env: Env, id: f64) -> Result<()> {
-        let (guard, done) = (self.guard.clone(), self.done.clone());
-        start(&env, id, async move {
-            let guard = guard.lock().await.take();
-            done.cancel();
-            if let Some(guard) = guard {
-                guard.detach();
-            }
-            Ok(())
-        })
+    pub async fn detach(&self) {
+        let guard = self.guard.lock().await.take();
+        self.done.cancel();
+        if let Some(guard) = guard {
+            guard.detach();
+        }
     }
 
     /// Publishes `value` as the leader's value (a leadership only).
     #[napi]
-    pub fn proclaim(&self, env: Env, id: f64, value: serde_json::Value) -> Result<()> {
-        let (guard, handle) = (self.guard.clone(), self.handle.clone());
-        start(&env, id, async move {
-            match guard.lock().await.as_ref() {
-                Some(Holding::Leader(leadership)) => {
-                    leadership.proclaim(value).await.map_err(js_error)
-                }
-                Some(Holding::Lock(_)) => Err(js_error(fencelock::Error::InvalidArgument(
-                    "only an election's leadership can proclaim".into(),
-                ))),
-                None => Err(js_error(fencelock::Error::not_held(handle.lease()))),
-            }
-        })
+    pub async fn proclaim(&self, value: serde_json::Value) -> Result<()> {
+        match self.guard.lock().await.as_ref() {
+            Some(Holding::Leader(leadership)) => leadership.proclaim(value).await.map_err(js_error),
+            Some(Holding::Lock(_)) => Err(js_error(fencelock::Error::InvalidArgument(
+                "only an election's leadership can proclaim".into(),
+            ))),
+            None => Err(js_error(fencelock::Error::not_held(self.handle.lease()))),
+        }
     }
 }
 
@@ -937,16 +724,14 @@ impl MultiGuard {
         }
     }
 
-    /// Settles the call `id` with the first loss reason; with `null` once
-    /// released.
-    #[napi]
-    pub fn wait_lost(&self, env: Env, id: f64) -> Result<()> {
+    /// Settles with the first loss reason; with `null` once released.
+    #[napi(ts_return_type = "Promise<string | null>")]
+    pub fn wait_lost(&self, env: Env) -> Result<Object> {
         let Some(lost) = lock(&self.guard).as_ref().map(|g| g.lost()) else {
-            return start(&env, id, async { Ok(None::<String>) });
+            return env.spawn_future(async { Ok(None::<String>) });
         };
         wait_lost(
-            &env,
-            id,
+            env,
             async move { lost.await.1.as_str().to_owned() },
             self.done.clone(),
         )
@@ -954,15 +739,13 @@ impl MultiGuard {
 
     /// Releases every lease.
     #[napi]
-    pub fn release(&self, env: Env, id: f64) -> Result<()> {
+    pub async fn release(&self) -> Result<()> {
         let guard = lock(&self.guard).take();
         self.done.cancel();
-        start(&env, id, async move {
-            match guard {
-                Some(guard) => guard.release().await.map_err(js_error),
-                None => Ok(()),
-            }
-        })
+        match guard {
+            Some(guard) => guard.release().await.map_err(js_error),
+            None => Ok(()),
+        }
     }
 }
 
@@ -989,38 +772,29 @@ pub struct Election {
 impl Election {
     /// Waits to become the leader.
     #[napi]
-    pub fn campaign(&self, env: Env, id: f64) -> Result<()> {
-        let election = self.inner.clone();
-        start(&env, id, async move {
-            let leadership = election.campaign().await.map_err(js_error)?;
-            Ok(Guard::holding(
-                leadership.handle(),
-                Holding::Leader(leadership),
-                None,
-            ))
-        })
+    pub async fn campaign(&self) -> Result<Guard> {
+        let leadership = self.inner.campaign().await.map_err(js_error)?;
+        Ok(Guard::holding(
+            leadership.handle(),
+            Holding::Leader(leadership),
+            None,
+        ))
     }
 
     /// The current leader, if any.
     #[napi]
-    pub fn leader(&self, env: Env, id: f64) -> Result<()> {
-        let election = self.inner.clone();
-        start(&env, id, async move {
-            let leader = election.leader().await.map_err(js_error)?;
-            Ok(leader.map(Leader::from))
-        })
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let leader = self.inner.leader().await.map_err(js_error)?;
+        Ok(leader.map(Leader::from))
     }
 
     /// The current leader (first) and every change from now on.
     #[napi]
-    pub fn observe(&self, env: Env, id: f64) -> Result<()> {
-        let election = self.inner.clone();
-        start(&env, id, async move {
-            let watch = election.observe().await.map_err(js_error)?;
-            Ok(LeaderObserver {
-                watch: Arc::new(tokio::sync::Mutex::new(watch)),
-                closed: CancellationToken::new(),
-            })
+    pub async fn observe(&self) -> Result<LeaderObserver> {
+        let watch = self.inner.observe().await.map_err(js_error)?;
+        Ok(LeaderObserver {
+            watch: tokio::sync::Mutex::new(watch),
+            closed: CancellationToken::new(),
         })
     }
 }
@@ -1052,7 +826,7 @@ pub struct LeaderChange {
 /// The changes of an election's leader (native half of `observe`).
 #[napi]
 pub struct LeaderObserver {
-    watch: Arc<tokio::sync::Mutex<fencelock::LeaderWatch>>,
+    watch: tokio::sync::Mutex<fencelock::LeaderWatch>,
     closed: CancellationToken,
 }
 
@@ -1060,15 +834,32 @@ pub struct LeaderObserver {
 impl LeaderObserver {
     /// The next change; `null` once closed or when the backend's watch ended.
     #[napi]
-    pub fn next(&self, env: Env, id: f64) -> Result<()> {
-        let (watch, closed) = (self.watch.clone(), self.closed.clone());
-        start(&env, id, async move {
-            let mut watch = watch.lock().await;
-            let change = tokio::select! {
-                change = watch.next() => change,
-                () = closed.cancelled() => None,
-            };
-            leader_change(change)
+    pub async fn next(&self) -> Result<Option<LeaderChange>> {
+        let mut watch = self.watch.lock().await;
+        let change = tokio::select! {
+            change = watch.next() => change,
+            () = self.closed.cancelled() => None,
+        };
+        Ok(match change.transpose().map_err(js_error)? {
+            None => None,
+            Some(fencelock::LeaderChange::Elected(leader)) => Some(LeaderChange {
+                kind: "elected".into(),
+                leader: Some(leader.into()),
+                previous_term: None,
+                expired: None,
+            }),
+            Some(fencelock::LeaderChange::Vacant {
+                previous_term,
+                expired,
+            }) => Some(LeaderChange {
+                kind: "vacant".into(),
+                leader: None,
+                previous_term: Some(BigInt::from(previous_term.get())),
+                expired: Some(expired),
+            }),
+            // A kind of change this binding does not know yet ends the
+            // observation rather than being misreported.
+            Some(_) => None,
         })
     }
 
@@ -1077,32 +868,6 @@ impl LeaderObserver {
     pub fn close(&self) {
         self.closed.cancel();
     }
-}
-
-fn leader_change(
-    change: Option<fencelock::Result<fencelock::LeaderChange>>,
-) -> Result<Option<LeaderChange>> {
-    Ok(match change.transpose().map_err(js_error)? {
-        None => None,
-        Some(fencelock::LeaderChange::Elected(leader)) => Some(LeaderChange {
-            kind: "elected".into(),
-            leader: Some(leader.into()),
-            previous_term: None,
-            expired: None,
-        }),
-        Some(fencelock::LeaderChange::Vacant {
-            previous_term,
-            expired,
-        }) => Some(LeaderChange {
-            kind: "vacant".into(),
-            leader: None,
-            previous_term: Some(BigInt::from(previous_term.get())),
-            expired: Some(expired),
-        }),
-        // A kind of change this binding does not know yet ends the
-        // observation rather than being misreported.
-        Some(_) => None,
-    })
 }
 
 /// Options of `resume`.
@@ -1157,7 +922,7 @@ impl KeyChange {
 /// The holder changes of a key (native half of `watch`).
 #[napi]
 pub struct KeyWatch {
-    watch: Arc<tokio::sync::Mutex<fencelock::Watch>>,
+    watch: tokio::sync::Mutex<fencelock::Watch>,
     closed: CancellationToken,
 }
 
@@ -1165,19 +930,16 @@ pub struct KeyWatch {
 impl KeyWatch {
     /// The next change; `null` once closed or when the backend's watch ended.
     #[napi]
-    pub fn next(&self, env: Env, id: f64) -> Result<()> {
-        let (watch, closed) = (self.watch.clone(), self.closed.clone());
-        start(&env, id, async move {
-            let mut watch = watch.lock().await;
-            let change = tokio::select! {
-                change = watch.next() => change,
-                () = closed.cancelled() => None,
-            };
-            Ok(change
-                .transpose()
-                .map_err(js_error)?
-                .and_then(KeyChange::new))
-        })
+    pub async fn next(&self) -> Result<Option<KeyChange>> {
+        let mut watch = self.watch.lock().await;
+        let change = tokio::select! {
+            change = watch.next() => change,
+            () = self.closed.cancelled() => None,
+        };
+        Ok(change
+            .transpose()
+            .map_err(js_error)?
+            .and_then(KeyChange::new))
     }
 
     /// Stops watching: a pending and every later `next` give `null`.
@@ -1197,22 +959,18 @@ pub struct Fence {
 impl Fence {
     /// Admits `token` for `resource` (exclusive holders); rejects a stale one.
     #[napi]
-    pub fn admit(&self, env: Env, id: f64, resource: String, token: BigInt) -> Result<()> {
-        let (fence, token) = (self.inner.clone(), token_from_js(token)?);
-        start(&env, id, async move {
-            fence.admit(&resource, token).await.map_err(js_error)
-        })
+    pub async fn admit(&self, resource: String, token: BigInt) -> Result<()> {
+        let token = token_from_js(token)?;
+        self.inner.admit(&resource, token).await.map_err(js_error)
     }
 
     /// Admits `token` of a reader of a read-write lock.
     #[napi]
-    pub fn admit_shared(&self, env: Env, id: f64, resource: String, token: BigInt) -> Result<()> {
-        let (fence, token) = (self.inner.clone(), token_from_js(token)?);
-        start(&env, id, async move {
-            fence
-                .admit_shared(&resource, token, LockMode::Shared)
-                .await
-                .map_err(js_error)
-        })
+    pub async fn admit_shared(&self, resource: String, token: BigInt) -> Result<()> {
+        let token = token_from_js(token)?;
+        self.inner
+            .admit_shared(&resource, token, LockMode::Shared)
+            .await
+            .map_err(js_error)
     }
 }

@@ -35,8 +35,7 @@ fn main() -> ExitCode {
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         builder.worker_threads(2);
     }
-    let runtime = match builder.enable_all().build()
-    {
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fencelock: cannot start the async runtime: {e}");

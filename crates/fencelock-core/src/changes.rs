@@ -13,6 +13,7 @@
 
 use std::{
     fmt,
+    future::Future,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
@@ -143,6 +144,59 @@ impl fmt::Debug for ChangeHub {
         f.debug_struct("ChangeHub")
             .field("feeds", &self.followers().len())
             .finish()
+    }
+}
+
+/// A [`ChangeHub`] fed by one watch of the backend's own (an etcd watch, a
+/// ZooKeeper persistent watch) that runs only while some feed is read.
+///
+/// The first feed starts the watch and the watch's task stops itself once
+/// no feed is read, both under one lock: there is never more than one
+/// watch, and a feed subscribed while the task stops starts another.
+#[derive(Debug, Default)]
+pub struct WatchedHub {
+    hub: ChangeHub,
+    /// Whether the watch's task runs.
+    watching: tokio::sync::Mutex<bool>,
+}
+
+impl WatchedHub {
+    /// A hub whose watch does not run yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where the watch's task sends its notices.
+    pub fn hub(&self) -> &ChangeHub {
+        &self.hub
+    }
+
+    /// A new feed. When no watch runs, `start` opens one (on the server
+    /// before it returns, so that no change falls between the caller's feed
+    /// and its listing) and spawns the task that reads it.
+    pub async fn feed<F, Fut>(&self, start: F) -> crate::Result<ChangeFeed>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = crate::Result<()>>,
+    {
+        let feed = self.hub.subscribe();
+        let mut watching = self.watching.lock().await;
+        if !*watching {
+            start().await?;
+            *watching = true;
+        }
+        Ok(feed)
+    }
+
+    /// For the watch's task: whether it should end because no feed is
+    /// read. If so it is marked stopped, and the next feed starts a watch.
+    pub async fn unfollowed(&self) -> bool {
+        let mut watching = self.watching.lock().await;
+        if self.hub.is_followed() {
+            return false;
+        }
+        *watching = false;
+        true
     }
 }
 

@@ -99,7 +99,7 @@ pub use backend::{
     Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Renewal, Stats,
 };
 pub use backoff::Backoff;
-pub use changes::{Change, ChangeFeed, ChangeHub};
+pub use changes::{Change, ChangeFeed, ChangeHub, WatchedHub};
 pub use client::{
     validate_data, LockClient, LockClientBuilder, LockRequest, ResumeRequest, RwLock,
 };

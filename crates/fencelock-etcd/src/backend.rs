@@ -113,7 +113,7 @@ pub struct EtcdBackend {
     /// hold (their place), by entry key.
     pub(crate) positions: Arc<Mutex<HashMap<String, i64>>>,
     /// The store's change feeds and their one watch (`changes.rs`).
-    pub(crate) changes: Arc<crate::changes::Changes>,
+    pub(crate) changes: Arc<fencelock_core::WatchedHub>,
 }
 
 impl fmt::Debug for EtcdBackend {

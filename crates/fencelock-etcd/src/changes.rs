@@ -18,53 +18,30 @@
 use std::{sync::Arc, time::Duration};
 
 use etcd_client::{Event, EventType, WatchOptions, WatchStream};
-use fencelock_core::{Backoff, ChangeFeed, ChangeHub, Result};
-use tokio::sync::Mutex;
+use fencelock_core::{Backoff, ChangeFeed, Result};
 
 use crate::{
     backend::{EtcdBackend, INTENT},
     queue::QUEUE,
 };
 
-/// The feeds of one backend and whether its watch runs.
-#[derive(Debug, Default)]
-pub(crate) struct Changes {
-    hub: ChangeHub,
-    /// Whether the watch task runs; it is started and stopped under this
-    /// lock, so that there is never more than one and a feed subscribed as
-    /// the task stops starts another.
-    watching: Mutex<bool>,
-}
-
 /// A feed of the store's changes, the watch open on etcd before this
 /// returns.
 pub(crate) async fn feed(backend: &EtcdBackend) -> Result<ChangeFeed> {
-    let changes = Arc::clone(&backend.changes);
-    let feed = changes.hub.subscribe();
-    let mut watching = changes.watching.lock().await;
-    if !*watching {
-        let stream = open(backend).await?;
-        *watching = true;
-        tokio::spawn(run(backend.clone(), stream));
-    }
-    Ok(feed)
+    backend
+        .changes
+        .feed(|| async {
+            let stream = open(backend).await?;
+            tokio::spawn(run(backend.clone(), stream));
+            Ok(())
+        })
+        .await
 }
 
 async fn open(backend: &EtcdBackend) -> Result<WatchStream> {
     backend
         .open_watch_at(backend.locks_prefix(), WatchOptions::new().with_prefix())
         .await
-}
-
-/// Whether the watch should end because no feed is read; if so it is
-/// marked stopped.
-async fn unfollowed(changes: &Changes) -> bool {
-    let mut watching = changes.watching.lock().await;
-    if changes.hub.is_followed() {
-        return false;
-    }
-    *watching = false;
-    true
 }
 
 /// Feeds the hub from `stream`, opening the watch again when it breaks,
@@ -79,7 +56,7 @@ async fn run(backend: EtcdBackend, mut stream: WatchStream) {
                 // A quiet store: whether anyone still reads is checked now
                 // and then, not only when a change arrives.
                 () = tokio::time::sleep(backend.options.timeout) => {
-                    if unfollowed(&changes).await {
+                    if changes.unfollowed().await {
                         return;
                     }
                     continue;
@@ -88,9 +65,9 @@ async fn run(backend: EtcdBackend, mut stream: WatchStream) {
             match message {
                 Ok(Some(resp)) if !resp.canceled() => {
                     for key in resp.events().iter().filter_map(|e| changed(&backend, e)) {
-                        changes.hub.notify(key);
+                        changes.hub().notify(key);
                     }
-                    if !changes.hub.is_followed() && unfollowed(&changes).await {
+                    if !changes.hub().is_followed() && changes.unfollowed().await {
                         return;
                     }
                 }
@@ -112,7 +89,7 @@ async fn run(backend: EtcdBackend, mut stream: WatchStream) {
             }
         }
         loop {
-            if unfollowed(&changes).await {
+            if changes.unfollowed().await {
                 return;
             }
             tokio::time::sleep(backoff.next_retry()).await;
@@ -121,7 +98,7 @@ async fn run(backend: EtcdBackend, mut stream: WatchStream) {
                     stream = again;
                     backoff.reset();
                     // Whatever changed while the watch was down was not seen.
-                    changes.hub.missed();
+                    changes.hub().missed();
                     break;
                 }
                 Err(e) => tracing::debug!(error = %e, "etcd change watch: opening failed"),

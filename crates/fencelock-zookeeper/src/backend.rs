@@ -189,7 +189,7 @@ pub struct ZkBackend {
     /// (`queue.rs`).
     pub(crate) queued: Arc<Mutex<HashMap<(String, String), crate::queue::Slot>>>,
     /// The store's change feeds and their one watch (`changes.rs`).
-    pub(crate) changes: Arc<crate::changes::Changes>,
+    pub(crate) changes: Arc<fencelock_core::WatchedHub>,
 }
 
 impl fmt::Debug for ZkBackend {

@@ -20,8 +20,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Backoff, ChangeFeed, ChangeHub, Result};
-use tokio::sync::Mutex;
+use fencelock_core::{Backoff, ChangeFeed, Result, WatchedHub};
 use zookeeper_client as zk;
 
 use crate::{
@@ -29,29 +28,18 @@ use crate::{
     conn::{decode, Conn},
 };
 
-/// The feeds of one backend and whether its watch runs.
-#[derive(Debug, Default)]
-pub(crate) struct Changes {
-    hub: ChangeHub,
-    /// Whether the watch task runs; it is started and stopped under this
-    /// lock, so that there is never more than one and a feed subscribed as
-    /// the task stops starts another.
-    watching: Mutex<bool>,
-}
-
 /// A feed of the store's changes, the watch added on the server before
 /// this returns.
 pub(crate) async fn feed(backend: &ZkBackend) -> Result<ChangeFeed> {
-    let changes = Arc::clone(&backend.changes);
-    let feed = changes.hub.subscribe();
-    let mut watching = changes.watching.lock().await;
-    if !*watching {
-        let conn = Conn::open(backend.conn.options.clone()).await?;
-        let watcher = open(&conn).await?;
-        *watching = true;
-        tokio::spawn(run(Arc::clone(&changes), conn, watcher));
-    }
-    Ok(feed)
+    backend
+        .changes
+        .feed(|| async {
+            let conn = Conn::open(backend.conn.options.clone()).await?;
+            let watcher = open(&conn).await?;
+            tokio::spawn(run(Arc::clone(&backend.changes), conn, watcher));
+            Ok(())
+        })
+        .await
 }
 
 async fn open(conn: &Conn) -> Result<zk::PersistentWatcher> {
@@ -63,20 +51,9 @@ async fn open(conn: &Conn) -> Result<zk::PersistentWatcher> {
     .await
 }
 
-/// Whether the watch should end because no feed is read; if so it is
-/// marked stopped.
-async fn unfollowed(changes: &Changes) -> bool {
-    let mut watching = changes.watching.lock().await;
-    if changes.hub.is_followed() {
-        return false;
-    }
-    *watching = false;
-    true
-}
-
 /// Feeds the hub from `watcher` until no feed is read; the session ends
 /// with this task.
-async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatcher) {
+async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWatcher) {
     let dir = format!("{}/", conn.locks_dir());
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut disconnected = false;
@@ -86,7 +63,7 @@ async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatch
             // A quiet store: whether anyone still reads is checked now and
             // then, not only when a change arrives.
             () = tokio::time::sleep(conn.options.timeout) => {
-                if unfollowed(&changes).await {
+                if changes.unfollowed().await {
                     return;
                 }
                 continue;
@@ -95,9 +72,9 @@ async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatch
         match event.event_type {
             zk::EventType::NodeCreated | zk::EventType::NodeDeleted => {
                 if let Some(key) = changed(&dir, &event.path) {
-                    changes.hub.notify(&key);
+                    changes.hub().notify(&key);
                 }
-                if !changes.hub.is_followed() && unfollowed(&changes).await {
+                if !changes.hub().is_followed() && changes.unfollowed().await {
                     return;
                 }
             }
@@ -106,7 +83,7 @@ async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatch
                 // connection opens one) and a new watch.
                 tracing::debug!(state = ?event.session_state, "ZooKeeper change watch ended; adding it again");
                 watcher = loop {
-                    if unfollowed(&changes).await {
+                    if changes.unfollowed().await {
                         return;
                     }
                     tokio::time::sleep(backoff.next_retry()).await;
@@ -119,13 +96,13 @@ async fn run(changes: Arc<Changes>, conn: Conn, mut watcher: zk::PersistentWatch
                 };
                 backoff.reset();
                 disconnected = false;
-                changes.hub.missed();
+                changes.hub().missed();
             }
             zk::EventType::Session => match event.session_state {
                 zk::SessionState::Disconnected => disconnected = true,
                 _ if disconnected => {
                     disconnected = false;
-                    changes.hub.missed();
+                    changes.hub().missed();
                 }
                 _ => {}
             },

@@ -9,19 +9,17 @@ use crate::{
 };
 
 /// Every model name [`check`] knows: the models, then their broken twins.
-pub const MODELS: [&str; 16] = [
+pub const MODELS: [&str; 14] = [
     "redlock",
     "redlock-timed",
     "redlock-fast",
     "redlock-fast-timed",
-    "redlock-fast-rejoin",
     "sharding",
     "election",
     "redlock-broken",
     "redlock-timed-broken",
     "redlock-fast-broken",
     "redlock-fast-timed-broken",
-    "redlock-fast-rejoin-broken",
     "redlock-fast-unchecked-broken",
     "redlock-fast-fresh-join-broken",
     "sharding-broken",
@@ -61,20 +59,6 @@ pub fn check(model: &str, deep: bool, threads: usize) -> Option<Outcome> {
             ticking(&mut c.timing);
             c.horizon = if deep { 2 } else { 1 };
             c.timing.conservative = !broken;
-            run(RedlockFast(c), threads, broken)
-        }
-        "redlock-fast-rejoin" => {
-            // A quarantine that ends: a node holding a lease restarts at
-            // tick 0, a client meeting it unformed rejoins it (voting from
-            // tick 2, when `Q` ends on its fast clock), and that client
-            // may acquire again at tick 2. One bound, small or deep: it
-            // costs more CPU than CI's budget (`docs/safety.md`).
-            let mut c = redlock_fast::Config::small();
-            ticking(&mut c.timing);
-            c.horizon = 2;
-            c.restart_holder_at_start = true;
-            c.extra_attempts = 1;
-            c.quarantine = !broken;
             run(RedlockFast(c), threads, broken)
         }
         // The twins: quarantine removed; the grant's token check removed

@@ -33,13 +33,6 @@ pub struct Config {
     pub attempts: u8,
     /// Node restarts without persistence, over the whole run.
     pub restarts: u8,
-    /// Only a node holding a lease restarts (the restart the quarantine
-    /// exists for), and only at tick 0 (so that its quarantine can end
-    /// within a horizon of 2), instead of any node at any moment.
-    pub restart_holder_at_start: bool,
-    /// How many clients (the last ones) start one acquisition more than
-    /// `attempts`.
-    pub extra_attempts: usize,
     /// The last tick of the reference clock explored.
     pub horizon: Tick,
     /// Lease timing.
@@ -82,8 +75,6 @@ impl Config {
             clients: 2,
             attempts: 1,
             restarts: 1,
-            restart_holder_at_start: false,
-            extra_attempts: 0,
             horizon: 0,
             timing: Timing::new(),
             rounds: 1,
@@ -251,9 +242,6 @@ pub struct State {
     /// Some grant completed after a `Stale` answer made its client ask
     /// again (liveness sanity: the round that reads the floor).
     granted_after_stale: bool,
-    /// Some grant completed with the vote of a node that rejoined and
-    /// whose quarantine had ended (liveness sanity: the quarantine ends).
-    granted_by_rejoined: bool,
 }
 
 /// Steps of the clients and nodes themselves.
@@ -685,9 +673,6 @@ impl RedlockFast {
             return;
         };
         let raised = *raised;
-        let slots_granted: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].copy == Copy::Held(*t))
-            .collect();
         let won = outcome == Some(Outcome::Won) && self.0.timing.still_valid(cl.started, now);
         let kept = won.then_some(*t);
         for (i, slot) in slots.iter().enumerate() {
@@ -726,10 +711,6 @@ impl RedlockFast {
             }
             s.granted_after_lease_end |= s.lease_ended;
             s.granted_after_stale |= raised;
-            // `votes_from` is 0 on a node that never rejoined (one restart
-            // at most: a node holding a copy has not restarted since).
-            let rejoined = slots_granted.iter().any(|&i| s.nodes[i].votes_from > 0);
-            s.granted_by_rejoined |= rejoined;
         }
     }
 }
@@ -755,8 +736,7 @@ impl Model for RedlockFast {
                 nodes: rates.into_iter().map(Node::formed).collect(),
                 clients: (0..self.0.clients)
                     .map(|i| Client {
-                        attempts_left: self.0.attempts
-                            + u8::from(i >= self.0.clients - self.0.extra_attempts),
+                        attempts_left: self.0.attempts,
                         attempt: 0,
                         called: 0,
                         started: 0,
@@ -775,7 +755,6 @@ impl Model for RedlockFast {
                 lease_ended: false,
                 granted_after_lease_end: false,
                 granted_after_stale: false,
-                granted_by_rejoined: false,
             })
             .collect()
     }
@@ -817,11 +796,9 @@ impl Model for RedlockFast {
                 }
             }
         }
-        if s.restarts_left > 0 && (!self.0.restart_holder_at_start || s.now == 0) {
-            for (n, node) in s.nodes.iter().enumerate() {
-                if !self.0.restart_holder_at_start || node.lease.is_some() {
-                    steps.push(Step::Act(Act::Restart(n as Id)));
-                }
+        if s.restarts_left > 0 {
+            for n in 0..self.0.nodes {
+                steps.push(Step::Act(Act::Restart(n as Id)));
             }
         }
     }
@@ -948,9 +925,6 @@ impl Model for RedlockFast {
             }),
             Property::sometimes("a grant after a stale answer", |_, s: &State| {
                 s.granted_after_stale
-            }),
-            Property::sometimes("a grant with a rejoined node's vote", |_, s: &State| {
-                s.granted_by_rejoined
             }),
         ]
     }

@@ -230,7 +230,7 @@ fn lease(caller: &Caller, key: LockKey, owner: &str, token: u64) -> Result<Lease
 }
 
 /// A lease as `caller` is shown it (its own namespace left out).
-fn shown(caller: &Caller, mut info: LockInfo) -> LockInfo {
+pub(crate) fn shown(caller: &Caller, mut info: LockInfo) -> LockInfo {
     if caller.namespace().is_some() {
         if let Ok(owner) = Owner::new(caller.owner_out(info.owner.as_str())) {
             info.owner = owner;

@@ -43,7 +43,7 @@ use std::{
 };
 
 use axum::{
-    extract::{Query, State},
+    extract::{Extension, Query, State},
     http::HeaderMap,
     response::sse::{Event, KeepAlive, Sse},
 };
@@ -800,6 +800,7 @@ pub(crate) struct EventQuery {
 /// only a comparison with that first listing can reveal.
 pub(crate) async fn stream(
     State(service): State<Service>,
+    Extension(caller): Extension<crate::auth::Caller>,
     Query(q): Query<EventQuery>,
     headers: HeaderMap,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -818,10 +819,24 @@ pub(crate) async fn stream(
     };
     let run = service.inner.events.run.clone();
     let sse = move |seq: u64, e: &EventBody| {
+        // An event's lease is shown as `GET /v1/locks/{key}` shows it to
+        // this caller: owners of its own namespace without it.
+        let shown = e
+            .lock
+            .as_ref()
+            .filter(|_| caller.namespace().is_some())
+            .map(|lock| {
+                let mut e = e.clone();
+                e.lock = Some(LockBody {
+                    info: crate::api::shown(&caller, lock.info.clone()),
+                    ttl_ms: lock.ttl_ms,
+                });
+                e
+            });
         Event::default()
             .id(format!("{run}-{seq}"))
             .event(e.kind.clone())
-            .json_data(e)
+            .json_data(shown.as_ref().unwrap_or(e))
             .unwrap_or_else(|_| Event::default().event("error"))
     };
     let first: Vec<Event> = match replay {

@@ -1,4 +1,4 @@
-//! Process-level fault scenarios (issue 5 part 4) with the `fencelock`
+//! Process-level fault scenarios with the `fencelock`
 //! binary against SQLite and every server engine (throwaway servers from the
 //! test kit):
 //!

@@ -142,19 +142,30 @@ local function keep(readers, info, ttl)
   end
 end
 -- Tokens end at 2^53 - 1 (FencingToken::MAX), the last integer from which
--- a Lua number still counts up exactly: past it, INCR's answer would be
--- rounded and a token repeated. Whether the key's counter (raised to the
--- floor, if one is given) has no token left; callers check it before they
--- write anything.
+-- a Lua number still counts up exactly: past it, the next token would be
+-- rounded and a token repeated.
 local MAX_TOKEN = 9007199254740991
-local function spent(counter, floor)
+-- The key's counter, raised to the floor if one is given (a floor raises
+-- the counter before a draw, so the token is above the floor and above
+-- every token issued before, I2).
+local function counted(counter, floor)
   local c = tonumber(redis.call('GET', counter) or '0')
   if #floor > 0 and tonumber(floor) > c then c = tonumber(floor) end
-  return c >= MAX_TOKEN
+  return c
+end
+-- Whether the key has no token left; a script that grants several keys
+-- checks each with it before it writes anything.
+local function spent(counter, floor)
+  return counted(counter, floor) >= MAX_TOKEN
 end
 -- Draws a token from the key's one counter (for writers and readers alike):
--- the token and the server's now in ms.
+-- the token and the server's now in ms, or nil, with nothing written, when
+-- the key has no token left. One GET and one SET: the script is atomic, so
+-- reading the counter and writing the next value is an INCR that also
+-- raises it to the floor and the clock and sets its expiry.
 local function draw(counter, floor)
+  local c = counted(counter, floor)
+  if c >= MAX_TOKEN then return nil end
   local t = redis.call('TIME')
   -- A token is never below the server clock in microseconds. So a counter
   -- that is missing (first use, restart without persistence, idle expiry) or
@@ -163,22 +174,11 @@ local function draw(counter, floor)
   -- above every token issued before, as long as the clock did not step back
   -- and the key was granted less than once per microsecond.
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  -- A floor raises the counter before the draw, in this same script, so the
-  -- token is above the floor and above every token issued before (I2).
-  if #floor > 0 then
-    local counter_now = tonumber(redis.call('GET', counter) or '0')
-    if counter_now < tonumber(floor) then
-      redis.call('SET', counter, floor)
-    end
-  end
-  local drawn = redis.call('INCR', counter)
-  if drawn < now_us then
-    drawn = now_us
-    redis.call('SET', counter, string.format('%d', drawn))
-  end
+  local drawn = c + 1
+  if drawn < now_us then drawn = now_us end
   -- A counter idle for a week goes away, so that locks on unbounded keys
   -- (`order:<id>`) leave nothing behind.
-  redis.call('PEXPIRE', counter, 604800000)
+  redis.call('SET', counter, string.format('%d', drawn), 'PX', 604800000)
   return string.format('%d', drawn), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- What keeps a writer from a key: its holder, else its reader whose lease
@@ -197,10 +197,12 @@ local function blocker(lease, readers, info)
   return nil
 end
 -- Writes a writer's lease on a free key (ARGV layout of `ACQUIRE`),
--- withdrawing its owner's intent: the token and the server's now in ms.
+-- withdrawing its owner's intent (`intent` false: known to be absent): the
+-- token and the server's now in ms, or nil when the key's tokens are spent.
 local function grant(lease, counter, intent, owner, ttl, kind, data, floor)
   local token, now = draw(counter, floor)
-  if redis.call('GET', intent) == owner then redis.call('DEL', intent) end
+  if not token then return nil end
+  if intent and redis.call('GET', intent) == owner then redis.call('DEL', intent) end
   local fields = {owner = owner, token = token, acquired = string.format('%d', now),
     expires = string.format('%d', now + tonumber(ttl))}
   if #kind > 0 then fields.kind = string.sub(kind, 2) end
@@ -229,10 +231,17 @@ const PLAIN_DESCRIBE: &str = concat!(plain_store!(), helpers!());
 /// a grant): the writer, or the reader whose lease ends last. A grant
 /// withdraws its owner's intent.
 const ACQUIRE: &str = r#"
-local held = blocker(KEYS[1], KEYS[3], KEYS[4])
-if held then return held end
-if spent(KEYS[2], ARGV[5]) then return {2} end
-local token, now = grant(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+-- Most grants are of a key with no writer, no reader and no writer's
+-- intent: one EXISTS says so, and then neither the readers nor the intent
+-- need a look (Lua calls are most of a script's cost on the server).
+local free = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5]) == 0
+if not free then
+  local held = blocker(KEYS[1], KEYS[3], KEYS[4])
+  if held then return held end
+end
+local token, now = grant(KEYS[1], KEYS[2], not free and KEYS[5],
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if not token then return {2} end
 redis.call('PUBLISH', ARGV[6], ARGV[7])
 return {1, token, now}
 "#;
@@ -362,8 +371,8 @@ end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   return {0, false, false, false, false, false, -2, now_ms(), false}
 end
-if spent(KEYS[2], ARGV[5]) then return {2} end
 local token, now = draw(KEYS[2], ARGV[5])
+if not token then return {2} end
 prune(KEYS[3], KEYS[4], now)
 local r = {owner = ARGV[1], acquired = string.format('%d', now)}
 if #ARGV[3] > 0 then r.kind = string.sub(ARGV[3], 2) end

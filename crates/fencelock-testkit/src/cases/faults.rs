@@ -193,7 +193,7 @@ async fn hand_back(direct: &dyn Backend, guard: LockGuard) -> TestResult {
     let left = direct.inspect(&k).await?;
     ensure!(
         left.as_ref()
-            .map_or(true, |l| l.token != token || l.expires_in.is_zero()),
+            .is_none_or(|l| l.token != token || l.expires_in.is_zero()),
         "after the release the backend still has a live lease with token {token}: {left:?}"
     );
     Ok(())

@@ -40,6 +40,11 @@ fn prefix(mode: LockMode) -> &'static str {
     }
 }
 
+/// The name of the marker a fair waiter's grant creates and deletes in the
+/// same multi op as the write that makes its queue entry the lease
+/// ([`ZkBackend::write_grant`]); no read ever sees it.
+pub(crate) const GRANTED: &str = "g-";
+
 /// The sequence part of a lease node's name: both prefixes are two bytes,
 /// and the ten-digit numbers share the parent's counter, so comparing
 /// them orders readers and writers by creation. In the Curator layout,
@@ -507,6 +512,52 @@ impl ZkBackend {
             }
         };
         Ok(answer)
+    }
+
+    /// [`ZkBackend::write`] of a queue entry that becomes the lease. That
+    /// write is a data change, and the store's change watch names no key
+    /// for data changes (renewals are data changes too, and far more
+    /// frequent: `changes.rs`). So, in the same multi op, a [`GRANTED`]
+    /// marker is created beside the entry and deleted again: no read sees
+    /// it, but the watch sees both and names the key. The Curator layout has
+    /// no change watch and writes as usual.
+    pub(crate) async fn write_grant(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        record: Record,
+    ) -> Result<std::result::Result<Node, zk::Error>> {
+        if self.curator() {
+            return self.write(c, node, record).await;
+        }
+        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let (dir, name) = node
+            .path
+            .rsplit_once('/')
+            .ok_or_else(|| bad_value(format!("a queue entry at {}", node.path)))?;
+        let marker = format!("{dir}/{GRANTED}{}", seq(name));
+        let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let mut multi = c.new_multi_writer();
+        let staged = multi
+            .add_set_data(&node.path, &bytes, Some(node.stat.version))
+            .and_then(|()| multi.add_create(&marker, &[], &plain))
+            .and_then(|()| multi.add_delete(&marker, None));
+        staged.map_err(|e| map("taking a lease from the queue", e))?;
+        let commit = multi.commit();
+        let answer = self
+            .conn
+            .raw(async { commit.await.map_err(zk::Error::from) })
+            .await;
+        Ok(answer.and_then(|results| match results.into_iter().next() {
+            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Node {
+                stat,
+                record,
+                ..node.clone()
+            }),
+            other => Err(zk::Error::UnexpectedError(format!(
+                "a grant's multi op answered {other:?} for its write"
+            ))),
+        }))
     }
 
     /// Creates the key's container `dir` unless it exists (in the Curator

@@ -6,7 +6,10 @@
 //! have changed, whoever changed it. A lease's end is no event (the node
 //! stays until the next acquisition clears it) and neither is a renewal
 //! (new data): the follower reads the keys whose leases it knows should
-//! have ended. Intents and queue entries are no leases and name nothing.
+//! have ended. Intents name nothing. A fair waiter's grant is a write of
+//! its queue entry (a lease node waiting its turn), so it also creates and
+//! deletes a marker node in the same multi op, which names the key here
+//! (`ZkBackend::write_grant`).
 //!
 //! The watch has a session of its own, so that it never shares a path's
 //! watch bookkeeping with the waiters' one-shot watches (ZooKeeper before
@@ -24,7 +27,7 @@ use fencelock_core::{Backoff, ChangeFeed, Result, WatchedHub};
 use zookeeper_client as zk;
 
 use crate::{
-    backend::{ZkBackend, NODE, READER},
+    backend::{ZkBackend, GRANTED, NODE, READER},
     conn::{decode, Conn},
 };
 
@@ -115,7 +118,7 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
 /// node's, directly under a key's node in `dir`.
 fn changed(dir: &str, path: &str) -> Option<String> {
     let (key, node) = path.strip_prefix(dir)?.split_once('/')?;
-    (node.starts_with(NODE) || node.starts_with(READER))
+    (node.starts_with(NODE) || node.starts_with(READER) || node.starts_with(GRANTED))
         .then(|| decode(key))
         .flatten()
 }

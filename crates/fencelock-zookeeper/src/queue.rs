@@ -148,7 +148,7 @@ impl ZkBackend {
             queued: false,
             ..mine.record.clone()
         };
-        match self.write(&c, &mine, record).await? {
+        match self.write_grant(&c, &mine, record).await? {
             Ok(granted) => {
                 // The entry is a lease now.
                 *entry = None;

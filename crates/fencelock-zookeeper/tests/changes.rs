@@ -1,0 +1,83 @@
+//! The store's change feed (`Backend::changes`) names a key whose holder a
+//! fair waiter's grant changed. That grant is a write of the waiter's queue
+//! entry, not a node created or deleted, so without the marker it also
+//! writes (`ZkBackend::write_grant`) the watch behind the feed would name
+//! only the release before it, and a follower that read the key at that
+//! notice could see it free until its next full listing.
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{Backend, Change, ChangeFeed, LockClient, LockKey};
+use fencelock_testkit::{servers::zookeeper::ZkServer, TestResult};
+use fencelock_zookeeper::ZkBackend;
+use tokio::time::{timeout, Instant};
+
+/// Bound on waiting for what must happen; never a timing assertion.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// Reads `feed` until it names `key`; false if it does not within `bound`.
+async fn named(feed: &mut ChangeFeed, key: &str, bound: Duration) -> bool {
+    let end = Instant::now() + bound;
+    loop {
+        match timeout(end.saturating_duration_since(Instant::now()), feed.next()).await {
+            Ok(Some(Change::Key(k))) if k == key => return true,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiters_grant_names_its_key() -> TestResult {
+    let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
+    let watched = ZkBackend::connect(&zk.url()).await?;
+    let mut feed = watched.changes().await?.ok_or("no change feed")?;
+    let holder_side = Arc::new(ZkBackend::connect(&zk.url()).await?);
+    let holder = LockClient::new(holder_side.clone());
+    let waiter = LockClient::new(Arc::new(ZkBackend::connect(&zk.url()).await?));
+    let key = LockKey::new("fair")?;
+
+    let held = holder
+        .lock("fair")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("fair")
+            .ttl(Duration::from_secs(30))
+            .wait(BOUND)
+            .acquire()
+            .await
+    });
+    // Queued: from here on its grant can only be the write of its entry.
+    let queued_by = Instant::now() + BOUND;
+    while holder_side.queue(&key).await?.is_empty() {
+        if Instant::now() > queued_by {
+            return Err("the waiter never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while feed.try_next().is_some() {}
+
+    let holders = held.token();
+    held.release().await?;
+    assert!(
+        named(&mut feed, "fair", BOUND).await,
+        "the release was not named"
+    );
+    let granted = waiting.await??;
+    assert!(
+        granted.token() > holders,
+        "the waiter's token is not above the holder's"
+    );
+    // The release was named before the grant was made; the grant must be
+    // named on its own.
+    assert!(
+        named(&mut feed, "fair", BOUND).await,
+        "the fair waiter's grant (token {}) was not named",
+        granted.token()
+    );
+    granted.release().await?;
+    Ok(())
+}

@@ -85,31 +85,59 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
                 // The watcher must not be read again: a new session (the
                 // connection opens one) and a new watch.
                 tracing::debug!(state = ?event.session_state, "ZooKeeper change watch ended; adding it again");
-                watcher = loop {
-                    if changes.unfollowed().await {
-                        return;
-                    }
-                    tokio::time::sleep(backoff.next_retry()).await;
-                    match open(&conn).await {
-                        Ok(again) => break again,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "ZooKeeper change watch: adding it failed");
-                        }
-                    }
+                let Some(again) = reopen(&conn, &changes, &mut backoff).await else {
+                    return;
                 };
-                backoff.reset();
+                watcher = again;
                 disconnected = false;
                 changes.hub().missed();
             }
             zk::EventType::Session => match event.session_state {
                 zk::SessionState::Disconnected => disconnected = true,
                 _ if disconnected => {
+                    // The session is back, but not always its persistent
+                    // watch: zookeeper-client 0.11 re-sends only one-shot
+                    // watches when it reconnects (tests/changes.rs shows a
+                    // restarted server naming nothing after). So the watch
+                    // is added again; on the server a second add of the
+                    // same watch is the same watch. The old watcher is
+                    // dropped only once the new one exists, so that its
+                    // removal, seeing another watcher of the path, leaves
+                    // the server's watch alone.
+                    let Some(again) = reopen(&conn, &changes, &mut backoff).await else {
+                        return;
+                    };
+                    watcher = again;
                     disconnected = false;
                     changes.hub().missed();
                 }
                 _ => {}
             },
             _ => {}
+        }
+    }
+}
+
+/// Adds the watch again, retrying with `backoff` until it is added; `None`
+/// once no feed is read any more.
+async fn reopen(
+    conn: &Conn,
+    changes: &WatchedHub,
+    backoff: &mut Backoff,
+) -> Option<zk::PersistentWatcher> {
+    loop {
+        if changes.unfollowed().await {
+            return None;
+        }
+        match open(conn).await {
+            Ok(again) => {
+                backoff.reset();
+                return Some(again);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "ZooKeeper change watch: adding it failed");
+                tokio::time::sleep(backoff.next_retry()).await;
+            }
         }
     }
 }

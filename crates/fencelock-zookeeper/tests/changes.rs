@@ -81,3 +81,50 @@ async fn a_fair_waiters_grant_names_its_key() -> TestResult {
     granted.release().await?;
     Ok(())
 }
+
+/// The watch behind the feed does not outlive a server restart on its own:
+/// the feed reports that notices were missed (its reader lists the store
+/// once), and the watch, added again, names later changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_comes_back_after_a_server_restart() -> TestResult {
+    let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
+    let watched = ZkBackend::connect(&zk.url()).await?;
+    let mut feed = watched.changes().await?.ok_or("no change feed")?;
+
+    zk.kill(0)?;
+    zk.start_again(0)?;
+    let missed_by = Instant::now() + BOUND * 3;
+    loop {
+        match timeout(
+            missed_by.saturating_duration_since(Instant::now()),
+            feed.next(),
+        )
+        .await
+        {
+            Ok(Some(Change::Missed)) => break,
+            Ok(Some(_)) => {}
+            Ok(None) => return Err("the feed ended".into()),
+            Err(_) => return Err("the restart was not reported as missed notices".into()),
+        }
+    }
+
+    // The watch is only known to be back once a change comes through it:
+    // keep changing the key (each grant is a node created) until one does.
+    let client = LockClient::new(Arc::new(ZkBackend::connect(&zk.url()).await?));
+    let named_by = Instant::now() + BOUND * 3;
+    loop {
+        client
+            .lock("after")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await?
+            .release()
+            .await?;
+        if named(&mut feed, "after", Duration::from_millis(500)).await {
+            return Ok(());
+        }
+        if Instant::now() > named_by {
+            return Err("no change was named after the restart".into());
+        }
+    }
+}

@@ -237,8 +237,6 @@ func (c *Client) send(ctx context.Context, op, key, method, u string, body, out 
 	if timeout <= 0 {
 		timeout = c.timeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	var payload []byte
 	if body != nil {
 		var err error
@@ -252,9 +250,9 @@ func (c *Client) send(ctx context.Context, op, key, method, u string, body, out 
 		err      error
 	)
 	if uri, ok := c.wire.requestURI(u); ok {
-		a, answered, err = c.wire.roundTrip(ctx, method, uri, payload)
+		a, answered, err = c.wire.roundTrip(ctx, timeout, method, uri, payload)
 	} else {
-		a, answered, err = c.roundTripHTTP(ctx, method, u, payload)
+		a, answered, err = c.roundTripHTTP(ctx, timeout, method, u, payload)
 	}
 	if err != nil {
 		var bad *badRequest
@@ -297,7 +295,9 @@ type badRequest struct{ err error }
 func (b *badRequest) Error() string { return b.err.Error() }
 
 // roundTripHTTP is roundTrip over the client's *http.Client.
-func (c *Client) roundTripHTTP(ctx context.Context, method, u string, payload []byte) (a answer, answered bool, err error) {
+func (c *Client) roundTripHTTP(ctx context.Context, timeout time.Duration, method, u string, payload []byte) (a answer, answered bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var reader io.Reader
 	if payload != nil {
 		reader = bytes.NewReader(payload)

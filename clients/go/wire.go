@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,9 +34,10 @@ const maxIdleConns = 64
 //
 // Nothing runs in the background: an idle connection is only a socket in
 // the pool, checked for a close by the service before it is used again
-// (aliveCheck), and a context that ends mid-request ends it by expiring the
-// socket's deadline (context.AfterFunc, which starts no goroutine unless
-// the context ends).
+// (aliveCheck); the request's timeout is the socket's deadline, and a
+// context that ends mid-request ends it by moving that deadline to the
+// past (context.AfterFunc, which starts no goroutine unless the context
+// ends).
 type wire struct {
 	addr   string // host:port to dial
 	origin string // scheme://host, cut from the request URLs
@@ -124,10 +126,12 @@ type answer struct {
 }
 
 // roundTrip sends one request with an optional JSON body and reads the
-// whole answer. A failure before the answer's status line is reported with
-// answered false (the service did not answer), after it with answered true
-// (the answer was cut). The error matches ctx.Err() when ctx ended the
-// request.
+// whole answer, within timeout and while ctx lasts. A failure before the
+// answer's status line is reported with answered false (the service did
+// not answer), after it with answered true (the answer was cut). The error
+// matches ctx.Err() when ctx ended the request, and
+// context.DeadlineExceeded when the timeout did, as net/http's do under
+// context.WithTimeout.
 //
 // Retries: a GET that found its reused connection closed by the service
 // (no byte of an answer read) goes once more over a new connection, as
@@ -138,9 +142,15 @@ type answer struct {
 // as an error of ErrUnavailable, as with net/http. The check of an idle
 // connection before it is reused (aliveCheck) keeps that case to a
 // service closing the connection in the instant the request was sent.
-func (w *wire) roundTrip(ctx context.Context, method, uri string, body []byte) (a answer, answered bool, err error) {
+func (w *wire) roundTrip(ctx context.Context, timeout time.Duration, method, uri string, body []byte) (a answer, answered bool, err error) {
+	// The socket's deadline bounds the request; no context or timer is
+	// made for it.
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	for attempt := 0; ; attempt++ {
-		wc, reused, err := w.get(ctx)
+		wc, reused, err := w.get(ctx, deadline)
 		if err != nil {
 			return a, false, w.urlError(ctx, method, uri, err)
 		}
@@ -148,7 +158,7 @@ func (w *wire) roundTrip(ctx context.Context, method, uri string, body []byte) (
 		if err == nil {
 			return a, true, nil
 		}
-		if !answered && reused && method == "GET" && attempt == 0 && ctx.Err() == nil {
+		if !answered && reused && method == "GET" && attempt == 0 && ctx.Err() == nil && time.Now().Before(deadline) {
 			continue
 		}
 		return a, answered, w.urlError(ctx, method, uri, err)
@@ -159,18 +169,22 @@ func (w *wire) roundTrip(ctx context.Context, method, uri string, body []byte) (
 // the pool when the answer was read whole and the connection may be kept,
 // and closes otherwise.
 func (w *wire) exchange(ctx context.Context, wc *wireConn, method, uri string, body []byte) (a answer, answered bool, err error) {
-	// Only a context that ends mid-request touches the socket: its
-	// deadline set in the past wakes the read or write below. The
-	// connection is then closed, never reused with that deadline.
-	stop := context.AfterFunc(ctx, func() { _ = wc.nc.SetDeadline(time.Unix(1, 0)) })
 	keep := false
-	defer func() {
-		if !stop() || !keep {
-			_ = wc.nc.Close()
-			return
-		}
-		w.put(wc)
-	}()
+	if ctx.Done() != nil {
+		// Only a context that ends mid-request touches the socket: its
+		// deadline set in the past wakes the read or write below. The
+		// connection is then closed, never reused with that deadline.
+		// context.AfterFunc starts no goroutine unless ctx ends.
+		stop := context.AfterFunc(ctx, func() { _ = wc.nc.SetDeadline(time.Unix(1, 0)) })
+		defer func() {
+			if !stop() {
+				keep = false
+			}
+			w.putOrClose(wc, keep)
+		}()
+	} else {
+		defer func() { w.putOrClose(wc, keep) }()
+	}
 	bw := wc.bw
 	bw.WriteString(method)
 	bw.WriteByte(' ')
@@ -194,7 +208,13 @@ func (w *wire) exchange(ctx context.Context, wc *wireConn, method, uri string, b
 	if err != nil {
 		return a, true, err
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	var data []byte
+	if n := resp.ContentLength; n >= 0 && n < maxAnswer {
+		data = make([]byte, n)
+		_, err = io.ReadFull(resp.Body, data)
+	} else {
+		data, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	}
 	resp.Body.Close()
 	if err != nil {
 		return a, true, err
@@ -205,19 +225,23 @@ func (w *wire) exchange(ctx context.Context, wc *wireConn, method, uri string, b
 	return answer{status: resp.StatusCode, body: data}, true, nil
 }
 
-// urlError wraps a transport failure as net/http does (*url.Error), with
-// the context's error when the context ended the request: a deadline the
-// AfterFunc set shows as an I/O timeout otherwise.
+// urlError wraps a transport failure as net/http does (*url.Error): with
+// the context's error when the context ended the request (a deadline the
+// AfterFunc set shows as an I/O timeout otherwise), and
+// context.DeadlineExceeded when the request's deadline passed.
 func (w *wire) urlError(ctx context.Context, method, uri string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		err = cerr
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = context.DeadlineExceeded
 	}
 	op := method[:1] + strings.ToLower(method[1:])
 	return &url.Error{Op: op, URL: w.origin + uri, Err: err}
 }
 
-// get takes an idle connection that is still open, or dials one.
-func (w *wire) get(ctx context.Context) (wc *wireConn, reused bool, err error) {
+// get takes an idle connection that is still open, or dials one, with
+// its deadline set.
+func (w *wire) get(ctx context.Context, deadline time.Time) (wc *wireConn, reused bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
@@ -235,22 +259,31 @@ func (w *wire) get(ctx context.Context) (wc *wireConn, reused bool, err error) {
 		w.mu.Unlock()
 		// The service may have closed it while it was idle (a restart,
 		// an idle timeout); an answer it sent unasked makes it unusable
-		// too. Either way the request has not left yet.
-		if wc.br.Buffered() == 0 && aliveCheck(wc.nc) == nil {
+		// too. Either way the request has not left yet. The deadline
+		// goes first: the previous request's may have passed, and the
+		// check reads nothing past a deadline.
+		if wc.br.Buffered() == 0 && wc.nc.SetDeadline(deadline) == nil && aliveCheck(wc.nc) == nil {
 			return wc, true, nil
 		}
 		_ = wc.nc.Close()
 	}
-	nc, err := w.dialer.DialContext(ctx, "tcp", w.addr)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	nc, err := w.dialer.DialContext(dctx, "tcp", w.addr)
 	if err != nil {
+		return nil, false, err
+	}
+	if err := nc.SetDeadline(deadline); err != nil {
+		_ = nc.Close()
 		return nil, false, err
 	}
 	return &wireConn{nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}, false, nil
 }
 
-func (w *wire) put(wc *wireConn) {
+// putOrClose puts wc back in the pool if keep, else closes it.
+func (w *wire) putOrClose(wc *wireConn, keep bool) {
 	w.mu.Lock()
-	if w.closed || len(w.idle) >= maxIdleConns {
+	if !keep || w.closed || len(w.idle) >= maxIdleConns {
 		w.mu.Unlock()
 		_ = wc.nc.Close()
 		return

@@ -275,11 +275,13 @@ func TestWireNeverResendsAPost(t *testing.T) {
 
 // A context cancelled while the service has not answered ends the request
 // at once with the context's error, closes the connection, and leaves no
-// goroutine; a deadline likewise, as ErrUnavailable.
+// goroutine; a context's deadline and the client's timeout likewise, as
+// ErrUnavailable matching context.DeadlineExceeded.
 func TestWireCancelMidRequest(t *testing.T) {
 	s := startService(t, "sqlite", false)
 	p := newFaultProxy(t, s.url)
 	c := newClient(t, p.url())
+	short := newClient(t, p.url(), WithTimeout(200*time.Millisecond))
 	ctx := ctxT(t, 30*time.Second)
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
@@ -316,8 +318,17 @@ func TestWireCancelMidRequest(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the client kept the stalled connection open")
 	}
-	if n := c.wire.idleCount(); n != 0 {
-		t.Fatalf("%d idle connections after two ended requests, want 0", n)
+	p.next("stall")
+	if _, err := short.TryAcquire(context.Background(), "wire/cancel"); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("acquire past the client's timeout: %v, want context.DeadlineExceeded and ErrUnavailable", err)
+	}
+	select {
+	case <-p.stalled:
+	case <-ctx.Done():
+		t.Fatal("the client kept the stalled connection open")
+	}
+	if n := c.wire.idleCount() + short.wire.idleCount(); n != 0 {
+		t.Fatalf("%d idle connections after three ended requests, want 0", n)
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for runtime.NumGoroutine() > before {

@@ -90,7 +90,9 @@ func WithToken(token string) Option {
 // WithHTTPClient sets the *http.Client used for every request: TLS (a
 // private CA, client certificates) and proxies are configured there. Its
 // Timeout should be zero or longer than WithTimeout: the wake-up event
-// streams of waiting acquisitions last as long as the wait.
+// streams of waiting acquisitions last as long as the wait. Without it, the
+// requests to an http:// service but the event streams go over the
+// client's own keep-alive connections (docs/go.md#connections).
 func WithHTTPClient(h *http.Client) Option {
 	return func(c *Client) error {
 		if h == nil {

@@ -47,7 +47,6 @@ type wire struct {
 	mu     sync.Mutex
 	idle   []*wireConn
 	closed bool
-	dials  int // connections opened, for the tests of reuse
 }
 
 type wireConn struct {
@@ -249,7 +248,6 @@ func (w *wire) get(ctx context.Context, deadline time.Time) (wc *wireConn, reuse
 		w.mu.Lock()
 		n := len(w.idle)
 		if n == 0 {
-			w.dials++
 			w.mu.Unlock()
 			break
 		}

@@ -12,4 +12,6 @@ import (
 // through net/http there (newWire returns nil).
 const canCheckAlive = false
 
-func aliveCheck(net.Conn) error { return errors.ErrUnsupported }
+func newAliveCheck(net.Conn) func() error {
+	return func() error { return errors.ErrUnsupported }
+}

@@ -11,23 +11,24 @@ import (
 
 const canCheckAlive = true
 
-// aliveCheck reads the idle connection's socket without waiting: nothing
-// to read (EAGAIN) means the service has not closed it; end of stream, an
-// error or bytes nobody asked for mean the connection must not carry a
-// request. One system call, where net/http keeps a reader goroutine per
-// connection to find the same out.
-func aliveCheck(nc net.Conn) error {
+// newAliveCheck returns the check of an idle connection: a read of its
+// socket without waiting, where nothing to read (EAGAIN) means the service
+// has not closed it, and end of stream, an error or bytes nobody asked for
+// mean the connection must not carry a request. One system call, where
+// net/http keeps a reader goroutine per connection to find the same out;
+// made once per connection, so that a check allocates nothing.
+func newAliveCheck(nc net.Conn) func() error {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		return errors.New("fencelock: not a socket")
+		return func() error { return errors.New("fencelock: not a socket") }
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return func() error { return err }
 	}
 	var state error
-	err = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
+	var b [1]byte
+	read := func(fd uintptr) bool {
 		n, err := syscall.Read(int(fd), b[:])
 		switch {
 		case n == 0 && err == nil:
@@ -40,9 +41,11 @@ func aliveCheck(nc net.Conn) error {
 			state = err
 		}
 		return true // never wait for the socket to be readable
-	})
-	if err != nil {
-		return err
 	}
-	return state
+	return func() error {
+		if err := rc.Read(read); err != nil {
+			return err
+		}
+		return state
+	}
 }

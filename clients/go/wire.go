@@ -34,7 +34,7 @@ const maxIdleConns = 64
 //
 // Nothing runs in the background: an idle connection is only a socket in
 // the pool, checked for a close by the service before it is used again
-// (aliveCheck); the request's timeout is the socket's deadline, and a
+// (newAliveCheck); the request's timeout is the socket's deadline, and a
 // context that ends mid-request ends it by moving that deadline to the
 // past (context.AfterFunc, which starts no goroutine unless the context
 // ends).
@@ -50,15 +50,16 @@ type wire struct {
 }
 
 type wireConn struct {
-	nc net.Conn
-	br *bufio.Reader
-	bw *bufio.Writer
+	nc    net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	alive func() error // newAliveCheck
 }
 
 // newWire returns the pooled path for base, or nil where net/http must
 // carry the requests: https, a proxy from the environment, a host or token
 // that needs net/http's encoding or validation, a platform without
-// aliveCheck.
+// newAliveCheck.
 func newWire(base *url.URL, token string) *wire {
 	if base.Scheme != "http" || !canCheckAlive || !isASCII(base.Host) || !validHeaderValue(token) {
 		return nil
@@ -139,7 +140,7 @@ type answer struct {
 // granted, a release done), and sending it again could take a second grant
 // or report a refusal for a success; the caller gets the unknown outcome
 // as an error of ErrUnavailable, as with net/http. The check of an idle
-// connection before it is reused (aliveCheck) keeps that case to a
+// connection before it is reused (newAliveCheck) keeps that case to a
 // service closing the connection in the instant the request was sent.
 func (w *wire) roundTrip(ctx context.Context, timeout time.Duration, method, uri string, body []byte) (a answer, answered bool, err error) {
 	// The socket's deadline bounds the request; no context or timer is
@@ -260,7 +261,7 @@ func (w *wire) get(ctx context.Context, deadline time.Time) (wc *wireConn, reuse
 		// too. Either way the request has not left yet. The deadline
 		// goes first: the previous request's may have passed, and the
 		// check reads nothing past a deadline.
-		if wc.br.Buffered() == 0 && wc.nc.SetDeadline(deadline) == nil && aliveCheck(wc.nc) == nil {
+		if wc.br.Buffered() == 0 && wc.nc.SetDeadline(deadline) == nil && wc.alive() == nil {
 			return wc, true, nil
 		}
 		_ = wc.nc.Close()
@@ -275,7 +276,7 @@ func (w *wire) get(ctx context.Context, deadline time.Time) (wc *wireConn, reuse
 		_ = nc.Close()
 		return nil, false, err
 	}
-	return &wireConn{nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}, false, nil
+	return &wireConn{nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096), alive: newAliveCheck(nc)}, false, nil
 }
 
 // putOrClose puts wc back in the pool if keep, else closes it.

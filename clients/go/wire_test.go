@@ -215,9 +215,9 @@ func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
 	// The precondition of the case: the close has reached the client's
 	// socket (on loopback at once; waited for, not assumed).
 	c.wire.mu.Lock()
-	idle := c.wire.idle[0].nc
+	alive := c.wire.idle[0].alive
 	c.wire.mu.Unlock()
-	for aliveCheck(idle) == nil {
+	for alive() == nil {
 		if ctx.Err() != nil {
 			t.Fatal("the dropped connection never read as closed")
 		}

@@ -205,6 +205,11 @@ func (w *wire) exchange(ctx context.Context, wc *wireConn, method, uri string, b
 		return a, false, err
 	}
 	resp, err := http.ReadResponse(wc.br, nil)
+	// Informational answers come before the answer (net/http skips them
+	// too); the service sends none, as no request asks for one.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(wc.br, nil)
+	}
 	if err != nil {
 		return a, true, err
 	}
@@ -221,7 +226,7 @@ func (w *wire) exchange(ctx context.Context, wc *wireConn, method, uri string, b
 	}
 	// An answer at the limit may have more to it: the connection is not
 	// at the start of the next answer.
-	keep = !resp.Close && len(data) < maxAnswer
+	keep = !resp.Close && len(data) < maxAnswer && resp.StatusCode >= 200
 	return answer{status: resp.StatusCode, body: data}, true, nil
 }
 

@@ -382,3 +382,41 @@ func TestWireConnectionClose(t *testing.T) {
 		t.Fatalf("3 requests answered with Connection: close opened %d connections, want 3", opened)
 	}
 }
+
+// An informational answer (103 Early Hints here) before the answer is
+// skipped, and the connection is kept.
+func TestWireSkipsInformationalAnswers(t *testing.T) {
+	var mu sync.Mutex
+	opened := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</v1/stats>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":9,"ttl_ms":30000,"expires_in_ms":30000}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := newClient(t, srv.URL)
+	ctx := ctxT(t, 10*time.Second)
+	for i := 0; i < 3; i++ {
+		info, err := c.Inspect(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Token != 9 {
+			t.Fatalf("inspect read %+v", info)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if opened != 1 {
+		t.Fatalf("3 requests opened %d connections, want 1", opened)
+	}
+}

@@ -68,6 +68,7 @@ type Client struct {
 	token    string
 	http     *http.Client
 	ownsHTTP bool
+	wire     *wire // short requests when http is ours and the URL http://
 	timeout  time.Duration
 
 	renewer *renewer
@@ -89,7 +90,9 @@ func WithToken(token string) Option {
 // WithHTTPClient sets the *http.Client used for every request: TLS (a
 // private CA, client certificates) and proxies are configured there. Its
 // Timeout should be zero or longer than WithTimeout: the wake-up event
-// streams of waiting acquisitions last as long as the wait.
+// streams of waiting acquisitions last as long as the wait. Without it, the
+// requests to an http:// service but the event streams go over the
+// client's own keep-alive connections (docs/go.md#connections).
 func WithHTTPClient(h *http.Client) Option {
 	return func(c *Client) error {
 		if h == nil {
@@ -141,6 +144,9 @@ func NewClient(baseURL string, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
+	if c.ownsHTTP {
+		c.wire = newWire(c.base, c.token)
+	}
 	c.renewer = newRenewer(c)
 	return c, nil
 }
@@ -188,6 +194,9 @@ func (c *Client) Close() error {
 	if c.ownsHTTP {
 		c.http.CloseIdleConnections()
 	}
+	if c.wire != nil {
+		c.wire.close()
+	}
 	return nil
 }
 
@@ -230,36 +239,36 @@ func (c *Client) send(ctx context.Context, op, key, method, u string, body, out 
 	if timeout <= 0 {
 		timeout = c.timeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var reader io.Reader
+	var payload []byte
 	if body != nil {
-		payload, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
 			return &Error{Op: op, Key: key, Code: "bad_request", Message: err.Error(), Err: err}
 		}
-		reader = bytes.NewReader(payload)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u, reader)
+	var (
+		a        answer
+		answered bool
+		err      error
+	)
+	if uri, ok := c.wire.requestURI(u); ok {
+		a, answered, err = c.wire.roundTrip(ctx, timeout, method, uri, payload)
+	} else {
+		a, answered, err = c.roundTripHTTP(ctx, timeout, method, u, payload)
+	}
 	if err != nil {
-		return &Error{Op: op, Key: key, Code: "bad_request", Message: err.Error(), Err: err}
+		var bad *badRequest
+		switch {
+		case errors.As(err, &bad):
+			return &Error{Op: op, Key: key, Code: "bad_request", Message: bad.err.Error(), Err: bad.err}
+		case answered:
+			return &Error{Op: op, Key: key, Message: "the lock service's answer was cut: " + err.Error(), Err: err}
+		default:
+			return &Error{Op: op, Key: key, Message: "the lock service did not answer: " + err.Error(), Err: err}
+		}
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return &Error{Op: op, Key: key, Message: "the lock service did not answer: " + err.Error(), Err: err}
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return &Error{Op: op, Key: key, Message: "the lock service's answer was cut: " + err.Error(), Err: err}
-	}
-	if resp.StatusCode == http.StatusOK {
+	data := a.body
+	if a.status == http.StatusOK {
 		if out == nil {
 			return nil
 		}
@@ -278,6 +287,41 @@ func (c *Client) send(ctx context.Context, op, key, method, u string, body, out 
 		}
 		refusal = errorBody{Error: msg}
 	}
-	return &Error{Op: op, Key: key, Status: resp.StatusCode, Code: refusal.Code,
+	return &Error{Op: op, Key: key, Status: a.status, Code: refusal.Code,
 		Message: refusal.Error, Holder: refusal.Holder, Current: refusal.Current}
+}
+
+// badRequest is a request net/http refused to build.
+type badRequest struct{ err error }
+
+func (b *badRequest) Error() string { return b.err.Error() }
+
+// roundTripHTTP is roundTrip over the client's *http.Client.
+func (c *Client) roundTripHTTP(ctx context.Context, timeout time.Duration, method, u string, payload []byte) (a answer, answered bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var reader io.Reader
+	if payload != nil {
+		reader = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, reader)
+	if err != nil {
+		return a, false, &badRequest{err}
+	}
+	if payload != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return a, false, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return a, true, err
+	}
+	return answer{status: resp.StatusCode, body: data}, true, nil
 }

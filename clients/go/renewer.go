@@ -74,13 +74,17 @@ func (l *Lock) bootExpired() bool {
 // a hung request delays no deadline; a service without that route gets one
 // request per lock, as it did before it had one.
 type renewer struct {
-	c    *Client
-	mu   sync.Mutex
-	h    lockHeap
-	wake chan struct{}
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
+	c  *Client
+	mu sync.Mutex
+	h  lockHeap
+	// armed is when the renewer looks at the heap again by itself: a timer
+	// due later needs no wake-up, which would cost a goroutine switch per
+	// acquire. Written by the renewer under mu; zero before its first look.
+	armed time.Time
+	wake  chan struct{}
+	quit  chan struct{}
+	done  chan struct{}
+	once  sync.Once
 	// noBatch is set once the service answered 404 to POST /v1/renew.
 	noBatch atomic.Bool
 }
@@ -138,9 +142,9 @@ func (r *renewer) add(l *Lock, sent stamp) {
 	l.next = jittered(sent.mono, period(l.granted))
 	l.timer = l.wantedTimer()
 	heap.Push(&r.h, l)
-	first := r.h[0] == l
+	wake := r.h[0] == l && l.timer.Before(r.armed)
 	r.mu.Unlock()
-	if first {
+	if wake {
 		r.poke()
 	}
 }
@@ -220,6 +224,8 @@ func (r *renewer) run() {
 		if len(r.h) > 0 {
 			wait = min(r.h[0].timer.Sub(now), suspendCheck)
 		}
+		armed := now.Add(wait)
+		r.armed = armed
 		r.mu.Unlock()
 		for _, l := range lost {
 			r.mu.Lock()
@@ -250,7 +256,7 @@ func (r *renewer) run() {
 			default:
 			}
 		}
-		t.Reset(wait)
+		t.Reset(time.Until(armed)) // at armed, however long the above took
 		select {
 		case <-r.quit:
 			return
@@ -386,9 +392,9 @@ func (r *renewer) settle(l *Lock, sent stamp, g *grantBody, err error) {
 		l.lastErr = err
 		l.next = time.Now().Add(pause)
 	}
-	first := r.reschedule(l)
+	wake := r.reschedule(l) && l.timer.Before(r.armed)
 	r.mu.Unlock()
-	if first {
+	if wake {
 		r.poke()
 	}
 }

@@ -343,16 +343,13 @@ func TestWireCancelMidRequest(t *testing.T) {
 	}
 }
 
-// An answer with Connection: close is read, and its connection is not
-// kept: the next request dials anew.
-func TestWireConnectionClose(t *testing.T) {
+// countingServer starts an httptest server with handler, closed when the
+// test ends, and a count of the connections it has accepted.
+func countingServer(t *testing.T, handler http.Handler) (*httptest.Server, func() int) {
+	t.Helper()
 	var mu sync.Mutex
 	opened := 0
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Connection", "close")
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":7,"ttl_ms":30000,"expires_in_ms":30000}`)
-	}))
+	srv := httptest.NewUnstartedServer(handler)
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
 			mu.Lock()
@@ -361,7 +358,22 @@ func TestWireConnectionClose(t *testing.T) {
 		}
 	}
 	srv.Start()
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return opened
+	}
+}
+
+// An answer with Connection: close is read, and its connection is not
+// kept: the next request dials anew.
+func TestWireConnectionClose(t *testing.T) {
+	srv, opened := countingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":7,"ttl_ms":30000,"expires_in_ms":30000}`)
+	}))
 	c := newClient(t, srv.URL)
 	ctx := ctxT(t, 10*time.Second)
 	for i := 0; i < 3; i++ {
@@ -376,33 +388,20 @@ func TestWireConnectionClose(t *testing.T) {
 			t.Fatalf("a Connection: close answer left %d idle connections", n)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if opened != 3 {
-		t.Fatalf("3 requests answered with Connection: close opened %d connections, want 3", opened)
+	if n := opened(); n != 3 {
+		t.Fatalf("3 requests answered with Connection: close opened %d connections, want 3", n)
 	}
 }
 
 // An informational answer (103 Early Hints here) before the answer is
 // skipped, and the connection is kept.
 func TestWireSkipsInformationalAnswers(t *testing.T) {
-	var mu sync.Mutex
-	opened := 0
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, opened := countingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</v1/stats>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":9,"ttl_ms":30000,"expires_in_ms":30000}`)
 	}))
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			mu.Lock()
-			opened++
-			mu.Unlock()
-		}
-	}
-	srv.Start()
-	defer srv.Close()
 	c := newClient(t, srv.URL)
 	ctx := ctxT(t, 10*time.Second)
 	for i := 0; i < 3; i++ {
@@ -414,9 +413,7 @@ func TestWireSkipsInformationalAnswers(t *testing.T) {
 			t.Fatalf("inspect read %+v", info)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if opened != 1 {
-		t.Fatalf("3 requests opened %d connections, want 1", opened)
+	if n := opened(); n != 1 {
+		t.Fatalf("3 requests opened %d connections, want 1", n)
 	}
 }

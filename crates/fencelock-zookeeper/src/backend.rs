@@ -63,6 +63,14 @@ fn seq(name: &str) -> &str {
 /// child's changes fire no data watch on its parent.
 const LEASE: &str = "lease";
 
+/// The TTL a release's touch shortens its lease to (`release_as`). No grant
+/// or renewal asks for less than the core's minimum TTL (100 ms), so a
+/// record with this TTL is a lease being released: readers count it gone
+/// already. Otherwise a read between the touch and the delete would report
+/// a lease that ends within milliseconds, and an observer that then finds
+/// it gone would take the resignation for an expiry.
+const RELEASING: Duration = Duration::from_millis(1);
+
 /// Past this many cached leases, the ones that ended long ago (lost, never
 /// released here) are swept out.
 const CACHE_SWEEP: usize = 4096;
@@ -129,9 +137,10 @@ impl Node {
     }
 
     /// Whether the lease is unexpired at `now` (milliseconds on the
-    /// leader's clock). A foreign node is live until it is deleted.
+    /// leader's clock) and not being released. A foreign node is live
+    /// until it is deleted.
     pub(crate) fn live_at(&self, now: i64) -> bool {
-        self.record.foreign || self.expires_ms() > now
+        self.record.foreign || (self.expires_ms() > now && self.record.ttl_ms != ttl_ms(RELEASING))
     }
 
     /// Whether this node is a writer's or a reader's lease.
@@ -883,7 +892,7 @@ impl ZkBackend {
         // delete conditional on the touch's version. Deleting a lease that
         // had just expired is harmless: nobody took it over, or the touch
         // would have found it gone.
-        let record = Self::renewed(&node, Duration::from_millis(1));
+        let record = Self::renewed(&node, RELEASING);
         let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
         let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
         let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));

@@ -1,0 +1,72 @@
+//! A release is a touch (shortening the lease to a millisecond) and a
+//! delete sent together (`docs/zookeeper.md`). A reader that read the
+//! leader's clock before the touch and the lease after it must not report
+//! a lease that ends within milliseconds: an election observer that saw
+//! one and then found it gone would report the leader's resignation as an
+//! expiry. Readers count a touched lease as released.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use fencelock_core::{Backend, LockClient, LockKey};
+use fencelock_testkit::{servers::zookeeper::ZkServer, TestResult};
+use fencelock_zookeeper::ZkBackend;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Acquire-release cycles while inspectors read the key. The window
+/// between a release's touch and its delete is short, so it takes many
+/// reads to land in it; a few hundred cycles hit it reliably without the
+/// fix.
+const CYCLES: usize = 400;
+const INSPECTORS: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_being_released_is_never_reported_as_ending() -> TestResult {
+    let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
+    let holder = LockClient::new(Arc::new(ZkBackend::connect(&zk.url()).await?));
+    let key = LockKey::new("leaving")?;
+    let done = Arc::new(AtomicBool::new(false));
+    let mut inspectors = Vec::with_capacity(INSPECTORS);
+    for _ in 0..INSPECTORS {
+        let reader = ZkBackend::connect(&zk.url()).await?;
+        let (key, done) = (key.clone(), Arc::clone(&done));
+        inspectors.push(tokio::spawn(async move {
+            let mut reads = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                if let Some(info) = reader.inspect(&key).await.map_err(|e| e.to_string())? {
+                    // A lease of this TTL is released long before it can
+                    // come anywhere near its end.
+                    if info.expires_in < TTL / 2 {
+                        return Err(format!(
+                            "inspect reported token {} ending in {:?}",
+                            info.token, info.expires_in
+                        ));
+                    }
+                }
+                reads += 1;
+            }
+            Ok::<_, String>(reads)
+        }));
+    }
+    for _ in 0..CYCLES {
+        holder
+            .lock("leaving")
+            .ttl(TTL)
+            .acquire()
+            .await?
+            .release()
+            .await?;
+    }
+    done.store(true, Ordering::Relaxed);
+    for inspector in inspectors {
+        let reads = inspector.await??;
+        assert!(reads > 0, "an inspector never read the key");
+    }
+    Ok(())
+}

@@ -95,6 +95,13 @@ pub(crate) struct Record {
     pub(crate) foreign: bool,
 }
 
+impl Record {
+    /// The bytes a lease node stores.
+    pub(crate) fn to_bytes(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| bad_value(e.to_string()))
+    }
+}
+
 /// A lease node as read: its path, record and stat.
 #[derive(Clone)]
 pub(crate) struct Node {
@@ -486,7 +493,7 @@ impl ZkBackend {
         node: &Node,
         record: Record,
     ) -> Result<std::result::Result<Node, zk::Error>> {
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let answer = match (self.curator(), &node.lease) {
             (false, _) => {
                 let answer = c.set_data(&node.path, &bytes, Some(node.stat.version));
@@ -539,7 +546,7 @@ impl ZkBackend {
         if self.curator() {
             return self.write(c, node, record).await;
         }
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let (dir, name) = node
             .path
             .rsplit_once('/')
@@ -893,7 +900,7 @@ impl ZkBackend {
         // had just expired is harmless: nobody took it over, or the touch
         // would have found it gone.
         let record = Self::renewed(&node, RELEASING);
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
         let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
         let (touched, deleted) = self
@@ -991,7 +998,7 @@ impl Backend for ZkBackend {
             queued: false,
             foreign: false,
         };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let key = request.key.as_str();
         let (mine, stat) = self.create(&c, key, LockMode::Exclusive, &bytes).await?;
         // The node's creation time is "now" on the leader: any older lease

@@ -22,7 +22,7 @@ use zookeeper_client as zk;
 
 use crate::{
     backend::{ttl_ms, Node, Record, ZkBackend},
-    error::{bad_value, map},
+    error::map,
 };
 
 /// A waiter's entry, by key directory and owner (tasks of one owner share
@@ -96,7 +96,7 @@ impl ZkBackend {
             queued: true,
             foreign: false,
         };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let cached = entry.clone();
         let fresh = cached.as_ref().filter(|e| {
             e.written.elapsed() < request.ttl / 3 && e.node.record.ttl_ms == record.ttl_ms

@@ -100,7 +100,7 @@ impl ZkBackend {
             queued: false,
             foreign: false,
         };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let key = request.key.as_str();
         let (mine, stat) = self.create(&c, key, LockMode::Shared, &bytes).await?;
         match self
@@ -163,7 +163,7 @@ impl ZkBackend {
             queued: false,
             foreign: false,
         };
-        let bytes = serde_json::to_vec(&record).map_err(|e| bad_value(e.to_string()))?;
+        let bytes = record.to_bytes()?;
         let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         for _ in 0..INTENT_TRIES {
             // Every write below is conditional on what was read, so two

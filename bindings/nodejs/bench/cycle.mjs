@@ -50,6 +50,9 @@ const rust = path.join(TARGET, process.env.PROFILE || 'release', 'examples', 'cy
 
 const contenders = {
   'Rust library': async () => Number(execFileSync(rust, [server.url, String(window)], { encoding: 'utf8' })),
+  // The same loop as a task on the runtime (a service's handlers), where
+  // the caller and the connection share a worker: the Rust library's best.
+  'Rust library (spawned task)': async () => Number(execFileSync(rust, [server.url, String(window), 'spawned'], { encoding: 'utf8' })),
   'fencelock (Node binding)': () => rate(async () => {
     const guard = await client.acquire('bench:node', { ttl: 30_000 })
     await guard.release()

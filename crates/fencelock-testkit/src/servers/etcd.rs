@@ -101,7 +101,7 @@ impl MemberSet<Etcd> {
                 .join(",");
             let cluster_token = format!("fencelock-{}", peer_ports[0]);
             Ok(Etcd {
-                binary,
+                binary: binary.clone(),
                 peer_ports,
                 initial_cluster,
                 cluster_token,

@@ -24,6 +24,10 @@ use nix::sys::signal::Signal;
 use super::{url_factory::UrlServer, wait_for_port, ChildProcess};
 use crate::TestResult;
 
+/// How many times [`MemberSet::start_with`] lays a set out on fresh ports
+/// when a member exits before it serves.
+pub const START_ATTEMPTS: u32 = 3;
+
 /// Where a member listens and keeps its files, fixed for its whole life so
 /// that a restarted member comes back as itself.
 #[derive(Debug)]
@@ -90,7 +94,36 @@ impl<E: Engine> MemberSet<E> {
     /// Lays out `n` members (a free client port and a directory each), lets
     /// `engine` see the layout (peer addresses, configuration files), starts
     /// every member and returns once each serves.
-    pub fn start_with(n: usize, engine: impl FnOnce(&[Slot]) -> TestResult<E>) -> TestResult<Self> {
+    ///
+    /// A port from [`super::free_port`] is free when it is chosen, not
+    /// necessarily when the server binds it: another test can be handed the
+    /// same port in between, and a port the server derives from it (a Redis
+    /// cluster node's bus port, 10000 above its client port) can be any
+    /// connection's local port. A member that exits before it serves is
+    /// taken for such a clash: the whole set is laid out again on fresh
+    /// ports, up to [`START_ATTEMPTS`] times.
+    pub fn start_with(
+        n: usize,
+        mut engine: impl FnMut(&[Slot]) -> TestResult<E>,
+    ) -> TestResult<Self> {
+        let mut attempt = 1;
+        loop {
+            let set = Self::lay_out(n, &mut engine)?;
+            match set.start_all() {
+                Ok(()) => return Ok(set),
+                Err(e) if attempt < START_ATTEMPTS && set.any_exited() => {
+                    eprintln!(
+                        "{} set, attempt {attempt} of {START_ATTEMPTS}: {e}; laying it out again",
+                        E::NAME
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn lay_out(n: usize, engine: &mut impl FnMut(&[Slot]) -> TestResult<E>) -> TestResult<Self> {
         let root = tempfile::tempdir()?;
         let mut slots = Vec::with_capacity(n);
         for index in 0..n {
@@ -103,7 +136,7 @@ impl<E: Engine> MemberSet<E> {
             });
         }
         let engine = engine(&slots)?;
-        let set = Self {
+        Ok(Self {
             engine,
             members: slots
                 .into_iter()
@@ -113,9 +146,16 @@ impl<E: Engine> MemberSet<E> {
                 })
                 .collect(),
             _root: root,
-        };
-        set.start_all()?;
-        Ok(set)
+        })
+    }
+
+    /// Whether a member that was started has exited on its own.
+    fn any_exited(&self) -> bool {
+        self.members.iter().any(|m| {
+            m.process()
+                .as_mut()
+                .is_some_and(|p| !p.is_running().unwrap_or(false))
+        })
     }
 
     fn start_all(&self) -> TestResult {
@@ -130,7 +170,7 @@ impl<E: Engine> MemberSet<E> {
 
     fn spawn(&self, i: usize) -> TestResult {
         let m = &self.members[i];
-        let log = File::create(m.slot.dir.join(format!("{}.log", E::NAME)))?;
+        let log = File::create(self.log(i))?;
         let child = self
             .engine
             .command(&m.slot)
@@ -147,6 +187,17 @@ impl<E: Engine> MemberSet<E> {
         wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
             m.process().as_mut().map_or(Ok(false), |p| p.is_running())
         })
+        .map_err(|e| {
+            // What the server said before it went is the diagnosis.
+            let log = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("{e} (m{i}'s log ends: {})", tail.join(" | ")).into()
+        })
+    }
+
+    fn log(&self, i: usize) -> PathBuf {
+        self.members[i].slot.dir.join(format!("{}.log", E::NAME))
     }
 
     fn wait_serving(&self, i: usize) -> TestResult {
@@ -286,5 +337,79 @@ impl<E: SingleServer> UrlServer for MemberSet<E> {
     }
     fn restart_server(&self) -> TestResult {
         self.restart()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::servers::redis::Redis;
+
+    /// A real `redis-server` that, while `failing`, gets an argument it
+    /// rejects at once: a member that exits before it serves, as one
+    /// whose port was taken does.
+    #[derive(Debug)]
+    struct Flaky {
+        redis: Redis,
+        failing: bool,
+    }
+
+    impl Engine for Flaky {
+        const NAME: &'static str = "redis-server";
+        const SCHEME: &'static str = "redis";
+        const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+        fn command(&self, slot: &Slot) -> Command {
+            let mut command = self.redis.command(slot);
+            if self.failing {
+                command.args(["--no-such-directive", "yes"]);
+            }
+            command
+        }
+
+        fn serves(&self, slot: &Slot) -> bool {
+            self.redis.serves(slot)
+        }
+
+        fn leads(&self, slot: &Slot) -> bool {
+            self.redis.leads(slot)
+        }
+    }
+
+    #[test]
+    fn a_set_whose_member_exits_at_start_is_laid_out_again() -> TestResult {
+        let mut layouts = 0;
+        let set = MemberSet::start_with(2, |_| {
+            layouts += 1;
+            Ok(Flaky {
+                redis: Redis::new(false)?,
+                failing: layouts == 1,
+            })
+        })?;
+        assert_eq!(layouts, 2, "the set was not laid out again");
+        assert!((0..set.len()).all(|i| set.engine().serves(set.slot(i))));
+        Ok(())
+    }
+
+    #[test]
+    fn a_member_that_always_exits_fails_with_what_it_logged() {
+        let mut layouts = 0;
+        let result = MemberSet::start_with(1, |_| {
+            layouts += 1;
+            Ok(Flaky {
+                redis: Redis::new(false)?,
+                failing: true,
+            })
+        });
+        let Err(e) = result else {
+            panic!("a server that cannot start was reported started");
+        };
+        assert_eq!(layouts, START_ATTEMPTS);
+        let message = e.to_string();
+        assert!(
+            message.contains("exited before accepting connections")
+                && message.contains("no-such-directive"),
+            "the error does not say why: {message}"
+        );
     }
 }

@@ -109,7 +109,7 @@ impl MemberSet<ZooKeeper> {
                 }
                 std::fs::write(slot.dir.join("zoo.cfg"), config)?;
             }
-            Ok(ZooKeeper { java })
+            Ok(ZooKeeper { java: java.clone() })
         })
     }
 }

@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use super::{find_binary, free_port, running_as_root, wait_for_port, ChildProcess};
+use super::{
+    find_binary, first_start, free_port, log_tail, running_as_root, wait_for_port, ChildProcess,
+    ExitedAtStart,
+};
 use crate::TestResult;
 
 const SEARCH: &[&str] = &["/usr/sbin", "/usr/libexec", "/usr/local/mysql/bin"];
@@ -109,7 +112,7 @@ impl MariaDbServer {
             )
             .into());
         }
-        me.start_process()?;
+        first_start("mariadbd", &mut me, |s| &mut s.port, Self::start_process)?;
         Ok(me)
     }
 
@@ -168,7 +171,15 @@ impl MariaDbServer {
         self.add_user(&mut cmd);
         let mut child = ChildProcess::new("mariadbd", cmd.spawn()?);
         let addr = ([127, 0, 0, 1], self.port).into();
-        wait_for_port(addr, Duration::from_secs(60), || child.is_running())?;
+        if let Err(e) = wait_for_port(addr, Duration::from_secs(60), || child.is_running()) {
+            let log = log_tail(&self.dir.path().join("server.log"), 3);
+            let message = format!("{e} (its log ends: {log})");
+            return Err(if e.is::<ExitedAtStart>() {
+                ExitedAtStart(message).into()
+            } else {
+                message.into()
+            });
+        }
         self.child = Some(child);
         Ok(())
     }
@@ -252,5 +263,29 @@ impl super::url_factory::UrlServer for std::sync::Mutex<MariaDbServer> {
         self.lock()
             .map_err(|_| "a restart of this server panicked")?
             .restart()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::taken_port, *};
+
+    /// A port taken between `free_port` and mariadbd's bind makes it exit;
+    /// the first start moves to a fresh port instead of failing.
+    #[test]
+    fn a_first_start_on_a_taken_port_moves_to_a_free_one() -> TestResult {
+        let mut server = MariaDbServer::start()?;
+        server.stop()?;
+        let (taken, _listener, _client) = taken_port()?;
+        server.port = taken;
+        first_start(
+            "mariadbd",
+            &mut server,
+            |s| &mut s.port,
+            MariaDbServer::start_process,
+        )?;
+        assert_ne!(server.port(), taken, "the server claims the taken port");
+        std::net::TcpStream::connect(("127.0.0.1", server.port()))?;
+        Ok(())
     }
 }

@@ -21,12 +21,8 @@ use std::{
 
 use nix::sys::signal::Signal;
 
-use super::{url_factory::UrlServer, wait_for_port, ChildProcess};
+use super::{log_tail, url_factory::UrlServer, wait_for_port, ChildProcess, START_ATTEMPTS};
 use crate::TestResult;
-
-/// How many times [`MemberSet::start_with`] lays a set out on fresh ports
-/// when a member exits before it serves.
-pub const START_ATTEMPTS: u32 = 3;
 
 /// Where a member listens and keeps its files, fixed for its whole life so
 /// that a restarted member comes back as itself.
@@ -187,13 +183,7 @@ impl<E: Engine> MemberSet<E> {
         wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
             m.process().as_mut().map_or(Ok(false), |p| p.is_running())
         })
-        .map_err(|e| {
-            // What the server said before it went is the diagnosis.
-            let log = std::fs::read_to_string(self.log(i)).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(3).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            format!("{e} (m{i}'s log ends: {})", tail.join(" | ")).into()
-        })
+        .map_err(|e| format!("{e} (m{i}'s log ends: {})", log_tail(&self.log(i), 3)).into())
     }
 
     fn log(&self, i: usize) -> PathBuf {

@@ -23,9 +23,63 @@ use nix::{
 use crate::TestResult;
 
 /// A free TCP port on 127.0.0.1, as the OS hands it out. The port is free
-/// when this returns; a server started right after binds it.
+/// when this returns, not necessarily when a server binds it: another test
+/// can be handed the same port in between. A server's first start is
+/// therefore tried again on a fresh port when it exits before it serves
+/// ([`first_start`], [`members::MemberSet::start_with`]).
 pub fn free_port() -> TestResult<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// How many times a server's (or a server set's) first start is tried, on
+/// fresh ports each time, when a process exits before it serves.
+pub const START_ATTEMPTS: u32 = 3;
+
+/// A server process exited before it served. On a first start that is
+/// most likely a port taken between [`free_port`] and the server's bind.
+#[derive(Debug)]
+pub struct ExitedAtStart(pub String);
+
+impl std::fmt::Display for ExitedAtStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ExitedAtStart {}
+
+/// Runs `start`, a server's first start, again on a fresh port (written
+/// through `port`) when it fails with [`ExitedAtStart`], up to
+/// [`START_ATTEMPTS`] times; each retry says so on stderr. Restarts keep
+/// their port and do not come here.
+pub fn first_start<S, T>(
+    name: &str,
+    server: &mut S,
+    port: impl Fn(&mut S) -> &mut u16,
+    start: impl Fn(&mut S) -> TestResult<T>,
+) -> TestResult<T> {
+    let mut attempt = 1;
+    loop {
+        match start(server) {
+            Err(e) if attempt < START_ATTEMPTS && e.is::<ExitedAtStart>() => {
+                eprintln!(
+                    "{name}, attempt {attempt} of {START_ATTEMPTS}: {e}; \
+                     starting it again on a fresh port"
+                );
+                *port(server) = free_port()?;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The last `n` lines of a server's log, joined by ` | ` (empty when the
+/// log cannot be read): what a server said before it went is the diagnosis.
+pub fn log_tail(log: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 /// Finds `binary` on `PATH` or in `extra_dirs`; the error names `package`.
@@ -79,9 +133,10 @@ pub fn wait_for_port(
             return Ok(());
         }
         if !alive()? {
-            return Err(
-                format!("the server for {addr} exited before accepting connections").into(),
-            );
+            return Err(ExitedAtStart(format!(
+                "the server for {addr} exited before accepting connections"
+            ))
+            .into());
         }
         if Instant::now() >= deadline {
             return Err(
@@ -198,3 +253,15 @@ pub mod redis_set;
 pub mod replicas;
 pub mod url_factory;
 pub mod zookeeper;
+
+/// For the tests of first starts: a port taken as the ones that make a
+/// server exit at start are, the local port of a connected client socket.
+/// Nothing listens on it, so a server that cannot bind it is not mistaken
+/// for one that started. Keep the returned sockets for as long as the port
+/// is to stay taken.
+#[cfg(test)]
+pub(crate) fn taken_port() -> TestResult<(u16, TcpListener, TcpStream)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let client = TcpStream::connect(listener.local_addr()?)?;
+    Ok((client.local_addr()?.port(), listener, client))
+}

@@ -11,7 +11,10 @@ use std::{
 
 use nix::{sys::signal::Signal, unistd::User};
 
-use super::{chown_to, find_binary, free_port, running_as_root, ChildProcess};
+use super::{
+    chown_to, find_binary, first_start, free_port, log_tail, running_as_root, ChildProcess,
+    ExitedAtStart,
+};
 use crate::TestResult;
 
 const SEARCH: &[&str] = &["/usr/lib/postgresql/*/bin"];
@@ -111,7 +114,12 @@ impl PostgresServer {
             )
             .into());
         }
-        server.start_process()?;
+        first_start(
+            "postgres",
+            &mut server,
+            |s| &mut s.port,
+            Self::start_process,
+        )?;
         Ok(server)
     }
 
@@ -149,7 +157,7 @@ impl PostgresServer {
             cmd.args(["-c", "fsync=off", "-c", "full_page_writes=off"]);
         }
         let mut child = ChildProcess::new("postgres", cmd.spawn()?);
-        wait_ready(&self.data_dir(), &mut child, self.port)?;
+        wait_ready(self.dir.path(), &mut child, self.port)?;
         self.child = Some(child);
         Ok(())
     }
@@ -223,15 +231,22 @@ impl PostgresServer {
 
 /// Waits for `postmaster.pid` to say `ready` (accepting TCP is not enough:
 /// during recovery the server answers "the database system is starting up").
-fn wait_ready(data: &Path, child: &mut ChildProcess, port: u16) -> TestResult {
+/// Waits until the postmaster in `dir` (its data under `data`, its log
+/// `server.log`) says it is ready.
+fn wait_ready(dir: &Path, child: &mut ChildProcess, port: u16) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status = std::fs::read_to_string(data.join("postmaster.pid")).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(dir.join("data").join("postmaster.pid")).unwrap_or_default();
         if status.lines().nth(7).is_some_and(|l| l.trim() == "ready") {
             return Ok(());
         }
         if !child.is_running()? {
-            return Err(format!("postgres on port {port} exited while starting").into());
+            return Err(ExitedAtStart(format!(
+                "postgres on port {port} exited while starting (its log ends: {})",
+                log_tail(&dir.join("server.log"), 3)
+            ))
+            .into());
         }
         if Instant::now() >= deadline {
             return Err(format!("postgres on port {port} was not ready within 60 s").into());
@@ -267,5 +282,47 @@ impl super::url_factory::UrlServer for std::sync::Mutex<PostgresServer> {
         self.lock()
             .map_err(|_| "a restart of this server panicked")?
             .restart()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::taken_port, *};
+
+    /// A port taken between `free_port` and the postmaster's bind makes it
+    /// exit; the first start moves to a fresh port instead of failing.
+    #[test]
+    fn a_first_start_on_a_taken_port_moves_to_a_free_one() -> TestResult {
+        let mut server = PostgresServer::start()?;
+        server.stop()?;
+        let (taken, _listener, _client) = taken_port()?;
+        server.port = taken;
+        first_start(
+            "postgres",
+            &mut server,
+            |s| &mut s.port,
+            PostgresServer::start_process,
+        )?;
+        assert_ne!(server.port(), taken, "the server claims the taken port");
+        std::net::TcpStream::connect(("127.0.0.1", server.port()))?;
+        Ok(())
+    }
+
+    /// A restart keeps its port: its failure is reported, with the log.
+    #[test]
+    fn a_restart_on_a_taken_port_fails_with_the_servers_words() -> TestResult {
+        let mut server = PostgresServer::start()?;
+        server.stop()?;
+        let (taken, _listener, _client) = taken_port()?;
+        server.port = taken;
+        let Err(e) = server.start_process() else {
+            panic!("postgres started on a port that is taken");
+        };
+        assert!(e.is::<ExitedAtStart>(), "not taken for an exit: {e}");
+        assert!(
+            e.to_string().contains("could not"),
+            "the log is not quoted: {e}"
+        );
+        Ok(())
     }
 }

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use super::{find_binary, free_port, wait_for_port, ChildProcess};
+use super::{find_binary, first_start, free_port, wait_for_port, ChildProcess, ExitedAtStart};
 use crate::TestResult;
 
 /// `fencelock serve` processes over one backend URL, each on a port of its
@@ -33,7 +33,7 @@ impl ServeReplicas {
     /// added to each command line (e.g. `--token-file`); returns once each
     /// has printed its listening line.
     pub fn start(binary: &Path, backend: &str, n: usize, args: &[&str]) -> TestResult<Self> {
-        let replicas = Self {
+        let mut replicas = Self {
             binary: binary.to_owned(),
             backend: backend.to_owned(),
             args: args.iter().map(|&a| a.to_owned()).collect(),
@@ -41,7 +41,12 @@ impl ServeReplicas {
             processes: (0..n).map(|_| Mutex::new(None)).collect(),
         };
         for i in 0..n {
-            replicas.start_again(i)?;
+            first_start(
+                &format!("fencelock serve #{i}"),
+                &mut replicas,
+                |r| &mut r.ports[i],
+                |r| r.start_again(i),
+            )?;
         }
         Ok(replicas)
     }
@@ -121,6 +126,14 @@ impl ServeReplicas {
         let mut process = ChildProcess::new(format!("fencelock serve #{i}"), child);
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
+        if line.is_empty() {
+            // End of output: the replica exited (its error went to stderr).
+            return Err(ExitedAtStart(format!(
+                "replica {i} exited before listening on 127.0.0.1:{}",
+                self.ports[i]
+            ))
+            .into());
+        }
         if !line.starts_with("listening on ") {
             process.kill()?;
             return Err(format!("replica {i} did not start: {line:?}").into());
@@ -145,7 +158,23 @@ impl Haproxy {
     pub fn start(ports: &[u16]) -> TestResult<Self> {
         let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
+        let mut port = free_port()?;
+        let process = first_start(
+            "haproxy",
+            &mut port,
+            |port| port,
+            |port| Self::spawn(&binary, dir.path(), *port, ports),
+        )?;
+        Ok(Self {
+            _process: process,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// Runs `haproxy` on `port` with its configuration in `dir`; returns
+    /// once it accepts connections.
+    fn spawn(binary: &Path, dir: &Path, port: u16, ports: &[u16]) -> TestResult<ChildProcess> {
         let servers: String = ports
             .iter()
             .enumerate()
@@ -169,7 +198,7 @@ impl Haproxy {
              frontend locks\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\
              backend replicas\n    balance roundrobin\n    option httpchk GET /healthz\n{servers}"
         );
-        let path = dir.path().join("haproxy.cfg");
+        let path = dir.join("haproxy.cfg");
         std::fs::write(&path, config)?;
         let child = Command::new(binary)
             .arg("-db")
@@ -184,15 +213,37 @@ impl Haproxy {
             Duration::from_secs(10),
             || process.is_running(),
         )?;
-        Ok(Self {
-            _process: process,
-            port,
-            _dir: dir,
-        })
+        Ok(process)
     }
 
     /// `http://127.0.0.1:PORT` of the balancer.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpStream;
+
+    use super::{super::taken_port, *};
+
+    /// HAProxy that cannot bind its port exits; its first start moves to a
+    /// fresh port instead of failing.
+    #[test]
+    fn haproxy_on_a_taken_port_moves_to_a_free_one() -> TestResult {
+        let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
+        let dir = tempfile::tempdir()?;
+        let (taken, _listener, _client) = taken_port()?;
+        let mut port = taken;
+        let _process = first_start(
+            "haproxy",
+            &mut port,
+            |port| port,
+            |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
+        )?;
+        assert_ne!(port, taken, "haproxy claims the taken port");
+        TcpStream::connect(("127.0.0.1", port))?;
+        Ok(())
     }
 }

@@ -149,6 +149,15 @@ func (w *wire) idleCount() int {
 	return len(w.idle)
 }
 
+// overProxy starts a service over SQLite behind a fault proxy and a
+// client that reaches it through the proxy, with a 30 s context.
+func overProxy(t *testing.T) (*service, *faultProxy, *Client, context.Context) {
+	t.Helper()
+	s := startService(t, "sqlite", false)
+	p := newFaultProxy(t, s.url)
+	return s, p, newClient(t, p.url()), ctxT(t, 30*time.Second)
+}
+
 // The pooled path serves plain http:// with the client's own transport
 // only; a caller's *http.Client, https and a token net/http would refuse
 // keep net/http.
@@ -178,10 +187,7 @@ func TestWireOnlyWithoutACallersClient(t *testing.T) {
 
 // Cycles go over one connection, kept alive between requests.
 func TestWireReusesOneConnection(t *testing.T) {
-	s := startService(t, "sqlite", false)
-	p := newFaultProxy(t, s.url)
-	c := newClient(t, p.url())
-	ctx := ctxT(t, 30*time.Second)
+	_, p, c, ctx := overProxy(t)
 	for i := 0; i < 20; i++ {
 		l, err := c.TryAcquire(ctx, "wire/reuse")
 		if err != nil {
@@ -203,10 +209,7 @@ func TestWireReusesOneConnection(t *testing.T) {
 // before a request is sent on it: the release goes over a new connection
 // and is done on the service.
 func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
-	s := startService(t, "sqlite", false)
-	p := newFaultProxy(t, s.url)
-	c := newClient(t, p.url())
-	ctx := ctxT(t, 30*time.Second)
+	s, p, c, ctx := overProxy(t)
 	l, err := c.TryAcquire(ctx, "wire/dropped")
 	if err != nil {
 		t.Fatal(err)
@@ -238,10 +241,7 @@ func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
 // POST) is not sent again, since the service may have granted it; the
 // caller gets ErrUnavailable. A GET is sent again over a new connection.
 func TestWireNeverResendsAPost(t *testing.T) {
-	s := startService(t, "sqlite", false)
-	p := newFaultProxy(t, s.url)
-	c := newClient(t, p.url())
-	ctx := ctxT(t, 30*time.Second)
+	_, p, c, ctx := overProxy(t)
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -278,11 +278,8 @@ func TestWireNeverResendsAPost(t *testing.T) {
 // goroutine; a context's deadline and the client's timeout likewise, as
 // ErrUnavailable matching context.DeadlineExceeded.
 func TestWireCancelMidRequest(t *testing.T) {
-	s := startService(t, "sqlite", false)
-	p := newFaultProxy(t, s.url)
-	c := newClient(t, p.url())
+	_, p, c, ctx := overProxy(t)
 	short := newClient(t, p.url(), WithTimeout(200*time.Millisecond))
-	ctx := ctxT(t, 30*time.Second)
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,9 @@
 """Side-by-side benchmark on one throwaway Redis (docs/benchmarks.md,
 "Python"): uncontended acquire + release with one client, in alternating
 slices, for the binding (async and sync), the Rust library (`fencelock
-bench`, release build), redis-py's `Lock` and python-redis-lock; then the
-binding's hand-off p50 and its memory per held lock at 10,000 locks.
+bench`, release build), redis-py's `Lock` (sync, and its asyncio client's
+`Lock`, the like of the binding's async path) and python-redis-lock; then
+the binding's hand-off p50 and its memory per held lock at 10,000 locks.
 
 The Rust library's cycle rate comes from `bindings/nodejs/examples/cycle.rs`
 when its release build is in the target directory (`cargo build --release
@@ -27,13 +28,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Awaitable, Callable, Dict, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import fencelock  # noqa: E402
 import redis  # noqa: E402
-import redis_lock  # noqa: E402
+import redis.asyncio  # noqa: E402
+import redis_lock  # type: ignore[import-untyped]  # noqa: E402
 from servers import TARGET, Server  # noqa: E402
 
 RUST = TARGET / "release" / "fencelock"
@@ -56,12 +58,11 @@ def rate(cycle: Callable[[], None], seconds: float) -> float:
     return done / seconds
 
 
-async def async_rate(client: fencelock.Client, seconds: float) -> float:
+async def async_rate(cycle: Callable[[], Awaitable[None]], seconds: float) -> float:
     cpu = time.process_time()
     done, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
-        guard = await client.acquire("bench:async", ttl=30.0, wait=0)
-        await guard.release()
+        await cycle()
         done += 1
     CPU_US[0] = (time.process_time() - cpu) * 1e6 / done
     return done / seconds
@@ -106,7 +107,7 @@ async def handoff_p50(url: str, rounds: int) -> float:
     return statistics.median(samples) * 1000
 
 
-def server_usec(r: "redis.Redis[bytes]") -> int:
+def server_usec(r: redis.Redis) -> int:
     """The server's own time since the last CONFIG RESETSTAT: the sum of
     INFO commandstats' usec (a script's commands count inside its EVALSHA)."""
     stats: Dict[str, Dict[str, Any]] = r.info("commandstats")
@@ -158,8 +159,19 @@ def main() -> None:
 
         loop = asyncio.new_event_loop()
         async_client = loop.run_until_complete(fencelock.connect(server.url))
+        ar = redis.asyncio.Redis(host=host, port=port)
+
+        async def binding_async() -> None:
+            guard = await async_client.acquire("bench:async", ttl=30.0, wait=0)
+            await guard.release()
+
+        async def redis_py_asyncio() -> None:
+            lock = ar.lock("bench:redispy-asyncio", timeout=30)
+            assert await lock.acquire(blocking=False)
+            await lock.release()
+
         names = ["rust", "rust (spawned task)", "binding async", "binding sync",
-                 "redis-py Lock", "python-redis-lock"]
+                 "redis-py Lock", "redis-py Lock (asyncio)", "python-redis-lock"]
         with_rust = CYCLE.exists() or RUST.exists()
         if not with_rust:
             print(f"{RUST} and {CYCLE} are missing: no Rust rows\n")
@@ -171,9 +183,11 @@ def main() -> None:
         runs: Dict[str, Callable[[], float]] = {
             "rust": lambda: rust_rate(server.url, args.slice),
             "rust (spawned task)": lambda: rust_rate(server.url, args.slice, "spawned"),
-            "binding async": lambda: loop.run_until_complete(async_rate(async_client, args.slice)),
+            "binding async": lambda: loop.run_until_complete(async_rate(binding_async, args.slice)),
             "binding sync": lambda: rate(binding_sync, args.slice),
             "redis-py Lock": lambda: rate(redis_py, args.slice),
+            "redis-py Lock (asyncio)": lambda: loop.run_until_complete(
+                async_rate(redis_py_asyncio, args.slice)),
             "python-redis-lock": lambda: rate(python_redis_lock, args.slice),
         }
         server_us: Dict[str, List[float]] = {k: [] for k in rates}
@@ -203,6 +217,7 @@ def main() -> None:
             print(f"{RUST} is missing (cargo build --release -p fencelock-cli --features lab): "
                   "no Rust hand-off and memory rows")
             loop.run_until_complete(async_client.close())
+            loop.run_until_complete(ar.aclose())
             sync_client.close()
             return
         handoff = rust_bench(server.url, "handoff", "--duration", "3s", "--warmup", "200ms", "--rounds", "1")
@@ -210,6 +225,7 @@ def main() -> None:
         hold = rust_bench(server.url, "hold", "--keys", "10000", "--ttl", "30s", "--duration", "4s")
         print(f"memory per held lock (Rust library, 10,000 locks): {hold['hold']['bytes_per_lock']:,.0f} B")
         loop.run_until_complete(async_client.close())
+        loop.run_until_complete(ar.aclose())
         sync_client.close()
     finally:
         server.stop()

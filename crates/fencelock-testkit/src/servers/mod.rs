@@ -265,3 +265,21 @@ pub(crate) fn taken_port() -> TestResult<(u16, TcpListener, TcpStream)> {
     let client = TcpStream::connect(listener.local_addr()?)?;
     Ok((client.local_addr()?.port(), listener, client))
 }
+
+/// For the tests of first starts: gives `server` a taken port, starts it
+/// with [`first_start`], and checks that it moved to a port it serves on.
+#[cfg(test)]
+pub(crate) fn check_moves_off_a_taken_port<S, T>(
+    name: &str,
+    server: &mut S,
+    port: impl Fn(&mut S) -> &mut u16,
+    start: impl Fn(&mut S) -> TestResult<T>,
+) -> TestResult<T> {
+    let (taken, _listener, _client) = taken_port()?;
+    *port(server) = taken;
+    let started = first_start(name, server, &port, start)?;
+    let now = *port(server);
+    assert_ne!(now, taken, "{name} claims the taken port");
+    TcpStream::connect(("127.0.0.1", now))?;
+    Ok(started)
+}

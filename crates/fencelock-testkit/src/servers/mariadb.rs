@@ -10,8 +10,8 @@ use std::{
 };
 
 use super::{
-    find_binary, first_start, free_port, log_tail, running_as_root, wait_for_port, ChildProcess,
-    ExitedAtStart,
+    find_binary, first_start, free_port, running_as_root, wait_for_port, with_log_tail,
+    ChildProcess,
 };
 use crate::TestResult;
 
@@ -171,15 +171,8 @@ impl MariaDbServer {
         self.add_user(&mut cmd);
         let mut child = ChildProcess::new("mariadbd", cmd.spawn()?);
         let addr = ([127, 0, 0, 1], self.port).into();
-        if let Err(e) = wait_for_port(addr, Duration::from_secs(60), || child.is_running()) {
-            let log = log_tail(&self.dir.path().join("server.log"), 3);
-            let message = format!("{e} (its log ends: {log})");
-            return Err(if e.is::<ExitedAtStart>() {
-                ExitedAtStart(message).into()
-            } else {
-                message.into()
-            });
-        }
+        wait_for_port(addr, Duration::from_secs(60), || child.is_running())
+            .map_err(|e| with_log_tail(e, &self.dir.path().join("server.log")))?;
         self.child = Some(child);
         Ok(())
     }

@@ -21,7 +21,7 @@ use std::{
 
 use nix::sys::signal::Signal;
 
-use super::{log_tail, url_factory::UrlServer, wait_for_port, ChildProcess, START_ATTEMPTS};
+use super::{url_factory::UrlServer, wait_for_port, with_log_tail, ChildProcess, START_ATTEMPTS};
 use crate::TestResult;
 
 /// Where a member listens and keeps its files, fixed for its whole life so
@@ -183,7 +183,7 @@ impl<E: Engine> MemberSet<E> {
         wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
             m.process().as_mut().map_or(Ok(false), |p| p.is_running())
         })
-        .map_err(|e| format!("{e} (m{i}'s log ends: {})", log_tail(&self.log(i), 3)).into())
+        .map_err(|e| with_log_tail(e, &self.log(i)))
     }
 
     fn log(&self, i: usize) -> PathBuf {

@@ -74,12 +74,22 @@ pub fn first_start<S, T>(
     }
 }
 
-/// The last `n` lines of a server's log, joined by ` | ` (empty when the
-/// log cannot be read): what a server said before it went is the diagnosis.
-pub fn log_tail(log: &Path, n: usize) -> String {
-    let log = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
+/// `error` with the last lines of the server's `log` added (what a server
+/// said before it went is the diagnosis), still an [`ExitedAtStart`] if it
+/// was one.
+pub fn with_log_tail(
+    error: Box<dyn std::error::Error + Send + Sync>,
+    log: &Path,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+    let message = format!("{error} (its log ends: {tail})");
+    if error.is::<ExitedAtStart>() {
+        ExitedAtStart(message).into()
+    } else {
+        message.into()
+    }
 }
 
 /// Finds `binary` on `PATH` or in `extra_dirs`; the error names `package`.

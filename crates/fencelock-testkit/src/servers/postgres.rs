@@ -12,7 +12,7 @@ use std::{
 use nix::{sys::signal::Signal, unistd::User};
 
 use super::{
-    chown_to, find_binary, first_start, free_port, log_tail, running_as_root, ChildProcess,
+    chown_to, find_binary, first_start, free_port, running_as_root, with_log_tail, ChildProcess,
     ExitedAtStart,
 };
 use crate::TestResult;
@@ -229,10 +229,10 @@ impl PostgresServer {
     }
 }
 
-/// Waits for `postmaster.pid` to say `ready` (accepting TCP is not enough:
-/// during recovery the server answers "the database system is starting up").
-/// Waits until the postmaster in `dir` (its data under `data`, its log
-/// `server.log`) says it is ready.
+/// Waits for the postmaster in `dir` (data under `data`, log in
+/// `server.log`) to say `ready` in `postmaster.pid` (accepting TCP is not
+/// enough: during recovery the server answers "the database system is
+/// starting up").
 fn wait_ready(dir: &Path, child: &mut ChildProcess, port: u16) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -242,11 +242,8 @@ fn wait_ready(dir: &Path, child: &mut ChildProcess, port: u16) -> TestResult {
             return Ok(());
         }
         if !child.is_running()? {
-            return Err(ExitedAtStart(format!(
-                "postgres on port {port} exited while starting (its log ends: {})",
-                log_tail(&dir.join("server.log"), 3)
-            ))
-            .into());
+            let exited = ExitedAtStart(format!("postgres on port {port} exited while starting"));
+            return Err(with_log_tail(exited.into(), &dir.join("server.log")));
         }
         if Instant::now() >= deadline {
             return Err(format!("postgres on port {port} was not ready within 60 s").into());
@@ -287,7 +284,10 @@ impl super::url_factory::UrlServer for std::sync::Mutex<PostgresServer> {
 
 #[cfg(test)]
 mod tests {
-    use super::{super::taken_port, *};
+    use super::{
+        super::{check_moves_off_a_taken_port, taken_port},
+        *,
+    };
 
     /// A port taken between `free_port` and the postmaster's bind makes it
     /// exit; the first start moves to a fresh port instead of failing.
@@ -295,17 +295,12 @@ mod tests {
     fn a_first_start_on_a_taken_port_moves_to_a_free_one() -> TestResult {
         let mut server = PostgresServer::start()?;
         server.stop()?;
-        let (taken, _listener, _client) = taken_port()?;
-        server.port = taken;
-        first_start(
+        check_moves_off_a_taken_port(
             "postgres",
             &mut server,
             |s| &mut s.port,
             PostgresServer::start_process,
-        )?;
-        assert_ne!(server.port(), taken, "the server claims the taken port");
-        std::net::TcpStream::connect(("127.0.0.1", server.port()))?;
-        Ok(())
+        )
     }
 
     /// A restart keeps its port: its failure is reported, with the log.

@@ -203,7 +203,7 @@ async fn a_node_restarted_empty_neither_votes_in_quarantine_nor_lowers_tokens() 
 async fn a_minority_partition_is_tolerated_and_a_majority_one_is_refused() -> TestResult {
     let set = RedisSet::start(3)?;
     let direct = open(&set.url()).await?;
-    let proxied = ProxiedUrl::start(&format!("{}?node_timeout=300ms", set.url())).await?;
+    let proxied = ProxiedUrl::start(&format!("{}?node_timeout=1s", set.url())).await?;
     let b = open(proxied.url()).await?;
     let req = request("p", "a", Duration::from_secs(5))?;
     // Formed while every node is reachable.

@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{
-    find_binary, free_port,
+    find_binary,
     members::{Engine, MemberSet, SingleServer, Slot},
 };
 use crate::TestResult;
@@ -23,7 +23,6 @@ pub type EtcdCluster = MemberSet<Etcd>;
 #[derive(Debug)]
 pub struct Etcd {
     binary: PathBuf,
-    peer_ports: Vec<u16>,
     initial_cluster: String,
     /// The same for every member (a member with another token would form a
     /// cluster of its own), different between clusters.
@@ -34,10 +33,11 @@ impl Engine for Etcd {
     const NAME: &'static str = "etcd";
     const SCHEME: &'static str = "etcd";
     const START_TIMEOUT: Duration = Duration::from_secs(30);
+    const PEER_PORTS: usize = 1;
 
     fn command(&self, slot: &Slot) -> Command {
         let client = format!("http://{}", slot.addr());
-        let peer = format!("http://127.0.0.1:{}", self.peer_ports[slot.index]);
+        let peer = peer_url(slot);
         let mut command = Command::new(&self.binary);
         command
             .arg("--name")
@@ -73,6 +73,11 @@ fn member_name(index: usize) -> String {
     format!("m{index}")
 }
 
+/// The member's peer URL, on its one peer port.
+fn peer_url(slot: &Slot) -> String {
+    format!("http://127.0.0.1:{}", slot.peer_ports[0])
+}
+
 impl MemberSet<Etcd> {
     /// A single-member cluster.
     pub fn start() -> TestResult<Self> {
@@ -84,25 +89,14 @@ impl MemberSet<Etcd> {
     pub fn start_members(n: usize) -> TestResult<Self> {
         let binary = find_binary("etcd", &[], "etcd-server")?;
         Self::start_with(n, |slots| {
-            let peer_ports = slots
-                .iter()
-                .map(|_| free_port())
-                .collect::<TestResult<Vec<_>>>()?;
             let initial_cluster = slots
                 .iter()
-                .map(|s| {
-                    format!(
-                        "{}=http://127.0.0.1:{}",
-                        member_name(s.index),
-                        peer_ports[s.index]
-                    )
-                })
+                .map(|s| format!("{}={}", member_name(s.index), peer_url(s)))
                 .collect::<Vec<_>>()
                 .join(",");
-            let cluster_token = format!("fencelock-{}", peer_ports[0]);
+            let cluster_token = format!("fencelock-{}", slots[0].client_port);
             Ok(Etcd {
                 binary: binary.clone(),
-                peer_ports,
                 initial_cluster,
                 cluster_token,
             })

@@ -171,7 +171,7 @@ impl MariaDbServer {
         self.add_user(&mut cmd);
         let mut child = ChildProcess::new("mariadbd", cmd.spawn()?);
         let addr = ([127, 0, 0, 1], self.port).into();
-        wait_for_port(addr, Duration::from_secs(60), || child.is_running())
+        wait_for_port(addr, Duration::from_secs(60), || child.running_pid())
             .map_err(|e| with_log_tail(e, &self.dir.path().join("server.log")))?;
         self.child = Some(child);
         Ok(())

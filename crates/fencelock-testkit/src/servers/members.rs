@@ -21,7 +21,10 @@ use std::{
 
 use nix::sys::signal::Signal;
 
-use super::{url_factory::UrlServer, wait_for_port, with_log_tail, ChildProcess, START_ATTEMPTS};
+use super::{
+    free_ports, url_factory::UrlServer, wait_for_port, with_log_tail, ChildProcess, ExitedAtStart,
+    START_ATTEMPTS,
+};
 use crate::TestResult;
 
 /// Where a member listens and keeps its files, fixed for its whole life so
@@ -32,6 +35,9 @@ pub struct Slot {
     pub index: usize,
     /// The port clients connect to, on 127.0.0.1.
     pub client_port: u16,
+    /// [`Engine::PEER_PORTS`] more ports for the member's own listeners
+    /// (peer and election ports), distinct from every other port of the set.
+    pub peer_ports: Vec<u16>,
     /// The member's own directory (configuration, data, log).
     pub dir: PathBuf,
 }
@@ -52,6 +58,9 @@ pub trait Engine: fmt::Debug + Send + Sync + 'static {
     /// How long a member may take to serve, or a cluster to elect a
     /// leader, after starting.
     const START_TIMEOUT: Duration;
+    /// How many ports each member listens on besides its client port
+    /// ([`Slot::peer_ports`]).
+    const PEER_PORTS: usize = 0;
 
     /// The command that runs member `slot` (its stdout is discarded and its
     /// stderr goes to a log in its directory).
@@ -91,7 +100,7 @@ impl<E: Engine> MemberSet<E> {
     /// `engine` see the layout (peer addresses, configuration files), starts
     /// every member and returns once each serves.
     ///
-    /// A port from [`super::free_port`] is free when it is chosen, not
+    /// A port from [`super::free_ports`] is free when it is chosen, not
     /// necessarily when the server binds it: another test can be handed the
     /// same port in between, and a port the server derives from it (a Redis
     /// cluster node's bus port, 10000 above its client port) can be any
@@ -121,13 +130,20 @@ impl<E: Engine> MemberSet<E> {
 
     fn lay_out(n: usize, engine: &mut impl FnMut(&[Slot]) -> TestResult<E>) -> TestResult<Self> {
         let root = tempfile::tempdir()?;
+        // Every port of the set at once, so that no two members (nor a
+        // member's client and peer ports) share one.
+        let mut ports = free_ports(n * (1 + E::PEER_PORTS))?.into_iter();
         let mut slots = Vec::with_capacity(n);
         for index in 0..n {
             let dir = root.path().join(format!("m{index}"));
             std::fs::create_dir_all(&dir)?;
+            let mut take = || ports.next().ok_or("free_ports returned too few ports");
             slots.push(Slot {
                 index,
-                client_port: super::free_port()?,
+                client_port: take()?,
+                peer_ports: (0..E::PEER_PORTS)
+                    .map(|_| take())
+                    .collect::<Result<_, _>>()?,
                 dir,
             });
         }
@@ -181,7 +197,9 @@ impl<E: Engine> MemberSet<E> {
     fn wait_accepting(&self, i: usize) -> TestResult {
         let m = &self.members[i];
         wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
-            m.process().as_mut().map_or(Ok(false), |p| p.is_running())
+            m.process()
+                .as_mut()
+                .map_or(Ok(None), ChildProcess::running_pid)
         })
         .map_err(|e| with_log_tail(e, &self.log(i)))
     }
@@ -195,6 +213,17 @@ impl<E: Engine> MemberSet<E> {
         // An open port is not a quorum: ask the engine until it serves.
         let deadline = Instant::now() + E::START_TIMEOUT;
         while !self.engine.serves(&self.members[i].slot) {
+            // A member can listen and still exit before it serves (a Redis
+            // cluster node whose bus port, 10000 above its client port, is
+            // taken): say so now rather than at the deadline.
+            let running = self.members[i]
+                .process()
+                .as_mut()
+                .map_or(Ok(false), ChildProcess::is_running)?;
+            if !running {
+                let exited = ExitedAtStart(format!("{} m{i} exited before it served", E::NAME));
+                return Err(with_log_tail(exited.into(), &self.log(i)));
+            }
             if Instant::now() >= deadline {
                 return Err(format!(
                     "{} m{i} did not serve within {:?}",

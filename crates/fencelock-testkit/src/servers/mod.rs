@@ -6,7 +6,7 @@
 //! binary is an error naming the package to install, never a silent skip.
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::Child,
     time::{Duration, Instant},
@@ -29,6 +29,21 @@ use crate::TestResult;
 /// ([`first_start`], [`members::MemberSet::start_with`]).
 pub fn free_port() -> TestResult<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `n` distinct free TCP ports on 127.0.0.1, for the servers of one set.
+/// Ports taken one [`free_port`] at a time can repeat (the OS may hand a
+/// released port out again at once), and two members of a set on one port
+/// is a set that cannot form; holding every listener until all `n` are
+/// chosen makes them distinct.
+pub fn free_ports(n: usize) -> TestResult<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
 
 /// How many times a server's (or a server set's) first start is tried, on
@@ -130,31 +145,106 @@ fn expand_glob_dir(pattern: &str) -> Vec<PathBuf> {
     dirs
 }
 
-/// Waits until something accepts TCP connections on `addr`, or fails after
-/// `timeout`, or fails early when `alive` reports the process died.
+/// Waits until the process that `pid` names (its id while it runs, `None`
+/// once it has exited) listens on `addr`'s port, or fails after `timeout`,
+/// or fails early with [`ExitedAtStart`] when the process exits.
+///
+/// Whose socket it is matters: a port can be taken by another process
+/// between [`free_port`] and the server's bind (another test's server, or
+/// a sibling of the same set). A check that merely connects would reach
+/// that process and report a server started that is about to exit with
+/// "address in use".
 pub fn wait_for_port(
     addr: SocketAddr,
     timeout: Duration,
-    mut alive: impl FnMut() -> TestResult<bool>,
+    mut pid: impl FnMut() -> TestResult<Option<u32>>,
 ) -> TestResult {
     let deadline = Instant::now() + timeout;
     loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        if !alive()? {
+        let Some(running) = pid()? else {
             return Err(ExitedAtStart(format!(
                 "the server for {addr} exited before accepting connections"
             ))
             .into());
+        };
+        if listens_on(running, addr.port())? {
+            return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(
-                format!("nothing accepted connections on {addr} within {timeout:?}").into(),
-            );
+            return Err(format!(
+                "the server for {addr} (pid {running}) did not listen on it within {timeout:?}"
+            )
+            .into());
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port`: a LISTEN
+/// entry for the port in Linux's `/proc/net/tcp` or `tcp6` whose inode is
+/// one of the process's open descriptors.
+fn listens_on(pid: u32, port: u16) -> TestResult<bool> {
+    let inodes = listening_inodes(port)?;
+    if inodes.is_empty() {
+        return Ok(false);
+    }
+    let descriptors = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        // Exited between the caller's check and this one.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("reading /proc/{pid}/fd: {e}").into()),
+    };
+    // A descriptor can close while the directory is read: skip it.
+    Ok(descriptors.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok())
+                .is_some_and(|inode| inodes.contains(&inode))
+        })
+    }))
+}
+
+/// The inodes of the sockets listening on TCP `port`, any local address.
+fn listening_inodes(port: u16) -> TestResult<Vec<u64>> {
+    /// `st` of a listening socket in `/proc/net/tcp`.
+    const LISTEN: &str = "0A";
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = match std::fs::read_to_string(table) {
+            Ok(text) => text,
+            // A kernel without IPv6 has no tcp6 table.
+            Err(e) if table.ends_with('6') && e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(format!(
+                    "reading {table}: {e} (the test kit finds which process \
+                     listens on a port there, so it runs on Linux)"
+                )
+                .into())
+            }
+        };
+        // Columns: sl local_address rem_address st tx_queue:rx_queue
+        // tr:tm->when retrnsmt uid timeout inode …; a local address is
+        // HEXADDR:HEXPORT.
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&LISTEN), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let listens_here = local
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                == Some(port);
+            if let (true, Ok(inode)) = (listens_here, inode.parse()) {
+                inodes.push(inode);
+            }
+        }
+    }
+    Ok(inodes)
 }
 
 /// A child process killed (SIGKILL) and reaped on drop.
@@ -184,6 +274,12 @@ impl ChildProcess {
             Some(child) => Ok(child.try_wait()?.is_none()),
             None => Ok(false),
         }
+    }
+
+    /// The process id while the process runs, `None` once it has exited
+    /// (what [`wait_for_port`] follows).
+    pub fn running_pid(&mut self) -> TestResult<Option<u32>> {
+        Ok(if self.is_running()? { self.pid() } else { None })
     }
 
     /// Sends `signal` (e.g. SIGSTOP to pause, SIGCONT to resume).
@@ -264,15 +360,15 @@ pub mod replicas;
 pub mod url_factory;
 pub mod zookeeper;
 
-/// For the tests of first starts: a port taken as the ones that make a
-/// server exit at start are, the local port of a connected client socket.
-/// Nothing listens on it, so a server that cannot bind it is not mistaken
-/// for one that started. Keep the returned sockets for as long as the port
-/// is to stay taken.
+/// For the tests of first starts: a port taken as most of the ones that
+/// make a server exit at start are, the local port of a connected client
+/// socket (a port another process listens on is the other way; the tests
+/// below take one so). Keep the returned sockets for as long as the port is
+/// to stay taken.
 #[cfg(test)]
-pub(crate) fn taken_port() -> TestResult<(u16, TcpListener, TcpStream)> {
+pub(crate) fn taken_port() -> TestResult<(u16, TcpListener, std::net::TcpStream)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
-    let client = TcpStream::connect(listener.local_addr()?)?;
+    let client = std::net::TcpStream::connect(listener.local_addr()?)?;
     Ok((client.local_addr()?.port(), listener, client))
 }
 
@@ -290,6 +386,63 @@ pub(crate) fn check_moves_off_a_taken_port<S, T>(
     let started = first_start(name, server, &port, start)?;
     let now = *port(server);
     assert_ne!(now, taken, "{name} claims the taken port");
-    TcpStream::connect(("127.0.0.1", now))?;
+    std::net::TcpStream::connect(("127.0.0.1", now))?;
     Ok(started)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// The listener check follows sockets to their process: this process's
+    /// listener is its own, and neither another process's nor another
+    /// port's.
+    #[test]
+    fn a_listener_is_found_in_its_own_process_only() -> TestResult {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let (unused, _listener, _client) = taken_port()?;
+        assert!(listens_on(std::process::id(), port)?);
+        assert!(!listens_on(std::process::id(), unused)?);
+        // Rust opens sockets close-on-exec: the child holds none of ours.
+        let mut other = ChildProcess::new("sleep", Command::new("sleep").arg("30").spawn()?);
+        let pid = other.running_pid()?.ok_or("sleep exited")?;
+        assert!(!listens_on(pid, port)?);
+        other.kill()
+    }
+
+    /// A server started on a port another process listens on exits with
+    /// "address in use"; waiting for it must not take the other listener
+    /// for the server (a check that only connects would).
+    #[test]
+    fn a_server_beside_another_listener_is_not_taken_for_started() -> TestResult {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let dir = tempfile::tempdir()?;
+        let binary = find_binary("redis-server", &[], "redis-server")?;
+        let child = Command::new(binary)
+            .args(["--bind", "127.0.0.1", "--port", &addr.port().to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut server = ChildProcess::new("redis-server", child);
+        match wait_for_port(addr, Duration::from_secs(20), || server.running_pid()) {
+            Err(e) if e.is::<ExitedAtStart>() => Ok(()),
+            other => Err(format!("expected the server to exit at start, got {other:?}").into()),
+        }
+    }
+
+    /// The ports of one set are distinct, however the OS hands them out.
+    #[test]
+    fn the_ports_of_a_set_are_distinct() -> TestResult {
+        let ports = free_ports(200)?;
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port repeats: {ports:?}");
+        Ok(())
+    }
 }

@@ -211,11 +211,47 @@ impl RedisCluster {
             match healthy {
                 None => return Ok(()),
                 Some(why) if Instant::now() >= deadline => {
-                    return Err(format!("the redis cluster is not healthy: {why}").into())
+                    return Err(format!(
+                        "the redis cluster is not healthy: {why}\n{}",
+                        self.describe()
+                    )
+                    .into())
                 }
                 Some(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
+    }
+
+    /// What a node answers to `CLUSTER NODES` and each primary to `INFO
+    /// replication`, for an error that must say why the cluster is not
+    /// healthy.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        let Some(&any) = self.running().first() else {
+            return "no node runs".into();
+        };
+        match self.cli(any, &["CLUSTER", "NODES"]) {
+            Ok(text) => out.push_str(&format!("CLUSTER NODES on {any}:\n{text}")),
+            Err(e) => out.push_str(&format!("CLUSTER NODES on {any}: {e}\n")),
+        }
+        for port in self.running() {
+            let role = self
+                .cli(port, &["INFO", "replication"])
+                .map(|info| {
+                    info.lines()
+                        .filter(|l| {
+                            l.starts_with("role:")
+                                || l.starts_with("slave")
+                                || l.starts_with("master_link_status")
+                                || l.starts_with("master_sync_in_progress")
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_else(|e| e.to_string());
+            out.push_str(&format!("INFO replication on {port}: {role}\n"));
+        }
+        out
     }
 
     /// `None` when healthy, else why not.

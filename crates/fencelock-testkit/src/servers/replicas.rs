@@ -14,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-use super::{find_binary, first_start, free_port, wait_for_port, ChildProcess, ExitedAtStart};
+use super::{
+    find_binary, first_start, free_port, free_ports, wait_for_port, ChildProcess, ExitedAtStart,
+};
 use crate::TestResult;
 
 /// `fencelock serve` processes over one backend URL, each on a port of its
@@ -37,7 +39,7 @@ impl ServeReplicas {
             binary: binary.to_owned(),
             backend: backend.to_owned(),
             args: args.iter().map(|&a| a.to_owned()).collect(),
-            ports: (0..n).map(|_| free_port()).collect::<TestResult<_>>()?,
+            ports: free_ports(n)?,
             processes: (0..n).map(|_| Mutex::new(None)).collect(),
         };
         for i in 0..n {
@@ -211,7 +213,7 @@ impl Haproxy {
         wait_for_port(
             ([127, 0, 0, 1], port).into(),
             Duration::from_secs(10),
-            || process.is_running(),
+            || process.running_pid(),
         )?;
         Ok(process)
     }
@@ -239,6 +241,28 @@ mod tests {
             |port| port,
             |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
         )?;
+        Ok(())
+    }
+
+    /// The same when another process listens on the port: HAProxy's
+    /// listener is told from that one.
+    #[test]
+    fn haproxy_beside_another_listener_moves_to_a_free_one() -> TestResult {
+        let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
+        let dir = tempfile::tempdir()?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let taken = listener.local_addr()?.port();
+        let mut port = taken;
+        let _process = first_start(
+            "haproxy",
+            &mut port,
+            |port| port,
+            |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
+        )?;
+        assert_ne!(
+            port, taken,
+            "haproxy claims the port another process listens on"
+        );
         Ok(())
     }
 }

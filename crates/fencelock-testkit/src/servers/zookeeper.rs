@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::{
-    find_binary, free_port,
+    find_binary,
     members::{Engine, MemberSet, SingleServer, Slot},
 };
 use crate::TestResult;
@@ -41,6 +41,8 @@ impl Engine for ZooKeeper {
     const SCHEME: &'static str = "zk";
     /// A JVM start takes a few seconds.
     const START_TIMEOUT: Duration = Duration::from_secs(60);
+    /// The quorum and the leader-election ports.
+    const PEER_PORTS: usize = 2;
 
     fn command(&self, slot: &Slot) -> Command {
         let mut command = Command::new(&self.java);
@@ -89,8 +91,8 @@ impl MemberSet<ZooKeeper> {
                 peers.push(format!(
                     "server.{}=127.0.0.1:{}:{}",
                     slot.index + 1,
-                    free_port()?,
-                    free_port()?
+                    slot.peer_ports[0],
+                    slot.peer_ports[1]
                 ));
             }
             for slot in slots {

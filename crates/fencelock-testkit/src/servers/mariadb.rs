@@ -261,7 +261,10 @@ impl super::url_factory::UrlServer for std::sync::Mutex<MariaDbServer> {
 
 #[cfg(test)]
 mod tests {
-    use super::{super::check_moves_off_a_taken_port, *};
+    use super::{
+        super::{check_moves_off_a_taken_port, Taken},
+        *,
+    };
 
     /// A port taken between `free_port` and mariadbd's bind makes it exit;
     /// the first start moves to a fresh port instead of failing.
@@ -270,6 +273,7 @@ mod tests {
         let mut server = MariaDbServer::start()?;
         server.stop()?;
         check_moves_off_a_taken_port(
+            Taken::ByConnection,
             "mariadbd",
             &mut server,
             |s| &mut s.port,

@@ -360,32 +360,49 @@ pub mod replicas;
 pub mod url_factory;
 pub mod zookeeper;
 
-/// For the tests of first starts: a port taken as most of the ones that
-/// make a server exit at start are, the local port of a connected client
-/// socket (a port another process listens on is the other way; the tests
-/// below take one so). Keep the returned sockets for as long as the port is
-/// to stay taken.
+/// For the tests of first starts: how a test takes a port from the server
+/// about to start on it.
 #[cfg(test)]
-pub(crate) fn taken_port() -> TestResult<(u16, TcpListener, std::net::TcpStream)> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let client = std::net::TcpStream::connect(listener.local_addr()?)?;
-    Ok((client.local_addr()?.port(), listener, client))
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Taken {
+    /// The local port of a connected client socket, as an outgoing
+    /// connection takes one by chance: nothing listens there.
+    ByConnection,
+    /// A listener of this process, as another test's server holds one.
+    ByListener,
 }
 
-/// For the tests of first starts: gives `server` a taken port, starts it
-/// with [`first_start`], and checks that it moved to a port it serves on.
+/// A port taken `how`, and the sockets to keep for as long as it is to
+/// stay taken.
+#[cfg(test)]
+pub(crate) fn taken_port(
+    how: Taken,
+) -> TestResult<(u16, TcpListener, Option<std::net::TcpStream>)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(match how {
+        Taken::ByListener => (listener.local_addr()?.port(), listener, None),
+        Taken::ByConnection => {
+            let client = std::net::TcpStream::connect(listener.local_addr()?)?;
+            (client.local_addr()?.port(), listener, Some(client))
+        }
+    })
+}
+
+/// For the tests of first starts: gives `server` a port taken `how`, starts
+/// it with [`first_start`], and checks that it moved to a port it serves on.
 #[cfg(test)]
 pub(crate) fn check_moves_off_a_taken_port<S, T>(
+    how: Taken,
     name: &str,
     server: &mut S,
     port: impl Fn(&mut S) -> &mut u16,
     start: impl Fn(&mut S) -> TestResult<T>,
 ) -> TestResult<T> {
-    let (taken, _listener, _client) = taken_port()?;
+    let (taken, _listener, _client) = taken_port(how)?;
     *port(server) = taken;
     let started = first_start(name, server, &port, start)?;
     let now = *port(server);
-    assert_ne!(now, taken, "{name} claims the taken port");
+    assert_ne!(now, taken, "{name} claims the port taken {how:?}");
     std::net::TcpStream::connect(("127.0.0.1", now))?;
     Ok(started)
 }
@@ -403,7 +420,7 @@ mod tests {
     fn a_listener_is_found_in_its_own_process_only() -> TestResult {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
-        let (unused, _listener, _client) = taken_port()?;
+        let (unused, _listener, _client) = taken_port(Taken::ByConnection)?;
         assert!(listens_on(std::process::id(), port)?);
         assert!(!listens_on(std::process::id(), unused)?);
         // Rust opens sockets close-on-exec: the child holds none of ours.

@@ -285,7 +285,7 @@ impl super::url_factory::UrlServer for std::sync::Mutex<PostgresServer> {
 #[cfg(test)]
 mod tests {
     use super::{
-        super::{check_moves_off_a_taken_port, taken_port},
+        super::{check_moves_off_a_taken_port, taken_port, Taken},
         *,
     };
 
@@ -296,6 +296,7 @@ mod tests {
         let mut server = PostgresServer::start()?;
         server.stop()?;
         check_moves_off_a_taken_port(
+            Taken::ByConnection,
             "postgres",
             &mut server,
             |s| &mut s.port,
@@ -308,7 +309,7 @@ mod tests {
     fn a_restart_on_a_taken_port_fails_with_the_servers_words() -> TestResult {
         let mut server = PostgresServer::start()?;
         server.stop()?;
-        let (taken, _listener, _client) = taken_port()?;
+        let (taken, _listener, _client) = taken_port(Taken::ByConnection)?;
         server.port = taken;
         let Err(e) = server.start_process() else {
             panic!("postgres started on a port that is taken");

@@ -222,7 +222,7 @@ impl RedisCluster {
         }
     }
 
-    /// What a node answers to `CLUSTER NODES` and each primary to `INFO
+    /// What a node answers to `CLUSTER NODES` and every node to `INFO
     /// replication`, for an error that must say why the cluster is not
     /// healthy.
     fn describe(&self) -> String {

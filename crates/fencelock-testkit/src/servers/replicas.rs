@@ -226,43 +226,28 @@ impl Haproxy {
 
 #[cfg(test)]
 mod tests {
-    use super::{super::check_moves_off_a_taken_port, *};
+    use super::{
+        super::{check_moves_off_a_taken_port, Taken},
+        *,
+    };
 
     /// HAProxy that cannot bind its port exits; its first start moves to a
-    /// fresh port instead of failing.
+    /// fresh port instead of failing, also when another process listens on
+    /// the port (its listener is told from HAProxy's).
     #[test]
     fn haproxy_on_a_taken_port_moves_to_a_free_one() -> TestResult {
         let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
         let dir = tempfile::tempdir()?;
-        let mut port = 0;
-        let _process = check_moves_off_a_taken_port(
-            "haproxy",
-            &mut port,
-            |port| port,
-            |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
-        )?;
-        Ok(())
-    }
-
-    /// The same when another process listens on the port: HAProxy's
-    /// listener is told from that one.
-    #[test]
-    fn haproxy_beside_another_listener_moves_to_a_free_one() -> TestResult {
-        let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;
-        let dir = tempfile::tempdir()?;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let taken = listener.local_addr()?.port();
-        let mut port = taken;
-        let _process = first_start(
-            "haproxy",
-            &mut port,
-            |port| port,
-            |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
-        )?;
-        assert_ne!(
-            port, taken,
-            "haproxy claims the port another process listens on"
-        );
+        for how in [Taken::ByConnection, Taken::ByListener] {
+            let mut port = 0;
+            let _process = check_moves_off_a_taken_port(
+                how,
+                "haproxy",
+                &mut port,
+                |port| port,
+                |port| Haproxy::spawn(&binary, dir.path(), *port, &[]),
+            )?;
+        }
         Ok(())
     }
 }

@@ -84,6 +84,14 @@ impl Member {
     fn process(&self) -> MutexGuard<'_, Option<ChildProcess>> {
         self.process.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The member's process id while it runs (`None` once it has exited or
+    /// was killed).
+    fn running_pid(&self) -> TestResult<Option<u32>> {
+        self.process()
+            .as_mut()
+            .map_or(Ok(None), ChildProcess::running_pid)
+    }
 }
 
 /// Members of one engine on loopback with temporary directories, killed on
@@ -132,18 +140,15 @@ impl<E: Engine> MemberSet<E> {
         let root = tempfile::tempdir()?;
         // Every port of the set at once, so that no two members (nor a
         // member's client and peer ports) share one.
-        let mut ports = free_ports(n * (1 + E::PEER_PORTS))?.into_iter();
+        let ports = free_ports(n * (1 + E::PEER_PORTS))?;
         let mut slots = Vec::with_capacity(n);
-        for index in 0..n {
+        for (index, ports) in ports.chunks(1 + E::PEER_PORTS).enumerate() {
             let dir = root.path().join(format!("m{index}"));
             std::fs::create_dir_all(&dir)?;
-            let mut take = || ports.next().ok_or("free_ports returned too few ports");
             slots.push(Slot {
                 index,
-                client_port: take()?,
-                peer_ports: (0..E::PEER_PORTS)
-                    .map(|_| take())
-                    .collect::<Result<_, _>>()?,
+                client_port: ports[0],
+                peer_ports: ports[1..].to_vec(),
                 dir,
             });
         }
@@ -196,12 +201,8 @@ impl<E: Engine> MemberSet<E> {
 
     fn wait_accepting(&self, i: usize) -> TestResult {
         let m = &self.members[i];
-        wait_for_port(m.slot.addr(), E::START_TIMEOUT, || {
-            m.process()
-                .as_mut()
-                .map_or(Ok(None), ChildProcess::running_pid)
-        })
-        .map_err(|e| with_log_tail(e, &self.log(i)))
+        wait_for_port(m.slot.addr(), E::START_TIMEOUT, || m.running_pid())
+            .map_err(|e| with_log_tail(e, &self.log(i)))
     }
 
     fn log(&self, i: usize) -> PathBuf {
@@ -216,11 +217,7 @@ impl<E: Engine> MemberSet<E> {
             // A member can listen and still exit before it serves (a Redis
             // cluster node whose bus port, 10000 above its client port, is
             // taken): say so now rather than at the deadline.
-            let running = self.members[i]
-                .process()
-                .as_mut()
-                .map_or(Ok(false), ChildProcess::is_running)?;
-            if !running {
+            if self.members[i].running_pid()?.is_none() {
                 let exited = ExitedAtStart(format!("{} m{i} exited before it served", E::NAME));
                 return Err(with_log_tail(exited.into(), &self.log(i)));
             }

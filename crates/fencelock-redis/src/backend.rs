@@ -98,7 +98,7 @@ pub(crate) async fn cluster_connection(
     // retries (redirections, slot map refreshes after a failover) happen
     // inside `BoundedConnection`'s bound.
     redis::cluster::ClusterClientBuilder::new(nodes)
-        .connection_timeout(options.timeout)
+        .connection_timeout(options.connect_timeout)
         .build()
         .map_err(|e| {
             Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
@@ -110,7 +110,7 @@ pub(crate) async fn cluster_connection(
 
 /// Opens the command connection (a managed, auto-reconnecting, multiplexed
 /// connection to one server, or a cluster connection) and loads the
-/// scripts once (on every primary of a cluster), within the timeout. Also
+/// scripts once (on every primary of a cluster), within the connect timeout. Also
 /// answers the clients a pub/sub connection may use: the server's, one per
 /// listed cluster node, or through Sentinel the master of the moment.
 pub(crate) async fn connect(
@@ -120,7 +120,7 @@ pub(crate) async fn connect(
     if options.is_cluster() {
         let nodes = node_clients(options)?;
         let clients: NodeClients = Arc::new(move || nodes.clone());
-        return within(options.timeout, async {
+        return within(options.connect_timeout, async {
             let mut conn =
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
             // SCRIPT LOAD goes to every primary; a replica promoted later
@@ -136,11 +136,11 @@ pub(crate) async fn connect(
     // command is not free: each one registered with tokio's time driver can
     // wake the runtime's other worker.
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(options.timeout)
+        .set_connection_timeout(options.connect_timeout)
         .set_number_of_retries(3)
         .set_max_delay(1000);
     if options.is_sentinel() {
-        return within(options.timeout, async {
+        return within(options.connect_timeout, async {
             // Boxed: the Sentinel client's futures nest deep, and callers
             // that open backends inside their own futures (the `redlock`
             // backend's lazy node connections) would carry their layout.
@@ -163,7 +163,7 @@ pub(crate) async fn connect(
         let clients: NodeClients = Arc::new(move || vec![one.clone()]);
         Ok((clients, conn))
     };
-    within(options.timeout, unless_refused(&client, connecting)).await
+    within(options.connect_timeout, unless_refused(&client, connecting)).await
 }
 
 /// `connecting`, unless a plain TCP connect to the server, made beside it,
@@ -196,15 +196,22 @@ async fn unless_refused<T>(
     }
 }
 
+/// Loads every script, all at once: the connection is multiplexed, so the
+/// loads share one round trip instead of taking one each, which over a
+/// distant or loaded link was most of the time opening took.
 async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts) -> Result<()> {
-    for script in scripts.all() {
-        script
-            .prepare_invoke()
-            .load_async(conn)
-            .await
-            .map_err(|e| map("SCRIPT LOAD", e))?;
-    }
-    Ok(())
+    futures_util::future::try_join_all(scripts.all().map(|script| {
+        let mut conn = conn.clone();
+        async move {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map("SCRIPT LOAD", e))
+        }
+    }))
+    .await
+    .map(drop)
 }
 
 impl RedisBackend {
@@ -215,11 +222,16 @@ impl RedisBackend {
         let scripts = Scripts::new(options.plain);
         let keys = Keys::with_layout(&options.prefix, options.plain)?;
         // One bound for both connections: opening never takes longer than
-        // the timeout.
-        let (conn, wakeups, subscriber) = within(options.timeout, async {
+        // the connect timeout.
+        let (conn, wakeups, subscriber) = within(options.connect_timeout, async {
             let (clients, conn) = connect(&options, &scripts).await?;
-            let (wakeups, subscriber) =
-                Wakeups::start(clients, keys.clone(), options.timeout).await?;
+            let (wakeups, subscriber) = Wakeups::start(
+                clients,
+                keys.clone(),
+                options.timeout,
+                options.connect_timeout,
+            )
+            .await?;
             Ok((conn, wakeups, subscriber))
         })
         .await?;

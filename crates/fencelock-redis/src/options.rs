@@ -24,6 +24,10 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 /// - `timeout=DURATION` — the longest opening the backend or fence, and any
 ///   one command, may take before it fails transiently (default `5s`;
 ///   `WAIT` gets `timeout + wait_timeout`);
+/// - `connect_timeout=DURATION` — the longest opening may take, when it
+///   should differ from `timeout` (default: `timeout`). Opening takes
+///   several round trips (the connection, the scripts, the pub/sub
+///   connection), so a tight per-command `timeout` can be too tight for it;
 /// - `layout=plain` — the lock of key `K` is the Redis key `K` itself, so
 ///   that fencelock and the single-instance `SET K random NX PX` locks of
 ///   other libraries exclude each other (docs/redis.md); `layout=fencelock`
@@ -44,8 +48,11 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// Timeout of the `WAIT` command.
     pub wait_timeout: Duration,
-    /// Bound of opening and of every command.
+    /// Bound of every command (and of opening, unless `connect_timeout`
+    /// says otherwise).
     pub timeout: Duration,
+    /// Bound of opening the backend or fence, and of reconnecting.
+    pub connect_timeout: Duration,
     /// `layout=plain`: the lease is a string at the user's key itself.
     pub plain: bool,
 }
@@ -93,8 +100,10 @@ impl RedisOptions {
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
             plain: false,
         };
+        let mut connect_timeout = None;
         let mut passthrough = Vec::new();
         for (name, value) in parsed.query_pairs() {
             let duration =
@@ -108,6 +117,7 @@ impl RedisOptions {
                 }
                 "wait_timeout" => options.wait_timeout = duration(&value)?,
                 "timeout" => options.timeout = duration(&value)?,
+                "connect_timeout" => connect_timeout = Some(duration(&value)?),
                 "layout" => {
                     options.plain = match &*value {
                         "plain" => true,
@@ -125,6 +135,10 @@ impl RedisOptions {
         validate_prefix(&options.prefix)?;
         if options.timeout.is_zero() {
             return Err(Error::InvalidUrl("timeout must be positive".into()));
+        }
+        options.connect_timeout = connect_timeout.unwrap_or(options.timeout);
+        if options.connect_timeout.is_zero() {
+            return Err(Error::InvalidUrl("connect_timeout must be positive".into()));
         }
         options.connection_url.set_query(None);
         if !passthrough.is_empty() {
@@ -285,6 +299,7 @@ impl fmt::Debug for RedisOptions {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
             .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("plain", &self.plain)
             .finish()
     }
@@ -310,6 +325,26 @@ mod tests {
             !shown.contains("s3cret") && shown.contains("***"),
             "{shown}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn opening_is_bounded_by_timeout_unless_connect_timeout_says_otherwise() -> Result<()> {
+        let o = RedisOptions::from_url("redis://h?timeout=200ms")?;
+        assert_eq!(
+            (o.timeout, o.connect_timeout),
+            (Duration::from_millis(200), Duration::from_millis(200))
+        );
+        let o = RedisOptions::from_url("redis://h?connect_timeout=3s&timeout=200ms")?;
+        assert_eq!(
+            (o.timeout, o.connect_timeout),
+            (Duration::from_millis(200), Duration::from_secs(3))
+        );
+        assert_eq!(o.connection_url.as_str(), "redis://h");
+        assert!(matches!(
+            RedisOptions::from_url("redis://h?connect_timeout=0s"),
+            Err(Error::InvalidUrl(_))
+        ));
         Ok(())
     }
 
@@ -370,6 +405,7 @@ mod tests {
             "redis://user:s3cret@host/?prefix=a{b",
             "redis://user:s3cret@host/?wait_replicas=x",
             "redis://user:s3cret@host/?timeout=-1s",
+            "redis://user:s3cret@host/?connect_timeout=soon",
             "redis://user:s3cret@:80",
             "not a url s3cret",
             "redis+cluster://user:s3cret@",

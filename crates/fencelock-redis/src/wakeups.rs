@@ -43,7 +43,10 @@ pub(crate) struct Wakeups {
     hub: WakeHub,
     changes: ChangeHub,
     keys: Keys,
+    /// Bound of one SUBSCRIBE or UNSUBSCRIBE.
     timeout: Duration,
+    /// Bound of opening the pub/sub connection.
+    connect_timeout: Duration,
     /// Live waiters per user key.
     waiters: Mutex<HashMap<String, usize>>,
     /// SUBSCRIBE and UNSUBSCRIBE go through this lock one at a time and
@@ -98,14 +101,16 @@ impl Wakeups {
         clients: NodeClients,
         keys: Keys,
         timeout: Duration,
+        connect_timeout: Duration,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>)> {
         let mut next = 0;
-        let (sink, stream) = open(&clients, &mut next, timeout).await?;
+        let (sink, stream) = open(&clients, &mut next, connect_timeout).await?;
         let wakeups = Arc::new(Self {
             hub: WakeHub::new(),
             changes: ChangeHub::new(),
             keys,
             timeout,
+            connect_timeout,
             waiters: Mutex::default(),
             listening: tokio::sync::Mutex::new(Listening {
                 sink: Some(sink),
@@ -238,7 +243,7 @@ impl Wakeups {
             // Reconnect attempts are spaced so a dead server is not hammered.
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(2));
-            match open(&clients, &mut next, self.timeout).await {
+            match open(&clients, &mut next, self.connect_timeout).await {
                 Ok((mut sink, messages)) => {
                     let mut listening = self.listening.lock().await;
                     let waited: Vec<String> = self.waiters().keys().cloned().collect();

@@ -21,11 +21,12 @@ use fencelock_redis::{
     RedisBackend, RedisOptions,
 };
 use futures_util::{
-    future::{join_all, BoxFuture},
-    FutureExt,
+    future::{join_all, BoxFuture, Shared},
+    stream::FuturesUnordered,
+    FutureExt, StreamExt,
 };
 use redis::Value;
-use tokio::{sync::OnceCell, time::Instant};
+use tokio::time::Instant;
 
 use crate::{
     fanout::{Fanout, Health, Request},
@@ -68,18 +69,83 @@ impl fmt::Debug for RedlockBackend {
 
 /// One node, connected on first use: a node that is down when the backend
 /// opens must not stop the others from being used, and is tried again on
-/// every later call.
+/// a later call.
+///
+/// Opening a node takes several round trips (the connection, the scripts,
+/// the pub/sub connection), more than one request's `node_timeout` allows
+/// on a distant or loaded link. So it runs in a task of its own, bounded by
+/// `connect_timeout`, and callers wait for it at most as long as they can
+/// afford: a request that stops waiting leaves the attempt to carry on, and
+/// a later request finds the node open instead of starting over.
 struct Node {
     options: RedisOptions,
-    backend: OnceCell<RedisBackend>,
+    state: Mutex<NodeState>,
+}
+
+/// A connection attempt, shared by every caller waiting for it. Errors
+/// cannot be cloned, so each caller gets a [`Error::duplicate`].
+type Attempt = Shared<BoxFuture<'static, std::result::Result<RedisBackend, Arc<Error>>>>;
+
+enum NodeState {
+    /// Not open, and no attempt under way: none yet, or the last failed.
+    Closed,
+    Opening(Attempt),
+    Open(RedisBackend),
 }
 
 impl Node {
-    async fn get(&self) -> Result<RedisBackend> {
-        self.backend
-            .get_or_try_init(|| RedisBackend::connect_with(self.options.clone()))
-            .await
-            .cloned()
+    fn new(options: RedisOptions) -> Self {
+        Self {
+            options,
+            state: Mutex::new(NodeState::Closed),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node's backend, opening it if need be; waits at most `wait` for
+    /// the attempt under way (see the type's docs).
+    async fn get(&self, wait: Duration) -> Result<RedisBackend> {
+        let attempt = {
+            let mut state = self.state();
+            match &*state {
+                NodeState::Open(backend) => return Ok(backend.clone()),
+                NodeState::Opening(attempt) if !matches!(attempt.peek(), Some(Err(_))) => {
+                    attempt.clone()
+                }
+                _ => {
+                    let task = tokio::spawn(RedisBackend::connect_with(self.options.clone()));
+                    let attempt = async move {
+                        match task.await {
+                            Ok(opened) => opened.map_err(Arc::new),
+                            Err(e) => Err(Arc::new(transient(format!("connect task failed: {e}")))),
+                        }
+                    }
+                    .boxed()
+                    .shared();
+                    *state = NodeState::Opening(attempt.clone());
+                    attempt
+                }
+            }
+        };
+        match tokio::time::timeout(wait, attempt).await {
+            Ok(Ok(backend)) => {
+                *self.state() = NodeState::Open(backend.clone());
+                Ok(backend)
+            }
+            Ok(Err(e)) => Err(e.duplicate(NAME)),
+            Err(_) => Err(BackendError::timeout(
+                NAME,
+                format!(
+                    "connect: still opening after {wait:?} (it carries on for up to \
+                     connect_timeout={:?})",
+                    self.options.connect_timeout
+                ),
+            )
+            .into()),
+        }
     }
 }
 
@@ -91,7 +157,8 @@ impl Inner {
         F: FnOnce(RedisBackend) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let result = async { f(self.nodes[i].get().await?).await }.await;
+        let wait = self.options.node_timeout;
+        let result = async { f(self.nodes[i].get(wait).await?).await }.await;
         self.health.record(i, &result);
         result
     }
@@ -273,14 +340,7 @@ impl RedlockBackend {
     /// A backend over `options`' nodes. Nothing is contacted yet: each node
     /// connects on first use.
     pub fn new(options: RedlockOptions) -> Self {
-        let nodes = options
-            .nodes
-            .iter()
-            .map(|o| Node {
-                options: o.clone(),
-                backend: OnceCell::new(),
-            })
-            .collect();
+        let nodes = options.nodes.iter().map(|o| Node::new(o.clone())).collect();
         let health = Health::new(options.nodes.len(), options.quorum(), options.node_timeout);
         Self {
             inner: Arc::new(Inner {
@@ -295,17 +355,36 @@ impl RedlockBackend {
     }
 
     /// A backend for `url` (see [`RedlockOptions::from_url`]). Succeeds
-    /// while a majority of nodes accepts a connection.
+    /// once a majority of nodes is open, within `connect_timeout`; the
+    /// other nodes carry on opening in the background.
     pub async fn connect(url: &str) -> Result<Self> {
         let backend = Self::new(RedlockOptions::from_url(url)?);
-        let reached = backend
-            .on_all(|_| async { Ok(()) })
-            .await
-            .into_iter()
-            .filter(Result::is_ok)
-            .count();
-        backend.need_quorum(reached, "connect")?;
+        backend.open_majority().await?;
         Ok(backend)
+    }
+
+    async fn open_majority(&self) -> Result<()> {
+        let inner = &self.inner;
+        let wait = inner.options.connect_timeout;
+        let mut opening: FuturesUnordered<_> = inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| async move { (i, node.get(wait).await) })
+            .collect();
+        let mut per_node: Vec<Result<()>> = (0..inner.nodes.len())
+            .map(|_| Err(transient("not open yet")))
+            .collect();
+        let mut open = 0;
+        while let Some((i, opened)) = opening.next().await {
+            inner.health.record(i, &opened);
+            open += usize::from(opened.is_ok());
+            per_node[i] = opened.map(drop);
+            if open >= self.quorum() {
+                return Ok(());
+            }
+        }
+        self.need_answers(&per_node, "connect")
     }
 
     /// The options.
@@ -319,6 +398,27 @@ impl RedlockBackend {
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner
+    }
+
+    /// [`need_quorum`](Self::need_quorum) over one result per node; the
+    /// error says why each node that failed did, so that "0 of 3 nodes
+    /// answered" tells refused from timed out or skipped.
+    fn need_answers<T>(&self, per_node: &[Result<T>], what: &str) -> Result<()> {
+        let answered = per_node.iter().filter(|r| r.is_ok()).count();
+        if answered >= self.quorum() {
+            return Ok(());
+        }
+        let why = per_node
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("node {i}: {e}")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(transient(format!(
+            "{what}: {answered} of {} nodes answered, {} needed ({why})",
+            self.inner.nodes.len(),
+            self.quorum()
+        )))
     }
 
     fn need_quorum(&self, answered: usize, what: &str) -> Result<()> {
@@ -536,8 +636,7 @@ impl RedlockBackend {
     /// lease could pick different nodes' views. A lease on fewer nodes is
     /// being granted, released or has failed: it is not shown.
     fn agreed(&self, per_node: Vec<Result<Vec<LockInfo>>>, what: &str) -> Result<Vec<LockInfo>> {
-        let answered = per_node.iter().filter(|r| r.is_ok()).count();
-        self.need_quorum(answered, what)?;
+        self.need_answers(&per_node, what)?;
         let mut seen: BTreeMap<(LockKey, Owner, FencingToken), (usize, LockInfo)> = BTreeMap::new();
         for info in per_node.into_iter().flatten().flatten() {
             let id = (info.key.clone(), info.owner.clone(), info.token);

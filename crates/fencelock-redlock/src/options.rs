@@ -11,6 +11,9 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(60);
 /// Default [`RedlockOptions::node_timeout`].
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// Default [`RedlockOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How to reach the nodes. Built from a URL by [`RedlockOptions::from_url`];
 /// its `Debug` never shows a password.
 ///
@@ -22,8 +25,15 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 ///   `60s`); longer TTLs are refused with [`Error::InvalidTtl`]. A node
 ///   that lost its data (restart without persistence) waits this long
 ///   (plus 1 %) before it votes again, see `docs/redlock.md`;
-/// - `node_timeout=DURATION` — the bound of every request to one node,
-///   connection included (default `250ms`);
+/// - `node_timeout=DURATION` — the bound of every request to one node
+///   (default `250ms`), also of the wait for a node's connection that is
+///   still being opened;
+/// - `connect_timeout=DURATION` — the bound of opening one node's
+///   connections (default `5s`). Opening takes several round trips, so it
+///   is not bounded by `node_timeout`: it carries on in the background when
+///   a request stops waiting for it, and
+///   [`RedlockBackend::connect`](crate::RedlockBackend::connect)
+///   waits up to this long for a majority;
 /// - `prefix=NAME` and anything else a `redis://` URL takes are passed to
 ///   every node (see `fencelock_redis::RedisOptions`), except
 ///   `wait_replicas`/`wait_timeout` (the nodes have no replicas) and
@@ -37,6 +47,8 @@ pub struct RedlockOptions {
     pub max_ttl: Duration,
     /// Bound of each request to one node.
     pub node_timeout: Duration,
+    /// Bound of opening one node's connections.
+    pub connect_timeout: Duration,
     redacted: String,
 }
 
@@ -76,6 +88,7 @@ impl RedlockOptions {
         }
         let mut max_ttl = DEFAULT_MAX_TTL;
         let mut node_timeout = DEFAULT_NODE_TIMEOUT;
+        let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut passthrough = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -84,6 +97,7 @@ impl RedlockOptions {
             match name {
                 "max_ttl" => max_ttl = duration(value)?,
                 "node_timeout" => node_timeout = duration(value)?,
+                "connect_timeout" => connect_timeout = duration(value)?,
                 "timeout" | "wait_replicas" | "wait_timeout" => {
                     return Err(Error::InvalidUrl(format!(
                         "{name} is not a redlock option (the nodes have no replicas; \
@@ -96,14 +110,19 @@ impl RedlockOptions {
         if max_ttl < Duration::from_millis(100) {
             return Err(Error::InvalidUrl("max_ttl must be at least 100ms".into()));
         }
-        if node_timeout.is_zero() {
-            return Err(Error::InvalidUrl("node_timeout must be positive".into()));
+        if node_timeout.is_zero() || connect_timeout.is_zero() {
+            return Err(Error::InvalidUrl(
+                "node_timeout and connect_timeout must be positive".into(),
+            ));
         }
-        let timeout = format!("timeout={}ms", node_timeout.as_millis().max(1));
+        let timeouts = [
+            format!("timeout={}us", node_timeout.as_micros().max(1)),
+            format!("connect_timeout={}us", connect_timeout.as_micros().max(1)),
+        ];
         let query: Vec<&str> = passthrough
             .into_iter()
             .filter(|p| !p.is_empty())
-            .chain([timeout.as_str()])
+            .chain(timeouts.iter().map(String::as_str))
             .collect();
         let nodes = hosts
             .iter()
@@ -118,6 +137,7 @@ impl RedlockOptions {
             nodes,
             max_ttl,
             node_timeout,
+            connect_timeout,
             redacted,
         })
     }
@@ -139,6 +159,7 @@ impl fmt::Debug for RedlockOptions {
             .field("url", &self.redacted)
             .field("max_ttl", &self.max_ttl)
             .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -155,10 +176,13 @@ mod tests {
         assert_eq!(o.nodes.len(), 3);
         assert_eq!(o.quorum(), 2);
         assert_eq!(o.max_ttl, Duration::from_secs(30));
-        assert!(o
-            .nodes
-            .iter()
-            .all(|n| n.prefix == "app" && n.timeout == Duration::from_millis(100)));
+        assert!(o.nodes.iter().all(|n| n.prefix == "app"
+            && n.timeout == Duration::from_millis(100)
+            && n.connect_timeout == DEFAULT_CONNECT_TIMEOUT));
+        let o = RedlockOptions::from_url("redlock://a:1,b:2,c:3?connect_timeout=2500ms")?;
+        assert_eq!(o.connect_timeout, Duration::from_millis(2500));
+        assert!(o.nodes.iter().all(|n| n.timeout == DEFAULT_NODE_TIMEOUT
+            && n.connect_timeout == Duration::from_millis(2500)));
         let shown = format!("{o:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         Ok(())
@@ -174,6 +198,8 @@ mod tests {
             "redlock://:s3cret@a:1,,c:3",
             "redlock://:s3cret@a:1,b:2,c:3?max_ttl=-1s",
             "redlock://:s3cret@a:1,b:2,c:3?max_ttl=10ms",
+            "redlock://:s3cret@a:1,b:2,c:3?connect_timeout=0s",
+            "redlock://:s3cret@a:1,b:2,c:3?node_timeout=0s",
             "redlock://:s3cret@a:1,b:2,c:3?wait_replicas=1",
             "redlock://:s3cret@a:1,b:2,c:3?prefix=a{b",
         ] {

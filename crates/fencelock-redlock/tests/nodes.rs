@@ -6,8 +6,12 @@
 use std::time::Duration;
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LockKey, Owner};
-use fencelock_redlock::RedlockBackend;
-use fencelock_testkit::{proxy::ProxiedUrl, servers::redis_set::RedisSet, TestResult};
+use fencelock_redlock::{RedlockBackend, RedlockOptions};
+use fencelock_testkit::{
+    proxy::{Direction, ProxiedUrl},
+    servers::redis_set::RedisSet,
+    TestResult,
+};
 use tokio::time::Instant;
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
@@ -598,6 +602,36 @@ async fn a_late_grant_is_undone() -> TestResult {
     Ok(())
 }
 
+/// Opening a node takes several round trips (the connection, the scripts,
+/// the pub/sub connection), a request one. On a link where opening takes
+/// longer than `node_timeout` and a request does not, the backend opens
+/// (waiting up to `connect_timeout`) and grants. So does a backend that
+/// never ran `connect`: its requests stop waiting for the nodes' opening,
+/// which carries on until a later request finds the nodes open. Bounding
+/// opening by `node_timeout` failed both every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_open_slower_than_node_timeout_are_used() -> TestResult {
+    let set = RedisSet::start(3)?;
+    let proxied =
+        ProxiedUrl::start(&format!("{}?node_timeout=700ms&max_ttl=5s", set.url())).await?;
+    // Every reply 300 ms late: one round trip fits in node_timeout, the
+    // three or more of opening do not.
+    proxied.set_latency(
+        Direction::ToClient,
+        Duration::from_millis(300),
+        Duration::ZERO,
+    );
+    let req = request("slow", "a", Duration::from_secs(5))?;
+    let b = open(proxied.url()).await?;
+    let token = acquire_within(&b, &req, Duration::from_secs(10)).await?;
+    b.release(&req.lease(token)).await?;
+    let lazy = RedlockBackend::new(RedlockOptions::from_url(proxied.url())?);
+    let again = acquire_within(&lazy, &req, Duration::from_secs(10)).await?;
+    assert!(again > token, "token {again} after {token}");
+    lazy.release(&req.lease(again)).await?;
+    Ok(())
+}
+
 /// A node killed and started again (with its data: persistent) is skipped
 /// while it is down, then asked again: leases reach it once more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -617,7 +651,10 @@ async fn a_node_that_comes_back_is_used_again() -> TestResult {
     set.start_again(0)?;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let token = granted(b.try_acquire(&req).await?)?;
+        // Until node 0 answers in time, a release may miss it: its copy
+        // then refuses the next attempt (node 0 votes first) unless both
+        // other nodes grant in time.
+        let token = acquire_within(&b, &req, Duration::from_secs(5)).await?;
         assert!(token > last, "token {token} after {last}");
         last = token;
         // Node 0 may answer after the majority did.

@@ -125,7 +125,7 @@ pub(crate) async fn connect(
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
             // SCRIPT LOAD goes to every primary; a replica promoted later
             // gets them on its first NOSCRIPT (`Call::invoke`).
-            load_scripts(&mut conn, scripts).await?;
+            load_scripts(&mut conn, scripts, Loads::InTurn).await?;
             Ok((clients, conn))
         })
         .await;
@@ -147,7 +147,7 @@ pub(crate) async fn connect(
             let master =
                 futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
             let mut conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
-            load_scripts(&mut conn, scripts).await?;
+            load_scripts(&mut conn, scripts, Loads::Together).await?;
             let clients: NodeClients = Arc::new(move || vec![master.client()]);
             Ok((clients, conn))
         })
@@ -158,7 +158,7 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| map("connect", e))?;
         let mut conn = BoundedConnection::new(manager, options.timeout);
-        load_scripts(&mut conn, scripts).await?;
+        load_scripts(&mut conn, scripts, Loads::Together).await?;
         let one = client.clone();
         let clients: NodeClients = Arc::new(move || vec![one.clone()]);
         Ok((clients, conn))
@@ -196,10 +196,31 @@ async fn unless_refused<T>(
     }
 }
 
-/// Loads every script, all at once: the connection is multiplexed, so the
-/// loads share one round trip instead of taking one each, which over a
-/// distant or loaded link was most of the time opening took.
-async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts) -> Result<()> {
+/// How [`load_scripts`] sends the loads.
+#[derive(Clone, Copy)]
+enum Loads {
+    /// All at once: on a multiplexed connection to one server they share
+    /// one round trip instead of taking one each, which over a distant or
+    /// loaded link was most of the time opening took.
+    Together,
+    /// One after another, on a cluster: there each `SCRIPT LOAD` fans out
+    /// to every primary inside the driver's own request queue, and the one
+    /// CI run that sent them together saw a cluster open stall for its
+    /// whole bound, where loading one at a time never has.
+    InTurn,
+}
+
+async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts, loads: Loads) -> Result<()> {
+    if let Loads::InTurn = loads {
+        for script in scripts.all() {
+            script
+                .prepare_invoke()
+                .load_async(conn)
+                .await
+                .map_err(|e| map("SCRIPT LOAD", e))?;
+        }
+        return Ok(());
+    }
     futures_util::future::try_join_all(scripts.all().map(|script| {
         let mut conn = conn.clone();
         async move {

@@ -121,11 +121,11 @@ pub(crate) async fn connect(
         let nodes = node_clients(options)?;
         let clients: NodeClients = Arc::new(move || nodes.clone());
         return within(options.connect_timeout, async {
-            let mut conn =
+            let conn =
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
             // SCRIPT LOAD goes to every primary; a replica promoted later
             // gets them on its first NOSCRIPT (`Call::invoke`).
-            load_scripts(&mut conn, scripts, Loads::InTurn).await?;
+            load_scripts(&conn, scripts, Loads::InTurn).await?;
             Ok((clients, conn))
         })
         .await;
@@ -146,8 +146,8 @@ pub(crate) async fn connect(
             // backend's lazy node connections) would carry their layout.
             let master =
                 futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
-            let mut conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
-            load_scripts(&mut conn, scripts, Loads::Together).await?;
+            let conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
+            load_scripts(&conn, scripts, Loads::Together).await?;
             let clients: NodeClients = Arc::new(move || vec![master.client()]);
             Ok((clients, conn))
         })
@@ -157,8 +157,8 @@ pub(crate) async fn connect(
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| map("connect", e))?;
-        let mut conn = BoundedConnection::new(manager, options.timeout);
-        load_scripts(&mut conn, scripts, Loads::Together).await?;
+        let conn = BoundedConnection::new(manager, options.timeout);
+        load_scripts(&conn, scripts, Loads::Together).await?;
         let one = client.clone();
         let clients: NodeClients = Arc::new(move || vec![one.clone()]);
         Ok((clients, conn))
@@ -210,29 +210,28 @@ enum Loads {
     InTurn,
 }
 
-async fn load_scripts(conn: &mut BoundedConnection, scripts: &Scripts, loads: Loads) -> Result<()> {
-    if let Loads::InTurn = loads {
-        for script in scripts.all() {
-            script
-                .prepare_invoke()
-                .load_async(conn)
-                .await
-                .map_err(|e| map("SCRIPT LOAD", e))?;
-        }
-        return Ok(());
+async fn load_scripts(conn: &BoundedConnection, scripts: &Scripts, loads: Loads) -> Result<()> {
+    async fn load(script: &Script, mut conn: BoundedConnection) -> Result<()> {
+        script
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| map("SCRIPT LOAD", e))
     }
-    futures_util::future::try_join_all(scripts.all().map(|script| {
-        let mut conn = conn.clone();
-        async move {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
+    match loads {
+        Loads::Together => {
+            futures_util::future::try_join_all(scripts.all().map(|s| load(s, conn.clone())))
                 .await
-                .map_err(|e| map("SCRIPT LOAD", e))
+                .map(drop)
         }
-    }))
-    .await
-    .map(drop)
+        Loads::InTurn => {
+            for script in scripts.all() {
+                load(script, conn.clone()).await?;
+            }
+            Ok(())
+        }
+    }
 }
 
 impl RedisBackend {

@@ -372,18 +372,20 @@ impl RedlockBackend {
             .enumerate()
             .map(|(i, node)| async move { (i, node.get(wait).await) })
             .collect();
-        let mut per_node: Vec<Result<()>> = (0..inner.nodes.len())
-            .map(|_| Err(transient("not open yet")))
-            .collect();
+        // Without a majority, every node has ended its attempt by the time
+        // the loop ends.
+        let mut ended = Vec::with_capacity(inner.nodes.len());
         let mut open = 0;
         while let Some((i, opened)) = opening.next().await {
             inner.health.record(i, &opened);
             open += usize::from(opened.is_ok());
-            per_node[i] = opened.map(drop);
             if open >= self.quorum() {
                 return Ok(());
             }
+            ended.push((i, opened.map(drop)));
         }
+        ended.sort_by_key(|(i, _)| *i);
+        let per_node: Vec<Result<()>> = ended.into_iter().map(|(_, r)| r).collect();
         self.need_answers(&per_node, "connect")
     }
 
@@ -414,23 +416,23 @@ impl RedlockBackend {
             .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("node {i}: {e}")))
             .collect::<Vec<_>>()
             .join("; ");
-        Err(transient(format!(
-            "{what}: {answered} of {} nodes answered, {} needed ({why})",
-            self.inner.nodes.len(),
-            self.quorum()
-        )))
+        Err(self.short_of(answered, what, &format!(" ({why})")))
     }
 
     fn need_quorum(&self, answered: usize, what: &str) -> Result<()> {
         if answered >= self.quorum() {
             Ok(())
         } else {
-            Err(transient(format!(
-                "{what}: {answered} of {} nodes answered, {} needed",
-                self.inner.nodes.len(),
-                self.quorum()
-            )))
+            Err(self.short_of(answered, what, ""))
         }
+    }
+
+    fn short_of(&self, answered: usize, what: &str, why: &str) -> Error {
+        transient(format!(
+            "{what}: {answered} of {} nodes answered, {} needed{why}",
+            self.inner.nodes.len(),
+            self.quorum()
+        ))
     }
 
     /// Runs `f` on every node worth asking (see [`Health::targets`]) at

@@ -55,7 +55,7 @@ mod tests {
     }
 
     /// What a default build does with `fencelock … torture …`; a `lab`
-    /// build parses it (tests/torture.rs).
+    /// build parses it (tests/it/torture.rs).
     #[cfg(not(feature = "lab"))]
     #[test]
     fn default_build_hints_at_torture_and_bench() {

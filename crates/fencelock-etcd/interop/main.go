@@ -1,6 +1,6 @@
 // Command etcd-interop drives etcd's own lock and election recipes
 // (go.etcd.io/etcd/client/v3/concurrency) for fencelock's interop tests
-// (crates/fencelock-etcd/tests/etcd_layout_interop.rs). Each mode prints
+// (crates/fencelock-etcd/tests/it/etcd_layout_interop.rs). Each mode prints
 // one line per event on stdout; "hold" and "campaign" wait for a line on
 // stdin before they let go.
 //

@@ -35,4 +35,4 @@ pub mod txfence;
 
 pub use async_trait::async_trait;
 pub use fencelock_core::fault;
-pub use suite::{run, run_group, Needs, ProxiedBackend, Store, StoreFactory, TestResult};
+pub use suite::{run, run_suites, Needs, ProxiedBackend, Store, StoreFactory, Suite, TestResult};

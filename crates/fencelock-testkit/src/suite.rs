@@ -99,20 +99,58 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(180);
 /// arguments (filters, `--list`, `--test-threads`). Call it from the `main`
 /// of a `harness = false` test binary and return its exit code.
 pub fn run(factory: impl StoreFactory) -> ExitCode {
-    run_group(factory, "")
+    run_suites([Suite::new(factory)])
 }
 
-/// [`run`] for the cases of one group only (`fair`, `exclusion`, …; `""`:
-/// all of them), for a store whose other cases another binary covers.
-pub fn run_group(factory: impl StoreFactory, group: &str) -> ExitCode {
+/// A store factory and the cases to run against it, one of the suites of a
+/// conformance binary that covers several layouts of a backend.
+pub struct Suite {
+    factory: Arc<dyn StoreFactory>,
+    group: &'static str,
+}
+
+impl Suite {
+    /// Every case, against `factory`.
+    pub fn new(factory: impl StoreFactory) -> Self {
+        Self {
+            factory: Arc::new(factory),
+            group: "",
+        }
+    }
+
+    /// Only the cases of one group (`fair`, `exclusion`, …), for a store
+    /// whose other cases another suite covers.
+    pub fn group(mut self, group: &'static str) -> Self {
+        self.group = group;
+        self
+    }
+}
+
+/// [`run`] for several suites in one binary (one link for all the layouts of
+/// a backend). Each case's name starts with its factory's name, so the
+/// names must differ; a clash is reported as a failure of the binary.
+pub fn run_suites(suites: impl IntoIterator<Item = Suite>) -> ExitCode {
     init_tracing();
     let args = Arguments::from_args();
-    let factory: Arc<dyn StoreFactory> = Arc::new(factory);
-    let trials = CASES
-        .iter()
-        .filter(|case| group.is_empty() || case.name.split("::").next() == Some(group))
-        .map(|case| trial(Arc::clone(&factory), case))
-        .collect();
+    let mut names = std::collections::BTreeSet::new();
+    let mut trials = Vec::new();
+    for suite in suites {
+        if !names.insert(suite.factory.name()) {
+            eprintln!(
+                "two conformance suites in this binary are named {:?}; their cases would clash",
+                suite.factory.name()
+            );
+            return ExitCode::FAILURE;
+        }
+        trials.extend(
+            CASES
+                .iter()
+                .filter(|case| {
+                    suite.group.is_empty() || case.name.split("::").next() == Some(suite.group)
+                })
+                .map(|case| trial(Arc::clone(&suite.factory), case)),
+        );
+    }
     libtest_mimic::run(&args, trials).exit_code()
 }
 

@@ -97,7 +97,7 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
                 _ if disconnected => {
                     // The session is back, but not always its persistent
                     // watch: zookeeper-client 0.11 re-sends only one-shot
-                    // watches when it reconnects (tests/changes.rs shows a
+                    // watches when it reconnects (tests/it/changes.rs shows a
                     // restarted server naming nothing after). So the watch
                     // is added again; on the server a second add of the
                     // same watch is the same watch. The old watcher is

@@ -8,7 +8,7 @@
 //! reaches the server directly, as another process would. Stores without a
 //! network (memory, SQLite) report those cases as ignored. The scenarios
 //! that need processes (a stepped wall clock, a crashed holder) are in the
-//! CLI's `tests/process_faults.rs`.
+//! CLI's `tests/it/process_faults.rs`.
 //!
 //! What each scenario showed on each backend is in `docs/faults.md`.
 

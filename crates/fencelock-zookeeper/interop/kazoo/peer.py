@@ -1,6 +1,6 @@
 """A kazoo client driven line by line on stdin, answering on stdout, for
 the interoperability tests of fencelock's ``?layout=curator``
-(crates/fencelock-zookeeper/tests/interop.rs).
+(crates/fencelock-zookeeper/tests/it/interop.rs).
 
 Arguments: the connect string and the session timeout in milliseconds.
 Commands: ``lock NAME PATH`` (a kazoo ``Lock`` on PATH that also counts

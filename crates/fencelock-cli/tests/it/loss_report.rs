@@ -1,0 +1,60 @@
+//! What `fencelock run` prints when it loses its lock to a backend outage:
+//! the loss is the last line on stderr (no "renewal failed; retrying while
+//! the lease is still trusted" after it, from a renewal still in flight),
+//! and no backend error repeats its "redis backend:" prefix.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use crate::support;
+
+use std::{
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use support::fencelock_at as fencelock;
+
+use fencelock_testkit::{proxy::ProxiedUrl, servers::redis::RedisServer};
+
+#[test]
+fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {
+    let server = RedisServer::start().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let proxied = runtime.block_on(ProxiedUrl::start(&server.url())).unwrap();
+    let url = proxied.url().to_owned();
+    // Renewed every third of a second; the job would run 30 s.
+    let holder = fencelock(&url, &["run", "K", "--ttl", "1s", "--", "sleep", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fencelock(&url, &["inspect", "K"])
+        .output()
+        .unwrap()
+        .status
+        .code()
+        != Some(0)
+    {
+        assert!(Instant::now() < deadline, "the holder never took K");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The outage: live connections reset (renewals fail with an I/O error,
+    // the doubled prefix's path) and new ones refused, until the lease's
+    // local deadline passes with renewals still in flight.
+    proxied.set_refuse(true);
+    proxied.reset_all();
+    let out = holder.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert!(!stderr.contains("redis backend: redis backend"), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("fencelock: lost lock K"),
+        "not last: {stderr}"
+    );
+    assert!(
+        stderr.contains("renewal failed"),
+        "the outage was not seen before the loss: {stderr}"
+    );
+}

@@ -1,0 +1,195 @@
+//! `fencelock serve` and the CLI through it: `--url http://…` runs commands
+//! under locks the service grants, tokens are required and never echoed,
+//! and SIGTERM shuts the service down cleanly.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use crate::support;
+
+use std::process::Command;
+
+use support::{code, stderr, stdout, LockService, BIN};
+
+const ADMIN: &str = "admin-secret-0123456789";
+const CLIENT: &str = "client-secret-0123456789";
+
+/// The binary with `--url URL` and no other configuration.
+fn through(url: &str, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .env_remove("FENCELOCK_HTTP_TOKEN")
+        .env_remove("RUST_LOG")
+        .arg("--url")
+        .arg(url)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn with_token(url: &str, token: &str) -> String {
+    url.replacen("http://", &format!("http://:{token}@"), 1)
+}
+
+#[test]
+fn the_cli_runs_commands_under_locks_of_the_service() {
+    let tokens = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(tokens.path(), format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap();
+    let service = LockService::start(&["--token-file", tokens.path().to_str().unwrap()]);
+    let url = with_token(&service.url, CLIENT);
+
+    let out = through(
+        &url,
+        &[
+            "run",
+            "job:1",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_KEY $FENCELOCK_TOKEN",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let line = stdout(&out);
+    assert!(line.starts_with("job:1 "), "{line}");
+    let first: u64 = line["job:1 ".len()..].parse().unwrap();
+
+    // A lock held through the service is held for everyone.
+    let held = through(&url, &["acquire", "job:1", "--owner", "w1", "--ttl", "1m"]);
+    assert_eq!(code(&held), 0, "{}", stderr(&held));
+    let blocked = through(&url, &["run", "job:1", "--", "true"]);
+    assert_eq!(code(&blocked), 75, "{}", stderr(&blocked));
+    let inspect = through(&url, &["--json", "inspect", "job:1"]);
+    let info: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
+    assert_eq!(info["owner"], "w1");
+    assert!(info["token"].as_u64().unwrap() > first);
+
+    // Force-release needs the admin token.
+    let refused = through(&url, &["force-release", "job:1"]);
+    assert_ne!(code(&refused), 0);
+    assert!(stderr(&refused).contains("admin"), "{}", stderr(&refused));
+    let admin = with_token(&service.url, ADMIN);
+    let removed = through(&admin, &["force-release", "job:1"]);
+    assert_eq!(code(&removed), 0, "{}", stderr(&removed));
+
+    // A wrong token is refused, and no token is ever printed.
+    let wrong = with_token(&service.url, "wrong-secret-0123456789");
+    let out = through(&wrong, &["list"]);
+    assert_ne!(code(&out), 0);
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("401"), "{text}");
+    assert!(!text.contains("wrong-secret"), "{text}");
+}
+
+#[test]
+fn sigterm_shuts_the_service_down_cleanly() {
+    let mut service = LockService::start(&[]);
+    let out = through(&service.url, &["acquire", "k", "--ttl", "1m"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(service.child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = service.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The leases live in the backend, not in the service.
+    let again = LockService::start_on(&service.store, &[]);
+    let out = through(&again.url, &["--json", "inspect", "k"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
+fn bad_token_files_are_usage_errors_that_hide_tokens() {
+    let tokens = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(tokens.path(), "admin short-secret\n").unwrap();
+    let store = support::Store::new();
+    let out = store.run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        tokens.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("line 1"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("short-secret"), "{}", stderr(&out));
+}
+
+/// `serve` over `mem://` is refused (exit 2, saying why) unless told
+/// `--ephemeral`: a restarted service would grant held keys again with
+/// tokens from 1. `--listen` takes a host name.
+#[test]
+fn serving_a_backend_that_forgets_needs_ephemeral() {
+    let refused = through("mem://", &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    let why = stderr(&refused);
+    assert!(
+        why.contains("--ephemeral") && why.contains("tokens"),
+        "{why}"
+    );
+
+    // A host name is resolved, as a newcomer would write it.
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args(["--url", "mem://", "serve", "--ephemeral"])
+            .args(["--listen", "localhost:0"]),
+    );
+    assert!(
+        line.starts_with("listening on http://127.0.0.1:")
+            || line.starts_with("listening on http://[::1]:"),
+        "{line}"
+    );
+}
+
+/// Starts `command`, reads the first line it prints on stdout (`serve`'s
+/// `listening on URL`), and stops it.
+fn first_line(command: &mut Command) -> String {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    line
+}
+
+/// `serve --config FILE` takes the flags' options from TOML; a flag given
+/// as well wins; an unknown key is a usage error that names it.
+#[test]
+fn serve_reads_its_options_from_a_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:1\"\nephemeral = true\nevents_interval = \"250ms\"\n",
+    )
+    .unwrap();
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args(["--url", "mem://", "serve", "--config"])
+            .arg(&config)
+            // The flag wins over the file's port 1.
+            .args(["--listen", "127.0.0.1:0"]),
+    );
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+    assert!(!line.trim_end().ends_with(":1"), "{line}");
+
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\nlisten_on = 1\n").unwrap();
+    let refused = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args(["--url", "mem://", "serve", "--ephemeral", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("listen_on"),
+        "{}",
+        stderr(&refused)
+    );
+}

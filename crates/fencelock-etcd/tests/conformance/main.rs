@@ -1,0 +1,32 @@
+//! The conformance suite against throwaway `etcd` servers: one shared single-
+//! member server for ordinary cases, each case under its own key prefix; a
+//! server of its own for each case that restarts it. Stores are opened
+//! through the crate's driver.
+//!
+//! The binary runs the other layouts' suites too (`etcd_layout.rs`,
+//! `serve.rs`): one link for all.
+
+mod etcd_layout;
+mod serve;
+
+use std::process::ExitCode;
+
+use fencelock_core::Driver;
+use fencelock_testkit::{
+    servers::{etcd::EtcdCluster, url_factory::UrlFactory},
+    Suite,
+};
+
+fn main() -> ExitCode {
+    // `run_suites` owns the factories and drops them (stopping the servers)
+    // before returning the exit code.
+    fencelock_testkit::run_suites([
+        Suite::new(UrlFactory::<EtcdCluster>::new(
+            "etcd",
+            |url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_backend(&url).await }),
+            Some(|url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_fence(&url).await })),
+        )),
+        etcd_layout::suite(),
+        serve::suite(),
+    ])
+}

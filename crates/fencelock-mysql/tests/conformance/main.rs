@@ -1,0 +1,32 @@
+//! The conformance suite against throwaway servers: one shared server for the
+//! binary with a fresh table prefix per case, and a server of its own for
+//! each case that restarts it. Stores are opened through the crate's URL
+//! entry points.
+//!
+//! The binary runs the other layouts' suites too (`mysql8_mode.rs`): one link
+//! for all.
+
+mod mysql8_mode;
+
+use std::{process::ExitCode, sync::Mutex};
+
+use fencelock_core::Driver;
+use fencelock_testkit::{
+    servers::{mariadb::MariaDbServer, url_factory::UrlFactory},
+    Suite,
+};
+
+fn main() -> ExitCode {
+    // `run_suites` owns the factories and drops them (stopping the servers)
+    // before returning the exit code.
+    fencelock_testkit::run_suites([
+        Suite::new(UrlFactory::<Mutex<MariaDbServer>>::new(
+            "mysql",
+            |url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_backend(&url).await }),
+            Some(|url| {
+                Box::pin(async move { fencelock_mysql::MySqlDriver.open_fence(&url).await })
+            }),
+        )),
+        mysql8_mode::suite(),
+    ])
+}

@@ -1,0 +1,7 @@
+//! The integration tests of the PostgreSQL backend against throwaway servers.
+//!
+//! One binary per crate, so that the workspace links one executable where it
+//! linked one per file; each module is what was a test file of its own, and
+//! `.ci/parallel-tests` still runs each module in a process of its own.
+
+mod postgres;

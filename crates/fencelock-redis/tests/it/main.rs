@@ -1,0 +1,17 @@
+//! The integration tests of the Redis backend against throwaway servers,
+//! clusters and Sentinel sets.
+//!
+//! One binary per crate, so that the workspace links one executable where it
+//! linked one per file; each module is what was a test file of its own, and
+//! `.ci/parallel-tests` still runs each module in a process of its own.
+
+mod batch;
+mod cluster;
+mod cluster_failover;
+mod counter;
+mod foreign_locks;
+mod restart;
+mod sentinel_failover;
+mod timeouts;
+mod wait;
+mod wakeups;

@@ -1,0 +1,8 @@
+//! The integration tests of the Redlock backend against throwaway Redis
+//! nodes.
+//!
+//! One binary per crate, so that the workspace links one executable where it
+//! linked one per file; each module is what was a test file of its own, and
+//! `.ci/parallel-tests` still runs each module in a process of its own.
+
+mod nodes;

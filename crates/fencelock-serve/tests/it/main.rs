@@ -1,0 +1,13 @@
+//! The integration tests of the lock service: its HTTP API, dashboard, events
+//! and TLS.
+//!
+//! One binary per crate, so that the workspace links one executable where it
+//! linked one per file; each module is what was a test file of its own, and
+//! `.ci/parallel-tests` still runs each module in a process of its own.
+
+mod dashboard;
+mod kv;
+mod notified_events;
+mod observability_docs;
+mod rest;
+mod tls;

@@ -1,0 +1,12 @@
+//! The integration tests of the ZooKeeper backend against throwaway servers
+//! and ensembles.
+//!
+//! One binary per crate, so that the workspace links one executable where it
+//! linked one per file; each module is what was a test file of its own, and
+//! `.ci/parallel-tests` still runs each module in a process of its own.
+
+mod changes;
+mod cluster;
+mod interop;
+mod release;
+mod timeouts;

@@ -3,16 +3,12 @@
 //! fences under a prefix of its own) on one shared single-member server; a
 //! server of its own for each case that restarts it.
 
-use fencelock_core::Driver;
 use fencelock_testkit::{
-    servers::{
-        etcd::EtcdCluster,
-        url_factory::{UrlFactory, UrlServer},
-    },
+    servers::{etcd::EtcdCluster, url_factory::UrlServer},
     TestResult,
 };
 
-struct EtcdLayout(EtcdCluster);
+pub struct EtcdLayout(EtcdCluster);
 
 impl UrlServer for EtcdLayout {
     fn start_shared() -> TestResult<Self> {
@@ -33,12 +29,4 @@ impl UrlServer for EtcdLayout {
     fn restart_server(&self) -> TestResult {
         self.0.restart()
     }
-}
-
-pub fn suite() -> fencelock_testkit::Suite {
-    fencelock_testkit::Suite::new(UrlFactory::<EtcdLayout>::new(
-        "etcd-layout",
-        |url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_backend(&url).await }),
-        Some(|url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_fence(&url).await })),
-    ))
 }

@@ -13,20 +13,28 @@ use std::process::ExitCode;
 
 use fencelock_core::Driver;
 use fencelock_testkit::{
-    servers::{etcd::EtcdCluster, url_factory::UrlFactory},
+    servers::{
+        etcd::EtcdCluster,
+        url_factory::{UrlFactory, UrlServer},
+    },
     Suite,
 };
+
+/// The suite named `name` on servers of `S`, opened through the driver.
+fn suite<S: UrlServer>(name: &'static str) -> Suite {
+    Suite::new(UrlFactory::<S>::new(
+        name,
+        |url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_fence(&url).await })),
+    ))
+}
 
 fn main() -> ExitCode {
     // `run_suites` owns the factories and drops them (stopping the servers)
     // before returning the exit code.
     fencelock_testkit::run_suites([
-        Suite::new(UrlFactory::<EtcdCluster>::new(
-            "etcd",
-            |url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_backend(&url).await }),
-            Some(|url| Box::pin(async move { fencelock_etcd::EtcdDriver.open_fence(&url).await })),
-        )),
-        etcd_layout::suite(),
+        suite::<EtcdCluster>("etcd"),
+        suite::<etcd_layout::EtcdLayout>("etcd-layout"),
         serve::suite(),
     ])
 }

@@ -12,21 +12,27 @@ use std::{process::ExitCode, sync::Mutex};
 
 use fencelock_core::Driver;
 use fencelock_testkit::{
-    servers::{mariadb::MariaDbServer, url_factory::UrlFactory},
+    servers::{
+        mariadb::MariaDbServer,
+        url_factory::{UrlFactory, UrlServer},
+    },
     Suite,
 };
+
+/// The suite named `name` on servers of `S`, opened through the driver.
+fn suite<S: UrlServer>(name: &'static str) -> Suite {
+    Suite::new(UrlFactory::<S>::new(
+        name,
+        |url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_backend(&url).await }),
+        Some(|url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_fence(&url).await })),
+    ))
+}
 
 fn main() -> ExitCode {
     // `run_suites` owns the factories and drops them (stopping the servers)
     // before returning the exit code.
     fencelock_testkit::run_suites([
-        Suite::new(UrlFactory::<Mutex<MariaDbServer>>::new(
-            "mysql",
-            |url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_backend(&url).await }),
-            Some(|url| {
-                Box::pin(async move { fencelock_mysql::MySqlDriver.open_fence(&url).await })
-            }),
-        )),
-        mysql8_mode::suite(),
+        suite::<Mutex<MariaDbServer>>("mysql"),
+        suite::<mysql8_mode::Mysql8Mode>("mysql8-mode"),
     ])
 }

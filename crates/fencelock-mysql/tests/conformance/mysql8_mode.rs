@@ -5,9 +5,8 @@
 
 use std::sync::Mutex;
 
-use fencelock_core::Driver;
 use fencelock_testkit::{
-    servers::{mariadb::MariaDbServer, url_factory::UrlFactory, url_factory::UrlServer},
+    servers::{mariadb::MariaDbServer, url_factory::UrlServer},
     TestResult,
 };
 
@@ -17,7 +16,7 @@ const MYSQL8_SQL_MODE: &str = "ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN
 
 /// A MariaDB server started in MySQL 8's default mode; everything else is
 /// the usual server's.
-struct Mysql8Mode(Mutex<MariaDbServer>);
+pub struct Mysql8Mode(Mutex<MariaDbServer>);
 
 impl Mysql8Mode {
     /// Starts the server and checks, with the `mariadb` client on its
@@ -57,12 +56,4 @@ impl UrlServer for Mysql8Mode {
     fn restart_server(&self) -> TestResult {
         self.0.restart_server()
     }
-}
-
-pub fn suite() -> fencelock_testkit::Suite {
-    fencelock_testkit::Suite::new(UrlFactory::<Mysql8Mode>::new(
-        "mysql8-mode",
-        |url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_backend(&url).await }),
-        Some(|url| Box::pin(async move { fencelock_mysql::MySqlDriver.open_fence(&url).await })),
-    ))
 }

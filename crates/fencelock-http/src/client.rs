@@ -1,25 +1,21 @@
 //! The backend, fence and driver that speak to a `fencelock serve` service.
 
-use std::{
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use fencelock_core::parse_duration;
 use fencelock_core::Admission;
 use fencelock_core::{
     redact_url, Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Driver,
     Error, ErrorStatus, Fence, FencedValue, FencingToken, Grant, HolderChange, LeaseId, LockInfo,
     LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription, Watch, WatchFeeder,
 };
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
+use crate::replicas::{Replica, Replicas, Resend, Sent};
 use crate::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
     FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList,
@@ -32,6 +28,10 @@ const NAME: &str = "http";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Backstop on one request; the client bounds its calls more tightly.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a replica may be silent before a request moves on from it
+/// (`replica_timeout`): far above a healthy replica's answer (about a
+/// millisecond), far below a lease.
+const REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 /// The environment variable read for a bearer token when the URL has none.
 pub const TOKEN_ENV: &str = "FENCELOCK_HTTP_TOKEN";
 
@@ -67,16 +67,14 @@ impl Driver for HttpDriver {
 /// them until it fails: a refused connection moves to the next one and
 /// tries again at once (the request never reached anyone, so nothing can
 /// have happened twice); any other failure moves on for the next request
-/// only, because the failed one may have taken effect.
+/// only, because the failed one may have taken effect. A replica that
+/// accepts and does not answer is left behind as [`crate::replicas`] says.
 #[derive(Clone)]
 struct Connection {
     /// The first replica's base URL; requests are built on it and sent to
-    /// the current replica's host and port (every replica has this path).
+    /// the chosen replica's host and port (every replica has this path).
     base: Url,
-    /// `(host, port)` of each replica, in URL order.
-    replicas: Arc<[(String, Option<u16>)]>,
-    /// Index of the replica requests go to.
-    current: Arc<AtomicUsize>,
+    replicas: Arc<Replicas>,
     token: Option<String>,
     http: reqwest::Client,
 }
@@ -93,12 +91,15 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// Parses
-    /// `http[s]://[:TOKEN@]host:port[,host:port…][/prefix][?token_file=PATH][&ca_file=PATH]`.
+    /// `http[s]://[:TOKEN@]host:port[,host:port…][/prefix][?token_file=PATH][&ca_file=PATH][&replica_timeout=DURATION]`.
     fn new(url: &str) -> Result<Self> {
         let bad = |why: String| Error::InvalidUrl(format!("{}: {why}", redact_url(url)));
         let (first, others) = split_hosts(url);
         let mut base = Url::parse(&first).map_err(|e| bad(e.to_string()))?;
-        let mut replicas = vec![(base.host_str().unwrap_or_default().to_owned(), base.port())];
+        let mut replicas = vec![Replica::new(
+            base.host_str().unwrap_or_default().to_owned(),
+            base.port(),
+        )];
         for other in others {
             let mut replica = base.clone();
             let (host, port) = match other.rsplit_once(':') {
@@ -117,7 +118,7 @@ impl Connection {
             replica
                 .set_host(Some(host))
                 .map_err(|e| bad(format!("{other:?}: {e}")))?;
-            replicas.push((
+            replicas.push(Replica::new(
                 replica.host_str().unwrap_or_default().to_owned(),
                 port.or(base.port()),
             ));
@@ -138,6 +139,7 @@ impl Connection {
         // No overall time-out on the client: the event stream of `subscribe`
         // lasts as long as its waiter; `call` bounds every other request.
         let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        let mut patience = REPLICA_TIMEOUT;
         for (name, value) in base.query_pairs() {
             match name.as_ref() {
                 "token_file" => {
@@ -155,9 +157,19 @@ impl Connection {
                         http = http.add_root_certificate(cert);
                     }
                 }
+                "replica_timeout" => {
+                    patience = parse_duration(&value)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "replica_timeout={value:?} is not a duration above zero (e.g. 1s, 500ms)"
+                            ))
+                        })?;
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown option {other:?}; known: token_file, ca_file"
+                        "unknown option {other:?}; known: token_file, ca_file, replica_timeout"
                     )))
                 }
             }
@@ -177,49 +189,68 @@ impl Connection {
             .map_err(|e| BackendError::permanent(NAME, "cannot build the HTTP client", e))?;
         Ok(Self {
             base,
-            replicas: replicas.into(),
-            current: Arc::new(AtomicUsize::new(0)),
+            replicas: Arc::new(Replicas::new(replicas, patience)),
             token,
             http,
         })
     }
 
-    /// Sends the request `make` builds for `url`, at the current replica;
-    /// fails over as the type's comment says.
+    /// `url` at replica `at`.
+    fn at_replica(&self, url: &Url, at: usize) -> Url {
+        let mut target = url.clone();
+        if self.replicas.len() > 1 {
+            let replica = self.replicas.get(at);
+            // Both were accepted by the URL parser when the connection was
+            // made, on a URL of this very scheme.
+            let _ = target.set_host(Some(&replica.host));
+            let _ = target.set_port(replica.port);
+        }
+        target
+    }
+
+    /// How long a request that may be sent twice waits for a replica
+    /// before it is sent to another as well.
+    fn resend_after(&self) -> Resend {
+        Resend::After(self.replicas.patience)
+    }
+
+    /// Sends the request `make` builds for `url` to a replica, failing over
+    /// as the type's comment says.
     async fn send(
         &self,
         url: Url,
+        resend: Resend,
         make: impl Fn(Url) -> reqwest::RequestBuilder,
-    ) -> std::result::Result<reqwest::Response, reqwest::Error> {
-        let mut tries = self.replicas.len();
-        loop {
-            let at = self.current.load(Ordering::Relaxed) % self.replicas.len();
-            let mut target = url.clone();
-            if self.replicas.len() > 1 {
-                let (host, port) = &self.replicas[at];
-                // Both were accepted by the URL parser when the connection
-                // was made, on a URL of this very scheme.
-                let _ = target.set_host(Some(host));
-                let _ = target.set_port(*port);
-            }
-            match make(target).send().await {
-                Ok(response) => return Ok(response),
-                Err(e) => {
-                    // Move on, unless another request already did.
-                    let next = (at + 1) % self.replicas.len();
-                    let _ = self.current.compare_exchange(
-                        at,
-                        next,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    );
-                    tries -= 1;
-                    if !e.is_connect() || tries == 0 {
-                        return Err(e);
-                    }
-                    tracing::debug!(replica = at, error = %e, "lock service replica refused; trying the next");
+    ) -> Result<reqwest::Response> {
+        let attempt = |at| make(self.at_replica(&url, at)).send().boxed();
+        // Anything the replica answers, even a refusal, proves it alive.
+        let probe = {
+            let conn = self.clone();
+            move |at| {
+                let conn = conn.clone();
+                async move {
+                    let url = conn.at_replica(&conn.url(&["v1", "info"]), at);
+                    conn.request(Method::GET, url).send().await.is_ok()
                 }
+                .boxed()
             }
+        };
+        match self
+            .replicas
+            .send(resend, attempt, probe, reqwest::Error::is_connect)
+            .await
+        {
+            Sent::Answer(response) => Ok(response),
+            Sent::Failed(e) => Err(transport(e)),
+            Sent::Silent => Err(BackendError::message(
+                NAME,
+                ErrorStatus::Timeout,
+                format!(
+                    "no replica of the lock service answered within replica_timeout ({:?})",
+                    self.replicas.patience
+                ),
+            )
+            .into()),
         }
     }
 
@@ -249,17 +280,17 @@ impl Connection {
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
         timeout: Duration,
+        resend: Resend,
     ) -> Result<(StatusCode, Vec<u8>)> {
         let response = self
-            .send(url, |url| {
+            .send(url, resend, |url| {
                 let request = self.request(method.clone(), url).timeout(timeout);
                 match body {
                     Some(body) => request.json(body),
                     None => request,
                 }
             })
-            .await
-            .map_err(transport)?;
+            .await?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?;
         Ok((status, bytes.to_vec()))
@@ -267,6 +298,7 @@ impl Connection {
 
     /// A call whose only success is 200 with a `T` body; `expected` lists
     /// the refusal codes the caller handles (returned as `Err(Ok(body))`).
+    /// A read may be sent twice; anything else is sent once per replica.
     async fn json<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -274,12 +306,17 @@ impl Connection {
         body: Option<&(impl Serialize + Sync)>,
         expected: &[StatusCode],
     ) -> Result<std::result::Result<T, ErrorBody>> {
-        self.json_within(method, url, body, expected, REQUEST_TIMEOUT)
+        let resend = if method == Method::GET {
+            self.resend_after()
+        } else {
+            Resend::Never
+        };
+        self.json_within(method, url, body, expected, REQUEST_TIMEOUT, resend)
             .await
     }
 
     /// [`Connection::json`] bounded by `timeout` (a long poll's wait and
-    /// then the usual bound).
+    /// then the usual bound), sent again elsewhere as `resend` allows.
     async fn json_within<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -287,19 +324,20 @@ impl Connection {
         body: Option<&(impl Serialize + Sync)>,
         expected: &[StatusCode],
         timeout: Duration,
+        resend: Resend,
     ) -> Result<std::result::Result<T, ErrorBody>> {
         // A read changes nothing, so a read that failed in transit (a
         // replica that died under it, a balancer's 502) is tried once more,
         // on the next replica when there are several.
         let tries = if method == Method::GET { 2 } else { 1 };
         let mut answer = self
-            .answer(method.clone(), url.clone(), body, expected, timeout)
+            .answer(method.clone(), url.clone(), body, expected, timeout, resend)
             .await;
         for _ in 1..tries {
             match &answer {
                 Err(e) if e.is_transient() => {
                     answer = self
-                        .answer(method.clone(), url.clone(), body, expected, timeout)
+                        .answer(method.clone(), url.clone(), body, expected, timeout, resend)
                         .await;
                 }
                 _ => break,
@@ -316,8 +354,9 @@ impl Connection {
         body: Option<&(impl Serialize + Sync)>,
         expected: &[StatusCode],
         timeout: Duration,
+        resend: Resend,
     ) -> Result<std::result::Result<T, ErrorBody>> {
-        let (status, bytes) = self.call(method, url, body, timeout).await?;
+        let (status, bytes) = self.call(method, url, body, timeout, resend).await?;
         if status == StatusCode::OK {
             return serde_json::from_slice(&bytes).map(Ok).map_err(|e| {
                 // A 200 whose body does not parse was cut or garbled: what
@@ -462,6 +501,7 @@ impl HttpBackend {
                 Some(&body),
                 &[StatusCode::CONFLICT],
                 REQUEST_TIMEOUT + wait,
+                Resend::Never,
             )
             .await?
         {
@@ -489,7 +529,14 @@ impl HttpBackend {
         let url = self.lock_url(&lease.key, Some("renew"));
         match self
             .conn
-            .json::<GrantBody>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .json_within::<GrantBody>(
+                Method::POST,
+                url,
+                Some(&body),
+                &[StatusCode::CONFLICT],
+                REQUEST_TIMEOUT,
+                self.renewal_resend([ttl]),
+            )
             .await?
         {
             Ok(g) => Ok(grant(g)),
@@ -504,14 +551,32 @@ impl HttpBackend {
             mode,
         };
         let url = self.lock_url(&lease.key, Some("release"));
+        // Releasing twice is releasing once: the second finds the lease gone.
         match self
             .conn
-            .json::<serde_json::Value>(Method::POST, url, Some(&body), &[StatusCode::CONFLICT])
+            .json_within::<serde_json::Value>(
+                Method::POST,
+                url,
+                Some(&body),
+                &[StatusCode::CONFLICT],
+                REQUEST_TIMEOUT,
+                self.conn.resend_after(),
+            )
             .await?
         {
             Ok(_) => Ok(()),
             Err(_) => Err(Error::not_held(lease)),
         }
+    }
+
+    /// Renewing twice is renewing once, so a renewal is sent to another
+    /// replica when its own has not answered within a sixth of the shortest
+    /// lease: half of the third of a lease the renewer gives each attempt,
+    /// which leaves the copy the other half (`docs/http.md`, "Several
+    /// replicas").
+    fn renewal_resend(&self, ttls: impl IntoIterator<Item = Duration>) -> Resend {
+        let shortest = ttls.into_iter().min().unwrap_or(Duration::MAX);
+        Resend::After(self.conn.replicas.patience.min(shortest / 6))
     }
 
     /// A request whose answer carries nothing but success.
@@ -599,7 +664,14 @@ impl HttpBackend {
             };
             let answer: RenewManyResults = self
                 .conn
-                .json(Method::POST, url.clone(), Some(&body), &[])
+                .json_within(
+                    Method::POST,
+                    url.clone(),
+                    Some(&body),
+                    &[],
+                    REQUEST_TIMEOUT,
+                    self.renewal_resend(chunk.iter().map(|r| r.ttl)),
+                )
                 .await?
                 .map_err(|e| refused(StatusCode::OK, e))?;
             if answer.results.len() != chunk.len() {
@@ -1129,15 +1201,14 @@ impl Connection {
         let mut url = self.url(&["v1", "events"]);
         url.query_pairs_mut().append_pair("key", key.as_str());
         let response = self
-            .send(url, |url| {
+            .send(url, self.resend_after(), |url| {
                 let request = self.request(Method::GET, url);
                 match last_id {
                     Some(id) => request.header("last-event-id", id),
                     None => request,
                 }
             })
-            .await
-            .map_err(transport)?;
+            .await?;
         if response.status() != StatusCode::OK {
             let status = response.status();
             let body = response.json::<ErrorBody>().await.map_err(transport)?;
@@ -1353,18 +1424,33 @@ mod tests {
         assert_eq!(first, "http://:t@a:1/p?ca_file=x");
         assert_eq!(others, ["b:2", "[::1]:3"]);
         let conn = Connection::new("http://a:1,b,127.0.0.1:3/prefix").unwrap();
+        let replicas: Vec<_> = (0..conn.replicas.len())
+            .map(|at| {
+                let r = conn.replicas.get(at);
+                (r.host.as_str(), r.port)
+            })
+            .collect();
         assert_eq!(
-            &conn.replicas[..],
-            [
-                ("a".to_owned(), Some(1)),
-                ("b".to_owned(), Some(1)),
-                ("127.0.0.1".to_owned(), Some(3))
-            ]
+            replicas,
+            [("a", Some(1)), ("b", Some(1)), ("127.0.0.1", Some(3))]
         );
         assert_eq!(
             conn.url(&["v1", "info"]).as_str(),
             "http://a:1/prefix/v1/info"
         );
         assert_eq!(split_hosts("http://h:1").1, Vec::<String>::new());
+    }
+
+    #[test]
+    fn replica_timeout_is_a_duration_above_zero() {
+        let conn = Connection::new("http://a:1,b:2/?replica_timeout=250ms").unwrap();
+        assert_eq!(conn.replicas.patience, Duration::from_millis(250));
+        for bad in ["0s", "soon", ""] {
+            let opened = Connection::new(&format!("http://a:1/?replica_timeout={bad}"));
+            assert!(
+                matches!(&opened, Err(Error::InvalidUrl(m)) if m.contains("replica_timeout")),
+                "{bad}: {opened:?}"
+            );
+        }
     }
 }

@@ -8,6 +8,8 @@
 
 #[cfg(feature = "client")]
 mod client;
+#[cfg(feature = "client")]
+mod replicas;
 pub mod wire;
 
 #[cfg(feature = "client")]

@@ -1,10 +1,12 @@
 //! Several `fencelock serve` replicas over one backend behave as one
 //! service (docs/http.md, "Several replicas"): behind HAProxy, and with a
 //! client given every replica's address. One replica is killed with
-//! SIGKILL while clients hold locks and others wait for them: the holders
-//! keep renewing through the other replicas, no lease the backend holds is
-//! lost, the waiters are granted once the holders release, and every token
-//! is above the one before it on its key.
+//! SIGKILL, or stopped with SIGSTOP (hung: it accepts connections and
+//! answers nothing), while clients hold locks and others wait for them: the
+//! holders keep renewing through the other replicas, no lease the backend
+//! holds is lost, a new client gets its lock at once, the waiters are
+//! granted once the holders release, and every token is above the one
+//! before it on its key.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -30,10 +32,30 @@ async fn client(url: &str, owner: &str) -> LockClient {
         .unwrap()
 }
 
+/// What befalls replica 0.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL: its connections are refused.
+    Kill,
+    /// SIGSTOP for the whole check, SIGCONT after it.
+    Hang,
+}
+
+/// How the client reaches the replicas.
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    /// HAProxy's address: until its checks take a hung replica out, it
+    /// sends requests there, and only those sent twice get past.
+    Balancer,
+    /// Every replica's address: the client leaves a sick one behind.
+    EveryAddress,
+}
+
 /// The scenario: holders on `url` (which reaches the replicas), waiters
-/// for the same keys, one replica killed, then the hand-over. `backend` is
-/// the backend itself, read to check what it holds.
-async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &str) {
+/// for the same keys, replica 0 (the one a client given every address
+/// starts with) killed or hung, then the hand-over. `backend` is the
+/// backend itself, read to check what it holds.
+async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, fault: Fault) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("fencelock_core=debug,fencelock_http=debug")
         .with_test_writer()
@@ -65,11 +87,29 @@ async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &s
         }));
     }
 
-    replicas.kill(0).unwrap();
+    match fault {
+        Fault::Kill => replicas.kill(0).unwrap(),
+        Fault::Hang => replicas.pause(0).unwrap(),
+    }
     // Several renewals (one every third of the TTL) must go through the
     // replicas left, each within its lease.
     let renewals_before: Vec<_> = guards.iter().map(|g| g.expires_at()).collect();
-    tokio::time::sleep(TTL * 3).await;
+    let started = tokio::time::Instant::now();
+    // A new client, which knows nothing of the fault, gets a free key well
+    // before a request to the sick replica would have timed out (30 s).
+    if via == Via::EveryAddress {
+        let newcomer = tokio::time::timeout(Duration::from_secs(10), async {
+            let fresh = client(url, "newcomer").await;
+            let guard = fresh.lock("newcomer").ttl(TTL).acquire().await.unwrap();
+            guard.release().await.unwrap();
+        })
+        .await;
+        assert!(
+            newcomer.is_ok(),
+            "a new client got no lock within 10 s of the fault"
+        );
+    }
+    tokio::time::sleep_until(started + TTL * 3).await;
     let direct = client(backend, "observer").await;
     for (guard, before) in guards.iter().zip(renewals_before) {
         guard.check().unwrap();
@@ -94,6 +134,9 @@ async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &s
     for waiter in &waiters {
         assert!(!waiter.is_finished(), "a waiter was granted a held key");
     }
+    if fault == Fault::Hang {
+        replicas.resume(0).unwrap();
+    }
 
     let tokens: Vec<_> = guards.iter().map(|g| g.token()).collect();
     for guard in guards {
@@ -111,7 +154,9 @@ async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &s
         guard.release().await.unwrap();
     }
     // A new acquisition after all this still draws a higher token.
-    replicas.start_again(0).unwrap();
+    if fault == Fault::Kill {
+        replicas.start_again(0).unwrap();
+    }
     let again = holders.lock("order:0").ttl(TTL).acquire().await.unwrap();
     let last = direct
         .backend()
@@ -123,23 +168,32 @@ async fn survive_a_replica_kill(replicas: &ServeReplicas, url: &str, backend: &s
     again.release().await.unwrap();
 }
 
-async fn behind_haproxy(backend: &str) {
+async fn behind_haproxy(backend: &str, fault: Fault) {
     let replicas = ServeReplicas::start(Path::new(BIN), backend, 3, &[]).unwrap();
     let ports: Vec<u16> = (0..replicas.len()).map(|i| replicas.port(i)).collect();
     let balancer = Haproxy::start(&ports).unwrap();
-    survive_a_replica_kill(&replicas, &balancer.url(), backend).await;
+    survive(&replicas, &balancer.url(), Via::Balancer, backend, fault).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_over_postgres_behind_haproxy_survive_a_kill() {
     let server = PostgresServer::start().unwrap();
-    behind_haproxy(&server.url("postgres")).await;
+    behind_haproxy(&server.url("postgres"), Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_over_redis_behind_haproxy_survive_a_kill() {
     let server = RedisServer::start_persistent().unwrap();
-    behind_haproxy(&server.url()).await;
+    behind_haproxy(&server.url(), Fault::Kill).await;
+}
+
+/// Until HAProxy's checks take the hung replica out, requests it sends
+/// there wait: renewals are sent again (HAProxy gives the copy to another
+/// replica), the rest wait for their own time-outs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_over_redis_behind_haproxy_survive_a_hung_one() {
+    let server = RedisServer::start_persistent().unwrap();
+    behind_haproxy(&server.url(), Fault::Hang).await;
 }
 
 /// No balancer: the client is given the three addresses and moves to the
@@ -149,7 +203,30 @@ async fn three_replicas_over_redis_behind_haproxy_survive_a_kill() {
 async fn a_client_given_every_replica_fails_over_by_itself() {
     let server = RedisServer::start_persistent().unwrap();
     let replicas = ServeReplicas::start(Path::new(BIN), &server.url(), 3, &[]).unwrap();
-    survive_a_replica_kill(&replicas, &replicas.url_of_all(), &server.url()).await;
+    survive(
+        &replicas,
+        &replicas.url_of_all(),
+        Via::EveryAddress,
+        &server.url(),
+        Fault::Kill,
+    )
+    .await;
+}
+
+/// The same with replica 0 hung: requests it does not answer move on
+/// within `replica_timeout` (renewals within a sixth of their lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_every_replica_leaves_a_hung_one_behind() {
+    let server = RedisServer::start_persistent().unwrap();
+    let replicas = ServeReplicas::start(Path::new(BIN), &server.url(), 3, &[]).unwrap();
+    survive(
+        &replicas,
+        &replicas.url_of_all(),
+        Via::EveryAddress,
+        &server.url(),
+        Fault::Hang,
+    )
+    .await;
 }
 
 /// A list of replicas with a hole in it is a bad URL, not a panic.

@@ -14,6 +14,8 @@ use std::{
     time::Duration,
 };
 
+use nix::sys::signal::Signal;
+
 use super::{
     find_binary, first_start, free_port, free_ports, wait_for_port, ChildProcess, ExitedAtStart,
 };
@@ -103,6 +105,24 @@ impl ServeReplicas {
             p.kill()?;
         }
         Ok(())
+    }
+
+    /// SIGSTOP of replica `i`: a hung replica, whose kernel still accepts
+    /// connections and takes requests that nothing answers.
+    pub fn pause(&self, i: usize) -> TestResult {
+        self.signal(i, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT of replica `i`, paused by [`ServeReplicas::pause`].
+    pub fn resume(&self, i: usize) -> TestResult {
+        self.signal(i, Signal::SIGCONT)
+    }
+
+    fn signal(&self, i: usize, signal: Signal) -> TestResult {
+        match self.process(i).as_ref() {
+            Some(p) => p.signal(signal),
+            None => Err(format!("replica {i} is not running").into()),
+        }
     }
 
     /// Starts replica `i` (again) on its port; returns once it listens.

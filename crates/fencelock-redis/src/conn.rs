@@ -25,7 +25,7 @@ use redis::{
     Cmd, Pipeline, RedisFuture, RedisResult, Value,
 };
 
-use crate::sentinel::SentinelMaster;
+use crate::sentinel::{SentinelMaster, SILENT_AFTER};
 
 /// The two kinds of command connection.
 #[derive(Clone)]
@@ -86,12 +86,30 @@ impl BoundedConnection {
         };
         move |request| {
             async move {
-                let outcome: RedisResult<T> = tokio::time::timeout(timeout, request)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out(timeout)));
-                if let Some(master) = master {
-                    master.saw(&outcome);
+                let request = tokio::time::timeout(timeout, request);
+                let outcome: RedisResult<T> = match master {
+                    None => request.await,
+                    Some(master) => {
+                        // A request that stalls may be dropped by its
+                        // caller before it fails: look for the master now.
+                        tokio::pin!(request);
+                        let answer = tokio::select! {
+                            biased;
+                            answer = &mut request => answer,
+                            () = tokio::time::sleep(SILENT_AFTER) => {
+                                master.search_soon();
+                                request.await
+                            }
+                        };
+                        if let Ok(outcome) = &answer {
+                            master.saw(outcome);
+                        } else {
+                            master.search_soon();
+                        }
+                        answer
+                    }
                 }
+                .unwrap_or_else(|_| Err(timed_out(timeout)));
                 outcome
             }
             .boxed()
@@ -191,8 +209,8 @@ impl ConnectionLike for BoundedConnection {
                 .route_command(cmd, RoutingInfo::SingleNode(route.clone()))
                 .boxed(),
             (Kind::Sentinel(master), _) => {
-                let mut conn = master.manager();
-                async move { conn.req_packed_command(cmd).await }.boxed()
+                let (mut conn, moved) = master.manager_watched();
+                moved.unless_moved(async move { conn.req_packed_command(cmd).await })
             }
         };
         bounded(request)
@@ -212,8 +230,9 @@ impl ConnectionLike for BoundedConnection {
                 .route_pipeline(cmd, offset, count, route.clone())
                 .boxed(),
             (Kind::Sentinel(master), _) => {
-                let mut conn = master.manager();
-                async move { conn.req_packed_commands(cmd, offset, count).await }.boxed()
+                let (mut conn, moved) = master.manager_watched();
+                moved
+                    .unless_moved(async move { conn.req_packed_commands(cmd, offset, count).await })
             }
         };
         bounded(request)

@@ -29,6 +29,9 @@ pub fn map(context: &str, e: RedisError) -> Error {
                 | ErrorKind::Moved
                 | ErrorKind::Ask
                 | ErrorKind::ClusterConnectionNotFound
+                // The Sentinels name no master that answers: a failover
+                // under way (or a wrong name, which the caller's bound ends).
+                | ErrorKind::MasterNameNotFoundBySentinel
         )
         || matches!(
             e.code(),

@@ -12,6 +12,7 @@ mod counter;
 mod foreign_locks;
 mod restart;
 mod sentinel_failover;
+mod sentinel_patience;
 mod timeouts;
 mod wait;
 mod wakeups;

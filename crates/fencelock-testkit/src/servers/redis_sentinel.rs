@@ -236,6 +236,33 @@ impl RedisSentinel {
         Ok(None)
     }
 
+    /// Waits until the replica has received everything the master had
+    /// written when this was called (its offset reaches the master's):
+    /// replication is asynchronous, and a test that counts what a failover
+    /// loses must tell the client's losses from those of the replication.
+    pub fn wait_replicated(&self) -> TestResult {
+        let offset = |port: u16, field: &str| -> TestResult<u64> {
+            let info = self.cli(port, &["INFO", "replication"])?;
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+                .ok_or_else(|| format!("no {field} in INFO replication of {port}"))?
+                .parse::<u64>()
+                .map_err(Into::into)
+        };
+        let master = self.master_port()?;
+        let written = offset(master, "master_repl_offset")?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        for port in self.data_ports().into_iter().filter(|&p| p != master) {
+            while offset(port, "slave_repl_offset")? < written {
+                if Instant::now() >= deadline {
+                    return Err(format!("replica {port} did not reach offset {written}").into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
     /// `redis+sentinel://127.0.0.1:S1,S2,S3/fencelock-test`.
     pub fn url(&self) -> String {
         let sentinels: Vec<String> = (DATA_NODES..self.nodes.len())

@@ -338,6 +338,20 @@ pub enum Command {
     #[cfg(feature = "lab")]
     Torture(fencelock_lab::torture::TortureArgs),
 
+    /// Measure what one failed component costs patient clients.
+    ///
+    /// Starts throwaway servers for each deployment shape (service replicas
+    /// with every address or behind HAProxy, Redis Sentinel, Redlock, etcd,
+    /// ZooKeeper), holds locks with a lease of three times the shape's
+    /// failover time, queues waiters and starts a new caller every 200 ms,
+    /// then kills or stops one component (a replica, the master, a node,
+    /// the leader). Prints per case the unnecessary losses, the failed
+    /// calls, the longest stretch without a grant and the time to the first
+    /// grant. Exit 0 unless a waiter got a token not above its holder's
+    /// (3). See docs/faults.md.
+    #[cfg(feature = "lab")]
+    Scorecard(fencelock_lab::scorecard::ScorecardArgs),
+
     /// Print a shell completion script for SHELL on stdout.
     ///
     /// E.g. `fencelock completions bash > ~/.local/share/bash-completion/completions/fencelock`,

@@ -1,11 +1,11 @@
-//! `torture` and `bench` live in the `fencelock-lab` crate, linked only with
+//! `torture`, `bench` and `scorecard` live in the `fencelock-lab` crate, linked only with
 //! the `lab` feature: the shipped binary carries no throwaway-server or
 //! fault-injection code. Without it, those commands say how to get them.
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 /// The commands only a `lab` build has.
-const COMMANDS: [&str; 3] = ["torture", "torture-worker", "bench"];
+const COMMANDS: [&str; 4] = ["torture", "torture-worker", "bench", "scorecard"];
 
 /// The line to print instead of clap's "unrecognized subcommand" when a
 /// build without `lab` is asked for one of its commands.

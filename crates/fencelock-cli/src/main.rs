@@ -484,6 +484,11 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             let verdict = fencelock_lab::torture::run_worker(cli.url, args).await?;
             return Ok(exit::for_verdict(verdict));
         }
+        // It starts the servers it scores: no store.
+        Command::Scorecard(args) => {
+            let verdict = fencelock_lab::scorecard::run(args, lab::output(out)).await?;
+            return Ok(exit::for_verdict(verdict));
+        }
         command => command,
     };
     #[cfg(not(feature = "lab"))]
@@ -771,7 +776,9 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
         Command::Serve(args) => serve::run(&url, args, out).await,
         Command::Completions { .. } | Command::Man { .. } => unreachable!("dispatched above"),
         #[cfg(feature = "lab")]
-        Command::Torture(_) | Command::TortureWorker(_) => unreachable!("dispatched above"),
+        Command::Torture(_) | Command::TortureWorker(_) | Command::Scorecard(_) => {
+            unreachable!("dispatched above")
+        }
     }
 }
 

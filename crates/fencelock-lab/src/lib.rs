@@ -10,7 +10,9 @@
 //! turns into its exit code.
 //!
 //! - [`torture`](mod@torture): `fencelock torture` and its hidden `torture-worker`;
-//! - [`bench`](mod@bench): `fencelock bench`.
+//! - [`bench`](mod@bench): `fencelock bench`;
+//! - [`scorecard`](mod@scorecard): `fencelock scorecard`, what one failed
+//!   component costs patient clients.
 //!
 //! See `docs/safety.md` and `docs/benchmarks.md`.
 //!
@@ -18,6 +20,7 @@
 
 pub mod bench;
 mod output;
+pub mod scorecard;
 pub mod torture;
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The integration tests of the `fencelock` binary, run as a user runs it
-//! (the `torture` and `bench` modules need the `lab` feature, which gives the
+//! (the `torture`, `bench` and `scorecard` modules need the `lab` feature, which gives the
 //! binary those commands).
 //!
 //! One binary per crate, so that the workspace links one executable where it
@@ -19,6 +19,8 @@ mod multi;
 mod process_faults;
 mod replicas;
 mod rwlock;
+#[cfg(feature = "lab")]
+mod scorecard;
 mod semaphore;
 mod serve;
 mod sharded;

@@ -340,6 +340,17 @@ impl RedisSentinel {
             .ok_or_else(|| format!("no node on port {port}").into())
     }
 
+    /// SIGSTOP of data node `port`: a hung master accepts connections and
+    /// answers nothing, until the Sentinels judge it down.
+    pub fn pause(&self, port: u16) -> TestResult {
+        self.nodes.pause(self.index(port)?)
+    }
+
+    /// SIGCONT of data node `port`, paused by [`RedisSentinel::pause`].
+    pub fn resume(&self, port: u16) -> TestResult {
+        self.nodes.resume(self.index(port)?)
+    }
+
     /// Starts data node `port` again (killed before): Sentinel turns it
     /// into a replica of the new master. Waits until the set is ready.
     pub fn start_again(&self, port: u16) -> TestResult {

@@ -1,0 +1,564 @@
+//! `fencelock scorecard`: what one sick component of a healthy majority
+//! costs the clients that were willing to wait.
+//!
+//! For each deployment shape it starts throwaway servers, then runs one case
+//! per fault: holders keep locks whose lease is three times the shape's
+//! failover time, waiters queue behind two of them with a wait that covers
+//! the failover, and a new caller every [`PROBE_EVERY`] opens a backend of
+//! its own and takes a fresh key (its wait covers the failover too). One
+//! component is then failed — killed with SIGKILL, or stopped with SIGSTOP
+//! and continued [`STOP_FOR`] failover times later — and the case counts:
+//!
+//! - **unnecessary losses**: holders that lost their lock, although a
+//!   majority (or the failover target) stayed healthy;
+//! - **failed calls**: callers and waiters whose call ended with anything
+//!   but a grant, although their wait covered the failover;
+//! - **the window**: the longest stretch, after the fault, in which no new
+//!   caller was granted anything;
+//! - **recovery**: from the fault to the first grant of a caller that
+//!   started after it;
+//! - **safety**: every waiter's token above the holder's before it.
+//!
+//! A figure is a measurement, never a pass mark: the command reports and
+//! asserts nothing but safety (docs/faults.md, "Scorecard").
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
+
+use clap::{Args, ValueEnum};
+use fencelock::{Error, LockClient, LockGuard, Owner};
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster,
+        redis::RedisServer,
+        redis_sentinel::RedisSentinel,
+        redis_set::RedisSet,
+        replicas::{Haproxy, ServeReplicas},
+        zookeeper::ZkServer,
+    },
+    TestResult,
+};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::{Output, Verdict};
+
+/// How often a new caller starts.
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// A stopped component stays stopped this many failover times.
+const STOP_FOR: u32 = 3;
+/// Holders per case; waiters queue behind the first [`WAITERS`].
+const HOLDERS: usize = 4;
+const WAITERS: usize = 2;
+
+/// `fencelock scorecard`'s arguments.
+#[derive(Debug, Args)]
+pub struct ScorecardArgs {
+    /// Deployment shapes to score, comma-separated [default: every shape].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub shapes: Vec<Shape>,
+
+    /// Faults to inject, comma-separated [default: kill,stop].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub faults: Vec<Fault>,
+}
+
+/// A deployment shape: what is started, and its failover time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// Three `fencelock serve` replicas over Redis, the client given every
+    /// address (`http://h1,h2,h3`); one replica fails.
+    Replicas,
+    /// The same replicas behind HAProxy; one replica fails.
+    ReplicasHaproxy,
+    /// A master, a replica and three Sentinels; the master fails.
+    RedisSentinel,
+    /// Three independent Redis nodes (`redlock://`); the first fails.
+    Redlock,
+    /// Three etcd members; the leader fails.
+    Etcd,
+    /// Three ZooKeeper members; the leader fails.
+    Zookeeper,
+}
+
+impl Shape {
+    const ALL: [Shape; 6] = [
+        Shape::Replicas,
+        Shape::ReplicasHaproxy,
+        Shape::RedisSentinel,
+        Shape::Redlock,
+        Shape::Etcd,
+        Shape::Zookeeper,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Replicas => "replicas",
+            Shape::ReplicasHaproxy => "replicas-haproxy",
+            Shape::RedisSentinel => "redis-sentinel",
+            Shape::Redlock => "redlock",
+            Shape::Etcd => "etcd",
+            Shape::Zookeeper => "zookeeper",
+        }
+    }
+
+    /// The shape's documented failover time: how long the healthy majority
+    /// needs to carry on without the failed component.
+    fn failover(self) -> Duration {
+        match self {
+            // The client's replica_timeout (docs/http.md).
+            Shape::Replicas => Duration::from_secs(1),
+            // A killed replica refuses at once; a stopped one is out after
+            // two checks of `timeout check 3s` (the test kit's HAProxy).
+            Shape::ReplicasHaproxy => Duration::from_secs(7),
+            // down-after-milliseconds 1000, then the Sentinels' election.
+            Shape::RedisSentinel => Duration::from_secs(3),
+            // No failover: a majority answers; a dead node costs its
+            // node_timeout (250 ms) at most.
+            Shape::Redlock => Duration::from_secs(1),
+            // The test kit's election timeout, then a new leader.
+            Shape::Etcd => Duration::from_secs(2),
+            // Ensemble leader election and the sessions' reconnection.
+            Shape::Zookeeper => Duration::from_secs(4),
+        }
+    }
+}
+
+/// How the component fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// SIGKILL; it stays dead for the rest of the case.
+    Kill,
+    /// SIGSTOP (it accepts connections and answers nothing), SIGCONT
+    /// three failover times later.
+    Stop,
+}
+
+/// The servers of one shape and the component the case fails.
+enum Deployment {
+    Replicas {
+        replicas: ServeReplicas,
+        balancer: Option<Haproxy>,
+        _redis: RedisServer,
+    },
+    Sentinel(RedisSentinel, Option<u16>),
+    Members(Members, Option<usize>),
+}
+
+/// The member sets that fail one member alike.
+enum Members {
+    Redlock(RedisSet),
+    Etcd(EtcdCluster),
+    Zookeeper(ZkServer),
+}
+
+impl Deployment {
+    fn start(shape: Shape) -> TestResult<Self> {
+        Ok(match shape {
+            Shape::Replicas | Shape::ReplicasHaproxy => {
+                let redis = RedisServer::start_persistent()?;
+                let binary = std::env::current_exe()?;
+                let replicas = ServeReplicas::start(&binary, &redis.url(), 3, &[])?;
+                let balancer = if shape == Shape::ReplicasHaproxy {
+                    let ports: Vec<u16> = (0..replicas.len()).map(|i| replicas.port(i)).collect();
+                    Some(Haproxy::start(&ports)?)
+                } else {
+                    None
+                };
+                Deployment::Replicas {
+                    replicas,
+                    balancer,
+                    _redis: redis,
+                }
+            }
+            Shape::RedisSentinel => Deployment::Sentinel(RedisSentinel::start()?, None),
+            Shape::Redlock => Deployment::Members(Members::Redlock(RedisSet::start(3)?), None),
+            Shape::Etcd => Deployment::Members(Members::Etcd(EtcdCluster::start_members(3)?), None),
+            Shape::Zookeeper => {
+                Deployment::Members(Members::Zookeeper(ZkServer::start_members(3)?), None)
+            }
+        })
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Deployment::Replicas {
+                balancer: Some(b), ..
+            } => b.url(),
+            Deployment::Replicas { replicas, .. } => replicas.url_of_all(),
+            Deployment::Sentinel(set, _) => set.url(),
+            Deployment::Members(Members::Redlock(set), _) => set.url(),
+            Deployment::Members(Members::Etcd(c), _) => c.url(),
+            Deployment::Members(Members::Zookeeper(z), _) => z.url(),
+        }
+    }
+
+    /// Fails the shape's component; answers which one.
+    fn fail(&mut self, fault: Fault) -> TestResult<String> {
+        match self {
+            Deployment::Replicas { replicas, .. } => {
+                match fault {
+                    Fault::Kill => replicas.kill(0)?,
+                    Fault::Stop => replicas.pause(0)?,
+                }
+                Ok("replica 0".to_owned())
+            }
+            Deployment::Sentinel(set, failed) => {
+                let master = set.master_port()?;
+                match fault {
+                    Fault::Kill => set.kill(master)?,
+                    Fault::Stop => set.pause(master)?,
+                }
+                *failed = Some(master);
+                Ok(format!("master {master}"))
+            }
+            Deployment::Members(members, failed) => {
+                let set: &dyn MemberControl = match members {
+                    Members::Redlock(s) => s,
+                    Members::Etcd(c) => c,
+                    Members::Zookeeper(z) => z,
+                };
+                let victim = set.victim();
+                match fault {
+                    Fault::Kill => set.kill_member(victim)?,
+                    Fault::Stop => set.pause_member(victim)?,
+                }
+                *failed = Some(victim);
+                Ok(format!("member {victim}"))
+            }
+        }
+    }
+
+    /// SIGCONT of a stopped component.
+    fn resume(&mut self) -> TestResult {
+        match self {
+            Deployment::Replicas { replicas, .. } => replicas.resume(0),
+            Deployment::Sentinel(set, failed) => match failed {
+                Some(port) => set.resume(*port),
+                None => Ok(()),
+            },
+            Deployment::Members(members, failed) => {
+                let set: &dyn MemberControl = match members {
+                    Members::Redlock(s) => s,
+                    Members::Etcd(c) => c,
+                    Members::Zookeeper(z) => z,
+                };
+                match failed {
+                    Some(i) => set.resume_member(*i),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// The member operations the cases use, alike for every member set.
+trait MemberControl {
+    /// The member to fail: the leader where there is one, else the first.
+    fn victim(&self) -> usize;
+    fn kill_member(&self, i: usize) -> TestResult;
+    fn pause_member(&self, i: usize) -> TestResult;
+    fn resume_member(&self, i: usize) -> TestResult;
+}
+
+impl<E: fencelock_testkit::servers::members::Engine> MemberControl
+    for fencelock_testkit::servers::members::MemberSet<E>
+{
+    fn victim(&self) -> usize {
+        self.leader().unwrap_or(0)
+    }
+    fn kill_member(&self, i: usize) -> TestResult {
+        self.kill(i)
+    }
+    fn pause_member(&self, i: usize) -> TestResult {
+        self.pause(i)
+    }
+    fn resume_member(&self, i: usize) -> TestResult {
+        self.resume(i)
+    }
+}
+
+/// One case's figures.
+#[derive(Debug, Serialize)]
+pub struct Case {
+    shape: Shape,
+    fault: Fault,
+    /// What was failed.
+    component: String,
+    /// The holders' lease.
+    ttl_ms: u64,
+    holders: usize,
+    unnecessary_losses: usize,
+    /// Calls of new callers and waiters.
+    calls: usize,
+    failed_calls: usize,
+    /// The first failure's message, if any.
+    first_failure: Option<String>,
+    window_ms: Option<u64>,
+    recovery_ms: Option<u64>,
+    /// Waiters' tokens not above the holder's before them (must be 0).
+    token_regressions: usize,
+}
+
+/// What every probe and waiter call ended as.
+#[derive(Default)]
+struct Calls {
+    /// When each caller started and when it was granted (`None`: failed).
+    probes: Vec<(Instant, Option<Instant>)>,
+    failures: Vec<String>,
+}
+
+/// Runs the scorecard: every shape asked for, every fault asked for.
+pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
+    let shapes = if args.shapes.is_empty() {
+        Shape::ALL.to_vec()
+    } else {
+        args.shapes
+    };
+    let faults = if args.faults.is_empty() {
+        vec![Fault::Kill, Fault::Stop]
+    } else {
+        args.faults
+    };
+    let mut cases = Vec::new();
+    for &shape in &shapes {
+        for &fault in &faults {
+            out.note(format!(
+                "{} / {}: starting",
+                shape.name(),
+                fault_name(fault)
+            ));
+            let case = run_case(shape, fault)
+                .await
+                .map_err(|e| Error::InvalidArgument(format!("{}: {e}", shape.name())))?;
+            out.note(format!(
+                "{} / {}: {} losses, {} of {} calls failed, window {:?} ms",
+                shape.name(),
+                fault_name(fault),
+                case.unnecessary_losses,
+                case.failed_calls,
+                case.calls,
+                case.window_ms
+            ));
+            cases.push(case);
+        }
+    }
+    let unsafe_cases = cases.iter().filter(|c| c.token_regressions > 0).count();
+    out.emit(&cases, || table(&cases));
+    Ok(if unsafe_cases > 0 {
+        Verdict::Violation
+    } else {
+        Verdict::Passed
+    })
+}
+
+fn fault_name(fault: Fault) -> &'static str {
+    match fault {
+        Fault::Kill => "kill",
+        Fault::Stop => "stop",
+    }
+}
+
+/// The human form: one Markdown row per case, as docs/faults.md shows it.
+fn table(cases: &[Case]) -> String {
+    let ms = |v: Option<u64>| v.map_or("–".to_owned(), |v| format!("{v} ms"));
+    let mut text = String::from(
+        "| shape | fault | failed | TTL | unnecessary losses | failed calls | window | recovery | token regressions |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in cases {
+        text.push_str(&format!(
+            "| {} | {} | {} | {} s | {} of {} | {} of {} | {} | {} | {} |\n",
+            c.shape.name(),
+            fault_name(c.fault),
+            c.component,
+            c.ttl_ms / 1000,
+            c.unnecessary_losses,
+            c.holders,
+            c.failed_calls,
+            c.calls,
+            ms(c.window_ms),
+            ms(c.recovery_ms),
+            c.token_regressions,
+        ));
+    }
+    text
+}
+
+fn client(backend: &Arc<dyn fencelock::Backend>, owner: &str) -> Result<LockClient, Error> {
+    LockClient::builder(Arc::clone(backend))
+        .owner(Owner::new(owner)?)
+        .build()
+}
+
+async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
+    let mut deployment = tokio::task::spawn_blocking(move || Deployment::start(shape)).await??;
+    let url = deployment.url();
+    let failover = shape.failover();
+    let ttl = (failover * 3).max(Duration::from_secs(3));
+    let patience = failover * (STOP_FOR + 2) + ttl;
+    let run = format!("scorecard-{}", std::process::id());
+
+    let backend = fencelock::open_backend(&url).await?;
+    let holders = client(&backend, "holder")?;
+    let mut guards: Vec<LockGuard> = Vec::new();
+    for i in 0..HOLDERS {
+        guards.push(
+            holders
+                .lock(format!("{run}:held:{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await?,
+        );
+    }
+    let calls = Arc::new(Mutex::new(Calls::default()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let backend = Arc::clone(&backend);
+        let key = format!("{run}:held:{i}");
+        waiters.push(tokio::spawn(async move {
+            let waiter = client(&backend, &format!("waiter-{i}"))?;
+            let guard = waiter
+                .lock(key)
+                .ttl(ttl)
+                .wait(patience * 2)
+                .acquire()
+                .await?;
+            let token = guard.token();
+            guard.release().await?;
+            Ok::<_, Error>(token)
+        }));
+    }
+    let stop_probes = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let calls = Arc::clone(&calls);
+        let url = url.clone();
+        let stop = stop_probes.clone();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut running = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let calls = Arc::clone(&calls);
+                let url = url.clone();
+                let key = format!("{run}:probe:{n}");
+                running.push(tokio::spawn(async move {
+                    let started = Instant::now();
+                    let outcome = probe(&url, &key, ttl, patience).await;
+                    let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
+                    match outcome {
+                        Ok(granted) => calls.probes.push((started, Some(granted))),
+                        Err(e) => {
+                            calls.probes.push((started, None));
+                            calls.failures.push(format!("new caller: {e}"));
+                        }
+                    }
+                }));
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
+            for task in running {
+                let _ = task.await;
+            }
+        })
+    };
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let failed_at = Instant::now();
+    let component = tokio::task::block_in_place(|| deployment.fail(fault))?;
+    if fault == Fault::Stop {
+        tokio::time::sleep(failover * STOP_FOR).await;
+        tokio::task::block_in_place(|| deployment.resume())?;
+    }
+    tokio::time::sleep_until(failed_at + failover * (STOP_FOR + 1) + ttl).await;
+    stop_probes.store(true, Ordering::Relaxed);
+    let _ = prober.await;
+
+    let losses = guards.iter().filter(|g| !g.is_valid()).count();
+    let tokens: Vec<_> = guards.iter().map(|g| g.token()).collect();
+    for guard in guards {
+        // A lost guard's release is refused: nothing to count there.
+        let _ = guard.release().await;
+    }
+    let mut regressions = 0;
+    let mut waited = Vec::new();
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        match waiter.await {
+            Ok(Ok(token)) => {
+                if token <= tokens[i] {
+                    regressions += 1;
+                }
+                waited.push(Ok(()));
+            }
+            Ok(Err(e)) => waited.push(Err(format!("waiter {i}: {e}"))),
+            Err(e) => waited.push(Err(format!("waiter {i}: {e}"))),
+        }
+    }
+    let calls = std::mem::take(&mut *calls.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut failures = calls.failures;
+    failures.extend(waited.iter().filter_map(|w| w.clone().err()));
+    let grants: Vec<Instant> = {
+        let mut g: Vec<Instant> = calls.probes.iter().filter_map(|(_, g)| *g).collect();
+        g.sort();
+        g
+    };
+    // The longest stretch after the fault without a grant, up to the last
+    // grant (a case ends with grants flowing again, or it says so).
+    let mut window = None;
+    let mut last = failed_at;
+    for &g in grants.iter().filter(|&&g| g > failed_at) {
+        let gap = g - last;
+        window = Some(window.map_or(gap, |w: Duration| w.max(gap)));
+        last = g;
+    }
+    let recovery = calls
+        .probes
+        .iter()
+        .filter(|(started, granted)| *started >= failed_at && granted.is_some())
+        .filter_map(|(_, granted)| *granted)
+        .min()
+        .map(|g| g - failed_at);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    Ok(Case {
+        shape,
+        fault,
+        component,
+        ttl_ms: ms(ttl),
+        holders: HOLDERS,
+        unnecessary_losses: losses,
+        calls: calls.probes.len() + WAITERS,
+        failed_calls: failures.len(),
+        first_failure: failures.into_iter().next(),
+        window_ms: window.map(ms),
+        recovery_ms: recovery.map(ms),
+        token_regressions: regressions,
+    })
+}
+
+/// A new caller: opens a backend of its own, takes `key` waiting up to
+/// `wait`, releases it; answers when it was granted.
+async fn probe(url: &str, key: &str, ttl: Duration, wait: Duration) -> Result<Instant, Error> {
+    let within = async {
+        let backend = fencelock::open_backend(url).await?;
+        let caller = client(&backend, "caller")?;
+        let guard = caller.lock(key).ttl(ttl).wait(wait).acquire().await?;
+        let granted = Instant::now();
+        guard.release().await?;
+        Ok(granted)
+    };
+    tokio::time::timeout(wait + Duration::from_secs(5), within)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::InvalidArgument(format!(
+                "no answer within {:?}",
+                wait + Duration::from_secs(5)
+            )))
+        })
+}

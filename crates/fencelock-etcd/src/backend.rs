@@ -21,7 +21,7 @@ use fencelock_core::{
 use serde_json::{json, Value};
 
 use crate::{
-    error::{bad_value, bounded, failover, is_lease_not_found, map, NAME},
+    error::{bad_value, bounded, failover, hedged, is_lease_not_found, map, HEDGE_AFTER, NAME},
     options::EtcdOptions,
 };
 
@@ -154,9 +154,11 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
     let client = bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
         .await
         .map_err(|e| map("connect", e))?;
-    let answered = failover(timeout, || {
-        let mut c = client.clone();
-        async move { c.status().await }
+    let answered = hedged(timeout, options.endpoints.len().max(2), || {
+        failover(timeout, || {
+            let mut c = client.clone();
+            async move { c.status().await }
+        })
     })
     .await;
     if let Err(e) = answered {
@@ -329,6 +331,12 @@ impl EtcdBackend {
         }
     }
 
+    /// How many copies of an idempotent request may be in flight: one per
+    /// member, so that one hung member cannot hold them all.
+    fn copies(&self) -> usize {
+        self.options.endpoints.len().max(2)
+    }
+
     /// What this backend remembers of a grant it made or renewed.
     fn cached(&self, grant: &LeaseId) -> Option<Cached> {
         self.cache().grants.get(grant).copied()
@@ -359,9 +367,12 @@ impl EtcdBackend {
 
     async fn get(&self, key: &LockKey) -> Result<Option<KeyValue>> {
         let full = self.key(key);
-        let mut resp = failover(self.options.timeout, || {
-            let (mut c, k) = (self.client.clone(), full.clone());
-            async move { c.get(k, None).await }
+        let timeout = self.options.timeout;
+        let mut resp = hedged(timeout, self.copies(), || {
+            failover(timeout, || {
+                let (mut c, k) = (self.client.clone(), full.clone());
+                async move { c.get(k, None).await }
+            })
         })
         .await
         .map_err(|e| map("get", e))?;
@@ -373,18 +384,30 @@ impl EtcdBackend {
     /// that answers is remembered as refreshed from before the request.
     pub(crate) async fn keep_alive(&self, lease: i64) -> Result<Option<i64>> {
         let sent = Instant::now();
-        let kept = bounded(self.options.timeout, async {
-            let (mut keeper, mut stream) = failover(self.options.timeout, || {
-                let mut c = self.client.clone();
-                async move { c.lease_keep_alive(lease).await }
-            })
-            .await?;
-            keeper.keep_alive().await?;
-            match stream.message().await? {
-                Some(resp) => Ok(resp.ttl()),
-                None => Err(etcd_client::Error::LeaseKeepAliveError(
-                    "keep-alive stream closed without an answer".into(),
-                )),
+        let timeout = self.options.timeout;
+        // Keeping a lease alive twice is keeping it alive once. A copy
+        // every HEDGE_AFTER for as long as the time-out allows: while the
+        // leader is stopped, the copies a follower holds wait for it, and
+        // the first copy sent once another member leads is the one that
+        // answers.
+        let copies = usize::try_from(timeout.as_millis() / HEDGE_AFTER.as_millis().max(1))
+            .unwrap_or(usize::MAX)
+            .max(self.copies());
+        let kept = hedged(timeout, copies, || {
+            let client = self.client.clone();
+            async move {
+                let (mut keeper, mut stream) = failover(timeout, || {
+                    let mut c = client.clone();
+                    async move { c.lease_keep_alive(lease).await }
+                })
+                .await?;
+                keeper.keep_alive().await?;
+                match stream.message().await? {
+                    Some(resp) => Ok(resp.ttl()),
+                    None => Err(etcd_client::Error::LeaseKeepAliveError(
+                        "keep-alive stream closed without an answer".into(),
+                    )),
+                }
             }
         })
         .await;
@@ -482,7 +505,21 @@ impl EtcdBackend {
             Compare::create_revision(full.to_vec(), CompareOp::Equal, revision(token)),
             Compare::lease(full.to_vec(), CompareOp::Equal, lease),
         ]);
-        Ok(self.txn("renewal check txn", txn).await?.succeeded())
+        Ok(self.read_txn("renewal check txn", txn).await?.succeeded())
+    }
+
+    /// Runs `txn`, which only compares and reads: it may be sent twice, so
+    /// it is [`hedged`] against a member that does not answer.
+    pub(crate) async fn read_txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        let timeout = self.options.timeout;
+        hedged(timeout, self.copies(), || {
+            failover(timeout, || {
+                let (mut c, t) = (self.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+        })
+        .await
+        .map_err(|e| map(what, e))
     }
 
     /// Moves the grant `kv` (as just read) to this backend's shared lease
@@ -1160,7 +1197,7 @@ impl Backend for EtcdBackend {
                 .iter()
                 .map(|&i| TxnOp::get(self.key(&renewals[i].lease.key), None))
                 .collect();
-            self.txn("renewal check txn", Txn::new().and_then(reads))
+            self.read_txn("renewal check txn", Txn::new().and_then(reads))
         });
         let mut kvs: HashMap<usize, Option<KeyValue>> = HashMap::new();
         for (chunk, resp) in fast

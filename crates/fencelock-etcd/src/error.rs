@@ -92,6 +92,72 @@ pub(crate) async fn bounded<T>(
         })
 }
 
+/// How long an idempotent request waits for its answer before a copy is
+/// sent beside it ([`hedged`]): far above a healthy member's round trip,
+/// well inside the third of a lease the renewer gives a renewal.
+pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(500);
+
+/// Runs `op` — which must have the same effect once or twice (a
+/// keep-alive, a read) — and, while no copy has answered, another copy
+/// every [`HEDGE_AFTER`], `copies` in all; the first success wins (or,
+/// once every copy has failed, the last failure), all bounded by
+/// `timeout`.
+///
+/// A member that is stopped or wedged keeps its connections open and
+/// answers nothing, so the channel goes on giving it requests, which wait
+/// out their time-out, until the HTTP/2 keep-alive gives up on it seconds
+/// later. The channel balances by load: while the first copy waits there,
+/// the next goes to another member.
+pub(crate) async fn hedged<T, F, Fut>(
+    timeout: Duration,
+    copies: usize,
+    op: F,
+) -> Result<T, EtcdError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    bounded(timeout, async {
+        let mut flying = FuturesUnordered::new();
+        flying.push(op());
+        let mut sent = 1;
+        let mut last = None;
+        loop {
+            let next_copy = async {
+                if sent < copies {
+                    tokio::time::sleep(HEDGE_AFTER).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                biased;
+                answer = flying.next() => match answer {
+                    Some(Ok(value)) => return Ok(value),
+                    // An answer, if a failed one: copies are for silence.
+                    // Another copy still in flight may yet succeed.
+                    Some(Err(e)) => {
+                        last = Some(e);
+                        if flying.is_empty() {
+                            break;
+                        }
+                    }
+                    None => break,
+                },
+                () = next_copy => {
+                    flying.push(op());
+                    sent += 1;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            EtcdError::GRpcStatus(Status::deadline_exceeded("no copy answered"))
+        }))
+    })
+    .await
+}
+
 /// Runs `op`, sending it again while it fails with [`never_sent`], so a dead
 /// endpoint costs a failed connect rather than a failed call; all attempts
 /// together are [`bounded`] by `timeout`.

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 use fencelock::{Error, LockClient};
-use fencelock_serve::{Server, Service, Tokens};
+use fencelock_serve::{Limits, Server, Service, Tokens};
 
 use crate::output::Output;
 
@@ -14,7 +14,8 @@ use crate::output::Output;
 pub struct ServeArgs {
     /// Read these options from a TOML file (keys as the flags without
     /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
-    /// events_interval, ephemeral); a flag given as well wins. The backend
+    /// events_interval, ephemeral, header_read_timeout, idle_timeout,
+    /// max_connections); a flag given as well wins. The backend
     /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -50,6 +51,23 @@ pub struct ServeArgs {
     /// clients and for expiries, while someone follows it [default: 500ms].
     #[arg(long, value_parser = crate::cli::duration)]
     pub events_interval: Option<Duration>,
+
+    /// Close a connection that takes longer than this to send a request's
+    /// head (from its opening, TLS handshake included, for its first
+    /// request) [default: 10s].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub header_read_timeout: Option<Duration>,
+
+    /// Close a connection idle this long between two requests; long polls
+    /// and event streams are never idle [default: 60s].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub idle_timeout: Option<Duration>,
+
+    /// Most connections open at once; past it the one idle longest is
+    /// closed [default: three quarters of the file limit, which serve
+    /// raises to its hard limit].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
 }
 
 /// `--config FILE`: the flags of `serve` as TOML keys.
@@ -62,6 +80,9 @@ struct ConfigFile {
     tls_key: Option<PathBuf>,
     events_interval: Option<String>,
     ephemeral: Option<bool>,
+    header_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<usize>,
 }
 
 /// The options of `serve` once the flags and `--config` are merged.
@@ -72,6 +93,7 @@ struct Settings {
     tls: Option<(PathBuf, PathBuf)>,
     events_interval: Duration,
     ephemeral: bool,
+    limits: Limits,
 }
 
 impl ServeArgs {
@@ -89,13 +111,46 @@ impl ServeArgs {
                 })?
             }
         };
-        let events_interval = match (self.events_interval, file.events_interval) {
-            (Some(d), _) => d,
-            (None, Some(text)) => crate::cli::duration(&text).map_err(|e| {
-                Error::InvalidArgument(format!("--config: events_interval {text:?}: {e}"))
-            })?,
-            (None, None) => Duration::from_millis(500),
+        let duration =
+            |flag: Option<Duration>, key: &str, text: Option<String>, default| match (flag, text) {
+                (Some(d), _) => Ok(d),
+                (None, Some(text)) => crate::cli::duration(&text)
+                    .map_err(|e| Error::InvalidArgument(format!("--config: {key} {text:?}: {e}"))),
+                (None, None) => Ok(default),
+            };
+        let events_interval = duration(
+            self.events_interval,
+            "events_interval",
+            file.events_interval,
+            Duration::from_millis(500),
+        )?;
+        let defaults = Limits::default();
+        let limits = Limits {
+            header_read_timeout: duration(
+                self.header_read_timeout,
+                "header_read_timeout",
+                file.header_read_timeout,
+                defaults.header_read_timeout,
+            )?,
+            idle_timeout: duration(
+                self.idle_timeout,
+                "idle_timeout",
+                file.idle_timeout,
+                defaults.idle_timeout,
+            )?,
+            max_connections: self.max_connections.or(file.max_connections),
+            ..defaults
         };
+        if limits.header_read_timeout.is_zero() || limits.idle_timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "header_read_timeout and idle_timeout must be longer than zero".into(),
+            ));
+        }
+        if limits.max_connections == Some(0) {
+            return Err(Error::InvalidArgument(
+                "max_connections must be at least 1".into(),
+            ));
+        }
         let tls = match (
             self.tls_cert.or(file.tls_cert),
             self.tls_key.or(file.tls_key),
@@ -117,6 +172,7 @@ impl ServeArgs {
             tls,
             events_interval,
             ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
+            limits,
         })
     }
 }
@@ -141,9 +197,15 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
     }
     let listen = resolve(&args.listen).await?;
+    // A socket per client: the soft limit (1024 on most systems) would cap
+    // the connections far below what the hard limit allows.
+    if let Err(e) = fencelock_serve::raise_file_limit() {
+        tracing::warn!(error = %e, "cannot raise the file limit");
+    }
     let mut server = Server::bind(listen, service.build())
         .await
-        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?
+        .limits(args.limits);
     let scheme = match args.tls {
         Some((cert, key)) => {
             server = server.tls(cert, key);

@@ -26,6 +26,7 @@
 mod activity;
 mod api;
 mod auth;
+mod conns;
 mod dashboard;
 mod error;
 mod events;
@@ -42,7 +43,7 @@ use fencelock_core::{CancellationToken, Fence, LockClient};
 
 pub use auth::{Caller, Role, Tokens};
 pub use fencelock_http::wire;
-pub use server::{Server, ServerHandle};
+pub use server::{default_max_connections, raise_file_limit, Limits, Server, ServerHandle};
 
 /// How often the event stream lists the backend to see changes made by
 /// other clients and expiries, while someone follows it.

@@ -7,6 +7,7 @@
 
 mod dashboard;
 mod kv;
+mod limits;
 mod notified_events;
 mod observability_docs;
 mod rest;

@@ -180,7 +180,7 @@ pub(crate) async fn acquire(
     let started = tokio::time::Instant::now();
     let _waiting =
         (!wait.is_zero()).then(|| s.inner.activity.waiting(vec![key.to_string()], owner_name));
-    match request.acquire().await {
+    match until_shutdown(&s, wait, request.acquire()).await? {
         Ok(guard) => {
             let mut grant = GrantBody {
                 key: key.to_string(),
@@ -216,6 +216,24 @@ pub(crate) async fn acquire(
             Err(ApiError::held(key.as_str(), holder))
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// An acquisition that waits `wait`, answered 503 when the service shuts
+/// down first: a long poll must not hold the process past its supervisor's
+/// stop timeout, and its client asks again elsewhere. A try without a wait
+/// is short, and finishes.
+async fn until_shutdown<T>(
+    s: &Service,
+    wait: Duration,
+    acquire: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    if wait.is_zero() {
+        return Ok(acquire.await);
+    }
+    tokio::select! {
+        acquired = acquire => Ok(acquired),
+        () = s.inner.shutdown.cancelled() => Err(ApiError::shutting_down()),
     }
 }
 
@@ -308,7 +326,7 @@ pub(crate) async fn acquire_all(
     }
     let started = tokio::time::Instant::now();
     let _waiting = (!wait.is_zero()).then(|| s.inner.activity.waiting(keys, &owner_name));
-    match request.acquire().await {
+    match until_shutdown(&s, wait, request.acquire()).await? {
         Ok(all) => {
             let now = tokio::time::Instant::now();
             let waited = now - started;

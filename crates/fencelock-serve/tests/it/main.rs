@@ -11,4 +11,5 @@ mod limits;
 mod notified_events;
 mod observability_docs;
 mod rest;
+mod shutdown;
 mod tls;

@@ -78,6 +78,8 @@ impl Second {
 #[derive(Debug)]
 struct Note {
     token: u64,
+    /// The holder, as stored: a renewal by anyone else is not this lease's.
+    owner: String,
     ttl_ms: Option<u64>,
     acquired_at: DateTime<Utc>,
     renewed_at: Option<DateTime<Utc>>,
@@ -231,6 +233,7 @@ impl Activity {
     pub(crate) fn granted(
         &self,
         key: &str,
+        owner: &str,
         token: u64,
         ttl_ms: u64,
         waited: Duration,
@@ -252,6 +255,7 @@ impl Activity {
                     key.to_owned(),
                     Note {
                         token,
+                        owner: owner.to_owned(),
                         ttl_ms: Some(ttl_ms),
                         acquired_at: Utc::now(),
                         renewed_at: None,
@@ -267,7 +271,10 @@ impl Activity {
 
     /// A renewal of `key`'s lease `token` by `owner` through the service:
     /// `Ok(ttl)` renewed, `Err(code)` failed with that error code (a
-    /// `not_held` refusal ends the holder's lock: an incident).
+    /// `not_held` refusal ends the caller's lock: an incident). A renewal
+    /// that names the token of a lease this process knows with another
+    /// owner is a stranger's: it changes nothing of that lease's record,
+    /// and is no one's loss (the caller held nothing).
     pub(crate) fn renewal(
         &self,
         key: &str,
@@ -276,6 +283,13 @@ impl Activity {
         outcome: Result<Duration, &str>,
     ) {
         let mut state = self.state();
+        if state
+            .notes
+            .get(key)
+            .is_some_and(|n| n.token == token && n.owner != owner)
+        {
+            return;
+        }
         let note = state.notes.get_mut(key).filter(|n| n.token == token);
         match (outcome, note) {
             (Ok(ttl), Some(note)) => {
@@ -290,6 +304,7 @@ impl Activity {
                     key.to_owned(),
                     Note {
                         token,
+                        owner: owner.to_owned(),
                         ttl_ms: Some(ms(ttl)),
                         acquired_at: Utc::now(),
                         renewed_at: Some(Utc::now()),
@@ -341,6 +356,7 @@ impl Activity {
                         event.key.clone(),
                         Note {
                             token: event.token,
+                            owner: event.owner.clone().unwrap_or_default(),
                             ttl_ms: event.lock.as_ref().and_then(|l| l.ttl_ms),
                             acquired_at,
                             renewed_at: None,
@@ -663,7 +679,7 @@ mod tests {
     #[test]
     fn failed_renewals_count_on_the_lease_and_a_refusal_ends_it() {
         let activity = Activity::default();
-        activity.granted("k", 3, 1_000, Duration::from_millis(7), false);
+        activity.granted("k", "o", 3, 1_000, Duration::from_millis(7), false);
         activity.renewal("k", "o", 3, Err("unavailable"));
         activity.renewal("k", "o", 3, Ok(Duration::from_secs(2)));
         // Another token's failure is not this lease's.
@@ -676,6 +692,14 @@ mod tests {
         assert!(note.renewed_at.is_some());
         assert!(body.incidents.is_empty());
         assert_eq!(body.wait_ms.counts[bucket(Duration::from_millis(7))], 1);
+
+        // A stranger naming the lease's token: nothing of the lease changes.
+        activity.renewal("k", "stranger", 3, Err("not_held"));
+        activity.renewal("k", "stranger", 3, Err("unavailable"));
+        let body = snapshot(&activity, &Caller::admin());
+        assert_eq!(body.leases[0].renewal_failures, 1);
+        assert!(body.incidents.is_empty());
+        assert_eq!(body.rates.lost.iter().sum::<u64>(), 0);
 
         activity.renewal("k", "o", 3, Err("not_held"));
         let body = snapshot(&activity, &Caller::admin());

@@ -193,6 +193,7 @@ pub(crate) async fn acquire(
             guard.detach();
             s.inner.activity.granted(
                 &grant.key,
+                &grant.owner,
                 grant.token,
                 grant.ttl_ms,
                 started.elapsed(),
@@ -271,8 +272,11 @@ pub(crate) async fn renew(
         Some(LockMode::Shared) => bounded("renew", backend.renew_shared(&lease, ttl)).await,
         _ => bounded("renew", backend.renew(&lease, ttl)).await,
     };
-    count_renewal(backend.name(), sent.elapsed(), &renewed);
-    note_renewal(&s, &lease, &renewed);
+    let stranger = stranger(&s, &lease, &renewed).await;
+    count_renewal(backend.name(), sent.elapsed(), &renewed, stranger);
+    if !stranger {
+        note_renewal(&s, &lease, &renewed);
+    }
     let grant = renewed?;
     let mut grant = GrantBody {
         key: lease.key.to_string(),
@@ -347,9 +351,14 @@ pub(crate) async fn acquire_all(
                         body.kind.clone(),
                         body.data.clone(),
                     );
-                    s.inner
-                        .activity
-                        .granted(&grant.key, grant.token, grant.ttl_ms, waited, false);
+                    s.inner.activity.granted(
+                        &grant.key,
+                        &grant.owner,
+                        grant.token,
+                        grant.ttl_ms,
+                        waited,
+                        false,
+                    );
                     GrantBody {
                         owner: caller.owner_out(&grant.owner),
                         ..grant
@@ -440,8 +449,11 @@ pub(crate) async fn renew_many(
             }
         };
         for ((&place, renewal), outcome) in places.iter().zip(renewals).zip(renewed) {
-            count_renewal(backend.name(), sent.elapsed(), &outcome);
-            note_renewal(&s, &renewal.lease, &outcome);
+            let stranger = stranger(&s, &renewal.lease, &outcome).await;
+            count_renewal(backend.name(), sent.elapsed(), &outcome, stranger);
+            if !stranger {
+                note_renewal(&s, &renewal.lease, &outcome);
+            }
             results[place] = outcome;
         }
     }
@@ -483,19 +495,46 @@ pub(crate) async fn renew_many(
     Ok(Json(RenewManyResults { results }))
 }
 
+/// Whether a refused renewal of `lease` named someone else's live lease:
+/// the key's current lease has its token and another owner. The refusal is
+/// then the caller's mistake (or probe), never the holder's loss: neither
+/// the holder's record in `/v1/activity` nor `fencelock_locks_lost_total`
+/// may change for it. One read of the key, for refusals only.
+async fn stranger(s: &Service, lease: &LeaseId, outcome: &Result<Grant, ApiError>) -> bool {
+    if !matches!(outcome, Err(e) if e.code() == "not_held") {
+        return false;
+    }
+    let current = bounded("inspect", s.inner.client.backend().inspect(&lease.key)).await;
+    let stranger = matches!(
+        current,
+        Ok(Some(info)) if info.token == lease.token && info.owner != lease.owner
+    );
+    if stranger {
+        tracing::info!(key = %lease.key, owner = %lease.owner, token = %lease.token,
+            "refused a renewal naming another owner's lease");
+    }
+    stranger
+}
+
 /// Counts an HTTP client's renewal under the names the library's renewer
 /// uses (`docs/observability.md`), so that the shipped dashboards and
 /// alerts cover clients in every language: the round trip, a confirmed
 /// renewal or a failed one, and a refusal, which ends the client's lock
-/// (`LockLost` with reason `refused`, as its own renewer would count it).
-fn count_renewal(backend: &'static str, took: Duration, outcome: &Result<Grant, ApiError>) {
+/// (`LockLost` with reason `refused`, as its own renewer would count it)
+/// unless the caller named a lease that was never its own (`stranger`).
+fn count_renewal(
+    backend: &'static str,
+    took: Duration,
+    outcome: &Result<Grant, ApiError>,
+    stranger: bool,
+) {
     use fencelock_core::metrics as m;
     ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend).record(took.as_secs_f64());
     match outcome {
         Ok(_) => ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1),
         Err(e) => {
             ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-            if e.code() == "not_held" {
+            if e.code() == "not_held" && !stranger {
                 ::metrics::counter!(m::LOCKS_LOST, "backend" => backend, "reason" => "refused")
                     .increment(1);
             }

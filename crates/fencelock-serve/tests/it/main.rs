@@ -10,6 +10,7 @@ mod kv;
 mod limits;
 mod notified_events;
 mod observability_docs;
+mod records;
 mod rest;
 mod shutdown;
 mod tls;

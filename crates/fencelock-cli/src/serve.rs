@@ -192,6 +192,8 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
     let fence = fencelock::open_fence(url).await?;
     let mut service = Service::builder(LockClient::new(backend))
         .fence(fence)
+        // Opened from the same URL: one store for locks and fences.
+        .fence_shares_store(true)
         .events_interval(args.events_interval);
     if let Some(path) = &args.token_file {
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);

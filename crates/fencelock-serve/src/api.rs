@@ -846,13 +846,73 @@ async fn fence_state(s: &Service, resource: String) -> ApiResult<FenceBody> {
     }))
 }
 
+/// `token` if some grant can have issued it: never 0 (tokens start at 1)
+/// nor above [`FencingToken::MAX`], and, where the fence shares the lock
+/// store, not above the token of the live writer's lease on the key named
+/// like `resource` (the highest the store issued for it). Admitting such a
+/// token would refuse every real holder at that resource for good.
+async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken, ApiError> {
+    if token == 0 || token > FencingToken::MAX.get() {
+        return Err(Error::InvalidToken(format!(
+            "token {token} was never issued: tokens are 1 to {}",
+            FencingToken::MAX.get()
+        ))
+        .into());
+    }
+    if s.inner.fence_shares_store {
+        if let Ok(key) = LockKey::new(resource) {
+            let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
+            if let Some(lease) = live.filter(|l| l.mode == LockMode::Exclusive) {
+                if token > lease.token.get() {
+                    return Err(Error::InvalidToken(format!(
+                        "token {token} was never issued for {resource}: the lock store's \
+                         latest is {}",
+                        lease.token
+                    ))
+                    .into());
+                }
+            }
+        }
+    }
+    Ok(FencingToken(token))
+}
+
 pub(crate) async fn admit(
     State(s): State<Service>,
     name: Name,
     Body(body): Body<AdmitBody>,
 ) -> ApiResult<FenceBody> {
-    admit_token(&s, &name.0, FencingToken(body.token), body.mode).await?;
+    let resource = name.resource()?;
+    let token = issued(&s, resource, body.token).await?;
+    admit_token(&s, &name.0, token, body.mode).await?;
     fence_state(&s, name.0).await
+}
+
+#[derive(Serialize)]
+pub(crate) struct Reset {
+    resource: String,
+    /// The highest token the fence had admitted, `null` if none.
+    had: Option<u64>,
+}
+
+/// `DELETE /v1/fences/{resource}` and `DELETE /v1/kv/{key}` (admin): forgets
+/// the fence's tokens and the value stored with them, the repair of a
+/// resource a bogus token has blocked; published on the event stream as
+/// `reset`, and logged.
+pub(crate) async fn reset_fence(
+    State(s): State<Service>,
+    Extension(role): Extension<Role>,
+    name: Name,
+) -> ApiResult<Reset> {
+    admin_only(role)?;
+    let resource = name.resource()?;
+    let had = bounded("reset", fence(&s)?.reset(resource)).await?;
+    tracing::warn!(resource, had = ?had.map(FencingToken::get), "fence reset by an admin");
+    s.inner.events.reset(resource, had.map(FencingToken::get));
+    Ok(Json(Reset {
+        resource: resource.to_owned(),
+        had: had.map(FencingToken::get),
+    }))
 }
 
 pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiResult<FenceBody> {
@@ -885,7 +945,7 @@ pub(crate) async fn kv_put(
         .map_err(|e| ApiError::bad_request(format!("unwritable value: {e}")))?;
     validate_value(&bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "value_too_large", e))?;
-    let token = FencingToken(body.token);
+    let token = issued(&s, key, body.token).await?;
     // The fence admits the token and stores the value in one atomic step
     // of its backend, so concurrent writers need no lock here.
     let written = bounded(

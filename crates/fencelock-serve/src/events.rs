@@ -383,6 +383,20 @@ impl Events {
         });
     }
 
+    /// An admin reset the fence of `resource` (and its stored value),
+    /// which had admitted up to `had`: the audit record of the repair.
+    pub(crate) fn reset(&self, resource: &str, had: Option<u64>) {
+        self.publish(EventBody {
+            kind: "reset".to_owned(),
+            key: resource.to_owned(),
+            owner: None,
+            token: had.unwrap_or(0),
+            lock: None,
+            current: None,
+            at: Utc::now(),
+        });
+    }
+
     /// A fence refused `token` at `resource`.
     pub(crate) fn fenced_out(&self, resource: &str, token: u64, current: u64) {
         self.publish(EventBody {

@@ -59,6 +59,10 @@ pub struct Service {
 struct Inner {
     client: LockClient,
     fence: Option<Arc<dyn Fence>>,
+    /// Whether the fence keeps its records in the lock store (`docs/http.md`,
+    /// "Threat model"): then a token above the one the store issued last
+    /// for a key is refused at the resource of that name.
+    fence_shares_store: bool,
     tokens: Option<Tokens>,
     events: events::Events,
     activity: Arc<activity::Activity>,
@@ -72,6 +76,7 @@ struct Inner {
 pub struct ServiceBuilder {
     client: LockClient,
     fence: Option<Arc<dyn Fence>>,
+    fence_shares_store: bool,
     tokens: Option<Tokens>,
     events_interval: Duration,
     events_notices: bool,
@@ -82,6 +87,17 @@ impl ServiceBuilder {
     /// (without one, those routes answer 400 `unsupported`).
     pub fn fence(mut self, fence: Arc<dyn Fence>) -> Self {
         self.fence = Some(fence);
+        self
+    }
+
+    /// Says that the fence keeps its records in the lock store of the
+    /// client's backend (as `fencelock serve` opens them, from one URL), so
+    /// that an admission or a fenced write of a token above the token of
+    /// the live lease on the key of the resource's name, which that store
+    /// never issued, is refused (default false: a fence of its own, which
+    /// cannot tell).
+    pub fn fence_shares_store(mut self, yes: bool) -> Self {
+        self.fence_shares_store = yes;
         self
     }
 
@@ -120,6 +136,7 @@ impl ServiceBuilder {
             inner: Arc::new(Inner {
                 client: self.client,
                 fence: self.fence,
+                fence_shares_store: self.fence_shares_store,
                 tokens: self.tokens,
                 events,
                 activity,
@@ -138,6 +155,7 @@ impl Service {
         ServiceBuilder {
             client,
             fence: None,
+            fence_shares_store: false,
             tokens: None,
             events_interval: DEFAULT_EVENTS_INTERVAL,
             events_notices: true,
@@ -179,9 +197,15 @@ pub fn router(service: Service) -> Router {
         .route("/v1/cleanup", post(api::cleanup))
         .route("/v1/events", get(events::stream))
         .route("/v1/activity", get(activity::activity))
-        .route("/v1/fences/{resource}", get(api::fence_current))
+        .route(
+            "/v1/fences/{resource}",
+            get(api::fence_current).delete(api::reset_fence),
+        )
         .route("/v1/fences/{resource}/admit", post(api::admit))
-        .route("/v1/kv/{key}", put(api::kv_put).get(api::kv_get))
+        .route(
+            "/v1/kv/{key}",
+            put(api::kv_put).get(api::kv_get).delete(api::reset_fence),
+        )
         .route("/metrics", get(metrics::scrape))
         .route_layer(axum::middleware::from_fn_with_state(
             service.clone(),

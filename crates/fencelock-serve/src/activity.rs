@@ -17,14 +17,22 @@ use std::{
     time::Duration,
 };
 
-use axum::{extract::State, Extension, Json};
+use axum::{
+    extract::{Query, State},
+    Extension, Json,
+};
 use chrono::{DateTime, Utc};
 use fencelock_core::{LockKey, ELECTION_PREFIX};
 use fencelock_http::wire::EventBody;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::{api::OP_TIMEOUT, auth::Caller, error::ApiError, Service};
+use crate::{
+    api::{page, OP_TIMEOUT},
+    auth::Caller,
+    error::ApiError,
+    Service,
+};
 
 /// Losses, refused renewals and fenced-out writes kept, newest first.
 pub(crate) const INCIDENTS: usize = 500;
@@ -422,6 +430,10 @@ pub(crate) struct ActivityBody {
     incidents: Vec<Incident>,
     /// Counts per second over the window, oldest first.
     rates: Rates,
+    /// With `limit`: the `after` of the next page of `leases`, `null` on
+    /// the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<Option<String>>,
     /// Time acquisitions granted through the service waited, over the window.
     wait_ms: Histogram,
     /// How long leases were held, from grant to release, expiry or loss,
@@ -584,6 +596,7 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
         backend_queue: false,
         incidents,
         rates,
+        next: None,
         wait_ms: Histogram {
             bounds_ms: &BUCKETS_MS,
             counts: wait,
@@ -595,14 +608,34 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
     }
 }
 
+/// Paging of `GET /v1/activity`'s tables.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ActivityQuery {
+    /// Most rows of each table: `leases` a page by key (with `next`),
+    /// `waiters`, `elections` and `incidents` their first rows (the longest
+    /// waits, the newest incidents).
+    limit: Option<usize>,
+    /// Only leases of keys after this one (the last page's `next`).
+    after: Option<String>,
+}
+
 /// `GET /v1/activity`: the activity record, with the standbys of every
 /// election that has a leader or a waiter (from the backend's queue where
 /// it keeps one).
 pub(crate) async fn activity(
     State(s): State<Service>,
     Extension(caller): Extension<Caller>,
+    Query(q): Query<ActivityQuery>,
 ) -> Result<Json<ActivityBody>, ApiError> {
     let mut body = snapshot(&s.inner.activity, &caller);
+    let leases = std::mem::take(&mut body.leases);
+    let (leases, next) = page(leases, |l| l.key.as_str(), q.limit, q.after.as_deref())?;
+    body.leases = leases;
+    body.next = next;
+    if let Some(limit) = q.limit {
+        body.waiters.truncate(limit);
+        body.incidents.truncate(limit);
+    }
     let backend = s.inner.client.backend();
     let leaders = tokio::time::timeout(OP_TIMEOUT, backend.list(Some(ELECTION_PREFIX)))
         .await
@@ -654,6 +687,7 @@ pub(crate) async fn activity(
     }
     body.elections = elections
         .into_iter()
+        .take(q.limit.unwrap_or(usize::MAX))
         .map(|(key, standbys)| ElectionBody {
             election: key[ELECTION_PREFIX.len()..].to_owned(),
             key,

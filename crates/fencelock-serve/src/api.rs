@@ -32,6 +32,12 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 const DEFAULT_RENEW_TTL: Duration = Duration::from_secs(30);
 /// Bound on one backend call made by a handler.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most keys one all-or-nothing acquisition may take (`POST /v1/acquire`),
+/// as many as one renewal batch: the backend takes them in one step that
+/// holds up everyone else's calls, so its length must stay bounded.
+pub(crate) const MAX_KEYS_PER_ACQUIRE: usize = MAX_RENEW_BATCH;
+/// Most locks one page of `GET /v1/locks` or of `/v1/activity`'s leases.
+pub(crate) const MAX_PAGE: usize = 10_000;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -306,12 +312,22 @@ pub(crate) async fn acquire_all(
             ms(MAX_WAIT)
         )));
     }
+    if body.keys.len() > MAX_KEYS_PER_ACQUIRE {
+        return Err(ApiError::bad_request(format!(
+            "{} keys in one acquisition; the limit is {MAX_KEYS_PER_ACQUIRE}",
+            body.keys.len()
+        )));
+    }
     let owner = match body.owner {
         Some(owner) => caller.owner_in(&owner)?,
         None => caller.owner_in(Owner::generate().as_str())?,
     };
     let owner_name = owner.to_string();
     let keys = body.keys.clone();
+    // One client's multi-key steps run one maximal step at a time, so that
+    // its burst holds up others by at most one step (`docs/http.md`,
+    // "Threat model").
+    let _turn = s.fair_share(&caller, keys.len()).await;
     let client = &s.inner.client;
     let mut request = client
         .lock_all(body.keys)
@@ -697,19 +713,65 @@ pub(crate) async fn inspect(
 #[derive(Deserialize)]
 pub(crate) struct ListQuery {
     prefix: Option<String>,
+    /// Most locks in the answer (at most [`MAX_PAGE`]); with it, the
+    /// answer has `next`.
+    limit: Option<usize>,
+    /// Only keys after this one (the last page's `next`).
+    after: Option<String>,
+}
+
+/// `GET /v1/locks`: without `limit`, every lock (as before paging); with
+/// it, a page and the cursor of the next.
+#[derive(Serialize)]
+pub(crate) struct LockPage {
+    locks: Vec<LockBody>,
+    /// The `after` of the next page; `null` on the last. Only with `limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<Option<String>>,
+}
+
+/// A page of `items` sorted by `key`: those after `after`, at most
+/// `limit`, and the cursor of the next page when more remain.
+pub(crate) fn page<T>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> &str,
+    limit: Option<usize>,
+    after: Option<&str>,
+) -> Result<(Vec<T>, Option<Option<String>>), ApiError> {
+    let Some(limit) = limit else {
+        return Ok((items, None));
+    };
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit}: a page holds 1 to {MAX_PAGE}"
+        )));
+    }
+    let mut rest: Vec<T> = items
+        .into_iter()
+        .filter(|i| after.is_none_or(|a| key(i) > a))
+        .collect();
+    let more = rest.len() > limit;
+    rest.truncate(limit);
+    let next = more
+        .then(|| rest.last().map(|i| key(i).to_owned()))
+        .flatten();
+    Ok((rest, Some(next)))
 }
 
 pub(crate) async fn list(
     State(s): State<Service>,
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<LockList> {
-    let locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
-    Ok(Json(LockList {
+) -> ApiResult<LockPage> {
+    let mut locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
+    locks.sort_by(|a, b| a.key.cmp(&b.key));
+    let (locks, next) = page(locks, |l| l.key.as_str(), q.limit, q.after.as_deref())?;
+    Ok(Json(LockPage {
         locks: locks
             .into_iter()
             .map(|l| s.inner.events.body(shown(&caller, l)))
             .collect(),
+        next,
     }))
 }
 

@@ -68,6 +68,9 @@ struct Inner {
     activity: Arc<activity::Activity>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     shutdown: CancellationToken,
+    /// Per caller (namespace; `""` for the admin and anonymous callers),
+    /// the keys its multi-key acquisitions may have in flight at once.
+    shares: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Builds a [`Service`].
@@ -142,6 +145,7 @@ impl ServiceBuilder {
                 activity,
                 metrics: metrics::handle(),
                 shutdown,
+                shares: std::sync::Mutex::default(),
             }),
         };
         events::spawn_poller(&service, self.events_interval, self.events_notices);
@@ -160,6 +164,34 @@ impl Service {
             events_interval: DEFAULT_EVENTS_INTERVAL,
             events_notices: true,
         }
+    }
+
+    /// Waits for `caller`'s turn to have `keys` keys in multi-key
+    /// acquisitions at once (at most one maximal acquisition a caller), so
+    /// that one client's burst of them holds up the others' calls by one
+    /// such step at most. Only the caller's own requests queue.
+    pub(crate) async fn fair_share(
+        &self,
+        caller: &Caller,
+        keys: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let share = {
+            let mut shares = self
+                .inner
+                .shares
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Bounded by the token file's namespaces.
+            Arc::clone(
+                shares
+                    .entry(caller.namespace().unwrap_or_default().to_owned())
+                    .or_insert_with(|| {
+                        Arc::new(tokio::sync::Semaphore::new(api::MAX_KEYS_PER_ACQUIRE))
+                    }),
+            )
+        };
+        let n = u32::try_from(keys.clamp(1, api::MAX_KEYS_PER_ACQUIRE)).ok()?;
+        share.acquire_many_owned(n).await.ok()
     }
 
     /// Ends the event streams and the event poller, so that a graceful

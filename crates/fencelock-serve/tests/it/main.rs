@@ -11,6 +11,7 @@ mod kv;
 mod limits;
 mod notified_events;
 mod observability_docs;
+mod paging;
 mod records;
 mod rest;
 mod shutdown;

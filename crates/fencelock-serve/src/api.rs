@@ -908,12 +908,17 @@ async fn fence_state(s: &Service, resource: String) -> ApiResult<FenceBody> {
     }))
 }
 
-/// `token` if some grant can have issued it: never 0 (tokens start at 1)
-/// nor above [`FencingToken::MAX`], and, where the fence shares the lock
-/// store, not above the token of the live writer's lease on the key named
-/// like `resource` (the highest the store issued for it). Admitting such a
-/// token would refuse every real holder at that resource for good.
+/// `token` if the lock store can have issued it, where the fence serves
+/// that store's tokens: never 0 (tokens start at 1) nor above
+/// [`FencingToken::MAX`], and not above the token of the live writer's
+/// lease on the key named like `resource` (the highest the store issued
+/// for it). Admitting such a token would refuse every real holder at that
+/// resource for good. A fence of its own (an embedding program's) may be
+/// shown tokens from elsewhere, so it is shown every token.
 async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken, ApiError> {
+    if !s.inner.fence_shares_store {
+        return Ok(FencingToken(token));
+    }
     if token == 0 || token > FencingToken::MAX.get() {
         return Err(Error::InvalidToken(format!(
             "token {token} was never issued: tokens are 1 to {}",
@@ -921,18 +926,16 @@ async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken,
         ))
         .into());
     }
-    if s.inner.fence_shares_store {
-        if let Ok(key) = LockKey::new(resource) {
-            let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
-            if let Some(lease) = live.filter(|l| l.mode == LockMode::Exclusive) {
-                if token > lease.token.get() {
-                    return Err(Error::InvalidToken(format!(
-                        "token {token} was never issued for {resource}: the lock store's \
-                         latest is {}",
-                        lease.token
-                    ))
-                    .into());
-                }
+    if let Ok(key) = LockKey::new(resource) {
+        let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
+        if let Some(lease) = live.filter(|l| l.mode == LockMode::Exclusive) {
+            if token > lease.token.get() {
+                return Err(Error::InvalidToken(format!(
+                    "token {token} was never issued for {resource}: the lock store's \
+                     latest is {}",
+                    lease.token
+                ))
+                .into());
             }
         }
     }

@@ -15,7 +15,7 @@ pub struct ServeArgs {
     /// Read these options from a TOML file (keys as the flags without
     /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
     /// events_interval, ephemeral, header_read_timeout, idle_timeout,
-    /// max_connections); a flag given as well wins. The backend
+    /// max_connections, metrics_max_kinds); a flag given as well wins. The backend
     /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// raises to its hard limit].
     #[arg(long)]
     pub max_connections: Option<usize>,
+
+    /// How many lease kinds get a fencelock_backend_held series of their
+    /// own on /metrics; the leases of other kinds are counted as
+    /// kind="other" [default: 100].
+    #[arg(long)]
+    pub metrics_max_kinds: Option<usize>,
 }
 
 /// `--config FILE`: the flags of `serve` as TOML keys.
@@ -83,6 +89,7 @@ struct ConfigFile {
     header_read_timeout: Option<String>,
     idle_timeout: Option<String>,
     max_connections: Option<usize>,
+    metrics_max_kinds: Option<usize>,
 }
 
 /// The options of `serve` once the flags and `--config` are merged.
@@ -94,6 +101,7 @@ struct Settings {
     events_interval: Duration,
     ephemeral: bool,
     limits: Limits,
+    metrics_max_kinds: Option<usize>,
 }
 
 impl ServeArgs {
@@ -173,6 +181,7 @@ impl ServeArgs {
             events_interval,
             ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
             limits,
+            metrics_max_kinds: self.metrics_max_kinds.or(file.metrics_max_kinds),
         })
     }
 }
@@ -195,6 +204,9 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         // Opened from the same URL: one store for locks and fences.
         .fence_shares_store(true)
         .events_interval(args.events_interval);
+    if let Some(max) = args.metrics_max_kinds {
+        service = service.max_kinds(max);
+    }
     if let Some(path) = &args.token_file {
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
     }

@@ -67,6 +67,9 @@ struct Inner {
     events: events::Events,
     activity: Arc<activity::Activity>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// The kinds with a `fencelock_backend_held` series of their own.
+    kinds: metrics::Kinds,
+    max_kinds: usize,
     shutdown: CancellationToken,
     /// Per caller (namespace; `""` for the admin and anonymous callers),
     /// the keys its multi-key acquisitions may have in flight at once.
@@ -83,6 +86,7 @@ pub struct ServiceBuilder {
     tokens: Option<Tokens>,
     events_interval: Duration,
     events_notices: bool,
+    max_kinds: usize,
 }
 
 impl ServiceBuilder {
@@ -93,12 +97,12 @@ impl ServiceBuilder {
         self
     }
 
-    /// Says that the fence keeps its records in the lock store of the
-    /// client's backend (as `fencelock serve` opens them, from one URL), so
-    /// that an admission or a fenced write of a token above the token of
-    /// the live lease on the key of the resource's name, which that store
-    /// never issued, is refused (default false: a fence of its own, which
-    /// cannot tell).
+    /// Says that the fence serves the tokens of the client's lock store
+    /// (as `fencelock serve` opens both, from one URL), so that admissions
+    /// and fenced writes of tokens that store never issued are refused: 0,
+    /// above 2^53 − 1, and above the token of the live lease on the key of
+    /// the resource's name (default false: a fence of the embedding
+    /// program's may be shown tokens from elsewhere).
     pub fn fence_shares_store(mut self, yes: bool) -> Self {
         self.fence_shares_store = yes;
         self
@@ -127,6 +131,15 @@ impl ServiceBuilder {
         self
     }
 
+    /// How many lease kinds get a `fencelock_backend_held` series of their
+    /// own on `/metrics` (default 100); leases of other kinds are counted
+    /// under `kind="other"`, so that no client can add series at will
+    /// (`docs/observability.md`).
+    pub fn max_kinds(mut self, max: usize) -> Self {
+        self.max_kinds = max;
+        self
+    }
+
     /// The service. Installs the Prometheus recorder of `/metrics` as the
     /// process's `metrics` recorder unless one is installed already, and
     /// starts the event poller (it stops with [`Service::shutdown`]); call
@@ -144,6 +157,8 @@ impl ServiceBuilder {
                 events,
                 activity,
                 metrics: metrics::handle(),
+                kinds: metrics::Kinds::default(),
+                max_kinds: self.max_kinds,
                 shutdown,
                 shares: std::sync::Mutex::default(),
             }),
@@ -163,6 +178,7 @@ impl Service {
             tokens: None,
             events_interval: DEFAULT_EVENTS_INTERVAL,
             events_notices: true,
+            max_kinds: metrics::DEFAULT_MAX_KINDS,
         }
     }
 

@@ -9,6 +9,7 @@ mod dashboard;
 mod fences;
 mod kv;
 mod limits;
+mod metrics_bound;
 mod notified_events;
 mod observability_docs;
 mod paging;

@@ -15,7 +15,8 @@ pub struct ServeArgs {
     /// Read these options from a TOML file (keys as the flags without
     /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
     /// events_interval, ephemeral, header_read_timeout, idle_timeout,
-    /// max_connections, metrics_max_kinds); a flag given as well wins. The backend
+    /// max_connections, metrics_max_kinds, allow_anonymous); a flag given
+    /// as well wins. The backend
     /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -69,6 +70,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_connections: Option<usize>,
 
+    /// Serve on an address other than loopback without --token-file:
+    /// anyone who reaches it may then force-release and clean up. Without
+    /// it such a listen address is refused.
+    #[arg(long)]
+    pub allow_anonymous: bool,
+
     /// How many lease kinds get a fencelock_backend_held series of their
     /// own on /metrics; the leases of other kinds are counted as
     /// kind="other" [default: 100].
@@ -90,6 +97,7 @@ struct ConfigFile {
     idle_timeout: Option<String>,
     max_connections: Option<usize>,
     metrics_max_kinds: Option<usize>,
+    allow_anonymous: Option<bool>,
 }
 
 /// The options of `serve` once the flags and `--config` are merged.
@@ -102,6 +110,7 @@ struct Settings {
     ephemeral: bool,
     limits: Limits,
     metrics_max_kinds: Option<usize>,
+    allow_anonymous: bool,
 }
 
 impl ServeArgs {
@@ -182,6 +191,7 @@ impl ServeArgs {
             ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
             limits,
             metrics_max_kinds: self.metrics_max_kinds.or(file.metrics_max_kinds),
+            allow_anonymous: self.allow_anonymous || file.allow_anonymous.unwrap_or(false),
         })
     }
 }
@@ -208,9 +218,18 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         service = service.max_kinds(max);
     }
     if let Some(path) = &args.token_file {
+        private(path)?;
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
     }
     let listen = resolve(&args.listen).await?;
+    if !listen.ip().is_loopback() && args.token_file.is_none() && !args.allow_anonymous {
+        return Err(Error::InvalidArgument(format!(
+            "refusing to serve {listen} without --token-file: anyone who reaches it could \
+             take, force-release and clean up every lock; give a token file, listen on \
+             loopback, or pass --allow-anonymous for a network you trust (docs/http.md, \
+             \"Threat model\")"
+        )));
+    }
     // A socket per client: the soft limit (1024 on most systems) would cap
     // the connections far below what the hard limit allows.
     if let Err(e) = fencelock_serve::raise_file_limit() {
@@ -241,6 +260,28 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         .await
         .map_err(|e| Error::InvalidArgument(format!("the lock service failed: {e}")))?;
     Ok(0)
+}
+
+/// Refuses a token file that others than its owner may read (or write):
+/// its tokens are the service's passwords.
+fn private(path: &std::path::Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| {
+            Error::InvalidArgument(format!("cannot read token file {}: {e}", path.display()))
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "token file {} has mode {:04o}: group and others may read it; make it the \
+             service user's alone (chmod 600), or hand it over as a systemd credential \
+             (deploy/fencelock-serve.service) or a mounted secret",
+            path.display(),
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// The address `--listen` names: an IP address with its port, or a host
@@ -292,5 +333,42 @@ mod tests {
             .expect("deploy/serve.toml parses");
         assert_eq!(file.listen.as_deref(), Some("0.0.0.0:7878"));
         assert!(file.token_file.is_some());
+    }
+
+    /// The shipped image needs a token file, builds what Cargo.lock says
+    /// with TLS, runs unprivileged and checks its health under TLS too; the
+    /// unit makes its user, keeps a state directory and raises the file
+    /// limit (docs/http.md, "Running it").
+    #[test]
+    fn the_shipped_image_and_unit_are_safe_as_they_are() {
+        let image = include_str!("../../../deploy/Containerfile");
+        let line = |start: &str| {
+            image
+                .lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start} line"))
+        };
+        assert!(line("ENTRYPOINT").contains("\"--token-file\""));
+        let build = line("&& cargo build");
+        assert!(
+            build.contains("--locked") && build.contains("--features tls"),
+            "{build}"
+        );
+        let user = line("USER").trim_start_matches("USER").trim();
+        assert!(!user.is_empty() && !user.starts_with("root") && !user.starts_with('0'));
+        let health = image.split("HEALTHCHECK").nth(1).expect("a health check");
+        assert!(
+            health.contains("https://127.0.0.1:7878/healthz"),
+            "{health}"
+        );
+
+        let unit = include_str!("../../../deploy/fencelock-serve.service");
+        for needed in [
+            "DynamicUser=yes",
+            "StateDirectory=fencelock",
+            "LimitNOFILE=65536",
+        ] {
+            assert!(unit.lines().any(|l| l == needed), "the unit lacks {needed}");
+        }
     }
 }

@@ -372,10 +372,32 @@ fn percent_decode(s: &str) -> String {
 /// proves that the service did nothing; anything else may have taken effect.
 fn transport(e: reqwest::Error) -> Error {
     let message = "the lock service did not answer";
+    // reqwest's own message names only the URL; its causes say what failed
+    // (a certificate refused, and why; a reset; a refused connection).
+    let mut causes = String::new();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        causes.push_str(if causes.is_empty() { " (" } else { ": " });
+        causes.push_str(&c.to_string());
+        cause = c.source();
+    }
+    if !causes.is_empty() {
+        causes.push(')');
+    }
     if e.is_connect() {
-        BackendError::transient(NAME, "cannot connect to the lock service", e).into()
+        BackendError::transient(
+            NAME,
+            format!("cannot connect to the lock service{causes}"),
+            e,
+        )
+        .into()
     } else {
-        BackendError::message(NAME, ErrorStatus::Timeout, format!("{message}: {e}")).into()
+        BackendError::message(
+            NAME,
+            ErrorStatus::Timeout,
+            format!("{message}: {e}{causes}"),
+        )
+        .into()
     }
 }
 

@@ -32,6 +32,9 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 const DEFAULT_RENEW_TTL: Duration = Duration::from_secs(30);
 /// Bound on one backend call made by a handler.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request body: axum's default limit, which every route's largest
+/// legitimate body (1,000 keys or renewals, a 64 KiB value) fits in.
+pub(crate) const MAX_BODY: usize = 2 * 1024 * 1024;
 /// Most keys one all-or-nothing acquisition may take (`POST /v1/acquire`),
 /// as many as one renewal batch: the backend takes them in one step that
 /// holds up everyone else's calls, so its length must stay bounded.
@@ -49,9 +52,17 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("unreadable body: {e}")))?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the body is larger than the {MAX_BODY} bytes a request may send"),
+                )
+            } else {
+                ApiError::bad_request(format!("unreadable body: {e}"))
+            }
+        })?;
         serde_json::from_slice(&bytes)
             .map(Body)
             .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))

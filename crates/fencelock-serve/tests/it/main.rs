@@ -7,6 +7,7 @@
 
 mod dashboard;
 mod fences;
+mod hardening;
 mod kv;
 mod limits;
 mod metrics_bound;

@@ -289,3 +289,36 @@ fn refusal(command: &mut Command) -> std::process::Output {
     }
     child.wait_with_output().unwrap()
 }
+
+/// `list --limit N [--after KEY]` pages the listing as `GET /v1/locks`
+/// does: every lock once, in key order, and `next` null on the last page.
+#[test]
+fn list_comes_in_pages() {
+    let service = LockService::start(&[]);
+    for i in 0..5 {
+        let out = through(
+            &service.url,
+            &["acquire", &format!("page:{i}"), "--ttl", "1m"],
+        );
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["--json", "list", "page:", "--limit", "2"];
+        if let Some(key) = &after {
+            args.extend(["--after", key.as_str()]);
+        }
+        let out = through(&service.url, &args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let locks = page["locks"].as_array().unwrap();
+        assert!(locks.len() <= 2, "{page}");
+        seen.extend(locks.iter().map(|l| l["key"].as_str().unwrap().to_owned()));
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["page:0", "page:1", "page:2", "page:3", "page:4"]);
+}

@@ -30,6 +30,10 @@ use crate::wire::{
 const NAME: &str = "http";
 /// Bound on connecting to the service.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an idle connection is kept for reuse: less than the service's
+/// default idle timeout (60 s, `docs/http.md`), so that the client drops
+/// it before the service closes it under a request just sent.
+const POOL_IDLE: Duration = Duration::from_secs(50);
 /// Backstop on one request; the client bounds its calls more tightly.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The environment variable read for a bearer token when the URL has none.
@@ -137,7 +141,9 @@ impl Connection {
         }
         // No overall time-out on the client: the event stream of `subscribe`
         // lasts as long as its waiter; `call` bounds every other request.
-        let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE);
         for (name, value) in base.query_pairs() {
             match name.as_ref() {
                 "token_file" => {

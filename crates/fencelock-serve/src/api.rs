@@ -32,6 +32,8 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 const DEFAULT_RENEW_TTL: Duration = Duration::from_secs(30);
 /// Bound on one backend call made by a handler.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time a request's body may take to arrive, once its head has.
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest request body: axum's default limit, which every route's largest
 /// legitimate body (1,000 keys or renewals, a 64 KiB value) fits in.
 pub(crate) const MAX_BODY: usize = 2 * 1024 * 1024;
@@ -52,7 +54,20 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+        // A request being answered is never idle (`crate::conns`): a body
+        // sent a byte at a time would hold its connection for good.
+        let read = tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(req, state));
+        let Ok(read) = read.await else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ));
+        };
+        let bytes = read.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,

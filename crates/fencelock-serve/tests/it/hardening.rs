@@ -202,3 +202,35 @@ async fn events_stay_replayable_after_every_follower_left() {
     assert_eq!(keys, ["outside", "through"]);
     outside.release().await.unwrap();
 }
+
+/// A body sent slowly does not hold its connection (busy, so never idle)
+/// for good: it is answered 408 once it took longer than 10 s, and the
+/// connection closes.
+#[tokio::test]
+async fn a_body_that_never_arrives_is_a_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = Api::start().await;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/locks/k/acquire HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"ttl_ms\""
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(10) + EVENT_BOUND,
+        socket.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the connection outlived the body's time-out")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+}

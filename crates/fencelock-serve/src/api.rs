@@ -954,7 +954,10 @@ async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken,
     }
     if let Ok(key) = LockKey::new(resource) {
         let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
-        if let Some(lease) = live.filter(|l| l.mode == LockMode::Exclusive) {
+        // A foreign holder without a token (0: a coexistence layout) says
+        // nothing of the store's tokens.
+        let known = live.filter(|l| l.mode == LockMode::Exclusive && l.token.get() > 0);
+        if let Some(lease) = known {
             if token > lease.token.get() {
                 return Err(Error::InvalidToken(format!(
                     "token {token} was never issued for {resource}: the lock store's \

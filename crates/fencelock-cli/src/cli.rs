@@ -234,6 +234,13 @@ pub enum Command {
     List {
         /// Literal key prefix (no wildcards).
         prefix: Option<String>,
+        /// Show at most N locks, by key, and the key to pass to --after
+        /// for the next page (--json: `{"locks": […], "next": KEY|null}`).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Only locks whose key sorts after KEY (a page's `next`).
+        #[arg(long, value_name = "KEY", requires = "limit")]
+        after: Option<String>,
     },
 
     /// Show statistics: held locks by kind and owner, hold times, expired

@@ -667,10 +667,36 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
                 }
             }
         }
-        Command::List { prefix } => {
+        Command::List {
+            prefix,
+            limit,
+            after,
+        } => {
             let client = client(&read_only(&url), None, Deadline::now()).await?;
-            let leases = client.list(prefix.as_deref()).await?;
-            out.emit(&leases, || output::table(&leases));
+            let mut leases = client.list(prefix.as_deref()).await?;
+            let Some(limit) = limit else {
+                out.emit(&leases, || output::table(&leases));
+                return Ok(exit::OK);
+            };
+            if limit == 0 {
+                return Err(Error::InvalidArgument("--limit must be at least 1".into()));
+            }
+            // A page of the listing, as `GET /v1/locks?limit=&after=` gives
+            // one (docs/http.md).
+            leases.sort_by(|a, b| a.key.cmp(&b.key));
+            leases.retain(|l| after.as_deref().is_none_or(|a| l.key.as_str() > a));
+            let more = leases.len() > limit;
+            leases.truncate(limit);
+            let next = more
+                .then(|| leases.last().map(|l| l.key.to_string()))
+                .flatten();
+            out.emit(&json!({"locks": leases, "next": next}), || {
+                let mut text = output::table(&leases);
+                if let Some(next) = &next {
+                    text.push_str(&format!("\nmore: --after {next}"));
+                }
+                text
+            });
             Ok(exit::OK)
         }
         Command::Stats => {

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 use fencelock::{Error, LockClient};
-use fencelock_serve::{Server, Service, Tokens};
+use fencelock_serve::{Limits, Server, Service, Tokens};
 
 use crate::output::Output;
 
@@ -14,7 +14,9 @@ use crate::output::Output;
 pub struct ServeArgs {
     /// Read these options from a TOML file (keys as the flags without
     /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
-    /// events_interval, ephemeral); a flag given as well wins. The backend
+    /// events_interval, ephemeral, header_read_timeout, idle_timeout,
+    /// max_connections, metrics_max_kinds, allow_anonymous); a flag given
+    /// as well wins. The backend
     /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -50,6 +52,35 @@ pub struct ServeArgs {
     /// clients and for expiries, while someone follows it [default: 500ms].
     #[arg(long, value_parser = crate::cli::duration)]
     pub events_interval: Option<Duration>,
+
+    /// Close a connection that takes longer than this to send a request's
+    /// head (from its opening, TLS handshake included, for its first
+    /// request) [default: 10s].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub header_read_timeout: Option<Duration>,
+
+    /// Close a connection idle this long between two requests; long polls
+    /// and event streams are never idle [default: 60s].
+    #[arg(long, value_parser = crate::cli::duration)]
+    pub idle_timeout: Option<Duration>,
+
+    /// Most connections open at once; past it the one idle longest is
+    /// closed [default: three quarters of the file limit, which serve
+    /// raises to its hard limit].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+
+    /// Serve on an address other than loopback without --token-file:
+    /// anyone who reaches it may then force-release and clean up. Without
+    /// it such a listen address is refused.
+    #[arg(long)]
+    pub allow_anonymous: bool,
+
+    /// How many lease kinds get a fencelock_backend_held series of their
+    /// own on /metrics; the leases of other kinds are counted as
+    /// kind="other" [default: 100].
+    #[arg(long)]
+    pub metrics_max_kinds: Option<usize>,
 }
 
 /// `--config FILE`: the flags of `serve` as TOML keys.
@@ -62,6 +93,11 @@ struct ConfigFile {
     tls_key: Option<PathBuf>,
     events_interval: Option<String>,
     ephemeral: Option<bool>,
+    header_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<usize>,
+    metrics_max_kinds: Option<usize>,
+    allow_anonymous: Option<bool>,
 }
 
 /// The options of `serve` once the flags and `--config` are merged.
@@ -72,6 +108,9 @@ struct Settings {
     tls: Option<(PathBuf, PathBuf)>,
     events_interval: Duration,
     ephemeral: bool,
+    limits: Limits,
+    metrics_max_kinds: Option<usize>,
+    allow_anonymous: bool,
 }
 
 impl ServeArgs {
@@ -89,13 +128,46 @@ impl ServeArgs {
                 })?
             }
         };
-        let events_interval = match (self.events_interval, file.events_interval) {
-            (Some(d), _) => d,
-            (None, Some(text)) => crate::cli::duration(&text).map_err(|e| {
-                Error::InvalidArgument(format!("--config: events_interval {text:?}: {e}"))
-            })?,
-            (None, None) => Duration::from_millis(500),
+        let duration =
+            |flag: Option<Duration>, key: &str, text: Option<String>, default| match (flag, text) {
+                (Some(d), _) => Ok(d),
+                (None, Some(text)) => crate::cli::duration(&text)
+                    .map_err(|e| Error::InvalidArgument(format!("--config: {key} {text:?}: {e}"))),
+                (None, None) => Ok(default),
+            };
+        let events_interval = duration(
+            self.events_interval,
+            "events_interval",
+            file.events_interval,
+            Duration::from_millis(500),
+        )?;
+        let defaults = Limits::default();
+        let limits = Limits {
+            header_read_timeout: duration(
+                self.header_read_timeout,
+                "header_read_timeout",
+                file.header_read_timeout,
+                defaults.header_read_timeout,
+            )?,
+            idle_timeout: duration(
+                self.idle_timeout,
+                "idle_timeout",
+                file.idle_timeout,
+                defaults.idle_timeout,
+            )?,
+            max_connections: self.max_connections.or(file.max_connections),
+            ..defaults
         };
+        if limits.header_read_timeout.is_zero() || limits.idle_timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "header_read_timeout and idle_timeout must be longer than zero".into(),
+            ));
+        }
+        if limits.max_connections == Some(0) {
+            return Err(Error::InvalidArgument(
+                "max_connections must be at least 1".into(),
+            ));
+        }
         let tls = match (
             self.tls_cert.or(file.tls_cert),
             self.tls_key.or(file.tls_key),
@@ -117,6 +189,9 @@ impl ServeArgs {
             tls,
             events_interval,
             ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
+            limits,
+            metrics_max_kinds: self.metrics_max_kinds.or(file.metrics_max_kinds),
+            allow_anonymous: self.allow_anonymous || file.allow_anonymous.unwrap_or(false),
         })
     }
 }
@@ -136,14 +211,34 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
     let fence = fencelock::open_fence(url).await?;
     let mut service = Service::builder(LockClient::new(backend))
         .fence(fence)
+        // Opened from the same URL: one store for locks and fences.
+        .fence_shares_store(true)
         .events_interval(args.events_interval);
+    if let Some(max) = args.metrics_max_kinds {
+        service = service.max_kinds(max);
+    }
     if let Some(path) = &args.token_file {
+        private(path)?;
         service = service.tokens(Tokens::from_file(path).map_err(Error::InvalidArgument)?);
     }
     let listen = resolve(&args.listen).await?;
+    if !listen.ip().is_loopback() && args.token_file.is_none() && !args.allow_anonymous {
+        return Err(Error::InvalidArgument(format!(
+            "refusing to serve {listen} without --token-file: anyone who reaches it could \
+             take, force-release and clean up every lock; give a token file, listen on \
+             loopback, or pass --allow-anonymous for a network you trust (docs/http.md, \
+             \"Threat model\")"
+        )));
+    }
+    // A socket per client: the soft limit (1024 on most systems) would cap
+    // the connections far below what the hard limit allows.
+    if let Err(e) = fencelock_serve::raise_file_limit() {
+        tracing::warn!(error = %e, "cannot raise the file limit");
+    }
     let mut server = Server::bind(listen, service.build())
         .await
-        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?
+        .limits(args.limits);
     let scheme = match args.tls {
         Some((cert, key)) => {
             server = server.tls(cert, key);
@@ -165,6 +260,28 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         .await
         .map_err(|e| Error::InvalidArgument(format!("the lock service failed: {e}")))?;
     Ok(0)
+}
+
+/// Refuses a token file that others than its owner may read (or write):
+/// its tokens are the service's passwords.
+fn private(path: &std::path::Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| {
+            Error::InvalidArgument(format!("cannot read token file {}: {e}", path.display()))
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "token file {} has mode {:04o}: group and others may read it; make it the \
+             service user's alone (chmod 600), or hand it over as a systemd credential \
+             (deploy/fencelock-serve.service) or a mounted secret",
+            path.display(),
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// The address `--listen` names: an IP address with its port, or a host
@@ -216,5 +333,42 @@ mod tests {
             .expect("deploy/serve.toml parses");
         assert_eq!(file.listen.as_deref(), Some("0.0.0.0:7878"));
         assert!(file.token_file.is_some());
+    }
+
+    /// The shipped image needs a token file, builds what Cargo.lock says
+    /// with TLS, runs unprivileged and checks its health under TLS too; the
+    /// unit makes its user, keeps a state directory and raises the file
+    /// limit (docs/http.md, "Running it").
+    #[test]
+    fn the_shipped_image_and_unit_are_safe_as_they_are() {
+        let image = include_str!("../../../deploy/Containerfile");
+        let line = |start: &str| {
+            image
+                .lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start} line"))
+        };
+        assert!(line("ENTRYPOINT").contains("\"--token-file\""));
+        let build = line("&& cargo build");
+        assert!(
+            build.contains("--locked") && build.contains("--features tls"),
+            "{build}"
+        );
+        let user = line("USER").trim_start_matches("USER").trim();
+        assert!(!user.is_empty() && !user.starts_with("root") && !user.starts_with('0'));
+        let health = image.split("HEALTHCHECK").nth(1).expect("a health check");
+        assert!(
+            health.contains("https://127.0.0.1:7878/healthz"),
+            "{health}"
+        );
+
+        let unit = include_str!("../../../deploy/fencelock-serve.service");
+        for needed in [
+            "DynamicUser=yes",
+            "StateDirectory=fencelock",
+            "LimitNOFILE=65536",
+        ] {
+            assert!(unit.lines().any(|l| l == needed), "the unit lacks {needed}");
+        }
     }
 }

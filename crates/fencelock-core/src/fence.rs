@@ -359,4 +359,15 @@ pub trait Fence: Send + Sync + fmt::Debug {
             .await?
             .into_result(self.name(), resource, token)
     }
+
+    /// Forgets `resource`: its highest tokens and its stored value, so that
+    /// the next admission starts from nothing. The operator's repair of a
+    /// fence a token no grant issued has blocked (the service's admin-only
+    /// `DELETE /v1/fences/{resource}`); never part of a holder's protocol.
+    /// Answers the highest token it had; the default answers
+    /// [`Error::Unsupported`].
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let _ = resource;
+        Err(Error::unsupported(self.name(), "resetting a fence"))
+    }
 }

@@ -748,6 +748,11 @@ impl Fence for MemoryFence {
         let highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(highest.get(resource).and_then(|h| h.writer))
     }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(highest.remove(resource).map(|h| h.any))
+    }
 }
 
 /// The fence rule on the records of a [`MemoryFence`], under its lock.

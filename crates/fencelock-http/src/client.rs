@@ -26,6 +26,10 @@ use crate::wire::{
 const NAME: &str = "http";
 /// Bound on connecting to the service.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an idle connection is kept for reuse: less than the service's
+/// default idle timeout (60 s, `docs/http.md`), so that the client drops
+/// it before the service closes it under a request just sent.
+const POOL_IDLE: Duration = Duration::from_secs(50);
 /// Backstop on one request; the client bounds its calls more tightly.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a replica may be silent before a request moves on from it
@@ -138,7 +142,9 @@ impl Connection {
         }
         // No overall time-out on the client: the event stream of `subscribe`
         // lasts as long as its waiter; `call` bounds every other request.
-        let mut http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE);
         let mut patience = REPLICA_TIMEOUT;
         for (name, value) in base.query_pairs() {
             match name.as_ref() {
@@ -411,10 +417,32 @@ fn percent_decode(s: &str) -> String {
 /// proves that the service did nothing; anything else may have taken effect.
 fn transport(e: reqwest::Error) -> Error {
     let message = "the lock service did not answer";
+    // reqwest's own message names only the URL; its causes say what failed
+    // (a certificate refused, and why; a reset; a refused connection).
+    let mut causes = String::new();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        causes.push_str(if causes.is_empty() { " (" } else { ": " });
+        causes.push_str(&c.to_string());
+        cause = c.source();
+    }
+    if !causes.is_empty() {
+        causes.push(')');
+    }
     if e.is_connect() {
-        BackendError::transient(NAME, "cannot connect to the lock service", e).into()
+        BackendError::transient(
+            NAME,
+            format!("cannot connect to the lock service{causes}"),
+            e,
+        )
+        .into()
     } else {
-        BackendError::message(NAME, ErrorStatus::Timeout, format!("{message}: {e}")).into()
+        BackendError::message(
+            NAME,
+            ErrorStatus::Timeout,
+            format!("{message}: {e}{causes}"),
+        )
+        .into()
     }
 }
 

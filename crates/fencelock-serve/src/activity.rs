@@ -17,14 +17,22 @@ use std::{
     time::Duration,
 };
 
-use axum::{extract::State, Extension, Json};
+use axum::{
+    extract::{Query, State},
+    Extension, Json,
+};
 use chrono::{DateTime, Utc};
 use fencelock_core::{LockKey, ELECTION_PREFIX};
 use fencelock_http::wire::EventBody;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::{api::OP_TIMEOUT, auth::Caller, error::ApiError, Service};
+use crate::{
+    api::{page, OP_TIMEOUT},
+    auth::Caller,
+    error::ApiError,
+    Service,
+};
 
 /// Losses, refused renewals and fenced-out writes kept, newest first.
 pub(crate) const INCIDENTS: usize = 500;
@@ -78,6 +86,8 @@ impl Second {
 #[derive(Debug)]
 struct Note {
     token: u64,
+    /// The holder, as stored: a renewal by anyone else is not this lease's.
+    owner: String,
     ttl_ms: Option<u64>,
     acquired_at: DateTime<Utc>,
     renewed_at: Option<DateTime<Utc>>,
@@ -231,6 +241,7 @@ impl Activity {
     pub(crate) fn granted(
         &self,
         key: &str,
+        owner: &str,
         token: u64,
         ttl_ms: u64,
         waited: Duration,
@@ -252,6 +263,7 @@ impl Activity {
                     key.to_owned(),
                     Note {
                         token,
+                        owner: owner.to_owned(),
                         ttl_ms: Some(ttl_ms),
                         acquired_at: Utc::now(),
                         renewed_at: None,
@@ -267,7 +279,10 @@ impl Activity {
 
     /// A renewal of `key`'s lease `token` by `owner` through the service:
     /// `Ok(ttl)` renewed, `Err(code)` failed with that error code (a
-    /// `not_held` refusal ends the holder's lock: an incident).
+    /// `not_held` refusal ends the caller's lock: an incident). A renewal
+    /// that names the token of a lease this process knows with another
+    /// owner is a stranger's: it changes nothing of that lease's record,
+    /// and is no one's loss (the caller held nothing).
     pub(crate) fn renewal(
         &self,
         key: &str,
@@ -276,6 +291,13 @@ impl Activity {
         outcome: Result<Duration, &str>,
     ) {
         let mut state = self.state();
+        if state
+            .notes
+            .get(key)
+            .is_some_and(|n| n.token == token && n.owner != owner)
+        {
+            return;
+        }
         let note = state.notes.get_mut(key).filter(|n| n.token == token);
         match (outcome, note) {
             (Ok(ttl), Some(note)) => {
@@ -290,6 +312,7 @@ impl Activity {
                     key.to_owned(),
                     Note {
                         token,
+                        owner: owner.to_owned(),
                         ttl_ms: Some(ms(ttl)),
                         acquired_at: Utc::now(),
                         renewed_at: Some(Utc::now()),
@@ -341,6 +364,7 @@ impl Activity {
                         event.key.clone(),
                         Note {
                             token: event.token,
+                            owner: event.owner.clone().unwrap_or_default(),
                             ttl_ms: event.lock.as_ref().and_then(|l| l.ttl_ms),
                             acquired_at,
                             renewed_at: None,
@@ -406,6 +430,10 @@ pub(crate) struct ActivityBody {
     incidents: Vec<Incident>,
     /// Counts per second over the window, oldest first.
     rates: Rates,
+    /// With `limit`: the `after` of the next page of `leases`, `null` on
+    /// the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<Option<String>>,
     /// Time acquisitions granted through the service waited, over the window.
     wait_ms: Histogram,
     /// How long leases were held, from grant to release, expiry or loss,
@@ -568,6 +596,7 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
         backend_queue: false,
         incidents,
         rates,
+        next: None,
         wait_ms: Histogram {
             bounds_ms: &BUCKETS_MS,
             counts: wait,
@@ -579,14 +608,34 @@ fn snapshot(activity: &Activity, caller: &Caller) -> ActivityBody {
     }
 }
 
+/// Paging of `GET /v1/activity`'s tables.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ActivityQuery {
+    /// Most rows of each table: `leases` a page by key (with `next`),
+    /// `waiters`, `elections` and `incidents` their first rows (the longest
+    /// waits, the newest incidents).
+    limit: Option<usize>,
+    /// Only leases of keys after this one (the last page's `next`).
+    after: Option<String>,
+}
+
 /// `GET /v1/activity`: the activity record, with the standbys of every
 /// election that has a leader or a waiter (from the backend's queue where
 /// it keeps one).
 pub(crate) async fn activity(
     State(s): State<Service>,
     Extension(caller): Extension<Caller>,
+    Query(q): Query<ActivityQuery>,
 ) -> Result<Json<ActivityBody>, ApiError> {
     let mut body = snapshot(&s.inner.activity, &caller);
+    let leases = std::mem::take(&mut body.leases);
+    let (leases, next) = page(leases, |l| l.key.as_str(), q.limit, q.after.as_deref())?;
+    body.leases = leases;
+    body.next = next;
+    if let Some(limit) = q.limit {
+        body.waiters.truncate(limit);
+        body.incidents.truncate(limit);
+    }
     let backend = s.inner.client.backend();
     let leaders = tokio::time::timeout(OP_TIMEOUT, backend.list(Some(ELECTION_PREFIX)))
         .await
@@ -638,6 +687,7 @@ pub(crate) async fn activity(
     }
     body.elections = elections
         .into_iter()
+        .take(q.limit.unwrap_or(usize::MAX))
         .map(|(key, standbys)| ElectionBody {
             election: key[ELECTION_PREFIX.len()..].to_owned(),
             key,
@@ -663,7 +713,7 @@ mod tests {
     #[test]
     fn failed_renewals_count_on_the_lease_and_a_refusal_ends_it() {
         let activity = Activity::default();
-        activity.granted("k", 3, 1_000, Duration::from_millis(7), false);
+        activity.granted("k", "o", 3, 1_000, Duration::from_millis(7), false);
         activity.renewal("k", "o", 3, Err("unavailable"));
         activity.renewal("k", "o", 3, Ok(Duration::from_secs(2)));
         // Another token's failure is not this lease's.
@@ -676,6 +726,14 @@ mod tests {
         assert!(note.renewed_at.is_some());
         assert!(body.incidents.is_empty());
         assert_eq!(body.wait_ms.counts[bucket(Duration::from_millis(7))], 1);
+
+        // A stranger naming the lease's token: nothing of the lease changes.
+        activity.renewal("k", "stranger", 3, Err("not_held"));
+        activity.renewal("k", "stranger", 3, Err("unavailable"));
+        let body = snapshot(&activity, &Caller::admin());
+        assert_eq!(body.leases[0].renewal_failures, 1);
+        assert!(body.incidents.is_empty());
+        assert_eq!(body.rates.lost.iter().sum::<u64>(), 0);
 
         activity.renewal("k", "o", 3, Err("not_held"));
         let body = snapshot(&activity, &Caller::admin());

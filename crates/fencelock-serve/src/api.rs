@@ -32,6 +32,17 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 const DEFAULT_RENEW_TTL: Duration = Duration::from_secs(30);
 /// Bound on one backend call made by a handler.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time a request's body may take to arrive, once its head has.
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request body: axum's default limit, which every route's largest
+/// legitimate body (1,000 keys or renewals, a 64 KiB value) fits in.
+pub(crate) const MAX_BODY: usize = 2 * 1024 * 1024;
+/// Most keys one all-or-nothing acquisition may take (`POST /v1/acquire`),
+/// as many as one renewal batch: the backend takes them in one step that
+/// holds up everyone else's calls, so its length must stay bounded.
+pub(crate) const MAX_KEYS_PER_ACQUIRE: usize = MAX_RENEW_BATCH;
+/// Most locks one page of `GET /v1/locks` or of `/v1/activity`'s leases.
+pub(crate) const MAX_PAGE: usize = 10_000;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -43,9 +54,30 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("unreadable body: {e}")))?;
+        // A request being answered is never idle (`crate::conns`): a body
+        // sent a byte at a time would hold its connection for good.
+        let read = tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(req, state));
+        let Ok(read) = read.await else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ));
+        };
+        let bytes = read.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the body is larger than the {MAX_BODY} bytes a request may send"),
+                )
+            } else {
+                ApiError::bad_request(format!("unreadable body: {e}"))
+            }
+        })?;
         serde_json::from_slice(&bytes)
             .map(Body)
             .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
@@ -180,7 +212,7 @@ pub(crate) async fn acquire(
     let started = tokio::time::Instant::now();
     let _waiting =
         (!wait.is_zero()).then(|| s.inner.activity.waiting(vec![key.to_string()], owner_name));
-    match request.acquire().await {
+    match until_shutdown(&s, wait, request.acquire()).await? {
         Ok(guard) => {
             let mut grant = GrantBody {
                 key: key.to_string(),
@@ -193,6 +225,7 @@ pub(crate) async fn acquire(
             guard.detach();
             s.inner.activity.granted(
                 &grant.key,
+                &grant.owner,
                 grant.token,
                 grant.ttl_ms,
                 started.elapsed(),
@@ -216,6 +249,24 @@ pub(crate) async fn acquire(
             Err(ApiError::held(key.as_str(), holder))
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// An acquisition that waits `wait`, answered 503 when the service shuts
+/// down first: a long poll must not hold the process past its supervisor's
+/// stop timeout, and its client asks again elsewhere. A try without a wait
+/// is short, and finishes.
+async fn until_shutdown<T>(
+    s: &Service,
+    wait: Duration,
+    acquire: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    if wait.is_zero() {
+        return Ok(acquire.await);
+    }
+    tokio::select! {
+        acquired = acquire => Ok(acquired),
+        () = s.inner.shutdown.cancelled() => Err(ApiError::shutting_down()),
     }
 }
 
@@ -253,8 +304,11 @@ pub(crate) async fn renew(
         Some(LockMode::Shared) => bounded("renew", backend.renew_shared(&lease, ttl)).await,
         _ => bounded("renew", backend.renew(&lease, ttl)).await,
     };
-    count_renewal(backend.name(), sent.elapsed(), &renewed);
-    note_renewal(&s, &lease, &renewed);
+    let stranger = stranger(&s, &lease, &renewed).await;
+    count_renewal(backend.name(), sent.elapsed(), &renewed, stranger);
+    if !stranger {
+        note_renewal(&s, &lease, &renewed);
+    }
     let grant = renewed?;
     let mut grant = GrantBody {
         key: lease.key.to_string(),
@@ -284,12 +338,22 @@ pub(crate) async fn acquire_all(
             ms(MAX_WAIT)
         )));
     }
+    if body.keys.len() > MAX_KEYS_PER_ACQUIRE {
+        return Err(ApiError::bad_request(format!(
+            "{} keys in one acquisition; the limit is {MAX_KEYS_PER_ACQUIRE}",
+            body.keys.len()
+        )));
+    }
     let owner = match body.owner {
         Some(owner) => caller.owner_in(&owner)?,
         None => caller.owner_in(Owner::generate().as_str())?,
     };
     let owner_name = owner.to_string();
     let keys = body.keys.clone();
+    // One client's multi-key steps run one maximal step at a time, so that
+    // its burst holds up others by at most one step (`docs/http.md`,
+    // "Threat model").
+    let _turn = s.fair_share(&caller, keys.len()).await;
     let client = &s.inner.client;
     let mut request = client
         .lock_all(body.keys)
@@ -308,7 +372,7 @@ pub(crate) async fn acquire_all(
     }
     let started = tokio::time::Instant::now();
     let _waiting = (!wait.is_zero()).then(|| s.inner.activity.waiting(keys, &owner_name));
-    match request.acquire().await {
+    match until_shutdown(&s, wait, request.acquire()).await? {
         Ok(all) => {
             let now = tokio::time::Instant::now();
             let waited = now - started;
@@ -329,9 +393,14 @@ pub(crate) async fn acquire_all(
                         body.kind.clone(),
                         body.data.clone(),
                     );
-                    s.inner
-                        .activity
-                        .granted(&grant.key, grant.token, grant.ttl_ms, waited, false);
+                    s.inner.activity.granted(
+                        &grant.key,
+                        &grant.owner,
+                        grant.token,
+                        grant.ttl_ms,
+                        waited,
+                        false,
+                    );
                     GrantBody {
                         owner: caller.owner_out(&grant.owner),
                         ..grant
@@ -422,8 +491,11 @@ pub(crate) async fn renew_many(
             }
         };
         for ((&place, renewal), outcome) in places.iter().zip(renewals).zip(renewed) {
-            count_renewal(backend.name(), sent.elapsed(), &outcome);
-            note_renewal(&s, &renewal.lease, &outcome);
+            let stranger = stranger(&s, &renewal.lease, &outcome).await;
+            count_renewal(backend.name(), sent.elapsed(), &outcome, stranger);
+            if !stranger {
+                note_renewal(&s, &renewal.lease, &outcome);
+            }
             results[place] = outcome;
         }
     }
@@ -465,19 +537,46 @@ pub(crate) async fn renew_many(
     Ok(Json(RenewManyResults { results }))
 }
 
+/// Whether a refused renewal of `lease` named someone else's live lease:
+/// the key's current lease has its token and another owner. The refusal is
+/// then the caller's mistake (or probe), never the holder's loss: neither
+/// the holder's record in `/v1/activity` nor `fencelock_locks_lost_total`
+/// may change for it. One read of the key, for refusals only.
+async fn stranger(s: &Service, lease: &LeaseId, outcome: &Result<Grant, ApiError>) -> bool {
+    if !matches!(outcome, Err(e) if e.code() == "not_held") {
+        return false;
+    }
+    let current = bounded("inspect", s.inner.client.backend().inspect(&lease.key)).await;
+    let stranger = matches!(
+        current,
+        Ok(Some(info)) if info.token == lease.token && info.owner != lease.owner
+    );
+    if stranger {
+        tracing::info!(key = %lease.key, owner = %lease.owner, token = %lease.token,
+            "refused a renewal naming another owner's lease");
+    }
+    stranger
+}
+
 /// Counts an HTTP client's renewal under the names the library's renewer
 /// uses (`docs/observability.md`), so that the shipped dashboards and
 /// alerts cover clients in every language: the round trip, a confirmed
 /// renewal or a failed one, and a refusal, which ends the client's lock
-/// (`LockLost` with reason `refused`, as its own renewer would count it).
-fn count_renewal(backend: &'static str, took: Duration, outcome: &Result<Grant, ApiError>) {
+/// (`LockLost` with reason `refused`, as its own renewer would count it)
+/// unless the caller named a lease that was never its own (`stranger`).
+fn count_renewal(
+    backend: &'static str,
+    took: Duration,
+    outcome: &Result<Grant, ApiError>,
+    stranger: bool,
+) {
     use fencelock_core::metrics as m;
     ::metrics::histogram!(m::RENEW_SECONDS, "backend" => backend).record(took.as_secs_f64());
     match outcome {
         Ok(_) => ::metrics::counter!(m::RENEWALS, "backend" => backend).increment(1),
         Err(e) => {
             ::metrics::counter!(m::RENEWAL_FAILURES, "backend" => backend).increment(1);
-            if e.code() == "not_held" {
+            if e.code() == "not_held" && !stranger {
                 ::metrics::counter!(m::LOCKS_LOST, "backend" => backend, "reason" => "refused")
                     .increment(1);
             }
@@ -640,19 +739,65 @@ pub(crate) async fn inspect(
 #[derive(Deserialize)]
 pub(crate) struct ListQuery {
     prefix: Option<String>,
+    /// Most locks in the answer (at most [`MAX_PAGE`]); with it, the
+    /// answer has `next`.
+    limit: Option<usize>,
+    /// Only keys after this one (the last page's `next`).
+    after: Option<String>,
+}
+
+/// `GET /v1/locks`: without `limit`, every lock (as before paging); with
+/// it, a page and the cursor of the next.
+#[derive(Serialize)]
+pub(crate) struct LockPage {
+    locks: Vec<LockBody>,
+    /// The `after` of the next page; `null` on the last. Only with `limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<Option<String>>,
+}
+
+/// A page of `items` sorted by `key`: those after `after`, at most
+/// `limit`, and the cursor of the next page when more remain.
+pub(crate) fn page<T>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> &str,
+    limit: Option<usize>,
+    after: Option<&str>,
+) -> Result<(Vec<T>, Option<Option<String>>), ApiError> {
+    let Some(limit) = limit else {
+        return Ok((items, None));
+    };
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit}: a page holds 1 to {MAX_PAGE}"
+        )));
+    }
+    let mut rest: Vec<T> = items
+        .into_iter()
+        .filter(|i| after.is_none_or(|a| key(i) > a))
+        .collect();
+    let more = rest.len() > limit;
+    rest.truncate(limit);
+    let next = more
+        .then(|| rest.last().map(|i| key(i).to_owned()))
+        .flatten();
+    Ok((rest, Some(next)))
 }
 
 pub(crate) async fn list(
     State(s): State<Service>,
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<LockList> {
-    let locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
-    Ok(Json(LockList {
+) -> ApiResult<LockPage> {
+    let mut locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
+    locks.sort_by(|a, b| a.key.cmp(&b.key));
+    let (locks, next) = page(locks, |l| l.key.as_str(), q.limit, q.after.as_deref())?;
+    Ok(Json(LockPage {
         locks: locks
             .into_iter()
             .map(|l| s.inner.events.body(shown(&caller, l)))
             .collect(),
+        next,
     }))
 }
 
@@ -789,13 +934,79 @@ async fn fence_state(s: &Service, resource: String) -> ApiResult<FenceBody> {
     }))
 }
 
+/// `token` if the lock store can have issued it, where the fence serves
+/// that store's tokens: never 0 (tokens start at 1) nor above
+/// [`FencingToken::MAX`], and not above the token of the live writer's
+/// lease on the key named like `resource` (the highest the store issued
+/// for it). Admitting such a token would refuse every real holder at that
+/// resource for good. A fence of its own (an embedding program's) may be
+/// shown tokens from elsewhere, so it is shown every token.
+async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken, ApiError> {
+    if !s.inner.fence_shares_store {
+        return Ok(FencingToken(token));
+    }
+    if token == 0 || token > FencingToken::MAX.get() {
+        return Err(Error::InvalidToken(format!(
+            "token {token} was never issued: tokens are 1 to {}",
+            FencingToken::MAX.get()
+        ))
+        .into());
+    }
+    if let Ok(key) = LockKey::new(resource) {
+        let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
+        // A foreign holder without a token (0: a coexistence layout) says
+        // nothing of the store's tokens.
+        let known = live.filter(|l| l.mode == LockMode::Exclusive && l.token.get() > 0);
+        if let Some(lease) = known {
+            if token > lease.token.get() {
+                return Err(Error::InvalidToken(format!(
+                    "token {token} was never issued for {resource}: the lock store's \
+                     latest is {}",
+                    lease.token
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(FencingToken(token))
+}
+
 pub(crate) async fn admit(
     State(s): State<Service>,
     name: Name,
     Body(body): Body<AdmitBody>,
 ) -> ApiResult<FenceBody> {
-    admit_token(&s, &name.0, FencingToken(body.token), body.mode).await?;
+    let resource = name.resource()?;
+    let token = issued(&s, resource, body.token).await?;
+    admit_token(&s, &name.0, token, body.mode).await?;
     fence_state(&s, name.0).await
+}
+
+#[derive(Serialize)]
+pub(crate) struct Reset {
+    resource: String,
+    /// The highest token the fence had admitted, `null` if none.
+    had: Option<u64>,
+}
+
+/// `DELETE /v1/fences/{resource}` and `DELETE /v1/kv/{key}` (admin): forgets
+/// the fence's tokens and the value stored with them, the repair of a
+/// resource a bogus token has blocked; published on the event stream as
+/// `reset`, and logged.
+pub(crate) async fn reset_fence(
+    State(s): State<Service>,
+    Extension(role): Extension<Role>,
+    name: Name,
+) -> ApiResult<Reset> {
+    admin_only(role)?;
+    let resource = name.resource()?;
+    let had = bounded("reset", fence(&s)?.reset(resource)).await?;
+    tracing::warn!(resource, had = ?had.map(FencingToken::get), "fence reset by an admin");
+    s.inner.events.reset(resource, had.map(FencingToken::get));
+    Ok(Json(Reset {
+        resource: resource.to_owned(),
+        had: had.map(FencingToken::get),
+    }))
 }
 
 pub(crate) async fn fence_current(State(s): State<Service>, name: Name) -> ApiResult<FenceBody> {
@@ -828,7 +1039,7 @@ pub(crate) async fn kv_put(
         .map_err(|e| ApiError::bad_request(format!("unwritable value: {e}")))?;
     validate_value(&bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "value_too_large", e))?;
-    let token = FencingToken(body.token);
+    let token = issued(&s, key, body.token).await?;
     // The fence admits the token and stores the value in one atomic step
     // of its backend, so concurrent writers need no lock here.
     let written = bounded(

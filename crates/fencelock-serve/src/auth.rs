@@ -63,6 +63,9 @@ impl Caller {
     /// may name its owner either way (as it sent it, or as the service
     /// showed it).
     pub fn owner_in(&self, owner: &str) -> fencelock_core::Result<Owner> {
+        // One rule for every role: the owner as named must be one (not
+        // empty, no control characters) before a namespace is put on it.
+        Owner::new(owner)?;
         match &self.namespace {
             Some(ns) if !in_namespace(ns, owner) => Owner::new(format!("{ns}/{owner}")),
             _ => Owner::new(owner),
@@ -88,8 +91,15 @@ fn in_namespace(ns: &str, owner: &str) -> bool {
 #[derive(Clone)]
 struct Entry {
     role: Role,
-    token: Vec<u8>,
+    /// The token's SHA-256: what a presented token's digest is compared
+    /// with, so that the comparison takes as long whatever the lengths.
+    digest: [u8; 32],
     namespace: String,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).into()
 }
 
 /// The accepted bearer tokens and their roles.
@@ -172,7 +182,7 @@ impl Tokens {
             };
             entries.push(Entry {
                 role,
-                token: token.as_bytes().to_vec(),
+                digest: digest(token),
                 namespace,
             });
         }
@@ -196,10 +206,14 @@ impl Tokens {
 
     /// Who `token` is, if it is one of ours.
     pub fn caller(&self, token: &str) -> Option<Caller> {
-        // Every entry is compared, so the time taken does not say which matched.
+        // Digests of one length, compared in constant time, with every
+        // entry: the time taken says neither which matched nor how long a
+        // token is (a comparison of the tokens themselves ends at once when
+        // the lengths differ).
+        let presented = digest(token);
         let mut found = None;
         for entry in &self.entries {
-            if bool::from(entry.token.as_slice().ct_eq(token.as_bytes())) {
+            if bool::from(entry.digest.ct_eq(&presented)) {
                 found = Some(entry);
             }
         }
@@ -283,5 +297,30 @@ pub(crate) fn admin_only(role: Role) -> Result<(), ApiError> {
             "forbidden",
             "this route needs an admin token",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is compared is a 32-byte digest whatever the token's length, so
+    /// a wrong length costs as long as a wrong token (the timing itself is
+    /// not measured here: a wall-clock test of it would be noise).
+    #[test]
+    fn tokens_are_matched_by_digests_of_one_length() {
+        let tokens =
+            Tokens::parse("admin 0123456789abcdef0123\nclient fedcba9876543210\n").unwrap();
+        assert_eq!(tokens.entries[0].digest, digest("0123456789abcdef0123"));
+        assert_eq!(tokens.role("0123456789abcdef0123"), Some(Role::Admin));
+        assert_eq!(tokens.role("fedcba9876543210"), Some(Role::Client));
+        for wrong in [
+            "",
+            "0123456789abcdef012",
+            "0123456789abcdef01234",
+            "fedcba9876543210 ",
+        ] {
+            assert_eq!(tokens.role(wrong), None, "{wrong:?}");
+        }
     }
 }

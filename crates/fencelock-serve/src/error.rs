@@ -15,6 +15,9 @@ pub(crate) struct ApiError {
     status: StatusCode,
     // Boxed: handlers pass refusals up through `?` on every path.
     body: Box<ErrorBody>,
+    /// When the client should ask again (`retry_after_ms` and the
+    /// `Retry-After` header).
+    retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -33,7 +36,21 @@ impl ApiError {
                 holder: None,
                 current: None,
             }),
+            retry_after: None,
         }
+    }
+
+    /// 503: this replica is shutting down and did nothing with the request;
+    /// ask again, which finds another replica (this one no longer takes
+    /// connections) or, behind a balancer, the next one it picks.
+    pub(crate) fn shutting_down() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this replica is shutting down; ask again (another replica answers)",
+        );
+        e.retry_after = Some(RETRY_AFTER_SHUTDOWN);
+        e
     }
 
     /// The status and body, for an answer that carries several outcomes.
@@ -102,8 +119,30 @@ impl From<Error> for ApiError {
     }
 }
 
+/// What a client told to go elsewhere by a replica that shuts down should
+/// wait before it asks the same address again: about what a balancer
+/// needs to notice the replica is gone (`deploy/haproxy.cfg` checks every
+/// 300 ms, two failures take it out).
+const RETRY_AFTER_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(*self.body)).into_response()
+        let Some(after) = self.retry_after else {
+            return (self.status, Json(*self.body)).into_response();
+        };
+        let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        let mut body = serde_json::to_value(&*self.body).unwrap_or_default();
+        if let Some(fields) = body.as_object_mut() {
+            fields.insert("retry_after_ms".to_owned(), ms.into());
+        }
+        (
+            self.status,
+            [(
+                axum::http::header::RETRY_AFTER,
+                after.as_secs().max(1).to_string(),
+            )],
+            Json(body),
+        )
+            .into_response()
     }
 }

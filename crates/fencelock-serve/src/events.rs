@@ -32,8 +32,9 @@
 //! `seq` counts its events. The last [`BUFFER`] events are kept, so a
 //! follower that reconnects with `Last-Event-ID` gets what it missed, in
 //! order, before the live events; when that is not possible (another run,
-//! an id older than the buffer, or a stretch in which nobody followed and
-//! changes made elsewhere went unseen) it gets a `resync` event first.
+//! an id older than the buffer or unreadable, or a stretch longer than
+//! [`REPLAY_WINDOW`] in which nobody followed and changes made elsewhere
+//! went unseen) it gets a `resync` event first.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -63,6 +64,15 @@ use crate::{activity::Activity, api::OP_TIMEOUT, Service};
 
 /// Events a slow follower may fall behind by before it is told to resync.
 const BUFFER: usize = 1024;
+
+/// A `Last-Event-ID` that is not visible ASCII, as no id of ours is.
+const UNREADABLE_ID: &str = "\u{fffd}";
+
+/// How long the service keeps finding changes made elsewhere after the
+/// stream's last follower left, so that a follower that reconnects within
+/// it (a page reloaded, a network blip, a replica's client moving back) is
+/// sent what it missed instead of `resync`.
+pub(crate) const REPLAY_WINDOW: Duration = Duration::from_secs(60);
 
 /// How often a backend that notifies is still listed whole. Notices are
 /// not acknowledged: one lost without the connection dropping (a server
@@ -210,6 +220,9 @@ pub(crate) struct Events {
     seed: mpsc::Sender<oneshot::Sender<()>>,
     /// The follower task's end of `seed`, taken when it starts.
     seeds: Mutex<Option<mpsc::Receiver<oneshot::Sender<()>>>>,
+    /// When a follower last left (or `None`: none has yet), for
+    /// [`REPLAY_WINDOW`].
+    left_at: Mutex<Option<Instant>>,
 }
 
 impl Events {
@@ -227,7 +240,19 @@ impl Events {
             }),
             run: run_id(),
             activity,
+            left_at: Mutex::new(None),
         }
+    }
+
+    /// Whether nobody has followed the stream for [`REPLAY_WINDOW`]: then
+    /// changes made elsewhere are no longer looked for.
+    fn unfollowed(&self) -> bool {
+        self.tx.receiver_count() == 0
+            && self
+                .left_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none_or(|at| at.elapsed() >= REPLAY_WINDOW)
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -377,6 +402,20 @@ impl Events {
             key: key.to_owned(),
             owner: owner.map(str::to_owned),
             token,
+            lock: None,
+            current: None,
+            at: Utc::now(),
+        });
+    }
+
+    /// An admin reset the fence of `resource` (and its stored value),
+    /// which had admitted up to `had`: the audit record of the repair.
+    pub(crate) fn reset(&self, resource: &str, had: Option<u64>) {
+        self.publish(EventBody {
+            kind: "reset".to_owned(),
+            key: resource.to_owned(),
+            owner: None,
+            token: had.unwrap_or(0),
             lock: None,
             current: None,
             at: Utc::now(),
@@ -707,6 +746,7 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration, notices: bool)
         };
         let mut next_listing = Instant::now() + interval;
         let mut changed: HashSet<String> = HashSet::new();
+
         // An interval, not a sleep in the select: notices arriving more often
         // than the tick must not postpone it.
         let mut tick = tokio::time::interval(EXPIRY_TICK);
@@ -724,7 +764,7 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration, notices: bool)
                     let _ = done.send(());
                 }
                 _ = tokio::time::sleep_until(next_listing) => {
-                    if events.tx.receiver_count() == 0 {
+                    if events.unfollowed() {
                         events.forget();
                         // Notices nobody reads are not received at all.
                         feed = None;
@@ -764,7 +804,7 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration, notices: bool)
                     }
                 },
                 _ = tick.tick(), if feed.is_some() => {
-                    if events.tx.receiver_count() == 0 {
+                    if events.unfollowed() {
                         events.forget();
                         feed = None;
                         continue;
@@ -783,6 +823,22 @@ pub(crate) fn spawn_poller(service: &Service, interval: Duration, notices: bool)
             }
         }
     });
+}
+
+/// A follower of the stream, while its response lives: when it goes, the
+/// replay window starts.
+struct Following(Service);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        *self
+            .0
+            .inner
+            .events
+            .left_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
 }
 
 #[derive(Deserialize)]
@@ -804,10 +860,11 @@ pub(crate) async fn stream(
     Query(q): Query<EventQuery>,
     headers: HeaderMap,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    // An id that is not text cannot be resumed from, but says the follower
+    // saw events before: it gets `resync`, not a fresh start.
     let last_id = headers
         .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim);
+        .map(|v| v.to_str().map_or(UNREADABLE_ID, str::trim));
     let (rx, replay) = service.inner.events.subscribe(last_id);
     if !service.inner.events.table().seeded {
         service.inner.events.seed().await;
@@ -848,26 +905,30 @@ pub(crate) async fn stream(
             .collect(),
         Replay::Resync => vec![resync()],
     };
-    let live = stream::unfold((rx, shutdown), move |(mut rx, shutdown)| {
-        let matches = matches.clone();
-        let sse = sse.clone();
-        async move {
-            loop {
-                let received = tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    r = rx.recv() => r,
-                };
-                let event = match received {
-                    Ok((seq, e)) if matches(&e) => sse(seq, &e),
-                    Ok(_) => continue,
-                    // Events were dropped: the follower should reload the list.
-                    Err(broadcast::error::RecvError::Lagged(_)) => resync(),
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                };
-                return Some((Ok(event), (rx, shutdown)));
+    let following = Following(service.clone());
+    let live = stream::unfold(
+        (rx, shutdown, following),
+        move |(mut rx, shutdown, following)| {
+            let matches = matches.clone();
+            let sse = sse.clone();
+            async move {
+                loop {
+                    let received = tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        r = rx.recv() => r,
+                    };
+                    let event = match received {
+                        Ok((seq, e)) if matches(&e) => sse(seq, &e),
+                        Ok(_) => continue,
+                        // Events were dropped: the follower should reload the list.
+                        Err(broadcast::error::RecvError::Lagged(_)) => resync(),
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    };
+                    return Some((Ok(event), (rx, shutdown, following)));
+                }
             }
-        }
-    });
+        },
+    );
     let events = stream::iter(first.into_iter().map(Ok)).chain(live);
     Sse::new(events).keep_alive(KeepAlive::default())
 }

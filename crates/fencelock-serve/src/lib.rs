@@ -26,6 +26,7 @@
 mod activity;
 mod api;
 mod auth;
+mod conns;
 mod dashboard;
 mod error;
 mod events;
@@ -42,7 +43,7 @@ use fencelock_core::{CancellationToken, Fence, LockClient};
 
 pub use auth::{Caller, Role, Tokens};
 pub use fencelock_http::wire;
-pub use server::{Server, ServerHandle};
+pub use server::{default_max_connections, raise_file_limit, Limits, Server, ServerHandle};
 
 /// How often the event stream lists the backend to see changes made by
 /// other clients and expiries, while someone follows it.
@@ -58,11 +59,21 @@ pub struct Service {
 struct Inner {
     client: LockClient,
     fence: Option<Arc<dyn Fence>>,
+    /// Whether the fence keeps its records in the lock store (`docs/http.md`,
+    /// "Threat model"): then a token above the one the store issued last
+    /// for a key is refused at the resource of that name.
+    fence_shares_store: bool,
     tokens: Option<Tokens>,
     events: events::Events,
     activity: Arc<activity::Activity>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// The kinds with a `fencelock_backend_held` series of their own.
+    kinds: metrics::Kinds,
+    max_kinds: usize,
     shutdown: CancellationToken,
+    /// Per caller (namespace; `""` for the admin and anonymous callers),
+    /// the keys its multi-key acquisitions may have in flight at once.
+    shares: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Builds a [`Service`].
@@ -71,9 +82,11 @@ struct Inner {
 pub struct ServiceBuilder {
     client: LockClient,
     fence: Option<Arc<dyn Fence>>,
+    fence_shares_store: bool,
     tokens: Option<Tokens>,
     events_interval: Duration,
     events_notices: bool,
+    max_kinds: usize,
 }
 
 impl ServiceBuilder {
@@ -81,6 +94,17 @@ impl ServiceBuilder {
     /// (without one, those routes answer 400 `unsupported`).
     pub fn fence(mut self, fence: Arc<dyn Fence>) -> Self {
         self.fence = Some(fence);
+        self
+    }
+
+    /// Says that the fence serves the tokens of the client's lock store
+    /// (as `fencelock serve` opens both, from one URL), so that admissions
+    /// and fenced writes of tokens that store never issued are refused: 0,
+    /// above 2^53 − 1, and above the token of the live lease on the key of
+    /// the resource's name (default false: a fence of the embedding
+    /// program's may be shown tokens from elsewhere).
+    pub fn fence_shares_store(mut self, yes: bool) -> Self {
+        self.fence_shares_store = yes;
         self
     }
 
@@ -107,6 +131,15 @@ impl ServiceBuilder {
         self
     }
 
+    /// How many lease kinds get a `fencelock_backend_held` series of their
+    /// own on `/metrics` (default 100); leases of other kinds are counted
+    /// under `kind="other"`, so that no client can add series at will
+    /// (`docs/observability.md`).
+    pub fn max_kinds(mut self, max: usize) -> Self {
+        self.max_kinds = max;
+        self
+    }
+
     /// The service. Installs the Prometheus recorder of `/metrics` as the
     /// process's `metrics` recorder unless one is installed already, and
     /// starts the event poller (it stops with [`Service::shutdown`]); call
@@ -119,11 +152,15 @@ impl ServiceBuilder {
             inner: Arc::new(Inner {
                 client: self.client,
                 fence: self.fence,
+                fence_shares_store: self.fence_shares_store,
                 tokens: self.tokens,
                 events,
                 activity,
                 metrics: metrics::handle(),
+                kinds: metrics::Kinds::default(),
+                max_kinds: self.max_kinds,
                 shutdown,
+                shares: std::sync::Mutex::default(),
             }),
         };
         events::spawn_poller(&service, self.events_interval, self.events_notices);
@@ -137,10 +174,40 @@ impl Service {
         ServiceBuilder {
             client,
             fence: None,
+            fence_shares_store: false,
             tokens: None,
             events_interval: DEFAULT_EVENTS_INTERVAL,
             events_notices: true,
+            max_kinds: metrics::DEFAULT_MAX_KINDS,
         }
+    }
+
+    /// Waits for `caller`'s turn to have `keys` keys in multi-key
+    /// acquisitions at once (at most one maximal acquisition a caller), so
+    /// that one client's burst of them holds up the others' calls by one
+    /// such step at most. Only the caller's own requests queue.
+    pub(crate) async fn fair_share(
+        &self,
+        caller: &Caller,
+        keys: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let share = {
+            let mut shares = self
+                .inner
+                .shares
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Bounded by the token file's namespaces.
+            Arc::clone(
+                shares
+                    .entry(caller.namespace().unwrap_or_default().to_owned())
+                    .or_insert_with(|| {
+                        Arc::new(tokio::sync::Semaphore::new(api::MAX_KEYS_PER_ACQUIRE))
+                    }),
+            )
+        };
+        let n = u32::try_from(keys.clamp(1, api::MAX_KEYS_PER_ACQUIRE)).ok()?;
+        share.acquire_many_owned(n).await.ok()
     }
 
     /// Ends the event streams and the event poller, so that a graceful
@@ -178,9 +245,15 @@ pub fn router(service: Service) -> Router {
         .route("/v1/cleanup", post(api::cleanup))
         .route("/v1/events", get(events::stream))
         .route("/v1/activity", get(activity::activity))
-        .route("/v1/fences/{resource}", get(api::fence_current))
+        .route(
+            "/v1/fences/{resource}",
+            get(api::fence_current).delete(api::reset_fence),
+        )
         .route("/v1/fences/{resource}/admit", post(api::admit))
-        .route("/v1/kv/{key}", put(api::kv_put).get(api::kv_get))
+        .route(
+            "/v1/kv/{key}",
+            put(api::kv_put).get(api::kv_get).delete(api::reset_fence),
+        )
         .route("/metrics", get(metrics::scrape))
         .route_layer(axum::middleware::from_fn_with_state(
             service.clone(),

@@ -241,6 +241,36 @@ impl Fence for SqliteFence {
             .await
     }
 
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let resource = resource.to_owned();
+        self.db
+            .call(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(error::map)?;
+                let had = tx
+                    .query_row(
+                        "SELECT token FROM fencelock_fences WHERE resource = ?1",
+                        [&resource],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .optional()
+                    .map_err(error::map)?
+                    .map(|t| decode(&t))
+                    .transpose()?;
+                for table in ["fencelock_fences", "fencelock_fence_values"] {
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE resource = ?1"),
+                        [&resource],
+                    )
+                    .map_err(error::map)?;
+                }
+                tx.commit().map_err(error::map)?;
+                Ok(had)
+            })
+            .await
+    }
+
     async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
         let resource = resource.to_owned();
         self.db

@@ -193,3 +193,132 @@ fn serve_reads_its_options_from_a_config_file() {
         stderr(&refused)
     );
 }
+
+/// Safe defaults (docs/http.md, "Threat model"): an address other than
+/// loopback without a token file is refused unless told
+/// `--allow-anonymous`, and so is a token file others may read; both exit 2
+/// saying why, without printing a token.
+#[test]
+fn serve_refuses_a_public_address_without_tokens_and_a_readable_token_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let public = refusal(Command::new(BIN).env_remove("FENCELOCK_URL").args([
+        "--url",
+        "mem://",
+        "serve",
+        "--ephemeral",
+        "--listen",
+        "0.0.0.0:0",
+    ]));
+    assert_eq!(code(&public), 2, "{}", stderr(&public));
+    let why = stderr(&public);
+    assert!(
+        why.contains("--token-file") && why.contains("--allow-anonymous"),
+        "{why}"
+    );
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args([
+                "--url",
+                "mem://",
+                "serve",
+                "--ephemeral",
+                "--allow-anonymous",
+            ])
+            .args(["--listen", "0.0.0.0:0"]),
+    );
+    assert!(line.starts_with("listening on http://0.0.0.0:"), "{line}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("admin {ADMIN}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let readable = refusal(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args([
+                "--url",
+                "mem://",
+                "serve",
+                "--ephemeral",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--token-file")
+            .arg(&tokens),
+    );
+    assert_eq!(code(&readable), 2, "{}", stderr(&readable));
+    let why = stderr(&readable);
+    assert!(why.contains("0644") && why.contains("chmod 600"), "{why}");
+    assert!(!why.contains(ADMIN), "{why}");
+    // Its owner's alone, it serves, on any address.
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let line = first_line(
+        Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args([
+                "--url",
+                "mem://",
+                "serve",
+                "--ephemeral",
+                "--listen",
+                "0.0.0.0:0",
+            ])
+            .arg("--token-file")
+            .arg(&tokens),
+    );
+    assert!(line.starts_with("listening on http://0.0.0.0:"), "{line}");
+}
+
+/// Runs a `serve` that must refuse to start: its output once it exited, or
+/// a failure if it still runs after a bound (it served instead).
+fn refusal(command: &mut Command) -> std::process::Output {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("served instead of refusing: {}", stdout(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `list --limit N [--after KEY]` pages the listing as `GET /v1/locks`
+/// does: every lock once, in key order, and `next` null on the last page.
+#[test]
+fn list_comes_in_pages() {
+    let service = LockService::start(&[]);
+    for i in 0..5 {
+        let out = through(
+            &service.url,
+            &["acquire", &format!("page:{i}"), "--ttl", "1m"],
+        );
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["--json", "list", "page:", "--limit", "2"];
+        if let Some(key) = &after {
+            args.extend(["--after", key.as_str()]);
+        }
+        let out = through(&service.url, &args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let locks = page["locks"].as_array().unwrap();
+        assert!(locks.len() <= 2, "{page}");
+        seen.extend(locks.iter().map(|l| l["key"].as_str().unwrap().to_owned()));
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["page:0", "page:1", "page:2", "page:3", "page:4"]);
+}

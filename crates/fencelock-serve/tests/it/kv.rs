@@ -151,3 +151,28 @@ async fn limits_are_400s_with_a_clear_code() {
         );
     }
 }
+
+/// An admin's reset (`DELETE /v1/kv/{key}`) forgets the value and the
+/// fence's tokens in the SQLite store: a lower token writes again.
+#[tokio::test]
+async fn a_reset_forgets_the_value_and_the_fence_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, base) = serve(&dir.path().join("locks.db"), any_port()).await;
+    let (status, _) = put(&base, "cfg", 50, json!({"v": 1})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, reset) = send(&base, Method::DELETE, "/v1/kv/cfg", None).await;
+    assert_eq!(status, StatusCode::OK, "{reset}");
+    assert_eq!(reset["had"], 50, "{reset}");
+    assert_eq!(get(&base, "cfg").await.0, StatusCode::NOT_FOUND);
+    let (_, fence) = send(&base, Method::GET, "/v1/fences/cfg", None).await;
+    assert_eq!(fence["current"], Value::Null, "{fence}");
+    let (status, written) = put(&base, "cfg", 1, json!({"v": 2})).await;
+    assert_eq!(status, StatusCode::OK, "{written}");
+    // Nothing to forget: `had` is null.
+    let (status, reset) = send(&base, Method::DELETE, "/v1/fences/none", None).await;
+    assert_eq!(
+        (status, &reset["had"]),
+        (StatusCode::OK, &Value::Null),
+        "{reset}"
+    );
+}

@@ -6,8 +6,15 @@
 //! `.ci/parallel-tests` still runs each module in a process of its own.
 
 mod dashboard;
+mod fences;
+mod hardening;
 mod kv;
+mod limits;
+mod metrics_bound;
 mod notified_events;
 mod observability_docs;
+mod paging;
+mod records;
 mod rest;
+mod shutdown;
 mod tls;

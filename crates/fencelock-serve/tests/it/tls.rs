@@ -46,3 +46,34 @@ async fn locks_are_served_over_https_to_clients_that_trust_the_ca() {
     let plain = HttpBackend::connect(&format!("http://localhost:{port}")).await;
     assert!(plain.is_err(), "{plain:?}");
 }
+
+/// A self-signed certificate that is a CA (`openssl req -x509` makes one
+/// with `CA:TRUE`) cannot be a server's certificate: a client that trusts
+/// it still refuses it, and the error says that the certificate is the
+/// problem and why, not only that a request failed (docs/http.md, "TLS").
+#[tokio::test]
+async fn a_ca_certificate_served_as_the_servers_own_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+
+    let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new()))).build();
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
+        .await
+        .unwrap()
+        .tls(cert_path.clone(), key_path);
+    let port = server.local_addr().port();
+    let _running = server.spawn();
+
+    let url = format!("https://localhost:{port}?ca_file={}", cert_path.display());
+    let refused = HttpBackend::connect(&url).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("certificate") && refused.contains("CaUsedAsEndEntity"),
+        "{refused}"
+    );
+}

@@ -1,0 +1,204 @@
+//! Fences that cannot be bricked (`docs/http.md`, "Threat model"): a
+//! token no grant can have issued is refused at a fence and at the fenced
+//! store, so one request cannot refuse every later holder at a resource.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::sync::Arc;
+
+use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+use fencelock_serve::{Server, ServerHandle, Service};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+/// The highest token any store issues: 2^53 − 1.
+const MAX: u64 = (1 << 53) - 1;
+
+async fn start() -> (ServerHandle, String) {
+    let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new())))
+        .fence(Arc::new(MemoryFence::new()))
+        .fence_shares_store(true)
+        .build();
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    (server.spawn(), base)
+}
+
+async fn send(base: &str, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+fn invalid_token(answer: &(StatusCode, Value)) {
+    assert_eq!(answer.0, StatusCode::BAD_REQUEST, "{answer:?}");
+    assert_eq!(answer.1["code"], "invalid_token", "{answer:?}");
+}
+
+#[tokio::test]
+async fn tokens_no_grant_issued_are_refused_at_fences_and_the_fenced_store() {
+    let (_server, base) = start().await;
+    for token in [0, MAX + 1, u64::MAX] {
+        invalid_token(
+            &send(
+                &base,
+                Method::POST,
+                "/v1/fences/r/admit",
+                json!({"token": token}),
+            )
+            .await,
+        );
+        invalid_token(
+            &send(
+                &base,
+                Method::PUT,
+                "/v1/kv/r",
+                json!({"token": token, "value": 1}),
+            )
+            .await,
+        );
+    }
+    // Nothing was recorded: the fence and the store are as new.
+    let (_, fence) = send(&base, Method::GET, "/v1/fences/r", Value::Null).await;
+    assert_eq!(fence["current"], Value::Null, "{fence}");
+
+    // Held, the key's live lease has the latest token the store issued: a
+    // higher one at the resource of the same name was never issued.
+    let (status, grant) = send(
+        &base,
+        Method::POST,
+        "/v1/locks/r/acquire",
+        json!({"owner": "w", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{grant}");
+    let token = grant["token"].as_u64().unwrap();
+    invalid_token(
+        &send(
+            &base,
+            Method::POST,
+            "/v1/fences/r/admit",
+            json!({"token": token + 1}),
+        )
+        .await,
+    );
+    invalid_token(
+        &send(
+            &base,
+            Method::PUT,
+            "/v1/kv/r",
+            json!({"token": MAX, "value": 1}),
+        )
+        .await,
+    );
+    // The holder's own token passes, at the fence and in the store.
+    let (status, admitted) = send(
+        &base,
+        Method::POST,
+        "/v1/fences/r/admit",
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{admitted}");
+    assert_eq!(admitted["current"], token);
+    let (status, written) = send(
+        &base,
+        Method::PUT,
+        "/v1/kv/r",
+        json!({"token": token, "value": {"n": 1}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{written}");
+}
+
+/// A fence blocked anyway (a token admitted on a free key, where the store
+/// cannot tell) is repaired by the admin: the reset forgets its tokens and
+/// its value, is refused to clients, and is on the event stream.
+#[tokio::test]
+async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
+    const ADMIN: &str = "admin-0123456789abcdef";
+    const CLIENT: &str = "client-0123456789abcdef";
+    let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new())))
+        .fence(Arc::new(MemoryFence::new()))
+        .fence_shares_store(true)
+        .tokens(
+            fencelock_serve::Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap(),
+        )
+        .build();
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    let _server = server.spawn();
+    let http = reqwest::Client::new();
+    let call = |token: &str, method: Method, path: &str, body: Value| {
+        let r = http
+            .request(method.clone(), format!("{base}{path}"))
+            .bearer_auth(token);
+        let r = if body.is_null() { r } else { r.json(&body) };
+        async move {
+            let response = r.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let mut events = http
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+
+    for (path, body) in [
+        ("/v1/fences/blocked/admit", json!({"token": MAX})),
+        ("/v1/kv/blocked", json!({"token": MAX, "value": "x"})),
+    ] {
+        let method = if path.starts_with("/v1/kv") {
+            Method::PUT
+        } else {
+            Method::POST
+        };
+        let (status, answer) = call(CLIENT, method, path, body).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    for path in ["/v1/fences/blocked", "/v1/kv/blocked"] {
+        let (status, answer) = call(CLIENT, Method::DELETE, path, Value::Null).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden"))
+        );
+    }
+    let (status, answer) = call(ADMIN, Method::DELETE, "/v1/kv/blocked", Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["had"], MAX, "{answer}");
+    let (_, fence) = call(CLIENT, Method::GET, "/v1/fences/blocked", Value::Null).await;
+    assert_eq!(fence["current"], Value::Null, "{fence}");
+    let (status, _) = call(CLIENT, Method::GET, "/v1/kv/blocked", Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, answer) = call(
+        CLIENT,
+        Method::POST,
+        "/v1/fences/blocked/admit",
+        json!({"token": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    let mut seen = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !seen.contains("event: reset") {
+            let chunk = events.chunk().await.unwrap().expect("the stream ended");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no reset on the event stream: {seen}"));
+    assert!(seen.contains(&format!("\"token\":{MAX}")), "{seen}");
+}

@@ -1,0 +1,236 @@
+//! The small items of the service's hardening (`docs/http.md`, "Threat
+//! model"): oversize bodies, one owner rule for every role, an unreadable
+//! `Last-Event-ID`, events replayable after every follower left, and a
+//! certificate error that says what is wrong.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::{sync::Arc, time::Duration};
+
+use eventsource_stream::Eventsource;
+use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "admin-0123456789abcdef";
+const CLIENT: &str = "client-0123456789abcdef";
+/// Bound on waiting for an event that must come; never a timing assertion.
+const EVENT_BOUND: Duration = Duration::from_secs(10);
+
+struct Api {
+    base: String,
+    direct: LockClient,
+    _server: ServerHandle,
+}
+
+impl Api {
+    async fn start() -> Self {
+        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        let service = Service::builder(client.clone())
+            .fence(Arc::new(MemoryFence::new()))
+            .events_interval(Duration::from_millis(20))
+            .tokens(Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap())
+            .build();
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
+            .await
+            .unwrap();
+        Self {
+            base: format!("http://{}", server.local_addr()),
+            direct: client,
+            _server: server.spawn(),
+        }
+    }
+
+    fn request(&self, token: &str, method: Method, path: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token)
+    }
+
+    async fn send(
+        &self,
+        token: &str,
+        method: Method,
+        path: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let response = self
+            .request(token, method, path)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn follow(
+        &self,
+        last_id: Option<reqwest::header::HeaderValue>,
+    ) -> impl futures_util::Stream<Item = eventsource_stream::Event> + Unpin {
+        let mut request = self.request(ADMIN, Method::GET, "/v1/events");
+        if let Some(id) = last_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        Box::pin(response.bytes_stream().eventsource().map(|e| e.unwrap()))
+    }
+}
+
+async fn next(
+    events: &mut (impl futures_util::Stream<Item = eventsource_stream::Event> + Unpin),
+) -> eventsource_stream::Event {
+    tokio::time::timeout(EVENT_BOUND, events.next())
+        .await
+        .expect("no event")
+        .expect("the stream ended")
+}
+
+#[tokio::test]
+async fn an_oversize_body_is_a_413() {
+    let api = Api::start().await;
+    let huge = format!(
+        "{{\"ttl_ms\": 1000, \"data\": \"{}\"}}",
+        "x".repeat(3 << 20)
+    );
+    let response = api
+        .request(ADMIN, Method::POST, "/v1/locks/k/acquire")
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "too_large", "{body}");
+}
+
+#[tokio::test]
+async fn owners_follow_one_rule_whatever_the_role() {
+    let api = Api::start().await;
+    for token in [ADMIN, CLIENT] {
+        for owner in ["", "a\u{7}b"] {
+            let (status, body) = api
+                .send(
+                    token,
+                    Method::POST,
+                    "/v1/locks/k/acquire",
+                    json!({"owner": owner, "ttl_ms": 5000}),
+                )
+                .await;
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (StatusCode::BAD_REQUEST, Some("invalid_owner")),
+                "{token} as {owner:?}: {body}"
+            );
+        }
+        let (status, body) = api
+            .send(token, Method::POST, "/v1/owners/%20/release", Value::Null)
+            .await;
+        assert_eq!(status, StatusCode::OK, "a space is an owner: {body}");
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_last_event_id_gets_resync() {
+    let api = Api::start().await;
+    let id = reqwest::header::HeaderValue::from_bytes(b"caf\xe9-1").unwrap();
+    let mut events = api.follow(Some(id)).await;
+    assert_eq!(next(&mut events).await.event, "resync");
+}
+
+/// Nobody follows the stream for a while: a follower that comes back
+/// within the replay window still gets every event it missed, those of the
+/// service and those made directly on the backend, and no `resync`.
+#[tokio::test]
+async fn events_stay_replayable_after_every_follower_left() {
+    let api = Api::start().await;
+    let mut events = api.follow(None).await;
+    let (status, _) = api
+        .send(
+            ADMIN,
+            Method::POST,
+            "/v1/locks/before/acquire",
+            json!({"owner": "w", "ttl_ms": 30000}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let last = next(&mut events).await;
+    assert_eq!(last.event, "acquired");
+    drop(events);
+    // The stream has no follower now; the service keeps looking.
+    let (status, _) = api
+        .send(
+            ADMIN,
+            Method::POST,
+            "/v1/locks/through/acquire",
+            json!({"owner": "w", "ttl_ms": 30000}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let outside = api
+        .direct
+        .lock("outside")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // A second later, as a reloaded page comes back: fifty listings of the
+    // stream's interval, none with a follower.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut resumed = api
+        .follow(Some(
+            reqwest::header::HeaderValue::from_str(&last.id).unwrap(),
+        ))
+        .await;
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let e = next(&mut resumed).await;
+        assert_eq!(e.event, "acquired", "{e:?}");
+        let body: Value = serde_json::from_str(&e.data).unwrap();
+        keys.push(body["key"].as_str().unwrap().to_owned());
+    }
+    keys.sort();
+    assert_eq!(keys, ["outside", "through"]);
+    outside.release().await.unwrap();
+}
+
+/// A body sent slowly does not hold its connection (busy, so never idle)
+/// for good: it is answered 408 once it took longer than 10 s, and the
+/// connection closes.
+#[tokio::test]
+async fn a_body_that_never_arrives_is_a_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = Api::start().await;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/locks/k/acquire HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"ttl_ms\""
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(10) + EVENT_BOUND,
+        socket.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the connection outlived the body's time-out")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+}

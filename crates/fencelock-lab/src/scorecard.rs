@@ -4,10 +4,10 @@
 //! For each deployment shape it starts throwaway servers, then runs one case
 //! per fault: holders keep locks whose lease is three times the shape's
 //! failover time, waiters queue behind two of them with a wait that covers
-//! the failover, and a new caller every [`PROBE_EVERY`] opens a backend of
+//! the failover, and a new caller every 200 ms opens a backend of
 //! its own and takes a fresh key (its wait covers the failover too). One
 //! component is then failed — killed with SIGKILL, or stopped with SIGSTOP
-//! and continued [`STOP_FOR`] failover times later — and the case counts:
+//! and continued three failover times later — and the case counts:
 //!
 //! - **unnecessary losses**: holders that lost their lock, although a
 //!   majority (or the failover target) stayed healthy;

@@ -165,6 +165,37 @@ impl ServeReplicas {
     }
 }
 
+/// The configuration operators are given (`deploy/haproxy.cfg`), which the
+/// tests therefore run: its settings, with the balancer bound to `port` on
+/// loopback and one server line per replica port (each with the options of
+/// the file's first server line).
+const SHIPPED: &str = include_str!("../../../../deploy/haproxy.cfg");
+
+/// [`SHIPPED`] for a balancer on `127.0.0.1:port` in front of `ports`.
+fn config_for(port: u16, ports: &[u16]) -> TestResult<String> {
+    let server = |line: &&str| line.trim_start().starts_with("server ");
+    // `server NAME ADDRESS OPTIONS…`
+    let options = SHIPPED
+        .lines()
+        .find(server)
+        .map(|line| line.split_whitespace().skip(3).collect::<Vec<_>>().join(" "))
+        .filter(|options| !options.is_empty())
+        .ok_or("deploy/haproxy.cfg has no server line with options")?;
+    let mut config = String::new();
+    for line in SHIPPED.lines().filter(|l| !server(l)) {
+        if line.trim_start().starts_with("bind ") {
+            config.push_str(&format!("    bind 127.0.0.1:{port}\n"));
+        } else {
+            config.push_str(line);
+            config.push('\n');
+        }
+    }
+    for (i, p) in ports.iter().enumerate() {
+        config.push_str(&format!("    server r{i} 127.0.0.1:{p} {options}\n"));
+    }
+    Ok(config)
+}
+
 /// HAProxy balancing HTTP requests over some servers with health checks on
 /// `/healthz`, so that a dead replica is taken out within a fraction of a
 /// second and requests refused by it are sent to another.
@@ -197,29 +228,7 @@ impl Haproxy {
     /// Runs `haproxy` on `port` with its configuration in `dir`; returns
     /// once it accepts connections.
     fn spawn(binary: &Path, dir: &Path, port: u16, ports: &[u16]) -> TestResult<ChildProcess> {
-        let servers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                format!("    server r{i} 127.0.0.1:{p} check inter 300ms fall 2 rise 1\n")
-            })
-            .collect();
-        // Health checks: a replica that refuses connections is out after two
-        // checks; one that is merely slow (a loaded test machine) is given
-        // `timeout check` to answer rather than being taken out with the
-        // others, which would leave no server at all.
-        // `retries` and `redispatch`: a connection a dead replica refuses is
-        // tried on another one, which is safe because the request never
-        // reached the dead one. Requests that reached it are not retried
-        // (HAProxy never resends a request once sent): the client sees an
-        // error and decides, as it would without a balancer.
-        let config = format!(
-            "global\n    maxconn 4096\n\
-             defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
-             timeout server 1h\n    timeout check 3s\n    retries 3\n    option redispatch 1\n\
-             frontend locks\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\
-             backend replicas\n    balance roundrobin\n    option httpchk GET /healthz\n{servers}"
-        );
+        let config = config_for(port, ports)?;
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, config)?;
         let child = Command::new(binary)
@@ -254,6 +263,22 @@ mod tests {
     /// HAProxy that cannot bind its port exits; its first start moves to a
     /// fresh port instead of failing, also when another process listens on
     /// the port (its listener is told from HAProxy's).
+    /// The shipped file, bound to loopback, with the given replicas and the
+    /// file's check options; nothing of its example addresses left.
+    #[test]
+    fn the_shipped_configuration_is_what_the_tests_run() -> TestResult {
+        let config = config_for(4242, &[5001, 5002])?;
+        assert!(config.contains("    bind 127.0.0.1:4242\n"), "{config}");
+        assert!(
+            config.contains("    server r0 127.0.0.1:5001 check inter 300ms fall 2 rise 1\n"),
+            "{config}"
+        );
+        assert!(config.contains("    server r1 127.0.0.1:5002 check"), "{config}");
+        assert!(!config.contains("10.0.0."), "{config}");
+        assert!(config.contains("option httpchk GET /healthz"), "{config}");
+        Ok(())
+    }
+
     #[test]
     fn haproxy_on_a_taken_port_moves_to_a_free_one() -> TestResult {
         let binary = find_binary("haproxy", &["/usr/sbin"], "haproxy")?;

@@ -178,7 +178,12 @@ fn config_for(port: u16, ports: &[u16]) -> TestResult<String> {
     let options = SHIPPED
         .lines()
         .find(server)
-        .map(|line| line.split_whitespace().skip(3).collect::<Vec<_>>().join(" "))
+        .map(|line| {
+            line.split_whitespace()
+                .skip(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .filter(|options| !options.is_empty())
         .ok_or("deploy/haproxy.cfg has no server line with options")?;
     let mut config = String::new();
@@ -273,7 +278,10 @@ mod tests {
             config.contains("    server r0 127.0.0.1:5001 check inter 300ms fall 2 rise 1\n"),
             "{config}"
         );
-        assert!(config.contains("    server r1 127.0.0.1:5002 check"), "{config}");
+        assert!(
+            config.contains("    server r1 127.0.0.1:5002 check"),
+            "{config}"
+        );
         assert!(!config.contains("10.0.0."), "{config}");
         assert!(config.contains("option httpchk GET /healthz"), "{config}");
         Ok(())

@@ -154,7 +154,7 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
     let client = bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
         .await
         .map_err(|e| map("connect", e))?;
-    let answered = hedged(timeout, options.endpoints.len().max(2), || {
+    let answered = hedged(timeout, copies_for(options), || {
         failover(timeout, || {
             let mut c = client.clone();
             async move { c.status().await }
@@ -170,6 +170,13 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
         }
     }
     Ok(client)
+}
+
+/// How many copies of an idempotent request are sent at most: one per
+/// member (two with a single endpoint), so that one hung member cannot
+/// hold them all.
+fn copies_for(options: &EtcdOptions) -> usize {
+    options.endpoints.len().max(2)
 }
 
 /// Whole seconds, rounded up: etcd leases have a one-second resolution and
@@ -331,10 +338,10 @@ impl EtcdBackend {
         }
     }
 
-    /// How many copies of an idempotent request may be in flight: one per
-    /// member, so that one hung member cannot hold them all.
+    /// How many copies of an idempotent request are sent at most
+    /// ([`copies_for`]).
     fn copies(&self) -> usize {
-        self.options.endpoints.len().max(2)
+        copies_for(&self.options)
     }
 
     /// What this backend remembers of a grant it made or renewed.

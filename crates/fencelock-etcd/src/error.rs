@@ -106,8 +106,8 @@ pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(500);
 /// A member that is stopped or wedged keeps its connections open and
 /// answers nothing, so the channel goes on giving it requests, which wait
 /// out their time-out, until the HTTP/2 keep-alive gives up on it seconds
-/// later. The channel balances by load: while the first copy waits there,
-/// the next goes to another member.
+/// later. The channel picks between two members at random (its connections
+/// report no load), so each copy is likely to reach another member.
 pub(crate) async fn hedged<T, F, Fut>(
     timeout: Duration,
     copies: usize,

@@ -189,7 +189,7 @@ impl Replicas {
         self: &Arc<Self>,
         resend: Resend,
         attempt: impl Fn(usize) -> BoxFuture<'static, Result<R, E>>,
-        probe: impl Fn(usize) -> BoxFuture<'static, bool> + Clone + Send + 'static,
+        probe: impl Fn(usize) -> BoxFuture<'static, bool>,
         refused: impl Fn(&E) -> bool,
     ) -> Sent<R, E>
     where
@@ -223,12 +223,14 @@ impl Replicas {
                 Resend::After(p) => p,
                 Resend::Never => self.patience,
             };
-            let oldest = busy.last().copied().unwrap_or(0);
+            // The timer restarts with every turn of the loop, so it measures
+            // the silence of the copy sent last.
+            let newest = busy.last().copied().unwrap_or(0);
             let silent = async {
                 match resend {
                     Resend::After(p) if tries < most => tokio::time::sleep(p).await,
                     Resend::Never if n > 1 => {
-                        self.until_silent(oldest, patience, probe.clone()).await;
+                        self.until_silent(newest, patience, &probe).await;
                     }
                     _ => std::future::pending().await,
                 }
@@ -253,10 +255,10 @@ impl Replicas {
                 },
                 () = silent => {
                     tracing::debug!(
-                        replica = oldest,
+                        replica = newest,
                         "lock service replica silent for {patience:?}; trying another"
                     );
-                    self.avoid(oldest);
+                    self.avoid(newest);
                     if resend == Resend::Never {
                         // Abandoned: dropping it cancels the request.
                         flying.clear();
@@ -305,7 +307,7 @@ impl Replicas {
         &self,
         at: usize,
         patience: Duration,
-        probe: impl Fn(usize) -> BoxFuture<'static, bool>,
+        probe: &impl Fn(usize) -> BoxFuture<'static, bool>,
     ) {
         loop {
             let since = Instant::now();

@@ -487,28 +487,19 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
         // A lost guard's release is refused: nothing to count there.
         let _ = guard.release().await;
     }
-    let mut regressions = 0;
-    let mut waited = Vec::new();
-    for (i, waiter) in waiters.into_iter().enumerate() {
-        match waiter.await {
-            Ok(Ok(token)) => {
-                if token <= tokens[i] {
-                    regressions += 1;
-                }
-                waited.push(Ok(()));
-            }
-            Ok(Err(e)) => waited.push(Err(format!("waiter {i}: {e}"))),
-            Err(e) => waited.push(Err(format!("waiter {i}: {e}"))),
-        }
-    }
     let calls = std::mem::take(&mut *calls.lock().unwrap_or_else(PoisonError::into_inner));
     let mut failures = calls.failures;
-    failures.extend(waited.iter().filter_map(|w| w.clone().err()));
-    let grants: Vec<Instant> = {
-        let mut g: Vec<Instant> = calls.probes.iter().filter_map(|(_, g)| *g).collect();
-        g.sort();
-        g
-    };
+    let mut regressions = 0;
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        match waiter.await {
+            Ok(Ok(token)) if token <= tokens[i] => regressions += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => failures.push(format!("waiter {i}: {e}")),
+            Err(e) => failures.push(format!("waiter {i}: {e}")),
+        }
+    }
+    let mut grants: Vec<Instant> = calls.probes.iter().filter_map(|(_, g)| *g).collect();
+    grants.sort();
     // The longest stretch after the fault without a grant, up to the last
     // grant (a case ends with grants flowing again, or it says so).
     let mut window = None;
@@ -553,12 +544,11 @@ async fn probe(url: &str, key: &str, ttl: Duration, wait: Duration) -> Result<In
         guard.release().await?;
         Ok(granted)
     };
-    tokio::time::timeout(wait + Duration::from_secs(5), within)
+    let bound = wait + Duration::from_secs(5);
+    tokio::time::timeout(bound, within)
         .await
-        .unwrap_or_else(|_| {
-            Err(Error::InvalidArgument(format!(
-                "no answer within {:?}",
-                wait + Duration::from_secs(5)
-            )))
-        })
+        .unwrap_or(Err(Error::OperationTimeout {
+            operation: "new caller",
+            after: bound,
+        }))
 }

@@ -12,6 +12,30 @@ use crate::types::{FencingToken, LeaseId, LockKey, Owner};
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How many bytes of an input a message quotes ([`shorten`]).
+pub const SHORTEN_TO: usize = 64;
+
+/// `input` as an error message should quote it: whole up to
+/// [`SHORTEN_TO`] bytes, else its first 64 bytes (cut at a character
+/// boundary) and its length, `aaaa…(10000 bytes)`. A 10,000-byte key or
+/// duration is not repeated whole in every log line and error body; the
+/// Go module shortens the same way.
+pub fn shorten(input: &str) -> std::borrow::Cow<'_, str> {
+    shorten_to(input, SHORTEN_TO)
+}
+
+/// [`shorten`] with another limit (e.g. a whole message).
+pub fn shorten_to(input: &str, limit: usize) -> std::borrow::Cow<'_, str> {
+    if input.len() <= limit {
+        return input.into();
+    }
+    let mut cut = limit;
+    while !input.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…({} bytes)", &input[..cut], input.len()).into()
+}
+
 /// Why a guard stopped holding its lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -69,6 +93,18 @@ pub enum Error {
         token: FencingToken,
         /// Why.
         reason: LossReason,
+    },
+    /// A guard (or a handle of it) asked to act after its holder released
+    /// it, let it drop or detached it: it holds nothing any more. Not a
+    /// loss: the lease ended because its holder said so.
+    #[error("lock {key} (token {token}) is no longer held by this guard: it was {}", if *.detached { "detached" } else { "released" })]
+    Released {
+        /// The key.
+        key: LockKey,
+        /// The token the guard held.
+        token: FencingToken,
+        /// Whether it was detached (handed over) rather than released.
+        detached: bool,
     },
     /// Renew or release of a lease this (owner, token) does not hold.
     #[error("lock {key} is not held by owner {owner} with token {token}")]
@@ -190,12 +226,13 @@ impl Error {
     /// not held, or lost), `stale`, `tokens_exhausted`, `invalid_key`,
     /// `invalid_owner`, `invalid_ttl`, `invalid_token`, `bad_request`,
     /// `unsupported`, `timeout` (no answer in time), `unavailable` (a
-    /// transient failure, or a closed client) and `internal` (any other
-    /// failure of the backend).
+    /// transient failure, or a closed client), `unauthorized` (the backend
+    /// refused the URL's credentials) and `internal` (any other failure of
+    /// the backend).
     pub fn code(&self) -> &'static str {
         match self {
             Error::Timeout { .. } => "held",
-            Error::NotHeld { .. } | Error::LockLost { .. } => "not_held",
+            Error::NotHeld { .. } | Error::LockLost { .. } | Error::Released { .. } => "not_held",
             Error::TokensExhausted { .. } => "tokens_exhausted",
             Error::Stale { .. } => "stale",
             Error::InvalidKey(_) => "invalid_key",
@@ -208,6 +245,7 @@ impl Error {
             Error::Unsupported(_) => "unsupported",
             Error::ClientClosed => "unavailable",
             Error::OperationTimeout { .. } => "timeout",
+            Error::Backend(b) if b.is_unauthorized() => "unauthorized",
             Error::Backend(b) => match b.status() {
                 ErrorStatus::Transient => "unavailable",
                 ErrorStatus::Timeout => "timeout",
@@ -265,6 +303,9 @@ impl ErrorStatus {
 pub struct BackendError {
     backend: &'static str,
     status: ErrorStatus,
+    /// The backend refused our credentials (a wrong or missing password,
+    /// an unknown user): permanent, and code `unauthorized`.
+    unauthorized: bool,
     message: String,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
 }
@@ -301,9 +342,29 @@ impl BackendError {
         Self {
             backend,
             status,
+            unauthorized: false,
             message: message.into(),
             source: None,
         }
+    }
+
+    /// The backend refused the credentials of the URL (a wrong or missing
+    /// password, an unknown user, an ACL): permanent, since retrying with
+    /// the same credentials cannot succeed, and reported with the code
+    /// `unauthorized` rather than `internal`.
+    pub fn unauthorized(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        let mut e = Self::permanent(backend, message, source);
+        e.unauthorized = true;
+        e
+    }
+
+    /// Whether the backend refused our credentials ([`Self::unauthorized`]).
+    pub fn is_unauthorized(&self) -> bool {
+        self.unauthorized
     }
 
     /// Attaches the underlying error.
@@ -329,6 +390,7 @@ impl BackendError {
         Self {
             backend: self.backend,
             status: self.status,
+            unauthorized: self.unauthorized,
             message: self.message.clone(),
             source: self
                 .source
@@ -353,6 +415,7 @@ impl fmt::Debug for BackendError {
         f.debug_struct("BackendError")
             .field("backend", &self.backend)
             .field("status", &self.status)
+            .field("unauthorized", &self.unauthorized)
             .field("message", &self.message)
             .field("source", &self.source)
             .finish()
@@ -380,6 +443,25 @@ impl StdError for BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_inputs_are_shortened() {
+        assert_eq!(shorten("short"), "short");
+        let long = "é".repeat(5000);
+        let short = shorten(&long);
+        assert!(short.ends_with("…(10000 bytes)"), "{short}");
+        assert!(short.len() < 100, "{short}");
+    }
+
+    #[test]
+    fn an_authentication_failure_has_its_own_code() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "WRONGPASS");
+        let e = Error::from(BackendError::unauthorized("redis", "AUTH failed", io));
+        assert_eq!(e.code(), "unauthorized");
+        assert!(!e.is_transient());
+        let Error::Backend(b) = &e else { panic!() };
+        assert_eq!(Error::from(b.duplicate()).code(), "unauthorized");
+    }
 
     #[test]
     fn a_duplicate_names_its_backend_once() {

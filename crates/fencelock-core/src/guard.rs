@@ -7,10 +7,18 @@
 //! instant *before* each request was sent, so the signal fires before the
 //! backend's lease can end.
 
-use std::{fmt, future::Future, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, LazyLock,
+    },
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -18,7 +26,7 @@ use crate::{
     clock::Sent,
     deadline::bounded,
     error::{Error, LossReason, Result},
-    lease::{GuardConfig, Shared},
+    lease::{Ended, GuardConfig, Shared},
     metrics as m,
     renewer::Renewer,
     types::{FencingToken, LeaseId, LockKey, LockMode, Owner},
@@ -75,13 +83,14 @@ impl GuardHandle {
         self.shared.trust().expires_at
     }
 
-    /// Whether the lease is still trusted locally: not lost, and the local
-    /// deadline has not passed.
+    /// Whether the lease is still trusted locally: not lost, not released
+    /// (or detached), and the local deadline has not passed.
     pub fn is_valid(&self) -> bool {
         self.shared.is_valid()
     }
 
-    /// How long the lease is still trusted locally (zero once lost).
+    /// How long the lease is still trusted locally (zero once lost or
+    /// released).
     pub fn remaining(&self) -> Duration {
         if !self.shared.is_valid() {
             return Duration::ZERO;
@@ -91,18 +100,19 @@ impl GuardHandle {
             .saturating_duration_since(Instant::now())
     }
 
-    /// `Ok` while the lease is trusted; [`Error::LockLost`] otherwise. Call it
-    /// right before each critical write (and fence the write: a check cannot
-    /// stop a process that pauses between the check and the write).
+    /// `Ok` while the lease is trusted; [`Error::LockLost`] once it is lost,
+    /// [`Error::Released`] once its guard was released (or detached). Call
+    /// it right before each critical write (and fence the write: a check
+    /// cannot stop a process that pauses between the check and the write).
     pub fn check(&self) -> Result<()> {
         if self.is_valid() {
             Ok(())
         } else {
-            if !self.shared.lost.has_fired() {
+            if !self.shared.lost.has_fired() && !self.shared.is_finished() {
                 // The deadline passed before the renewer noticed.
                 self.shared.declare_lost(LossReason::Deadline);
             }
-            Err(self.shared.lost_error())
+            Err(self.shared.ended_error())
         }
     }
 
@@ -129,11 +139,12 @@ impl GuardHandle {
 
     /// Renews now, in addition to the background renewal.
     /// [`Error::LockLost`] if the backend refused or the lock was lost while
-    /// the renewal was in flight (the guard is then lost); a transient error
-    /// if the backend did not answer in time.
+    /// the renewal was in flight (the guard is then lost);
+    /// [`Error::Released`] after the guard was released or detached; a
+    /// transient error if the backend did not answer in time.
     pub async fn renew(&self) -> Result<()> {
-        if self.shared.lost.has_fired() {
-            return Err(self.shared.lost_error());
+        if self.shared.lost.has_fired() || self.shared.is_finished() {
+            return Err(self.shared.ended_error());
         }
         let sent = Sent::now();
         let bound = self.shared.renew_bound();
@@ -228,8 +239,8 @@ impl LockGuard {
 
     /// Finishes the lease (see `Shared::finish`) and takes it out of the
     /// renewer's schedule; `true` the first time.
-    fn finish(&self) -> bool {
-        let first = self.handle.shared.finish();
+    fn finish(&self, how: Ended) -> bool {
+        let first = self.handle.shared.finish(how);
         if first {
             self.renewer.deregister(self.handle.shared.id);
         }
@@ -249,7 +260,7 @@ impl LockGuard {
     pub async fn release(self) -> Result<()> {
         let shared = Arc::clone(&self.handle.shared);
         // Finished first, so that dropping `self` does not release as well.
-        let first = self.finish();
+        let first = self.finish(Ended::Released);
         drop(self);
         if !first {
             // Only `close` finishes a guard that its holder still owns.
@@ -269,7 +280,7 @@ impl LockGuard {
     /// first.
     pub fn detach(self) {
         // Finished, so that dropping `self` does not release.
-        self.finish();
+        self.finish(Ended::Detached);
     }
 }
 
@@ -286,14 +297,69 @@ impl fmt::Debug for LockGuard {
     }
 }
 
+/// The releases that dropped guards sent in the background and that have
+/// not finished yet, process-wide: what [`wait_for_background_releases`]
+/// waits for.
+struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+static BACKGROUND_RELEASES: LazyLock<InFlight> = LazyLock::new(|| InFlight {
+    count: AtomicUsize::new(0),
+    idle: Notify::new(),
+});
+
+/// One background release, counted while its task lives (also when the
+/// runtime drops the task unfinished).
+struct Counted;
+
+impl Counted {
+    fn new() -> Self {
+        BACKGROUND_RELEASES.count.fetch_add(1, Ordering::SeqCst);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if BACKGROUND_RELEASES.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            BACKGROUND_RELEASES.idle.notify_waiters();
+        }
+    }
+}
+
+/// Waits, at most `bound`, until the releases that dropped guards sent in
+/// the background (see [`LockGuard`]) are done; `true` when none is left.
+/// For a process's exit hook: the Node.js and Python bindings close their
+/// clients and then wait here when the process exits normally, so that a
+/// guard dropped just before the exit is still released, not left to
+/// expire (`docs/nodejs.md`, `docs/python.md`).
+pub async fn wait_for_background_releases(bound: Duration) -> bool {
+    let idle = async {
+        loop {
+            let notified = BACKGROUND_RELEASES.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if BACKGROUND_RELEASES.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    };
+    tokio::time::timeout(bound, idle).await.is_ok()
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.finish() {
+        if !self.finish(Ended::Released) {
             return;
         }
         let shared = Arc::clone(&self.handle.shared);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let counted = Counted::new();
             runtime.spawn(async move {
+                let _counted = counted;
                 match shared.release().await {
                     Ok(()) | Err(Error::NotHeld { .. }) => {}
                     Err(e) => tracing::warn!(key = %shared.lease.key, error = %e,
@@ -311,6 +377,65 @@ mod tests {
     use std::{sync::Arc, time::Duration};
 
     use crate::{LockClient, MemoryBackend};
+
+    /// A handle that outlives its guard's `release()` (or `detach()`) holds
+    /// nothing: it is not valid, `check()` and `renew()` say it was
+    /// released (not lost), and `lost()` still never completes.
+    #[tokio::test]
+    async fn a_released_or_detached_guard_is_no_longer_valid() {
+        use crate::Error;
+        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        for detach in [false, true] {
+            let guard = client
+                .lock("order:2")
+                .ttl(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            let handle = guard.handle();
+            assert!(handle.is_valid());
+            if detach {
+                guard.detach();
+            } else {
+                guard.release().await.unwrap();
+            }
+            assert!(!handle.is_valid());
+            assert_eq!(handle.remaining(), Duration::ZERO);
+            assert_eq!(handle.loss_reason(), None);
+            for result in [handle.check(), handle.renew().await] {
+                let e = result.unwrap_err();
+                assert!(
+                    matches!(e, Error::Released { detached, .. } if detached == detach),
+                    "{e:?}"
+                );
+                assert_eq!(e.code(), "not_held");
+                let word = if detach { "detached" } else { "released" };
+                assert!(e.to_string().contains(word), "{e}");
+                assert!(!e.to_string().contains("lost"), "{e}");
+            }
+            let lost = tokio::time::timeout(Duration::from_millis(50), handle.lost()).await;
+            assert!(lost.is_err(), "lost() completed after the guard ended");
+            if detach {
+                client.force_release("order:2").await.unwrap();
+            }
+        }
+    }
+
+    /// What an exit hook waits for: once the background release of a
+    /// dropped guard is done, the key is free.
+    #[tokio::test]
+    async fn the_background_release_of_a_dropped_guard_can_be_awaited() {
+        let client = LockClient::new(Arc::new(MemoryBackend::new()));
+        let guard = client
+            .lock("dropped")
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        drop(guard);
+        assert!(super::wait_for_background_releases(Duration::from_secs(5)).await);
+        assert!(client.inspect("dropped").await.unwrap().is_none());
+    }
 
     #[tokio::test]
     async fn debug_shows_the_grant_and_its_validity() {

@@ -64,9 +64,22 @@ pub(crate) struct Shared {
     accounted: AtomicBool,
     pub(crate) lost: LossSignal,
     pub(crate) reason: OnceLock<LossReason>,
-    /// Set when the guard is released, dropped or detached: a loss is no
-    /// longer signalled.
+    /// Set when the guard is released, dropped, detached or closed: a loss
+    /// is no longer signalled, and the guard is no longer valid.
     finished: AtomicBool,
+    /// How the guard finished, for the error its handles answer after.
+    ended: OnceLock<Ended>,
+}
+
+/// How a guard stopped holding its lease other than by a loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// `release()`, or the guard was dropped (released in the background).
+    Released,
+    /// `detach()`: the lease was handed over, not released.
+    Detached,
+    /// The client was closed (a loss with reason `closed` as well).
+    Closed,
 }
 
 /// How far a lease is trusted, as of the last confirmed grant or renewal.
@@ -164,6 +177,7 @@ impl Shared {
             lost: LossSignal::default(),
             reason: OnceLock::new(),
             finished: AtomicBool::new(false),
+            ended: OnceLock::new(),
         });
         shared.extend(sent, grant);
         ::metrics::gauge!(m::HELD, "backend" => shared.backend.name()).increment(1.0);
@@ -240,7 +254,7 @@ impl Shared {
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        if self.lost.has_fired() {
+        if self.lost.has_fired() || self.finished.load(Ordering::SeqCst) {
             return false;
         }
         let trust = self.trust();
@@ -260,10 +274,11 @@ impl Shared {
     /// Marks the lease finished (no loss is signalled any more) and records
     /// the hold; `true` the first time. The caller takes it out of the
     /// renewer's schedule, which this module does not know.
-    pub(crate) fn finish(&self) -> bool {
+    pub(crate) fn finish(&self, how: Ended) -> bool {
         if self.finished.swap(true, Ordering::SeqCst) {
             return false;
         }
+        let _ = self.ended.set(how);
         self.account_hold();
         true
     }
@@ -315,7 +330,36 @@ impl Shared {
     /// its lease is still to be freed by [`Shared::free_closed`].
     pub(crate) fn close(&self) -> bool {
         self.declare_lost(LossReason::Closed);
-        self.finish()
+        self.finish(Ended::Closed)
+    }
+
+    /// What a handle answers when asked to act for this lease after it
+    /// ended: [`Error::LockLost`] after a loss (the reason says which),
+    /// [`Error::Released`] after its holder released or detached it.
+    pub(crate) fn ended_error(&self) -> Error {
+        if self.is_lost() {
+            return self.lost_error();
+        }
+        match self.ended.get() {
+            Some(Ended::Released) => Error::Released {
+                key: self.lease.key.clone(),
+                token: self.lease.token,
+                detached: false,
+            },
+            Some(Ended::Detached) => Error::Released {
+                key: self.lease.key.clone(),
+                token: self.lease.token,
+                detached: true,
+            },
+            // Closed declares a loss first; a lease not yet finished that
+            // is not valid has passed its deadline.
+            Some(Ended::Closed) | None => self.lost_error(),
+        }
+    }
+
+    /// Whether the guard finished (released, dropped, detached or closed).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
     }
 
     /// The second half: frees the lease of a guard that [`Shared::close`]

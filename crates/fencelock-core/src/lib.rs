@@ -106,9 +106,11 @@ pub use client::{
 pub use clock::ClockPolicy;
 pub use driver::{Driver, MemoryDriver};
 pub use election::{Election, Leader, LeaderChange, LeaderWatch, Leadership, ELECTION_PREFIX};
-pub use error::{BackendError, Error, ErrorStatus, LossReason, Result};
+pub use error::{
+    shorten, shorten_to, BackendError, Error, ErrorStatus, LossReason, Result, SHORTEN_TO,
+};
 pub use fence::{validate_value, Admission, Fence, FenceRecord, FencedValue, MAX_FENCED_VALUE};
-pub use guard::{GuardHandle, LockGuard};
+pub use guard::{wait_for_background_releases, GuardHandle, LockGuard};
 pub use lease::LOSS_LOG_TARGET;
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};

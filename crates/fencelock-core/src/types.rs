@@ -67,10 +67,12 @@ impl fmt::Display for FencingToken {
 impl FromStr for FencingToken {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        s.trim()
-            .parse::<u64>()
-            .map(FencingToken)
-            .map_err(|_| Error::InvalidToken(format!("{s:?} is not an unsigned 64-bit integer")))
+        s.trim().parse::<u64>().map(FencingToken).map_err(|_| {
+            Error::InvalidToken(format!(
+                "{:?} is not an unsigned 64-bit integer",
+                crate::error::shorten(s)
+            ))
+        })
     }
 }
 
@@ -302,13 +304,18 @@ pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
-        return Err(format!("{s:?} is negative"));
+        return Err(format!("{:?} is negative", crate::error::shorten(s)));
     }
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m ({e})"))
+    humantime::parse_duration(t).map_err(|e| {
+        format!(
+            "{:?} is not a duration like 500ms, 30s or 5m ({})",
+            crate::error::shorten(s),
+            crate::error::shorten(&e.to_string())
+        )
+    })
 }
 
 /// `url` with any password replaced by `***`, for logs, errors and `Debug`:

@@ -5,8 +5,9 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ChangeFeed, Error,
+    FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
+    WakeSubscription,
 };
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
@@ -163,19 +164,28 @@ pub(crate) async fn connect(
         let clients: NodeClients = Arc::new(move || vec![one.clone()]);
         Ok((clients, conn))
     };
-    within(options.connect_timeout, unless_refused(&client, connecting)).await
+    within(
+        options.connect_timeout,
+        unless_refused(&client, options.connect_timeout, connecting),
+    )
+    .await
 }
 
-/// `connecting`, unless a plain TCP connect to the server, made beside it,
-/// is refused first. The connection manager retries a refused first connect
-/// with backoff (the same retries that carry it through a server restart
-/// later), which took about 5 s to report a port nobody listens on; the
-/// refusal is an answer, returned at once as a transient error, which
-/// callers that wait (`fencelock acquire --wait`) retry themselves. A
-/// silent server is left to the time-out as before: the probe then neither
-/// fails nor matters. Unix sockets are not probed.
+/// `connecting`, unless a probe made beside it gets a definite refusal
+/// first. The connection manager retries a failed first connect with
+/// backoff (the same retries that carry it through a server restart
+/// later), which took about 5 s to report a port nobody listens on, a host
+/// name the resolver does not know, or a wrong password. Each of those is
+/// an answer, returned at once: a refused port or an unknown host as a
+/// transient error (callers that wait, `fencelock acquire --wait`, retry
+/// them), refused credentials as `unauthorized`. The probe resolves the
+/// host, then opens one connection of its own with the URL's credentials
+/// (AUTH and SELECT, as the manager's); a silent server is left to the
+/// time-out as before: the probe then neither fails nor matters. Unix
+/// sockets are not probed.
 async fn unless_refused<T>(
     client: &Client,
+    timeout: Duration,
     connecting: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
     let (host, port) = match &client.get_connection_info().addr {
@@ -183,16 +193,34 @@ async fn unless_refused<T>(
         | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
         _ => return connecting.await,
     };
+    let probe = client.clone();
     let refused = async move {
-        match tokio::net::TcpStream::connect((host.as_str(), port)).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(e),
-            _ => None,
+        if let Err(e) = tokio::net::lookup_host((host.as_str(), port)).await {
+            let message = format!(
+                "connect failed: cannot resolve {}",
+                fencelock_core::shorten(&host)
+            );
+            return Some(BackendError::transient(crate::error::NAME, message, e).into());
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout);
+        match probe
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
+            Err(e) if e.is_connection_refusal() => Some(map("connect", e)),
+            Err(e) => match map("connect", e) {
+                Error::Backend(b) if b.is_unauthorized() => Some(Error::Backend(b)),
+                _ => None,
+            },
+            Ok(_) => None,
         }
     };
     tokio::pin!(connecting);
     tokio::select! {
         result = &mut connecting => result,
-        Some(e) = refused => Err(map("connect", e.into())),
+        Some(e) = refused => Err(e),
     }
 }
 

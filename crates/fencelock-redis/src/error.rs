@@ -38,6 +38,19 @@ pub fn map(context: &str, e: RedisError) -> Error {
             Some("BUSY" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN")
         );
     let message = format!("{context} failed");
+    // A wrong password (WRONGPASS, or the driver's own check of the AUTH
+    // reply) or none where one is needed (NOAUTH): the same credentials
+    // will be refused again, so this is said at once, as `unauthorized`.
+    if e.kind() == ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        return BackendError::unauthorized(
+            NAME,
+            format!("{context} failed: the server refused the URL's credentials"),
+            e,
+        )
+        .into();
+    }
     if transient {
         BackendError::transient(NAME, message, e).into()
     } else {

@@ -9,6 +9,10 @@ use axum::{
 use fencelock_core::{Error, LockInfo};
 use fencelock_http::wire::ErrorBody;
 
+/// The longest `error` text of a refusal, in bytes: longer ones (a
+/// parser quoting a huge request) are shortened.
+const MAX_MESSAGE: usize = 512;
+
 /// A refusal.
 #[derive(Debug)]
 pub(crate) struct ApiError {
@@ -22,12 +26,14 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
-        // One line, whatever the source said.
+        // One line, whatever the source said, and not a long input echoed
+        // whole (a parser's message may quote the request).
         let error = message
             .to_string()
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
+        let error = fencelock_core::shorten_to(&error, MAX_MESSAGE).into_owned();
         Self {
             status,
             body: Box::new(ErrorBody {
@@ -82,8 +88,13 @@ impl ApiError {
             StatusCode::CONFLICT,
             "held",
             match &holder {
-                Some(h) => format!("lock {key} is held by {} (token {})", h.owner, h.token),
-                None => format!("lock {key} is held"),
+                Some(h) => format!(
+                    "lock {} is held by {} (token {})",
+                    fencelock_core::shorten(key),
+                    h.owner,
+                    h.token
+                ),
+                None => format!("lock {} is held", fencelock_core::shorten(key)),
             },
         );
         e.body.holder = holder;
@@ -110,6 +121,9 @@ impl From<Error> for ApiError {
             "invalid_key" | "invalid_owner" | "invalid_ttl" | "invalid_token" | "bad_request"
             | "unsupported" => StatusCode::BAD_REQUEST,
             "unavailable" | "timeout" => StatusCode::SERVICE_UNAVAILABLE,
+            // `unauthorized` from the library is the backend refusing the
+            // service's own credentials: the service is misconfigured, the
+            // caller's token is not at fault (that is a 401).
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {

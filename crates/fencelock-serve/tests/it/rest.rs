@@ -337,6 +337,26 @@ async fn bad_input_is_a_400_with_a_one_line_reason() {
         StatusCode::BAD_REQUEST,
         "invalid_key",
     );
+    // A parser's message that quotes a huge request is shortened, not
+    // echoed whole.
+    let mut huge = serde_json::Map::new();
+    huge.insert("ttl_ms".into(), json!(1000));
+    huge.insert("x".repeat(10_000), json!(1));
+    let answer = api
+        .send(
+            post.clone(),
+            "/v1/locks/k/acquire",
+            Some(Value::Object(huge)),
+        )
+        .await;
+    refused(&answer, StatusCode::BAD_REQUEST, "bad_request");
+    let error = answer.1["error"].as_str().unwrap_or_default();
+    assert!(
+        error.len() < 600 && error.ends_with("bytes)"),
+        "{} bytes: {}",
+        error.len(),
+        &error[..error.len().min(600)]
+    );
     refused(
         &api.send(Method::PUT, "/v1/kv/k", Some(json!({"value": 1})))
             .await,

@@ -96,7 +96,7 @@ func WithToken(token string) Option {
 func WithHTTPClient(h *http.Client) Option {
 	return func(c *Client) error {
 		if h == nil {
-			return errors.New("fencelock: nil *http.Client")
+			return invalid("connect", "", "nil *http.Client")
 		}
 		c.http, c.ownsHTTP = h, false
 		return nil
@@ -108,7 +108,7 @@ func WithHTTPClient(h *http.Client) Option {
 func WithTimeout(d time.Duration) Option {
 	return func(c *Client) error {
 		if d <= 0 {
-			return errors.New("fencelock: timeout must be positive")
+			return invalid("connect", "", fmt.Sprintf("timeout %v must be positive", d))
 		}
 		c.timeout = d
 		return nil
@@ -121,10 +121,16 @@ func WithTimeout(d time.Duration) Option {
 func NewClient(baseURL string, opts ...Option) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil {
-		return nil, fmt.Errorf("fencelock: bad base URL: %w", err)
+		// url.Error quotes the URL whole, password included: say only why.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, &Error{Op: "connect", Code: "bad_request", Message: "bad base URL: " + err.Error(), Err: err}
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("fencelock: bad base URL %q: want http[s]://host[:port][/prefix]", baseURL)
+		u.User = nil
+		return nil, invalid("connect", "", fmt.Sprintf("bad base URL %s: want http[s]://host[:port][/prefix]", shorten(u.Redacted())))
 	}
 	c := &Client{
 		base:     &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimSuffix(u.Path, "/")},

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Sentinel errors. Every error this package returns matches (with
@@ -82,7 +84,7 @@ func (e *Error) Error() string {
 	b.WriteString("fencelock: ")
 	b.WriteString(e.Op)
 	if e.Key != "" {
-		fmt.Fprintf(&b, " %q", e.Key)
+		fmt.Fprintf(&b, " %s", shorten(strconv.Quote(e.Key)))
 	}
 	b.WriteString(": ")
 	if e.Status != 0 {
@@ -90,6 +92,24 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Message)
 	return b.String()
+}
+
+// shortenTo is how much of a long input a message quotes: a 10,000-byte
+// key or message is not repeated whole in every log line. The Rust core
+// (fencelock_core::shorten) shortens its messages the same way.
+const shortenTo = 64
+
+// shorten keeps the first shortenTo bytes of s (cut at a character
+// boundary) and says how long it was: `"aaaa…(10002 bytes)`.
+func shorten(s string) string {
+	if len(s) <= shortenTo {
+		return s
+	}
+	cut := shortenTo
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
 }
 
 // Unwrap returns the underlying error (a transport or context error).
@@ -123,6 +143,11 @@ func (e *Error) sentinel() error {
 	case "unsupported":
 		return ErrUnsupported
 	case "unauthorized":
+		if e.Status == 500 {
+			// The service's backend refused the service's credentials:
+			// the service is misconfigured, not the caller's token.
+			return ErrInternal
+		}
 		return ErrUnauthorized
 	case "forbidden":
 		return ErrForbidden
@@ -167,7 +192,7 @@ type LostError struct {
 }
 
 func (e *LostError) Error() string {
-	s := fmt.Sprintf("fencelock: lock %q (token %d) lost: %s", e.Key, e.Token, e.Reason)
+	s := fmt.Sprintf("fencelock: lock %s (token %d) lost: %s", shorten(strconv.Quote(e.Key)), e.Token, e.Reason)
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}

@@ -70,6 +70,51 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 	}
 }
 
+// Every input the client refuses matches ErrInvalid, whether the service
+// or the client refused it: a bad base URL or option, a negative wait
+// (not silently a single try), and a long key is not echoed whole.
+func TestEveryRefusedInputIsErrInvalid(t *testing.T) {
+	for _, base := range []string{"foo://x", "http://", "://nothing", "http://h:port"} {
+		if _, err := NewClient(base); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewClient(%q): %v, want ErrInvalid", base, err)
+		}
+	}
+	if _, err := NewClient("http://127.0.0.1:1", WithTimeout(-time.Second)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("WithTimeout(-1s): %v, want ErrInvalid", err)
+	}
+	if _, err := NewClient("http://127.0.0.1:1", WithHTTPClient(nil)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("WithHTTPClient(nil): %v, want ErrInvalid", err)
+	}
+	if _, err := NewClient("foo://user:secret@x"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("a bad URL's password is shown: %v", err)
+	}
+
+	s := startService(t, "sqlite", false)
+	c := newClient(t, s.url)
+	ctx := ctxT(t, 5*time.Second)
+	// A free key: a negative wait used to become Wait(0) and acquire it.
+	if l, err := c.Acquire(ctx, "negative-wait", Wait(-time.Second)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Wait(-1s): %v, want ErrInvalid", err)
+		if l != nil {
+			_ = l.Release(ctx)
+		}
+	}
+	if _, err := c.Semaphore("negative-wait", 2).Acquire(ctx, Wait(-1)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("semaphore Wait(-1): %v, want ErrInvalid", err)
+	}
+	if _, err := c.AcquireAll(ctx, []string{"a", "b"}, Wait(-1)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("AcquireAll Wait(-1): %v, want ErrInvalid", err)
+	}
+	long := strings.Repeat("k", 10000)
+	_, err := c.Acquire(ctx, long)
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a 10,000-byte key: %v", err)
+	}
+	if msg := err.Error(); len(msg) > 300 || !strings.Contains(msg, "(10002 bytes)") {
+		t.Errorf("a 10,000-byte key's error is %d bytes long: %.400s", len(msg), msg)
+	}
+}
+
 // A dead or hung service gives ErrUnavailable within the caller's deadline.
 func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
 	dead := newClient(t, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))

@@ -62,6 +62,19 @@ type lockConfig struct {
 	data     any
 	minToken *uint64
 	mode     string // "" (exclusive) or "shared"
+	refused  string // why an option was refused: the acquisition fails with ErrInvalid
+}
+
+// options applies opts to cfg; an option that refused its value makes the
+// acquisition fail with ErrInvalid before anything is sent.
+func (cfg *lockConfig) apply(op, key string, opts []LockOption) error {
+	for _, o := range opts {
+		o(cfg)
+	}
+	if cfg.refused != "" {
+		return invalid(op, key, cfg.refused)
+	}
+	return nil
 }
 
 // Shared takes a reader's lease of a read-write lock: readers share the
@@ -77,11 +90,13 @@ func TTL(d time.Duration) LockOption { return func(c *lockConfig) { c.ttl = d } 
 
 // Wait bounds how long Acquire waits for a held lock (default: until ctx
 // is done). Wait(0) makes one attempt: a held lock fails at once with an
-// error for which errors.Is(err, ErrNotAcquired).
+// error for which errors.Is(err, ErrNotAcquired). A negative wait is
+// refused (ErrInvalid), as in the Rust, Node.js and Python clients.
 func Wait(d time.Duration) LockOption {
 	return func(c *lockConfig) {
 		if d < 0 {
-			d = 0
+			c.refused = fmt.Sprintf("wait %v is negative (Wait(0) makes one attempt)", d)
+			return
 		}
 		c.wait = d
 	}
@@ -276,8 +291,8 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption)
 // error also matches ctx.Err().
 func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	cfg := lockConfig{ttl: DefaultTTL, wait: -1}
-	for _, o := range opts {
-		o(&cfg)
+	if err := cfg.apply("acquire", key, opts); err != nil {
+		return nil, err
 	}
 	if key == "" {
 		return nil, invalid("acquire", key, "empty lock key")

@@ -41,8 +41,8 @@ func (s *Semaphore) Acquire(ctx context.Context, opts ...LockOption) (*Lock, err
 		return nil, invalid("semaphore", s.name, "permits must be 1–10,000")
 	}
 	cfg := lockConfig{ttl: DefaultTTL, wait: -1}
-	for _, o := range opts {
-		o(&cfg)
+	if err := cfg.apply("semaphore", s.name, opts); err != nil {
+		return nil, err
 	}
 	var until time.Time
 	if cfg.wait >= 0 {
@@ -184,8 +184,8 @@ func (c *Client) AcquireAll(ctx context.Context, keys []string, opts ...LockOpti
 		return nil, invalid("acquire", "", "no keys")
 	}
 	cfg := lockConfig{wait: -1}
-	for _, o := range opts {
-		o(&cfg)
+	if err := cfg.apply("acquire", "", opts); err != nil {
+		return nil, err
 	}
 	var until time.Time
 	if cfg.wait > 0 {

@@ -1,6 +1,23 @@
 // Types of the public API (index.js). The option and record types are the
 // ones napi-rs generates from the Rust source into native.d.ts.
-import { EventEmitter } from 'node:events'
+//
+// They stand alone: no @types/node, no DOM library needed (test/typed.test.js
+// compiles a project with neither). The two global names they use are
+// declared below as empty or exactly as the standard libraries declare
+// them, so they merge with @types/node, lib.dom or lib.esnext.disposable
+// when a project has those. The classes' constructors are not public: a
+// Client comes from connect(), a Guard from an acquisition.
+declare global {
+  // Symbol.asyncDispose (`await using`): as lib.esnext.disposable and
+  // @types/node declare it.
+  interface SymbolConstructor {
+    readonly asyncDispose: unique symbol
+  }
+  // The signal run() passes: the runtime's AbortSignal (lib.dom and
+  // @types/node describe it).
+  interface AbortSignal {}
+}
+
 import type {
   ConnectOptions,
   ElectionOptions,
@@ -12,6 +29,8 @@ import type {
   ResumeOptions,
   Stats,
 } from './native'
+
+export {}
 
 export type {
   ConnectOptions,
@@ -45,36 +64,62 @@ export type ErrorCode =
   | 'unsupported'
   | 'timeout'
   | 'unavailable'
+  | 'unauthorized'
   | 'internal'
 
-export class FencelockError extends Error {
+export declare class FencelockError extends Error {
   constructor(message: string, code: ErrorCode)
   readonly code: ErrorCode
 }
 /** The wait ended while another holder had the key (`wait: 0`: the try failed). */
-export class NotAcquiredError extends FencelockError {}
+export declare class NotAcquiredError extends FencelockError {}
 /** The lease is gone or cannot be trusted (`not_held`). */
-export class LockLostError extends FencelockError {}
+export declare class LockLostError extends FencelockError {}
 /** An empty key, a zero TTL, a bad URL, a bad option. */
-export class InvalidInputError extends FencelockError {}
+export declare class InvalidInputError extends FencelockError {}
 /** The backend cannot be reached now, or the client was closed. */
-export class UnavailableError extends FencelockError {}
+export declare class UnavailableError extends FencelockError {}
 /** A backend call got no answer in time. */
-export class OperationTimeoutError extends FencelockError {}
+export declare class OperationTimeoutError extends FencelockError {}
 /** The backend cannot do this. */
-export class UnsupportedError extends FencelockError {}
+export declare class UnsupportedError extends FencelockError {}
 /** A fence refused a token lower than one it has admitted. */
-export class StaleTokenError extends FencelockError {}
+export declare class StaleTokenError extends FencelockError {}
+/** The backend refused the URL's credentials (code `unauthorized`). */
+export declare class UnauthorizedError extends FencelockError {}
 
-interface LossEvents {
+/**
+ * The event side of a guard (at run time a Node.js `EventEmitter`): its one
+ * event is `'lost'`, with the reason.
+ */
+export interface LossEvents {
   on(event: 'lost', listener: (reason: LossReason) => void): this
   once(event: 'lost', listener: (reason: LossReason) => void): this
+  off(event: 'lost', listener: (reason: LossReason) => void): this
+  addListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeAllListeners(event?: 'lost'): this
+  listenerCount(event: 'lost'): number
 }
 
+/**
+ * A stream of changes: an async iterable (`for await (const c of
+ * client.watch(k))`; `break` stops it), which can also be awaited: `await`
+ * settles once the watch is in place, so that every change after it is seen.
+ */
+export interface Changes<T> extends AsyncIterable<T>, PromiseLike<AsyncIterable<T>> {}
+
 /** A held lock, renewed in the background until released or lost. */
-export class Guard extends EventEmitter implements LossEvents {
+export declare class Guard implements LossEvents {
+  /** Guards come from acquisitions (`client.acquire`, …). */
+  protected constructor()
   on(event: 'lost', listener: (reason: LossReason) => void): this
   once(event: 'lost', listener: (reason: LossReason) => void): this
+  off(event: 'lost', listener: (reason: LossReason) => void): this
+  addListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeAllListeners(event?: 'lost'): this
+  listenerCount(event: 'lost'): number
   readonly key: string
   readonly owner: string
   /** The fencing token: present it with every write to the protected resource. */
@@ -84,12 +129,14 @@ export class Guard extends EventEmitter implements LossEvents {
   readonly slot: number | null
   readonly expiresAt: Date
   readonly remainingMs: number
+  /** False once lost, released or detached. */
   readonly isValid: boolean
   readonly lossReason: LossReason | null
   /** Settles with the reason when the lock is lost; never once released. */
   readonly lost: Promise<LossReason>
-  /** Throws LockLostError once the lease cannot be trusted. */
+  /** Throws LockLostError (code `not_held`) once the lease cannot be trusted, or was released. */
   check(): void
+  /** Rejects with LockLostError once lost or released. */
   renew(): Promise<void>
   /** Stops renewal and releases the lease; a second call does nothing. */
   release(): Promise<void>
@@ -99,7 +146,8 @@ export class Guard extends EventEmitter implements LossEvents {
 }
 
 /** Being an election's leader: a guard on the election's key. */
-export class Leadership extends Guard {
+export declare class Leadership extends Guard {
+  protected constructor()
   /** The term (the token): present it to fences so that a deposed leader's writes are refused. */
   readonly term: bigint
   /** Publishes `value` as the leader's value; rejects with LockLostError once no longer leader. */
@@ -109,9 +157,15 @@ export class Leadership extends Guard {
 }
 
 /** Locks on several keys, taken all or none. */
-export class MultiGuard extends EventEmitter implements LossEvents {
+export declare class MultiGuard implements LossEvents {
+  private constructor()
   on(event: 'lost', listener: (reason: LossReason) => void): this
   once(event: 'lost', listener: (reason: LossReason) => void): this
+  off(event: 'lost', listener: (reason: LossReason) => void): this
+  addListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeListener(event: 'lost', listener: (reason: LossReason) => void): this
+  removeAllListeners(event?: 'lost'): this
+  listenerCount(event: 'lost'): number
   readonly tokens: Record<string, bigint>
   readonly isValid: boolean
   readonly lost: Promise<LossReason>
@@ -120,12 +174,13 @@ export class MultiGuard extends EventEmitter implements LossEvents {
   [Symbol.asyncDispose](): Promise<void>
 }
 
-export class Election {
+export declare class Election {
+  private constructor()
   /** Waits to become the leader. */
   campaign(): Promise<Leadership>
   leader(): Promise<Leader | null>
   /** The current leader (first) and every change from now on; `break` stops observing. */
-  observe(): Promise<AsyncIterable<LeaderChange>>
+  observe(): Changes<LeaderChange>
   /**
    * Campaigns, runs `fn` while leader (the signal aborts when leadership is
    * lost, and it campaigns again), resigns when `fn` settles and returns its value.
@@ -133,7 +188,8 @@ export class Election {
   run<T>(fn: (signal: AbortSignal, leadership: Leadership) => Promise<T> | T): Promise<T>
 }
 
-export class Fence {
+export declare class Fence {
+  private constructor()
   /** Admits the token of an exclusive holder; rejects a stale one with StaleTokenError. */
   admit(resource: string, token: bigint): Promise<void>
   /** Admits the token of a reader of a read-write lock. */
@@ -146,7 +202,9 @@ export interface AcquireOptions extends Omit<LockOptions, 'ttl' | 'wait'> {
   wait?: Duration
 }
 
-export class Client {
+export declare class Client {
+  /** Clients come from `connect()`. */
+  private constructor()
   readonly owner: string
   acquire(key: string, options?: AcquireOptions): Promise<Guard>
   lock(key: string, options?: AcquireOptions): Promise<Guard>
@@ -163,7 +221,7 @@ export class Client {
   /** Re-attaches to a lease a guard detached (here or in another process), once the backend confirms it. */
   resume(key: string, owner: string, token: bigint, options?: ResumeOptions): Promise<Guard>
   /** The holder changes of `key` from now on; `break` stops watching. */
-  watch(key: string): Promise<AsyncIterable<KeyChange>>
+  watch(key: string): Changes<KeyChange>
   election(name: string, options?: ElectionOptions): Election
   inspect(key: string): Promise<LockInfo | null>
   list(prefix?: string): Promise<LockInfo[]>

@@ -21,6 +21,7 @@ class UnavailableError extends FencelockError {}
 class OperationTimeoutError extends FencelockError {}
 class UnsupportedError extends FencelockError {}
 class StaleTokenError extends FencelockError {}
+class UnauthorizedError extends FencelockError {}
 
 const CLASSES = {
   not_acquired: NotAcquiredError,
@@ -34,6 +35,7 @@ const CLASSES = {
   timeout: OperationTimeoutError,
   unsupported: UnsupportedError,
   stale: StaleTokenError,
+  unauthorized: UnauthorizedError,
 }
 
 // The native half tags its errors `fencelock:<code>:<kind>:<message>`;
@@ -181,6 +183,30 @@ function iterate(watch) {
   }
 }
 
+// What watch() and observe() return: an async iterable at once, so that
+// `for await (const c of client.watch(k))` works, and also a thenable whose
+// `await` settles once the watch is in place (changes from then on are
+// seen) with the same iterable, or rejects with the watch's error. The
+// watch starts at the call either way.
+function watching(started) {
+  const watch = started.then(iterate)
+  watch.catch(() => {}) // reported to whoever awaits or iterates it
+  let iterator
+  const open = async () => (iterator ??= (await watch)[Symbol.asyncIterator]())
+  return {
+    then(resolve, reject) { return watch.then(resolve, reject) },
+    [Symbol.asyncIterator]() {
+      return {
+        async next() { return (await open()).next() },
+        async return() {
+          const it = await open().catch(() => undefined)
+          return it ? it.return() : { done: true, value: undefined }
+        },
+      }
+    },
+  }
+}
+
 // Runs fn(signal, guard) until it settles, or until the guard is lost: then
 // the signal aborts with the LockLostError as its reason and that error is
 // thrown without waiting for fn. The guard is not released here.
@@ -203,7 +229,7 @@ class Election {
   async campaign() { return new Leadership(await call(() => this.#native.campaign())) }
   leader() { return call(() => this.#native.leader()) }
   /** The current leader (first) and every change, as an async iterable. */
-  async observe() { return iterate(await call(() => this.#native.observe())) }
+  observe() { return watching(call(() => this.#native.observe())) }
   /**
    * Campaigns, runs fn(signal, leadership) while leader, and campaigns
    * again whenever the leadership is lost (the signal aborts then). When fn
@@ -232,9 +258,34 @@ class Fence {
   admitShared(resource, token) { return call(() => this.#native.admitShared(resource, token)) }
 }
 
+// Clients still open when Node.js exits normally (the 'exit' event: the
+// event loop ran out of work, or process.exit()) are closed then, blocking:
+// the locks they hold are released at once instead of staying until their
+// TTL, as Python's interpreter releases them at exit. A crash or a kill
+// releases nothing. Held weakly: a collected client has released already.
+const openClients = new Set()
+let exitHooked = false
+function closeAtExit(nativeClient) {
+  if (!exitHooked) {
+    exitHooked = true
+    process.once('exit', () => {
+      for (const ref of openClients) ref.deref()?.closeBlocking()
+      // And what collected guards are still releasing in the background.
+      native.waitForBackgroundReleases(5000)
+    })
+  }
+  const ref = new WeakRef(nativeClient)
+  openClients.add(ref)
+  return ref
+}
+
 class Client {
   #native
-  constructor(nativeClient) { this.#native = nativeClient }
+  #atExit
+  constructor(nativeClient) {
+    this.#native = nativeClient
+    this.#atExit = closeAtExit(nativeClient)
+  }
   get owner() { return this.#native.owner }
   async acquire(key, options) {
     return new Guard(await call(() => this.#native.acquire(key, options)))
@@ -276,14 +327,17 @@ class Client {
     return new Guard(await call(() => this.#native.resume(key, owner, token, options)))
   }
   /** The holder changes of key from now on, as an async iterable; `break` stops watching. */
-  async watch(key) { return iterate(await call(() => this.#native.watch(key))) }
+  watch(key) { return watching(call(() => this.#native.watch(key))) }
   election(name, options) { return new Election(sync(() => this.#native.election(name, options))) }
   inspect(key) { return call(() => this.#native.inspect(key)) }
   list(prefix) { return call(() => this.#native.list(prefix)) }
   stats() { return call(() => this.#native.stats()) }
   forceRelease(key) { return call(() => this.#native.forceRelease(key)) }
   cleanup() { return call(() => this.#native.cleanup()) }
-  close() { return call(() => this.#native.close()) }
+  close() {
+    openClients.delete(this.#atExit)
+    return call(() => this.#native.close())
+  }
 }
 
 async function connect(url, options) {
@@ -311,4 +365,5 @@ module.exports = {
   OperationTimeoutError,
   UnsupportedError,
   StaleTokenError,
+  UnauthorizedError,
 }

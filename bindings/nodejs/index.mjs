@@ -18,5 +18,6 @@ export const {
   OperationTimeoutError,
   UnsupportedError,
   StaleTokenError,
+  UnauthorizedError,
 } = cjs
 export default cjs

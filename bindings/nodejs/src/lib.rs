@@ -61,7 +61,10 @@ fn duration(value: &JsDuration, what: &str, forever: bool) -> Result<Duration> {
 }
 
 fn bad(what: &str, value: &str) -> napi::Error {
-    let message = format!("{what} {value:?} is not a duration (milliseconds, or e.g. '30s')");
+    let message = format!(
+        "{what} {:?} is not a duration (milliseconds, or e.g. '30s')",
+        fencelock::shorten(value)
+    );
     js_error(if what == "ttl" {
         fencelock::Error::InvalidTtl(message)
     } else {
@@ -223,7 +226,21 @@ pub async fn connect(url: String, options: Option<ConnectOptions>) -> Result<Cli
     }
     Ok(Client {
         inner: builder.build().map_err(js_error)?,
+        runtime: Handle::try_current().ok(),
     })
+}
+
+/// Blocks the JavaScript thread until the releases that collected guards
+/// sent in the background are done, at most `bound_ms`; `true` when none
+/// is left. `index.js` runs it in the `'exit'` event after closing the
+/// clients still open, so that a guard collected just before the exit is
+/// released too.
+#[napi]
+pub fn wait_for_background_releases(bound_ms: f64) -> Result<bool> {
+    let bound = duration(&Either::A(bound_ms), "bound", false)?;
+    Ok(napi::bindgen_prelude::block_on(
+        fencelock::wait_for_background_releases(bound),
+    ))
 }
 
 /// Opens the fence kept by the backend a URL names.
@@ -238,6 +255,8 @@ pub async fn open_fence(url: String) -> Result<Fence> {
 #[napi]
 pub struct Client {
     inner: fencelock::LockClient,
+    /// The binding's runtime, where the exit hook's `close` runs.
+    runtime: Option<Handle>,
 }
 
 fn request<'a>(
@@ -468,6 +487,22 @@ impl Client {
     #[napi]
     pub async fn close(&self) -> Result<()> {
         self.inner.close().await.map_err(js_error)
+    }
+
+    /// `close()`, blocking the JavaScript thread until done (each release
+    /// bounded by the operation timeout): what `index.js` runs for every
+    /// client still open when Node.js exits normally (its `'exit'` event:
+    /// the event loop ran out of work, or `process.exit()`), when no
+    /// Promise can settle any more. Python's interpreter releases a
+    /// process's locks at exit alike. A crash or a kill releases nothing.
+    #[napi]
+    pub fn close_blocking(&self) {
+        let Some(runtime) = &self.runtime else {
+            return;
+        };
+        if let Err(e) = runtime.block_on(self.inner.close()) {
+            eprintln!("fencelock: releasing the locks held at exit: {e}");
+        }
     }
 }
 

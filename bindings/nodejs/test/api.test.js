@@ -86,6 +86,28 @@ for (const engine of ['sqlite', 'redis']) {
       assert.deepEqual(await changes.return(), { done: true, value: undefined })
     })
 
+    it('watch() and observe() are async iterables without an await', async () => {
+      const watched = other.watch('iterated')
+      await watched // in place: the acquisition below is seen
+      const guard = await client.acquire('iterated', { ttl: '10s' })
+      for await (const change of watched) {
+        assert.equal(change.kind, 'acquired')
+        assert.equal(change.token, guard.token)
+        break
+      }
+      await guard.release()
+      const leadership = await client.election('iterated', { ttl: '10s' }).campaign()
+      for await (const change of other.election('iterated').observe()) {
+        assert.equal(change.kind, 'elected')
+        assert.equal(change.leader.term, leadership.token)
+        break
+      }
+      await leadership.release()
+      await assert.rejects(async () => {
+        for await (const change of other.watch('')) void change
+      }, (err) => err.code === 'invalid_key')
+    })
+
     it('a leader proclaims its value, and no longer once it resigned', async () => {
       const leadership = await client.election('proclaimed', { ttl: '10s', value: 'a' }).campaign()
       assert.ok(leadership instanceof Leadership)

@@ -14,7 +14,7 @@ const PACKAGE = path.join(__dirname, '..')
 function node(args, script) {
   return new Promise((resolve, reject) => {
     execFile(process.execPath, [...args, '-e', script], { cwd: PACKAGE }, (error, stdout, stderr) => {
-      if (error) reject(new Error(`${error.message}\n${stderr}`))
+      if (error) reject(Object.assign(new Error(`${error.message}\n${stderr}`), { stdout }))
       else resolve(stdout)
     })
   })
@@ -25,15 +25,46 @@ describe('lifetime', () => {
   before(async () => { server = await startServer('redis') })
   after(async () => { await server.stop() })
 
-  it('leaves leases that expire when a process exits without releasing', async () => {
+  // A normal exit releases what is still held, as Python's does: the next
+  // holder gets the key at once, not after the 60 s TTL. Both ways Node.js
+  // exits normally: the event loop runs out of work, and process.exit().
+  for (const [how, end] of [
+    ['the event loop ends', ''],
+    ['process.exit() is called', 'process.exit(0)'],
+  ]) {
+    it(`releases the leases still held when ${how} without close()`, async () => {
+      const key = `exit:${how}`
+      const out = await node([], `
+        const { connect } = require('.')
+        connect(${JSON.stringify(server.url)}).then(async (client) => {
+          const guard = await client.acquire(${JSON.stringify(key)}, { ttl: '60s' })
+          console.log(String(guard.token))
+          ${end}
+        })`)
+      const token = BigInt(out.trim())
+      const client = await connect(server.url)
+      try {
+        assert.equal(await client.inspect(key), null, 'the lease outlived the process')
+        const next = await client.acquire(key, { ttl: '5s', wait: 0 })
+        assert.ok(next.token > token)
+      } finally {
+        await client.close()
+      }
+    })
+  }
+
+  it('leaves leases that expire when a process is killed without releasing', async () => {
     const ttl = 1500
     const out = await node([], `
       const { connect } = require('.')
       connect(${JSON.stringify(server.url)}).then(async (client) => {
         const guard = await client.acquire('exit:k', { ttl: ${ttl} })
         console.log(String(guard.token))
-        process.exit(0)
-      })`)
+        process.kill(process.pid, 'SIGKILL')
+      })`).catch((err) => {
+      if (!/SIGKILL/.test(err.message)) throw err
+      return err.stdout
+    })
     const token = BigInt(out.trim())
     const client = await connect(server.url)
     const held = await client.inspect('exit:k')

@@ -4,7 +4,7 @@
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { connect, openFence, NotAcquiredError, InvalidInputError, FencelockError, StaleTokenError } = require('..')
+const { connect, openFence, NotAcquiredError, InvalidInputError, FencelockError, StaleTokenError, LockLostError } = require('..')
 const { startServer, cli } = require('./servers.js')
 
 const tokenOf = (stdout) => {
@@ -54,6 +54,8 @@ for (const engine of ['sqlite', 'redis', 'postgres']) {
         [() => client.acquire('k', { ttl: 'soon' }), 'invalid_ttl'],
         [() => client.acquire('k', { ttl: -5 }), 'invalid_ttl'],
         [() => client.acquire('k', { wait: Number.NaN }), 'bad_request'],
+        [() => client.acquire('k', { wait: -1 }), 'bad_request'],
+        [() => client.acquire('k', { wait: '-1s' }), 'bad_request'],
         [() => client.acquire('k', { owner: '' }), 'invalid_owner'],
         [() => connect('no-scheme'), 'bad_request'],
         [() => connect('nosuch://x'), 'bad_request'],
@@ -65,6 +67,39 @@ for (const engine of ['sqlite', 'redis', 'postgres']) {
           return true
         })
       }
+      // A long input is quoted shortened, not whole.
+      for (const [attempt, code] of [
+        [() => client.acquire('k'.repeat(10_000)), 'invalid_key'],
+        [() => client.acquire('k', { wait: 'w'.repeat(10_000) }), 'bad_request'],
+        [() => client.acquire('k', { ttl: 't'.repeat(10_000) }), 'invalid_ttl'],
+      ]) {
+        await assert.rejects(attempt(), (err) => {
+          assert.equal(err.code, code, err.message.slice(0, 300))
+          assert.ok(err.message.length < 300, `${err.message.length} characters: ${err.message.slice(0, 300)}`)
+          return true
+        })
+      }
+      await client.close()
+    })
+
+    it('a released guard is no longer valid, and says it was released', async () => {
+      const client = await connect(server.url)
+      const guard = await client.acquire('released', { ttl: '30s' })
+      assert.equal(guard.isValid, true)
+      await guard.release()
+      assert.equal(guard.isValid, false)
+      assert.equal(guard.remainingMs, 0)
+      assert.equal(guard.lossReason, null)
+      const released = (err) => {
+        assert.ok(err instanceof LockLostError, `${err}`)
+        assert.equal(err.code, 'not_held')
+        assert.match(err.message, /released/)
+        assert.doesNotMatch(err.message, /lost/)
+        return true
+      }
+      assert.throws(() => guard.check(), released)
+      await assert.rejects(guard.renew(), released)
+      await guard.release() // a second release does nothing
       await client.close()
     })
 

@@ -5,6 +5,8 @@
 const { it } = require('node:test')
 const assert = require('node:assert/strict')
 const { execFileSync } = require('node:child_process')
+const fs = require('node:fs')
+const os = require('node:os')
 const path = require('node:path')
 const { startServer } = require('./servers.js')
 
@@ -20,5 +22,38 @@ it('the shipped types compile with tsc --strict and describe what runs', async (
     assert.ok(term > 0n)
   } finally {
     await server.stop()
+  }
+})
+
+// The types stand alone: a project with neither @types/node nor the DOM
+// library compiles test/standalone.ts against a copy of the package (a
+// copy, outside the repository, so that no @types/node of ours is found),
+// and constructing a Client or a Guard does not type-check.
+it('the shipped types need neither @types/node nor the DOM library, and hide the constructors', () => {
+  const tsc = require.resolve('typescript/bin/tsc')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fencelock-types-'))
+  try {
+    const pkg = path.join(dir, 'node_modules', 'fencelock')
+    fs.mkdirSync(pkg, { recursive: true })
+    for (const file of ['package.json', 'index.d.ts', 'native.d.ts']) {
+      fs.copyFileSync(path.join(__dirname, '..', file), path.join(pkg, file))
+    }
+    fs.copyFileSync(path.join(__dirname, 'standalone.ts'), path.join(dir, 'standalone.ts'))
+    fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify({
+      compilerOptions: {
+        strict: true,
+        noEmit: true,
+        target: 'ES2022',
+        module: 'node16',
+        moduleResolution: 'node16',
+        lib: ['ES2022'],
+        types: [],
+        skipLibCheck: false,
+      },
+      files: ['standalone.ts'],
+    }))
+    execFileSync(process.execPath, [tsc, '-p', dir], { stdio: 'inherit' })
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true })
   }
 })

@@ -530,7 +530,7 @@ impl Holding {
 }
 
 /// A client of one backend (`connect`).
-#[pyclass(frozen, module = "fencelock._native")]
+#[pyclass(frozen, weakref, module = "fencelock._native")]
 struct Client {
     inner: LockClient,
     blocking: bool,
@@ -894,6 +894,18 @@ impl Client {
         let client = self.inner.clone();
         call(py, self.blocking, async move { core(client.close().await) })
     }
+
+    /// `close()`, blocking without the GIL, whatever the client's API:
+    /// what the package's `atexit` hook runs for every client still open
+    /// when the interpreter exits normally, so that the locks they hold
+    /// are released before the process ends (as Node.js does in its
+    /// `'exit'` event), not left to the collection of guards during
+    /// shutdown, which may not finish.
+    fn close_at_exit(&self, py: Python<'_>) -> PyResult<()> {
+        let client = self.inner.clone();
+        py.detach(|| runtime().block_on(client.close()))
+            .map_err(py_err)
+    }
 }
 
 /// A held lock: the core's guard, renewed by the client's renewer.
@@ -1239,7 +1251,8 @@ impl PyFence {
                 "shared" => LockMode::Shared,
                 other => {
                     return Err(py_err(Error::InvalidArgument(format!(
-                        "mode must be \"exclusive\" or \"shared\", not {other:?}"
+                        "mode must be \"exclusive\" or \"shared\", not {:?}",
+                        fencelock::shorten(other)
                     ))))
                 }
             };
@@ -1260,10 +1273,21 @@ impl PyFence {
     }
 }
 
+/// Waits (without the GIL, at most `bound` seconds) until the releases
+/// that collected guards sent in the background are done; `True` when none
+/// is left. The package's `atexit` hook runs it after closing the clients
+/// still open, so that a guard collected just before the exit is released.
+#[pyfunction]
+fn wait_for_background_releases(py: Python<'_>, bound: f64) -> PyResult<bool> {
+    let bound = seconds("bound", bound).map_err(py_err)?;
+    Ok(py.detach(|| runtime().block_on(fencelock::wait_for_background_releases(bound))))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(open_fence, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_for_background_releases, m)?)?;
     m.add_class::<Client>()?;
     m.add_class::<Guard>()?;
     m.add_class::<MultiLock>()?;

@@ -159,6 +159,61 @@ def test_a_process_that_exits_without_releasing_leaves_a_lease_that_expires(url:
     client.close()
 
 
+NORMAL_EXIT = """
+import asyncio, sys, fencelock
+async def main():
+    client = await fencelock.connect(sys.argv[1])
+    guard = await client.acquire(sys.argv[2], ttl=60.0)
+    print(guard.token, flush=True)
+asyncio.run(main())
+"""
+
+SYNC_EXIT = """
+import sys, fencelock
+client = fencelock.connect_sync(sys.argv[1])
+guard = client.acquire(sys.argv[2], ttl=60.0)
+print(guard.token, flush=True)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("script", [NORMAL_EXIT, SYNC_EXIT], ids=["asyncio", "sync"])
+def test_a_normal_exit_releases_what_is_still_held(url: str, script: str) -> None:
+    # As in Node.js: a process that ends normally without close() releases
+    # its leases; the next holder does not wait for the 60 s TTL.
+    key = fresh("normal-exit")
+    child = subprocess.run([sys.executable, "-c", script, url, key], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    token = int(child.stdout)
+    client = fencelock.connect_sync(url)
+    assert client.inspect(key) is None, "the lease outlived the process"
+    guard = client.acquire(key, wait=0)
+    assert guard.token > token
+    client.close()
+
+
+def test_a_released_guard_is_no_longer_valid(url: str) -> None:
+    async def main() -> None:
+        client = await fencelock.connect(url)
+        guard = await client.acquire(fresh("released"), ttl=30.0)
+        assert guard.is_valid
+        await guard.release()
+        assert not guard.is_valid
+        assert guard.remaining == 0
+        assert guard.loss_reason is None
+        with pytest.raises(fencelock.LockLost) as checked:
+            guard.check()
+        with pytest.raises(fencelock.LockLost) as renewed:
+            await guard.renew()
+        for e in (checked.value, renewed.value):
+            assert e.code == "not_held"
+            assert e.reason is None
+            assert "released" in str(e) and "lost" not in str(e), str(e)
+        await client.close()
+
+    asyncio.run(main())
+
+
 def test_a_collected_guard_stops_renewing_and_is_released_in_the_background(url: str) -> None:
     async def main() -> None:
         client = await fencelock.connect(url)
@@ -188,6 +243,7 @@ def test_bad_input_is_a_typed_error(url: str) -> None:
             (client.acquire("k", ttl=0), "invalid_ttl"),
             (client.acquire("k", ttl=-1.0), "invalid_ttl"),
             (client.acquire("k", wait=-1.0), "bad_request"),
+            (client.acquire("k" * 10_000), "invalid_key"),
             (client.acquire("k", owner=""), "invalid_owner"),
             (client.acquire("k", data={1, 2}), "bad_request"),
         ]
@@ -195,6 +251,7 @@ def test_bad_input_is_a_typed_error(url: str) -> None:
             with pytest.raises(fencelock.InvalidInput) as bad:
                 await awaitable
             assert bad.value.code == code, bad.value
+            assert len(str(bad.value)) < 300, str(bad.value)[:300]
         with pytest.raises(fencelock.InvalidInput) as bad:
             await client.acquire("k", ttl="30s")  # type: ignore[arg-type]
         assert bad.value.code == "invalid_ttl"

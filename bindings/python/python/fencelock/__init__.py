@@ -31,6 +31,7 @@ from ._errors import (
     OperationTimeout,
     Stale,
     TokensExhausted,
+    Unauthorized,
     Unavailable,
     Unsupported,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "SyncMultiLock",
     "SyncPermit",
     "TokensExhausted",
+    "Unauthorized",
     "Unavailable",
     "Unsupported",
     "connect",

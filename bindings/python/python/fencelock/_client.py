@@ -20,7 +20,7 @@ from typing import (
 
 from . import _native
 from ._errors import FencelockError
-from ._common import Duration, GuardBase, JsonValue, dumps, lock_args, seconds
+from ._common import Duration, GuardBase, JsonValue, close_at_exit, closed, dumps, lock_args, seconds
 
 T = TypeVar("T")
 
@@ -264,6 +264,7 @@ class Client:
 
     def __init__(self, native: _native.Client) -> None:
         self._native = native
+        close_at_exit(native)
 
     @property
     def owner(self) -> str:
@@ -451,6 +452,7 @@ class Client:
     async def close(self) -> None:
         """Releases every lock this client holds (each guard reports the loss
         as ``closed``) and refuses new ones: a service's graceful shutdown."""
+        closed(self._native)
         await self._native.close()
 
     async def __aenter__(self) -> Client:

@@ -3,8 +3,10 @@ read-only side of held locks."""
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
+import weakref
 from typing import Any, Dict, Optional, Union
 
 from . import _native
@@ -123,3 +125,37 @@ class GuardBase:
             f"<{type(self).__name__} key={self.key!r} owner={self.owner!r} "
             f"token={self.token} valid={self.is_valid}>"
         )
+
+
+# Clients still open when the interpreter exits normally (the script ends,
+# sys.exit()) are closed by an atexit hook, blocking: the locks they hold
+# are released before the process ends, as Node.js does in its 'exit'
+# event; then the hook waits for the releases that collected guards sent
+# in the background (a guard collected when its coroutine returned). A kill
+# or os._exit() releases nothing. Clients are held weakly: a collected
+# client's guards were collected, and are among those releases.
+_open_clients: "weakref.WeakSet[_native.Client]" = weakref.WeakSet()
+
+
+def close_at_exit(native: _native.Client) -> None:
+    """Registers a client to be closed when the interpreter exits."""
+    _open_clients.add(native)
+
+
+def closed(native: _native.Client) -> None:
+    """Forgets a client that was closed."""
+    _open_clients.discard(native)
+
+
+#: How long the exit hook waits for background releases, in seconds.
+EXIT_BOUND = 5.0
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for native in list(_open_clients):
+        try:
+            native.close_at_exit()
+        except Exception:  # the process is ending: a failed release expires
+            pass
+    _native.wait_for_background_releases(EXIT_BOUND)

@@ -84,6 +84,13 @@ class TokensExhausted(FencelockError):
     code = "tokens_exhausted"
 
 
+class Unauthorized(FencelockError, PermissionError):
+    """The backend refused the URL's credentials (a wrong or missing
+    password, an unknown user): raised at once, never retried."""
+
+    code = "unauthorized"
+
+
 class BackendError(FencelockError):
     """Any other failure of the backend."""
 
@@ -103,6 +110,7 @@ _BY_CODE: Dict[str, Type[FencelockError]] = {
     "unsupported": Unsupported,
     "stale": Stale,
     "tokens_exhausted": TokensExhausted,
+    "unauthorized": Unauthorized,
 }
 
 

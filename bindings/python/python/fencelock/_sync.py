@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 from . import _native
 from ._errors import FencelockError
-from ._common import Duration, GuardBase, JsonValue, dumps, lock_args, seconds
+from ._common import Duration, GuardBase, JsonValue, close_at_exit, closed, dumps, lock_args, seconds
 
 T = TypeVar("T")
 
@@ -158,6 +158,7 @@ class SyncClient:
 
     def __init__(self, native: _native.Client) -> None:
         self._native = native
+        close_at_exit(native)
 
     @property
     def owner(self) -> str:
@@ -312,6 +313,7 @@ class SyncClient:
 
     def close(self) -> None:
         """Releases every lock this client holds and refuses new ones."""
+        closed(self._native)
         self._native.close()
 
     def __enter__(self) -> SyncClient:

@@ -458,6 +458,11 @@ fn refused(status: StatusCode, body: ErrorBody) -> Error {
         "bad_request" | "value_too_large" => return Error::InvalidArgument(message),
         _ => {}
     }
+    if status == StatusCode::UNAUTHORIZED {
+        // A missing or unknown token: the same token is refused again.
+        return BackendError::unauthorized(NAME, "the lock service refused the token", message)
+            .into();
+    }
     let message = format!("{status}: {message}");
     let status = match status {
         StatusCode::GATEWAY_TIMEOUT => ErrorStatus::Timeout,

@@ -94,6 +94,9 @@ impl MySqlOptions {
 
     /// A pool and its first connection.
     async fn pool(&self) -> Result<(ConnectionPool<MySql>, Session<MySql>)> {
+        fencelock_sql_common::resolve(&self.url.driver_url, 3306, self.url.connect_timeout)
+            .await
+            .map_err(|e| map("connecting", e))?;
         fencelock_sql_common::open_pool(
             self.connect_options()?,
             self.url.pool_max,

@@ -146,6 +146,9 @@ impl PostgresOptions {
     /// A pool and its first connection; `relaxed` applies
     /// `synchronous_commit = off` to its sessions.
     async fn pool(&self, relaxed: bool) -> Result<(ConnectionPool<Postgres>, Session<Postgres>)> {
+        fencelock_sql_common::resolve(&self.url.driver_url, 5432, self.url.connect_timeout)
+            .await
+            .map_err(|e| map("connecting", e))?;
         fencelock_sql_common::open_pool(
             self.connect_options(relaxed)?,
             self.url.pool_max,

@@ -235,7 +235,17 @@ pub fn classify(
     e: sqlx::Error,
     transient: fn(&sqlx::Error) -> bool,
 ) -> Error {
-    let error = if is_timed_out(&e) {
+    let error = if is_unauthorized(&e) {
+        // SQLSTATE class 28, "invalid authorization specification": a
+        // wrong password, an unknown user (PostgreSQL 28P01/28000, MySQL
+        // and MariaDB 1045 as 28000). The same credentials will be
+        // refused again: said at once, as `unauthorized`.
+        BackendError::unauthorized(
+            backend,
+            format!("{context}: the server refused the URL's credentials"),
+            e,
+        )
+    } else if is_timed_out(&e) {
         BackendError::timeout(backend, format!("{context}: {e}"))
     } else if transient(&e) {
         BackendError::transient(backend, context, e)
@@ -243,6 +253,31 @@ pub fn classify(
         BackendError::permanent(backend, context, e)
     };
     error.into()
+}
+
+/// Whether the server refused the credentials (SQLSTATE class 28).
+pub fn is_unauthorized(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("28")))
+}
+
+/// Resolves the host of `url` (port `default_port` unless it names one),
+/// within `limit`: a host the resolver does not know is an answer, given
+/// at once (a transient I/O error, which callers that wait retry), where
+/// the pool would retry the connection until most of its connect time-out
+/// had passed. Literal addresses and socket paths are not looked up.
+pub async fn resolve(url: &Url, default_port: u16, limit: Duration) -> Result<(), sqlx::Error> {
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return Ok(());
+    };
+    if host.starts_with('[') || host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let port = url.port().unwrap_or(default_port);
+    match tokio::time::timeout(limit, tokio::net::lookup_host((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(sqlx::Error::Io(e)),
+        Err(_) => Err(timed_out(limit)),
+    }
 }
 
 /// Runs `op`, giving up after `limit` with [`timed_out`]. A server that

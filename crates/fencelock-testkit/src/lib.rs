@@ -27,6 +27,7 @@ pub mod browser;
 pub mod cases;
 pub mod failover;
 pub mod proxy;
+pub mod refusals;
 pub mod servers;
 pub mod silent;
 pub mod suite;

@@ -370,6 +370,41 @@ async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> Test
     timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold).await
 }
 
+/// An unknown user (1045, SQLSTATE 28000) is `unauthorized` at once, and
+/// an unknown host fails as soon as the resolver says so
+/// (`fencelock_testkit::refusals`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_answered_at_once() -> TestResult {
+    let server = tokio::task::spawn_blocking(MariaDbServer::start).await??;
+    let port = server.port();
+    // The test kit's server skips the grant tables; this loads them, so
+    // that passwords are checked from now on.
+    sqlx::query("FLUSH PRIVILEGES")
+        .execute(&sqlx::MySqlPool::connect(&server.url("mysql")).await?)
+        .await?;
+    let open = |url: String| async move { MySqlBackend::connect(&url).await };
+    fencelock_testkit::refusals::refused_credentials_are_unauthorized_at_once(
+        &[
+            (
+                "unknown user",
+                format!("mysql://nobody:secret-pw@127.0.0.1:{port}/mysql"),
+            ),
+            (
+                "wrong password",
+                format!("mysql://root:secret-pw@127.0.0.1:{port}/mysql"),
+            ),
+        ],
+        &["secret-pw"],
+        open,
+    )
+    .await?;
+    fencelock_testkit::refusals::an_unknown_host_fails_when_the_resolver_answers(
+        |host| format!("mysql://u@{host}:3306/db"),
+        open,
+    )
+    .await
+}
+
 /// Connecting to a server that accepts and never answers gives up after
 /// `connect_timeout`.
 #[tokio::test]

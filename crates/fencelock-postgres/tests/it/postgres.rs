@@ -458,6 +458,30 @@ async fn the_sequences_end_is_a_typed_error_on_the_key(base: &str) -> TestResult
     Ok(())
 }
 
+/// An unknown role (SQLSTATE 28000) is `unauthorized` at once, and an
+/// unknown host fails as soon as the resolver says so
+/// (`fencelock_testkit::refusals`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_answered_at_once() -> TestResult {
+    let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
+    let port = server.port();
+    let open = |url: String| async move { PostgresBackend::connect(&url).await };
+    fencelock_testkit::refusals::refused_credentials_are_unauthorized_at_once(
+        &[(
+            "unknown role",
+            format!("postgres://nobody:secret-pw@127.0.0.1:{port}/postgres"),
+        )],
+        &["secret-pw"],
+        open,
+    )
+    .await?;
+    fencelock_testkit::refusals::an_unknown_host_fails_when_the_resolver_answers(
+        |host| format!("postgres://u@{host}:5432/db"),
+        open,
+    )
+    .await
+}
+
 /// Connecting to a server that accepts and never answers gives up after
 /// `connect_timeout`.
 #[tokio::test]

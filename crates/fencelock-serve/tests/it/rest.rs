@@ -847,6 +847,17 @@ async fn the_http_backend_works_inside_its_namespace() {
                 .unwrap()
         }
     };
+    // An unknown token is `unauthorized` (the REST API's code for a 401),
+    // not `internal`.
+    let stranger = format!("http://:not-a-token-of-this-service@{address}");
+    match HttpBackend::connect(&stranger).await {
+        Ok(backend) => {
+            let stranger = LockClient::new(Arc::new(backend));
+            let refused = stranger.lock("mine").acquire().await.unwrap_err();
+            assert_eq!(refused.code(), "unauthorized", "{refused}");
+        }
+        Err(refused) => assert_eq!(refused.code(), "unauthorized", "{refused}"),
+    }
     let mine = connect(OTHER).await;
     let theirs = connect(CLIENT).await;
 

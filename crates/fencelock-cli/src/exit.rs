@@ -33,7 +33,7 @@ pub fn code_for(error: &Error) -> u8 {
     match error {
         Error::Timeout { .. } => NOT_ACQUIRED,
         Error::LockLost { .. } => LOST,
-        Error::NotHeld { .. } | Error::Stale { .. } => NOT_HELD,
+        Error::NotHeld { .. } | Error::Released { .. } | Error::Stale { .. } => NOT_HELD,
         Error::InvalidKey(_)
         | Error::InvalidOwner(_)
         | Error::InvalidTtl(_)

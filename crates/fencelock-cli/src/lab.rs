@@ -53,29 +53,4 @@ mod tests {
         assert_eq!(hint("run"), None);
         assert_eq!(hint("tortur"), None);
     }
-
-    /// What a default build does with `fencelock … torture …`; a `lab`
-    /// build parses it (tests/it/torture.rs).
-    #[cfg(not(feature = "lab"))]
-    #[test]
-    fn default_build_hints_at_torture_and_bench() {
-        use clap::Parser;
-        for args in [
-            &[
-                "fencelock",
-                "--url",
-                "sqlite:///x.db",
-                "torture",
-                "--server",
-                "sqlite",
-            ][..],
-            &["fencelock", "bench", "--scenario", "cycle", "--json"],
-            &["fencelock", "--quiet", "torture-worker", "--worker", "1"],
-        ] {
-            let e = crate::cli::Cli::try_parse_from(args).expect_err("not a command here");
-            assert!(missing_command(&e).is_some(), "{args:?}: {e}");
-        }
-        let e = crate::cli::Cli::try_parse_from(["fencelock", "benhc"]).expect_err("a typo");
-        assert_eq!(missing_command(&e), None);
-    }
 }

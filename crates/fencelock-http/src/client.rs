@@ -460,8 +460,10 @@ fn refused(status: StatusCode, body: ErrorBody) -> Error {
     }
     if status == StatusCode::UNAUTHORIZED {
         // A missing or unknown token: the same token is refused again.
-        return BackendError::unauthorized(NAME, "the lock service refused the token", message)
-            .into();
+        // The status stays in the message: it is what an operator searches
+        // the service's logs and docs for.
+        let context = format!("the lock service refused the token ({status})");
+        return BackendError::unauthorized(NAME, context, message).into();
     }
     let message = format!("{status}: {message}");
     let status = match status {

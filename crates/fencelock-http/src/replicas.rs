@@ -242,11 +242,19 @@ impl Replicas {
                     Err(e) => {
                         self.failed(at);
                         busy.retain(|&b| b != at);
-                        // Only a refused connection is known not to have
-                        // reached the replica; any other failure may have
-                        // taken effect, so it is the answer, unless a copy
-                        // is still in flight (then the copy's is).
-                        let again = refused(&e) && tries < n;
+                        // A request that may be sent twice is sent again
+                        // after any failure: a replica killed mid-request
+                        // closes its connection without an answer, and
+                        // behind a balancer the next connection reaches a
+                        // live one. Any other request only after a refused
+                        // connection, which is known not to have reached
+                        // the replica: another failure may have taken
+                        // effect, so it is the answer, unless a copy is
+                        // still in flight (then the copy's is).
+                        let again = match resend {
+                            Resend::After(_) => tries < most,
+                            Resend::Never => refused(&e) && tries < n,
+                        };
                         last_error = Some(e);
                         if flying.is_empty() && !again {
                             return last_error.map_or(Sent::Silent, Sent::Failed);
@@ -365,5 +373,65 @@ impl Drop for Unanswered {
         {
             replicas.avoid(self.at);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each try of [`Replicas::send`] answers, in order: `Ok` an
+    /// answer, `Err(true)` a refused connection, `Err(false)` a connection
+    /// closed without an answer.
+    async fn send(
+        replicas: usize,
+        resend: Resend,
+        answers: Vec<Result<u32, bool>>,
+    ) -> (Sent<u32, bool>, usize) {
+        let list = (0..replicas)
+            .map(|i| Replica::new(format!("h{i}"), Some(1)))
+            .collect();
+        let replicas = Arc::new(Replicas::new(list, Duration::from_secs(60)));
+        let answers = Arc::new(Mutex::new(answers.into_iter()));
+        let tries = Arc::new(AtomicUsize::new(0));
+        let attempt = |_at| {
+            tries.fetch_add(1, Ordering::SeqCst);
+            let next = answers.lock().ok().and_then(|mut a| a.next());
+            async move { next.unwrap_or(Err(false)) }.boxed()
+        };
+        let sent = replicas
+            .send(
+                resend,
+                attempt,
+                |_| async { true }.boxed(),
+                |refused| *refused,
+            )
+            .await;
+        (sent, tries.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_request_that_may_be_sent_twice_survives_a_closed_connection() {
+        let resend = Resend::After(Duration::from_secs(60));
+        // Behind a balancer (one address), and with every replica listed.
+        for replicas in [1, 3] {
+            let (sent, tries) = send(replicas, resend, vec![Err(false), Ok(7)]).await;
+            assert!(matches!(sent, Sent::Answer(7)), "{replicas} replicas");
+            assert_eq!(tries, 2);
+        }
+        // Bounded: three tries behind a balancer, then the last failure.
+        let (sent, tries) = send(1, resend, vec![Err(false); 5]).await;
+        assert!(matches!(sent, Sent::Failed(false)));
+        assert_eq!(tries, 3);
+    }
+
+    #[tokio::test]
+    async fn any_other_request_is_sent_again_only_after_a_refused_connection() {
+        let (sent, tries) = send(3, Resend::Never, vec![Err(false), Ok(7)]).await;
+        assert!(matches!(sent, Sent::Failed(false)));
+        assert_eq!(tries, 1);
+        let (sent, tries) = send(3, Resend::Never, vec![Err(true), Ok(7)]).await;
+        assert!(matches!(sent, Sent::Answer(7)));
+        assert_eq!(tries, 2);
     }
 }

@@ -6,7 +6,7 @@
 #   fencelock-VERSION.tgz                               the npm package `fencelock`
 #   fencelock-linux-x64-gnu-VERSION.tgz                 its release addon (napi-rs's
 #                                                       per-platform package)
-#   fencelock-VERSION-cp39-abi3-manylinux_2_17_x86_64…whl  the Python wheel (abi3)
+#   fencelock-VERSION-cp39-abi3-manylinux2014_x86_64…whl   the Python wheel (abi3)
 #
 # The Go module (clients/go) needs no build.
 #

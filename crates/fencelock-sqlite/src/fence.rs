@@ -248,16 +248,7 @@ impl Fence for SqliteFence {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(error::map)?;
-                let had = tx
-                    .query_row(
-                        "SELECT token FROM fencelock_fences WHERE resource = ?1",
-                        [&resource],
-                        |r| r.get::<_, String>(0),
-                    )
-                    .optional()
-                    .map_err(error::map)?
-                    .map(|t| decode(&t))
-                    .transpose()?;
+                let had = highest_in(&tx, &resource)?;
                 for table in ["fencelock_fences", "fencelock_fence_values"] {
                     tx.execute(
                         &format!("DELETE FROM {table} WHERE resource = ?1"),
@@ -290,18 +281,20 @@ impl Fence for SqliteFence {
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
         let resource = resource.to_owned();
-        self.db
-            .call(move |conn| {
-                conn.query_row(
-                    "SELECT token FROM fencelock_fences WHERE resource = ?1",
-                    [&resource],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()
-                .map_err(error::map)?
-                .map(|t| decode(&t))
-                .transpose()
-            })
-            .await
+        self.db.call(move |conn| highest_in(conn, &resource)).await
     }
+}
+
+/// The highest token `resource`'s fence has admitted, read on `conn` (a
+/// transaction's too).
+fn highest_in(conn: &rusqlite::Connection, resource: &str) -> Result<Option<FencingToken>> {
+    conn.query_row(
+        "SELECT token FROM fencelock_fences WHERE resource = ?1",
+        [resource],
+        |r| r.get::<_, String>(0),
+    )
+    .optional()
+    .map_err(error::map)?
+    .map(|t| decode(&t))
+    .transpose()
 }

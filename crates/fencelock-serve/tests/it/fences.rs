@@ -7,9 +7,11 @@
 use std::sync::Arc;
 
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
-use fencelock_serve::{Server, ServerHandle, Service};
+use fencelock_serve::{ServerHandle, Service};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+
+use crate::support::{self, serve};
 
 /// The highest token any store issues: 2^53 − 1.
 const MAX: u64 = (1 << 53) - 1;
@@ -19,22 +21,11 @@ async fn start() -> (ServerHandle, String) {
         .fence(Arc::new(MemoryFence::new()))
         .fence_shares_store(true)
         .build();
-    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    (server.spawn(), base)
+    serve(service).await
 }
 
 async fn send(base: &str, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
-    let response = reqwest::Client::new()
-        .request(method, format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap())
+    support::send(base, None, method, path, Some(body)).await
 }
 
 fn invalid_token(answer: &(StatusCode, Value)) {
@@ -132,22 +123,11 @@ async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
             fencelock_serve::Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap(),
         )
         .build();
-    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    let _server = server.spawn();
+    let (_server, base) = serve(service).await;
     let http = reqwest::Client::new();
-    let call = |token: &str, method: Method, path: &str, body: Value| {
-        let r = http
-            .request(method.clone(), format!("{base}{path}"))
-            .bearer_auth(token);
-        let r = if body.is_null() { r } else { r.json(&body) };
-        async move {
-            let response = r.send().await.unwrap();
-            let status = response.status();
-            (status, response.json::<Value>().await.unwrap())
-        }
+    let call = |token: &'static str, method: Method, path: &'static str, body: Value| {
+        let body = (!body.is_null()).then_some(body);
+        support::send(&base, Some(token), method, path, body)
     };
     let mut events = http
         .get(format!("{base}/v1/events"))

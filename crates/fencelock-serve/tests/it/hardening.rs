@@ -9,10 +9,12 @@ use std::{sync::Arc, time::Duration};
 
 use eventsource_stream::Eventsource;
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
-use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use fencelock_serve::{ServerHandle, Service, Tokens};
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+
+use crate::support::{self, serve};
 
 const ADMIN: &str = "admin-0123456789abcdef";
 const CLIENT: &str = "client-0123456789abcdef";
@@ -33,13 +35,11 @@ impl Api {
             .events_interval(Duration::from_millis(20))
             .tokens(Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap())
             .build();
-        let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-            .await
-            .unwrap();
+        let (server, base) = serve(service).await;
         Self {
-            base: format!("http://{}", server.local_addr()),
+            base,
             direct: client,
-            _server: server.spawn(),
+            _server: server,
         }
     }
 
@@ -56,18 +56,7 @@ impl Api {
         path: &str,
         body: Value,
     ) -> (StatusCode, Value) {
-        let response = self
-            .request(token, method, path)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        support::send(&self.base, Some(token), method, path, Some(body)).await
     }
 
     async fn follow(

@@ -17,4 +17,5 @@ mod paging;
 mod records;
 mod rest;
 mod shutdown;
+mod support;
 mod tls;

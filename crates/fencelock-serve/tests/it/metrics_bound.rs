@@ -8,8 +8,10 @@
 use std::sync::Arc;
 
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
-use fencelock_serve::{Server, Service};
+use fencelock_serve::Service;
 use serde_json::json;
+
+use crate::support::serve;
 
 #[tokio::test]
 async fn kinds_past_the_bound_are_counted_as_other_and_series_go_with_their_leases() {
@@ -17,11 +19,7 @@ async fn kinds_past_the_bound_are_counted_as_other_and_series_go_with_their_leas
         .fence(Arc::new(MemoryFence::new()))
         .max_kinds(3)
         .build();
-    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    let _server = server.spawn();
+    let (_server, base) = serve(service).await;
     let http = reqwest::Client::new();
     let held = || async {
         let text = http

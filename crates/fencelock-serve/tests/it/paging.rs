@@ -7,33 +7,21 @@
 use std::sync::Arc;
 
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
-use fencelock_serve::{Server, ServerHandle, Service};
+use fencelock_serve::{ServerHandle, Service};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+
+use crate::support::{self, serve};
 
 async fn start() -> (ServerHandle, String) {
     let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new())))
         .fence(Arc::new(MemoryFence::new()))
         .build();
-    let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    (server.spawn(), base)
+    serve(service).await
 }
 
 async fn send(base: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut r = reqwest::Client::new().request(method, format!("{base}{path}"));
-    if let Some(body) = body {
-        r = r.json(&body);
-    }
-    let response = r.send().await.unwrap();
-    let status = response.status();
-    let text = response.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    support::send(base, None, method, path, body).await
 }
 
 #[tokio::test]

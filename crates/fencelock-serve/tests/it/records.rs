@@ -11,10 +11,12 @@
 use std::sync::Arc;
 
 use fencelock_core::LockClient;
-use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use fencelock_serve::{ServerHandle, Service, Tokens};
 use fencelock_sqlite::{SqliteBackend, SqliteFence, SqliteOptions};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+
+use crate::support::{self, serve};
 
 const ADMIN: &str = "admin-0123456789abcdef";
 const HOLDER: &str = "holder-0123456789abcdef";
@@ -38,12 +40,10 @@ impl Api {
             .fence(fence)
             .tokens(Tokens::parse(&tokens).unwrap())
             .build();
-        let server = Server::bind("127.0.0.1:0".parse().unwrap(), service)
-            .await
-            .unwrap();
+        let (server, base) = serve(service).await;
         Self {
-            base: format!("http://{}", server.local_addr()),
-            _server: server.spawn(),
+            base,
+            _server: server,
             _dir: dir,
         }
     }
@@ -55,19 +55,7 @@ impl Api {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut r = reqwest::Client::new()
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(body) = body {
-            r = r.json(&body);
-        }
-        let response = r.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        support::send(&self.base, Some(token), method, path, body).await
     }
 
     async fn lost(&self) -> f64 {

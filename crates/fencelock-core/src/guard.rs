@@ -224,7 +224,7 @@ impl LockGuard {
         config: GuardConfig,
     ) -> Self {
         let shared = Shared::new(renewer.next_id(), backend, &request, &grant, sent, config);
-        if !renewer.register(Arc::clone(&shared), config.renew_every) {
+        if !renewer.register(Arc::clone(&shared)) {
             // The client was closed while this grant was on its way: it is
             // released like every other lease the client held.
             if shared.close() {

@@ -197,6 +197,25 @@ impl Shared {
         self.trust().boot_ok()
     }
 
+    /// How often to renew: `renew_every`, shortened in proportion when the
+    /// backend granted less than the TTL asked for (ZooKeeper's
+    /// `layout=curator` grants at most half its session timeout): the period
+    /// was chosen for the requested TTL, and renewing a shorter lease at
+    /// that pace would let its trusted window end before the next renewal.
+    /// A longer grant (etcd rounds up) keeps the period chosen.
+    pub(crate) fn renew_period(&self) -> Option<Duration> {
+        let granted = self.trust().granted_ttl;
+        self.renew_every.map(|period| {
+            if granted < self.ttl && !self.ttl.is_zero() {
+                period
+                    .mul_f64(granted.as_secs_f64() / self.ttl.as_secs_f64())
+                    .max(Duration::from_millis(1))
+            } else {
+                period
+            }
+        })
+    }
+
     /// Records a confirmed grant/renewal whose request left at `sent`.
     pub(crate) fn extend(&self, sent: Sent, grant: &Grant) {
         let valid_for = self.clock.valid_for(grant.ttl);

@@ -169,14 +169,14 @@ impl Renewer {
         self.schedule().closed
     }
 
-    /// Starts renewing `shared` every `renew_every` (if any) and watching
+    /// Starts renewing `shared` every [`Shared::renew_period`] (if any) and watching
     /// its deadline; `false` (and nothing registered) once the client is
     /// closed. Must be called on a tokio runtime.
-    pub(crate) fn register(&self, shared: Arc<Shared>, renew_every: Option<Duration>) -> bool {
+    pub(crate) fn register(&self, shared: Arc<Shared>) -> bool {
         let id = shared.id;
         let now = Instant::now();
         let entry = Entry {
-            next_renewal: renew_every.map(|period| jittered(now, period)),
+            next_renewal: shared.renew_period().map(|period| jittered(now, period)),
             backoff: None,
             timer: now,
             shared,
@@ -266,7 +266,7 @@ impl Renewer {
                 }
                 continue;
             }
-            let window = batch_window(entry.shared.renew_every);
+            let window = batch_window(entry.shared.renew_period());
             let renewal_due = entry.next_renewal.is_some_and(|r| r <= now + window);
             if renewal_due && batch.len() < MAX_BATCH {
                 entry.next_renewal = None;
@@ -321,7 +321,7 @@ impl Renewer {
                     continue;
                 };
                 entry.backoff = None;
-                entry.next_renewal = shared.renew_every.map(|p| jittered(sent.mono, p));
+                entry.next_renewal = shared.renew_period().map(|p| jittered(sent.mono, p));
                 if let Some(timer) = schedule.set_timer(shared.id) {
                     wake |= schedule.wake_for(timer);
                 }

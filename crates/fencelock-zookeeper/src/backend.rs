@@ -53,15 +53,34 @@ fn seq(name: &str) -> &str {
     crate::curator::sequence(name).unwrap_or_else(|| name.get(NODE.len()..).unwrap_or_default())
 }
 
-/// The child of a fencelock contender node that holds its lease record
-/// once the lease has been written after its creation (Curator layout).
-/// The contender node itself is never written after it is created: the
-/// recipes that queue behind it watch its data, and Curator's
-/// `LeaderLatch` re-checks only when it is deleted and drops its watch
-/// when it changes (`docs/zookeeper.md`). A child is seen by none of them:
-/// they list the children of the key's node, not of a contender's, and a
-/// child's changes fire no data watch on its parent.
+/// The child that held the lease record of a fencelock contender node
+/// once the lease had been written after its creation, when those nodes
+/// were persistent (Curator layout, before they became ephemeral). Such
+/// nodes are still read, renewed and deleted with their child
+/// (`docs/zookeeper.md`).
 const LEASE: &str = "lease";
+
+/// What ends the name of the node in `BASE/leases` that holds the lease
+/// record of an ephemeral contender once the lease has been written after
+/// its creation (Curator layout); the rest of the name is the contender's
+/// path, escaped as keys are. The contender node itself is never written
+/// after it is created: the recipes that queue behind it watch its data,
+/// and Curator's `LeaderLatch` re-checks only when it is deleted and drops
+/// its watch when it changes. An ephemeral node can have no child, and a
+/// sibling would be sorted among the contenders by Curator, so the record
+/// lives in a tree no recipe lists. `~` is escaped in the path part, so
+/// the name never ends in a sequence and is never taken for a contender.
+const SIDE: &str = "~lease";
+
+/// The data of a contender node of fencelock's in the Curator layout: the
+/// record as created, wrapped so that a fencelock from before these nodes
+/// were ephemeral reads it as a foreign contender (held until deleted)
+/// rather than judge it by its creation record alone, which would be a
+/// lease long expired once it was renewed in its side node.
+#[derive(Serialize, Deserialize)]
+struct Contender {
+    fencelock: Record,
+}
 
 /// The TTL a release's touch shortens its lease to (`release_as`). No grant
 /// or renewal asks for less than the core's minimum TTL (100 ms), so a
@@ -112,7 +131,9 @@ pub(crate) struct Node {
     /// The node's stat: its `czxid` is the token, its `ctime` when it was
     /// acquired.
     pub(crate) stat: zk::Stat,
-    /// The stat of its [`LEASE`] child, once written (Curator layout).
+    /// The stat of the node holding its lease record once written since
+    /// its creation (Curator layout): its side node in `BASE/leases`, or
+    /// the [`LEASE`] child of a persistent node of an older fencelock.
     pub(crate) lease: Option<zk::Stat>,
 }
 
@@ -133,8 +154,10 @@ impl Node {
         self.lease.as_ref().unwrap_or(&self.stat)
     }
 
-    fn lease_path(&self) -> String {
-        format!("{}/{LEASE}", self.path)
+    /// Whether the node is ephemeral: in the Curator layout, a contender
+    /// whose record, once written, is in its side node.
+    fn ephemeral(&self) -> bool {
+        self.stat.ephemeral_owner != 0
     }
 
     pub(crate) fn expires_ms(&self) -> i64 {
@@ -250,6 +273,43 @@ impl ZkBackend {
         self.conn.options.layout == ZkLayout::Curator
     }
 
+    /// The node in `BASE/leases` that holds the lease record of the
+    /// ephemeral contender at `path` once written (Curator layout).
+    fn side_path(&self, path: &str) -> String {
+        format!("{}/{}{SIDE}", self.conn.leases_dir(), encode(path))
+    }
+
+    /// Where the lease record of `node` goes once written after its
+    /// creation: its side node if it is ephemeral, else (a persistent node
+    /// of an older fencelock) its [`LEASE`] child.
+    fn lease_path(&self, node: &Node) -> String {
+        match node.ephemeral() {
+            true => self.side_path(&node.path),
+            false => format!("{}/{LEASE}", node.path),
+        }
+    }
+
+    /// The TTL this backend grants for a request of `ttl`. In the Curator
+    /// layout a lease lives in an ephemeral node, which the server deletes
+    /// when it expires the session, so a grant may be trusted only as long
+    /// as the session is certain to live after the request was sent: half
+    /// the negotiated session timeout. A server expires a session no
+    /// earlier than one session timeout after it last heard from the
+    /// client; in an ensemble the leader, which expires sessions, hears of
+    /// a follower's clients only at its pings (every half `tickTime`, and
+    /// the server keeps the session timeout at 2 × `tickTime` or more), and
+    /// the client speaks at least every 9/40 of the timeout (zookeeper-client
+    /// pings after 3 of its ticks idle, a tick being 1/20 of the session
+    /// timeout or 1/8 of a connection timeout of at most 3/5 of it): the half is
+    /// what is left when both delays are at their longest
+    /// (`docs/zookeeper.md`).
+    pub(crate) fn grantable(&self, c: &zk::Client, ttl: Duration) -> Duration {
+        match self.curator() {
+            true => ttl.min(c.session_timeout() / 2),
+            false => ttl,
+        }
+    }
+
     fn refuse_shared(&self) -> Result<()> {
         match self.curator() {
             true => Err(Error::unsupported(
@@ -298,17 +358,39 @@ impl ZkBackend {
     }
 
     async fn read(&self, c: &zk::Client, path: String) -> Result<Option<Node>> {
-        let Some((bytes, stat)) = self
-            .conn
-            .maybe("reading a lease", c.get_data(&path))
-            .await?
-        else {
+        // In the Curator layout the side node is asked for right behind the
+        // node, in the same round trip: one session's requests are answered
+        // in order, so it is read at a state no older than the node's (a
+        // record written since the node was read is newer, never older).
+        let node_read = c.get_data(&path);
+        let side_path = self.side_path(&path);
+        let side_read = self.curator().then(|| c.get_data(&side_path));
+        let Some((bytes, stat)) = self.conn.maybe("reading a lease", node_read).await? else {
             return Ok(None);
+        };
+        let side = match side_read {
+            Some(read) => self.conn.maybe("reading a lease", read).await?,
+            None => None,
         };
         let parse = |bytes: &[u8], path: &str| {
             serde_json::from_slice::<Record>(bytes)
                 .map_err(|e| bad_value(format!("{path} holds no lease record: {e}")))
         };
+        if let Some(Contender { fencelock }) = self
+            .curator()
+            .then(|| serde_json::from_slice::<Contender>(&bytes).ok())
+            .flatten()
+        {
+            let node = Node::created(path, fencelock, stat);
+            return Ok(Some(match side {
+                Some((bytes, lease)) => Node {
+                    record: parse(&bytes, &side_path)?,
+                    lease: Some(lease),
+                    ..node
+                },
+                None => node,
+            }));
+        }
         let record = match parse(&bytes, &path) {
             Ok(record) => record,
             // A foreign node is ephemeral: it has no lease child.
@@ -316,12 +398,12 @@ impl ZkBackend {
             Err(e) => return Err(e),
         };
         let node = Node::created(path, record, stat);
-        // Only a lease written since its creation has a child (Curator
-        // layout), so a contender read in a race costs one read.
+        // A persistent contender of an older fencelock (Curator layout):
+        // only a lease written since its creation has a child.
         if stat.num_children == 0 || node.record.foreign || !self.curator() {
             return Ok(Some(node));
         }
-        let lease_path = node.lease_path();
+        let lease_path = self.lease_path(&node);
         // The node's own data never changes, so the pair is the lease as
         // of this read; the child goes only with the node, so a child gone
         // since is a node gone.
@@ -413,7 +495,13 @@ impl ZkBackend {
     /// renew and release are one conditional write.
     pub(crate) fn granted(&self, request: &AcquireRequest, node: Node) -> Acquire {
         let token = node.token();
-        let grant = Grant::new(token, request.ttl, ms_to_time(node.expires_ms()));
+        // What was written, which in the Curator layout may be less than
+        // asked for (`grantable`).
+        let ttl = match self.curator() {
+            true => request.ttl.min(Duration::from_millis(node.record.ttl_ms)),
+            false => request.ttl,
+        };
+        let grant = Grant::new(token, ttl, ms_to_time(node.expires_ms()));
         self.remember(&request.lease(token), node);
         Acquire::Granted(grant)
     }
@@ -457,7 +545,10 @@ impl ZkBackend {
             let version = conditional.then_some(node.stat.version);
             return self.conn.raw(c.delete(&node.path, version)).await;
         }
-        let lease_path = node.lease_path();
+        if node.ephemeral() {
+            return self.remove_ephemeral(c, node, conditional).await;
+        }
+        let lease_path = self.lease_path(node);
         let mut child = node.lease.is_some();
         // The child goes only with the node, so `NoNode` means both are
         // gone; `NotEmpty` means a lease was written since `node` was read.
@@ -483,6 +574,53 @@ impl ZkBackend {
         Err(zk::Error::NotEmpty)
     }
 
+    /// [`ZkBackend::remove`] of an ephemeral contender and its side node.
+    /// Conditional: one multi op that deletes the side node at the version
+    /// read, or, when none was read, creates and deletes it (which fails
+    /// with `NodeExists` if a lease was written since: `BadVersion`), and
+    /// the node. The side node goes only with its node (here, or as an
+    /// orphan once its node is gone), so `NoNode` means the node is gone.
+    /// Unconditional: the node, then its side node; one left behind is an
+    /// orphan, never read as a lease, which `cleanup` deletes.
+    async fn remove_ephemeral(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        conditional: bool,
+    ) -> std::result::Result<(), zk::Error> {
+        let side = self.side_path(&node.path);
+        if !conditional {
+            let gone = self.conn.raw(c.delete(&node.path, None)).await;
+            match self.conn.raw(c.delete(&side, None)).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) => {
+                    tracing::debug!(%side, error = %e, "an orphaned lease record left for cleanup")
+                }
+            }
+            return gone;
+        }
+        let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let mut multi = c.new_multi_writer();
+        match &node.lease {
+            Some(lease) => multi.add_delete(&side, Some(lease.version))?,
+            None => {
+                multi.add_create(&side, b"", &plain)?;
+                multi.add_delete(&side, None)?;
+            }
+        }
+        multi.add_delete(&node.path, Some(node.stat.version))?;
+        let commit = multi.commit();
+        match self
+            .conn
+            .raw(async { commit.await.map_err(zk::Error::from) })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NodeExists) => Err(zk::Error::BadVersion),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes `record` as `node`'s lease, conditional on the version last
     /// written (`BadVersion` when written since, `NoNode` when deleted),
     /// and answers the node as now stored. In the Curator layout the
@@ -503,8 +641,9 @@ impl ZkBackend {
                     ..node.clone()
                 })
             }
+            (true, _) if node.ephemeral() => self.write_side(c, node, record, &bytes).await,
             (true, lease) => {
-                let path = node.lease_path();
+                let path = self.lease_path(node);
                 let answer = match lease {
                     Some(lease) => {
                         let answer = c.set_data(&path, &bytes, Some(lease.version));
@@ -530,6 +669,113 @@ impl ZkBackend {
         Ok(answer)
     }
 
+    /// Deletes the side nodes whose contender is gone (its session expired,
+    /// or an unconditional remove stopped halfway). They are no lease: a
+    /// read finds the contender gone first. A contender never comes back
+    /// (its name is unique) and no record is written for a missing one,
+    /// so a side node found orphaned stays so. Not counted as leases.
+    async fn remove_orphans(&self, c: &zk::Client) -> Result<()> {
+        let dir = self.conn.leases_dir();
+        let Some(names) = self
+            .conn
+            .maybe("listing lease records", c.list_children(&dir))
+            .await?
+        else {
+            return Ok(());
+        };
+        let owners = names.iter().map(|name| {
+            let contender = name.strip_suffix(SIDE).and_then(decode);
+            async move {
+                match contender {
+                    // One session carries them all: pipelined.
+                    Some(path) => self
+                        .conn
+                        .raw(c.check_stat(&path))
+                        .await
+                        .map(|s| s.is_none()),
+                    // Not a record of this crate's: left alone.
+                    None => Ok(false),
+                }
+            }
+        });
+        let orphaned = futures_util::future::join_all(owners).await;
+        for (name, orphaned) in names.iter().zip(orphaned) {
+            if orphaned.map_err(|e| map("reading a lease's node", e))? {
+                match self
+                    .conn
+                    .raw(c.delete(&format!("{dir}/{name}"), None))
+                    .await
+                {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(map("deleting an orphaned lease record", e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a write of `node`'s lease through `c` may extend how long it
+    /// is trusted (a renewal, a queue entry's grant): only through the
+    /// session that owns an ephemeral node, because the write then also
+    /// proves that session alive when it was sent, which is what a grant's
+    /// trusted time counts from ([`ZkBackend::grantable`]). Through another
+    /// session (another backend, a `resume` in another process) the node
+    /// may go with its own session at any moment.
+    fn owns(c: &zk::Client, node: &Node) -> bool {
+        !node.ephemeral() || node.stat.ephemeral_owner == c.session_id().0
+    }
+
+    /// [`ZkBackend::write`] of an ephemeral contender's lease to its side
+    /// node, in one multi op with a check that the node still exists (its
+    /// version never changes): a lease whose node went with its session is
+    /// gone, and writing its record would not bring it back.
+    async fn write_side(
+        &self,
+        c: &zk::Client,
+        node: &Node,
+        record: Record,
+        bytes: &[u8],
+    ) -> std::result::Result<Node, zk::Error> {
+        let side = self.side_path(&node.path);
+        let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let mut multi = c.new_multi_writer();
+        multi.add_check_version(&node.path, node.stat.version)?;
+        match &node.lease {
+            Some(lease) => multi.add_set_data(&side, bytes, Some(lease.version))?,
+            None => {
+                // A create in a multi op answers no stat on the servers
+                // tested (3.8: version -1, `mtime` 0), and the expiry
+                // counts from the `mtime`: the write that follows it in
+                // the same transaction answers the stat.
+                multi.add_create(&side, bytes, &plain)?;
+                multi.add_set_data(&side, bytes, Some(0))?;
+            }
+        }
+        let commit = multi.commit();
+        let results = self
+            .conn
+            .raw(async { commit.await.map_err(zk::Error::from) })
+            .await
+            .map_err(|e| match e {
+                // Written since, by another backend.
+                zk::Error::NodeExists => zk::Error::BadVersion,
+                e => e,
+            })?;
+        let stat = match results.into_iter().last() {
+            Some(zk::MultiWriteResult::SetData { stat }) => stat,
+            other => {
+                return Err(zk::Error::UnexpectedError(format!(
+                    "a lease's multi op answered {other:?} for its write"
+                )))
+            }
+        };
+        Ok(Node {
+            record,
+            lease: Some(stat),
+            ..node.clone()
+        })
+    }
+
     /// [`ZkBackend::write`] of a queue entry that becomes the lease. That
     /// write is a data change, and the store's change watch names no key
     /// for data changes (renewals are data changes too, and far more
@@ -544,6 +790,12 @@ impl ZkBackend {
         record: Record,
     ) -> Result<std::result::Result<Node, zk::Error>> {
         if self.curator() {
+            // A grant is trusted from before its request: see `owns`. (An
+            // entry is this backend's, created through its session, which
+            // is replaced only once expired, taking the entry with it.)
+            if !Self::owns(c, node) {
+                return Ok(Err(zk::Error::BadVersion));
+            }
             return self.write(c, node, record).await;
         }
         let bytes = record.to_bytes()?;
@@ -603,12 +855,25 @@ impl ZkBackend {
         mode: LockMode,
         bytes: &[u8],
     ) -> Result<(String, zk::Stat)> {
-        let node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
-        let dir = self.key_dir(key);
-        let name = match self.curator() {
-            true => crate::curator::node_name(key),
-            false => prefix(mode).to_owned(),
+        // In the Curator layout the node is the session's, as Curator's and
+        // kazoo's are: when a holder dies, the server deletes its node once
+        // its session expires, which wakes the recipes queued behind it
+        // (they watch that node and cannot judge a lease).
+        let (node, name, wrapped);
+        let bytes = match self.curator() {
+            true => {
+                node = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                name = crate::curator::node_name(key);
+                wrapped = [br#"{"fencelock":"#.as_slice(), bytes, b"}"].concat();
+                wrapped.as_slice()
+            }
+            false => {
+                node = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+                name = prefix(mode).to_owned();
+                bytes
+            }
         };
+        let dir = self.key_dir(key);
         let path = format!("{dir}/{name}");
         for _ in 0..3 {
             match self
@@ -707,6 +972,9 @@ impl ZkBackend {
         lease: &LeaseId,
         ttl: Duration,
     ) -> Result<Grant> {
+        if !Self::owns(c, node) {
+            return Err(Error::not_held(lease));
+        }
         let answer = self.write(c, node, Self::renewed(node, ttl)).await?;
         let expired = matches!(&answer, Ok(now) if !node.live_at(now.written().mtime));
         match Self::judge(node, lease, answer) {
@@ -796,6 +1064,7 @@ impl ZkBackend {
         let skip = [
             format!("{base}/clock"),
             format!("{base}/fences"),
+            format!("{base}/leases"),
             format!("{}/zookeeper", options.chroot),
         ];
         let escaped = self.conn.locks_dir();
@@ -850,6 +1119,7 @@ impl ZkBackend {
     /// Renews the `mode` lease `lease` (`renew` or `renew_shared`).
     async fn renew_as(&self, lease: &LeaseId, ttl: Duration, mode: LockMode) -> Result<Grant> {
         let c = self.conn.client().await?;
+        let ttl = self.grantable(&c, ttl);
         let Some(node) = self.find(&c, lease, mode).await? else {
             return Err(Error::not_held(lease));
         };
@@ -994,7 +1264,7 @@ impl Backend for ZkBackend {
             owner: request.owner.to_string(),
             kind: request.kind.clone(),
             data: request.data.clone(),
-            ttl_ms: ttl_ms(request.ttl),
+            ttl_ms: ttl_ms(self.grantable(&c, request.ttl)),
             queued: false,
             foreign: false,
         };
@@ -1086,6 +1356,9 @@ impl Backend for ZkBackend {
                 Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
                 Err(e) => return Err(map("deleting an expired lease", e)),
             }
+        }
+        if self.curator() {
+            self.remove_orphans(&c).await?;
         }
         Ok(removed)
     }

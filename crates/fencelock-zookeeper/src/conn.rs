@@ -71,7 +71,13 @@ async fn connect(options: &ZkOptions) -> Result<zk::Client> {
     .await
     .map_err(|e| map("connecting to ZooKeeper", e))?;
     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    for sub in ["locks", "fences", "clock"] {
+    // `leases` holds the lease records of `layout=curator` contenders,
+    // whose own nodes are ephemeral and can have no child (`backend.rs`).
+    let subs: &[&str] = match options.layout {
+        crate::options::ZkLayout::Curator => &["locks", "fences", "clock", "leases"],
+        _ => &["locks", "fences", "clock"],
+    };
+    for sub in subs {
         let path = format!("{}/{sub}", options.base());
         bounded(options.timeout, client.mkdir(&path, &dir))
             .await
@@ -91,8 +97,10 @@ impl Conn {
     }
 
     /// The live client. An expired session never comes back, so the first
-    /// call after expiry opens a new one; nothing fencelock stores belongs
-    /// to a session (`docs/zookeeper.md`), so no lease is lost by it.
+    /// call after expiry opens a new one. In the default layout nothing
+    /// fencelock stores belongs to a session (`docs/zookeeper.md`), so no
+    /// lease is lost by it; in `layout=curator` the contender nodes of the
+    /// expired session are gone, and so are their leases.
     pub(crate) async fn client(&self) -> Result<zk::Client> {
         let mut client = self.client.lock().await;
         if client.state().is_terminated() {
@@ -136,6 +144,11 @@ impl Conn {
     /// The directory of the locks.
     pub(crate) fn locks_dir(&self) -> String {
         format!("{}/locks", self.options.base())
+    }
+
+    /// The directory of the lease records of `layout=curator` contenders.
+    pub(crate) fn leases_dir(&self) -> String {
+        format!("{}/leases", self.options.base())
     }
 
     /// The directory of the fences.

@@ -21,9 +21,12 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 ///   fencelock's exclude each other (`docs/zookeeper.md`, [`ZkLayout`]);
 ///   default `fencelock`;
 /// - `session_timeout=DURATION` — the ZooKeeper session asked for (default
-///   `10s`; the server clamps it to 2–20 × its `tickTime`). Leases do not
-///   depend on it (`docs/zookeeper.md`): it only bounds how long a dead
-///   connection goes unnoticed.
+///   `10s`; the server clamps it to 2–20 × its `tickTime`). In the default
+///   layout leases do not depend on it (`docs/zookeeper.md`): it only
+///   bounds how long a dead connection goes unnoticed. With
+///   `layout=curator` contender nodes are the session's, so a lease's TTL
+///   is at most half the timeout the server granted, and a crashed
+///   holder's node goes when its session expires.
 ///
 /// ZooKeeper authentication (digest, SASL) is not supported yet: a URL with
 /// credentials is refused rather than silently connecting without them.

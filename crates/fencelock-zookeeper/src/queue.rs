@@ -88,19 +88,21 @@ impl ZkBackend {
         entry: &mut Option<Entry>,
     ) -> Result<Acquire> {
         let c = self.conn.client().await?;
+        // In `layout=curator` at most what the session guarantees.
+        let ttl = self.grantable(&c, request.ttl);
         let record = Record {
             owner: request.owner.to_string(),
             kind: request.kind.clone(),
             data: request.data.clone(),
-            ttl_ms: ttl_ms(request.ttl),
+            ttl_ms: ttl_ms(ttl),
             queued: true,
             foreign: false,
         };
         let bytes = record.to_bytes()?;
         let cached = entry.clone();
-        let fresh = cached.as_ref().filter(|e| {
-            e.written.elapsed() < request.ttl / 3 && e.node.record.ttl_ms == record.ttl_ms
-        });
+        let fresh = cached
+            .as_ref()
+            .filter(|e| e.written.elapsed() < ttl / 3 && e.node.record.ttl_ms == record.ttl_ms);
         let (mine, now) = match fresh {
             // Still a long lease left: judge the others on the clock node
             // instead of rewriting the entry.

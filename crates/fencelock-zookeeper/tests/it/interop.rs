@@ -530,7 +530,10 @@ async fn a_leader_latch_behind_a_renewed_fencelock_leader_leads_when_it_resigns(
 async fn a_leader_latch_behind_a_refreshed_fencelock_waiter_leads_when_it_resigns() -> TestResult {
     let (server, url, look) = setup().await?;
     let mut curator = Peer::curator(&server).await?;
-    let backend = ZkBackend::connect(&url).await?;
+    // A session long enough (the server's longest, 20 × `tickTime`) that
+    // the 10 s and 20 s entries below are granted as asked, not capped at
+    // half the session timeout, so the second attempt rewrites the entry.
+    let backend = ZkBackend::connect(&format!("{url}&session_timeout=40s")).await?;
     let path = "/services/queued";
     let key = LockKey::new(format!(
         "{}services/queued",
@@ -577,5 +580,375 @@ async fn a_leader_latch_behind_a_refreshed_fencelock_waiter_leads_when_it_resign
     curator.stays_quiet("fencelock leads").await?;
     backend.release(&request.lease(grant.token)).await?;
     curator.expect_within("l1 leader", PROMPT).await?;
+    Ok(())
+}
+
+/// The environment variables that make [`crash_holder`] hold a lock: the
+/// `layout=curator` URL and the key.
+const HOLDER_URL: &str = "FENCELOCK_ZK_CRASH_HOLDER_URL";
+const HOLDER_KEY: &str = "FENCELOCK_ZK_CRASH_HOLDER_KEY";
+
+/// Not a test: the fencelock holder that
+/// [`a_crashed_fencelock_holders_node_goes_with_its_session`] starts in a
+/// process of its own (this test binary, run again) and kills. It takes
+/// the lock, says `held`, and renews it until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a holder process that a_crashed_fencelock_holders_node_goes_with_its_session starts"]
+async fn crash_holder() -> TestResult {
+    let (Ok(url), Ok(key)) = (std::env::var(HOLDER_URL), std::env::var(HOLDER_KEY)) else {
+        // Run alone (`--include-ignored`) it has nothing to hold: it checks
+        // nothing by itself.
+        eprintln!("{HOLDER_URL} and {HOLDER_KEY} name the lock to hold; not set");
+        return Ok(());
+    };
+    let backend: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&url).await?);
+    // A TTL well above the session timeout: the old layout kept the node
+    // this long after the crash.
+    let client = LockClient::builder(backend)
+        .owner(Owner::new("crashes")?)
+        .ttl(Duration::from_secs(30))
+        .build()?;
+    let guard = client.lock(key).acquire().await?;
+    println!("held {}", guard.token().0);
+    guard.lost().await;
+    Err("the holder lost its lock before it was killed".into())
+}
+
+/// What queues behind the crashed fencelock holder.
+#[derive(Clone, Copy)]
+enum Waiter {
+    CuratorMutex,
+    LeaderLatch,
+    Kazoo,
+}
+
+/// A fencelock holder in another process is killed (SIGKILL): its node
+/// goes when its session expires on the server, so the foreign waiter
+/// queued behind it gets the lock within about a session timeout of the
+/// kill, and the fencelock waiter queued after that one next.
+async fn crashed_holder_hands_over(waiter: Waiter) -> TestResult {
+    let (server, url, look) = setup().await?;
+    let (path, key) = match waiter {
+        Waiter::LeaderLatch => (
+            "/services/crash",
+            format!("{}services/crash", fencelock_core::ELECTION_PREFIX),
+        ),
+        _ => ("/locks/crash", "/locks/crash".to_owned()),
+    };
+    let holder_url = format!("{url}&session_timeout={SESSION_MS}ms");
+    let mut holder = Command::new(std::env::current_exe()?);
+    holder
+        .args([
+            "--exact",
+            "interop::crash_holder",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(HOLDER_URL, &holder_url)
+        .env(HOLDER_KEY, &key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut holder = holder.spawn()?;
+    let out = holder.stdout.take().ok_or("the holder has no stdout")?;
+    let held = tokio::task::spawn_blocking(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.starts_with("held "))
+    });
+    let held = tokio::time::timeout(STEP, held)
+        .await
+        .map_err(|_| "the holder process never held the lock")??;
+    let killer = scopeguard(holder);
+    assert!(held.is_some(), "the holder process exited without the lock");
+
+    let mut peer = match waiter {
+        Waiter::Kazoo => Peer::kazoo(&server).await?,
+        _ => Peer::curator(&server).await?,
+    };
+    let (command, granted) = match waiter {
+        Waiter::LeaderLatch => (format!("latch w {path}"), "w leader"),
+        _ => (format!("lock w {path}"), "w acquired"),
+    };
+    peer.send(&command)?;
+    contenders(&look, path, 2).await?;
+    let client = client(&url, "next").await?;
+    let mine = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move { client.lock(key).wait(STEP).acquire().await })
+    };
+    contenders(&look, path, 3).await?;
+    peer.stays_quiet("the fencelock holder is alive").await?;
+
+    let killed = std::time::Instant::now();
+    killer.kill()?;
+    // The server expires a session between one and one and a half session
+    // timeouts (its `tickTime`, half of this one) after it last heard from
+    // the client; the rest is the waiter's watch.
+    let session = Duration::from_millis(SESSION_MS);
+    peer.expect_within(granted, 2 * session).await?;
+    let waited = killed.elapsed();
+    assert!(
+        !mine.is_finished(),
+        "fencelock was granted beside {granted}"
+    );
+    match waiter {
+        Waiter::LeaderLatch => peer.send("unlatch w")?,
+        _ => peer.send("unlock w")?,
+    }
+    let guard = tokio::time::timeout(STEP, mine).await???;
+    eprintln!("the foreign waiter got the lock {waited:?} after the holder was killed");
+    guard.release().await?;
+    Ok(())
+}
+
+/// Kills the holder process when dropped, so that a failing test leaves
+/// no process behind.
+struct Killer(std::sync::Mutex<Child>);
+
+fn scopeguard(child: Child) -> Killer {
+    Killer(std::sync::Mutex::new(child))
+}
+
+impl Killer {
+    /// SIGKILL: the process gets no chance to release anything.
+    fn kill(&self) -> TestResult {
+        let mut child = self.0.lock().map_err(|_| "poisoned")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        if let Ok(child) = self.0.get_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_fencelock_holders_node_goes_with_its_session() -> TestResult {
+    crashed_holder_hands_over(Waiter::CuratorMutex).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_fencelock_leader_hands_over_to_a_leader_latch() -> TestResult {
+    crashed_holder_hands_over(Waiter::LeaderLatch).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_fencelock_holder_hands_over_to_a_kazoo_waiter() -> TestResult {
+    crashed_holder_hands_over(Waiter::Kazoo).await
+}
+
+/// A lease in this layout lives in a node of the backend's session, which
+/// the server may end one session timeout after it last heard from it
+/// (less the delays of an ensemble): the TTL granted is at most half the
+/// session timeout, so the guard's trust (counted from before a request
+/// the server answered) ends first; a guard asking for more is renewed in
+/// step with what it was granted, not lost; and a lease whose session
+/// expired is not held any more, not re-created. Its record left behind
+/// is removed by `cleanup`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_never_outlives_its_session() -> TestResult {
+    let (server, url, look) = setup().await?;
+    let proxied = fencelock_testkit::proxy::ProxiedUrl::start(&server.url()).await?;
+    let through = format!(
+        "{}?layout=curator&session_timeout={SESSION_MS}ms",
+        proxied.url()
+    );
+    let backend = ZkBackend::connect(&through).await?;
+    let session = Duration::from_millis(SESSION_MS);
+    let request = AcquireRequest::new(
+        LockKey::new("/locks/session")?,
+        Owner::new("fl")?,
+        3 * session,
+    );
+    let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
+        panic!("/locks/session was not free");
+    };
+    assert!(
+        grant.ttl <= session / 2,
+        "granted {grant:?} on a {session:?} session"
+    );
+    let lease = request.lease(grant.token);
+    let renewed = backend.renew(&lease, 3 * session).await?;
+    assert!(
+        renewed.ttl <= session / 2,
+        "renewed {renewed:?} on a {session:?} session"
+    );
+    let info = backend
+        .inspect(&request.key)
+        .await?
+        .ok_or("the lease is not shown")?;
+    assert!(info.expires_in <= session / 2, "{info:?}");
+
+    // A guard asking for three session timeouts is granted half of one,
+    // and renewed often enough for that: held over several grants.
+    let direct: Arc<dyn Backend> =
+        Arc::new(ZkBackend::connect(&format!("{url}&session_timeout={SESSION_MS}ms")).await?);
+    let guards = LockClient::builder(direct)
+        .owner(Owner::new("guard")?)
+        .ttl(3 * session)
+        .build()?;
+    let guard = guards.lock("/locks/guarded").acquire().await?;
+    assert!(guard.granted_ttl() <= session / 2, "{guard:?}");
+    let lost = tokio::time::timeout(2 * session, guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "a guard granted {:?} was lost",
+        guard.granted_ttl()
+    );
+    guard.release().await?;
+
+    // Cut off from the server, the session expires there: the node goes.
+    let names = contenders(&look, "/locks/session", 1).await?;
+    let node = format!("/locks/session/{}", names.first().ok_or("no contender")?);
+    let (stat, gone) = look.check_and_watch_stat(&node).await?;
+    assert!(stat.is_some(), "{node} is missing");
+    proxied.partition();
+    let event = tokio::time::timeout(STEP, gone.changed())
+        .await
+        .map_err(|_| format!("{node} outlived its session"))?;
+    assert_eq!(event.event_type, zk::EventType::NodeDeleted);
+    proxied.heal();
+    // The client learns of the expiry when it reconnects; until then a
+    // renewal fails as a transient error.
+    let answer = tokio::time::timeout(STEP, async {
+        loop {
+            match backend.renew(&lease, 3 * session).await {
+                Err(e) if e.is_transient() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .map_err(|_| "the backend never reconnected")?;
+    assert!(
+        matches!(answer, Err(Error::NotHeld { .. })),
+        "a lease whose session expired was renewed: {answer:?}"
+    );
+    assert!(backend.inspect(&request.key).await?.is_none());
+    // The key's container may have been reaped already.
+    match look.list_children("/locks/session").await {
+        Ok(left) => assert!(left.is_empty(), "{left:?}"),
+        Err(zk::Error::NoNode) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // The lease's record outlived its node; cleanup removes it.
+    let records = || async { look.list_children("/fencelock/leases").await };
+    assert!(
+        !records().await?.is_empty(),
+        "the renewed lease left no record"
+    );
+    backend.cleanup_expired().await?;
+    assert_eq!(records().await?, Vec::<String>::new());
+    Ok(())
+}
+
+/// Only the session that owns a lease's node renews it (a renewal through
+/// it proves that session alive; another session's cannot): a renewal or
+/// `resume` through another backend is `NotHeld`, while its `set_data`,
+/// which extends nothing, is taken. Through the owner, a batch of
+/// renewals answers each lease, a stale one `NotHeld`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_renewed_only_through_its_session() -> TestResult {
+    let (server, url, _) = setup().await?;
+    let _server = server;
+    let owner = ZkBackend::connect(&url).await?;
+    let other = ZkBackend::connect(&url).await?;
+    let ttl = Duration::from_secs(3);
+    let o = Owner::new("fl")?;
+    let mut leases = Vec::new();
+    for k in ["/locks/a", "/locks/b"] {
+        let request = AcquireRequest::new(LockKey::new(k)?, o.clone(), ttl);
+        let Acquire::Granted(grant) = owner.try_acquire(&request).await? else {
+            panic!("{k} was not free");
+        };
+        leases.push(request.lease(grant.token));
+    }
+    let renewed = other.renew(&leases[0], ttl).await;
+    assert!(
+        matches!(renewed, Err(Error::NotHeld { .. })),
+        "renewed through another session: {renewed:?}"
+    );
+    other
+        .set_data(&leases[0], Some(serde_json::json!({"by": "other"})))
+        .await?;
+    let resumed = LockClient::builder(Arc::new(other))
+        .owner(o.clone())
+        .build()?
+        .resume("/locks/a", o.clone(), leases[0].token)
+        .ttl(ttl)
+        .await;
+    assert!(
+        matches!(resumed, Err(Error::NotHeld { .. })),
+        "resumed through another session: {resumed:?}"
+    );
+    let stale = fencelock_core::LeaseId {
+        token: fencelock_core::FencingToken(leases[1].token.0 - 1),
+        ..leases[1].clone()
+    };
+    let answers = owner
+        .renew_many(&[
+            fencelock_core::Renewal::new(leases[0].clone(), ttl),
+            fencelock_core::Renewal::new(stale, ttl),
+            fencelock_core::Renewal::new(leases[1].clone(), ttl),
+        ])
+        .await?;
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [Ok(a), Err(Error::NotHeld { .. }), Ok(b)]
+                if a.token == leases[0].token && b.token == leases[1].token
+        ),
+        "{answers:?}"
+    );
+    assert!(owner.renew_many(&[]).await?.is_empty());
+    let info = owner
+        .inspect(&leases[0].key)
+        .await?
+        .ok_or("the lease is gone")?;
+    assert_eq!(info.data, Some(serde_json::json!({"by": "other"})));
+    Ok(())
+}
+
+/// A fair waiter whose backend goes away (its session closed) leaves no
+/// entry behind: the node goes with the session at once, not at the end
+/// of the entry's TTL, and the next waiter gets the lock on release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiters_entry_goes_with_its_session() -> TestResult {
+    let (_server, url, look) = setup().await?;
+    let path = "/locks/fair";
+    let holder = client(&url, "holder").await?;
+    let held = holder.lock(path).acquire().await?;
+    let crashed = ZkBackend::connect(&url).await?;
+    let mut queued = AcquireRequest::new(
+        LockKey::new(path)?,
+        Owner::new("crashed")?,
+        Duration::from_secs(60),
+    );
+    queued.queue = true;
+    assert!(matches!(
+        crashed.try_acquire(&queued).await?,
+        Acquire::Held(_)
+    ));
+    contenders(&look, path, 2).await?;
+    let key = LockKey::new(path)?;
+    assert_eq!(crashed.queue(&key).await?.len(), 1);
+    drop(crashed);
+    children_until(&look, path, "1 child", |n| n == 1).await?;
+    let next = client(&url, "next").await?;
+    let mine = waiting(&next, path);
+    contenders(&look, path, 2).await?;
+    held.release().await?;
+    let guard = tokio::time::timeout(STEP, mine).await???;
+    assert!(guard.token() > fencelock_core::FencingToken(0));
     Ok(())
 }

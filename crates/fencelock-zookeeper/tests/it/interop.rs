@@ -625,7 +625,9 @@ enum Waiter {
 /// A fencelock holder in another process is killed (SIGKILL): its node
 /// goes when its session expires on the server, so the foreign waiter
 /// queued behind it gets the lock within about a session timeout of the
-/// kill, and the fencelock waiter queued after that one next.
+/// kill, with no fencelock process left to delete the node (a fencelock
+/// waiter would take over the expired lease, sooner); then a fencelock
+/// waiter queues behind the foreign holder and gets the lock next.
 async fn crashed_holder_hands_over(waiter: Waiter) -> TestResult {
     let (server, url, look) = setup().await?;
     let (path, key) = match waiter {
@@ -673,12 +675,6 @@ async fn crashed_holder_hands_over(waiter: Waiter) -> TestResult {
     };
     peer.send(&command)?;
     contenders(&look, path, 2).await?;
-    let client = client(&url, "next").await?;
-    let mine = {
-        let (client, key) = (client.clone(), key.clone());
-        tokio::spawn(async move { client.lock(key).wait(STEP).acquire().await })
-    };
-    contenders(&look, path, 3).await?;
     peer.stays_quiet("the fencelock holder is alive").await?;
 
     let killed = std::time::Instant::now();
@@ -689,6 +685,14 @@ async fn crashed_holder_hands_over(waiter: Waiter) -> TestResult {
     let session = Duration::from_millis(SESSION_MS);
     peer.expect_within(granted, 2 * session).await?;
     let waited = killed.elapsed();
+    let client = client(&url, "next").await?;
+    let mine = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move { client.lock(key).wait(STEP).acquire().await })
+    };
+    contenders(&look, path, 2).await?;
+    peer.stays_quiet("the foreign waiter holds the lock")
+        .await?;
     assert!(
         !mine.is_finished(),
         "fencelock was granted beside {granted}"

@@ -334,15 +334,21 @@ async fn acquire(
     }
 }
 
-/// Says so when the backend granted more than --ttl (etcd rounds up).
+/// Says so when the backend granted other than --ttl: more (etcd rounds
+/// up) or less (ZooKeeper's `layout=curator` grants at most half its
+/// session timeout; the lock is renewed in step).
 fn note_granted(guard: &fencelock::GuardHandle, lock: &LockArgs, out: Output) {
-    if guard.granted_ttl() > lock.ttl {
-        out.note(format_args!(
-            "the backend granted {} for --ttl {} (its minimum)",
-            human_duration(guard.granted_ttl()),
-            human_duration(lock.ttl)
-        ));
-    }
+    let granted = guard.granted_ttl();
+    let why = match granted.cmp(&lock.ttl) {
+        std::cmp::Ordering::Greater => "its minimum",
+        std::cmp::Ordering::Less => "its most; renewed in step",
+        std::cmp::Ordering::Equal => return,
+    };
+    out.note(format_args!(
+        "the backend granted {} for --ttl {} ({why})",
+        human_duration(granted),
+        human_duration(lock.ttl)
+    ));
 }
 
 /// The user's --wait, including any time spent reaching the backend.
@@ -538,6 +544,15 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             check_permits(&[], permits, lock.shared, lock.hold_at_least.is_some())?;
             let deadline = Deadline::after(lock.wait);
             let client = client(&url, lock.owner.as_deref(), deadline).await?;
+            // The lease would go with this process's session as it exits,
+            // leaving a printed token that nothing holds.
+            if client.backend().capabilities().session_bound {
+                return Err(Error::Unsupported(
+                    "acquire: this backend's leases end with the process that took them \
+                     (ZooKeeper layout=curator); hold the lock with `fencelock run` instead"
+                        .into(),
+                ));
+            }
             let (guard, permit) = match permits {
                 Some(n) => match take_permit(&client, &lock, n, deadline, out).await? {
                     Some(permit) => {

@@ -228,6 +228,14 @@ pub struct Capabilities {
     /// at once with the grant), so a waiting client needs no wake-up
     /// subscription and no second round trip after a release.
     pub waits: bool,
+    /// Leases belong to the backend's session with the engine, as
+    /// Curator's and kazoo's locks do (ZooKeeper's `layout=curator`): they
+    /// go when that session closes or expires (a crashed holder's lease
+    /// with its session, a dropped waiter's queue entry at once), only the
+    /// backend that took a lease can renew it (so `resume` works only
+    /// through that backend), and a grant may be shorter than asked
+    /// ([`Grant::ttl`] says how long; the guard renews in step).
+    pub session_bound: bool,
 }
 
 impl Capabilities {
@@ -288,6 +296,13 @@ impl Capabilities {
     /// Claims waiting attempts ([`Capabilities::waits`]).
     pub fn with_waits(mut self, yes: bool) -> Self {
         self.waits = yes;
+        self
+    }
+
+    /// Claims leases bound to the backend's session
+    /// ([`Capabilities::session_bound`]).
+    pub fn with_session_bound(mut self, yes: bool) -> Self {
+        self.session_bound = yes;
         self
     }
 

@@ -123,19 +123,23 @@ impl ShardedBackend {
             names.push(name);
         }
         let all = |f: fn(&Capabilities) -> bool| backends.iter().all(|b| f(&b.capabilities()));
+        let any = |f: fn(&Capabilities) -> bool| backends.iter().any(|b| f(&b.capabilities()));
         if phase.is_some() && !all(|c| c.min_token) {
             return Err(Error::Unsupported(
                 "a shard map in transition needs token floors (min_token) on every shard".into(),
             ));
         }
         // What every shard offers, minus what a key taken on two shards
-        // cannot keep: read-write locks, watches and one-round-trip batches.
+        // cannot keep: read-write locks, watches and one-round-trip batches;
+        // and bound to a session if any shard's leases are (a restriction,
+        // not an offer).
         let capabilities = Capabilities::default()
             .with_wakeups(all(|c| c.wakeups))
             .with_persistent(all(|c| c.persistent))
             .with_keeps_expired(all(|c| c.keeps_expired))
             .with_min_token(all(|c| c.min_token))
-            .with_set_data(all(|c| c.set_data));
+            .with_set_data(all(|c| c.set_data))
+            .with_session_bound(any(|c| c.session_bound));
         let backend = Self {
             epoch: map.epoch,
             phase,

@@ -107,8 +107,6 @@ pub fn run(factory: impl StoreFactory) -> ExitCode {
 pub struct Suite {
     factory: Arc<dyn StoreFactory>,
     group: &'static str,
-    /// Cases left out, each with why (see [`Suite::except`]).
-    except: Vec<(&'static str, &'static str)>,
 }
 
 impl Suite {
@@ -117,19 +115,7 @@ impl Suite {
         Self {
             factory: Arc::new(factory),
             group: "",
-            except: Vec::new(),
         }
-    }
-
-    /// Leaves `case` (its name without the factory's, e.g.
-    /// `resume::resume_reattaches_to_the_exact_lease`) out, because
-    /// `reason`: a documented property of this store that the case
-    /// contradicts, which the store's own tests must then check instead.
-    /// The case is listed as ignored with its reason; naming a case that
-    /// does not exist fails the binary.
-    pub fn except(mut self, case: &'static str, reason: &'static str) -> Self {
-        self.except.push((case, reason));
-        self
     }
 
     /// Only the cases of one group (`fair`, `exclusion`, …), for a store
@@ -156,35 +142,13 @@ pub fn run_suites(suites: impl IntoIterator<Item = Suite>) -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
-        if let Some((unknown, _)) = suite
-            .except
-            .iter()
-            .find(|(name, _)| !CASES.iter().any(|case| case.name == *name))
-        {
-            eprintln!(
-                "{} leaves out {unknown:?}, which is no conformance case",
-                suite.factory.name()
-            );
-            return ExitCode::FAILURE;
-        }
         trials.extend(
             CASES
                 .iter()
                 .filter(|case| {
                     suite.group.is_empty() || case.name.split("::").next() == Some(suite.group)
                 })
-                .map(|case| {
-                    let left_out = suite.except.iter().find(|(name, _)| *name == case.name);
-                    match left_out {
-                        Some((_, reason)) => {
-                            let name = format!("{}::{}", suite.factory.name(), case.name);
-                            Trial::test(name, || Ok(()))
-                                .with_ignored_flag(true)
-                                .with_kind(*reason)
-                        }
-                        None => trial(Arc::clone(&suite.factory), case),
-                    }
-                }),
+                .map(|case| trial(Arc::clone(&suite.factory), case)),
         );
     }
     libtest_mimic::run(&args, trials).exit_code()

@@ -1248,6 +1248,8 @@ impl Backend for ZkBackend {
             .with_keeps_expired(true)
             .with_set_data(true)
             .with_fair(true)
+            // Contender nodes are ephemeral in the Curator layout.
+            .with_session_bound(self.curator())
             // Curator's read-write lock names its nodes otherwise.
             .with_shared(!self.curator())
     }

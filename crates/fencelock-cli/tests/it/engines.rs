@@ -177,3 +177,29 @@ fn zookeeper() {
     let server = ZkServer::start().unwrap();
     exercise(&server.url());
 }
+
+/// `layout=curator` leases belong to the process's ZooKeeper session: a
+/// one-shot `acquire`, whose lease would go as the process exits, is
+/// refused with what to use instead, and `run` with a TTL above what the
+/// session allows (half of it) says what it was granted and holds the lock
+/// past that grant by renewing in step.
+#[test]
+fn zookeeper_curator_layout_is_held_by_its_process() {
+    let server = ZkServer::start().unwrap();
+    // The server's tickTime is 2 s, so 4 s is the shortest session.
+    let url = format!("{}?layout=curator&session_timeout=4s", server.url());
+    let refused = run(&url, &["acquire", "one-shot", "--ttl", "30s"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(code(&refused), 2, "{said}");
+    assert!(said.contains("fencelock run"), "{said}");
+    let held = run(
+        &url,
+        &["run", "held", "--ttl", "30s", "--", "sh", "-c", "sleep 5"],
+    );
+    let said = String::from_utf8_lossy(&held.stderr);
+    assert_eq!(code(&held), 0, "{said}");
+    assert!(
+        said.contains("granted 2s for --ttl 30s (its most; renewed in step)"),
+        "{said}"
+    );
+}

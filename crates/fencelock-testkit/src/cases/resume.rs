@@ -2,7 +2,9 @@
 //! `LockClient::validate` answers true for exactly the current lease's
 //! token, and `LockClient::resume` re-attaches to exactly one lease.
 
-use fencelock_core::{Error, FencingToken};
+use std::sync::Arc;
+
+use fencelock_core::{Backend, Error, FencingToken, LockClient};
 
 use super::{client, ensure, owner, GUARD_TTL, LONG_TTL};
 use crate::suite::{Store, TestResult};
@@ -41,19 +43,32 @@ pub async fn validate_is_true_only_for_the_current_token(store: &dyn Store) -> T
 
 /// A detached lease is re-attached by (key, owner, token) from another
 /// client, which then renews it past its TTL; a wrong token or owner, or a
-/// released lease, is `NotHeld`.
+/// released lease, is `NotHeld`. Where leases are bound to the session of
+/// the backend that took them, only a client on that backend can resume
+/// one: through another, even the exact lease is `NotHeld`.
 pub async fn resume_reattaches_to_the_exact_lease(store: &dyn Store) -> TestResult {
-    let first = client(store, "worker").await?;
-    let second = client(store, "restarted").await?;
+    let backend = store.connect().await?;
+    let session_bound = backend.capabilities().session_bound;
+    let on = |b: Arc<dyn Backend>, name: &str| LockClient::builder(b).owner(owner(name)).build();
+    let first = on(Arc::clone(&backend), "worker")?;
+    let other = client(store, "restarted").await?;
+    let second = match session_bound {
+        true => on(backend, "restarted")?,
+        false => other.clone(),
+    };
     let guard = first.lock("resumed").ttl(GUARD_TTL).acquire().await?;
     let (o, t) = (guard.owner().clone(), guard.token());
     guard.detach();
-    for (who, token) in [
+    let mut wrong = vec![
         (owner("stranger"), t),
         (o.clone(), FencingToken(t.get() + 1)),
         (o.clone(), FencingToken(t.get() - 1)),
-    ] {
-        let refused = second
+    ];
+    if session_bound {
+        wrong.push((o.clone(), t));
+    }
+    for (who, token) in wrong {
+        let refused = other
             .resume("resumed", who.clone(), token)
             .ttl(GUARD_TTL)
             .await;

@@ -28,10 +28,6 @@ async fn open(url: String) -> fencelock_core::Result<std::sync::Arc<dyn Backend>
         .await
 }
 
-/// The layout's contender nodes belong to the backend's session
-/// (`docs/zookeeper.md`, "Leases and the session in `layout=curator`"),
-/// which three cases contradict; `tests/it/interop.rs` checks what the
-/// layout does instead.
 pub fn suite() -> fencelock_testkit::Suite {
     fencelock_testkit::Suite::new(UrlFactory::<ZkServer>::new(
         "zookeeper-curator",
@@ -44,23 +40,4 @@ pub fn suite() -> fencelock_testkit::Suite {
             })
         }),
     ))
-    // Asks for a 60 s renewal and wants at least that: granted at most
-    // half the session timeout (`a_lease_never_outlives_its_session`).
-    .except(
-        "capabilities::renew_many_answers_each_lease",
-        "grants are capped at half the session timeout",
-    )
-    // Renews through another backend's session, which cannot prove the
-    // holder's session alive (`a_lease_is_renewed_only_through_its_session`).
-    .except(
-        "resume::resume_reattaches_to_the_exact_lease",
-        "a lease is renewed only through its own session",
-    )
-    // Drops the waiter's backend and wants its entry listed until its
-    // TTL: it goes with the session at once
-    // (`a_crashed_waiters_entry_goes_with_its_session`).
-    .except(
-        "fair::a_crashed_waiters_entry_blocks_at_most_its_ttl",
-        "a closed session takes its queue entries with it",
-    )
 }

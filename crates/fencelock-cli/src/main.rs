@@ -11,9 +11,7 @@ mod serve;
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{error::ErrorKind, Parser};
-use fencelock::{
-    Backend, Backoff, Error, FencingToken, LeaseId, LockClient, LockKey, LockRequest, Owner,
-};
+use fencelock::{Backend, Error, FencingToken, LeaseId, LockClient, LockKey, LockRequest, Owner};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -258,21 +256,7 @@ impl Deadline {
 /// ends within its `--wait` plus that timeout even if the server never
 /// answers.
 async fn open(url: &str, deadline: Deadline) -> Result<Arc<dyn Backend>, Error> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-    loop {
-        match fencelock::open_backend(url).await {
-            Err(e) if e.is_transient() => {
-                let left = deadline.remaining();
-                if left.is_zero() {
-                    return Err(e);
-                }
-                tracing::debug!(error = %e, "cannot open the backend yet; retrying");
-                // The last try is at the deadline itself.
-                tokio::time::sleep(backoff.next_pause().min(left)).await;
-            }
-            result => return result,
-        }
-    }
+    fencelock::open_backend_within(url, deadline.remaining()).await
 }
 
 async fn client(url: &str, owner: Option<&str>, deadline: Deadline) -> Result<LockClient, Error> {

@@ -365,11 +365,16 @@ impl EtcdBackend {
         let Some(kv) = self.get(key).await? else {
             return Ok(None);
         };
-        let stored = decode(&kv)?;
-        let ours = token_of(&kv) == token
+        Ok(self.carries_grant(&kv, owner, token)?.then_some(kv))
+    }
+
+    /// Whether `kv` is (owner, token)'s grant, on the lease this crate put
+    /// it on or moved it to.
+    fn carries_grant(&self, kv: &KeyValue, owner: &Owner, token: FencingToken) -> Result<bool> {
+        let stored = decode(kv)?;
+        Ok(token_of(kv) == token
             && stored.owner == *owner
-            && stored.lease.is_none_or(|l| l == kv.lease());
-        Ok(ours.then_some(kv))
+            && stored.lease.is_none_or(|l| l == kv.lease()))
     }
 
     async fn get(&self, key: &LockKey) -> Result<Option<KeyValue>> {
@@ -428,10 +433,12 @@ impl EtcdBackend {
                 Ok(Some(ttl))
             }
             Ok(_) => {
+                tracing::debug!(lease, "keep-alive: the lease has ended");
                 shared.retain(|_, l| l.id != lease);
                 Ok(None)
             }
             Err(e) if is_lease_not_found(&e) => {
+                tracing::debug!(lease, "keep-alive: lease not found");
                 shared.retain(|_, l| l.id != lease);
                 Ok(None)
             }
@@ -1173,10 +1180,18 @@ impl Backend for EtcdBackend {
         // remembered lease (another process renewed it with another TTL):
         // move it to this backend's lease of that TTL, so that renewing it
         // never keeps another process's lease (and its grants) alive.
-        if let Some(kv) = self.current_grant(key, owner, token).await? {
-            if let Some((etcd_lease, granted)) = self.move_to_shared(&kv, ttl).await? {
-                return Ok(renewed(etcd_lease, granted));
+        match self.get(key).await? {
+            Some(kv) if self.carries_grant(&kv, owner, token)? => {
+                if let Some((etcd_lease, granted)) = self.move_to_shared(&kv, ttl).await? {
+                    return Ok(renewed(etcd_lease, granted));
+                }
+                tracing::debug!(%key, %token, "renewal: the grant changed as it moved leases");
             }
+            found => tracing::debug!(
+                %key, %token,
+                found = ?found.map(|kv| (kv.create_revision(), kv.lease())),
+                "renewal: the key no longer carries this grant"
+            ),
         }
         Err(Error::not_held(lease))
     }
@@ -1246,8 +1261,13 @@ impl Backend for EtcdBackend {
                     continue;
                 }
                 _ => {
+                    // "Lease not found" is one member's lessor speaking
+                    // (a woken former leader's may be behind): `renew`
+                    // reads the key, linearizably, and keeps the grant
+                    // (on a fresh lease) unless the key is really gone,
+                    // which a revoked lease's keys are.
                     self.forget(&r.lease);
-                    results.push(Err(Error::not_held(&r.lease)));
+                    results.push(self.renew(&r.lease, r.ttl).await);
                     continue;
                 }
             };

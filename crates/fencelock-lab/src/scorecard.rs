@@ -108,9 +108,9 @@ impl Shape {
         }
     }
 
-    /// The shape's documented failover time: how long the healthy majority
-    /// needs to carry on without the failed component.
-    fn failover(self) -> Duration {
+    /// The shape's documented failover time for `fault`: how long the
+    /// healthy majority needs to carry on without the failed component.
+    fn failover(self, fault: Fault) -> Duration {
         match self {
             // The client's replica_timeout (docs/http.md).
             Shape::Replicas => Duration::from_secs(1),
@@ -124,8 +124,15 @@ impl Shape {
             Shape::Redlock => Duration::from_secs(1),
             // The test kit's election timeout, then a new leader.
             Shape::Etcd => Duration::from_secs(2),
-            // Ensemble leader election and the sessions' reconnection.
-            Shape::Zookeeper => Duration::from_secs(4),
+            // A killed leader's followers see its connections close and
+            // elect at once; a silent one they give up on only after
+            // `syncLimit` ticks (the test kit's 5 × 2 s, ZooKeeper's sample
+            // configuration), and only then elect. Then the sessions
+            // reconnect (docs/zookeeper.md, "Failover").
+            Shape::Zookeeper => match fault {
+                Fault::Kill => Duration::from_secs(4),
+                Fault::Stop => Duration::from_secs(13),
+            },
         }
     }
 }
@@ -301,6 +308,8 @@ pub struct Case {
     failed_calls: usize,
     /// The first failure's message, if any.
     first_failure: Option<String>,
+    /// Why the first holder that lost its lock lost it, if any did.
+    first_loss: Option<String>,
     window_ms: Option<u64>,
     recovery_ms: Option<u64>,
     /// Waiters' tokens not above the holder's before them (must be 0).
@@ -339,12 +348,20 @@ pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
                 .await
                 .map_err(|e| Error::InvalidArgument(format!("{}: {e}", shape.name())))?;
             out.note(format!(
-                "{} / {}: {} losses, {} of {} calls failed, window {:?} ms",
+                "{} / {}: {} losses{}, {} of {} calls failed{}, window {:?} ms",
                 shape.name(),
                 fault_name(fault),
                 case.unnecessary_losses,
+                case.first_loss
+                    .as_ref()
+                    .map(|f| format!(" (the first: {f})"))
+                    .unwrap_or_default(),
                 case.failed_calls,
                 case.calls,
+                case.first_failure
+                    .as_ref()
+                    .map(|f| format!(" (the first: {f})"))
+                    .unwrap_or_default(),
                 case.window_ms
             ));
             cases.push(case);
@@ -401,7 +418,7 @@ fn client(backend: &Arc<dyn fencelock::Backend>, owner: &str) -> Result<LockClie
 async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
     let mut deployment = tokio::task::spawn_blocking(move || Deployment::start(shape)).await??;
     let url = deployment.url();
-    let failover = shape.failover();
+    let failover = shape.failover(fault);
     let ttl = (failover * 3).max(Duration::from_secs(3));
     let patience = failover * (STOP_FOR + 2) + ttl;
     let run = format!("scorecard-{}", std::process::id());
@@ -482,6 +499,7 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
     let _ = prober.await;
 
     let losses = guards.iter().filter(|g| !g.is_valid()).count();
+    let lost_why = guards.iter().find_map(|g| g.check().err());
     let tokens: Vec<_> = guards.iter().map(|g| g.token()).collect();
     for guard in guards {
         // A lost guard's release is refused: nothing to count there.
@@ -527,6 +545,7 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
         calls: calls.probes.len() + WAITERS,
         failed_calls: failures.len(),
         first_failure: failures.into_iter().next(),
+        first_loss: lost_why.map(|e| e.to_string()),
         window_ms: window.map(ms),
         recovery_ms: recovery.map(ms),
         token_regressions: regressions,
@@ -537,7 +556,9 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
 /// `wait`, releases it; answers when it was granted.
 async fn probe(url: &str, key: &str, ttl: Duration, wait: Duration) -> Result<Instant, Error> {
     let within = async {
-        let backend = fencelock::open_backend(url).await?;
+        // As `fencelock run --wait` does: opening rides through the
+        // failover too.
+        let backend = fencelock::open_backend_within(url, wait).await?;
         let caller = client(&backend, "caller")?;
         let guard = caller.lock(key).ttl(ttl).wait(wait).acquire().await?;
         let granted = Instant::now();

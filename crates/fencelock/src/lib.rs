@@ -51,7 +51,8 @@
 //!
 //! - [`connect`] a [`LockClient`] to the backend a URL names (or
 //!   [`open_backend`] and [`LockClient::builder`] for settings such as the
-//!   owner name or [`ClockPolicy`]);
+//!   owner name or [`ClockPolicy`]; [`open_backend_within`] to ride through
+//!   a failover in progress while opening, as `fencelock run --wait` does);
 //! - [`LockClient::lock`] gives a [`LockRequest`] (TTL, wait, kind, data),
 //!   whose `acquire` returns a [`LockGuard`]: renewed in the background,
 //!   [`check`](GuardHandle::check)ed before writes, [`lost`](GuardHandle::lost)
@@ -82,7 +83,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 // Compiles the Rust examples of the README and of docs/*.md as doctests,
 // each with the features it needs.
@@ -283,6 +287,46 @@ fn missing_slashes(url: &str) -> Option<String> {
 pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>> {
     let (driver, url) = driver_for(url)?;
     driver.open_backend(&url).await
+}
+
+/// Opens the backend a URL names as a caller willing to wait does: failures
+/// the backend calls transient ([`Error::is_transient`]: no answer, refused
+/// connections, a cluster between leaders, too many connections) are
+/// retried with backoff for up to `wait` (`Duration::MAX`: until it opens),
+/// so that a process started during a failover rides through it as its
+/// waits do. Each attempt is bounded by the backend's own connect timeout,
+/// so this ends within `wait` plus that timeout even if nothing answers;
+/// other errors (a bad URL, refused credentials) are answered at once.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> fencelock::Result<()> {
+/// use std::time::Duration;
+///
+/// let backend = fencelock::open_backend_within("mem://", Duration::from_secs(30)).await?;
+/// assert_eq!(backend.name(), "memory");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn open_backend_within(url: &str, wait: Duration) -> Result<Arc<dyn Backend>> {
+    let deadline = Instant::now().checked_add(wait);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        match open_backend(url).await {
+            Err(e) if e.is_transient() => {
+                let left = deadline.map_or(Duration::MAX, |d| {
+                    d.saturating_duration_since(Instant::now())
+                });
+                if left.is_zero() {
+                    return Err(e);
+                }
+                tracing::debug!(error = %e, "cannot open the backend yet; retrying");
+                // The last try is at the deadline itself.
+                tokio::time::sleep(backoff.next_pause().min(left)).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Opens the fence kept by the backend a URL names.

@@ -6,8 +6,10 @@
 //! failover time, waiters queue behind two of them with a wait that covers
 //! the failover, and a new caller every 200 ms opens a backend of
 //! its own and takes a fresh key (its wait covers the failover too). One
-//! component is then failed — killed with SIGKILL, or stopped with SIGSTOP
-//! and continued three failover times later — and the case counts:
+//! component is then failed — killed with SIGKILL, stopped with SIGSTOP
+//! and continued three failover times later, or (asked for by name) killed
+//! and started again at once, without its data where the shape keeps none
+//! on disk — and the case counts:
 //!
 //! - **unnecessary losses**: holders that lost their lock, although a
 //!   majority (or the failover target) stayed healthy;
@@ -81,6 +83,10 @@ pub enum Shape {
     RedisSentinel,
     /// Three independent Redis nodes (`redlock://`); the first fails.
     Redlock,
+    /// Five independent Redis nodes; the first fails.
+    #[value(name = "redlock-5")]
+    #[serde(rename = "redlock-5")]
+    Redlock5,
     /// Three etcd members; the leader fails.
     Etcd,
     /// Three ZooKeeper members; the leader fails.
@@ -88,11 +94,12 @@ pub enum Shape {
 }
 
 impl Shape {
-    const ALL: [Shape; 6] = [
+    const ALL: [Shape; 7] = [
         Shape::Replicas,
         Shape::ReplicasHaproxy,
         Shape::RedisSentinel,
         Shape::Redlock,
+        Shape::Redlock5,
         Shape::Etcd,
         Shape::Zookeeper,
     ];
@@ -103,6 +110,7 @@ impl Shape {
             Shape::ReplicasHaproxy => "replicas-haproxy",
             Shape::RedisSentinel => "redis-sentinel",
             Shape::Redlock => "redlock",
+            Shape::Redlock5 => "redlock-5",
             Shape::Etcd => "etcd",
             Shape::Zookeeper => "zookeeper",
         }
@@ -121,7 +129,7 @@ impl Shape {
             Shape::RedisSentinel => Duration::from_secs(3),
             // No failover: a majority answers; a dead node costs its
             // node_timeout (250 ms) at most.
-            Shape::Redlock => Duration::from_secs(1),
+            Shape::Redlock | Shape::Redlock5 => Duration::from_secs(1),
             // The test kit's election timeout, then a new leader.
             Shape::Etcd => Duration::from_secs(2),
             // A killed leader's followers see its connections close and
@@ -130,7 +138,7 @@ impl Shape {
             // configuration), and only then elect. Then the sessions
             // reconnect (docs/zookeeper.md, "Failover").
             Shape::Zookeeper => match fault {
-                Fault::Kill => Duration::from_secs(4),
+                Fault::Kill | Fault::Restart => Duration::from_secs(4),
                 Fault::Stop => Duration::from_secs(13),
             },
         }
@@ -146,6 +154,12 @@ pub enum Fault {
     /// SIGSTOP (it accepts connections and answers nothing), SIGCONT
     /// three failover times later.
     Stop,
+    /// SIGKILL, then started again at once on the same ports: a crash and
+    /// a restart. Redis nodes keep nothing on disk here, so a Redlock node
+    /// comes back empty; etcd and ZooKeeper members keep their data, and a
+    /// replica has none. Not offered for `redis-sentinel` (its failed
+    /// master is the Sentinels' to bring back as a replica).
+    Restart,
 }
 
 /// The servers of one shape and the component the case fails.
@@ -187,6 +201,7 @@ impl Deployment {
             }
             Shape::RedisSentinel => Deployment::Sentinel(RedisSentinel::start()?, None),
             Shape::Redlock => Deployment::Members(Members::Redlock(RedisSet::start(3)?), None),
+            Shape::Redlock5 => Deployment::Members(Members::Redlock(RedisSet::start(5)?), None),
             Shape::Etcd => Deployment::Members(Members::Etcd(EtcdCluster::start_members(3)?), None),
             Shape::Zookeeper => {
                 Deployment::Members(Members::Zookeeper(ZkServer::start_members(3)?), None)
@@ -214,6 +229,10 @@ impl Deployment {
                 match fault {
                     Fault::Kill => replicas.kill(0)?,
                     Fault::Stop => replicas.pause(0)?,
+                    Fault::Restart => {
+                        replicas.kill(0)?;
+                        replicas.start_again(0)?;
+                    }
                 }
                 Ok("replica 0".to_owned())
             }
@@ -222,6 +241,9 @@ impl Deployment {
                 match fault {
                     Fault::Kill => set.kill(master)?,
                     Fault::Stop => set.pause(master)?,
+                    Fault::Restart => {
+                        return Err("restart is not offered for redis-sentinel".into())
+                    }
                 }
                 *failed = Some(master);
                 Ok(format!("master {master}"))
@@ -236,6 +258,10 @@ impl Deployment {
                 match fault {
                     Fault::Kill => set.kill_member(victim)?,
                     Fault::Stop => set.pause_member(victim)?,
+                    Fault::Restart => {
+                        set.kill_member(victim)?;
+                        set.start_member_again(victim)?;
+                    }
                 }
                 *failed = Some(victim);
                 Ok(format!("member {victim}"))
@@ -273,6 +299,7 @@ trait MemberControl {
     fn kill_member(&self, i: usize) -> TestResult;
     fn pause_member(&self, i: usize) -> TestResult;
     fn resume_member(&self, i: usize) -> TestResult;
+    fn start_member_again(&self, i: usize) -> TestResult;
 }
 
 impl<E: fencelock_testkit::servers::members::Engine> MemberControl
@@ -289,6 +316,9 @@ impl<E: fencelock_testkit::servers::members::Engine> MemberControl
     }
     fn resume_member(&self, i: usize) -> TestResult {
         self.resume(i)
+    }
+    fn start_member_again(&self, i: usize) -> TestResult {
+        self.start_again(i)
     }
 }
 
@@ -339,6 +369,10 @@ pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
     let mut cases = Vec::new();
     for &shape in &shapes {
         for &fault in &faults {
+            if shape == Shape::RedisSentinel && fault == Fault::Restart {
+                out.note("redis-sentinel / restart: not offered (the Sentinels bring a failed master back)");
+                continue;
+            }
             out.note(format!(
                 "{} / {}: starting",
                 shape.name(),
@@ -380,6 +414,7 @@ fn fault_name(fault: Fault) -> &'static str {
     match fault {
         Fault::Kill => "kill",
         Fault::Stop => "stop",
+        Fault::Restart => "restart",
     }
 }
 

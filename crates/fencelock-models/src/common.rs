@@ -3,6 +3,8 @@
 
 use std::fmt::Debug;
 
+use crate::plant::Plant;
+
 /// Time in ticks of the reference clock (the clients' clock). The models
 /// run time forward only up to a horizon, which bounds the state space.
 pub type Tick = u8;
@@ -25,9 +27,6 @@ pub struct Timing {
     pub drift: Tick,
     /// The guard's margin beyond the drift allowance.
     pub margin: Tick,
-    /// Whether the guard keeps I5's conservative window. `false` is a
-    /// broken twin: the guard trusts the whole TTL from the send.
-    pub conservative: bool,
 }
 
 impl Timing {
@@ -39,7 +38,6 @@ impl Timing {
             ttl: 4,
             drift: 1,
             margin: 0,
-            conservative: true,
         }
     }
 
@@ -51,12 +49,11 @@ impl Timing {
 
     /// When the guard of a request sent at `sent` stops trusting its lease
     /// (I5: `t_sent + ttl·(1 − drift) − margin`).
-    pub fn trust_end(&self, sent: Tick) -> Tick {
-        if self.conservative {
-            (sent + self.ttl).saturating_sub(self.drift + self.margin)
-        } else {
-            sent + self.ttl
+    pub fn trust_end(&self, sent: Tick, plant: Option<Plant>) -> Tick {
+        if plant == Some(Plant::TrustWholeTtl) {
+            return sent + self.ttl;
         }
+        (sent + self.ttl).saturating_sub(self.drift + self.margin)
     }
 
     /// The Redlock validity check: `ttl − elapsed − drift > 0`.
@@ -244,12 +241,13 @@ impl Outcome {
     }
 }
 
-/// Runs `model` to completion on `threads` threads (a broken twin stops
-/// at its first counterexample) and collects what the checker found.
+/// Runs `model` to completion on `threads` threads (or, with
+/// `stop_at_failure`, to its first counterexample: a planted bug) and
+/// collects what the checker found.
 ///
 /// Depth first: its stack holds one path of states where a breadth-first
 /// queue holds a whole frontier (160 MB against 1.2 GB for the deep
-/// bound of `redlock-fast`, and less CPU per state), and a broken twin's
+/// bound of `redlock-fast`, and less CPU per state), and a planted bug's
 /// counterexample lies deep (two acquisitions and a fault), where depth
 /// first reaches it long before breadth first would. The paths it finds
 /// are not the shortest.
@@ -337,12 +335,21 @@ impl Store {
 
     /// Grants the key to `owner` if it is free, with a token above the
     /// counter and `floor` (`min_token`).
-    pub fn acquire(&mut self, owner: Id, floor: Token, now: Tick, t: &Timing) -> Option<Token> {
-        if self.lease.is_some() {
+    pub fn acquire(
+        &mut self,
+        owner: Id,
+        floor: Token,
+        now: Tick,
+        t: &Timing,
+        plant: Option<Plant>,
+    ) -> Option<Token> {
+        if self.lease.is_some() && plant != Some(Plant::StoreGrantsHeldKey) {
             return None;
         }
         let token = self.counter.max(floor) + 1;
-        self.counter = token;
+        if plant != Some(Plant::StoreForgetsCounter) {
+            self.counter = token;
+        }
         self.lease = Some(Held {
             owner,
             token,

@@ -9,8 +9,9 @@
 
 use stateright::{Model, Property};
 
-use crate::common::{
-    rate_assignments, world_steps, Id, Ledger, Net, Step, Store, Tick, Timing, Token,
+use crate::{
+    common::{rate_assignments, world_steps, Id, Ledger, Net, Step, Store, Tick, Timing, Token},
+    plant::Plant,
 };
 
 /// What is checked, and how far.
@@ -25,9 +26,11 @@ pub struct Config {
     pub crashes: u8,
     /// The last tick explored.
     pub horizon: Tick,
-    /// Lease timing; `conservative: false` is the broken twin (the I5
-    /// window dropped: a leader trusts the whole TTL from the send).
+    /// Lease timing.
     pub timing: Timing,
+    /// A planted bug (the mutation suite's; none in the model).
+    #[doc(hidden)]
+    pub plant: Option<Plant>,
 }
 
 impl Config {
@@ -39,6 +42,7 @@ impl Config {
             crashes: 0,
             horizon: 4,
             timing: Timing::new(),
+            plant: None,
         }
     }
 }
@@ -122,11 +126,11 @@ impl Election {
 
     fn deliver(&self, s: &mut State, msg: Msg) {
         let now = s.now;
-        let t = self.0.timing;
+        let (t, plant) = (self.0.timing, self.0.plant);
         match msg {
             Msg::Campaign { o, r } => {
                 s.store.expire(now);
-                let term = s.store.acquire(o, 0, now, &t);
+                let term = s.store.acquire(o, 0, now, &t, plant);
                 s.net.send(Msg::Elected { o, r, term });
             }
             Msg::Renew { o, r, term } => {
@@ -156,7 +160,7 @@ impl Election {
                     return;
                 };
                 cand.pending = None;
-                let end = t.trust_end(sent);
+                let end = t.trust_end(sent, plant);
                 if now < end {
                     cand.leads = Some((term, end));
                     let seen = cand.seen;
@@ -174,9 +178,16 @@ impl Election {
                     return;
                 };
                 cand.pending = None;
+                // The window runs from the request: the store may have
+                // extended the lease long before this answer arrived.
+                let from = if plant == Some(Plant::RenewalTrustedFromAnswer) {
+                    now
+                } else {
+                    sent
+                };
                 match (ok, cand.leads) {
                     (true, Some((term, _))) => {
-                        cand.leads = Some((term, t.trust_end(sent)));
+                        cand.leads = Some((term, t.trust_end(from, plant)));
                         s.renewed = true;
                     }
                     _ => cand.leads = None,

@@ -13,8 +13,11 @@
 
 use stateright::{Model, Property};
 
-use crate::common::{
-    majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+use crate::{
+    common::{
+        majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+    },
+    plant::Plant,
 };
 
 /// A node's clock read as a token: TIME in µs, here `now × TIME_SCALE`,
@@ -37,15 +40,15 @@ pub struct Config {
     pub horizon: Tick,
     /// Lease timing.
     pub timing: Timing,
-    /// A node that joins votes only `Q` after it joins. `false` is the
-    /// broken twin: it votes at once.
-    pub quarantine: bool,
     /// A probe's answer may be lost (else every node answers the probe,
     /// and only grants are lost).
     pub probe_losses: bool,
     /// Every node's clock runs fast (the adversarial rate: leases and
     /// quarantines end earliest), instead of every mix of fast and slow.
     pub fast_clocks_only: bool,
+    /// A planted bug (the mutation suite's; none in the model).
+    #[doc(hidden)]
+    pub plant: Option<Plant>,
 }
 
 impl Config {
@@ -61,9 +64,9 @@ impl Config {
             restarts: 1,
             horizon: 0,
             timing: Timing::new(),
-            quarantine: true,
             fast_clocks_only: true,
             probe_losses: false,
+            plant: None,
         }
     }
 }
@@ -113,14 +116,13 @@ impl Node {
 }
 
 /// When a node that joins at `now` votes: `Q = max_ttl·1.01 + 2 ms` on
-/// its clock, above `max_ttl` by the drift; at once without `quarantine`
-/// (the broken twins).
-pub(crate) fn quarantine_end(quarantine: bool, t: &Timing, now: Tick, rate: Rate) -> Tick {
-    if quarantine {
-        rate.stretch(now, t.ttl + t.drift, t.drift)
-    } else {
-        now
+/// its clock, above `max_ttl` by the drift, so that every lease the node
+/// granted before it lost its data has ended on every clock.
+pub(crate) fn quarantine_end(plant: Option<Plant>, t: &Timing, now: Tick, rate: Rate) -> Tick {
+    if plant == Some(Plant::JoinWithoutQuarantine) {
+        return now;
     }
+    rate.stretch(now, t.ttl + t.drift, t.drift)
 }
 
 /// The `JOIN` script (`crates/fencelock-redlock/src/scripts.rs`): forms
@@ -131,13 +133,13 @@ pub(crate) fn mark(
     now: Tick,
     floor: Token,
     rule: Form,
-    quarantine: bool,
+    plant: Option<Plant>,
     t: &Timing,
 ) {
     if node.formed {
         return;
     }
-    let q_end = quarantine_end(quarantine, t, now, node.rate);
+    let q_end = quarantine_end(plant, t, now, node.rate);
     let time = Token::from(now) * TIME_SCALE;
     let given = floor;
     let (floor, votes_from) = match rule {
@@ -295,7 +297,7 @@ impl Redlock {
                     now,
                     floor,
                     rule,
-                    self.0.quarantine,
+                    self.0.plant,
                     &self.0.timing,
                 );
                 None
@@ -305,7 +307,7 @@ impl Redlock {
                 let node = &mut s.nodes[usize::from(n)];
                 let ok = node.formed
                     && now >= node.votes_from
-                    && node.lease.is_none()
+                    && (node.lease.is_none() || self.0.plant == Some(Plant::GrantIgnoresLease))
                     && t > node.counter.max(node.floor);
                 if ok {
                     node.lease = Some(Lease {
@@ -497,7 +499,7 @@ impl Redlock {
         }
         let cl = &s.clients[usize::from(c)];
         if yes >= maj && self.0.timing.still_valid(cl.started, s.now) {
-            let trust_end = self.0.timing.trust_end(cl.started);
+            let trust_end = self.0.timing.trust_end(cl.started, self.0.plant);
             let seen = cl.seen;
             let asks = match &cl.phase {
                 Phase::Granting { asks, .. } => asks.clone(),

@@ -19,6 +19,7 @@ use crate::{
     common::{
         majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
     },
+    plant::Plant,
     redlock::{mark, Form, Lease, Node, TIME_SCALE},
 };
 
@@ -52,16 +53,22 @@ pub struct Config {
     /// Every node's clock runs fast (leases and quarantines end earliest)
     /// instead of every mix of fast and slow.
     pub fast_clocks_only: bool,
-    /// A node that joins votes only `Q` after it joins. `false`: a broken
-    /// twin.
-    pub quarantine: bool,
-    /// A node refuses a token not above its counter and floor (`Stale`).
-    /// `false`: a broken twin, the node grants any token.
-    pub token_check: bool,
-    /// `heal`'s rule that a node joins a formed majority that has never
-    /// granted anything without quarantine, as a new set (the code before
-    /// this model found it unsafe; `false` in the code now).
-    pub unproven_fresh_join: bool,
+    /// A client's clock estimate stays at its last reading instead of
+    /// following the nodes' clocks: the lowest of the lower bounds the
+    /// code's estimate (`reading + elapsed − elapsed/100`) can be, as when
+    /// the client's clock runs slower than the nodes' or its reading came
+    /// from a node whose clock is behind the others. Safety must not rest
+    /// on the estimate; with it exact, a token is never below the nodes'
+    /// clocks and the rejoin floor is never needed.
+    pub lagging_clocks: bool,
+    /// A scenario: every path begins with these steps, each the first
+    /// possible step the function accepts, so that a bound reaches a deep
+    /// situation (a rejoined node's quarantine ending) without exploring
+    /// every interleaving before it.
+    pub prefix: Vec<Wanted>,
+    /// A planted bug (the mutation suite's; none in the model).
+    #[doc(hidden)]
+    pub plant: Option<Plant>,
 }
 
 impl Config {
@@ -83,12 +90,15 @@ impl Config {
             probe_losses: false,
             releases: false,
             fast_clocks_only: true,
-            quarantine: true,
-            token_check: true,
-            unproven_fresh_join: false,
+            lagging_clocks: false,
+            prefix: Vec::new(),
+            plant: None,
         }
     }
 }
+
+/// A step of a scenario's prefix: whether it is the one wanted.
+pub type Wanted = fn(&Step<Msg, Act>) -> bool;
 
 /// What a node answers to a grant (`Answer` in `backend.rs`).
 #[allow(missing_docs)] // as in the code
@@ -212,9 +222,10 @@ pub struct Client {
     started: Tick,
     /// The highest completed grant when this acquisition began (I2).
     seen: Token,
-    /// It has a node's clock reading: its estimate is `now × TIME_SCALE`
-    /// (node clocks read alike in the model; `estimate` is a lower bound).
-    knows_clock: bool,
+    /// When it last read a node's clock, if ever: its estimate is then
+    /// `now × TIME_SCALE` (node clocks read alike in the model), or the
+    /// reading's with `lagging_clocks`.
+    reading: Option<Tick>,
     /// The highest token it proposed (`Inner::last`).
     last: Token,
     /// Nodes skipped (`Health`: a failed request), until the next tick.
@@ -242,6 +253,9 @@ pub struct State {
     /// Some grant completed after a `Stale` answer made its client ask
     /// again (liveness sanity: the round that reads the floor).
     granted_after_stale: bool,
+    /// A node voted after a quarantine ended (liveness sanity: the bound
+    /// reaches the end of a rejoin).
+    rejoined_voted: bool,
 }
 
 /// Steps of the clients and nodes themselves.
@@ -294,6 +308,9 @@ fn trusting(s: &State) -> usize {
 
 impl RedlockFast {
     fn quorum(&self) -> usize {
+        if self.0.plant == Some(Plant::QuorumOfOne) {
+            return 1;
+        }
         majority(self.0.nodes)
     }
 
@@ -324,7 +341,7 @@ impl RedlockFast {
         if !node.formed {
             return Reply::Unformed;
         }
-        if now < node.votes_from {
+        if now < node.votes_from && self.0.plant != Some(Plant::GrantIgnoresQuarantine) {
             return Reply::Quarantined;
         }
         let seen = node.counter.max(node.floor);
@@ -336,7 +353,12 @@ impl RedlockFast {
             refresh = replace == Some(t);
         }
         if !refresh {
-            if self.0.token_check && seen >= t {
+            let stale = match self.0.plant {
+                Some(Plant::NoTokenCheck) => false,
+                Some(Plant::TokenCheckOffByOne) => seen > t,
+                _ => seen >= t,
+            };
+            if stale {
                 return Reply::Stale(seen.max(Token::from(now) * TIME_SCALE));
             }
             node.counter = t;
@@ -359,7 +381,7 @@ impl RedlockFast {
         let time = Token::from(s.now) * TIME_SCALE;
         let answered: Vec<usize> = (0..n).filter(|&i| asked & bit(i) != 0).collect();
         if !answered.is_empty() {
-            s.clients[usize::from(c)].knows_clock = true;
+            s.clients[usize::from(c)].reading = Some(s.now);
         }
         let formed: Vec<&Node> = answered
             .iter()
@@ -384,12 +406,19 @@ impl RedlockFast {
             None
         } else if unformed.len() == n
             || (formed_count >= q
-                && self.0.unproven_fresh_join
+                && self.0.plant == Some(Plant::FreshJoin)
                 && formed.iter().all(|node| node.hwm == 0))
         {
             Some((Form::New, 0))
         } else if formed_count >= q {
-            Some((Form::Rejoin, highest))
+            // Above every token a grant that completed can carry: a
+            // majority of formed nodes has seen each.
+            let floor = if self.0.plant == Some(Plant::RejoinFloorZero) {
+                0
+            } else {
+                highest
+            };
+            Some((Form::Rejoin, floor))
         } else if answered_count == n {
             // The 4 × `node_timeout` wait for a set being formed is not
             // modelled: re-forming at once is the step that can harm.
@@ -696,7 +725,7 @@ impl RedlockFast {
         cl.phase = match kept {
             Some(t) => Phase::Holding {
                 t,
-                trust_end: self.0.timing.trust_end(cl.called),
+                trust_end: self.0.timing.trust_end(cl.called, self.0.plant),
             },
             None => Phase::Idle,
         };
@@ -712,6 +741,26 @@ impl RedlockFast {
             s.granted_after_lease_end |= s.lease_ended;
             s.granted_after_stale |= raised;
         }
+    }
+}
+
+impl RedlockFast {
+    /// `s` after the scenario's prefix. A prefix step that is not
+    /// possible is a scenario that does not fit the model: it panics
+    /// rather than check a bound that is not the one described.
+    fn after_prefix(&self, mut s: State) -> State {
+        for (i, wanted) in self.0.prefix.iter().enumerate() {
+            let mut steps = Vec::new();
+            self.actions(&s, &mut steps);
+            let step = steps
+                .into_iter()
+                .find(wanted)
+                .unwrap_or_else(|| panic!("step {i} of the prefix is not possible in {s:?}"));
+            s = self
+                .next_state(&s, step)
+                .expect("every step has a next state");
+        }
+        s
     }
 }
 
@@ -741,7 +790,7 @@ impl Model for RedlockFast {
                         called: 0,
                         started: 0,
                         seen: 0,
-                        knows_clock: i < self.0.knowing,
+                        reading: (i < self.0.knowing).then_some(0),
                         last: 0,
                         down: 0,
                         late: Vec::new(),
@@ -755,7 +804,9 @@ impl Model for RedlockFast {
                 lease_ended: false,
                 granted_after_lease_end: false,
                 granted_after_stale: false,
+                rejoined_voted: false,
             })
+            .map(|s| self.after_prefix(s))
             .collect()
     }
 
@@ -829,7 +880,7 @@ impl Model for RedlockFast {
                         now,
                         floor,
                         rule,
-                        self.0.quarantine,
+                        self.0.plant,
                         &self.0.timing,
                     ),
                     Msg::Grant {
@@ -840,7 +891,9 @@ impl Model for RedlockFast {
                         t,
                         replace,
                     } => {
-                        let reply = self.grant(&mut s.nodes[usize::from(n)], now, c, t, replace);
+                        let node = &mut s.nodes[usize::from(n)];
+                        let reply = self.grant(node, now, c, t, replace);
+                        s.rejoined_voted |= reply == Reply::Granted && node.votes_from > 0;
                         self.answer(&mut s, c, a, r, n, reply);
                     }
                     Msg::Release { c, n, t } => {
@@ -858,8 +911,9 @@ impl Model for RedlockFast {
                 cl.attempt += 1;
                 cl.called = now;
                 cl.seen = seen;
-                if cl.knows_clock {
-                    self.begin(&mut s, c, Token::from(now) * TIME_SCALE + 1);
+                if let Some(reading) = cl.reading {
+                    let estimate = if self.0.lagging_clocks { reading } else { now };
+                    self.begin(&mut s, c, Token::from(estimate) * TIME_SCALE + 1);
                 } else {
                     cl.phase = Phase::Probing {
                         tries: self.0.probes,
@@ -926,6 +980,7 @@ impl Model for RedlockFast {
             Property::sometimes("a grant after a stale answer", |_, s: &State| {
                 s.granted_after_stale
             }),
+            Property::sometimes("a rejoined node's vote", |_, s: &State| s.rejoined_voted),
         ]
     }
 }

@@ -9,8 +9,9 @@
 
 use stateright::{Model, Property};
 
-use crate::common::{
-    rate_assignments, world_steps, Id, Ledger, Net, Step, Store, Tick, Timing, Token,
+use crate::{
+    common::{rate_assignments, world_steps, Id, Ledger, Net, Step, Store, Tick, Timing, Token},
+    plant::Plant,
 };
 
 /// The two shards.
@@ -28,9 +29,9 @@ pub struct Config {
     pub horizon: Tick,
     /// Lease timing.
     pub timing: Timing,
-    /// The steps the operator publishes, in order: `[1, 2, 3, 4]`; the
-    /// broken twin skips one.
-    pub steps: Vec<u8>,
+    /// A planted bug (the mutation suite's; none in the model).
+    #[doc(hidden)]
+    pub plant: Option<Plant>,
 }
 
 impl Config {
@@ -41,7 +42,7 @@ impl Config {
             attempts: 1,
             horizon: 3,
             timing: Timing::new(),
-            steps: vec![1, 2, 3, 4],
+            plant: None,
         }
     }
 }
@@ -121,7 +122,7 @@ pub struct State {
     now: Tick,
     shards: [Store; 2],
     clients: Vec<Client>,
-    /// Index into the operator's steps of the newest step published.
+    /// The newest step published.
     published: u8,
     net: Net<Msg>,
     ledger: Ledger,
@@ -149,10 +150,6 @@ pub enum Act {
 pub struct Resharding(pub Config);
 
 impl Resharding {
-    fn newest(&self, s: &State) -> u8 {
-        self.0.steps[usize::from(s.published)]
-    }
-
     fn ask(&self, s: &mut State, c: usize, i: u8, floor: Token) {
         let cl = &s.clients[c];
         let shard = plan(cl.step)[usize::from(i)] as u8;
@@ -209,13 +206,19 @@ impl Resharding {
         let next = *i + 1;
         if usize::from(next) < plan(cl.step).len() {
             *i = next;
-            let floor = halves[0].1;
+            // The authority's token floors the other shard, so that the
+            // next step's authority counts above it.
+            let floor = if self.0.plant == Some(Plant::UnflooredSecondHalf) {
+                0
+            } else {
+                halves[0].1
+            };
             self.ask(s, c, next, floor);
             return;
         }
         let halves = std::mem::take(halves);
         let token = halves[0].1;
-        let trust_end = self.0.timing.trust_end(cl.started);
+        let trust_end = self.0.timing.trust_end(cl.started, self.0.plant);
         if now < trust_end {
             let seen = cl.seen;
             if cl.step == 4 {
@@ -253,7 +256,7 @@ impl Model for Resharding {
                 shards: [Store::new(rates[0]), Store::new(rates[1])],
                 clients: vec![
                     Client {
-                        step: self.0.steps[0],
+                        step: 1,
                         attempts_left: self.0.attempts,
                         attempt: 0,
                         started: 0,
@@ -262,7 +265,7 @@ impl Model for Resharding {
                     };
                     self.0.clients
                 ],
-                published: 0,
+                published: 1,
                 net: Net::new(),
                 ledger: Ledger::default(),
                 moved: false,
@@ -272,7 +275,7 @@ impl Model for Resharding {
 
     fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
         world_steps(s.now, self.0.horizon, &s.net, steps);
-        let newest = self.newest(s);
+        let newest = s.published;
         for (i, c) in s.clients.iter().enumerate() {
             let id = i as Id;
             match c.phase {
@@ -288,8 +291,10 @@ impl Model for Resharding {
                 Phase::Holding { .. } => steps.push(Step::Act(Act::Release(id))),
             }
         }
-        let everyone_on_newest = s.clients.iter().all(|c| c.step == newest);
-        if everyone_on_newest && usize::from(s.published) + 1 < self.0.steps.len() {
+        // Adjacent steps only: the next step once every client runs this one.
+        let everyone_on_newest =
+            s.clients.iter().all(|c| c.step == newest) || self.0.plant == Some(Plant::PublishEarly);
+        if everyone_on_newest && newest < 4 {
             steps.push(Step::Act(Act::Publish));
         }
     }
@@ -310,7 +315,7 @@ impl Model for Resharding {
                 match m {
                     Msg::Acquire { c, r, shard, floor } => {
                         let store = &mut s.shards[usize::from(shard)];
-                        let token = store.acquire(c, floor, now, &t);
+                        let token = store.acquire(c, floor, now, &t, self.0.plant);
                         s.net.send(Msg::Acquired { c, r, shard, token });
                     }
                     Msg::Release { c, shard, token } => {
@@ -346,9 +351,9 @@ impl Model for Resharding {
                 cl.phase = Phase::Idle;
             }
             Step::Act(Act::Reopen(c)) => {
-                let newest = self.newest(&s);
+                let newest = s.published;
                 s.clients[usize::from(c)].step = newest;
-                if newest == 3 {
+                if newest == 3 && self.0.plant != Some(Plant::NoWatermark) {
                     // The watermark: a token drawn on the old shard floors
                     // the new one's counter (in the model, at once).
                     let w = s.shards[A].counter + 1;
@@ -356,7 +361,12 @@ impl Model for Resharding {
                     s.shards[B].counter = s.shards[B].counter.max(w) + 1;
                 }
             }
-            Step::Act(Act::Publish) => s.published += 1,
+            Step::Act(Act::Publish) => {
+                s.published += 1;
+                if s.published == 3 && self.0.plant == Some(Plant::SkipHandover) {
+                    s.published = 4;
+                }
+            }
         }
         Some(s)
     }

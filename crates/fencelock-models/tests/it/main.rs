@@ -5,3 +5,4 @@
 //! `.ci/parallel-tests` still runs each module in a process of its own.
 
 mod models;
+mod mutations;

@@ -89,6 +89,17 @@ impl GuardHandle {
         self.shared.is_valid()
     }
 
+    /// The instant until which the lease is trusted locally, on tokio's
+    /// monotonic clock (I5: the send of its last confirmed grant or
+    /// renewal plus the validity). It only moves forward and stays where
+    /// it was once the lease is lost or released, so that a history can
+    /// record when a holder that was paused past it stopped trusting;
+    /// decisions use [`remaining`](Self::remaining) or
+    /// [`check`](Self::check).
+    pub fn trusted_until(&self) -> Instant {
+        self.shared.deadline()
+    }
+
     /// How long the lease is still trusted locally (zero once lost or
     /// released).
     pub fn remaining(&self) -> Duration {

@@ -14,6 +14,12 @@
 //     non-linearizable.
 //   - The token sequence, per fenced resource: a grant of token T is legal
 //     iff T is above every token granted before it (I2).
+//   - The mutex of holds, per resource: each exclusive grant acquires it at
+//     some instant between its request and its answer and releases it when
+//     its trusted interval ended (the first of release called, loss noticed
+//     and the guard's own deadline). An acquire is legal iff nobody holds
+//     it, so two trusted intervals that must overlap leave no legal order,
+//     whatever their tokens (I1 with I5).
 //
 // Usage:
 //
@@ -42,8 +48,10 @@ type history struct {
 	Unfenced                  bool         `json:"unfenced"`
 	CheckerRegisterViolations uint64       `json:"checker_register_violations"`
 	CheckerTokenViolations    uint64       `json:"checker_token_violations"`
+	CheckerHoldOverlaps       uint64       `json:"checker_hold_overlaps"`
 	Register                  []registerOp `json:"register"`
 	Grants                    []grantOp    `json:"grants"`
+	Holds                     []holdOp     `json:"holds"`
 }
 
 type registerOp struct {
@@ -63,6 +71,15 @@ type grantOp struct {
 	Token    uint64 `json:"token"`
 	Call     int64  `json:"call"`
 	Ret      int64  `json:"ret"`
+}
+
+type holdOp struct {
+	Resource string `json:"resource"`
+	Client   int    `json:"client"`
+	Token    uint64 `json:"token"`
+	Call     int64  `json:"call"`
+	Ret      int64  `json:"ret"`
+	End      int64  `json:"end"`
 }
 
 // register is the state of one fenced counter.
@@ -164,6 +181,42 @@ var tokenModel = porcupine.Model{
 	},
 }
 
+type holdInput struct {
+	resource string
+	acquire  bool // else the release
+	client   int
+	token    uint64
+}
+
+// free is the mutex's state when nobody holds it; else the holder's client.
+const free = -2
+
+var holdModel = porcupine.Model{
+	Partition: partitionBy(func(op porcupine.Operation) string { return op.Input.(holdInput).resource }),
+	Init:      func() interface{} { return free },
+	Step: func(state, input, _ interface{}) (bool, interface{}) {
+		holder := state.(int)
+		in := input.(holdInput)
+		if in.acquire {
+			return holder == free, in.client
+		}
+		return holder == in.client, free
+	},
+	DescribeOperation: func(input, _ interface{}) string {
+		in := input.(holdInput)
+		if in.acquire {
+			return fmt.Sprintf("worker %d acquires (token %d)", in.client, in.token)
+		}
+		return fmt.Sprintf("worker %d stops trusting token %d", in.client, in.token)
+	},
+	DescribeState: func(state interface{}) string {
+		if state.(int) == free {
+			return "free"
+		}
+		return fmt.Sprintf("held by worker %d", state.(int))
+	},
+}
+
 func registerOps(h *history) []porcupine.Operation {
 	ops := make([]porcupine.Operation, 0, len(h.Register))
 	for _, r := range h.Register {
@@ -191,9 +244,27 @@ func grantOps(h *history) []porcupine.Operation {
 	return ops
 }
 
+// holdOps turns each hold into an acquire over its request and answer and
+// a release at the instant its trust ended.
+func holdOps(h *history) []porcupine.Operation {
+	ops := make([]porcupine.Operation, 0, 2*len(h.Holds))
+	for _, o := range h.Holds {
+		in := holdInput{resource: o.Resource, acquire: true, client: o.Client, token: o.Token}
+		ops = append(ops, porcupine.Operation{ClientId: o.Client, Input: in, Call: o.Call, Return: o.Ret})
+		in.acquire = false
+		ops = append(ops, porcupine.Operation{ClientId: o.Client, Input: in, Call: o.End, Return: o.End})
+	}
+	return ops
+}
+
+// verdicts is what Porcupine found, per specification.
+type verdicts struct {
+	register, tokens, holds bool
+}
+
 // verdict checks one history: whether Porcupine found it linearizable, per
 // specification, or an error when a check did not finish.
-func verdict(h *history, timeout time.Duration) (registerOk, tokensOk bool, err error) {
+func verdict(h *history, timeout time.Duration) (v verdicts, err error) {
 	check := func(model porcupine.Model, ops []porcupine.Operation) (bool, error) {
 		switch porcupine.CheckOperationsTimeout(model, ops, timeout) {
 		case porcupine.Ok:
@@ -204,10 +275,13 @@ func verdict(h *history, timeout time.Duration) (registerOk, tokensOk bool, err 
 			return false, fmt.Errorf("no verdict within %v", timeout)
 		}
 	}
-	if registerOk, err = check(registerModel, registerOps(h)); err != nil {
+	if v.register, err = check(registerModel, registerOps(h)); err != nil {
 		return
 	}
-	tokensOk, err = check(tokenModel, grantOps(h))
+	if v.tokens, err = check(tokenModel, grantOps(h)); err != nil {
+		return
+	}
+	v.holds, err = check(holdModel, holdOps(h))
 	return
 }
 
@@ -231,24 +305,28 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s: not a torture history: %v\n", path, err)
 			os.Exit(2)
 		}
-		registerOk, tokensOk, err := verdict(&h, *timeout)
+		v, err := verdict(&h, *timeout)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
 			os.Exit(2)
 		}
-		fmt.Printf("%s: %s workload, %d register operations, %d grants; porcupine: register %s, tokens %s; torture checker: %d register and %d token violations\n",
-			path, h.Workload, len(h.Register), len(h.Grants),
-			linearizable(registerOk), linearizable(tokensOk),
-			h.CheckerRegisterViolations, h.CheckerTokenViolations)
-		if registerOk != (h.CheckerRegisterViolations == 0) {
+		fmt.Printf("%s: %s workload, %d register operations, %d grants, %d holds; porcupine: register %s, tokens %s, holds %s; torture checker: %d register and %d token violations, %d overlapping holds\n",
+			path, h.Workload, len(h.Register), len(h.Grants), len(h.Holds),
+			linearizable(v.register), linearizable(v.tokens), linearizable(v.holds),
+			h.CheckerRegisterViolations, h.CheckerTokenViolations, h.CheckerHoldOverlaps)
+		if v.register != (h.CheckerRegisterViolations == 0) {
 			fmt.Printf("%s: DISAGREEMENT on the register\n", path)
 			failed = true
 		}
-		if tokensOk != (h.CheckerTokenViolations == 0) {
+		if v.tokens != (h.CheckerTokenViolations == 0) {
 			fmt.Printf("%s: DISAGREEMENT on token order\n", path)
 			failed = true
 		}
-		if *expect && registerOk && tokensOk {
+		if v.holds != (h.CheckerHoldOverlaps == 0) {
+			fmt.Printf("%s: DISAGREEMENT on the holds\n", path)
+			failed = true
+		}
+		if *expect && v.register && v.tokens {
 			fmt.Printf("%s: expected violations, porcupine found none\n", path)
 			failed = true
 		}

@@ -9,11 +9,23 @@ func op(w int, kind string, token uint64, value int64, admitted bool, call, ret 
 
 func check(t *testing.T, h history) (bool, bool) {
 	t.Helper()
-	registerOk, tokensOk, err := verdict(&h, 0)
+	v := verdictOf(t, h)
+	return v.register, v.tokens
+}
+
+func verdictOf(t *testing.T, h history) verdicts {
+	t.Helper()
+	v, err := verdict(&h, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return registerOk, tokensOk
+	return v
+}
+
+// hold builds worker w's hold of token on the one counter: requested at
+// call, granted at ret, trusted until end.
+func hold(w int, token uint64, call, ret, end int64) holdOp {
+	return holdOp{Resource: "c", Client: w, Token: token, Call: call, Ret: ret, End: end}
 }
 
 // A fenced run: worker 0 is refused after worker 1 (newer token) wrote.
@@ -73,5 +85,52 @@ func TestTokenOrder(t *testing.T) {
 	concurrent := history{Grants: []grantOp{{Resource: "c", Token: 2, Call: 0, Ret: 3}, {Resource: "c", Client: 1, Token: 1, Call: 1, Ret: 2}}}
 	if _, tokensOk := check(t, concurrent); !tokensOk {
 		t.Fatal("concurrent grants were ordered")
+	}
+}
+
+// A run's holds as the fence sees them: worker 1 asked while worker 0 held
+// and was granted after worker 0's trust ended at its deadline (paused
+// past it), then worker 2 after worker 1 released; on another counter,
+// worker 3 at the same time.
+func TestSuccessiveHoldsAreLinearizable(t *testing.T) {
+	h := history{Holds: []holdOp{
+		hold(0, 1, 0, 5, 40), hold(1, 2, 10, 50, 60), hold(2, 3, 55, 61, 70),
+		{Resource: "other", Client: 3, Token: 1, Call: 0, Ret: 20, End: 65},
+	}}
+	if v := verdictOf(t, h); !v.holds {
+		t.Fatal("successive holds were found overlapping")
+	}
+}
+
+// A history edited so that worker 1's grant (token 2) is answered while
+// worker 0 still trusts token 1: tokens increase, the register is fine,
+// and two workers hold at once.
+func TestOverlappingTrustedIntervalsAreNotLinearizable(t *testing.T) {
+	h := history{
+		Register: []registerOp{
+			op(0, "admit", 1, 0, true, 6, 6), op(0, "read", 1, 0, true, 7, 7),
+			op(0, "write", 1, 0, true, 8, 9),
+			op(1, "admit", 2, 0, true, 31, 31), op(1, "read", 2, 1, true, 32, 32),
+			op(1, "write", 2, 1, true, 33, 34),
+		},
+		Grants: []grantOp{{Resource: "c", Client: 0, Token: 1, Call: 0, Ret: 5}, {Resource: "c", Client: 1, Token: 2, Call: 10, Ret: 30}},
+		Holds:  []holdOp{hold(0, 1, 0, 5, 40), hold(1, 2, 10, 30, 50)},
+	}
+	v := verdictOf(t, h)
+	if !v.register || !v.tokens {
+		t.Fatalf("the edit was meant to keep register and tokens legal: %+v", v)
+	}
+	if v.holds {
+		t.Fatal("two overlapping trusted intervals passed")
+	}
+	// One nested inside the other, and three where only the middle one
+	// overlaps its neighbours.
+	nested := history{Holds: []holdOp{hold(0, 1, 0, 5, 100), hold(1, 2, 10, 20, 30)}}
+	if verdictOf(t, nested).holds {
+		t.Fatal("a hold nested in another passed")
+	}
+	chain := history{Holds: []holdOp{hold(0, 1, 0, 5, 20), hold(1, 2, 6, 30, 50), hold(2, 3, 25, 45, 60)}}
+	if verdictOf(t, chain).holds {
+		t.Fatal("a chain of overlapping holds passed")
 	}
 }

@@ -66,6 +66,12 @@ fn torture_checked_outside(args: &[&str], expect_violations: bool) -> (i32, Valu
         out.status.success(),
         "the outside checker disagrees: {said}"
     );
+    let exported: Value =
+        serde_json::from_str(&std::fs::read_to_string(&history).unwrap()).unwrap();
+    assert!(
+        exported["holds"].as_array().is_some_and(|h| !h.is_empty()),
+        "no trusted interval exported"
+    );
     result
 }
 
@@ -137,6 +143,18 @@ fn sqlite_pauses() {
         count(&report, &["results", "writes_refused"]) > 0,
         "no stale write reached the fence: the pauses did not bite"
     );
+    no_two_holders(&report);
+}
+
+/// SQLite keeps its leases through every pause, so a paused holder's
+/// trust ends at its deadline, before its lease and so before the next
+/// grant (I1 with I5): no two trusted intervals overlap, though beliefs do.
+fn no_two_holders(report: &Value) {
+    assert_eq!(
+        count(report, &["results", "trusted_overlaps"]),
+        0,
+        "{report:#}"
+    );
 }
 
 /// Without the fence the same pauses lose updates. Not a matter of luck:
@@ -168,6 +186,7 @@ fn sqlite_unfenced_pauses_lose_updates() {
         count(&report, &["results", "lost_updates", "count"]) > 0,
         "{report:#}"
     );
+    no_two_holders(&report);
     assert_eq!(code, 3, "violations exit 3");
 }
 

@@ -8,7 +8,12 @@
 //!   value read) and `write` (`read + 1` under a token, admitted or
 //!   refused) operations, and a final `read` of the counter after the run;
 //! - the **grants**: each grant's token, from the acquire's request to its
-//!   answer.
+//!   answer;
+//! - the **holds**: each exclusive grant's trusted interval, acquired
+//!   between its request and its answer and released when its trust
+//!   ended (the first of release called, loss noticed and the guard's own
+//!   deadline), for a mutex per resource: two holders at once leave no
+//!   legal order.
 //!
 //! Beside them, what our own checker concluded, so that the outside one can
 //! say whether it agrees. Times are µs on `CLOCK_MONOTONIC` (one clock for
@@ -20,7 +25,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    checker::Analysis,
+    checker::{holds, Analysis},
     history::{Event, Kind},
     workload::Workload,
 };
@@ -37,10 +42,15 @@ pub struct Export {
     pub checker_register_violations: u64,
     /// Our checker's violations of token order: regressions and split terms.
     pub checker_token_violations: u64,
+    /// Our checker's holds that no order of grants explains (counted, not
+    /// violations: a backend that forgets leases makes them by design).
+    pub checker_hold_overlaps: u64,
     /// Register operations, every resource.
     pub register: Vec<RegisterOp>,
     /// Grants, every resource.
     pub grants: Vec<GrantOp>,
+    /// Holds, every resource.
+    pub holds: Vec<HoldOp>,
 }
 
 /// One operation on a fenced counter.
@@ -77,6 +87,23 @@ pub struct GrantOp {
     pub call: i64,
     /// Granted, µs.
     pub ret: i64,
+}
+
+/// One exclusive grant's trusted interval.
+#[derive(Debug, Serialize)]
+pub struct HoldOp {
+    /// The resource (one mutex each).
+    pub resource: String,
+    /// The worker.
+    pub client: i64,
+    /// The grant's token (for the reader; the mutex does not use it).
+    pub token: u64,
+    /// Acquire requested, µs.
+    pub call: i64,
+    /// Granted, µs.
+    pub ret: i64,
+    /// The trust ended, µs: the release.
+    pub end: i64,
 }
 
 /// Whether `workload` can be exported: a read-write lock's readers share
@@ -150,7 +177,19 @@ pub fn export(
             + analysis.lost_updates.count
             + analysis.counter_mismatch.count,
         checker_token_violations: analysis.token_regressions.count + analysis.split_terms.count,
+        checker_hold_overlaps: analysis.trusted_overlaps,
         register,
         grants,
+        holds: holds(events)
+            .into_iter()
+            .map(|h| HoldOp {
+                resource: h.resource,
+                client: h.worker.map_or(-1, i64::from),
+                token: h.token,
+                call: h.requested,
+                ret: h.granted,
+                end: h.end,
+            })
+            .collect(),
     }
 }

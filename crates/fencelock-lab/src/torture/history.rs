@@ -74,6 +74,10 @@ pub enum Kind {
     Release,
     /// The guard's loss signal fired at `t`; `detail` = why.
     Lost,
+    /// The grant's trusted interval ended at `t`: the first of release
+    /// called, loss noticed and the guard's own deadline (I5), which a
+    /// holder paused past it reaches while stopped.
+    Trusted,
     /// An operation failed (`detail`).
     Error,
     /// The nemesis injected a fault (`detail` = its kind) on `worker` (none
@@ -93,6 +97,7 @@ impl Kind {
             Kind::Write => "write",
             Kind::Release => "release",
             Kind::Lost => "lost",
+            Kind::Trusted => "trusted",
             Kind::Error => "error",
             Kind::Fault => "fault",
             Kind::Map => "map",
@@ -107,6 +112,7 @@ impl Kind {
             "write" => Kind::Write,
             "release" => Kind::Release,
             "lost" => Kind::Lost,
+            "trusted" => Kind::Trusted,
             "error" => Kind::Error,
             "fault" => Kind::Fault,
             "map" => Kind::Map,

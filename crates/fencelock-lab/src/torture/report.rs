@@ -108,8 +108,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  grants            {}   locks lost and noticed {}   overlaps {} (longest {:.0}ms)",
-            r.grants, r.locks_lost, r.overlaps, r.longest_overlap_ms
+            "  grants            {}   locks lost and noticed {}   overlaps {} (longest {:.0}ms), {} of trusted intervals",
+            r.grants, r.locks_lost, r.overlaps, r.longest_overlap_ms, r.trusted_overlaps
         );
         let _ = writeln!(
             s,

@@ -21,8 +21,8 @@ use std::{
 
 use clap::Args;
 use fencelock::{
-    sharded::ShardMap, Error, Leadership, LockClient, LockGuard, LockMode, LossReason, MultiGuard,
-    Owner, Permit,
+    sharded::ShardMap, Error, GuardHandle, Leadership, LockClient, LockGuard, LockMode, LossReason,
+    MultiGuard, Owner, Permit,
 };
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
@@ -304,6 +304,16 @@ impl Held {
         }
     }
 
+    /// The guard of each part, in the order of [`parts`](Self::parts).
+    fn handles(&self) -> Vec<GuardHandle> {
+        match self {
+            Held::Guard(g) => vec![g.handle()],
+            Held::Permit(p) => vec![p.handle()],
+            Held::Leader(l) => vec![l.handle()],
+            Held::Keys(m) => m.guards().iter().map(|g| g.handle()).collect(),
+        }
+    }
+
     /// Resolves when the grant is lost: which part (by resource), and why.
     fn lost(&self, parts: &[Part]) -> Lost {
         let only = parts.first().map(|p| p.resource.clone());
@@ -342,6 +352,7 @@ async fn round(
 ) -> Result<(), Error> {
     let granted = now_us();
     let parts = held.parts(key);
+    let handles = held.handles();
     let noticed = Arc::new(OnceLock::new());
     let watcher = {
         let lost = held.lost(&parts);
@@ -373,7 +384,7 @@ async fn round(
         Err(Error::NotHeld { .. }) => "not-held",
         Err(_) => "error",
     };
-    let mut events = Vec::with_capacity(parts.len() + 1);
+    let mut events = Vec::with_capacity(2 * parts.len() + 1);
     if let Some((t, resource, reason)) = noticed.get() {
         // The part that was lost, with its token.
         if let Some(part) = parts
@@ -382,6 +393,21 @@ async fn round(
         {
             events.push(part.event(Kind::Lost, worker, *t).detail(reason.as_str()));
         }
+    }
+    // Each part's trust ends at the first of release called, its loss
+    // noticed and its guard's deadline, which a paused holder passed while
+    // stopped and noticed only after.
+    for (part, handle) in parts.iter().zip(&handles) {
+        let lost = noticed
+            .get()
+            .filter(|(_, resource, _)| resource.as_ref() == Some(&part.resource))
+            .map(|(t, _, _)| *t);
+        let end = lost
+            .into_iter()
+            .chain([release_called, monotonic_us(handle.trusted_until())])
+            .min()
+            .unwrap_or(release_called);
+        events.push(part.event(Kind::Trusted, worker, end));
     }
     // One release ends the belief in every part.
     for part in &parts {
@@ -395,6 +421,18 @@ async fn round(
         events.push(release);
     }
     store.record(events).await
+}
+
+/// `at` in µs on `CLOCK_MONOTONIC`, the history's clock (tokio's instants
+/// are on it too).
+fn monotonic_us(at: tokio::time::Instant) -> i64 {
+    let (now, now_at) = (now_us(), tokio::time::Instant::now());
+    let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    if at >= now_at {
+        now.saturating_add(micros(at - now_at))
+    } else {
+        now - micros(now_at - at)
+    }
 }
 
 /// Makes the kernel kill this worker when the parent dies, whatever way it

@@ -12,7 +12,8 @@
 //! Bounds: `bounds::BOUNDS`; sizes: `small` (CI's) or `deep`; a planted
 //! bug by its name (`plant::Plant::name`). `--table SIZE [BOUND...]`
 //! checks every bound (or those named) at that size on one thread and
-//! prints a markdown row for each;
+//! prints a markdown row for each, the limits (`bounds::LIMITS`, which
+//! stop at their counterexample) last;
 //! `--mutants` plants every bug of `bounds::MUTANTS` on its bound and
 //! prints a row for each. CPU times are the process's (Linux,
 //! `/proc/self/stat`).
@@ -20,7 +21,7 @@
 use std::time::Instant;
 
 use fencelock_models::{
-    bounds::{self, BOUNDS, MUTANTS},
+    bounds::{self, BOUNDS, LIMITS, MUTANTS},
     common::Outcome,
     plant::Plant,
 };
@@ -92,8 +93,10 @@ fn one(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) {
 fn table(deep: bool, only: &[&str]) {
     println!("| bound | unique states | depth | CPU | found |");
     println!("|---|---|---|---|---|");
+    let limits = LIMITS.iter().map(|(bound, _)| *bound);
     for bound in BOUNDS
         .into_iter()
+        .chain(limits)
         .filter(|b| only.is_empty() || only.contains(b))
     {
         let (outcome, cpu) = timed(bound, deep, None, 1);

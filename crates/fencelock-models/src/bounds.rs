@@ -13,16 +13,29 @@ use crate::{
 /// Every bound [`check`] knows, each a model with its settings. CI checks
 /// each at its small size (`tests/it/models.rs`) and every planted bug of
 /// [`MUTANTS`] on its bound (`tests/it/mutations.rs`).
-pub const BOUNDS: [&str; 9] = [
+pub const BOUNDS: [&str; 11] = [
     "redlock",
     "redlock-timed",
     "redlock-fast",
     "redlock-fast-probing",
     "redlock-fast-releasing",
     "redlock-fast-timed",
+    "redlock-fast-mixed-clocks",
+    "redlock-fast-clock-step",
     "redlock-fast-rejoin",
     "sharding",
     "election",
+];
+
+/// Bounds outside an assumption of `docs/redlock.md`, each with the
+/// property the correct model must break there (`tests/it/models.rs`):
+/// a node clock stepping forward past the guard's margin, a restart that
+/// keeps the marker but loses the last writes (AOF `everysec`), and the
+/// race at a set's first formation.
+pub const LIMITS: [(&str, &str); 3] = [
+    ("redlock-fast-clock-step-past-margin", "exclusion"),
+    ("redlock-fast-stale-restart", "exclusion"),
+    ("redlock-fast-formation", "exclusion"),
 ];
 
 /// A planted bug and what must catch it: a counterexample to the `always`
@@ -114,41 +127,11 @@ pub fn check(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) -> O
             c.plant = plant;
             run(Redlock(c), threads, stop)
         }
-        "redlock-fast-timed" => {
-            let mut c = redlock_fast::Config::small();
-            c.restarts = 0;
-            c.rounds = 2;
-            ticking(&mut c.timing);
-            c.horizon = if deep { 2 } else { 1 };
+        _ if bound.starts_with("redlock-fast") => {
+            let mut c = redlock_fast(bound, deep)?;
             c.plant = plant;
-            run(RedlockFast(c), threads, stop)
-        }
-        "redlock-fast-rejoin" => run(RedlockFast(rejoin(deep, plant)), threads, stop),
-        "redlock-fast" | "redlock-fast-probing" | "redlock-fast-releasing" => {
-            let mut c = redlock_fast::Config::small();
-            if deep {
-                // A restart while leases end with time.
-                ticking(&mut c.timing);
-                c.horizon = 1;
-            }
-            match bound {
-                "redlock-fast-probing" => {
-                    // A client that probes first, so that a node that
-                    // lost its data rejoins while the other's grant runs.
-                    c.knowing = 1;
-                    c.probes = 2;
-                }
-                "redlock-fast-releasing" => {
-                    // Two clients that guess their tokens from the same
-                    // clock reading and release: only the nodes' check
-                    // keeps the second one's token above the first's.
-                    c.rounds = 2;
-                    c.releases = true;
-                    c.restarts = 0;
-                }
-                _ => {}
-            }
-            c.plant = plant;
+            // A limit's counterexample is what its check is for.
+            let stop = stop || LIMITS.iter().any(|(name, _)| *name == bound);
             run(RedlockFast(c), threads, stop)
         }
         "election" => {
@@ -173,6 +156,92 @@ pub fn check(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) -> O
     })
 }
 
+/// The configuration of a `redlock-fast…` bound of [`BOUNDS`]; `None`
+/// for another name.
+pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
+    let mut c = redlock_fast::Config::small();
+    let timed = |c: &mut redlock_fast::Config| {
+        c.restarts = 0;
+        c.rounds = 2;
+        ticking(&mut c.timing);
+        c.horizon = if deep { 2 } else { 1 };
+    };
+    match bound {
+        "redlock-fast-timed" => {
+            timed(&mut c);
+            return Some(c);
+        }
+        "redlock-fast-mixed-clocks" => {
+            // Every mix of fast and slow node clocks, not only the
+            // fastest: a slow node keeps a copy, and its quarantine,
+            // longer than the others. One round: eight times the states
+            // of one rate already.
+            timed(&mut c);
+            c.rounds = 1;
+            c.fast_clocks_only = false;
+            return Some(c);
+        }
+        "redlock-fast-clock-step" | "redlock-fast-clock-step-past-margin" => {
+            // A guard's margin of 1 tick beyond the drift (TTL 3, so
+            // that a window remains): a node clock stepping forward by
+            // the margin ends its copy no earlier than the window; by
+            // more, a second client can take the key inside it.
+            timed(&mut c);
+            c.timing.ttl = 3;
+            c.timing.margin = 1;
+            c.clock_step = if bound.ends_with("past-margin") { 2 } else { 1 };
+            return Some(c);
+        }
+        "redlock-fast-rejoin" => return Some(rejoin(deep)),
+        "redlock-fast-stale-restart" => c.stale_restarts = true,
+        "redlock-fast-formation" => {
+            // The race `docs/redlock.md` names: both clients probe first
+            // on a set never formed, each sees every node empty and sends
+            // the marks of a new set; client 1's reach every node, it
+            // probes again and is granted by nodes 0 and 1, and node 0
+            // restarts, while client 0's marks are still in flight.
+            c.unformed_start = true;
+            c.knowing = 0;
+            c.probes = 2;
+            c.prefix = vec![
+                |s| *s == Step::Act(Act::Start(0)),
+                |s| *s == Step::Act(Act::Probe(0, 0b111)),
+                |s| *s == Step::Act(Act::Start(1)),
+                |s| *s == Step::Act(Act::Probe(1, 0b111)),
+                |s| matches!(s, Step::Deliver(Msg::Mark { n: 0, .. })),
+                |s| matches!(s, Step::Deliver(Msg::Mark { n: 1, .. })),
+                |s| matches!(s, Step::Deliver(Msg::Mark { n: 2, .. })),
+                |s| *s == Step::Act(Act::Probe(1, 0b111)),
+                |s| matches!(s, Step::Deliver(Msg::Grant { c: 1, n: 0, .. })),
+                |s| matches!(s, Step::Deliver(Msg::Grant { c: 1, n: 1, .. })),
+                |s| *s == Step::Act(Act::Restart(0)),
+            ];
+        }
+        "redlock-fast" => {}
+        "redlock-fast-probing" => {
+            // A client that probes first, so that a node that lost its
+            // data rejoins while the other's grant runs.
+            c.knowing = 1;
+            c.probes = 2;
+        }
+        "redlock-fast-releasing" => {
+            // Two clients that guess their tokens from the same clock
+            // reading and release: only the nodes' check keeps the second
+            // one's token above the first's.
+            c.rounds = 2;
+            c.releases = true;
+            c.restarts = 0;
+        }
+        _ => return None,
+    }
+    if deep {
+        // A restart while leases end with time.
+        ticking(&mut c.timing);
+        c.horizon = 1;
+    }
+    Some(c)
+}
+
 /// The TTL of the bounds with ticks, 2: the shortest in which a lease
 /// ends before its TTL on a fast clock (one granted at tick 0 at tick 1,
 /// where the trust window of its request ends) and a quarantine begun at
@@ -191,7 +260,7 @@ fn ticking(timing: &mut Timing) {
 /// tick 0 with a restart and ticks to 2 does not finish in 10 minutes of
 /// CPU (`docs/safety.md`); the prefix leaves out only the interleavings
 /// before the rejoin.
-fn rejoin(deep: bool, plant: Option<Plant>) -> redlock_fast::Config {
+fn rejoin(deep: bool) -> redlock_fast::Config {
     let mut c = redlock_fast::Config::small();
     c.clients = 3;
     c.knowing = 2;
@@ -207,6 +276,5 @@ fn rejoin(deep: bool, plant: Option<Plant>) -> redlock_fast::Config {
         |s| *s == Step::Act(Act::Probe(2, 0b111)),
         |s| matches!(s, Step::Deliver(Msg::Mark { n: 1, .. })),
     ];
-    c.plant = plant;
     c
 }

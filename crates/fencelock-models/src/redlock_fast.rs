@@ -61,6 +61,18 @@ pub struct Config {
     /// on the estimate; with it exact, a token is never below the nodes'
     /// clocks and the rejoin floor is never needed.
     pub lagging_clocks: bool,
+    /// A restart keeps the node's marker and loses its lease and what its
+    /// counter and `hwm` gained since it was formed: AOF with `appendfsync
+    /// everysec`, whose last second is lost while the marker, written long
+    /// before, survives. Such a node votes at once. (Else a restart loses
+    /// everything: no persistence.)
+    pub stale_restarts: bool,
+    /// Every node starts without its marker: a set never formed, which
+    /// the first clients form by the marker rules.
+    pub unformed_start: bool,
+    /// How far one node's clock may step forward, once in a run (0: no
+    /// step): the leases and quarantine it runs end that much earlier.
+    pub clock_step: Tick,
     /// A scenario: every path begins with these steps, each the first
     /// possible step the function accepts, so that a bound reaches a deep
     /// situation (a rejoined node's quarantine ending) without exploring
@@ -91,6 +103,9 @@ impl Config {
             releases: false,
             fast_clocks_only: true,
             lagging_clocks: false,
+            stale_restarts: false,
+            unformed_start: false,
+            clock_step: 0,
             prefix: Vec::new(),
             plant: None,
         }
@@ -243,6 +258,8 @@ pub struct State {
     net: Net<Msg>,
     ledger: Ledger,
     restarts_left: u8,
+    /// A node's clock stepped (once at most).
+    stepped: bool,
     /// Some grant completed after the last restart (liveness sanity).
     granted_after_restart: bool,
     /// Some lease ended with time on a node (not by a release).
@@ -271,6 +288,8 @@ pub enum Act {
     Release(Id),
     /// Node `n` restarts without persistence.
     Restart(Id),
+    /// Node `n`'s clock steps forward by `clock_step`.
+    ClockStep(Id),
 }
 
 /// How a `fresh_top` probe ended.
@@ -782,7 +801,16 @@ impl Model for RedlockFast {
             .filter(|rates| !self.0.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
             .map(|rates| State {
                 now: 0,
-                nodes: rates.into_iter().map(Node::formed).collect(),
+                nodes: rates
+                    .into_iter()
+                    .map(|rate| {
+                        if self.0.unformed_start {
+                            Node::empty(rate)
+                        } else {
+                            Node::formed(rate)
+                        }
+                    })
+                    .collect(),
                 clients: (0..self.0.clients)
                     .map(|i| Client {
                         attempts_left: self.0.attempts,
@@ -800,6 +828,7 @@ impl Model for RedlockFast {
                 net: Net::new(),
                 ledger: Ledger::default(),
                 restarts_left: self.0.restarts,
+                stepped: false,
                 granted_after_restart: false,
                 lease_ended: false,
                 granted_after_lease_end: false,
@@ -850,6 +879,15 @@ impl Model for RedlockFast {
         if s.restarts_left > 0 {
             for n in 0..self.0.nodes {
                 steps.push(Step::Act(Act::Restart(n as Id)));
+            }
+        }
+        if self.0.clock_step > 0 && !s.stepped {
+            // Only a node with a lease or a quarantine running: a step
+            // changes nothing else.
+            for (n, node) in s.nodes.iter().enumerate() {
+                if node.lease.is_some() || node.votes_from > s.now {
+                    steps.push(Step::Act(Act::ClockStep(n as Id)));
+                }
             }
         }
     }
@@ -958,9 +996,33 @@ impl Model for RedlockFast {
             }
             Step::Act(Act::Restart(n)) => {
                 let node = &mut s.nodes[usize::from(n)];
-                *node = Node::empty(node.rate);
+                *node = if self.0.stale_restarts {
+                    Node {
+                        lease: None,
+                        counter: node.floor,
+                        hwm: node.floor,
+                        ..node.clone()
+                    }
+                } else {
+                    Node::empty(node.rate)
+                };
                 s.restarts_left -= 1;
                 s.granted_after_restart = false;
+            }
+            Step::Act(Act::ClockStep(n)) => {
+                let (now, step) = (s.now, self.0.clock_step);
+                let node = &mut s.nodes[usize::from(n)];
+                if node.votes_from > now {
+                    node.votes_from = node.votes_from.saturating_sub(step).max(now);
+                }
+                if let Some(l) = &mut node.lease {
+                    l.end = l.end.saturating_sub(step);
+                    if l.end <= now {
+                        node.lease = None;
+                        s.lease_ended = true;
+                    }
+                }
+                s.stepped = true;
             }
         }
         Some(s)

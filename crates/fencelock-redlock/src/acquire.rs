@@ -15,12 +15,10 @@ use futures_util::{
 use tokio::time::Instant;
 
 use crate::{
-    backend::{transient, validity, Answer, GrantArgs, RedlockBackend},
+    backend::{transient, Answer, GrantArgs, RedlockBackend},
     fanout::Fanout,
+    protocol::{validity, ROUNDS},
 };
-
-/// The most grant rounds of one attempt.
-const ROUNDS: usize = 8;
 
 /// The first wait before the holder of the arbiter asks again the nodes
 /// other racers hold (they are removing their copies); doubled each round.

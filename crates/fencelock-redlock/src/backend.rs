@@ -31,14 +31,11 @@ use tokio::time::Instant;
 use crate::{
     fanout::{Fanout, Health, Request},
     options::RedlockOptions,
+    protocol::{self, validity, PROBES},
     scripts::Scripts,
 };
 
 pub(crate) const NAME: &str = "redlock";
-
-/// How many probe rounds the slow path (docs/redlock.md, "Acquire") runs
-/// while forming nodes before it gives up.
-const PROBES: usize = 5;
 
 /// Locks held by a majority of independent Redis nodes. Cheap to clone.
 #[derive(Clone)]
@@ -326,16 +323,6 @@ fn number(s: &str) -> Result<u64> {
         .map_err(|_| fencelock_redis::node::bad_reply(format!("{s:?} is not a token")))
 }
 
-/// What is left of a lease of `ttl` whose request went out `elapsed` ago,
-/// allowing for clock-rate drift between the nodes and this client
-/// (1 % of the TTL plus 2 ms, as in antirez's description).
-pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
-    let drift = ttl / 100 + Duration::from_millis(2);
-    ttl.checked_sub(elapsed)?
-        .checked_sub(drift)
-        .filter(|v| !v.is_zero())
-}
-
 impl RedlockBackend {
     /// A backend over `options`' nodes. Nothing is contacted yet: each node
     /// connects on first use.
@@ -518,7 +505,7 @@ impl RedlockBackend {
         }
         let everyone = probes.iter().all(Result::is_ok);
         let max_ttl = self.inner.options.max_ttl;
-        let quarantine = max_ttl + max_ttl / 100 + Duration::from_millis(2);
+        let quarantine = protocol::quarantine(max_ttl);
         let highest = formed.iter().map(|p| p.hwm).max().unwrap_or(0);
         let (quarantine, floor, how) = if unformed == self.inner.nodes.len() {
             (Duration::ZERO, 0, Heal::Fresh)

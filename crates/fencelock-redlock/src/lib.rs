@@ -50,6 +50,8 @@ mod backend;
 pub mod baseline;
 mod fanout;
 mod options;
+#[doc(hidden)]
+pub mod protocol;
 mod scripts;
 
 use std::sync::Arc;

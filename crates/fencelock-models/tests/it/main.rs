@@ -4,5 +4,6 @@
 //! linked one per file; each module is what was a test file of its own, and
 //! `.ci/parallel-tests` still runs each module in a process of its own.
 
+mod code;
 mod models;
 mod mutations;

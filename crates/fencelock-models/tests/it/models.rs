@@ -104,6 +104,45 @@ fn fast_redlock_keeps_exclusion_and_token_order_with_releases() {
     );
 }
 
+/// Every mix of fast and slow node clocks.
+#[test]
+fn fast_redlock_keeps_exclusion_and_token_order_with_mixed_clock_rates() {
+    holds(
+        "redlock-fast-mixed-clocks",
+        &["exclusion", "tokens increase"],
+        &["a grant", "a grant after a lease ended"],
+    );
+}
+
+/// A node clock that steps forward by the guard's margin.
+#[test]
+fn fast_redlock_keeps_exclusion_and_token_order_through_a_clock_step_within_the_margin() {
+    holds(
+        "redlock-fast-clock-step",
+        &["exclusion", "tokens increase"],
+        &["a grant", "a grant after a lease ended"],
+    );
+}
+
+/// Past the assumptions of `docs/redlock.md` the model shows what breaks:
+/// a clock step beyond the margin, a restart that keeps its marker but
+/// lost its last writes, the race at a set's first formation.
+#[test]
+fn past_its_assumptions_fast_redlock_lets_two_clients_hold() {
+    for (bound, property) in bounds::LIMITS {
+        let outcome = check(bound);
+        let path = outcome.discovery(property);
+        assert!(
+            path.is_some(),
+            "{bound}: no counterexample to \"{property}\""
+        );
+        eprintln!(
+            "{bound}: \"{property}\" broken by\n{}",
+            path.unwrap_or_default()
+        );
+    }
+}
+
 /// A node that lost a lease rejoins and votes again once its quarantine
 /// has ended, while a client with a lagging clock proposes an old token.
 #[test]

@@ -60,7 +60,7 @@ const fn mutant(plant: Plant, bound: &'static str, breaks: &'static str) -> Muta
 
 /// The mutation suite: every planted bug, each on a bound CI runs
 /// (`docs/safety.md`, "Planted bugs", has the counterexamples' sizes).
-pub const MUTANTS: [Mutant; 20] = [
+pub const MUTANTS: [Mutant; 22] = [
     mutant(Plant::JoinWithoutQuarantine, "redlock", "exclusion"),
     mutant(Plant::GrantIgnoresLease, "redlock", "exclusion"),
     mutant(Plant::TrustWholeTtl, "redlock-timed", "exclusion"),
@@ -87,6 +87,12 @@ pub const MUTANTS: [Mutant; 20] = [
         "tokens increase",
     ),
     mutant(Plant::TrustWholeTtl, "redlock-fast-timed", "exclusion"),
+    mutant(Plant::QuorumOfOne, "redlock-fast-mixed-clocks", "exclusion"),
+    mutant(
+        Plant::TrustWithoutMargin,
+        "redlock-fast-clock-step",
+        "exclusion",
+    ),
     mutant(
         Plant::RejoinFloorZero,
         "redlock-fast-rejoin",

@@ -50,10 +50,13 @@ impl Timing {
     /// When the guard of a request sent at `sent` stops trusting its lease
     /// (I5: `t_sent + ttl·(1 − drift) − margin`).
     pub fn trust_end(&self, sent: Tick, plant: Option<Plant>) -> Tick {
-        if plant == Some(Plant::TrustWholeTtl) {
-            return sent + self.ttl;
+        match plant {
+            Some(Plant::TrustWholeTtl) => sent + self.ttl,
+            // The margin covers what the drift does not: a node clock
+            // that steps forward (`docs/safety.md`, "Clock steps").
+            Some(Plant::TrustWithoutMargin) => (sent + self.ttl).saturating_sub(self.drift),
+            _ => (sent + self.ttl).saturating_sub(self.drift + self.margin),
         }
-        (sent + self.ttl).saturating_sub(self.drift + self.margin)
     }
 
     /// The Redlock validity check: `ttl − elapsed − drift > 0`.

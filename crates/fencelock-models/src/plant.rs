@@ -36,6 +36,9 @@ pub enum Plant {
     /// The guard trusts a grant for the whole TTL from its request
     /// instead of `ttl − drift` (I5's window dropped).
     TrustWholeTtl,
+    /// The guard drops its margin beyond the drift (`ttl − drift` instead
+    /// of `ttl − drift − margin`).
+    TrustWithoutMargin,
     /// A single-server store grants a key whose lease has not ended.
     StoreGrantsHeldKey,
     /// A single-server store does not remember the token it issued.
@@ -69,6 +72,7 @@ impl Plant {
             Plant::NoTokenCheck => "no-token-check",
             Plant::GrantIgnoresLease => "grant-ignores-lease",
             Plant::TrustWholeTtl => "trust-whole-ttl",
+            Plant::TrustWithoutMargin => "trust-without-margin",
             Plant::StoreGrantsHeldKey => "store-grants-held-key",
             Plant::StoreForgetsCounter => "store-forgets-counter",
             Plant::RenewalTrustedFromAnswer => "renewal-trusted-from-answer",

@@ -16,7 +16,7 @@ pub enum Plant {
     /// `GRANT` ignores the quarantine: `now < votes_from` is never true.
     GrantIgnoresQuarantine,
     /// `JOIN` quarantines nobody: a joining node votes at once (the
-    /// first broken twin of both Redlock models).
+    /// first broken twins of both Redlock models).
     JoinWithoutQuarantine,
     /// `heal` rejoins a node with floor 0 instead of the formed
     /// majority's highest `hwm`.

@@ -512,7 +512,7 @@ impl RedlockBackend {
         } else if formed.len() >= self.quorum() {
             // Even when those nodes have never granted anything: a grant
             // the empty node made before it lost its data may still reach
-            // them (the model `redlock-fast-fresh-join-broken`,
+            // them (the model's planted bug `fresh-join`,
             // docs/safety.md), so the node waits out that lease.
             (quarantine, highest, Heal::Rejoin)
         } else if everyone {

@@ -377,7 +377,7 @@ async fn every_node_restarted_empty_forms_anew_with_tokens_from_the_clocks() -> 
 /// that has never granted anything: a grant the node made before it lost
 /// its data may still complete on that majority, whose copies then make
 /// a lease that the node, voting at once, would grant again (the
-/// counterexample of `redlock-fast-fresh-join-broken`, docs/safety.md).
+/// counterexample of the planted bug `fresh-join`, docs/safety.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_data_joins_a_majority_that_never_granted_in_quarantine() -> TestResult
 {

@@ -243,7 +243,11 @@ impl Connection {
         };
         match self
             .replicas
-            .send(resend, attempt, probe, reqwest::Error::is_connect)
+            .send(resend, attempt, probe, reqwest::Error::is_connect, |r| {
+                // "Not held" and "not found": what a resent renewal or
+                // release answers after an earlier copy took effect.
+                matches!(r.status(), StatusCode::CONFLICT | StatusCode::NOT_FOUND)
+            })
             .await
         {
             Sent::Answer(response) => Ok(response),

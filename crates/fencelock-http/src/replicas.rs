@@ -12,9 +12,13 @@
 //! - **A request that may be sent twice** (a read, a renewal, a release:
 //!   each has the same effect once or twice) that has no answer after its
 //!   *patience* is sent again, to the next replica, and the first answer
-//!   wins. With one address (a balancer in front of the replicas) up to
-//!   two copies go to the same address on other connections, which the
-//!   balancer may send elsewhere.
+//!   wins — unless it is a refusal ("not held", "not found") while another
+//!   copy is still in flight: that copy may be the one that took effect (a
+//!   release that went through on a hung replica, whose resend found
+//!   nothing left to release), so its answer is awaited and wins. With one
+//!   address (a balancer in front of the replicas) up to two copies go to
+//!   the same address on other connections, which the balancer may send
+//!   elsewhere.
 //! - **Any other request** (an acquisition, which may long-poll for as long
 //!   as its wait) is left to run, but once its replica has been silent for
 //!   the patience, the replica is asked something trivial (`GET /v1/info`,
@@ -104,6 +108,7 @@ pub(crate) struct Replicas {
 }
 
 /// What became of a request sent by [`Replicas::send`].
+#[derive(Debug)]
 pub(crate) enum Sent<R, E> {
     /// A replica answered (any status).
     Answer(R),
@@ -184,13 +189,16 @@ impl Replicas {
     }
 
     /// Sends what `attempt(at)` sends to replica `at`, watching it as the
-    /// module's comment says. `probe(at)` is the liveness check.
+    /// module's comment says. `probe(at)` is the liveness check;
+    /// `refusal(answer)` says whether an answer is one that another copy
+    /// in flight may contradict.
     pub(crate) async fn send<R, E>(
         self: &Arc<Self>,
         resend: Resend,
         attempt: impl Fn(usize) -> BoxFuture<'static, Result<R, E>>,
         probe: impl Fn(usize) -> BoxFuture<'static, bool>,
         refused: impl Fn(&E) -> bool,
+        refusal: impl Fn(&R) -> bool,
     ) -> Sent<R, E>
     where
         R: Send + 'static,
@@ -209,8 +217,13 @@ impl Replicas {
             Resend::Never => n,
         };
         let mut last_error = None;
+        // A refusal answered while another copy was still in flight.
+        let mut held_back = None;
         loop {
             if flying.is_empty() {
+                if let Some(answer) = held_back.take() {
+                    return Sent::Answer(answer);
+                }
                 if tries == most {
                     return last_error.map_or(Sent::Silent, Sent::Failed);
                 }
@@ -226,8 +239,12 @@ impl Replicas {
             // The timer restarts with every turn of the loop, so it measures
             // the silence of the copy sent last.
             let newest = busy.last().copied().unwrap_or(0);
+            // An answer is in hand: the copies in flight are awaited, not
+            // multiplied.
+            let answered = held_back.is_some();
             let silent = async {
                 match resend {
+                    _ if answered => std::future::pending().await,
                     Resend::After(p) if tries < most => tokio::time::sleep(p).await,
                     Resend::Never if n > 1 => {
                         self.until_silent(newest, patience, &probe).await;
@@ -238,6 +255,9 @@ impl Replicas {
             tokio::select! {
                 biased;
                 Some((at, outcome)) = flying.next() => match outcome {
+                    Ok(answer) if refusal(&answer) && !flying.is_empty() => {
+                        held_back.get_or_insert(answer);
+                    }
                     Ok(answer) => return Sent::Answer(answer),
                     Err(e) => {
                         self.failed(at);
@@ -256,7 +276,7 @@ impl Replicas {
                             Resend::Never => refused(&e) && tries < n,
                         };
                         last_error = Some(e);
-                        if flying.is_empty() && !again {
+                        if flying.is_empty() && !again && held_back.is_none() {
                             return last_error.map_or(Sent::Silent, Sent::Failed);
                         }
                     }
@@ -405,9 +425,58 @@ mod tests {
                 attempt,
                 |_| async { true }.boxed(),
                 |refused| *refused,
+                |_| false,
             )
             .await;
         (sent, tries.load(Ordering::SeqCst))
+    }
+
+    /// A release answered "not held" by its resend, while the first copy,
+    /// on a replica that stalled, is still in flight: that copy took
+    /// effect, and its answer (0 here; 409 is the refusal) wins, whether it
+    /// comes before or after the resend's. Without a copy left in flight,
+    /// or once it fails, the refusal is the answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_waits_for_a_copy_still_in_flight() {
+        let patience = Duration::from_millis(100);
+        // What each try answers, after how long.
+        let run = |plan: Vec<(u64, Result<u32, bool>)>| async move {
+            let list = (0..3)
+                .map(|i| Replica::new(format!("h{i}"), Some(1)))
+                .collect();
+            let replicas = Arc::new(Replicas::new(list, patience));
+            let plan = Arc::new(Mutex::new(plan.into_iter()));
+            let attempt = |_at| {
+                let (after, answer) = plan
+                    .lock()
+                    .ok()
+                    .and_then(|mut p| p.next())
+                    .unwrap_or((0, Err(false)));
+                async move {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    answer
+                }
+                .boxed()
+            };
+            replicas
+                .send(
+                    Resend::After(patience),
+                    attempt,
+                    |_| async { true }.boxed(),
+                    |refused| *refused,
+                    |answer| *answer == 409,
+                )
+                .await
+        };
+        // The stalled first copy answers after the resend's refusal.
+        let sent = run(vec![(500, Ok(0)), (0, Ok(409))]).await;
+        assert!(matches!(sent, Sent::Answer(0)), "{sent:?}");
+        // It fails: the refusal stands.
+        let sent = run(vec![(500, Err(false)), (0, Ok(409))]).await;
+        assert!(matches!(sent, Sent::Answer(409)), "{sent:?}");
+        // A refusal with nothing else in flight is the answer at once.
+        let sent = run(vec![(0, Ok(409))]).await;
+        assert!(matches!(sent, Sent::Answer(409)), "{sent:?}");
     }
 
     #[tokio::test]

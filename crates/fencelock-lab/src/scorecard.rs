@@ -122,9 +122,13 @@ impl Shape {
         match self {
             // The client's replica_timeout (docs/http.md).
             Shape::Replicas => Duration::from_secs(1),
-            // A killed replica refuses at once; a stopped one is out after
-            // two checks of `timeout check 3s` (the test kit's HAProxy).
-            Shape::ReplicasHaproxy => Duration::from_secs(7),
+            // A killed replica refuses at once. A stopped one stays in the
+            // balancer until two checks of `timeout check 3s` fail
+            // (deploy/haproxy.cfg), but the client does not wait for that:
+            // a request that may be sent twice goes again after
+            // `replica_timeout`, and the balancer hands the copy to another
+            // replica.
+            Shape::ReplicasHaproxy => Duration::from_secs(1),
             // down-after-milliseconds 1000, then the Sentinels' election.
             Shape::RedisSentinel => Duration::from_secs(3),
             // No failover: a majority answers; a dead node costs its

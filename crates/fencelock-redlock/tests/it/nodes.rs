@@ -643,7 +643,10 @@ async fn a_node_that_comes_back_is_used_again() -> TestResult {
     b.release(&req.lease(last)).await?;
     set.kill(0)?;
     for _ in 0..20 {
-        let token = granted(b.try_acquire(&req).await?)?;
+        // With node 0 dead every grant needs both others within
+        // node_timeout, which a loaded machine's fsync (AOF `always`) can
+        // miss once; what this test is about comes after the restart.
+        let token = acquire_within(&b, &req, Duration::from_secs(10)).await?;
         assert!(token > last, "token {token} after {last}");
         last = token;
         b.release(&req.lease(token)).await?;

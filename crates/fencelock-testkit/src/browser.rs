@@ -13,6 +13,7 @@
 //! what the page shows, never for a fixed time.
 
 use std::{
+    future::Future,
     io::{BufRead, BufReader},
     os::unix::process::CommandExt,
     process::{Command, Stdio},
@@ -20,7 +21,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fantoccini::{error::CmdError, Client, ClientBuilder};
+use fantoccini::{
+    elements::Element,
+    error::{CmdError, ErrorStatus},
+    Client, ClientBuilder, Locator,
+};
 use nix::{
     sys::signal::{killpg, Signal},
     unistd::Pid,
@@ -174,6 +179,40 @@ impl Browser {
         }
     }
 
+    /// Finds the element `css` selects and runs `act` on it, finding it again
+    /// while the page answers that it is stale (the page re-rendered it
+    /// between the find and the act: a table row redrawn by a renewal's
+    /// event, a `<select>`'s options rebuilt), up to `timeout`.
+    ///
+    /// A fixed handle is a race with the page's own rendering, which no wait
+    /// for what the page shows can close; finding it again is the fix
+    /// WebDriver's specification gives for a stale element.
+    pub async fn on_element<T, F, Fut>(
+        &self,
+        css: &str,
+        timeout: Duration,
+        mut act: F,
+    ) -> TestResult<T>
+    where
+        F: FnMut(Element) -> Fut,
+        Fut: Future<Output = Result<T, CmdError>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let tried = match self.client.find(Locator::Css(css)).await {
+                Ok(element) => act(element).await,
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok(value) => return Ok(value),
+                Err(CmdError::Standard(e))
+                    if e.error == ErrorStatus::StaleElementReference
+                        && Instant::now() < deadline => {}
+                Err(e) => return Err(format!("{css}: {e}").into()),
+            }
+        }
+    }
+
     /// Accepts the `confirm()`/`alert()` dialog the page opens, waiting for it
     /// up to `timeout`; returns its text.
     pub async fn accept_dialog(&self, timeout: Duration) -> TestResult<String> {
@@ -185,8 +224,7 @@ impl Browser {
                     return Ok(text);
                 }
                 Err(CmdError::Standard(e))
-                    if e.error == fantoccini::error::ErrorStatus::NoSuchAlert
-                        && Instant::now() < deadline =>
+                    if e.error == ErrorStatus::NoSuchAlert && Instant::now() < deadline =>
                 {
                     tokio::time::sleep(POLL).await;
                 }

@@ -7,7 +7,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fantoccini::Locator;
 use fencelock_core::{LockClient, LockKey, MemoryFence, ELECTION_PREFIX};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
 use fencelock_sqlite::SqliteBackend;
@@ -173,13 +172,18 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
 
 /// Types `token` into the page's token field and submits it.
 async fn use_token(browser: &Browser, token: &str) -> TestResult {
-    let page = browser.client();
-    let field = page.find(Locator::Css("#token")).await?;
-    field.clear().await?;
-    field.send_keys(token).await?;
-    page.find(Locator::Css("#token-form button[type=submit]"))
-        .await?
-        .click()
+    browser
+        .on_element("#token", WAIT, |field| async move {
+            field.clear().await?;
+            field.send_keys(token).await
+        })
+        .await?;
+    browser
+        .on_element(
+            "#token-form button[type=submit]",
+            WAIT,
+            |button| async move { button.click().await },
+        )
         .await?;
     browser
         .wait_for(
@@ -196,10 +200,9 @@ async fn use_token(browser: &Browser, token: &str) -> TestResult {
 /// confirmation; returns its question.
 async fn force_release(browser: &Browser, table: &str, key: &str) -> TestResult<String> {
     browser
-        .client()
-        .find(Locator::Css(&release_button(table, key)))
-        .await?
-        .click()
+        .on_element(&release_button(table, key), WAIT, |button| async move {
+            button.click().await
+        })
         .await?;
     browser.accept_dialog(WAIT).await
 }
@@ -311,36 +314,21 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     assert_eq!(markup, json!(0), "data reached the page as markup");
 
     // The filters narrow every lease section.
-    let page = browser.client();
-    page.find(Locator::Css("#filter-prefix"))
-        .await?
-        .send_keys("fencelock/")
-        .await?;
+    type_prefix(&browser, "fencelock/").await?;
     shown(&browser, "prefix fencelock/", [0, 1, 1]).await?;
-    page.find(Locator::Css("#filter-prefix"))
-        .await?
-        .clear()
+    browser
+        .on_element("#filter-prefix", WAIT, |field| async move {
+            field.clear().await
+        })
         .await?;
     // Clearing by WebDriver fires no input event: type into it instead.
-    page.find(Locator::Css("#filter-prefix"))
-        .await?
-        .send_keys("o")
-        .await?;
+    type_prefix(&browser, "o").await?;
     shown(&browser, "prefix o", [1, 0, 0]).await?;
-    page.find(Locator::Css("#filter-prefix"))
-        .await?
-        .send_keys("\u{E003}")
-        .await?;
+    type_prefix(&browser, "\u{E003}").await?;
     shown(&browser, "no prefix", [1, 1, 1]).await?;
-    page.find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_value("workflow")
-        .await?;
+    select_kind(&browser, "workflow").await?;
     shown(&browser, "kind workflow", [1, 0, 0]).await?;
-    page.find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_value("")
-        .await?;
+    select_kind(&browser, "").await?;
     shown(&browser, "all kinds", [1, 1, 1]).await?;
 
     // Released through the API: the row goes, the log says so.
@@ -512,18 +500,37 @@ const HELD_MATCHES_ROWS: &str = r#"
 /// Types `text` into the prefix filter after clearing it (with key presses,
 /// which fire the input events the page listens to).
 async fn set_prefix(browser: &Browser, text: &str) -> TestResult {
-    let field = browser
-        .client()
-        .find(Locator::Css("#filter-prefix"))
-        .await?;
-    let current = field.prop("value").await?.unwrap_or_default();
-    field
-        .send_keys(&"\u{E003}".repeat(current.chars().count()))
-        .await?;
-    if !text.is_empty() {
-        field.send_keys(text).await?;
-    }
-    Ok(())
+    browser
+        .on_element("#filter-prefix", WAIT, |field| async move {
+            let current = field.prop("value").await?.unwrap_or_default();
+            field
+                .send_keys(&"\u{E003}".repeat(current.chars().count()))
+                .await?;
+            if !text.is_empty() {
+                field.send_keys(text).await?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// Types `keys` into the prefix filter as it stands.
+async fn type_prefix(browser: &Browser, keys: &str) -> TestResult {
+    browser
+        .on_element("#filter-prefix", WAIT, |field| async move {
+            field.send_keys(keys).await
+        })
+        .await
+}
+
+/// Chooses `kind` in the kind filter (whose options the page rebuilds when
+/// the kinds it shows change).
+async fn select_kind(browser: &Browser, kind: &str) -> TestResult {
+    browser
+        .on_element("#filter-kind", WAIT, |select| async move {
+            select.select_by_value(kind).await.map(drop)
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -683,12 +690,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
         )
         .await?;
     set_prefix(&browser, "").await?;
-    browser
-        .client()
-        .find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_value("beta")
-        .await?;
+    select_kind(&browser, "beta").await?;
     browser
         .wait_for(
             "only the beta lease's events",
@@ -699,12 +701,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
             vec![],
         )
         .await?;
-    browser
-        .client()
-        .find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_value("")
-        .await?;
+    select_kind(&browser, "").await?;
     browser
         .wait_for(
             "every event again",

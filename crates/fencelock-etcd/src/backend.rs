@@ -21,7 +21,10 @@ use fencelock_core::{
 use serde_json::{json, Value};
 
 use crate::{
-    error::{bad_value, bounded, failover, hedged, is_lease_not_found, map, HEDGE_AFTER, NAME},
+    error::{
+        bad_value, bounded, failover, hedged, hedged_unless, is_lease_not_found, map, HEDGE_AFTER,
+        NAME,
+    },
     options::EtcdOptions,
 };
 
@@ -612,7 +615,25 @@ impl EtcdBackend {
                 revision(token),
             )])
             .and_then([TxnOp::delete(full, None)]);
-        Ok(self.txn("delete txn", txn).await?.succeeded())
+        // Conditional on the incarnation, so two copies delete it once: sent
+        // again beside a member that does not answer, as reads are. Without
+        // that, a release through a stopped or cut-off member waited out its
+        // whole time-out and failed.
+        let timeout = self.options.timeout;
+        let answer = hedged_unless(
+            timeout,
+            self.copies(),
+            || {
+                failover(timeout, || {
+                    let (mut c, t) = (self.client.clone(), txn.clone());
+                    async move { c.txn(t).await }
+                })
+            },
+            |r: &TxnResponse| !r.succeeded(),
+        )
+        .await
+        .map_err(|e| map("delete txn", e))?;
+        Ok(answer.succeeded())
     }
 
     /// The lease's remaining TTL; `None` when it has ended.

@@ -30,7 +30,18 @@ pub(crate) fn map(context: &str, e: EtcdError) -> Error {
             .with_source(e)
             .into();
     }
-    let transient = match &e {
+    let message = format!("{context} failed");
+    if transient(&e) {
+        BackendError::transient(NAME, message, e).into()
+    } else {
+        BackendError::permanent(NAME, message, e).into()
+    }
+}
+
+/// Whether `e` is transient: lost connections, missing or changing
+/// leaders, timeouts and overload.
+fn transient(e: &EtcdError) -> bool {
+    match e {
         EtcdError::IoError(_) | EtcdError::TransportError(_) => true,
         EtcdError::LeaseKeepAliveError(_) | EtcdError::WatchError(_) => true,
         EtcdError::GRpcStatus(s) => match s.code() {
@@ -47,12 +58,6 @@ pub(crate) fn map(context: &str, e: EtcdError) -> Error {
             _ => false,
         },
         _ => false,
-    };
-    let message = format!("{context} failed");
-    if transient {
-        BackendError::transient(NAME, message, e).into()
-    } else {
-        BackendError::permanent(NAME, message, e).into()
     }
 }
 
@@ -99,9 +104,10 @@ pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(500);
 
 /// Runs `op` — which must have the same effect once or twice (a
 /// keep-alive, a read) — and, while no copy has answered, another copy
-/// every [`HEDGE_AFTER`], `copies` in all; the first success wins (or,
-/// once every copy has failed, the last failure), all bounded by
-/// `timeout`.
+/// every [`HEDGE_AFTER`], `copies` in all, and one at once after each
+/// copy whose connection broke (up to `copies` more); the first success
+/// wins (or, once every copy has failed, the last failure), all bounded
+/// by `timeout`.
 ///
 /// A member that is stopped or wedged keeps its connections open and
 /// answers nothing, so the channel goes on giving it requests, which wait
@@ -117,45 +123,86 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, EtcdError>>,
 {
+    hedged_unless(timeout, copies, op, |_| false).await
+}
+
+/// [`hedged`], for a conditional write whose copies have one effect
+/// together (a delete of one key incarnation: the copy that comes second
+/// finds nothing left to delete), but whose answers differ: a copy that
+/// answers `refused` (its condition failed) while another copy is still in
+/// flight may only be the echo of that other copy's success, which the
+/// silent member applied. Such an answer waits for the copies in flight and
+/// is returned only if none of them succeeds (fails, or the time is up).
+pub(crate) async fn hedged_unless<T, F, Fut>(
+    timeout: Duration,
+    copies: usize,
+    op: F,
+    refused: impl Fn(&T) -> bool,
+) -> Result<T, EtcdError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
     use futures_util::stream::{FuturesUnordered, StreamExt};
-    bounded(timeout, async {
-        let mut flying = FuturesUnordered::new();
-        flying.push(op());
-        let mut sent = 1;
-        let mut last = None;
-        loop {
-            let next_copy = async {
-                if sent < copies {
-                    tokio::time::sleep(HEDGE_AFTER).await;
-                } else {
-                    std::future::pending::<()>().await;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut flying = FuturesUnordered::new();
+    flying.push(op());
+    let mut sent = 1;
+    let mut last = None;
+    let mut held_back = None;
+    loop {
+        let next_copy = async {
+            if sent < copies {
+                tokio::time::sleep(HEDGE_AFTER).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            answer = flying.next() => match answer {
+                Some(Ok(value)) if refused(&value) && !flying.is_empty() => {
+                    held_back = Some(value);
                 }
-            };
-            tokio::select! {
-                biased;
-                answer = flying.next() => match answer {
-                    Some(Ok(value)) => return Ok(value),
-                    // An answer, if a failed one: copies are for silence.
-                    // Another copy still in flight may yet succeed.
-                    Some(Err(e)) => {
-                        last = Some(e);
-                        if flying.is_empty() {
-                            break;
-                        }
-                    }
-                    None => break,
-                },
-                () = next_copy => {
+                Some(Ok(value)) => return Ok(value),
+                // A broken connection left the outcome unknown, and a
+                // copy has the same effect: the next one goes at once, on
+                // a new connection, up to as many again as the silence
+                // allowed.
+                Some(Err(e)) if transient(&e) && sent < 2 * copies && held_back.is_none() => {
+                    last = Some(e);
                     flying.push(op());
                     sent += 1;
                 }
+                // An answer, if a failed one: copies are for silence.
+                // Another copy still in flight may yet succeed.
+                Some(Err(e)) => {
+                    last = Some(e);
+                    if flying.is_empty() {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            () = next_copy, if held_back.is_none() => {
+                flying.push(op());
+                sent += 1;
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                last = Some(EtcdError::GRpcStatus(Status::deadline_exceeded(format!(
+                    "no answer within {timeout:?}"
+                ))));
+                break;
             }
         }
-        Err(last.unwrap_or_else(|| {
-            EtcdError::GRpcStatus(Status::deadline_exceeded("no copy answered"))
-        }))
-    })
-    .await
+    }
+    match (held_back, last) {
+        (Some(value), _) => Ok(value),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(EtcdError::GRpcStatus(Status::deadline_exceeded(
+            "no copy answered",
+        ))),
+    }
 }
 
 /// Runs `op`, sending it again while it fails with [`never_sent`], so a dead
@@ -176,4 +223,92 @@ where
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Copy 1 is held by a member that answers late; copy 2 (sent after
+    /// [`HEDGE_AFTER`]) answers at once. `first` is copy 1's answer, if it
+    /// gives one within `late`; copy 2 answers `false` (refused).
+    async fn two_copies(first: Option<bool>, late: Duration) -> Result<bool, EtcdError> {
+        let sent = AtomicUsize::new(0);
+        hedged_unless(
+            Duration::from_secs(5),
+            2,
+            || {
+                let n = sent.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n > 0 {
+                        return Ok(false);
+                    }
+                    tokio::time::sleep(late).await;
+                    first.ok_or_else(|| EtcdError::GRpcStatus(Status::unavailable("reset")))
+                }
+            },
+            |applied: &bool| !applied,
+        )
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_waits_for_the_copy_still_in_flight() {
+        // The first copy applied the delete: its late success wins over the
+        // second copy's "nothing to delete".
+        assert!(two_copies(Some(true), Duration::from_secs(2))
+            .await
+            .unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_stands_when_no_copy_in_flight_succeeds() {
+        // The first copy fails, or never answers: the refusal is the answer.
+        assert!(!two_copies(None, Duration::from_secs(2)).await.unwrap());
+        assert!(!two_copies(Some(true), Duration::from_secs(60))
+            .await
+            .unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_connection_sends_the_next_copy_at_once() {
+        let sent = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        let answer = hedged_unless(
+            Duration::from_secs(5),
+            2,
+            || {
+                let n = sent.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        Err(EtcdError::GRpcStatus(Status::unavailable(
+                            "connection reset",
+                        )))
+                    } else {
+                        Ok(true)
+                    }
+                }
+            },
+            |applied: &bool| !applied,
+        )
+        .await;
+        assert!(answer.unwrap());
+        assert_eq!(started.elapsed(), Duration::ZERO, "the copy waited");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_answers_at_once() {
+        let started = tokio::time::Instant::now();
+        let answer = hedged_unless(
+            Duration::from_secs(5),
+            2,
+            || async { Ok::<_, EtcdError>(true) },
+            |applied: &bool| !applied,
+        )
+        .await;
+        assert!(answer.unwrap());
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
 }

@@ -15,15 +15,20 @@
 //! The registry caps how many are open. A connection over the cap makes
 //! room by closing the one that has been idle longest (an idle connection
 //! costs its client nothing to open again, and a flood of idle or
-//! half-sent sockets can then never keep a health check out); when every
-//! connection is busy, the new one is closed at once.
+//! half-sent sockets can then never keep a health check out). When every
+//! connection is busy (long polls and event streams can fill the cap), the
+//! new one takes one of a few spares kept beyond the cap: a spare answers
+//! `/healthz` as usual and anything else with 503 and `retry_after_ms`,
+//! then closes, so that a balancer's check still tells a busy replica from
+//! a dead one, and a client is told to come back rather than cut off. When
+//! the spares are taken too, the new connection is closed at once.
 
 use std::{
     collections::HashMap,
     io,
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, PoisonError,
     },
     task::{Context, Poll},
@@ -46,11 +51,17 @@ pub(crate) struct Timeouts {
     pub(crate) idle: Duration,
 }
 
+/// Connections kept beyond the cap for the spares (see the module docs):
+/// each is answered at once and closed, so a few are enough.
+pub(crate) const SPARE_CONNECTIONS: usize = 16;
+
 /// The open connections.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     next: AtomicU64,
     live: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Spare connections open now.
+    spares: AtomicUsize,
 }
 
 impl Registry {
@@ -59,7 +70,9 @@ impl Registry {
     }
 
     /// Registers a new connection, closing the longest idle one when `max`
-    /// are open already; `None` when every open connection is busy.
+    /// are open already; when every open connection is busy, a spare
+    /// ([`Conn::spare`]) if one of [`SPARE_CONNECTIONS`] is free, else
+    /// `None`.
     pub(crate) fn open(&self, max: usize) -> Option<Arc<Conn>> {
         let mut live = self.live();
         if live.len() >= max.max(1) {
@@ -67,14 +80,35 @@ impl Registry {
                 .values()
                 .filter_map(|c| c.idle_since().map(|since| (since, c.id)))
                 .min()
-                .map(|(_, id)| id)?;
-            if let Some(victim) = live.remove(&victim) {
-                victim.evicted.cancel();
+                .map(|(_, id)| id);
+            match victim.and_then(|victim| live.remove(&victim)) {
+                Some(victim) => victim.evicted.cancel(),
+                None => {
+                    drop(live);
+                    return self.open_spare();
+                }
             }
         }
+        let conn = self.conn(false);
+        live.insert(conn.id, Arc::clone(&conn));
+        Some(conn)
+    }
+
+    /// A spare connection, counted apart from the cap's.
+    fn open_spare(&self) -> Option<Arc<Conn>> {
+        self.spares
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < SPARE_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()?;
+        Some(self.conn(true))
+    }
+
+    fn conn(&self, spare: bool) -> Arc<Conn> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn {
+        Arc::new(Conn {
             id,
+            spare,
             state: Mutex::new(State {
                 in_flight: 0,
                 served: 0,
@@ -83,14 +117,16 @@ impl Registry {
             }),
             changed: Notify::new(),
             evicted: CancellationToken::new(),
-        });
-        live.insert(id, Arc::clone(&conn));
-        Some(conn)
+        })
     }
 
     /// Forgets a connection that ended.
-    pub(crate) fn close(&self, id: u64) {
-        self.live().remove(&id);
+    pub(crate) fn close(&self, conn: &Conn) {
+        if conn.spare {
+            self.spares.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.live().remove(&conn.id);
+        }
     }
 
     /// How many connections are open.
@@ -103,6 +139,9 @@ impl Registry {
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) id: u64,
+    /// Opened beyond the cap while every connection was busy: answers
+    /// `/healthz`, refuses the rest with 503, and closes after one answer.
+    pub(crate) spare: bool,
     state: Mutex<State>,
     /// Told when a request starts or ends, or a head starts arriving: the
     /// connection's deadline moved.
@@ -284,9 +323,18 @@ mod tests {
         assert!(idle.evicted.is_cancelled());
         assert!(!busy.evicted.is_cancelled());
         assert_eq!(registry.len(), 2);
-        // Both left are busy: no room.
+        // Both left are busy: spares, then no room.
         let _second = newer.begin();
+        let spares: Vec<_> = (0..SPARE_CONNECTIONS)
+            .map(|_| registry.open(2).unwrap())
+            .collect();
+        assert!(spares.iter().all(|c| c.spare));
         assert!(registry.open(2).is_none());
+        // A spare that ends makes room for another; the cap's count is
+        // untouched by spares.
+        registry.close(&spares[0]);
+        assert!(registry.open(2).unwrap().spare);
+        assert_eq!(registry.len(), 2);
     }
 
     #[tokio::test]

@@ -59,6 +59,19 @@ impl ApiError {
         e
     }
 
+    /// 503: every connection this replica may keep is busy with a request
+    /// (its `max_connections`), so this one, opened on a spare, is answered
+    /// at once and closed; ask again, here or at another replica.
+    pub(crate) fn overloaded() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "every connection this replica keeps is busy (max_connections); ask again",
+        );
+        e.retry_after = Some(RETRY_AFTER_OVERLOAD);
+        e
+    }
+
     /// The status and body, for an answer that carries several outcomes.
     pub(crate) fn into_parts(self) -> (StatusCode, ErrorBody) {
         (self.status, *self.body)
@@ -138,6 +151,10 @@ impl From<Error> for ApiError {
 /// needs to notice the replica is gone (`deploy/haproxy.cfg` checks every
 /// 300 ms, two failures take it out).
 const RETRY_AFTER_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The `retry_after_ms` of an answer on a spare connection: long polls and
+/// streams free their connections at their own pace, so a short pause.
+const RETRY_AFTER_OVERLOAD: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

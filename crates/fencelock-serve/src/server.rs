@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{body::Body, Router};
+use axum::{body::Body, response::IntoResponse, Router};
 use fencelock_core::CancellationToken;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -27,6 +27,7 @@ use tower::ServiceExt;
 
 use crate::{
     conns::{Conn, Registry, Timeouts, Tracked, Watched},
+    error::ApiError,
     router, Service,
 };
 
@@ -47,8 +48,11 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Most connections open at once (`None`: three quarters of the
     /// process's file limit, [`default_max_connections`]). A new one over
-    /// the cap closes the connection idle longest; when every one is busy
-    /// with a request, the new one is closed.
+    /// the cap closes the connection idle longest. When every one is busy
+    /// with a request, the new one takes one of 16 spares kept beyond the
+    /// cap, which answers `/healthz` and refuses anything else with 503
+    /// `unavailable` and `retry_after_ms`, then closes; with the spares
+    /// taken too, it is closed.
     pub max_connections: Option<usize>,
     /// How long a shutdown waits for the answers in flight (long polls are
     /// answered at once) before it closes their connections.
@@ -172,7 +176,7 @@ impl Server {
                 }
             };
             let Some(conn) = registry.open(max) else {
-                tracing::debug!(max, "every connection is busy; closing a new one");
+                tracing::debug!(max, "every connection and spare is busy; closing a new one");
                 continue;
             };
             // Answers and events are small writes: Nagle's algorithm
@@ -231,11 +235,11 @@ impl Server {
 }
 
 /// Removes a connection from the registry however its task ends.
-struct Deregister(Arc<Registry>, u64);
+struct Deregister(Arc<Registry>, Arc<Conn>);
 
 impl Drop for Deregister {
     fn drop(&mut self) {
-        self.0.close(self.1);
+        self.0.close(&self.1);
     }
 }
 
@@ -249,7 +253,7 @@ async fn connection(
     timeouts: Timeouts,
     draining: CancellationToken,
 ) {
-    let _registered = Deregister(registry, conn.id);
+    let _registered = Deregister(registry, Arc::clone(&conn));
     let io = Watched {
         inner: tcp,
         conn: Arc::clone(&conn),
@@ -294,16 +298,22 @@ async fn http<I>(
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let busy = served.begin();
         let app = app.clone();
+        // A spare connection (see `conns`) serves the health check only.
+        let refused = served.spare && request.uri().path() != "/healthz";
         async move {
-            let response = match app.oneshot(request.map(Body::new)).await {
-                Ok(response) => response,
-                Err(never) => match never {},
+            let response = if refused {
+                ApiError::overloaded().into_response()
+            } else {
+                match app.oneshot(request.map(Body::new)).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
             };
             Ok::<_, Infallible>(response.map(|inner| Tracked { inner, _busy: busy }))
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
-        .keep_alive(true)
+        .keep_alive(!conn.spare)
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut closing = false;

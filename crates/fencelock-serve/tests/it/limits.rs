@@ -265,3 +265,56 @@ async fn long_polls_and_event_streams_outlive_the_idle_timeout() {
     .await
     .unwrap_or_else(|_| panic!("no release on the stream: {seen}"));
 }
+
+/// A cap filled by requests in flight (event streams here; long polls
+/// alike) closes no busy connection, yet `/healthz` still answers 200 on a
+/// spare connection, and any other request there is told to come back
+/// (503 `unavailable` with `retry_after_ms`) instead of finding its
+/// connection closed.
+#[tokio::test]
+async fn a_cap_full_of_busy_connections_still_answers_healthz() {
+    let max = 3;
+    let run = start(
+        Limits {
+            max_connections: Some(max),
+            ..Limits::default()
+        },
+        false,
+    )
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..max {
+        let stream = run
+            .http
+            .get(format!("{}/v1/events", run.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200);
+        streams.push(stream);
+    }
+    assert_eq!(healthz(&run).await, 200);
+    let refused =
+        tokio::time::timeout(SLACK, run.http.get(format!("{}/v1/locks", run.base)).send())
+            .await
+            .expect("a request over a full cap did not answer")
+            .unwrap();
+    assert_eq!(refused.status(), 503);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "unavailable", "{body}");
+    assert!(body["retry_after_ms"].as_u64().unwrap() > 0, "{body}");
+    // The streams were never cut to make room.
+    for stream in &mut streams {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), stream.chunk())
+                .await
+                .map_or(true, |chunk| chunk.is_ok()),
+            "a busy stream was closed"
+        );
+    }
+    // Each spare closes after its answer and is counted free again:
+    // more checks than there are spares all answer.
+    for _ in 0..40 {
+        assert_eq!(healthz(&run).await, 200);
+    }
+}

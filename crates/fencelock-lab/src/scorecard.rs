@@ -9,7 +9,8 @@
 //! component is then failed — killed with SIGKILL, stopped with SIGSTOP
 //! and continued three failover times later, or (asked for by name) killed
 //! and started again at once, without its data where the shape keeps none
-//! on disk — and the case counts:
+//! on disk, or cut off from its clients by a silent network for three
+//! failover times — and the case counts:
 //!
 //! - **unnecessary losses**: holders that lost their lock, although a
 //!   majority (or the failover target) stayed healthy;
@@ -35,9 +36,12 @@ use std::{
 use clap::{Args, ValueEnum};
 use fencelock::{Error, LockClient, LockGuard, Owner};
 use fencelock_testkit::{
+    proxy::{endpoints, with_endpoints, FaultProxy},
     servers::{
         etcd::EtcdCluster,
+        postgres::PostgresServer,
         redis::RedisServer,
+        redis_cluster::RedisCluster,
         redis_sentinel::RedisSentinel,
         redis_set::RedisSet,
         replicas::{Haproxy, ServeReplicas},
@@ -81,6 +85,9 @@ pub enum Shape {
     ReplicasHaproxy,
     /// A master, a replica and three Sentinels; the master fails.
     RedisSentinel,
+    /// A Redis Cluster of three primaries, each with a replica; the primary
+    /// of the first holder's key fails.
+    RedisCluster,
     /// Three independent Redis nodes (`redlock://`); the first fails.
     Redlock,
     /// Five independent Redis nodes; the first fails.
@@ -91,17 +98,22 @@ pub enum Shape {
     Etcd,
     /// Three ZooKeeper members; the leader fails.
     Zookeeper,
+    /// One PostgreSQL server, crashed and started again (its only fault:
+    /// one server has no majority to carry on without it).
+    Postgres,
 }
 
 impl Shape {
-    const ALL: [Shape; 7] = [
+    const ALL: [Shape; 9] = [
         Shape::Replicas,
         Shape::ReplicasHaproxy,
         Shape::RedisSentinel,
+        Shape::RedisCluster,
         Shape::Redlock,
         Shape::Redlock5,
         Shape::Etcd,
         Shape::Zookeeper,
+        Shape::Postgres,
     ];
 
     fn name(self) -> &'static str {
@@ -109,10 +121,28 @@ impl Shape {
             Shape::Replicas => "replicas",
             Shape::ReplicasHaproxy => "replicas-haproxy",
             Shape::RedisSentinel => "redis-sentinel",
+            Shape::RedisCluster => "redis-cluster",
             Shape::Redlock => "redlock",
             Shape::Redlock5 => "redlock-5",
             Shape::Etcd => "etcd",
             Shape::Zookeeper => "zookeeper",
+            Shape::Postgres => "postgres",
+        }
+    }
+
+    /// Why `fault` is not a case of this shape, if it is not.
+    fn refuses(self, fault: Fault) -> Option<&'static str> {
+        match (self, fault) {
+            (Shape::RedisSentinel, Fault::Restart) => {
+                Some("the Sentinels bring a failed master back as a replica")
+            }
+            (Shape::RedisSentinel | Shape::RedisCluster, Fault::Silent) => {
+                Some("clients reach the servers the Sentinels or the cluster name, past any proxy")
+            }
+            (Shape::Postgres, Fault::Kill | Fault::Stop | Fault::Silent) => {
+                Some("one server: without it there is no majority to carry on")
+            }
+            _ => None,
         }
     }
 
@@ -131,6 +161,11 @@ impl Shape {
             Shape::ReplicasHaproxy => Duration::from_secs(1),
             // down-after-milliseconds 1000, then the Sentinels' election.
             Shape::RedisSentinel => Duration::from_secs(3),
+            // cluster-node-timeout 1000 (the test kit's), then the replica's
+            // election; a restarted primary is back sooner.
+            Shape::RedisCluster => Duration::from_secs(3),
+            // A crash, its recovery, and the pool's new connections.
+            Shape::Postgres => Duration::from_secs(3),
             // No failover: a majority answers; a dead node costs its
             // node_timeout (250 ms) at most.
             Shape::Redlock | Shape::Redlock5 => Duration::from_secs(1),
@@ -141,9 +176,12 @@ impl Shape {
             // `syncLimit` ticks (the test kit's 5 × 2 s, ZooKeeper's sample
             // configuration), and only then elect. Then the sessions
             // reconnect (docs/zookeeper.md, "Failover").
+            // A member silent to its clients only stays in the ensemble;
+            // a session gives up on it after two thirds of its timeout and
+            // moves to another member, as from a stopped one.
             Shape::Zookeeper => match fault {
                 Fault::Kill | Fault::Restart => Duration::from_secs(4),
-                Fault::Stop => Duration::from_secs(13),
+                Fault::Stop | Fault::Silent => Duration::from_secs(13),
             },
         }
     }
@@ -160,21 +198,48 @@ pub enum Fault {
     Stop,
     /// SIGKILL, then started again at once on the same ports: a crash and
     /// a restart. Redis nodes keep nothing on disk here, so a Redlock node
-    /// comes back empty; etcd and ZooKeeper members keep their data, and a
-    /// replica has none. Not offered for `redis-sentinel` (its failed
-    /// master is the Sentinels' to bring back as a replica).
+    /// comes back empty; a Redis Cluster primary, etcd and ZooKeeper
+    /// members and PostgreSQL keep their data, and a replica has none. Not
+    /// offered for `redis-sentinel` (its failed master is the Sentinels' to
+    /// bring back as a replica).
     Restart,
+    /// The network between the clients and the component swallows every
+    /// byte both ways, connections left open, for three failover times,
+    /// then heals (the test kit's fault proxy in front of each endpoint).
+    /// The component's peers still see it: an etcd or ZooKeeper leader
+    /// keeps leading. Not offered where clients connect to the servers a
+    /// cluster names (`redis-sentinel`, `redis-cluster`).
+    Silent,
 }
 
-/// The servers of one shape and the component the case fails.
-enum Deployment {
+/// The servers of one shape, the URL the clients use, and the component
+/// the case fails.
+struct Deployment {
+    servers: Servers,
+    url: String,
+    /// With [`Fault::Silent`], one fault proxy in front of each of the
+    /// clients' endpoints, in the order of the servers' own (behind
+    /// HAProxy: between the balancer and each replica).
+    proxies: Vec<FaultProxy>,
+    /// Which proxy or member failed.
+    failed: Option<usize>,
+}
+
+enum Servers {
     Replicas {
         replicas: ServeReplicas,
-        balancer: Option<Haproxy>,
+        _balancer: Option<Haproxy>,
         _redis: RedisServer,
     },
     Sentinel(RedisSentinel, Option<u16>),
-    Members(Members, Option<usize>),
+    Cluster {
+        cluster: RedisCluster,
+        /// The first holder's key: its primary fails.
+        hot: String,
+        failed: Option<u16>,
+    },
+    Members(Members),
+    Postgres(PostgresServer),
 }
 
 /// The member sets that fail one member alike.
@@ -185,51 +250,81 @@ enum Members {
 }
 
 impl Deployment {
-    fn start(shape: Shape) -> TestResult<Self> {
-        Ok(match shape {
+    /// Starts `shape`'s servers; with [`Fault::Silent`], behind fault
+    /// proxies. `hot` is the first holder's key.
+    async fn start(shape: Shape, fault: Fault, hot: &str) -> TestResult<Self> {
+        let silent = fault == Fault::Silent;
+        let hot = hot.to_owned();
+        let (servers, url, proxies) = match shape {
             Shape::Replicas | Shape::ReplicasHaproxy => {
-                let redis = RedisServer::start_persistent()?;
-                let binary = std::env::current_exe()?;
-                let replicas = ServeReplicas::start(&binary, &redis.url(), 3, &[])?;
-                let balancer = if shape == Shape::ReplicasHaproxy {
-                    let ports: Vec<u16> = (0..replicas.len()).map(|i| replicas.port(i)).collect();
-                    Some(Haproxy::start(&ports)?)
+                let (redis, replicas) = tokio::task::spawn_blocking(|| {
+                    let redis = RedisServer::start_persistent()?;
+                    let binary = std::env::current_exe()?;
+                    let replicas = ServeReplicas::start(&binary, &redis.url(), 3, &[])?;
+                    TestResult::Ok((redis, replicas))
+                })
+                .await??;
+                let (url, proxies) = behind_proxies(&replicas.url_of_all(), silent).await?;
+                let (url, balancer) = if shape == Shape::ReplicasHaproxy {
+                    // The balancer's backends are the replicas, or their
+                    // proxies: the client keeps its one address.
+                    let ports: Vec<u16> = endpoints(&url)?.iter().map(|a| a.port()).collect();
+                    let balancer =
+                        tokio::task::spawn_blocking(move || Haproxy::start(&ports)).await??;
+                    (balancer.url(), Some(balancer))
                 } else {
-                    None
+                    (url, None)
                 };
-                Deployment::Replicas {
+                let servers = Servers::Replicas {
                     replicas,
-                    balancer,
+                    _balancer: balancer,
                     _redis: redis,
-                }
+                };
+                (servers, url, proxies)
             }
-            Shape::RedisSentinel => Deployment::Sentinel(RedisSentinel::start()?, None),
-            Shape::Redlock => Deployment::Members(Members::Redlock(RedisSet::start(3)?), None),
-            Shape::Redlock5 => Deployment::Members(Members::Redlock(RedisSet::start(5)?), None),
-            Shape::Etcd => Deployment::Members(Members::Etcd(EtcdCluster::start_members(3)?), None),
-            Shape::Zookeeper => {
-                Deployment::Members(Members::Zookeeper(ZkServer::start_members(3)?), None)
+            Shape::RedisSentinel => {
+                let set = tokio::task::spawn_blocking(RedisSentinel::start).await??;
+                let url = set.url();
+                (Servers::Sentinel(set, None), url, Vec::new())
             }
+            Shape::RedisCluster => {
+                let cluster = tokio::task::spawn_blocking(RedisCluster::start_persistent).await??;
+                let url = cluster.url();
+                let servers = Servers::Cluster {
+                    cluster,
+                    hot,
+                    failed: None,
+                };
+                (servers, url, Vec::new())
+            }
+            Shape::Postgres => {
+                let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
+                let url = server.url("postgres");
+                (Servers::Postgres(server), url, Vec::new())
+            }
+            Shape::Redlock | Shape::Redlock5 | Shape::Etcd | Shape::Zookeeper => {
+                let members = tokio::task::spawn_blocking(move || Members::start(shape)).await??;
+                let (url, proxies) = behind_proxies(&members.control().url(), silent).await?;
+                (Servers::Members(members), url, proxies)
+            }
+        };
+        Ok(Deployment {
+            servers,
+            url,
+            proxies,
+            failed: None,
         })
     }
 
     fn url(&self) -> String {
-        match self {
-            Deployment::Replicas {
-                balancer: Some(b), ..
-            } => b.url(),
-            Deployment::Replicas { replicas, .. } => replicas.url_of_all(),
-            Deployment::Sentinel(set, _) => set.url(),
-            Deployment::Members(Members::Redlock(set), _) => set.url(),
-            Deployment::Members(Members::Etcd(c), _) => c.url(),
-            Deployment::Members(Members::Zookeeper(z), _) => z.url(),
-        }
+        self.url.clone()
     }
 
     /// Fails the shape's component; answers which one.
     fn fail(&mut self, fault: Fault) -> TestResult<String> {
-        match self {
-            Deployment::Replicas { replicas, .. } => {
+        match &mut self.servers {
+            Servers::Replicas { replicas, .. } => {
+                self.failed = Some(0);
                 match fault {
                     Fault::Kill => replicas.kill(0)?,
                     Fault::Stop => replicas.pause(0)?,
@@ -237,27 +332,49 @@ impl Deployment {
                         replicas.kill(0)?;
                         replicas.start_again(0)?;
                     }
+                    Fault::Silent => self.silence(0)?,
                 }
                 Ok("replica 0".to_owned())
             }
-            Deployment::Sentinel(set, failed) => {
+            Servers::Sentinel(set, failed) => {
                 let master = set.master_port()?;
                 match fault {
                     Fault::Kill => set.kill(master)?,
                     Fault::Stop => set.pause(master)?,
-                    Fault::Restart => {
-                        return Err("restart is not offered for redis-sentinel".into())
-                    }
+                    Fault::Restart | Fault::Silent => return not_offered(fault),
                 }
                 *failed = Some(master);
                 Ok(format!("master {master}"))
             }
-            Deployment::Members(members, failed) => {
-                let set: &dyn MemberControl = match members {
-                    Members::Redlock(s) => s,
-                    Members::Etcd(c) => c,
-                    Members::Zookeeper(z) => z,
-                };
+            Servers::Cluster {
+                cluster,
+                hot,
+                failed,
+            } => {
+                let slot = cluster.keyslot(&format!("{{{hot}}}"))?;
+                let primary = cluster.primary_of(slot)?;
+                match fault {
+                    Fault::Kill => cluster.kill(primary)?,
+                    Fault::Stop => cluster.pause(primary)?,
+                    Fault::Restart => {
+                        cluster.kill(primary)?;
+                        cluster.start_again(primary)?;
+                    }
+                    Fault::Silent => return not_offered(fault),
+                }
+                *failed = Some(primary);
+                Ok(format!("primary {primary}"))
+            }
+            Servers::Postgres(server) => match fault {
+                Fault::Restart => {
+                    server.kill()?;
+                    server.start_again()?;
+                    Ok("server".to_owned())
+                }
+                _ => not_offered(fault),
+            },
+            Servers::Members(members) => {
+                let set = members.control();
                 let victim = set.victim();
                 match fault {
                     Fault::Kill => set.kill_member(victim)?,
@@ -266,34 +383,85 @@ impl Deployment {
                         set.kill_member(victim)?;
                         set.start_member_again(victim)?;
                     }
+                    Fault::Silent => self.silence(victim)?,
                 }
-                *failed = Some(victim);
+                self.failed = Some(victim);
                 Ok(format!("member {victim}"))
             }
         }
     }
 
-    /// SIGCONT of a stopped component.
-    fn resume(&mut self) -> TestResult {
-        match self {
-            Deployment::Replicas { replicas, .. } => replicas.resume(0),
-            Deployment::Sentinel(set, failed) => match failed {
-                Some(port) => set.resume(*port),
+    /// Swallows everything between the clients and endpoint `i`.
+    fn silence(&self, i: usize) -> TestResult {
+        let proxy = self
+            .proxies
+            .get(i)
+            .ok_or("the deployment was not started behind fault proxies")?;
+        proxy.controls().partition();
+        Ok(())
+    }
+
+    /// Ends a stop (SIGCONT) or a silence (the network heals).
+    fn resume(&mut self, fault: Fault) -> TestResult {
+        if fault == Fault::Silent {
+            if let Some(proxy) = self.failed.and_then(|i| self.proxies.get(i)) {
+                proxy.controls().heal();
+            }
+            return Ok(());
+        }
+        match &self.servers {
+            Servers::Replicas { replicas, .. } => replicas.resume(0),
+            Servers::Sentinel(set, Some(port)) => set.resume(*port),
+            Servers::Cluster {
+                cluster,
+                failed: Some(port),
+                ..
+            } => cluster.resume(*port),
+            Servers::Members(members) => match self.failed {
+                Some(i) => members.control().resume_member(i),
                 None => Ok(()),
             },
-            Deployment::Members(members, failed) => {
-                let set: &dyn MemberControl = match members {
-                    Members::Redlock(s) => s,
-                    Members::Etcd(c) => c,
-                    Members::Zookeeper(z) => z,
-                };
-                match failed {
-                    Some(i) => set.resume_member(*i),
-                    None => Ok(()),
-                }
-            }
+            _ => Ok(()),
         }
     }
+}
+
+impl Members {
+    fn start(shape: Shape) -> TestResult<Self> {
+        Ok(match shape {
+            Shape::Redlock => Members::Redlock(RedisSet::start(3)?),
+            Shape::Redlock5 => Members::Redlock(RedisSet::start(5)?),
+            Shape::Etcd => Members::Etcd(EtcdCluster::start_members(3)?),
+            Shape::Zookeeper => Members::Zookeeper(ZkServer::start_members(3)?),
+            other => return Err(format!("{} is not a member set", other.name()).into()),
+        })
+    }
+
+    fn control(&self) -> &dyn MemberControl {
+        match self {
+            Members::Redlock(s) => s,
+            Members::Etcd(c) => c,
+            Members::Zookeeper(z) => z,
+        }
+    }
+}
+
+/// `url` as it is, or, when `silent`, through a fault proxy started for
+/// each of its endpoints (kept in that order).
+async fn behind_proxies(url: &str, silent: bool) -> TestResult<(String, Vec<FaultProxy>)> {
+    if !silent {
+        return Ok((url.to_owned(), Vec::new()));
+    }
+    let mut proxies = Vec::new();
+    for upstream in endpoints(url)? {
+        proxies.push(FaultProxy::start(upstream).await?);
+    }
+    let addrs: Vec<_> = proxies.iter().map(FaultProxy::addr).collect();
+    Ok((with_endpoints(url, &addrs)?, proxies))
+}
+
+fn not_offered<T>(fault: Fault) -> TestResult<T> {
+    Err(format!("{} is not offered for this shape", fault_name(fault)).into())
 }
 
 /// The member operations the cases use, alike for every member set.
@@ -304,6 +472,7 @@ trait MemberControl {
     fn pause_member(&self, i: usize) -> TestResult;
     fn resume_member(&self, i: usize) -> TestResult;
     fn start_member_again(&self, i: usize) -> TestResult;
+    fn url(&self) -> String;
 }
 
 impl<E: fencelock_testkit::servers::members::Engine> MemberControl
@@ -323,6 +492,9 @@ impl<E: fencelock_testkit::servers::members::Engine> MemberControl
     }
     fn start_member_again(&self, i: usize) -> TestResult {
         self.start_again(i)
+    }
+    fn url(&self) -> String {
+        fencelock_testkit::servers::members::MemberSet::url(self)
     }
 }
 
@@ -373,8 +545,12 @@ pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
     let mut cases = Vec::new();
     for &shape in &shapes {
         for &fault in &faults {
-            if shape == Shape::RedisSentinel && fault == Fault::Restart {
-                out.note("redis-sentinel / restart: not offered (the Sentinels bring a failed master back)");
+            if let Some(why) = shape.refuses(fault) {
+                out.note(format!(
+                    "{} / {}: not offered ({why})",
+                    shape.name(),
+                    fault_name(fault)
+                ));
                 continue;
             }
             out.note(format!(
@@ -419,6 +595,7 @@ fn fault_name(fault: Fault) -> &'static str {
         Fault::Kill => "kill",
         Fault::Stop => "stop",
         Fault::Restart => "restart",
+        Fault::Silent => "silent",
     }
 }
 
@@ -455,12 +632,12 @@ fn client(backend: &Arc<dyn fencelock::Backend>, owner: &str) -> Result<LockClie
 }
 
 async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
-    let mut deployment = tokio::task::spawn_blocking(move || Deployment::start(shape)).await??;
+    let run = format!("scorecard-{}", std::process::id());
+    let mut deployment = Deployment::start(shape, fault, &format!("{run}:held:0")).await?;
     let url = deployment.url();
     let failover = shape.failover(fault);
     let ttl = (failover * 3).max(Duration::from_secs(3));
     let patience = failover * (STOP_FOR + 2) + ttl;
-    let run = format!("scorecard-{}", std::process::id());
 
     let backend = fencelock::open_backend(&url).await?;
     let holders = client(&backend, "holder")?;
@@ -529,9 +706,9 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let failed_at = Instant::now();
     let component = tokio::task::block_in_place(|| deployment.fail(fault))?;
-    if fault == Fault::Stop {
+    if matches!(fault, Fault::Stop | Fault::Silent) {
         tokio::time::sleep(failover * STOP_FOR).await;
-        tokio::task::block_in_place(|| deployment.resume())?;
+        tokio::task::block_in_place(|| deployment.resume(fault))?;
     }
     tokio::time::sleep_until(failed_at + failover * (STOP_FOR + 1) + ttl).await;
     stop_probes.store(true, Ordering::Relaxed);

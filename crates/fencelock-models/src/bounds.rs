@@ -13,7 +13,7 @@ use crate::{
 /// Every bound [`check`] knows, each a model with its settings. CI checks
 /// each at its small size (`tests/it/models.rs`) and every planted bug of
 /// [`MUTANTS`] on its bound (`tests/it/mutations.rs`).
-pub const BOUNDS: [&str; 11] = [
+pub const BOUNDS: [&str; 12] = [
     "redlock",
     "redlock-timed",
     "redlock-fast",
@@ -22,6 +22,7 @@ pub const BOUNDS: [&str; 11] = [
     "redlock-fast-timed",
     "redlock-fast-mixed-clocks",
     "redlock-fast-clock-step",
+    "redlock-fast-clock-step-back",
     "redlock-fast-rejoin",
     "sharding",
     "election",
@@ -60,7 +61,7 @@ const fn mutant(plant: Plant, bound: &'static str, breaks: &'static str) -> Muta
 
 /// The mutation suite: every planted bug, each on a bound CI runs
 /// (`docs/safety.md`, "Planted bugs", has the counterexamples' sizes).
-pub const MUTANTS: [Mutant; 22] = [
+pub const MUTANTS: [Mutant; 23] = [
     mutant(Plant::JoinWithoutQuarantine, "redlock", "exclusion"),
     mutant(Plant::GrantIgnoresLease, "redlock", "exclusion"),
     mutant(Plant::TrustWholeTtl, "redlock-timed", "exclusion"),
@@ -91,6 +92,11 @@ pub const MUTANTS: [Mutant; 22] = [
     mutant(
         Plant::TrustWithoutMargin,
         "redlock-fast-clock-step",
+        "exclusion",
+    ),
+    mutant(
+        Plant::TrustOnNodeClock,
+        "redlock-fast-clock-step-back",
         "exclusion",
     ),
     mutant(
@@ -196,6 +202,30 @@ pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
             c.timing.ttl = 3;
             c.timing.margin = 1;
             c.clock_step = if bound.ends_with("past-margin") { 2 } else { 1 };
+            return Some(c);
+        }
+        "redlock-fast-clock-step-back" => {
+            // A node clock stepping back by more than any margin (the
+            // guard keeps none here): the node's copy lasts longer and its
+            // TIME reads lower, while the guards' windows run on the
+            // clients' clocks, which do not step.
+            timed(&mut c);
+            c.clock_step = 2;
+            c.clock_step_back = true;
+            if deep {
+                // Every moment and every node with a copy: the full
+                // search takes 30 s of CPU at the CI bound's ticks.
+                c.horizon = 1;
+            } else {
+                // The step where it could harm: node 0 steps back right
+                // after granting client 0 its copy at tick 0, while the
+                // grant is still under way on the others.
+                c.prefix = vec![
+                    |s| *s == Step::Act(Act::Start(0)),
+                    |s| matches!(s, Step::Deliver(Msg::Grant { c: 0, n: 0, .. })),
+                    |s| *s == Step::Act(Act::ClockStep(0)),
+                ];
+            }
             return Some(c);
         }
         "redlock-fast-rejoin" => return Some(rejoin(deep)),

@@ -39,6 +39,9 @@ pub enum Plant {
     /// The guard drops its margin beyond the drift (`ttl − drift` instead
     /// of `ttl − drift − margin`).
     TrustWithoutMargin,
+    /// The guard counts its window on a node's clock instead of the
+    /// client's monotonic one: a node clock stepped back lengthens it.
+    TrustOnNodeClock,
     /// A single-server store grants a key whose lease has not ended.
     StoreGrantsHeldKey,
     /// A single-server store does not remember the token it issued.
@@ -73,6 +76,7 @@ impl Plant {
             Plant::GrantIgnoresLease => "grant-ignores-lease",
             Plant::TrustWholeTtl => "trust-whole-ttl",
             Plant::TrustWithoutMargin => "trust-without-margin",
+            Plant::TrustOnNodeClock => "trust-on-node-clock",
             Plant::StoreGrantsHeldKey => "store-grants-held-key",
             Plant::StoreForgetsCounter => "store-forgets-counter",
             Plant::RenewalTrustedFromAnswer => "renewal-trusted-from-answer",

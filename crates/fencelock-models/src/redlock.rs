@@ -92,6 +92,9 @@ pub struct Node {
     pub(crate) hwm: Token,
     pub(crate) counter: Token,
     pub(crate) lease: Option<Lease>,
+    /// How far its clock stepped back (`redlock_fast`'s backward step):
+    /// its TIME reads that much lower.
+    pub(crate) behind: Tick,
 }
 
 impl Node {
@@ -104,6 +107,7 @@ impl Node {
             hwm: 0,
             counter: 0,
             lease: None,
+            behind: 0,
         }
     }
 
@@ -112,6 +116,11 @@ impl Node {
             formed: false,
             ..Self::formed(rate)
         }
+    }
+
+    /// Its clock at reference instant `now`, read as a token (TIME).
+    pub(crate) fn time(&self, now: Tick) -> Token {
+        Token::from(now.saturating_sub(self.behind)) * TIME_SCALE
     }
 }
 
@@ -140,12 +149,11 @@ pub(crate) fn mark(
         return;
     }
     let q_end = quarantine_end(plant, t, now, node.rate);
-    let time = Token::from(now) * TIME_SCALE;
     let given = floor;
     let (floor, votes_from) = match rule {
-        Form::New => (floor.max(time), now),
+        Form::New => (floor.max(node.time(now)), now),
         Form::Rejoin => (floor, q_end),
-        Form::Reform => (floor.max(Token::from(q_end) * TIME_SCALE), q_end),
+        Form::Reform => (floor.max(node.time(q_end)), q_end),
     };
     // `fresh` keeps the given floor as `hwm` (0 from a new set: it has
     // granted nothing), `join` and `reform` the floor they set.
@@ -361,7 +369,7 @@ impl Redlock {
     /// What node `n` answers to a probe.
     fn probe(&self, s: &State, n: usize) -> Answer {
         let node = &s.nodes[n];
-        let time = Token::from(s.now) * TIME_SCALE;
+        let time = node.time(s.now);
         Answer {
             formed: node.formed,
             top: if node.formed {

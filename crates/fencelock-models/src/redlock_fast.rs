@@ -73,6 +73,11 @@ pub struct Config {
     /// How far one node's clock may step forward, once in a run (0: no
     /// step): the leases and quarantine it runs end that much earlier.
     pub clock_step: Tick,
+    /// The step goes back instead: the lease and quarantine the node
+    /// runs end that much later, and its TIME (the tokens' clock) reads
+    /// that much lower from then on. Client clocks never step (the guard
+    /// runs on the monotonic clock).
+    pub clock_step_back: bool,
     /// A scenario: every path begins with these steps, each the first
     /// possible step the function accepts, so that a bound reaches a deep
     /// situation (a rejoined node's quarantine ending) without exploring
@@ -106,6 +111,7 @@ impl Config {
             stale_restarts: false,
             unformed_start: false,
             clock_step: 0,
+            clock_step_back: false,
             prefix: Vec::new(),
             plant: None,
         }
@@ -288,7 +294,7 @@ pub enum Act {
     Release(Id),
     /// Node `n` restarts without persistence.
     Restart(Id),
-    /// Node `n`'s clock steps forward by `clock_step`.
+    /// Node `n`'s clock steps forward (or back) by `clock_step`.
     ClockStep(Id),
 }
 
@@ -378,7 +384,7 @@ impl RedlockFast {
                 _ => seen >= t,
             };
             if stale {
-                return Reply::Stale(seen.max(Token::from(now) * TIME_SCALE));
+                return Reply::Stale(seen.max(node.time(now)));
             }
             node.counter = t;
             node.hwm = node.hwm.max(t);
@@ -397,7 +403,7 @@ impl RedlockFast {
     fn probe(&self, s: &mut State, c: Id, answering: u8) -> Probed {
         let n = self.0.nodes;
         let asked = self.targets(s.clients[usize::from(c)].down) & answering;
-        let time = Token::from(s.now) * TIME_SCALE;
+        let now = s.now;
         let answered: Vec<usize> = (0..n).filter(|&i| asked & bit(i) != 0).collect();
         if !answered.is_empty() {
             s.clients[usize::from(c)].reading = Some(s.now);
@@ -415,7 +421,7 @@ impl RedlockFast {
         let highest = formed.iter().map(|node| node.hwm).max().unwrap_or(0);
         let top = formed
             .iter()
-            .map(|node| node.counter.max(node.floor).max(time))
+            .map(|node| node.counter.max(node.floor).max(node.time(now)))
             .max()
             .unwrap_or(0);
         let q = self.quorum();
@@ -707,6 +713,13 @@ impl RedlockFast {
     /// window, and `clean_up`s every other copy.
     fn decide(&self, s: &mut State, c: Id, outcome: Option<Outcome>) {
         let now = s.now;
+        // The guard's window runs on the client's monotonic clock, which
+        // no node's clock step moves.
+        let read_late = if self.0.plant == Some(Plant::TrustOnNodeClock) {
+            s.nodes.iter().map(|node| node.behind).max().unwrap_or(0)
+        } else {
+            0
+        };
         let cl = &mut s.clients[usize::from(c)];
         let a = cl.attempt;
         let Phase::Granting {
@@ -744,7 +757,7 @@ impl RedlockFast {
         cl.phase = match kept {
             Some(t) => Phase::Holding {
                 t,
-                trust_end: self.0.timing.trust_end(cl.called, self.0.plant),
+                trust_end: self.0.timing.trust_end(cl.called + read_late, self.0.plant),
             },
             None => Phase::Idle,
         };
@@ -882,8 +895,10 @@ impl Model for RedlockFast {
             }
         }
         if self.0.clock_step > 0 && !s.stepped {
-            // Only a node with a lease or a quarantine running: a step
-            // changes nothing else.
+            // Only a node with a lease or a quarantine running: a forward
+            // step changes nothing else, and a backward one only the tops
+            // the node answers, which the nodes' token check covers (a
+            // search with every node took a third more states).
             for (n, node) in s.nodes.iter().enumerate() {
                 if node.lease.is_some() || node.votes_from > s.now {
                     steps.push(Step::Act(Act::ClockStep(n as Id)));
@@ -1004,7 +1019,11 @@ impl Model for RedlockFast {
                         ..node.clone()
                     }
                 } else {
-                    Node::empty(node.rate)
+                    // The data is lost, not the host's clock.
+                    Node {
+                        behind: node.behind,
+                        ..Node::empty(node.rate)
+                    }
                 };
                 s.restarts_left -= 1;
                 s.granted_after_restart = false;
@@ -1012,14 +1031,26 @@ impl Model for RedlockFast {
             Step::Act(Act::ClockStep(n)) => {
                 let (now, step) = (s.now, self.0.clock_step);
                 let node = &mut s.nodes[usize::from(n)];
-                if node.votes_from > now {
-                    node.votes_from = node.votes_from.saturating_sub(step).max(now);
-                }
-                if let Some(l) = &mut node.lease {
-                    l.end = l.end.saturating_sub(step);
-                    if l.end <= now {
-                        node.lease = None;
-                        s.lease_ended = true;
+                if self.0.clock_step_back {
+                    // What the node times on its clock lasts longer; its
+                    // TIME reads lower, and so do the tops it answers.
+                    node.behind = step;
+                    if node.votes_from > now {
+                        node.votes_from += step;
+                    }
+                    if let Some(l) = &mut node.lease {
+                        l.end += step;
+                    }
+                } else {
+                    if node.votes_from > now {
+                        node.votes_from = node.votes_from.saturating_sub(step).max(now);
+                    }
+                    if let Some(l) = &mut node.lease {
+                        l.end = l.end.saturating_sub(step);
+                        if l.end <= now {
+                            node.lease = None;
+                            s.lease_ended = true;
+                        }
                     }
                 }
                 s.stepped = true;

@@ -124,6 +124,21 @@ fn fast_redlock_keeps_exclusion_and_token_order_through_a_clock_step_within_the_
     );
 }
 
+/// A node clock that steps back: its copy lasts longer and its TIME
+/// reads lower, while the guards trust on the clients' own clocks.
+#[test]
+fn fast_redlock_keeps_exclusion_and_token_order_through_a_clock_step_back() {
+    holds(
+        "redlock-fast-clock-step-back",
+        &["exclusion", "tokens increase"],
+        &[
+            "a grant",
+            "a grant after a lease ended",
+            "a grant after a stale answer",
+        ],
+    );
+}
+
 /// Past the assumptions of `docs/redlock.md` the model shows what breaks:
 /// a clock step beyond the margin, a restart that keeps its marker but
 /// lost its last writes, the race at a set's first formation.

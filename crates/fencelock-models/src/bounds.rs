@@ -4,6 +4,7 @@
 use crate::{
     common::{run, Outcome, Step, Timing},
     election::{self, Election},
+    fence::{self, Fence},
     plant::Plant,
     redlock::{self, Redlock},
     redlock_fast::{self, Act, Msg, RedlockFast},
@@ -13,7 +14,7 @@ use crate::{
 /// Every bound [`check`] knows, each a model with its settings. CI checks
 /// each at its small size (`tests/it/models.rs`) and every planted bug of
 /// [`MUTANTS`] on its bound (`tests/it/mutations.rs`).
-pub const BOUNDS: [&str; 12] = [
+pub const BOUNDS: [&str; 13] = [
     "redlock",
     "redlock-timed",
     "redlock-fast",
@@ -26,6 +27,7 @@ pub const BOUNDS: [&str; 12] = [
     "redlock-fast-rejoin",
     "sharding",
     "election",
+    "fence",
 ];
 
 /// Bounds outside an assumption of `docs/redlock.md`, each with the
@@ -61,7 +63,7 @@ const fn mutant(plant: Plant, bound: &'static str, breaks: &'static str) -> Muta
 
 /// The mutation suite: every planted bug, each on a bound CI runs
 /// (`docs/safety.md`, "Planted bugs", has the counterexamples' sizes).
-pub const MUTANTS: [Mutant; 23] = [
+pub const MUTANTS: [Mutant; 29] = [
     mutant(Plant::JoinWithoutQuarantine, "redlock", "exclusion"),
     mutant(Plant::GrantIgnoresLease, "redlock", "exclusion"),
     mutant(Plant::TrustWholeTtl, "redlock-timed", "exclusion"),
@@ -113,6 +115,28 @@ pub const MUTANTS: [Mutant; 23] = [
     mutant(Plant::StoreGrantsHeldKey, "election", "one leader"),
     mutant(Plant::StoreForgetsCounter, "election", "terms increase"),
     mutant(Plant::RenewalTrustedFromAnswer, "election", "one leader"),
+    mutant(
+        Plant::FenceComparesBackwards,
+        "fence",
+        "no stale write admitted",
+    ),
+    mutant(
+        Plant::FenceRecordsBeforeCheck,
+        "fence",
+        "no stale write admitted",
+    ),
+    mutant(Plant::FenceForgetsFloor, "fence", "no stale write admitted"),
+    mutant(
+        Plant::StoreForgetsCounter,
+        "fence",
+        "admitted tokens were granted",
+    ),
+    mutant(Plant::WaiterGivesUp, "fence", "every acquisition granted"),
+    mutant(
+        Plant::StoreKeepsExpiredLease,
+        "fence",
+        "every acquisition granted",
+    ),
 ];
 
 /// Checks `bound` (one of [`BOUNDS`]) at its small size or its deep one,
@@ -155,6 +179,15 @@ pub fn check(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) -> O
             }
             c.plant = plant;
             run(Election(c), threads, stop)
+        }
+        "fence" => {
+            let mut c = fence::Config::small();
+            if deep {
+                c.writes = 2;
+                c.horizon = 3;
+            }
+            c.plant = plant;
+            run(Fence(c), threads, stop)
         }
         "sharding" => {
             let mut c = sharding::Config::small();

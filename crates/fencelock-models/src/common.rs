@@ -383,8 +383,9 @@ impl Store {
     }
 
     /// Drops a lease that has ended (an expired lease is free, I6).
-    pub fn expire(&mut self, now: Tick) {
-        if self.lease.is_some_and(|l| l.end <= now) {
+    pub fn expire(&mut self, now: Tick, plant: Option<Plant>) {
+        if self.lease.is_some_and(|l| l.end <= now) && plant != Some(Plant::StoreKeepsExpiredLease)
+        {
             self.lease = None;
         }
     }

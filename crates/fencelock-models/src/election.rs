@@ -129,12 +129,12 @@ impl Election {
         let (t, plant) = (self.0.timing, self.0.plant);
         match msg {
             Msg::Campaign { o, r } => {
-                s.store.expire(now);
+                s.store.expire(now, plant);
                 let term = s.store.acquire(o, 0, now, &t, plant);
                 s.net.send(Msg::Elected { o, r, term });
             }
             Msg::Renew { o, r, term } => {
-                s.store.expire(now);
+                s.store.expire(now, plant);
                 let ok = s.store.renew(o, term, now, &t);
                 s.net.send(Msg::Renewed { o, r, ok });
             }
@@ -259,7 +259,7 @@ impl Model for Election {
             Step::Tick => {
                 s.now += 1;
                 let now = s.now;
-                s.store.expire(now);
+                s.store.expire(now, self.0.plant);
                 for c in &mut s.candidates {
                     // A leader whose window ended knows it lost (I5).
                     if c.leads.is_some_and(|(_, end)| end <= now) {

@@ -1,8 +1,9 @@
 //! Model checks of fencelock's own protocols with
 //! [stateright](https://docs.rs/stateright): Redlock with quorum-monotonic
 //! tokens ([`redlock_fast`], the one-round grant the code runs, and
-//! [`redlock`], the probe-round protocol before it), two-step resharding ([`sharding`]) and election
-//! hand-over ([`election`]). `docs/safety.md` says what each model covers,
+//! [`redlock`], the probe-round protocol before it), two-step resharding ([`sharding`]), election
+//! hand-over ([`election`]) and the fence at a protected resource
+//! ([`fence`], with the one liveness check). `docs/safety.md` says what each model covers,
 //! the bounds checked, and the bugs planted in them ([`plant`]) that CI
 //! requires each bound to catch.
 //!
@@ -27,6 +28,7 @@
 pub mod bounds;
 pub mod common;
 pub mod election;
+pub mod fence;
 pub mod plant;
 pub mod redlock;
 pub mod redlock_fast;

@@ -48,6 +48,20 @@ pub enum Plant {
     StoreForgetsCounter,
     /// A leader's renewal is trusted from its answer, not its request.
     RenewalTrustedFromAnswer,
+    /// A single-server store never drops a lease that has ended.
+    StoreKeepsExpiredLease,
+    /// The fence compares the wrong way round: it admits a token at or
+    /// *below* the highest admitted (`highest >= t`).
+    FenceComparesBackwards,
+    /// The fence records the token before it compares: the check then
+    /// compares the token with itself, and every token passes (lowering
+    /// the floor).
+    FenceRecordsBeforeCheck,
+    /// The resource does not persist its fence: a restart forgets the
+    /// highest token admitted.
+    FenceForgetsFloor,
+    /// A waiter refused gives up instead of retrying.
+    WaiterGivesUp,
     /// Resharding: the operator skips `handover` (clients run `join` and
     /// the new map at once).
     SkipHandover,
@@ -80,6 +94,11 @@ impl Plant {
             Plant::StoreGrantsHeldKey => "store-grants-held-key",
             Plant::StoreForgetsCounter => "store-forgets-counter",
             Plant::RenewalTrustedFromAnswer => "renewal-trusted-from-answer",
+            Plant::StoreKeepsExpiredLease => "store-keeps-expired-lease",
+            Plant::FenceComparesBackwards => "fence-compares-backwards",
+            Plant::FenceRecordsBeforeCheck => "fence-records-before-check",
+            Plant::FenceForgetsFloor => "fence-forgets-floor",
+            Plant::WaiterGivesUp => "waiter-gives-up",
             Plant::SkipHandover => "skip-handover",
             Plant::PublishEarly => "publish-early",
             Plant::UnflooredSecondHalf => "unfloored-second-half",

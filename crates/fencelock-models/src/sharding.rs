@@ -306,7 +306,7 @@ impl Model for Resharding {
             Step::Tick => {
                 s.now += 1;
                 for shard in &mut s.shards {
-                    shard.expire(s.now);
+                    shard.expire(s.now, self.0.plant);
                 }
             }
             Step::Deliver(m) => {

@@ -283,6 +283,27 @@ impl LockClient {
         .await
     }
 
+    /// The holder of `key` as read now, and a watch of every change after
+    /// that read, for an observer that reports the read first. With the
+    /// backend's own watch: the watch first, then the read (a change
+    /// between the two is in both; the observer skips what the read
+    /// already showed). Polled: the read is the polls' baseline.
+    pub(crate) async fn read_and_watch(&self, key: &LockKey) -> Result<(Option<LockInfo>, Watch)> {
+        let backend = &self.inner.backend;
+        if backend.capabilities().watch {
+            let changes = backend.watch(key).await?;
+            let current = backend.inspect(key).await?;
+            return Ok((current, changes));
+        }
+        crate::poll::read_and_poll(
+            Arc::clone(backend),
+            key.clone(),
+            self.inner.watch_interval,
+            self.inner.op_timeout,
+        )
+        .await
+    }
+
     /// The client's operation timeout.
     pub(crate) fn op_timeout(&self) -> Duration {
         self.inner.op_timeout

@@ -174,11 +174,12 @@ impl Election {
     /// lease. Uses the backend's watch where it has one and polls
     /// otherwise (see [`LockClient::watch`]).
     pub async fn observe(&self) -> Result<LeaderWatch> {
-        let key = self.checked_key()?;
-        // Watch first, then read: a change between the two is in the watch,
-        // and the read decides which of the watch's first items are older.
-        let changes = self.client.watch(&key).await?;
-        let current = self.client.inspect(&key).await?.map(Leader::from);
+        let key = LockKey::new(self.checked_key()?)?;
+        // The read is shown first; the watch reports every change after it
+        // (with a backend's own watch, also some before it, which the
+        // read's term tells apart).
+        let (current, changes) = self.client.read_and_watch(&key).await?;
+        let current = current.map(Leader::from);
         Ok(LeaderWatch {
             floor: current.as_ref().map(|l| l.term),
             current,

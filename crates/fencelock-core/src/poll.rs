@@ -61,12 +61,27 @@ pub(crate) async fn poll_watch(
     interval: Duration,
     op_timeout: Duration,
 ) -> Result<Watch> {
+    Ok(read_and_poll(backend, key, interval, op_timeout).await?.1)
+}
+
+/// The holder of `key` as read now, and a polled watch whose baseline is
+/// that very read: every change after it is reported, none before it. An
+/// observer that reports the read itself first needs this; a read of its
+/// own beside [`poll_watch`]'s would leave a gap, since a lease granted
+/// after the watch's read and ended before the next poll is reported by
+/// neither (the observer would show a holder and never its end).
+pub(crate) async fn read_and_poll(
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    interval: Duration,
+    op_timeout: Duration,
+) -> Result<(Option<LockInfo>, Watch)> {
     let sent = Instant::now();
     let current = bounded(op_timeout, "inspect", backend.inspect(&key)).await?;
     let seen = current.as_ref().map(|info| Seen::new(info, sent));
     let (feeder, watch) = Watch::channel();
     tokio::spawn(feed(backend, key, interval, op_timeout, seen, feeder));
-    Ok(watch)
+    Ok((current, watch))
 }
 
 async fn feed(

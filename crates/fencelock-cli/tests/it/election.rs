@@ -218,8 +218,26 @@ fn leader_watch_prints_each_election_and_vacancy() {
             }
         }
     });
-    let next = || -> serde_json::Value {
-        serde_json::from_str(&lines.recv_timeout(BOUND).expect("a change is printed")).unwrap()
+    // Read as it comes, so that the watcher never blocks on a full pipe,
+    // and shown if a change does not come.
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = watch.stderr.take().unwrap();
+    let log = std::sync::Arc::clone(&logged);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut log = log.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let next = |what: &str| -> serde_json::Value {
+        match lines.recv_timeout(BOUND) {
+            Ok(line) => serde_json::from_str(&line).unwrap(),
+            Err(e) => panic!(
+                "no {what} printed ({e}); the watcher's log:\n{}",
+                logged.lock().unwrap()
+            ),
+        }
     };
     let (term, go) = (dir.path().join("term"), dir.path().join("go"));
     // A lease well inside BOUND: should the leader's release fail on a
@@ -241,7 +259,7 @@ fn leader_watch_prints_each_election_and_vacancy() {
         ],
     );
     let t: u64 = wait_for_file(&term).parse().unwrap();
-    let elected = next();
+    let elected = next("election");
     assert_eq!(elected["event"], "elected", "{elected}");
     assert_eq!(elected["owner"], "watched");
     assert_eq!(elected["term"], t);
@@ -251,7 +269,7 @@ fn leader_watch_prints_each_election_and_vacancy() {
     let stderr = String::from_utf8_lossy(&stepped_down.stderr);
     assert_eq!(code(&stepped_down), 0, "{stderr}");
     let released = !stderr.contains("could not release");
-    let vacant = next();
+    let vacant = next("vacancy");
     assert_eq!(vacant["event"], "vacant", "{vacant}");
     assert_eq!(vacant["previous_term"], t);
     assert_eq!(vacant["expired"], !released, "{vacant} {stderr}");

@@ -10,7 +10,8 @@
 //! and continued three failover times later, or (asked for by name) killed
 //! and started again at once, without its data where the shape keeps none
 //! on disk, or cut off from its clients by a silent network for three
-//! failover times — and the case counts:
+//! failover times, or killed and started again without its data — and the
+//! case counts:
 //!
 //! - **unnecessary losses**: holders that lost their lock, although a
 //!   majority (or the failover target) stayed healthy;
@@ -139,9 +140,14 @@ impl Shape {
             (Shape::RedisSentinel | Shape::RedisCluster, Fault::Silent) => {
                 Some("clients reach the servers the Sentinels or the cluster name, past any proxy")
             }
-            (Shape::Postgres, Fault::Kill | Fault::Stop | Fault::Silent) => {
+            (Shape::Postgres, Fault::Kill | Fault::Stop | Fault::Silent | Fault::Wipe) => {
                 Some("one server: without it there is no majority to carry on")
             }
+            (Shape::Etcd | Shape::Zookeeper, Fault::Wipe) => None,
+            (Shape::Redlock | Shape::Redlock5, Fault::Wipe) => {
+                Some("its restart already comes back without data")
+            }
+            (_, Fault::Wipe) => Some("no member of a quorum keeps data to lose"),
             _ => None,
         }
     }
@@ -180,7 +186,7 @@ impl Shape {
             // a session gives up on it after two thirds of its timeout and
             // moves to another member, as from a stopped one.
             Shape::Zookeeper => match fault {
-                Fault::Kill | Fault::Restart => Duration::from_secs(4),
+                Fault::Kill | Fault::Restart | Fault::Wipe => Duration::from_secs(4),
                 Fault::Stop | Fault::Silent => Duration::from_secs(13),
             },
         }
@@ -210,6 +216,11 @@ pub enum Fault {
     /// keeps leading. Not offered where clients connect to the servers a
     /// cluster names (`redis-sentinel`, `redis-cluster`).
     Silent,
+    /// SIGKILL, the member's data deleted, then started again at once on
+    /// its ports and with its identity: a restart without data, as after
+    /// a lost disk. Offered for `etcd` and `zookeeper` (a Redlock node's
+    /// `restart` is already without data; replicas keep none).
+    Wipe,
 }
 
 /// The servers of one shape, the URL the clients use, and the component
@@ -333,6 +344,7 @@ impl Deployment {
                         replicas.start_again(0)?;
                     }
                     Fault::Silent => self.silence(0)?,
+                    Fault::Wipe => return not_offered(fault),
                 }
                 Ok("replica 0".to_owned())
             }
@@ -341,7 +353,7 @@ impl Deployment {
                 match fault {
                     Fault::Kill => set.kill(master)?,
                     Fault::Stop => set.pause(master)?,
-                    Fault::Restart | Fault::Silent => return not_offered(fault),
+                    Fault::Restart | Fault::Silent | Fault::Wipe => return not_offered(fault),
                 }
                 *failed = Some(master);
                 Ok(format!("master {master}"))
@@ -360,7 +372,7 @@ impl Deployment {
                         cluster.kill(primary)?;
                         cluster.start_again(primary)?;
                     }
-                    Fault::Silent => return not_offered(fault),
+                    Fault::Silent | Fault::Wipe => return not_offered(fault),
                 }
                 *failed = Some(primary);
                 Ok(format!("primary {primary}"))
@@ -384,6 +396,20 @@ impl Deployment {
                         set.start_member_again(victim)?;
                     }
                     Fault::Silent => self.silence(victim)?,
+                    Fault::Wipe => {
+                        set.kill_member(victim)?;
+                        set.wipe_member(victim)?;
+                        self.failed = Some(victim);
+                        // A member may refuse to start without the data its
+                        // peers know it had (etcd: "already bootstrapped"):
+                        // then it stays down, as if killed, and the case
+                        // says so.
+                        return Ok(if set.start_member_again(victim).is_ok() {
+                            format!("member {victim}, wiped")
+                        } else {
+                            format!("member {victim}, wiped; it did not start again")
+                        });
+                    }
                 }
                 self.failed = Some(victim);
                 Ok(format!("member {victim}"))
@@ -472,6 +498,7 @@ trait MemberControl {
     fn pause_member(&self, i: usize) -> TestResult;
     fn resume_member(&self, i: usize) -> TestResult;
     fn start_member_again(&self, i: usize) -> TestResult;
+    fn wipe_member(&self, i: usize) -> TestResult;
     fn url(&self) -> String;
 }
 
@@ -492,6 +519,9 @@ impl<E: fencelock_testkit::servers::members::Engine> MemberControl
     }
     fn start_member_again(&self, i: usize) -> TestResult {
         self.start_again(i)
+    }
+    fn wipe_member(&self, i: usize) -> TestResult {
+        self.wipe(i)
     }
     fn url(&self) -> String {
         fencelock_testkit::servers::members::MemberSet::url(self)
@@ -596,6 +626,7 @@ fn fault_name(fault: Fault) -> &'static str {
         Fault::Stop => "stop",
         Fault::Restart => "restart",
         Fault::Silent => "silent",
+        Fault::Wipe => "wipe",
     }
 }
 

@@ -72,6 +72,18 @@ pub trait Engine: fmt::Debug + Send + Sync + 'static {
 
     /// Whether the member at `slot` leads its cluster (a lone server leads).
     fn leads(&self, slot: &Slot) -> bool;
+
+    /// Deletes what the stopped member at `slot` keeps on disk, as a lost
+    /// or replaced disk would, leaving what identifies it: by default its
+    /// `data` directory, emptied.
+    fn wipe(&self, slot: &Slot) -> TestResult {
+        let data = slot.dir.join("data");
+        if data.exists() {
+            std::fs::remove_dir_all(&data)?;
+        }
+        std::fs::create_dir_all(&data)?;
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -304,6 +316,16 @@ impl<E: Engine> MemberSet<E> {
         }
         self.spawn(i)?;
         self.wait_accepting(i)
+    }
+
+    /// Deletes the data of member `i`, which must not be running (kill it
+    /// first): the next [`start_again`](Self::start_again) starts it
+    /// without its data, on its ports and with its identity.
+    pub fn wipe(&self, i: usize) -> TestResult {
+        if self.is_running(i) {
+            return Err(format!("{} m{i} is still running", E::NAME).into());
+        }
+        self.engine.wipe(self.slot(i))
     }
 
     /// The member that leads now, asking the running members in turn;

@@ -61,6 +61,16 @@ impl Engine for ZooKeeper {
     fn leads(&self, slot: &Slot) -> bool {
         mode(slot.addr()).is_ok_and(|m| matches!(m.as_deref(), Some("leader" | "standalone")))
     }
+
+    /// The transaction logs and snapshots (`data/version-2`); the `myid`
+    /// beside them stays, or the member would not know which server it is.
+    fn wipe(&self, slot: &Slot) -> TestResult {
+        let logs = slot.dir.join("data/version-2");
+        if logs.exists() {
+            std::fs::remove_dir_all(logs)?;
+        }
+        Ok(())
+    }
 }
 
 impl SingleServer for ZooKeeper {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockKey, LockMode, Result};
 use sqlx::{MySql, MySqlConnection};
 
-use fencelock_sql_common::ConnectionPool;
+use fencelock_sql_common::{ConnectionPool, FenceReset};
 
 use crate::options::MySqlOptions;
 
@@ -30,6 +30,7 @@ pub struct MySqlFence {
     read_latest_writer: String,
     store_value: String,
     read_value: String,
+    reset: FenceReset,
 }
 
 impl fmt::Debug for MySqlFence {
@@ -97,6 +98,7 @@ impl MySqlFence {
                 "SELECT token, value FROM {} WHERE resource = ?",
                 names.fence_values
             ),
+            reset: FenceReset::new(fences, &names.fence_values, "?", "token"),
         })
     }
 
@@ -302,5 +304,17 @@ impl Fence for MySqlFence {
             })
             .await?;
         Ok(row.map(|(token, value)| FencedValue::new(FencingToken(token), value)))
+    }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let had: Option<u64> = self
+            .options
+            .bounded("resetting a fence", async {
+                let mut s = self.pool.session().await?;
+                let had = self.reset.run::<MySql, _>(s.conn()?, resource).await;
+                s.finish_after(had)
+            })
+            .await?;
+        Ok(had.map(FencingToken))
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use fencelock_core::{Admission, Fence, FencedValue, FencingToken, LockKey, LockMode, Result};
-use fencelock_sql_common::ConnectionPool;
+use fencelock_sql_common::{ConnectionPool, FenceReset};
 use sqlx::{PgConnection, Postgres};
 
 use crate::{error::bad_reply, options::PostgresOptions};
@@ -31,6 +31,7 @@ pub struct PostgresFence {
     highest_writer_sql: String,
     store_value_sql: String,
     read_value_sql: String,
+    reset: FenceReset,
 }
 
 impl fmt::Debug for PostgresFence {
@@ -98,6 +99,7 @@ impl PostgresFence {
                 "SELECT token::text, value FROM {} WHERE resource = $1",
                 names.fence_values
             ),
+            reset: FenceReset::new(fences, &names.fence_values, "$1", "token::text"),
         })
     }
 
@@ -302,5 +304,17 @@ impl Fence for PostgresFence {
             .await?;
         row.map(|(token, value)| Ok(FencedValue::new(parse_token(&token)?, value)))
             .transpose()
+    }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let had: Option<String> = self
+            .options
+            .bounded("resetting a fence", async {
+                let mut s = self.pool.session().await?;
+                let had = self.reset.run::<Postgres, _>(s.conn()?, resource).await;
+                s.finish_after(had)
+            })
+            .await?;
+        had.as_deref().map(parse_token).transpose()
     }
 }

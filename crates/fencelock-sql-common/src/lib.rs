@@ -3,15 +3,18 @@
 //! the rule for table prefixes, the driver-level (not SQL-level) error
 //! classes of sqlx, and the time limits on connecting and on every
 //! statement. The SQL itself differs between the engines and lives in each
-//! backend crate.
+//! backend crate, except a fence's reset ([`FenceReset`]), which is the same
+//! transaction on both.
 
 use std::{fmt, future::Future, time::Duration};
 
 use fencelock_core::{BackendError, Error};
 use url::Url;
 
+mod fence;
 mod pool;
 
+pub use fence::FenceReset;
 pub use pool::{open_pool, ConnectionPool, Session};
 
 /// The prefix used when the URL names none.

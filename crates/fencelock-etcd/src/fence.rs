@@ -20,7 +20,8 @@ use crate::{
 /// change (tokens are compared as numbers in Rust, not as bytes in etcd).
 /// A fenced value is a key of its own (`PREFIX/fence_values/RESOURCE`: the
 /// writer's token in decimal, a newline, the value's bytes), put by the same
-/// Txn that raises the record.
+/// Txn that raises the record. A reset deletes both keys with a Txn under
+/// the same comparison.
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
@@ -184,6 +185,41 @@ impl Fence for EtcdFence {
         FencedValue::from_record(kv.value())
             .map(Some)
             .ok_or_else(|| bad_value("fenced value does not start with its token"))
+    }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let (key, value_key) = (self.key(resource), self.value_key(resource));
+        loop {
+            let (current, revision) = self.read(&key).await?;
+            let Some(record) = current else {
+                return Ok(None);
+            };
+            // The record's mod revision orders this delete with every
+            // admission, as it orders admissions among themselves; a value
+            // is only ever put by a Txn that also raises the record, so it
+            // cannot change unseen either.
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then([
+                    TxnOp::delete(key.clone(), None),
+                    TxnOp::delete(value_key.clone(), None),
+                ]);
+            let resp = failover(self.options.timeout, || {
+                let (mut c, t) = (self.client.clone(), txn.clone());
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| map("fence reset txn", e))?;
+            if resp.succeeded() {
+                return Ok(Some(record.highest()));
+            }
+            // An admission (or another reset) changed the record between
+            // our read and the delete: read it again.
+        }
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {

@@ -18,7 +18,8 @@ use crate::{
 /// A fence in Redis: one string per resource (`PREFIX:fence:{RESOURCE}`)
 /// holding the highest admitted token, checked and raised by one script,
 /// which also stores a fenced value (`PREFIX:fence:{RESOURCE}:value`, a hash
-/// of `token` and `value`) when it admits its writer.
+/// of `token` and `value`) when it admits its writer. Another script
+/// deletes the three keys of a resource to reset it.
 #[derive(Clone)]
 pub struct RedisFence {
     options: RedisOptions,
@@ -147,6 +148,18 @@ impl Fence for RedisFence {
                 "a fenced value without its token, or the reverse",
             )),
         }
+    }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let mut call = Call::new(&self.scripts.fence_reset, 3);
+        call.key(self.keys.fence(resource))
+            .key(self.keys.fence_writer(resource))
+            .key(self.keys.fence_value(resource));
+        let had: Option<String> = call
+            .invoke(&mut self.conn.clone())
+            .await
+            .map_err(|e| map("fence reset script", e))?;
+        had.as_deref().map(parse_token).transpose()
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {

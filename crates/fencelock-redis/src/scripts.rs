@@ -484,6 +484,16 @@ if not cur or above(t, cur) then redis.call('SET', KEYS[1], t) end
 return {1}
 "#;
 
+/// KEYS: fence record, its writer record, its value hash (one hash tag,
+/// so one slot). Deletes all three and returns the record as it was (the
+/// highest token admitted in either mode), or nil when there was none: a
+/// script, so that no admission runs between the read and the delete.
+const FENCE_RESET: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return cur
+"#;
+
 /// The compiled scripts of one backend or fence.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -495,6 +505,7 @@ pub(crate) struct Scripts {
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
     pub(crate) fence_admit: Script,
+    pub(crate) fence_reset: Script,
     pub(crate) set_data: Script,
     pub(crate) acquire_shared: Script,
     pub(crate) renew_many_shared: Script,
@@ -519,6 +530,7 @@ impl Scripts {
             inspect: with_describe(INSPECT),
             force_release: with_describe(FORCE_RELEASE),
             fence_admit: Script::new(FENCE_ADMIT),
+            fence_reset: Script::new(FENCE_RESET),
             set_data: with_describe(SET_DATA),
             acquire_shared: with_describe(ACQUIRE_SHARED),
             renew_many_shared: with_describe(RENEW_MANY_SHARED),
@@ -529,7 +541,7 @@ impl Scripts {
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 15] {
+    pub(crate) fn all(&self) -> [&Script; 16] {
         [
             &self.acquire,
             &self.acquire_all,
@@ -539,6 +551,7 @@ impl Scripts {
             &self.inspect,
             &self.force_release,
             &self.fence_admit,
+            &self.fence_reset,
             &self.set_data,
             &self.acquire_shared,
             &self.renew_many_shared,

@@ -20,7 +20,8 @@ use crate::{
 /// conditional on the version it read, retrying on a concurrent change.
 /// A fenced value is the fence node's child `value` (the writer's token in
 /// decimal, a newline, the value's bytes), written in the same multi op as
-/// the fence node.
+/// the fence node. A reset deletes the value and the fence node in one
+/// multi op, the fence node's delete conditional on the version it read.
 #[derive(Clone)]
 pub struct ZkFence {
     conn: Arc<Conn>,
@@ -192,6 +193,46 @@ impl Fence for ZkFence {
 
     async fn highest_writer(&self, resource: &str) -> Result<Option<FencingToken>> {
         Ok(self.record(resource).await?.and_then(|r| r.writer()))
+    }
+
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let c = self.conn.client().await?;
+        let (path, value_path) = (self.path(resource), self.value_path(resource));
+        loop {
+            let Some((record, version)) = self.read(&c, &path).await? else {
+                return Ok(None);
+            };
+            let has_value = self
+                .conn
+                .raw(c.check_stat(&value_path))
+                .await
+                .map_err(|e| map("reading a fenced value", e))?
+                .is_some();
+            let mut multi = c.new_multi_writer();
+            // The child first: ZooKeeper deletes no node that has children.
+            // Any version of it: a value is only ever written together with
+            // a change of the fence node, whose version is checked.
+            if has_value {
+                multi
+                    .add_delete(&value_path, None)
+                    .map_err(|e| map("resetting a fence", e))?;
+            }
+            multi
+                .add_delete(&path, Some(version))
+                .map_err(|e| map("resetting a fence", e))?;
+            let commit = multi.commit();
+            match self
+                .conn
+                .raw(async { commit.await.map_err(zk::Error::from) })
+                .await
+            {
+                Ok(_) => return Ok(Some(record.highest())),
+                // An admission (or another reset) changed the node or its
+                // value since our read: judge again.
+                Err(zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NotEmpty) => {}
+                Err(e) => return Err(map("resetting a fence", e)),
+            }
+        }
     }
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {

@@ -19,7 +19,7 @@ use crate::replicas::{Replica, Replicas, Resend, Sent};
 use crate::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
     FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList,
-    QueueLeaveBody, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults,
+    QueueLeaveBody, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults, ResetBody,
     MAX_RENEW_BATCH,
 };
 
@@ -1401,6 +1401,19 @@ impl Fence for HttpFence {
 
     async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
         Ok(self.state(resource).await?.current.map(FencingToken))
+    }
+
+    /// `DELETE /v1/fences/{resource}`, which the service takes only with
+    /// the admin token (or from anyone when it has no tokens); a client
+    /// token is refused.
+    async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let url = self.conn.url(&["v1", "fences", resource]);
+        let reset: ResetBody = self
+            .conn
+            .json(Method::DELETE, url, None::<&()>, &[])
+            .await?
+            .map_err(|e| refused(StatusCode::OK, e))?;
+        Ok(reset.had.map(FencingToken))
     }
 }
 

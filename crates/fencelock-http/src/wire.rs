@@ -274,6 +274,16 @@ pub struct KvBody {
     pub value: serde_json::Value,
 }
 
+/// The answer to an admin's `DELETE /v1/fences/{resource}` (and
+/// `DELETE /v1/kv/{key}`): the fence of that name is forgotten.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResetBody {
+    /// The resource whose fence was reset.
+    pub resource: String,
+    /// The highest token the fence had admitted, if any.
+    pub had: Option<u64>,
+}
+
 /// `GET /v1/info`: what the service's backend is and can do.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct InfoBody {

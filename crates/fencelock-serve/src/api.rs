@@ -15,7 +15,8 @@ use fencelock_core::{
 use fencelock_http::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody,
     GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList, QueueLeaveBody,
-    ReleaseBody, RenewBody, RenewManyBody, RenewManyResults, RenewResult, MAX_RENEW_BATCH,
+    ReleaseBody, RenewBody, RenewManyBody, RenewManyResults, RenewResult, ResetBody,
+    MAX_RENEW_BATCH,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -982,13 +983,6 @@ pub(crate) async fn admit(
     fence_state(&s, name.0).await
 }
 
-#[derive(Serialize)]
-pub(crate) struct Reset {
-    resource: String,
-    /// The highest token the fence had admitted, `null` if none.
-    had: Option<u64>,
-}
-
 /// `DELETE /v1/fences/{resource}` and `DELETE /v1/kv/{key}` (admin): forgets
 /// the fence's tokens and the value stored with them, the repair of a
 /// resource a bogus token has blocked; published on the event stream as
@@ -997,13 +991,13 @@ pub(crate) async fn reset_fence(
     State(s): State<Service>,
     Extension(role): Extension<Role>,
     name: Name,
-) -> ApiResult<Reset> {
+) -> ApiResult<ResetBody> {
     admin_only(role)?;
     let resource = name.resource()?;
     let had = bounded("reset", fence(&s)?.reset(resource)).await?;
     tracing::warn!(resource, had = ?had.map(FencingToken::get), "fence reset by an admin");
     s.inner.events.reset(resource, had.map(FencingToken::get));
-    Ok(Json(Reset {
+    Ok(Json(ResetBody {
         resource: resource.to_owned(),
         had: had.map(FencingToken::get),
     }))

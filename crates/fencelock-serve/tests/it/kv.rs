@@ -1,17 +1,22 @@
 //! The fenced key-value store (`/v1/kv`) keeps its values in the backend's
 //! fence, not in the service: they outlive a restart of the service, every
 //! service over the same backend sees the same ones, and limits are 400s.
-//! Real services on loopback ports over one SQLite file.
+//! Real services on loopback ports over one SQLite file, and over a
+//! throwaway Redis for the admin's reset.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::{net::SocketAddr, path::Path, sync::Arc};
 
-use fencelock_core::{LockClient, MAX_FENCED_VALUE};
+use fencelock_core::{Fence, FencedValue, FencingToken, LockClient, MAX_FENCED_VALUE};
+use fencelock_redis::{RedisBackend, RedisFence};
 use fencelock_serve::{Server, ServerHandle, Service};
 use fencelock_sqlite::{SqliteBackend, SqliteFence, SqliteOptions};
+use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+
+use crate::support;
 
 /// A service over the SQLite file `db`, on `addr` (port 0: any).
 async fn serve(db: &Path, addr: SocketAddr) -> (ServerHandle, String) {
@@ -152,27 +157,54 @@ async fn limits_are_400s_with_a_clear_code() {
     }
 }
 
-/// An admin's reset (`DELETE /v1/kv/{key}`) forgets the value and the
-/// fence's tokens in the SQLite store: a lower token writes again.
-#[tokio::test]
-async fn a_reset_forgets_the_value_and_the_fence_in_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_server, base) = serve(&dir.path().join("locks.db"), any_port()).await;
-    let (status, _) = put(&base, "cfg", 50, json!({"v": 1})).await;
+/// An admin's reset (`DELETE /v1/kv/{key}`) through the service at `base`
+/// forgets the value and the fence's tokens in its store: a lower token
+/// writes again (as `cfg` = 1); a resource never fenced had nothing.
+async fn reset_forgets_the_value_and_the_fence(base: &str) {
+    let (status, _) = put(base, "cfg", 50, json!({"v": 1})).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, reset) = send(&base, Method::DELETE, "/v1/kv/cfg", None).await;
+    let (status, reset) = send(base, Method::DELETE, "/v1/kv/cfg", None).await;
     assert_eq!(status, StatusCode::OK, "{reset}");
     assert_eq!(reset["had"], 50, "{reset}");
-    assert_eq!(get(&base, "cfg").await.0, StatusCode::NOT_FOUND);
-    let (_, fence) = send(&base, Method::GET, "/v1/fences/cfg", None).await;
+    assert_eq!(get(base, "cfg").await.0, StatusCode::NOT_FOUND);
+    let (_, fence) = send(base, Method::GET, "/v1/fences/cfg", None).await;
     assert_eq!(fence["current"], Value::Null, "{fence}");
-    let (status, written) = put(&base, "cfg", 1, json!({"v": 2})).await;
+    let (status, written) = put(base, "cfg", 1, json!({"v": 2})).await;
     assert_eq!(status, StatusCode::OK, "{written}");
     // Nothing to forget: `had` is null.
-    let (status, reset) = send(&base, Method::DELETE, "/v1/fences/none", None).await;
+    let (status, reset) = send(base, Method::DELETE, "/v1/fences/none", None).await;
     assert_eq!(
         (status, &reset["had"]),
         (StatusCode::OK, &Value::Null),
         "{reset}"
     );
+}
+
+#[tokio::test]
+async fn a_reset_forgets_the_value_and_the_fence_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, base) = serve(&dir.path().join("locks.db"), any_port()).await;
+    reset_forgets_the_value_and_the_fence(&base).await;
+}
+
+/// The same over Redis, whose fence resets with a script: the store itself
+/// (read by a fence of its own) holds only what was written after the
+/// reset.
+#[tokio::test]
+async fn a_reset_forgets_the_value_and_the_fence_in_redis() -> TestResult {
+    let redis = RedisServer::start()?;
+    let backend = Arc::new(RedisBackend::connect(&redis.url()).await?);
+    let fence = Arc::new(RedisFence::connect(&redis.url()).await?);
+    let service = Service::builder(LockClient::new(backend))
+        .fence(fence)
+        .build();
+    let (_server, base) = support::serve(service).await;
+    reset_forgets_the_value_and_the_fence(&base).await;
+    let direct = RedisFence::connect(&redis.url()).await?;
+    assert_eq!(direct.highest("cfg").await?, Some(FencingToken(1)));
+    assert_eq!(
+        direct.read_value("cfg").await?,
+        Some(FencedValue::new(FencingToken(1), br#"{"v":2}"#.to_vec()))
+    );
+    Ok(())
 }

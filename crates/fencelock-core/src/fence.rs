@@ -360,12 +360,17 @@ pub trait Fence: Send + Sync + fmt::Debug {
             .into_result(self.name(), resource, token)
     }
 
-    /// Forgets `resource`: its highest tokens and its stored value, so that
-    /// the next admission starts from nothing. The operator's repair of a
-    /// fence a token no grant issued has blocked (the service's admin-only
-    /// `DELETE /v1/fences/{resource}`); never part of a holder's protocol.
-    /// Answers the highest token it had; the default answers
-    /// [`Error::Unsupported`].
+    /// Forgets `resource`: its highest tokens (writer and shared) and its
+    /// stored value, so that the next admission starts from nothing. The
+    /// operator's repair of a fence a token no grant issued has blocked
+    /// (the service's admin-only `DELETE /v1/fences/{resource}`); never
+    /// part of a holder's protocol. Answers the highest token it had, in
+    /// either mode (`None`: nothing was admitted).
+    ///
+    /// One atomic step of the fence's store: an admission racing with it
+    /// lands wholly before (and is forgotten, its value with it) or wholly
+    /// after (and is kept). Every fence this library ships implements it;
+    /// the default, for fences elsewhere, answers [`Error::Unsupported`].
     async fn reset(&self, resource: &str) -> Result<Option<FencingToken>> {
         let _ = resource;
         Err(Error::unsupported(self.name(), "resetting a fence"))

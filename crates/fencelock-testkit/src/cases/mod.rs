@@ -117,6 +117,11 @@ pub static CASES: &[Case] = &[
     case!(fence::i7_fence_rule, FENCE),
     case!(fence::i7_admit_before_read_prevents_lost_update, FENCE),
     case!(fence::i7_concurrent_admits_keep_the_maximum, FENCE),
+    case!(fence::reset_forgets_the_tokens_and_the_value, FENCE),
+    case!(
+        fence::resets_racing_writers_leave_token_and_value_agreeing,
+        FENCE
+    ),
     case!(values::write_then_read, FENCE),
     case!(values::stale_write_is_refused, FENCE),
     case!(values::value_survives_a_new_connection, FENCE),

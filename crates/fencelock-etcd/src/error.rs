@@ -90,11 +90,14 @@ pub(crate) async fn bounded<T>(
 ) -> Result<T, EtcdError> {
     tokio::time::timeout(timeout, fut)
         .await
-        .unwrap_or_else(|_| {
-            Err(EtcdError::GRpcStatus(Status::deadline_exceeded(format!(
-                "no answer within {timeout:?}"
-            ))))
-        })
+        .unwrap_or_else(|_| Err(no_answer(timeout)))
+}
+
+/// The `DeadlineExceeded` status of a request unanswered after `timeout`.
+fn no_answer(timeout: Duration) -> EtcdError {
+    EtcdError::GRpcStatus(Status::deadline_exceeded(format!(
+        "no answer within {timeout:?}"
+    )))
 }
 
 /// How long an idempotent request waits for its answer before a copy is
@@ -189,20 +192,15 @@ where
                 sent += 1;
             }
             () = tokio::time::sleep_until(deadline) => {
-                last = Some(EtcdError::GRpcStatus(Status::deadline_exceeded(format!(
-                    "no answer within {timeout:?}"
-                ))));
+                last = Some(no_answer(timeout));
                 break;
             }
         }
     }
-    match (held_back, last) {
-        (Some(value), _) => Ok(value),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(EtcdError::GRpcStatus(Status::deadline_exceeded(
-            "no copy answered",
-        ))),
-    }
+    // A held-back refusal, else the last failure (the loop records one
+    // before every break but an empty stream's, which cannot happen: a
+    // copy is pushed before the first poll).
+    held_back.map_or_else(|| Err(last.unwrap_or_else(|| no_answer(timeout))), Ok)
 }
 
 /// Runs `op`, sending it again while it fails with [`never_sent`], so a dead

@@ -232,8 +232,16 @@ struct Deployment {
     /// clients' endpoints, in the order of the servers' own (behind
     /// HAProxy: between the balancer and each replica).
     proxies: Vec<FaultProxy>,
-    /// Which proxy or member failed.
-    failed: Option<usize>,
+    /// What failed, once it has.
+    failed: Option<Victim>,
+}
+
+/// The failed component: a replica or member (and its proxy) by index, or
+/// a Redis server by port.
+#[derive(Clone, Copy)]
+enum Victim {
+    Index(usize),
+    Port(u16),
 }
 
 enum Servers {
@@ -242,12 +250,11 @@ enum Servers {
         _balancer: Option<Haproxy>,
         _redis: RedisServer,
     },
-    Sentinel(RedisSentinel, Option<u16>),
+    Sentinel(RedisSentinel),
     Cluster {
         cluster: RedisCluster,
         /// The first holder's key: its primary fails.
         hot: String,
-        failed: Option<u16>,
     },
     Members(Members),
     Postgres(PostgresServer),
@@ -296,17 +303,12 @@ impl Deployment {
             Shape::RedisSentinel => {
                 let set = tokio::task::spawn_blocking(RedisSentinel::start).await??;
                 let url = set.url();
-                (Servers::Sentinel(set, None), url, Vec::new())
+                (Servers::Sentinel(set), url, Vec::new())
             }
             Shape::RedisCluster => {
                 let cluster = tokio::task::spawn_blocking(RedisCluster::start_persistent).await??;
                 let url = cluster.url();
-                let servers = Servers::Cluster {
-                    cluster,
-                    hot,
-                    failed: None,
-                };
-                (servers, url, Vec::new())
+                (Servers::Cluster { cluster, hot }, url, Vec::new())
             }
             Shape::Postgres => {
                 let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
@@ -333,9 +335,8 @@ impl Deployment {
 
     /// Fails the shape's component; answers which one.
     fn fail(&mut self, fault: Fault) -> TestResult<String> {
-        match &mut self.servers {
+        let (victim, component) = match &mut self.servers {
             Servers::Replicas { replicas, .. } => {
-                self.failed = Some(0);
                 match fault {
                     Fault::Kill => replicas.kill(0)?,
                     Fault::Stop => replicas.pause(0)?,
@@ -343,26 +344,21 @@ impl Deployment {
                         replicas.kill(0)?;
                         replicas.start_again(0)?;
                     }
-                    Fault::Silent => self.silence(0)?,
+                    Fault::Silent => silence(&self.proxies, 0)?,
                     Fault::Wipe => return not_offered(fault),
                 }
-                Ok("replica 0".to_owned())
+                (Victim::Index(0), "replica 0".to_owned())
             }
-            Servers::Sentinel(set, failed) => {
+            Servers::Sentinel(set) => {
                 let master = set.master_port()?;
                 match fault {
                     Fault::Kill => set.kill(master)?,
                     Fault::Stop => set.pause(master)?,
                     Fault::Restart | Fault::Silent | Fault::Wipe => return not_offered(fault),
                 }
-                *failed = Some(master);
-                Ok(format!("master {master}"))
+                (Victim::Port(master), format!("master {master}"))
             }
-            Servers::Cluster {
-                cluster,
-                hot,
-                failed,
-            } => {
+            Servers::Cluster { cluster, hot } => {
                 let slot = cluster.keyslot(&format!("{{{hot}}}"))?;
                 let primary = cluster.primary_of(slot)?;
                 match fault {
@@ -374,20 +370,20 @@ impl Deployment {
                     }
                     Fault::Silent | Fault::Wipe => return not_offered(fault),
                 }
-                *failed = Some(primary);
-                Ok(format!("primary {primary}"))
+                (Victim::Port(primary), format!("primary {primary}"))
             }
-            Servers::Postgres(server) => match fault {
-                Fault::Restart => {
-                    server.kill()?;
-                    server.start_again()?;
-                    Ok("server".to_owned())
+            Servers::Postgres(server) => {
+                if fault != Fault::Restart {
+                    return not_offered(fault);
                 }
-                _ => not_offered(fault),
-            },
+                server.kill()?;
+                server.start_again()?;
+                (Victim::Index(0), "server".to_owned())
+            }
             Servers::Members(members) => {
                 let set = members.control();
                 let victim = set.victim();
+                let mut component = format!("member {victim}");
                 match fault {
                     Fault::Kill => set.kill_member(victim)?,
                     Fault::Stop => set.pause_member(victim)?,
@@ -395,61 +391,55 @@ impl Deployment {
                         set.kill_member(victim)?;
                         set.start_member_again(victim)?;
                     }
-                    Fault::Silent => self.silence(victim)?,
+                    Fault::Silent => silence(&self.proxies, victim)?,
                     Fault::Wipe => {
                         set.kill_member(victim)?;
                         set.wipe_member(victim)?;
-                        self.failed = Some(victim);
                         // A member may refuse to start without the data its
                         // peers know it had (etcd: "already bootstrapped"):
                         // then it stays down, as if killed, and the case
                         // says so.
-                        return Ok(if set.start_member_again(victim).is_ok() {
-                            format!("member {victim}, wiped")
+                        component.push_str(if set.start_member_again(victim).is_ok() {
+                            ", wiped"
                         } else {
-                            format!("member {victim}, wiped; it did not start again")
+                            ", wiped; it did not start again"
                         });
                     }
                 }
-                self.failed = Some(victim);
-                Ok(format!("member {victim}"))
+                (Victim::Index(victim), component)
             }
-        }
-    }
-
-    /// Swallows everything between the clients and endpoint `i`.
-    fn silence(&self, i: usize) -> TestResult {
-        let proxy = self
-            .proxies
-            .get(i)
-            .ok_or("the deployment was not started behind fault proxies")?;
-        proxy.controls().partition();
-        Ok(())
+        };
+        self.failed = Some(victim);
+        Ok(component)
     }
 
     /// Ends a stop (SIGCONT) or a silence (the network heals).
     fn resume(&mut self, fault: Fault) -> TestResult {
-        if fault == Fault::Silent {
-            if let Some(proxy) = self.failed.and_then(|i| self.proxies.get(i)) {
-                proxy.controls().heal();
+        match (&self.servers, self.failed) {
+            (_, Some(Victim::Index(i))) if fault == Fault::Silent => {
+                if let Some(proxy) = self.proxies.get(i) {
+                    proxy.controls().heal();
+                }
+                Ok(())
             }
-            return Ok(());
-        }
-        match &self.servers {
-            Servers::Replicas { replicas, .. } => replicas.resume(0),
-            Servers::Sentinel(set, Some(port)) => set.resume(*port),
-            Servers::Cluster {
-                cluster,
-                failed: Some(port),
-                ..
-            } => cluster.resume(*port),
-            Servers::Members(members) => match self.failed {
-                Some(i) => members.control().resume_member(i),
-                None => Ok(()),
-            },
+            (Servers::Replicas { replicas, .. }, Some(Victim::Index(i))) => replicas.resume(i),
+            (Servers::Sentinel(set), Some(Victim::Port(port))) => set.resume(port),
+            (Servers::Cluster { cluster, .. }, Some(Victim::Port(port))) => cluster.resume(port),
+            (Servers::Members(members), Some(Victim::Index(i))) => {
+                members.control().resume_member(i)
+            }
             _ => Ok(()),
         }
     }
+}
+
+/// Swallows everything between the clients and endpoint `i`.
+fn silence(proxies: &[FaultProxy], i: usize) -> TestResult {
+    let proxy = proxies
+        .get(i)
+        .ok_or("the deployment was not started behind fault proxies")?;
+    proxy.controls().partition();
+    Ok(())
 }
 
 impl Members {

@@ -474,6 +474,16 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             let verdict = fencelock_lab::torture::run_worker(cli.url, args).await?;
             return Ok(exit::for_verdict(verdict));
         }
+        // A lab starts its own servers: no store.
+        Command::Bench(args) if args.topology.is_some() => {
+            if cli.url.is_some() {
+                return Err(Error::InvalidArgument(
+                    "bench --topology starts its own servers: --url (or FENCELOCK_URL) does not apply".into(),
+                ));
+            }
+            let verdict = fencelock_lab::bench::run_in_lab(args, lab::output(out)).await?;
+            return Ok(exit::for_verdict(verdict));
+        }
         // It starts the servers it scores: no store.
         Command::Scorecard(args) => {
             let verdict = fencelock_lab::scorecard::run(args, lab::output(out)).await?;

@@ -12,7 +12,8 @@
 //! - [`torture`](mod@torture): `fencelock torture` and its hidden `torture-worker`;
 //! - [`bench`](mod@bench): `fencelock bench`;
 //! - [`scorecard`](mod@scorecard): `fencelock scorecard`, what one failed
-//!   component costs patient clients.
+//!   component costs patient clients;
+//! - [`topology`]: the multi-datacenter lab `bench --topology` runs in.
 //!
 //! See `docs/safety.md` and `docs/benchmarks.md`.
 //!
@@ -21,6 +22,7 @@
 pub mod bench;
 mod output;
 pub mod scorecard;
+pub mod topology;
 pub mod torture;
 
 use std::time::Duration;

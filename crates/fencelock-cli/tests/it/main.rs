@@ -1,5 +1,5 @@
 //! The integration tests of the `fencelock` binary, run as a user runs it
-//! (the `torture`, `bench` and `scorecard` modules need the `lab` feature, which gives the
+//! (the `torture`, `bench`, `lab` and `scorecard` modules need the `lab` feature, which gives the
 //! binary those commands).
 //!
 //! One binary per crate, so that the workspace links one executable where it
@@ -13,6 +13,8 @@ mod connections;
 mod election;
 mod engines;
 mod etcd_loss;
+#[cfg(feature = "lab")]
+mod lab;
 mod lock_delay;
 mod loss_report;
 mod multi;

@@ -5,6 +5,8 @@
 //! - `driver`: the one measurement loop (library and raw alike);
 //! - `scenarios`: cycle, contended, handoff, renew, hold, semaphore;
 //! - `failover`: an elected leader killed with SIGKILL, until a standby leads;
+//! - `lab`: the scenario from each site of a multi-datacenter lab
+//!   (`--topology`);
 //! - `stats`: latency percentiles (HDR histogram);
 //! - `recorder`: what the scenarios read from the library's metrics;
 //! - `process`: this process's memory and CPU;
@@ -12,18 +14,21 @@
 
 mod driver;
 mod failover;
+mod lab;
 mod process;
 mod recorder;
 mod report;
 mod scenarios;
 mod stats;
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, ValueEnum};
 use fencelock::Error;
 
-use crate::{Output, Verdict};
+use crate::{topology::LabEngine, Output, Verdict};
+
+pub use lab::run as run_in_lab;
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -139,6 +144,17 @@ pub struct BenchArgs {
     /// (a paused server, or one cut off by the network).
     #[arg(long, value_enum, default_value = "killed")]
     pub dead_mode: DeadMode,
+
+    /// Measure in a lab instead of on --url: start --engine's servers in
+    /// the sites of this topology file, with every link between two sites
+    /// delayed, and run the scenario from each client site in turn
+    /// (docs/multi-dc.md).
+    #[arg(long, requires = "engine")]
+    pub topology: Option<PathBuf>,
+
+    /// The engine the lab places in the topology's sites.
+    #[arg(long, value_enum, requires = "topology")]
+    pub engine: Option<LabEngine>,
 }
 
 /// How `--dead-nodes` die.
@@ -165,6 +181,10 @@ struct Setup {
     permits: u32,
     dead_nodes: usize,
     dead_mode: DeadMode,
+    /// handoff: how long the holder keeps the lock after the waiter began
+    /// trying, so that it releases while the waiter waits, not during its
+    /// first try.
+    handoff_hold: Duration,
     /// Prefix of every key this run uses, so runs never meet.
     run: String,
 }
@@ -189,6 +209,7 @@ impl Setup {
             permits: args.permits.unwrap_or(4),
             dead_nodes: args.dead_nodes,
             dead_mode: args.dead_mode,
+            handoff_hold: scenarios::HANDOFF_HOLD,
             run: format!(
                 "fencelock-bench:{}-{}",
                 std::process::id(),

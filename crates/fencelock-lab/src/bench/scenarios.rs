@@ -23,8 +23,9 @@ use super::{
 const HANDOFF_WAIT: Duration = Duration::from_secs(30);
 /// How long a holder keeps the lock after another client started trying,
 /// so that what is measured is the waiter's wake-up, not a lucky retry
-/// that lands just after the release.
-const HANDOFF_HOLD: Duration = Duration::from_millis(5);
+/// that lands just after the release: on loopback, longer than a try. (In
+/// a lab, the site's round trips are added: `Setup::handoff_hold`.)
+pub(super) const HANDOFF_HOLD: Duration = Duration::from_millis(5);
 
 pub async fn run(setup: &Setup) -> Result<Report> {
     match setup.scenario {
@@ -289,7 +290,12 @@ async fn handoff(setup: &Setup) -> Result<Report> {
         };
         first.get_or_insert_with(|| Arc::clone(&backend));
         let client = LockClient::builder(backend).build()?;
-        let (key, relay, ttl) = (key.clone(), Arc::clone(&relay), setup.ttl);
+        let (key, relay, ttl, hold) = (
+            key.clone(),
+            Arc::clone(&relay),
+            setup.ttl,
+            setup.handoff_hold,
+        );
         tasks.push(tokio::spawn(async move {
             let mut tally = HandoffTally::default();
             while Instant::now() < end {
@@ -327,7 +333,7 @@ async fn handoff(setup: &Setup) -> Result<Report> {
                         tally.latencies.record(granted - released);
                     }
                 }
-                pass_on(guard, &relay, end, &mut tally).await;
+                pass_on(guard, &relay, hold, end, &mut tally).await;
             }
             tally
         }));
@@ -378,12 +384,18 @@ async fn handoff(setup: &Setup) -> Result<Report> {
     Ok(report)
 }
 
-/// Holds the lock until another client is waiting for it (plus
-/// [`HANDOFF_HOLD`]), releases it, and stays out until someone else got it.
-async fn pass_on(guard: LockGuard, relay: &Relay, end: Instant, tally: &mut HandoffTally) {
+/// Holds the lock until another client is waiting for it (plus `hold`),
+/// releases it, and stays out until someone else got it.
+async fn pass_on(
+    guard: LockGuard,
+    relay: &Relay,
+    hold: Duration,
+    end: Instant,
+    tally: &mut HandoffTally,
+) {
     if Instant::now() < end {
         tokio::select! {
-            () = relay.someone_waits() => tokio::time::sleep(HANDOFF_HOLD).await,
+            () = relay.someone_waits() => tokio::time::sleep(hold).await,
             _ = sleep_until(end) => {}
         }
     }

@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     find_binary,
-    members::{Engine, MemberSet, SingleServer, Slot},
+    members::{direct, Engine, MemberSet, PeerLink, SingleServer, Slot},
 };
 use crate::TestResult;
 
@@ -24,6 +24,9 @@ pub type EtcdCluster = MemberSet<Etcd>;
 pub struct Etcd {
     binary: PathBuf,
     initial_cluster: String,
+    /// Each member's peer URL as its peers dial it: its listener, or a
+    /// link in front of it.
+    advertised: Vec<String>,
     /// The same for every member (a member with another token would form a
     /// cluster of its own), different between clusters.
     cluster_token: String,
@@ -37,7 +40,7 @@ impl Engine for Etcd {
 
     fn command(&self, slot: &Slot) -> Command {
         let client = format!("http://{}", slot.addr());
-        let peer = peer_url(slot);
+        let peer = format!("http://{}", peer_addr(slot));
         let mut command = Command::new(&self.binary);
         command
             .arg("--name")
@@ -47,7 +50,10 @@ impl Engine for Etcd {
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
+            .args([
+                "--initial-advertise-peer-urls",
+                &self.advertised[slot.index],
+            ])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", &self.cluster_token]);
@@ -73,9 +79,9 @@ fn member_name(index: usize) -> String {
     format!("m{index}")
 }
 
-/// The member's peer URL, on its one peer port.
-fn peer_url(slot: &Slot) -> String {
-    format!("http://127.0.0.1:{}", slot.peer_ports[0])
+/// The member's peer listener, on its one peer port.
+fn peer_addr(slot: &Slot) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], slot.peer_ports[0]))
 }
 
 impl MemberSet<Etcd> {
@@ -87,17 +93,31 @@ impl MemberSet<Etcd> {
     /// A cluster of `n` members, started together; returns once every
     /// member reports healthy (a leader is elected).
     pub fn start_members(n: usize) -> TestResult<Self> {
+        Self::start_linked(n, &direct)
+    }
+
+    /// A cluster of `n` members whose peers reach each other through
+    /// `link`. A member advertises one peer URL to all its peers, so `link`
+    /// is asked once per member, with no dialling member: every peer's
+    /// traffic to a member takes the one link in front of it.
+    pub fn start_linked(n: usize, link: &PeerLink<'_>) -> TestResult<Self> {
         let binary = find_binary("etcd", &[], "etcd-server")?;
         Self::start_with(n, |slots| {
+            let advertised = slots
+                .iter()
+                .map(|s| Ok(format!("http://{}", link(None, s.index, peer_addr(s))?)))
+                .collect::<TestResult<Vec<_>>>()?;
             let initial_cluster = slots
                 .iter()
-                .map(|s| format!("{}={}", member_name(s.index), peer_url(s)))
+                .zip(&advertised)
+                .map(|(s, url)| format!("{}={url}", member_name(s.index)))
                 .collect::<Vec<_>>()
                 .join(",");
             let cluster_token = format!("fencelock-{}", slots[0].client_port);
             Ok(Etcd {
                 binary: binary.clone(),
                 initial_cluster,
+                advertised,
                 cluster_token,
             })
         })

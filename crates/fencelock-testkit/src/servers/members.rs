@@ -49,6 +49,21 @@ impl Slot {
     }
 }
 
+/// Where a member reaches a peer's listener: at the listener itself, or
+/// through something in between (a lab's delayed link between two sites).
+///
+/// Called while a set is laid out, before any member starts, with the
+/// member that dials, the member dialled and the address of the listener;
+/// answers the address to dial instead. The dialling member is `None`
+/// where the engine gives every peer the one address a member advertises
+/// (etcd), so that one link carries every peer's traffic to it.
+pub type PeerLink<'a> = dyn Fn(Option<usize>, usize, SocketAddr) -> TestResult<SocketAddr> + 'a;
+
+/// The [`PeerLink`] of members that reach each other directly.
+pub fn direct(_from: Option<usize>, _to: usize, addr: SocketAddr) -> TestResult<SocketAddr> {
+    Ok(addr)
+}
+
 /// What one engine contributes to a [`MemberSet`].
 pub trait Engine: fmt::Debug + Send + Sync + 'static {
     /// The engine's name in messages and logs (`etcd`, `zookeeper`).

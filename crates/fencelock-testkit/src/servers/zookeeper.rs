@@ -17,7 +17,7 @@ use std::{
 
 use super::{
     find_binary,
-    members::{Engine, MemberSet, SingleServer, Slot},
+    members::{direct, Engine, MemberSet, PeerLink, SingleServer, Slot},
 };
 use crate::TestResult;
 
@@ -88,6 +88,15 @@ impl MemberSet<ZooKeeper> {
     /// An ensemble of `n` members, started together; returns once every
     /// member serves (a leader is elected).
     pub fn start_members(n: usize) -> TestResult<Self> {
+        Self::start_linked(n, &direct)
+    }
+
+    /// An ensemble of `n` members whose peers reach each other through
+    /// `link`, asked for every member and peer: each member's own
+    /// configuration names where it dials the others (ZooKeeper does not
+    /// require the members' server lists to agree on addresses, only on
+    /// ids).
+    pub fn start_linked(n: usize, link: &PeerLink<'_>) -> TestResult<Self> {
         let java = find_binary("java", &[], "default-jre-headless")?;
         if !Path::new(JARS).join("zookeeper.jar").is_file() {
             return Err(format!(
@@ -96,15 +105,6 @@ impl MemberSet<ZooKeeper> {
             .into());
         }
         Self::start_with(n, |slots| {
-            let mut peers = Vec::with_capacity(n);
-            for slot in slots {
-                peers.push(format!(
-                    "server.{}=127.0.0.1:{}:{}",
-                    slot.index + 1,
-                    slot.peer_ports[0],
-                    slot.peer_ports[1]
-                ));
-            }
             for slot in slots {
                 std::fs::create_dir_all(slot.dir.join("data"))?;
                 let mut config = format!(
@@ -115,8 +115,32 @@ impl MemberSet<ZooKeeper> {
                     slot.client_port
                 );
                 if n > 1 {
-                    config.push_str(&peers.join("\n"));
-                    config.push('\n');
+                    for peer in slots {
+                        // A member binds its own line's ports; it dials
+                        // the others' through their links.
+                        let port = |p: u16| -> TestResult<SocketAddr> {
+                            let addr = SocketAddr::from(([127, 0, 0, 1], p));
+                            if peer.index == slot.index {
+                                Ok(addr)
+                            } else {
+                                link(Some(slot.index), peer.index, addr)
+                            }
+                        };
+                        let (quorum, election) =
+                            (port(peer.peer_ports[0])?, port(peer.peer_ports[1])?);
+                        if quorum.ip() != election.ip() {
+                            return Err(format!(
+                                "a member's quorum and election ports take one host: \
+                                 {quorum} and {election}"
+                            )
+                            .into());
+                        }
+                        config.push_str(&format!(
+                            "server.{}={quorum}:{}\n",
+                            peer.index + 1,
+                            election.port()
+                        ));
+                    }
                     std::fs::write(slot.dir.join("data/myid"), format!("{}\n", slot.index + 1))?;
                 }
                 std::fs::write(slot.dir.join("zoo.cfg"), config)?;

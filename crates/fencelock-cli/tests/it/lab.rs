@@ -1,0 +1,119 @@
+//! `fencelock bench --topology`: a short three-site lab on loopback, one
+//! Redlock node, etcd or ZooKeeper member per site, 20 ms one way between
+//! every two sites, clients in two of them. Every link between two sites
+//! is delayed, the links between members too, so no site's cycle (an
+//! acquire and a release, each needing a majority's answer) can take less
+//! than two round trips to its nearest majority: a p50 below that floor
+//! means a link the lab left undelayed. Asserts that floor and that every
+//! site's clients completed cycles, never a speed above it.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// Each etcd or ZooKeeper client lists the member of its own site alone:
+/// its requests reach the other members only through the members' links.
+const THREE_SITES: &str = r#"
+sites = ["a", "b", "c"]
+members = ["a", "b", "c"]
+clients = ["a", "b"]
+
+[[link]]
+between = ["a", "b"]
+one_way = "20ms"
+
+[[link]]
+between = ["a", "c"]
+one_way = "20ms"
+
+[[link]]
+between = ["b", "c"]
+one_way = "20ms"
+"#;
+
+/// Runs a one-second cycle of `engine` in the three sites; returns the
+/// report.
+fn lab(engine: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("three-sites.toml");
+    let text = match engine {
+        "etcd" | "zookeeper" => format!("client_endpoints = \"site\"\n{THREE_SITES}"),
+        _ => THREE_SITES.to_owned(),
+    };
+    std::fs::write(&topology, text).unwrap();
+    let out = Command::new(BIN)
+        .env_remove("RUST_LOG")
+        .env_remove("FENCELOCK_URL")
+        .args(["--json", "bench", "--topology"])
+        .arg(&topology)
+        .args(["--engine", engine, "--scenario", "cycle"])
+        .args(["--duration", "1s", "--warmup", "300ms"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{engine}: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each client site completed cycles, none faster than two round trips to
+/// its nearest majority (40 ms each here).
+fn every_site_pays_its_round_trips(engine: &str) {
+    let report = lab(engine);
+    assert_eq!(report["engine"], engine, "{report}");
+    let sites = report["sites"].as_array().unwrap();
+    let names: Vec<&str> = sites.iter().map(|s| s["site"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "b"], "{report}");
+    for site in sites {
+        let rtt = site["nearest_majority_rtt_ms"].as_f64().unwrap();
+        assert_eq!(rtt, 40.0, "{site}");
+        let figures = &site["report"]["fencelock"];
+        assert!(figures["successes"].as_u64().unwrap() > 0, "{site}");
+        assert_eq!(figures["errors"], 0, "{site}");
+        let p50 = figures["latency_ms"]["p50"].as_f64().unwrap();
+        // The histogram's precision is far finer than 3 %.
+        assert!(
+            p50 >= 0.97 * 2.0 * rtt,
+            "{engine} from {}: a cycle's p50 {p50} ms is below two round trips \
+             ({} ms): a link is not delayed",
+            site["site"],
+            2.0 * rtt
+        );
+    }
+}
+
+#[test]
+fn redlock_nodes_in_three_sites() {
+    every_site_pays_its_round_trips("redlock");
+}
+
+#[test]
+fn etcd_members_in_three_sites() {
+    every_site_pays_its_round_trips("etcd");
+}
+
+#[test]
+fn zookeeper_members_in_three_sites() {
+    every_site_pays_its_round_trips("zookeeper");
+}
+
+/// A PostgreSQL server stands in the first member's site: its clients
+/// there pay nothing, the others a round trip per statement.
+#[test]
+fn postgres_in_one_site() {
+    let report = lab("postgres");
+    assert_eq!(report["members"], serde_json::json!(["a"]), "{report}");
+    let sites = report["sites"].as_array().unwrap();
+    assert_eq!(sites[0]["nearest_majority_rtt_ms"], 0.0, "{report}");
+    assert_eq!(sites[1]["nearest_majority_rtt_ms"], 40.0, "{report}");
+    let p50 = sites[1]["report"]["fencelock"]["latency_ms"]["p50"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        p50 >= 0.97 * 80.0,
+        "from b: {p50} ms: a link is not delayed"
+    );
+}

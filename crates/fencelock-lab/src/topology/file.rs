@@ -1,0 +1,400 @@
+//! The topology file: sites, the latency between each two of them, and
+//! where the backend's members and the clients stand.
+//!
+//! ```toml
+//! sites = ["east", "west", "north"]
+//! # Member i of the backend stands in members[i]: one Redlock node, etcd
+//! # or ZooKeeper member per site. A one-server engine takes the first.
+//! members = ["east", "west", "north"]
+//! # Where clients stand; `bench` measures from each [default: every site].
+//! clients = ["east", "west"]
+//! # Which members an etcd or ZooKeeper client lists: "all", nearest first
+//! # [default], or "site": those of its own site (all, if none stand
+//! # there), as behind a per-site proxy.
+//! client_endpoints = "all"
+//!
+//! # Every two sites need a link: the one-way delay, and an optional
+//! # jitter (a uniform random extra per chunk, order kept).
+//! [[link]]
+//! between = ["east", "west"]
+//! one_way = "30ms"
+//! jitter = "2ms"
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The most sites a topology may name (a typo guard: each pair of sites is
+/// a link, and each cross-site link a proxy per member and client site).
+const MAX_SITES: usize = 16;
+/// The most members a topology may place.
+const MAX_MEMBERS: usize = 9;
+/// The longest one-way delay a link may have.
+const MAX_DELAY: Duration = Duration::from_secs(10);
+
+/// The latency one way of a link: every chunk is delayed by `one_way` plus
+/// a uniform random extra of up to `jitter`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delay {
+    /// The fixed part.
+    pub one_way: Duration,
+    /// The most a chunk is delayed beyond `one_way`.
+    pub jitter: Duration,
+}
+
+impl Delay {
+    /// Whether the link adds nothing (two places in one site).
+    pub fn is_zero(self) -> bool {
+        self.one_way.is_zero() && self.jitter.is_zero()
+    }
+
+    /// The round trip without jitter.
+    pub fn rtt(self) -> Duration {
+        self.one_way * 2
+    }
+}
+
+/// Which members a client of a member-linked engine (etcd, ZooKeeper)
+/// lists in its URL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientEndpoints {
+    /// Every member, the nearest first.
+    #[default]
+    All,
+    /// The members of the client's own site (every member, if none stands
+    /// there): each request then reaches the others only through the
+    /// members' own links.
+    Site,
+}
+
+/// A parsed and checked topology.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    sites: Vec<String>,
+    /// `delays[a][b]`: from site `a` to site `b` (zero on the diagonal).
+    delays: Vec<Vec<Delay>>,
+    /// The site of each member.
+    members: Vec<usize>,
+    /// The sites clients stand in.
+    clients: Vec<usize>,
+    client_endpoints: ClientEndpoints,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopologyFile {
+    sites: Vec<String>,
+    members: Vec<String>,
+    #[serde(default)]
+    clients: Option<Vec<String>>,
+    #[serde(default)]
+    client_endpoints: ClientEndpoints,
+    #[serde(default, rename = "link")]
+    links: Vec<LinkFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkFile {
+    between: [String; 2],
+    one_way: String,
+    #[serde(default)]
+    jitter: Option<String>,
+}
+
+impl Topology {
+    /// Parses a topology file's text; the error says what is wrong, and
+    /// where.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: TopologyFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.sites.is_empty() || file.sites.len() > MAX_SITES {
+            return Err(format!("`sites` must name 1 to {MAX_SITES} sites"));
+        }
+        for (i, name) in file.sites.iter().enumerate() {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                return Err(format!(
+                    "site {name:?}: a site's name is letters, digits and `-`"
+                ));
+            }
+            if file.sites[..i].contains(name) {
+                return Err(format!("site {name:?} is named twice"));
+            }
+        }
+        let site = |name: &str, what: &str| {
+            file.sites
+                .iter()
+                .position(|s| s == name)
+                .ok_or_else(|| format!("{what}: {name:?} is not one of `sites`"))
+        };
+        let n = file.sites.len();
+        let mut delays = vec![vec![None; n]; n];
+        for (a, row) in delays.iter_mut().enumerate() {
+            row[a] = Some(Delay::default());
+        }
+        for link in &file.links {
+            let [a, b] = &link.between;
+            let (i, j) = (site(a, "link")?, site(b, "link")?);
+            if i == j {
+                return Err(format!("link {a:?}–{b:?}: a link joins two sites"));
+            }
+            if delays[i][j].is_some() {
+                return Err(format!("link {a:?}–{b:?} is given twice"));
+            }
+            let duration = |what: &str, text: &str| {
+                let d = fencelock::parse_duration(text)
+                    .map_err(|e| format!("link {a:?}–{b:?}: {what}: {e}"))?;
+                if d > MAX_DELAY {
+                    return Err(format!(
+                        "link {a:?}–{b:?}: {what} {text} is above {MAX_DELAY:?}"
+                    ));
+                }
+                Ok(d)
+            };
+            let delay = Delay {
+                one_way: duration("one_way", &link.one_way)?,
+                jitter: link
+                    .jitter
+                    .as_deref()
+                    .map_or(Ok(Duration::ZERO), |j| duration("jitter", j))?,
+            };
+            delays[i][j] = Some(delay);
+            delays[j][i] = Some(delay);
+        }
+        let delays = delays
+            .into_iter()
+            .enumerate()
+            .map(|(a, row)| {
+                row.into_iter()
+                    .enumerate()
+                    .map(|(b, d)| {
+                        d.ok_or_else(|| {
+                            format!(
+                                "no link between {:?} and {:?}: every two sites need one",
+                                file.sites[a], file.sites[b]
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if file.members.is_empty() || file.members.len() > MAX_MEMBERS {
+            return Err(format!("`members` must place 1 to {MAX_MEMBERS} members"));
+        }
+        let members = file
+            .members
+            .iter()
+            .map(|m| site(m, "members"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let clients = match &file.clients {
+            None => (0..n).collect(),
+            Some(c) if c.is_empty() => return Err("`clients` names no site".into()),
+            Some(c) => {
+                let mut clients = Vec::with_capacity(c.len());
+                for name in c {
+                    let s = site(name, "clients")?;
+                    if clients.contains(&s) {
+                        return Err(format!("clients: {name:?} is named twice"));
+                    }
+                    clients.push(s);
+                }
+                clients
+            }
+        };
+        Ok(Self {
+            sites: file.sites,
+            delays,
+            members,
+            clients,
+            client_endpoints: file.client_endpoints,
+        })
+    }
+
+    /// The sites' names, in the file's order; a site is its index here.
+    pub fn sites(&self) -> &[String] {
+        &self.sites
+    }
+
+    /// The site named `name`.
+    pub fn site(&self, name: &str) -> Option<usize> {
+        self.sites.iter().position(|s| s == name)
+    }
+
+    /// The delay from site `a` to site `b`.
+    pub fn delay(&self, a: usize, b: usize) -> Delay {
+        self.delays[a][b]
+    }
+
+    /// The site of each member, in member order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// The sites clients stand in.
+    pub fn clients(&self) -> &[usize] {
+        &self.clients
+    }
+
+    /// Which members a client lists.
+    pub fn client_endpoints(&self) -> ClientEndpoints {
+        self.client_endpoints
+    }
+
+    /// The round trip from `site` to the nearest majority of members
+    /// standing in the sites `placed` (one member: to it), without jitter:
+    /// the physical floor of one operation that needs a majority's answer.
+    pub fn nearest_majority_rtt(&self, site: usize, placed: &[usize]) -> Duration {
+        let mut rtts: Vec<Duration> = placed.iter().map(|&m| self.delay(site, m).rtt()).collect();
+        rtts.sort();
+        rtts.get(rtts.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// The one delay to put in front of member `m` when every peer's
+    /// traffic to it takes one link (see [`PeerLink`]): the mean of its
+    /// one-way delays to the other members, which is exact when they are
+    /// all equally far from it.
+    ///
+    /// [`PeerLink`]: fencelock_testkit::servers::members::PeerLink
+    pub fn member_ingress(&self, m: usize) -> Delay {
+        let others: Vec<Delay> = (0..self.members.len())
+            .filter(|&o| o != m)
+            .map(|o| self.delay(self.members[m], self.members[o]))
+            .collect();
+        if others.is_empty() {
+            return Delay::default();
+        }
+        let count = u32::try_from(others.len()).unwrap_or(u32::MAX);
+        Delay {
+            one_way: others.iter().map(|d| d.one_way).sum::<Duration>() / count,
+            jitter: others.iter().map(|d| d.jitter).sum::<Duration>() / count,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const THREE: &str = r#"
+        sites = ["east", "west", "north"]
+        members = ["east", "west", "north"]
+        clients = ["west"]
+        [[link]]
+        between = ["east", "west"]
+        one_way = "30ms"
+        jitter = "2ms"
+        [[link]]
+        between = ["north", "east"]
+        one_way = "80ms"
+        [[link]]
+        between = ["west", "north"]
+        one_way = "150ms"
+    "#;
+
+    #[test]
+    fn a_topology_reads_its_sites_links_and_places() {
+        let t = Topology::parse(THREE).unwrap();
+        assert_eq!(t.sites(), ["east", "west", "north"]);
+        assert_eq!(t.clients(), [1]);
+        let ms = Duration::from_millis;
+        assert_eq!(t.delay(0, 1), t.delay(1, 0));
+        assert_eq!(t.delay(1, 0).jitter, ms(2));
+        assert_eq!(t.delay(2, 0).one_way, ms(80));
+        assert!(t.delay(2, 2).is_zero());
+        let all = t.members().to_vec();
+        // From west: itself 0, east 60, north 300: the majority is 2.
+        assert_eq!(t.nearest_majority_rtt(1, &all), ms(60));
+        // From north: 0, 160, 300.
+        assert_eq!(t.nearest_majority_rtt(2, &all), ms(160));
+        // One server in east, from north.
+        assert_eq!(t.nearest_majority_rtt(2, &all[..1]), ms(160));
+        // east's member: the mean of 30 and 80.
+        assert_eq!(t.member_ingress(0).one_way, ms(55));
+    }
+
+    #[test]
+    fn clients_default_to_every_site_and_every_member() {
+        let t = Topology::parse(&THREE.replace(r#"clients = ["west"]"#, "")).unwrap();
+        assert_eq!(t.clients(), [0, 1, 2]);
+        assert_eq!(t.client_endpoints(), ClientEndpoints::All);
+        let site = format!("client_endpoints = \"site\"\n{THREE}");
+        let t = Topology::parse(&site).unwrap();
+        assert_eq!(t.client_endpoints(), ClientEndpoints::Site);
+        let bad = format!("client_endpoints = \"near\"\n{THREE}");
+        assert!(Topology::parse(&bad)
+            .unwrap_err()
+            .contains("unknown variant"));
+    }
+
+    #[test]
+    fn a_bad_topology_says_what_is_wrong() {
+        let cases = [
+            (
+                THREE.replace(
+                    "[[link]]\n        between = [\"west\", \"north\"]",
+                    "[[x]]\n        y = [\"west\", \"north\"]",
+                ),
+                "unknown field",
+            ),
+            (
+                THREE.replace(r#"one_way = "150ms""#, ""),
+                "missing field `one_way`",
+            ),
+            (
+                THREE.replace(r#"["north", "east"]"#, r#"["west", "east"]"#),
+                "given twice",
+            ),
+            (
+                THREE.replace(r#"["north", "east"]"#, r#"["north", "north"]"#),
+                "joins two sites",
+            ),
+            (
+                THREE.replace(r#"["north", "east"]"#, r#"["north", "south"]"#),
+                "\"south\" is not one of `sites`",
+            ),
+            (
+                THREE.replace(r#"one_way = "80ms""#, r#"one_way = "-1ms""#),
+                "one_way",
+            ),
+            (
+                THREE.replace(r#"one_way = "80ms""#, r#"one_way = "11s""#),
+                "above",
+            ),
+            (
+                THREE.replace(r#"clients = ["west"]"#, "clients = []"),
+                "names no site",
+            ),
+            (
+                THREE.replace(r#"members = ["east", "west", "north"]"#, "members = []"),
+                "1 to 9",
+            ),
+            (
+                THREE.replace(
+                    r#"sites = ["east", "west", "north"]"#,
+                    r#"sites = ["east", "west", "north", "south"]"#,
+                ),
+                "no link between \"east\" and \"south\"",
+            ),
+            (
+                THREE.replace(
+                    r#""north"]
+        members"#,
+                    r#""east"]
+        members"#,
+                ),
+                "named twice",
+            ),
+            (
+                THREE.replace(r#"sites = ["east""#, r#"sites = ["e st""#),
+                "letters, digits",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Topology::parse(&text).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+    }
+}

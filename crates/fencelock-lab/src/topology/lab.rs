@@ -1,0 +1,237 @@
+//! A running lab: an engine's throwaway servers placed in the sites of a
+//! [`Topology`], every link between two sites behind a fault proxy that
+//! delays it, and a URL for the clients of each site.
+//!
+//! Which links are delayed:
+//!
+//! - **client to member**: one proxy per client site and member in another
+//!   site, both ways at the sites' one-way delay;
+//! - **member to member**, for the engines whose members talk (etcd,
+//!   ZooKeeper): ZooKeeper's members each name their peers in a file of
+//!   their own, so each pair gets its own link at its sites' delay. An
+//!   etcd member advertises one peer address to every peer, and sends on
+//!   connections its peers opened, so it gets one link in front of its
+//!   peer listener carrying all its peers' traffic, at the mean of its
+//!   one-way delays to them ([`Topology::member_ingress`]): exact when its
+//!   peers are equally far from it, as in every topology docs/multi-dc.md
+//!   measures.
+//!
+//! A proxy delays data, not the TCP handshake: a new connection's first
+//! request pays the round trip, its set-up does not.
+
+use std::{
+    any::Any,
+    net::SocketAddr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use clap::ValueEnum;
+use fencelock_testkit::{
+    proxy::{endpoints, with_endpoints, Direction, FaultProxy},
+    servers::{
+        etcd::EtcdCluster, members::PeerLink, postgres::PostgresServer, redis_set::RedisSet,
+        zookeeper::ZkServer,
+    },
+    TestResult,
+};
+use serde::Serialize;
+use tokio::runtime::Handle;
+
+use super::{ClientEndpoints, Delay, Topology};
+
+/// The engines a lab can place in sites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LabEngine {
+    /// Independent Redis nodes (`redlock://`), one per member.
+    Redlock,
+    /// An etcd cluster, one member per member.
+    Etcd,
+    /// A ZooKeeper ensemble, one member per member.
+    Zookeeper,
+    /// One PostgreSQL server, in the first member's site.
+    Postgres,
+}
+
+impl LabEngine {
+    /// The engine's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LabEngine::Redlock => "redlock",
+            LabEngine::Etcd => "etcd",
+            LabEngine::Zookeeper => "zookeeper",
+            LabEngine::Postgres => "postgres",
+        }
+    }
+}
+
+/// See the module docs. Dropping it stops the servers and the proxies.
+#[derive(Debug)]
+pub struct Lab {
+    topology: Topology,
+    engine: LabEngine,
+    /// The site of each member started.
+    placed: Vec<usize>,
+    /// The URL clients of each site use, by site.
+    urls: Vec<Option<String>>,
+    /// Every delayed link.
+    links: Vec<FaultProxy>,
+    /// The servers, kept to be stopped when the lab is dropped.
+    _servers: Box<dyn Any + Send>,
+}
+
+impl Lab {
+    /// Starts `engine`'s members in their sites, the links between sites,
+    /// and one URL per client site.
+    pub async fn start(topology: Topology, engine: LabEngine) -> TestResult<Lab> {
+        // PostgreSQL is one server: it stands where the first member does.
+        let placed = match engine {
+            LabEngine::Postgres => topology.members()[..1].to_vec(),
+            _ => topology.members().to_vec(),
+        };
+        let members = placed.len();
+        if topology.client_endpoints() == ClientEndpoints::Site
+            && !matches!(engine, LabEngine::Etcd | LabEngine::Zookeeper)
+        {
+            return Err(format!(
+                "client_endpoints = \"site\" applies to etcd and zookeeper, whose clients \
+                 need one member; a {} client needs them all",
+                engine.name()
+            )
+            .into());
+        }
+        // Peer links are made while the members are laid out, on a
+        // blocking thread; the proxies run on this runtime.
+        let peer_links = Arc::new(Mutex::new(Vec::new()));
+        let (servers, url) = {
+            let topology = topology.clone();
+            let peer_links = Arc::clone(&peer_links);
+            let handle = Handle::current();
+            tokio::task::spawn_blocking(move || -> TestResult<(Box<dyn Any + Send>, String)> {
+                let link: &PeerLink<'_> = &|from, to, addr| {
+                    let sites = topology.members();
+                    let delay = match from {
+                        Some(f) => topology.delay(sites[f], sites[to]),
+                        None => topology.member_ingress(to),
+                    };
+                    if delay.is_zero() {
+                        return Ok(addr);
+                    }
+                    let proxy = handle.block_on(delayed(addr, delay))?;
+                    let through = proxy.addr();
+                    peer_links
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(proxy);
+                    Ok(through)
+                };
+                Ok(match engine {
+                    LabEngine::Redlock => {
+                        let set = RedisSet::start(members)?;
+                        let url = set.url();
+                        (Box::new(set) as Box<dyn Any + Send>, url)
+                    }
+                    LabEngine::Etcd => {
+                        let set = EtcdCluster::start_linked(members, link)?;
+                        let url = set.url();
+                        (Box::new(set) as Box<dyn Any + Send>, url)
+                    }
+                    LabEngine::Zookeeper => {
+                        let set = ZkServer::start_linked(members, link)?;
+                        let url = set.url();
+                        (Box::new(set) as Box<dyn Any + Send>, url)
+                    }
+                    LabEngine::Postgres => {
+                        let server = PostgresServer::start()?;
+                        let url = server.url("postgres");
+                        (Box::new(server) as Box<dyn Any + Send>, url)
+                    }
+                })
+            })
+            .await??
+        };
+        let mut links =
+            std::mem::take(&mut *peer_links.lock().unwrap_or_else(PoisonError::into_inner));
+        let member_addrs = endpoints(&url)?;
+        let mut urls = vec![None; topology.sites().len()];
+        for &site in topology.clients() {
+            let mut addrs = Vec::with_capacity(member_addrs.len());
+            for (m, &addr) in member_addrs.iter().enumerate() {
+                let at = placed[m];
+                let delay = topology.delay(site, at);
+                if delay.is_zero() {
+                    addrs.push(addr);
+                    continue;
+                }
+                let proxy = delayed(addr, delay).await?;
+                addrs.push(proxy.addr());
+                links.push(proxy);
+            }
+            if matches!(engine, LabEngine::Etcd | LabEngine::Zookeeper) {
+                // A client lists its nearest members first, as an operator
+                // would, or those of its site alone. (Redlock's node order
+                // is part of the protocol, the same for every client: left
+                // as it is.)
+                let only_site =
+                    topology.client_endpoints() == ClientEndpoints::Site && placed.contains(&site);
+                let mut listed: Vec<(Duration, SocketAddr)> = placed
+                    .iter()
+                    .zip(addrs)
+                    .filter(|(&at, _)| !only_site || at == site)
+                    .map(|(&at, addr)| (topology.delay(site, at).one_way, addr))
+                    .collect();
+                listed.sort_by_key(|(d, _)| *d);
+                addrs = listed.into_iter().map(|(_, a)| a).collect();
+            }
+            urls[site] = Some(with_endpoints(&url, &addrs)?);
+        }
+        Ok(Lab {
+            topology,
+            engine,
+            placed,
+            urls,
+            links,
+            _servers: servers,
+        })
+    }
+
+    /// The topology it runs.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The engine it runs.
+    pub fn engine(&self) -> LabEngine {
+        self.engine
+    }
+
+    /// The URL for clients standing in `site`, if clients stand there.
+    pub fn url_from(&self, site: usize) -> Option<&str> {
+        self.urls.get(site)?.as_deref()
+    }
+
+    /// The site of each member started, in member order.
+    pub fn placed(&self) -> &[usize] {
+        &self.placed
+    }
+
+    /// [`Topology::nearest_majority_rtt`] of the members started.
+    pub fn nearest_majority_rtt(&self, site: usize) -> Duration {
+        self.topology.nearest_majority_rtt(site, &self.placed)
+    }
+
+    /// How many delayed links run (client to member, and member to member).
+    pub fn links(&self) -> usize {
+        self.links.len()
+    }
+}
+
+/// A proxy in front of `upstream` delaying both ways by `delay`.
+async fn delayed(upstream: SocketAddr, delay: Delay) -> std::io::Result<FaultProxy> {
+    let proxy = FaultProxy::start(upstream).await?;
+    proxy
+        .controls()
+        .set_latency(Direction::Both, delay.one_way, delay.jitter);
+    Ok(proxy)
+}

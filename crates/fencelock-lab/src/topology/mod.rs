@@ -1,0 +1,21 @@
+//! The multi-datacenter lab: sites with a latency between each two of
+//! them, an engine's members and clients placed in those sites, and every
+//! link between two sites delayed by a fault proxy on loopback. `fencelock
+//! bench --topology FILE --engine E` measures from each client site
+//! (docs/multi-dc.md).
+//!
+//! - `file`: the topology file, parsed and checked ([`Topology`]);
+//! - `lab`: the servers and links it starts ([`Lab`]).
+
+mod file;
+mod lab;
+
+pub use file::{ClientEndpoints, Delay, Topology};
+pub use lab::{Lab, LabEngine};
+
+/// Reads and parses the topology file at `path`.
+pub fn load(path: &std::path::Path) -> Result<Topology, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read topology {}: {e}", path.display()))?;
+    Topology::parse(&text).map_err(|e| format!("topology {}: {e}", path.display()))
+}

@@ -31,6 +31,16 @@ pub const LOCKS_LOST: &str = "fencelock_locks_lost_total";
 pub const FENCE_REJECTIONS: &str = "fencelock_fence_rejections_total";
 /// Gauge: guards currently held by this process.
 pub const HELD: &str = "fencelock_held";
+/// Histogram (seconds): how long each request to one node of a
+/// `redlock://` set took, answered or not; label `node` = the node's
+/// position in the URL (`0`, `1`, …). Set beside the bound a lease's
+/// request has (a third of its TTL), it shows how far a node is from
+/// being skipped.
+pub const REDLOCK_NODE_SECONDS: &str = "fencelock_redlock_node_seconds";
+/// Counter: times a `redlock://` node was skipped for not answering a
+/// request within its bound (down, cut off, or farther away than a third
+/// of the TTL); label `node`.
+pub const REDLOCK_NODE_SKIPS: &str = "fencelock_redlock_node_skips_total";
 
 /// Registers the help text and unit of every metric above with the recorder
 /// installed now, so that exporters such as Prometheus print `# HELP` lines.
@@ -83,6 +93,16 @@ pub fn describe() {
         "Tokens a fence refused as stale."
     );
     describe_gauge!(HELD, Unit::Count, "Guards currently held by this process.");
+    describe_histogram!(
+        REDLOCK_NODE_SECONDS,
+        Unit::Seconds,
+        "Time of each request to one redlock node, answered or not."
+    );
+    describe_counter!(
+        REDLOCK_NODE_SKIPS,
+        Unit::Count,
+        "Times a redlock node was skipped for not answering within its request's bound."
+    );
 }
 
 /// [`describe`], once per process.

@@ -29,6 +29,9 @@ use crate::{
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+    /// Every request's bound, when not the `timeout` option's
+    /// ([`RedisBackend::bounded_by`]).
+    bound: Option<Duration>,
 }
 
 struct Inner {
@@ -126,7 +129,7 @@ pub(crate) async fn connect(
                 BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
             // SCRIPT LOAD goes to every primary; a replica promoted later
             // gets them on its first NOSCRIPT (`Call::invoke`).
-            load_scripts(&conn, scripts, Loads::InTurn).await?;
+            load_scripts(&conn, scripts, Loads::InTurn, options.connect_timeout).await?;
             Ok((clients, conn))
         })
         .await;
@@ -148,7 +151,7 @@ pub(crate) async fn connect(
             let master =
                 futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
             let conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
-            load_scripts(&conn, scripts, Loads::Together).await?;
+            load_scripts(&conn, scripts, Loads::Together, options.connect_timeout).await?;
             let clients: NodeClients = Arc::new(move || vec![master.client()]);
             Ok((clients, conn))
         })
@@ -159,7 +162,7 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| map("connect", e))?;
         let conn = BoundedConnection::new(manager, options.timeout);
-        load_scripts(&conn, scripts, Loads::Together).await?;
+        load_scripts(&conn, scripts, Loads::Together, options.connect_timeout).await?;
         let one = client.clone();
         let clients: NodeClients = Arc::new(move || vec![one.clone()]);
         Ok((clients, conn))
@@ -238,7 +241,16 @@ enum Loads {
     InTurn,
 }
 
-async fn load_scripts(conn: &BoundedConnection, scripts: &Scripts, loads: Loads) -> Result<()> {
+async fn load_scripts(
+    conn: &BoundedConnection,
+    scripts: &Scripts,
+    loads: Loads,
+    timeout: Duration,
+) -> Result<()> {
+    // Part of opening: bounded by the connect timeout, not the (possibly
+    // tighter) per-command one, or a server farther away than `timeout`
+    // could never be opened at all.
+    let conn = &conn.bounded_by(timeout);
     async fn load(script: &Script, mut conn: BoundedConnection) -> Result<()> {
         script
             .prepare_invoke()
@@ -292,6 +304,7 @@ impl RedisBackend {
                 wakeups,
                 subscriber,
             }),
+            bound: None,
         })
     }
 
@@ -314,7 +327,20 @@ impl RedisBackend {
     }
 
     fn conn(&self) -> BoundedConnection {
-        self.inner.conn.clone()
+        match self.bound {
+            Some(timeout) => self.inner.conn.bounded_by(timeout),
+            None => self.inner.conn.clone(),
+        }
+    }
+
+    /// This backend with each request bounded by `timeout` rather than by
+    /// the `timeout` option, over the same connections: the `redlock`
+    /// backend bounds a node's request by what the lease can afford.
+    pub fn bounded_by(&self, timeout: Duration) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            bound: Some(timeout),
+        }
     }
 
     /// The command connection (every request bounded by the `timeout`
@@ -351,8 +377,7 @@ impl RedisBackend {
             .arg(timeout_ms)
             .query_async(
                 &mut self
-                    .inner
-                    .conn
+                    .conn()
                     .for_slot(slot)
                     .allowing(self.inner.options.wait_timeout),
             )

@@ -121,6 +121,14 @@ impl BoundedConnection {
         matches!(self.conn, Kind::Cluster(_))
     }
 
+    /// The same connection, its requests bounded by `timeout` instead.
+    pub(crate) fn bounded_by(&self, timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..self.clone()
+        }
+    }
+
     /// The same connection, its requests allowed `extra` time on top: for a
     /// command that waits on the server by design (`WAIT`).
     pub(crate) fn allowing(&self, extra: Duration) -> Self {

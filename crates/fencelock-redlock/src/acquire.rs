@@ -84,7 +84,7 @@ impl RedlockBackend {
         // or when that guess was low, the nodes say what is.
         let seen = match inner.clock_estimate() {
             Some(us) => us,
-            None => self.fresh_top(&request.key).await?,
+            None => self.fresh_top(&request.key, request.ttl).await?,
         };
         let mut token = request
             .issued(inner.propose(seen.max(floor).saturating_add(1)))?
@@ -161,7 +161,7 @@ impl RedlockBackend {
                 // A node lost its data: the probe forms it where the rules
                 // allow, and tells the tokens the formed nodes have seen.
                 healed = true;
-                if let Ok(top) = self.fresh_top(&request.key).await {
+                if let Ok(top) = self.fresh_top(&request.key, request.ttl).await {
                     token = request
                         .issued(inner.propose(top.max(floor).max(token).saturating_add(1)))?
                         .get();
@@ -213,7 +213,7 @@ impl RedlockBackend {
         if unformed && !healed {
             // Decided without the node that lost its data: form it now, or
             // it would never rejoin while the key's fate needs no probe.
-            let _ = self.fresh_top(&request.key).await;
+            let _ = self.fresh_top(&request.key, request.ttl).await;
         }
         if won {
             let start = copies
@@ -266,8 +266,9 @@ impl RedlockBackend {
     /// lease it returns (`kept`): copies with an older token, all of them
     /// when it failed, and the late answers of the requests still under
     /// way. A failed attempt waits for the undo of the copies it knows of
-    /// (nodes that just answered), so that what it leaves behind is only
-    /// what it could not know; the rest is undone in the background.
+    /// (nodes that answered), so that what it leaves behind is only what
+    /// it could not know; the rest (requests under way, and those that
+    /// failed without an answer) is undone in the background.
     /// Requests of one attempt to one node never overlap and a node's
     /// connection is ordered, so a node ends as its last request left it,
     /// and each undo follows that request.
@@ -281,16 +282,21 @@ impl RedlockBackend {
     ) {
         let inner = Arc::clone(self.inner());
         let lease = |t: u64| LeaseId::new(args.key.clone(), owner.clone(), FencingToken(t));
-        let now: Vec<BoxFuture<'static, ()>> = copies
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !fanout.is_pending(*i))
-            .filter_map(|(i, c)| {
-                c.token()
-                    .filter(|&t| Some(t) != kept)
-                    .map(|t| inner.undo(i, lease(t)))
-            })
-            .collect();
+        // Copies of requests that ended: those a node answered, and those
+        // of requests that failed, which the node may or may not hold.
+        let (mut now, mut unsure): (Vec<BoxFuture<'static, ()>>, Vec<_>) = (vec![], vec![]);
+        for (i, c) in copies.iter().enumerate() {
+            if fanout.is_pending(i) {
+                continue;
+            }
+            if let Some(t) = c.token().filter(|&t| Some(t) != kept) {
+                let undo = inner.undo(i, lease(t), args.ttl);
+                match c {
+                    Copy::Held { .. } => now.push(undo),
+                    _ => unsure.push(undo),
+                }
+            }
+        }
         let pending: Vec<Option<LeaseId>> = copies
             .iter()
             .enumerate()
@@ -303,7 +309,7 @@ impl RedlockBackend {
         let late = {
             let inner = Arc::clone(&inner);
             let backend = self.clone();
-            let key = args.key.clone();
+            let (key, ttl) = (args.key.clone(), args.ttl);
             move |i: usize, answer: Result<Answer>| {
                 if matches!(answer, Ok(Answer::Unformed)) {
                     // A node that lost its data answered after the attempt
@@ -312,20 +318,24 @@ impl RedlockBackend {
                     let (backend, key) = (backend.clone(), key.clone());
                     return Some(
                         async move {
-                            let _ = backend.fresh_top(&key).await;
+                            let _ = backend.fresh_top(&key, ttl).await;
                         }
                         .boxed(),
                     );
                 }
                 let lease = pending.get(i).cloned().flatten()?;
                 // Granted, or no answer: the copy may be there.
-                matches!(answer, Ok(Answer::Granted { .. }) | Err(_)).then(|| inner.undo(i, lease))
+                matches!(answer, Ok(Answer::Granted { .. }) | Err(_))
+                    .then(|| inner.undo(i, lease, ttl))
             }
         };
         if kept.is_some() {
+            now.append(&mut unsure);
             fanout.detach(now, late);
         } else {
-            fanout.detach(Vec::new(), late);
+            // A node that did not answer may not answer its undo either:
+            // waiting for it would make a retry wait out its bound.
+            fanout.detach(unsure, late);
             join_all(now).await;
         }
     }

@@ -13,8 +13,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats,
+    metrics as m, Acquire, AcquireRequest, Backend, BackendError, Capabilities, Error, ErrorStatus,
+    FencingToken, Grant, LeaseId, LockInfo, LockKey, Owner, Result, Stats, WakeSubscription,
 };
 use fencelock_redis::{
     node::{field, map_error, parse_describe, ttl_ms, Call},
@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::{
     fanout::{Fanout, Health, Request},
-    options::RedlockOptions,
+    options::{Bound, RedlockOptions},
     protocol::{self, validity, PROBES},
     scripts::Scripts,
 };
@@ -46,7 +46,7 @@ pub struct RedlockBackend {
 pub(crate) struct Inner {
     pub(crate) options: RedlockOptions,
     nodes: Vec<Node>,
-    scripts: Scripts,
+    scripts: Arc<Scripts>,
     pub(crate) health: Health,
     /// The latest node clock reading (µs) and when it arrived: tokens are
     /// guessed from it (docs/redlock.md, "Acquire").
@@ -76,6 +76,8 @@ impl fmt::Debug for RedlockBackend {
 /// a later request finds the node open instead of starting over.
 struct Node {
     options: RedisOptions,
+    /// Loaded as the node opens.
+    scripts: Arc<Scripts>,
     state: Mutex<NodeState>,
 }
 
@@ -91,15 +93,24 @@ enum NodeState {
 }
 
 impl Node {
-    fn new(options: RedisOptions) -> Self {
+    fn new(options: RedisOptions, scripts: Arc<Scripts>) -> Self {
         Self {
             options,
+            scripts,
             state: Mutex::new(NodeState::Closed),
         }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node's backend if it is open, without opening it.
+    fn open(&self) -> Option<RedisBackend> {
+        match &*self.state() {
+            NodeState::Open(backend) => Some(backend.clone()),
+            _ => None,
+        }
     }
 
     /// The node's backend, opening it if need be; waits at most `wait` for
@@ -113,7 +124,12 @@ impl Node {
                     attempt.clone()
                 }
                 _ => {
-                    let task = tokio::spawn(RedisBackend::connect_with(self.options.clone()));
+                    let (options, scripts) = (self.options.clone(), Arc::clone(&self.scripts));
+                    let task = tokio::spawn(async move {
+                        let node = RedisBackend::connect_with(options).await?;
+                        scripts.load(&node).await?;
+                        Ok(node)
+                    });
                     let attempt = async move {
                         match task.await {
                             Ok(opened) => opened.map_err(Arc::new),
@@ -147,34 +163,50 @@ impl Node {
 }
 
 impl Inner {
-    /// Runs `f` on node `i` (connecting it first if need be) and records
-    /// in its health whether it answered.
-    pub(crate) async fn call<T, F, Fut>(&self, i: usize, f: F) -> Result<T>
+    /// Runs `f` on node `i` (connecting it first if need be) within
+    /// `bound`, and records in its health whether it answered.
+    pub(crate) async fn call<T, F, Fut>(&self, i: usize, bound: Bound, f: F) -> Result<T>
     where
         F: FnOnce(RedisBackend) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let wait = self.options.node_timeout;
-        let result = async { f(self.nodes[i].get(wait).await?).await }.await;
+        let started = Instant::now();
+        let result = async {
+            let node = self.nodes[i].get(bound.open).await?;
+            f(node.bounded_by(bound.answer)).await
+        }
+        .await;
+        metrics::histogram!(m::REDLOCK_NODE_SECONDS, "backend" => NAME, "node" => i.to_string())
+            .record(started.elapsed().as_secs_f64());
         self.health.record(i, &result);
         result
     }
 
     /// [`call`](Self::call) as a request that may outlive its caller.
-    pub(crate) fn request<T, F, Fut>(self: &Arc<Self>, i: usize, f: F) -> Request<T>
+    pub(crate) fn request<T, F, Fut>(self: &Arc<Self>, i: usize, bound: Bound, f: F) -> Request<T>
     where
         T: Send + 'static,
         F: FnOnce(RedisBackend) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         let inner = Arc::clone(self);
-        async move { (i, inner.call(i, f).await) }.boxed()
+        async move { (i, inner.call(i, bound, f).await) }.boxed()
     }
 
-    /// Release of `lease` on node `i`, its outcome ignored: the undo of a
-    /// copy an acquisition left behind.
-    pub(crate) fn undo(self: &Arc<Self>, i: usize, lease: LeaseId) -> BoxFuture<'static, ()> {
-        let request = self.request(i, move |node| async move { node.release(&lease).await });
+    /// Release of `lease` (of `ttl`) on node `i`, its outcome ignored: the
+    /// undo of a copy an acquisition left behind.
+    pub(crate) fn undo(
+        self: &Arc<Self>,
+        i: usize,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> BoxFuture<'static, ()> {
+        let bound = self.options.lease_request(ttl);
+        let request = self.request(
+            i,
+            bound,
+            move |node| async move { node.release(&lease).await },
+        );
         async move {
             let _ = request.await;
         }
@@ -222,7 +254,8 @@ impl Inner {
     ) -> Request<Answer> {
         let inner = Arc::clone(self);
         let args = Arc::clone(args);
-        self.request(i, move |node| async move {
+        let bound = self.options.lease_request(args.ttl);
+        self.request(i, bound, move |node| async move {
             let keys = node.keys();
             let key = &args.key;
             let row: Vec<Value> = Call::new(&inner.scripts.grant, 3)
@@ -263,6 +296,21 @@ fn estimate(clock: Option<(u64, Instant)>, now: Instant) -> Option<u64> {
             u64::try_from(now.saturating_duration_since(at).as_micros()).unwrap_or(u64::MAX);
         us.saturating_add(since - since / 100)
     })
+}
+
+/// Why each node that did not answer did not, as ` (node 2: …; …)`, or
+/// nothing when every node answered.
+fn unanswered<T>(per_node: &[Result<T>]) -> String {
+    let why: Vec<String> = per_node
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("node {i}: {e}")))
+        .collect();
+    if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", why.join("; "))
+    }
 }
 
 /// What a node answered to the probe.
@@ -327,13 +375,18 @@ impl RedlockBackend {
     /// A backend over `options`' nodes. Nothing is contacted yet: each node
     /// connects on first use.
     pub fn new(options: RedlockOptions) -> Self {
-        let nodes = options.nodes.iter().map(|o| Node::new(o.clone())).collect();
+        let scripts = Arc::new(Scripts::new());
+        let nodes = options
+            .nodes
+            .iter()
+            .map(|o| Node::new(o.clone(), Arc::clone(&scripts)))
+            .collect();
         let health = Health::new(options.nodes.len(), options.quorum(), options.node_timeout);
         Self {
             inner: Arc::new(Inner {
                 options,
                 nodes,
-                scripts: Scripts::new(),
+                scripts,
                 health,
                 clock: Mutex::new(None),
                 last: AtomicU64::new(0),
@@ -397,13 +450,7 @@ impl RedlockBackend {
         if answered >= self.quorum() {
             return Ok(());
         }
-        let why = per_node
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("node {i}: {e}")))
-            .collect::<Vec<_>>()
-            .join("; ");
-        Err(self.short_of(answered, what, &format!(" ({why})")))
+        Err(self.short_of(answered, what, &unanswered(per_node)))
     }
 
     fn need_quorum(&self, answered: usize, what: &str) -> Result<()> {
@@ -423,9 +470,9 @@ impl RedlockBackend {
     }
 
     /// Runs `f` on every node worth asking (see [`Health::targets`]) at
-    /// once and waits for every answer; one result per node, in URL order,
-    /// a skipped node's a transient error.
-    async fn on_all<T, F, Fut>(&self, f: F) -> Vec<Result<T>>
+    /// once, each within `bound`, and waits for every answer; one result
+    /// per node, in URL order, a skipped node's a transient error.
+    async fn on_all<T, F, Fut>(&self, bound: Bound, f: F) -> Vec<Result<T>>
     where
         F: Fn(RedisBackend) -> Fut,
         Fut: Future<Output = Result<T>>,
@@ -439,7 +486,7 @@ impl RedlockBackend {
             .collect();
         let answers = join_all(self.inner.health.targets().into_iter().map(|(i, _)| {
             let f = &f;
-            async move { (i, self.inner.call(i, f).await) }
+            async move { (i, self.inner.call(i, bound, f).await) }
         }))
         .await;
         for (i, answer) in answers {
@@ -459,10 +506,10 @@ impl RedlockBackend {
         Ok(())
     }
 
-    async fn probe(&self, key: &LockKey) -> Vec<Result<Probe>> {
+    async fn probe(&self, key: &LockKey, bound: Bound) -> Vec<Result<Probe>> {
         let script = &self.inner.scripts.probe;
         let inner = &self.inner;
-        self.on_all(|node| async move {
+        self.on_all(bound, |node| async move {
             let keys = node.keys();
             let row: Vec<Value> = Call::new(script, 2)
                 .key(keys.own("redlock"))
@@ -497,7 +544,7 @@ impl RedlockBackend {
     ///   will read when the quarantine ends.
     ///
     /// Returns whether nodes were formed that vote now.
-    async fn heal(&self, probes: &[Result<Probe>]) -> Result<bool> {
+    async fn heal(&self, probes: &[Result<Probe>], bound: Bound) -> Result<bool> {
         let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
         let unformed = probes.iter().flatten().filter(|p| !p.formed).count();
         if unformed == 0 {
@@ -548,7 +595,7 @@ impl RedlockBackend {
                 .enumerate()
                 .filter(|(_, (_, p))| matches!(p, Ok(p) if !p.formed))
                 .map(|(i, _)| {
-                    self.inner.call(i, |node| async move {
+                    self.inner.call(i, bound, |node| async move {
                         let keys = node.keys();
                         Call::new(script, 1)
                             .key(keys.own("redlock"))
@@ -587,12 +634,14 @@ impl RedlockBackend {
     /// The slow path of an acquisition (docs/redlock.md, "Acquire"): a
     /// probe of every node worth asking, forming unformed nodes where the
     /// rules allow; the highest `top` of a majority of formed nodes, above
-    /// every token a majority has seen for `key`.
-    pub(crate) async fn fresh_top(&self, key: &LockKey) -> Result<u64> {
+    /// every token a majority has seen for `key`. Each node's request is
+    /// bounded as a grant of a lease of `ttl` is.
+    pub(crate) async fn fresh_top(&self, key: &LockKey, ttl: Duration) -> Result<u64> {
+        let bound = self.inner.options.lease_request(ttl);
         let mut outcome = Err(transient("no probe ran"));
         for _ in 0..PROBES {
-            let probes = self.probe(key).await;
-            if self.heal(&probes).await? {
+            let probes = self.probe(key, bound).await;
+            if self.heal(&probes, bound).await? {
                 continue;
             }
             let formed: Vec<&Probe> = probes.iter().flatten().filter(|p| p.formed).collect();
@@ -603,10 +652,11 @@ impl RedlockBackend {
                     "acquire: {} of {} nodes are formed ({} needed); a new set forms when \
                      every node answers; a node that lost its data rejoins when a majority of \
                      formed nodes answers, or, when a majority lost it, when every node \
-                     answers; it votes max_ttl + 1 % later",
+                     answers; it votes max_ttl + 1 % later{}",
                     formed.len(),
                     self.inner.nodes.len(),
-                    self.quorum()
+                    self.quorum(),
+                    unanswered(&probes)
                 )));
                 continue;
             }
@@ -659,6 +709,54 @@ impl Backend for RedlockBackend {
         Capabilities::default()
             .with_persistent(true)
             .with_min_token(true)
+            .with_wakeups(true)
+    }
+
+    /// Wake-ups from every open node at once: each node a release reaches
+    /// publishes it, and the first to tell wakes the waiter, who then needs
+    /// one round trip to a majority, not a poll's back-off on top. Answers
+    /// once one node has subscribed, so that a waiter beside one node does
+    /// not wait for the farthest; the others join as their subscriptions
+    /// are acknowledged. `None` when no node could subscribe (the waiter
+    /// backs off as before).
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        let bound = self.inner.options.node_timeout;
+        let mut subscribing: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .filter_map(Node::open)
+            .map(|node| {
+                let key = key.clone();
+                async move {
+                    match tokio::time::timeout(bound, node.subscribe(&key)).await {
+                        Ok(Ok(subscription)) => subscription,
+                        _ => None,
+                    }
+                }
+            })
+            .collect();
+        let mut first = None;
+        while let Some(answer) = subscribing.next().await {
+            if answer.is_some() {
+                first = answer;
+                break;
+            }
+        }
+        let Some(first) = first else {
+            return Ok(None);
+        };
+        let wakes = futures_util::stream::once(async move { Some(first) })
+            .chain(subscribing)
+            .filter_map(|s| async move { s })
+            .map(|subscription| {
+                Box::pin(futures_util::stream::unfold(
+                    subscription,
+                    |mut s| async move { s.woken().await.then_some(((), s)) },
+                ))
+            })
+            .flatten_unordered(None);
+        Ok(Some(WakeSubscription::from_stream(wakes)))
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
@@ -676,8 +774,11 @@ impl Backend for RedlockBackend {
             fanout.push(
                 i,
                 role,
-                self.inner
-                    .request(i, move |node| async move { node.renew(&lease, ttl).await }),
+                self.inner.request(
+                    i,
+                    self.inner.options.lease_request(ttl),
+                    move |node| async move { node.renew(&lease, ttl).await },
+                ),
             );
         }
         // Decided as soon as a majority extended the lease, or so many
@@ -721,8 +822,11 @@ impl Backend for RedlockBackend {
             fanout.push(
                 i,
                 role,
-                self.inner
-                    .request(i, move |node| async move { node.release(&lease).await }),
+                self.inner.request(
+                    i,
+                    self.inner.options.release_request(),
+                    move |node| async move { node.release(&lease).await },
+                ),
             );
         }
         // Decided once a majority answered: at most a minority can then
@@ -752,21 +856,27 @@ impl Backend for RedlockBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let answers = self
-            .on_all(|node| async move { Ok(node.inspect(key).await?.into_iter().collect()) })
+            .on_all(self.inner.options.plain_request(), |node| async move {
+                Ok(node.inspect(key).await?.into_iter().collect())
+            })
             .await;
         Ok(self.agreed(answers, "inspect")?.into_iter().next())
     }
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         let answers = self
-            .on_all(|node| async move { node.list(prefix).await })
+            .on_all(self.inner.options.plain_request(), |node| async move {
+                node.list(prefix).await
+            })
             .await;
         self.agreed(answers, "list")
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let answers = self
-            .on_all(|node| async move { Ok(node.force_release(key).await?.into_iter().collect()) })
+            .on_all(self.inner.options.plain_request(), |node| async move {
+                Ok(node.force_release(key).await?.into_iter().collect())
+            })
             .await;
         // What a majority held, else the newest lease any node held.
         let mut removed: Vec<LockInfo> = answers.iter().flatten().flatten().cloned().collect();
@@ -798,7 +908,9 @@ impl Backend for RedlockBackend {
         // What a minority of nodes still holds for the owner (a grant that
         // failed to reach a majority and whose undo was lost) goes too.
         let _ = self
-            .on_all(|node| async move { node.release_all(owner).await })
+            .on_all(self.inner.options.plain_request(), |node| async move {
+                node.release_all(owner).await
+            })
             .await;
         Ok(released)
     }

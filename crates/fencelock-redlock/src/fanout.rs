@@ -8,13 +8,15 @@ use std::{
     time::Duration,
 };
 
-use fencelock_core::{Error, Result};
+use fencelock_core::{metrics as m, Error, Result};
 use futures_util::{future::BoxFuture, stream::FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
+use crate::backend::NAME;
+
 /// How long a node is skipped after its first failed request; doubled
 /// after each further one, up to [`SKIP_MAX`] (or `node_timeout`, if
-/// longer: a trial of a silent node takes that long to fail anyway). Short
+/// longer). One trial at a time is under way, however long its bound. Short
 /// at first, so that a node restarted at once rejoins at once; trials cost
 /// the operations nothing, so even the longest skip is about load, not
 /// latency.
@@ -45,7 +47,7 @@ pub(crate) struct Health {
 /// How an operation asks a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
-    /// The operation waits for the answer (up to `node_timeout`).
+    /// The operation waits for the answer (up to the request's bound).
     Wait,
     /// A down node tried again: its answer counts if it comes before the
     /// operation has decided, and the operation does not wait for it.
@@ -117,6 +119,8 @@ impl Health {
                     node = i,
                     "redlock: node did not answer; skipped, and tried again now and then"
                 );
+                metrics::counter!(m::REDLOCK_NODE_SKIPS, "backend" => NAME, "node" => i.to_string())
+                    .increment(1);
             }
             let skip = SKIP
                 .saturating_mul(1 << state.failures.min(16))

@@ -14,6 +14,15 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Default [`RedlockOptions::connect_timeout`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long one request to one node may take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bound {
+    /// The wait for the node's connection while it opens.
+    pub(crate) open: Duration,
+    /// The wait for the answer once the request is sent.
+    pub(crate) answer: Duration,
+}
+
 /// How to reach the nodes. Built from a URL by [`RedlockOptions::from_url`];
 /// its `Debug` never shows a password.
 ///
@@ -25,9 +34,14 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///   `60s`); longer TTLs are refused with [`Error::InvalidTtl`]. A node
 ///   that lost its data (restart without persistence) waits this long
 ///   (plus 1 %) before it votes again, see `docs/redlock.md`;
-/// - `node_timeout=DURATION` — the bound of every request to one node
-///   (default `250ms`), also of the wait for a node's connection that is
-///   still being opened;
+/// - `node_timeout=DURATION` — the least bound of a request to one node,
+///   counting the wait for a node's connection that is still being opened
+///   (default `250ms`): the whole bound of the requests no lease limits
+///   (inspect, list, stats). A lease's requests (the probe and grant of an
+///   acquisition, a renewal, a release) may take up to a third of the TTL
+///   when that is longer ([`RedlockOptions::lease_bound`]): a node that
+///   answers within it is a vote like any other, however far away it
+///   stands (docs/redlock.md, "Far nodes");
 /// - `connect_timeout=DURATION` — the bound of opening one node's
 ///   connections (default `5s`). Opening takes several round trips, so it
 ///   is not bounded by `node_timeout`: it carries on in the background when
@@ -45,7 +59,8 @@ pub struct RedlockOptions {
     pub nodes: Vec<RedisOptions>,
     /// Longest lease; a restarted node's quarantine.
     pub max_ttl: Duration,
-    /// Bound of each request to one node.
+    /// Least bound of each request to one node; the whole bound of those
+    /// no lease limits (see [`RedlockOptions::lease_bound`]).
     pub node_timeout: Duration,
     /// Bound of opening one node's connections.
     pub connect_timeout: Duration,
@@ -115,6 +130,8 @@ impl RedlockOptions {
                 "node_timeout and connect_timeout must be positive".into(),
             ));
         }
+        // A request for a lease is bounded by `lease_bound` instead
+        // (`RedisBackend::bounded_by`).
         let timeouts = [
             format!("timeout={}us", node_timeout.as_micros().max(1)),
             format!("connect_timeout={}us", connect_timeout.as_micros().max(1)),
@@ -140,6 +157,47 @@ impl RedlockOptions {
             connect_timeout,
             redacted,
         })
+    }
+
+    /// The bound of one node's request for a lease of `ttl`: a third of
+    /// the TTL, or `node_timeout` if that is longer. A node answering
+    /// within it leaves two thirds of the lease to its holder, so it is
+    /// never skipped for being slow (docs/redlock.md, "Far nodes").
+    pub fn lease_bound(&self, ttl: Duration) -> Duration {
+        self.node_timeout.max(ttl / 3)
+    }
+
+    /// The bound of a request for a lease whose TTL the request does not
+    /// carry (a release): [`lease_bound`](Self::lease_bound) of `max_ttl`.
+    pub fn longest_bound(&self) -> Duration {
+        self.lease_bound(self.max_ttl)
+    }
+
+    /// The bounds of a request no lease limits: `node_timeout` each.
+    pub(crate) fn plain_request(&self) -> Bound {
+        Bound {
+            open: self.node_timeout,
+            answer: self.node_timeout,
+        }
+    }
+
+    /// The bounds of a request for a lease of `ttl`: its answer within
+    /// [`lease_bound`](Self::lease_bound); a connection still opening
+    /// (several round trips) waited for up to the TTL, at most
+    /// `connect_timeout`, since without that node's answer the request
+    /// cannot be decided at all.
+    pub(crate) fn lease_request(&self, ttl: Duration) -> Bound {
+        let answer = self.lease_bound(ttl);
+        Bound {
+            open: self.connect_timeout.min(ttl).max(answer),
+            answer,
+        }
+    }
+
+    /// [`lease_request`](Self::lease_request) for a lease whose TTL the
+    /// request does not carry (a release): that of `max_ttl`.
+    pub(crate) fn release_request(&self) -> Bound {
+        self.lease_request(self.max_ttl)
     }
 
     /// How many nodes make a majority.
@@ -183,6 +241,23 @@ mod tests {
         assert_eq!(o.connect_timeout, Duration::from_millis(2500));
         assert!(o.nodes.iter().all(|n| n.timeout == DEFAULT_NODE_TIMEOUT
             && n.connect_timeout == Duration::from_millis(2500)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_lease_request_may_take_a_third_of_its_ttl_and_never_less_than_node_timeout() -> Result<()>
+    {
+        let o = RedlockOptions::from_url("redlock://a:1,b:2,c:3?node_timeout=500ms&max_ttl=9s")?;
+        let ms = Duration::from_millis;
+        assert_eq!(o.lease_bound(ms(3000)), ms(1000));
+        assert_eq!(o.lease_bound(ms(900)), ms(500));
+        assert_eq!(o.longest_bound(), ms(3000));
+        // Opening takes round trips of its own: a lease's request waits
+        // for it up to the TTL, at most connect_timeout (5 s).
+        assert_eq!(o.lease_request(ms(3000)).open, ms(3000));
+        assert_eq!(o.lease_request(ms(9000)).open, ms(5000));
+        assert_eq!(o.release_request().answer, ms(3000));
+        assert_eq!(o.plain_request().open, ms(500));
         let shown = format!("{o:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         Ok(())

@@ -678,3 +678,67 @@ async fn a_node_that_comes_back_is_used_again() -> TestResult {
         }
     }
 }
+
+/// A node whose round trip (400 ms) is above `node_timeout` (the default
+/// 250 ms) but well within a third of the TTL (1 s) is a vote like any
+/// other, as a node in a far data centre is: a fresh set forms with it,
+/// and with a near node killed it still makes the majority, for grants
+/// and renewals alike. Bounded by `node_timeout` alone, its every request
+/// timed out: the set never formed, and once formed, the far node was
+/// skipped, so that one more dead node stopped every grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_node_within_a_third_of_the_ttl_is_never_skipped() -> TestResult {
+    let set = RedisSet::start(3)?;
+    let proxied = ProxiedUrl::start(&format!("{}?max_ttl=10s", set.url())).await?;
+    proxied.proxies()[2].controls().set_latency(
+        Direction::Both,
+        Duration::from_millis(200),
+        Duration::ZERO,
+    );
+    let ttl = Duration::from_secs(3);
+    let b = open(proxied.url()).await?;
+    // Forming a fresh set needs every node's answer, the far one's too.
+    let first = request("far", "a", ttl)?;
+    let token = granted(b.try_acquire(&first).await?)?;
+    assert!(formed(&set, 2).await?, "the far node was not formed");
+    set.kill(0)?;
+    // Nodes 1 and 2 are the only majority left.
+    b.renew(&first.lease(token), ttl).await?;
+    b.release(&first.lease(token)).await?;
+    let mut last = token;
+    for round in 0..5 {
+        let next = request(&format!("far-{round}"), "a", ttl)?;
+        let t = granted(b.try_acquire(&next).await?)?;
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        b.renew(&next.lease(t), ttl).await?;
+        b.release(&next.lease(t)).await?;
+    }
+    Ok(())
+}
+
+/// A waiter subscribes on every node and is woken by the release itself
+/// (each node publishes the release it applies), not by its next poll:
+/// across data centres a poll's back-off costs round trips on top of the
+/// one a hand-off needs. With a node dead the others still tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiters_through_the_nodes() -> TestResult {
+    let set = RedisSet::start(3)?;
+    let holder = open(&set.url()).await?;
+    let waiter = open(&set.url()).await?;
+    let ttl = Duration::from_secs(30);
+    for round in 0..2 {
+        let req = request("woken", "holder", ttl)?;
+        let token = granted(holder.try_acquire(&req).await?)?;
+        let mut wake = waiter
+            .subscribe(&LockKey::new("woken")?)
+            .await?
+            .ok_or("redlock offers no wake-ups")?;
+        holder.release(&req.lease(token)).await?;
+        let woken = tokio::time::timeout(Duration::from_secs(10), wake.woken()).await;
+        assert_eq!(woken, Ok(true), "round {round}: the release woke nobody");
+        // The second round with node 0 dead.
+        set.kill(0)?;
+    }
+    Ok(())
+}

@@ -194,6 +194,16 @@ export declare class Fence {
   admit(resource: string, token: bigint): Promise<void>
   /** Admits the token of a reader of a read-write lock. */
   admitShared(resource: string, token: bigint): Promise<void>
+  /**
+   * Forgets the resource's fence: its highest tokens and the value stored
+   * with them, so that a lower token is admitted again. Resolves to the
+   * highest token it had admitted (in either mode), or `null` if none.
+   * The operator's repair of a fence a token no grant issued has blocked,
+   * never a step of a holder's protocol; one atomic step of the fence's
+   * store. An `http://` fence needs the service's admin token (a client
+   * token is refused with a 403, a `FencelockError` with code `internal`).
+   */
+  reset(resource: string): Promise<bigint | null>
 }
 
 export interface AcquireOptions extends Omit<LockOptions, 'ttl' | 'wait'> {

@@ -256,6 +256,7 @@ class Fence {
   constructor(nativeFence) { this.#native = nativeFence }
   admit(resource, token) { return call(() => this.#native.admit(resource, token)) }
   admitShared(resource, token) { return call(() => this.#native.admitShared(resource, token)) }
+  reset(resource) { return call(() => this.#native.reset(resource)) }
 }
 
 // Clients still open when Node.js exits normally (the 'exit' event: the

@@ -42,6 +42,33 @@ func (f *Fence) Current(ctx context.Context) (token uint64, ok bool, err error) 
 	return *b.Current, true, nil
 }
 
+// Reset forgets the fence (admin token, DELETE /v1/fences/{resource}): its
+// highest tokens and the value stored under its name in the fenced store,
+// in one step of the service's store, so that a lower token is admitted
+// again. token is the highest it had admitted, in either mode; ok is
+// false when it had admitted none. It is the operator's repair of a fence
+// that a token no grant issued has blocked, never a step of a holder's
+// protocol. ErrForbidden for a client token.
+func (f *Fence) Reset(ctx context.Context) (token uint64, ok bool, err error) {
+	return f.c.reset(ctx, "reset", f.resource, f.c.path("v1", "fences", f.resource))
+}
+
+type resetBody struct {
+	Resource string  `json:"resource"`
+	Had      *uint64 `json:"had"`
+}
+
+func (c *Client) reset(ctx context.Context, op, name, u string) (uint64, bool, error) {
+	var b resetBody
+	if err := c.do(ctx, op, name, "DELETE", u, nil, &b, 0); err != nil {
+		return 0, false, err
+	}
+	if b.Had == nil {
+		return 0, false, nil
+	}
+	return *b.Had, true, nil
+}
+
 // KV is a value of the service's fenced key-value store.
 type KV struct {
 	Key   string          `json:"key"`
@@ -67,6 +94,15 @@ func (c *Client) KVGet(ctx context.Context, key string) (*KV, error) {
 		return nil, err
 	}
 	return &v, nil
+}
+
+// KVReset forgets key in the fenced store (admin token, DELETE
+// /v1/kv/{key}): its value and the tokens of the fence named key, the
+// reset Fence(key).Reset makes, so that a lower token writes again. token
+// is the highest the fence had admitted; ok is false when it had admitted
+// none. ErrForbidden for a client token.
+func (c *Client) KVReset(ctx context.Context, key string) (token uint64, ok bool, err error) {
+	return c.reset(ctx, "kv reset", key, c.path("v1", "kv", key))
 }
 
 // Inspect shows the lease on key (ErrNotFound when it is free).

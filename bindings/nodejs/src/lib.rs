@@ -1008,4 +1008,12 @@ impl Fence {
             .await
             .map_err(js_error)
     }
+
+    /// Forgets `resource` (`Fence::reset`): its highest tokens and its
+    /// stored value; the highest token it had, or `null`.
+    #[napi]
+    pub async fn reset(&self, resource: String) -> Result<Option<BigInt>> {
+        let had = self.inner.reset(&resource).await.map_err(js_error)?;
+        Ok(had.map(|token| BigInt::from(token.get())))
+    }
 }

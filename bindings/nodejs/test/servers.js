@@ -65,4 +65,56 @@ function cli(url, ...args) {
   })
 }
 
-module.exports = { startServer, cli, TARGET }
+const ADMIN_TOKEN = 'admin-token-0123456789abcdef'
+const CLIENT_TOKEN = 'client-token-0123456789abcdef'
+
+/**
+ * `fencelock serve` (the CLI above) over `url` with an admin and a client
+ * token (ADMIN_TOKEN, CLIENT_TOKEN). `fenceUrl(token)` is its http:// URL
+ * with a token; `request(method, path, token, body)` resolves with
+ * { status, body } (the JSON answer).
+ */
+async function startService(url) {
+  need(CLI, 'cargo build -p fencelock-cli --all-features')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fencelock-serve-'))
+  const tokens = path.join(dir, 'tokens.txt')
+  fs.writeFileSync(tokens, `admin ${ADMIN_TOKEN}\nclient ${CLIENT_TOKEN} nodetest\n`, { mode: 0o600 })
+  const env = { ...process.env }
+  delete env.FENCELOCK_HTTP_TOKEN
+  env.RUST_LOG = 'error' // not the warning every admin reset logs
+  const args = ['--url', url, 'serve', '--listen', '127.0.0.1:0', '--token-file', tokens]
+  const child = spawn(CLI, args, { stdio: ['ignore', 'pipe', 'inherit'], env })
+  const exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)))
+  // It prints `listening on http://ADDR` once it listens; an early exit
+  // ends its stdout instead.
+  let base
+  for await (const line of readline.createInterface({ input: child.stdout })) {
+    if (line.startsWith('listening on ')) {
+      base = line.slice('listening on '.length).trim()
+      break
+    }
+  }
+  if (base === undefined) throw new Error(`fencelock serve did not start (exit ${await exited})`)
+  child.stdout.resume()
+  return {
+    base,
+    fenceUrl: (token) => base.replace('http://', `http://:${token}@`),
+    async request(method, route, token, body) {
+      const headers = { authorization: `Bearer ${token}` }
+      if (body !== undefined) headers['content-type'] = 'application/json'
+      const answer = await fetch(base + route, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+      })
+      return { status: answer.status, body: await answer.json() }
+    },
+    async stop() {
+      child.kill('SIGTERM')
+      await exited
+      fs.rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+module.exports = { startServer, startService, cli, TARGET, ADMIN_TOKEN, CLIENT_TOKEN }

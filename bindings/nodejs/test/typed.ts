@@ -26,6 +26,8 @@ export async function main(url: string): Promise<bigint[]> {
   if (code !== 'not_acquired') throw new Error(`expected not_acquired, got ${code}`)
   const fence = await openFence(url)
   await fence.admit('typed:resource', token)
+  const had: bigint | null = await fence.reset('typed:resource')
+  if (had !== token) throw new Error(`reset answered ${had}, not ${token}`)
   const info = await client.inspect('typed:k')
   if (info === null || info.owner !== owner) throw new Error('inspect did not show the holder')
   await guard.release()

@@ -1271,6 +1271,15 @@ impl PyFence {
             Ok(core(fence.highest(&resource).await)?.map(FencingToken::get))
         })
     }
+
+    /// Forgets `resource` (`Fence::reset`): its highest tokens and its
+    /// stored value; the highest token it had, or `None`.
+    fn reset<'py>(&self, py: Python<'py>, resource: String) -> PyResult<Bound<'py, PyAny>> {
+        let fence = Arc::clone(&self.fence);
+        call(py, self.blocking, async move {
+            Ok(core(fence.reset(&resource).await)?.map(FencingToken::get))
+        })
+    }
 }
 
 /// Waits (without the GIL, at most `bound` seconds) until the releases

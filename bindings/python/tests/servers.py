@@ -13,7 +13,9 @@ import os
 import pathlib
 import subprocess
 import tempfile
-from typing import Iterator, List
+import urllib.error
+import urllib.request
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -110,3 +112,62 @@ def cli_json(url: str, *args: str) -> dict:  # type: ignore[type-arg]
     assert len(lines) == 1, (args, out.stdout, out.stderr)
     value: dict = json.loads(lines[0])  # type: ignore[type-arg]
     return value
+
+
+#: The tokens of :class:`Service`: one admin, one client (namespace ``pytest``).
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+CLIENT_TOKEN = "client-token-0123456789abcdef"
+
+
+class Service:
+    """``fencelock serve`` over ``url`` (the CLI above) with an admin and a
+    client token; its address is ``base`` (``http://127.0.0.1:PORT``)."""
+
+    def __init__(self, url: str) -> None:
+        binary = need(CLI, "cargo build -p fencelock-cli --all-features")
+        self._directory = tempfile.TemporaryDirectory()
+        tokens = pathlib.Path(self._directory.name) / "tokens.txt"
+        tokens.write_text(f"admin {ADMIN_TOKEN}\nclient {CLIENT_TOKEN} pytest\n")
+        tokens.chmod(0o600)
+        env = {k: v for k, v in os.environ.items() if k != "FENCELOCK_HTTP_TOKEN"}
+        env["RUST_LOG"] = "error"  # not the warning every admin reset logs
+        self._process = subprocess.Popen(
+            [binary, "--url", url, "serve", "--listen", "127.0.0.1:0", "--token-file", str(tokens)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self._process.stdout is not None
+        # The service prints `listening on http://ADDR` once it listens;
+        # an early exit ends stdout instead.
+        for line in self._process.stdout:
+            if line.startswith("listening on "):
+                self.base: str = line.removeprefix("listening on ").strip()
+                break
+        else:
+            self._process.wait()
+            raise RuntimeError(f"fencelock serve did not start (exit {self._process.returncode})")
+
+    def fence_url(self, token: str) -> str:
+        """The ``http://`` URL of this service with ``token``."""
+        return self.base.replace("http://", f"http://:{token}@", 1)
+
+    def request(self, method: str, path: str, token: str, body: Optional[Any] = None) -> Tuple[int, Any]:
+        """``method path`` with ``token``; the status and the JSON answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return int(answer.status), json.loads(answer.read())
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.loads(refused.read())
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=60)
+        assert self._process.stdout is not None
+        self._process.stdout.close()
+        self._directory.cleanup()

@@ -484,6 +484,21 @@ class Fence:
         highest: Optional[int] = await self._native.highest(resource)
         return highest
 
+    async def reset(self, resource: str) -> Optional[int]:
+        """Forgets ``resource``'s fence: its highest tokens and the value
+        stored with them, so that the next admission starts from nothing and
+        a lower token is admitted again. Returns the highest token it had
+        admitted (in either mode), or ``None`` if none.
+
+        The operator's repair of a fence that a token no grant issued has
+        blocked, never a step of a holder's protocol. One atomic step of the
+        fence's store: an admission racing with it lands wholly before it
+        (and is forgotten) or wholly after. On an ``http://`` fence it needs
+        the service's admin token: with a client token the service refuses
+        it (``403``)."""
+        had: Optional[int] = await self._native.reset(resource)
+        return had
+
 
 async def connect(
     url: str,

@@ -201,7 +201,7 @@ export declare class Fence {
    * The operator's repair of a fence a token no grant issued has blocked,
    * never a step of a holder's protocol; one atomic step of the fence's
    * store. An `http://` fence needs the service's admin token (a client
-   * token is refused with a 403, a `FencelockError` with code `internal`).
+   * token is refused with a 403, an `UnauthorizedError`).
    */
   reset(resource: string): Promise<bigint | null>
 }

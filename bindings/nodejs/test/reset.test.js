@@ -6,7 +6,7 @@
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { openFence, FencelockError, StaleTokenError } = require('..')
+const { openFence, StaleTokenError, UnauthorizedError } = require('..')
 const { startServer, startService, ADMIN_TOKEN, CLIENT_TOKEN } = require('./servers.js')
 
 for (const engine of ['sqlite', 'redis']) {
@@ -57,12 +57,11 @@ for (const engine of ['sqlite', 'redis']) {
       answer = await service.request('PUT', route, CLIENT_TOKEN, { token: 3, value: 'again' })
       assert.equal(answer.status, 200, 'the lower token writes again')
 
-      // The core's http:// fence reports the service's 403 as a backend
-      // error (code "internal") that names the status.
+      // A client token on the admin's route: the service's 403.
       const client = await openFence(service.fenceUrl(CLIENT_TOKEN))
       await assert.rejects(
         client.reset('reset:kv'),
-        (err) => err instanceof FencelockError && err.code === 'internal' && /403 Forbidden/.test(err.message),
+        (err) => err instanceof UnauthorizedError && err.code === 'unauthorized' && /403 Forbidden/.test(err.message),
       )
       answer = await service.request('GET', route, CLIENT_TOKEN)
       assert.deepEqual([answer.status, answer.body.value], [200, 'again'], 'a refused reset forgets nothing')

@@ -93,9 +93,8 @@ def test_reset_forgets_the_value_stored_with_the_token(url: str, service: Servic
 
     async def through_the_service() -> None:
         client = await fencelock.open_fence(service.fence_url(CLIENT_TOKEN))
-        # The core's http:// fence reports the service's 403 as a backend
-        # error (code "internal") that names the status.
-        with pytest.raises(fencelock.BackendError) as refused:
+        # A client token on the admin's route: the service's 403.
+        with pytest.raises(fencelock.Unauthorized) as refused:
             await client.reset(key)
         assert "403 Forbidden" in str(refused.value), refused.value
         assert await client.highest(key) == 3, "a refused reset forgets nothing"

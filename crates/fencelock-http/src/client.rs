@@ -462,11 +462,16 @@ fn refused(status: StatusCode, body: ErrorBody) -> Error {
         "bad_request" | "value_too_large" => return Error::InvalidArgument(message),
         _ => {}
     }
-    if status == StatusCode::UNAUTHORIZED {
-        // A missing or unknown token: the same token is refused again.
-        // The status stays in the message: it is what an operator searches
-        // the service's logs and docs for.
-        let context = format!("the lock service refused the token ({status})");
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        // A missing or unknown token (401), or a client token on an admin
+        // route (403): the same token is refused again. The status stays
+        // in the message: it is what an operator searches the service's
+        // logs and docs for.
+        let context = if status == StatusCode::FORBIDDEN {
+            format!("the lock service refused this token the operation ({status})")
+        } else {
+            format!("the lock service refused the token ({status})")
+        };
         return BackendError::unauthorized(NAME, context, message).into();
     }
     let message = format!("{status}: {message}");

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
+use fencelock_core::{Fence, LockClient, MemoryBackend, MemoryFence};
 use fencelock_serve::{ServerHandle, Service};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -155,6 +155,14 @@ async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
             (StatusCode::FORBIDDEN, Some("forbidden"))
         );
     }
+    // The `http://` fence of a client says why: the token, not the service,
+    // is refused (what the packages raise as their "unauthorized" error).
+    let client_fence =
+        fencelock_http::HttpFence::new(&base.replace("http://", &format!("http://:{CLIENT}@")))
+            .unwrap();
+    let refused = client_fence.reset("blocked").await.unwrap_err();
+    assert_eq!(refused.code(), "unauthorized", "{refused}");
+    assert!(refused.to_string().contains("403"), "{refused}");
     let (status, answer) = call(ADMIN, Method::DELETE, "/v1/kv/blocked", Value::Null).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["had"], MAX, "{answer}");

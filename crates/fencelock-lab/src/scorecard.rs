@@ -27,6 +27,7 @@
 //! asserts nothing but safety (docs/faults.md, "Scorecard").
 
 use std::{
+    path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
@@ -53,7 +54,10 @@ use fencelock_testkit::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::{Output, Verdict};
+use crate::{
+    topology::{self, Lab, LabEngine},
+    Output, Verdict,
+};
 
 /// How often a new caller starts.
 const PROBE_EVERY: Duration = Duration::from_millis(200);
@@ -73,6 +77,30 @@ pub struct ScorecardArgs {
     /// Faults to inject, comma-separated [default: kill,stop].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<Fault>,
+
+    /// Score a site partition instead: start --engine in the sites of this
+    /// topology file and cut --isolate off from the others for twice the
+    /// TTL (docs/multi-dc.md).
+    #[arg(
+        long,
+        requires_all = ["engine", "isolate"],
+        conflicts_with_all = ["shapes", "faults"]
+    )]
+    pub topology: Option<PathBuf>,
+
+    /// The engine the lab places in the topology's sites.
+    #[arg(long, value_enum, requires = "topology")]
+    pub engine: Option<LabEngine>,
+
+    /// The site the partition cuts off.
+    #[arg(long, requires = "topology")]
+    pub isolate: Option<String>,
+
+    /// The holders' lease in a partition [default: three times the
+    /// engine's failover time, or five times the longest round trip
+    /// between two sites if longer].
+    #[arg(long, requires = "topology", value_parser = crate::ttl)]
+    pub ttl: Option<Duration>,
 }
 
 /// A deployment shape: what is started, and its failover time.
@@ -552,6 +580,9 @@ struct Calls {
 
 /// Runs the scorecard: every shape asked for, every fault asked for.
 pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
+    if let Some(path) = &args.topology {
+        return partition(path, &args, out).await;
+    }
     let shapes = if args.shapes.is_empty() {
         Shape::ALL.to_vec()
     } else {
@@ -604,6 +635,55 @@ pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
     let unsafe_cases = cases.iter().filter(|c| c.token_regressions > 0).count();
     out.emit(&cases, || table(&cases));
     Ok(if unsafe_cases > 0 {
+        Verdict::Violation
+    } else {
+        Verdict::Passed
+    })
+}
+
+/// `--topology`: the lab, one site cut off.
+async fn partition(
+    path: &std::path::Path,
+    args: &ScorecardArgs,
+    out: Output,
+) -> Result<Verdict, Error> {
+    let bad = |what: String| Error::InvalidArgument(what);
+    let (Some(engine), Some(isolate)) = (args.engine, args.isolate.as_deref()) else {
+        return Err(bad("--topology needs --engine and --isolate".into()));
+    };
+    let topology = topology::load(path).map_err(bad)?;
+    let site = topology.site(isolate).ok_or_else(|| {
+        bad(format!(
+            "--isolate {isolate:?} is not a site of {}",
+            path.display()
+        ))
+    })?;
+    let longest = (0..topology.sites().len())
+        .flat_map(|a| (0..topology.sites().len()).map(move |b| (a, b)))
+        .map(|(a, b)| topology.delay(a, b).rtt())
+        .max()
+        .unwrap_or_default();
+    let ttl = args
+        .ttl
+        .unwrap_or_else(|| (longest * 5).max(engine.failover() * 3));
+    out.note(format_args!(
+        "starting {} in {} site(s) of {}…",
+        engine.name(),
+        topology.sites().len(),
+        path.display()
+    ));
+    let lab = Lab::start(topology, engine)
+        .await
+        .map_err(|e| bad(format!("the lab did not start: {e}")))?;
+    out.note(format_args!(
+        "cutting {isolate} off for {:?} (leases {ttl:?})…",
+        ttl * 2
+    ));
+    let case = topology::partition::run(&lab, site, ttl, ttl * 2)
+        .await
+        .map_err(|e| bad(format!("partition of {isolate}: {e}")))?;
+    out.emit(&case, || case.human());
+    Ok(if case.violations() > 0 {
         Verdict::Violation
     } else {
         Verdict::Passed

@@ -1,11 +1,14 @@
-//! `fencelock bench --topology`: a short three-site lab on loopback, one
-//! Redlock node, etcd or ZooKeeper member per site, 20 ms one way between
-//! every two sites, clients in two of them. Every link between two sites
-//! is delayed, the links between members too, so no site's cycle (an
-//! acquire and a release, each needing a majority's answer) can take less
-//! than two round trips to its nearest majority: a p50 below that floor
-//! means a link the lab left undelayed. Asserts that floor and that every
-//! site's clients completed cycles, never a speed above it.
+//! The multi-datacenter lab on loopback: three sites, one Redlock node,
+//! etcd or ZooKeeper member per site, 20 ms one way between every two.
+//!
+//! `fencelock bench --topology`, clients in two sites: every link between
+//! two sites is delayed, the links between members too, so no site's cycle
+//! (an acquire and a release, each needing a majority's answer) can take
+//! less than two round trips to its nearest majority: a p50 below that
+//! floor means a link the lab left undelayed. Asserts that floor and that
+//! every site's clients completed cycles, never a speed above it.
+//!
+//! `fencelock scorecard --topology`: one site cut off and healed.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -116,4 +119,54 @@ fn postgres_in_one_site() {
         p50 >= 0.97 * 80.0,
         "from b: {p50} ms: a link is not delayed"
     );
+}
+
+/// One site of three cut off from the others for twice the TTL, then
+/// healed (`fencelock scorecard --topology`), Redlock with a node per
+/// site: the holders of the isolated site lose their locks before any
+/// waiter elsewhere is granted their keys (on the scorecard's one clock),
+/// with higher tokens; the holders and new callers of the two other sites,
+/// which keep a majority, lose nothing; the isolated site grants again
+/// after the heal. A partition that cut nothing would fail the expected
+/// losses.
+#[test]
+fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("three-sites.toml");
+    std::fs::write(
+        &topology,
+        THREE_SITES.replace("clients = [\"a\", \"b\"]", ""),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .env_remove("RUST_LOG")
+        .env_remove("FENCELOCK_URL")
+        .args(["--json", "scorecard", "--topology"])
+        .arg(&topology)
+        .args(["--engine", "redlock", "--isolate", "c"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let case: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(case["majority"], "others", "{case}");
+    assert_eq!(case["unnecessary_losses"], 0, "{case}");
+    assert_eq!(case["holders_without_majority"], 2, "{case}");
+    assert_eq!(
+        case["expected_losses"], 2,
+        "the cut site kept its locks: {case}"
+    );
+    assert_eq!(case["early_grants"], 0, "{case}");
+    assert_eq!(case["token_regressions"], 0, "{case}");
+    assert_eq!(case["waiters_not_granted"], 0, "{case}");
+    for site in case["sites"].as_array().unwrap() {
+        if site["site"] != "c" {
+            assert_eq!(site["failed_calls"], 0, "{case}");
+        } else {
+            assert!(
+                site["recovery_after_heal_ms"].is_u64(),
+                "the cut site never granted again: {case}"
+            );
+        }
+    }
 }

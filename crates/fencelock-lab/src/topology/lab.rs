@@ -21,6 +21,7 @@
 
 use std::{
     any::Any,
+    collections::HashMap,
     net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -38,7 +39,10 @@ use fencelock_testkit::{
 use serde::Serialize;
 use tokio::runtime::Handle;
 
-use super::{ClientEndpoints, Delay, Topology};
+use super::{
+    router::{Members, Router},
+    ClientEndpoints, Delay, Topology,
+};
 
 /// The engines a lab can place in sites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -55,6 +59,24 @@ pub enum LabEngine {
 }
 
 impl LabEngine {
+    /// How long the engine's healthy majority needs to carry on without a
+    /// member cut off from it (the scorecard's failover times,
+    /// docs/faults.md): a partition's leases are three times this.
+    pub fn failover(self) -> Duration {
+        match self {
+            // No failover: a majority answers; a cut node costs its bound
+            // once.
+            LabEngine::Redlock => Duration::from_secs(1),
+            // The test kit's election timeout, then a new leader.
+            LabEngine::Etcd => Duration::from_secs(2),
+            // Followers give up on a silent leader after syncLimit ticks
+            // (the test kit's 5 × 2 s), then elect; sessions then move.
+            LabEngine::Zookeeper => Duration::from_secs(13),
+            // A crash, its recovery, the pool's new connections.
+            LabEngine::Postgres => Duration::from_secs(3),
+        }
+    }
+
     /// The engine's name in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -75,8 +97,10 @@ pub struct Lab {
     placed: Vec<usize>,
     /// The URL clients of each site use, by site.
     urls: Vec<Option<String>>,
-    /// Every delayed link.
-    links: Vec<FaultProxy>,
+    /// Every link between two sites.
+    links: Vec<Link>,
+    /// etcd's peer routers, kept to run as long as the lab.
+    _routers: Vec<Router>,
     /// The servers, kept to be stopped when the lab is dropped.
     _servers: Box<dyn Any + Send>,
 }
@@ -103,28 +127,43 @@ impl Lab {
         }
         // Peer links are made while the members are laid out, on a
         // blocking thread; the proxies run on this runtime.
-        let peer_links = Arc::new(Mutex::new(Vec::new()));
+        let made = Arc::new(Mutex::new(Made::default()));
         let (servers, url) = {
             let topology = topology.clone();
-            let peer_links = Arc::clone(&peer_links);
+            let made = Arc::clone(&made);
             let handle = Handle::current();
+            let routed = Members::default();
             tokio::task::spawn_blocking(move || -> TestResult<(Box<dyn Any + Send>, String)> {
                 let link: &PeerLink<'_> = &|from, to, addr| {
                     let sites = topology.members();
-                    let delay = match from {
-                        Some(f) => topology.delay(sites[f], sites[to]),
-                        None => topology.member_ingress(to),
-                    };
-                    if delay.is_zero() {
-                        return Ok(addr);
+                    let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
+                    match from {
+                        Some(f) => handle
+                            .block_on(made.link(
+                                Some(sites[f]),
+                                sites[to],
+                                addr,
+                                topology.delay(sites[f], sites[to]),
+                            ))
+                            .map_err(Into::into),
+                        // One advertised URL for every peer: a router in
+                        // front of it sends each peer's connections through
+                        // the link of that pair.
+                        None => handle.block_on(async {
+                            let mut links = HashMap::new();
+                            for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
+                                let delay = topology.delay(at, sites[to]);
+                                links.insert(m, made.link(Some(at), sites[to], addr, delay).await?);
+                            }
+                            let ingress = topology.member_ingress(to);
+                            let unnamed = made.link(None, sites[to], addr, ingress).await?;
+                            let router =
+                                Router::start(to, Arc::clone(&routed), links, unnamed).await?;
+                            let through = router.addr();
+                            made.routers.push(router);
+                            Ok(through)
+                        }),
                     }
-                    let proxy = handle.block_on(delayed(addr, delay))?;
-                    let through = proxy.addr();
-                    peer_links
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(proxy);
-                    Ok(through)
                 };
                 Ok(match engine {
                     LabEngine::Redlock => {
@@ -151,22 +190,17 @@ impl Lab {
             })
             .await??
         };
-        let mut links =
-            std::mem::take(&mut *peer_links.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut made = std::mem::take(&mut *made.lock().unwrap_or_else(PoisonError::into_inner));
         let member_addrs = endpoints(&url)?;
         let mut urls = vec![None; topology.sites().len()];
         for &site in topology.clients() {
             let mut addrs = Vec::with_capacity(member_addrs.len());
             for (m, &addr) in member_addrs.iter().enumerate() {
                 let at = placed[m];
-                let delay = topology.delay(site, at);
-                if delay.is_zero() {
-                    addrs.push(addr);
-                    continue;
-                }
-                let proxy = delayed(addr, delay).await?;
-                addrs.push(proxy.addr());
-                links.push(proxy);
+                addrs.push(
+                    made.link(Some(site), at, addr, topology.delay(site, at))
+                        .await?,
+                );
             }
             if matches!(engine, LabEngine::Etcd | LabEngine::Zookeeper) {
                 // A client lists its nearest members first, as an operator
@@ -191,7 +225,8 @@ impl Lab {
             engine,
             placed,
             urls,
-            links,
+            links: made.links,
+            _routers: made.routers,
             _servers: servers,
         })
     }
@@ -221,17 +256,78 @@ impl Lab {
         self.topology.nearest_majority_rtt(site, &self.placed)
     }
 
-    /// How many delayed links run (client to member, and member to member).
+    /// How many links between two sites run (client to member, and member
+    /// to member).
     pub fn links(&self) -> usize {
         self.links.len()
     }
+
+    /// Cuts `site` off from every other: each link with one end there
+    /// swallows everything both ways, on open connections and new ones.
+    pub fn isolate(&self, site: usize) {
+        for link in self.links.iter().filter(|l| l.crosses(site)) {
+            link.proxy.controls().set_blackhole(Direction::Both, true);
+        }
+    }
+
+    /// Ends every partition; the delays stay. Connections that lost bytes
+    /// are reset, as TCP would give up on them (see the fault proxy).
+    pub fn heal(&self) {
+        for link in &self.links {
+            link.proxy.controls().set_blackhole(Direction::Both, false);
+        }
+    }
 }
 
-/// A proxy in front of `upstream` delaying both ways by `delay`.
-async fn delayed(upstream: SocketAddr, delay: Delay) -> std::io::Result<FaultProxy> {
-    let proxy = FaultProxy::start(upstream).await?;
-    proxy
-        .controls()
-        .set_latency(Direction::Both, delay.one_way, delay.jitter);
-    Ok(proxy)
+/// One link between two sites: a proxy, and the sites of its two ends.
+#[derive(Debug)]
+struct Link {
+    /// The site of the end that connects; `None` for a connection an etcd
+    /// router could not attribute (the member's own link, at the mean
+    /// delay of its peers).
+    from: Option<usize>,
+    /// The site of the end connected to.
+    to: usize,
+    proxy: FaultProxy,
+}
+
+impl Link {
+    /// Whether a partition of `site` cuts this link.
+    fn crosses(&self, site: usize) -> bool {
+        match self.from {
+            Some(from) => (from == site) != (self.to == site),
+            None => self.to == site,
+        }
+    }
+}
+
+/// The links and routers made while a lab starts.
+#[derive(Default)]
+struct Made {
+    links: Vec<Link>,
+    routers: Vec<Router>,
+}
+
+impl Made {
+    /// The address to dial for `upstream` from site `from` (`None`: not
+    /// known) to site `to`: `upstream` itself within one site, else a
+    /// proxy delaying both ways by `delay`.
+    async fn link(
+        &mut self,
+        from: Option<usize>,
+        to: usize,
+        upstream: SocketAddr,
+        delay: Delay,
+    ) -> std::io::Result<SocketAddr> {
+        if from == Some(to) {
+            return Ok(upstream);
+        }
+        let proxy = FaultProxy::start(upstream).await?;
+        proxy
+            .controls()
+            .set_latency(Direction::Both, delay.one_way, delay.jitter);
+        let addr = proxy.addr();
+        self.links.push(Link { from, to, proxy });
+        Ok(addr)
+    }
 }

@@ -5,10 +5,15 @@
 //! (docs/multi-dc.md).
 //!
 //! - `file`: the topology file, parsed and checked ([`Topology`]);
-//! - `lab`: the servers and links it starts ([`Lab`]).
+//! - `lab`: the servers and links it starts ([`Lab`]), and partitions;
+//! - `router`: etcd's peer links, one per pair of members;
+//! - [`partition`]: a site cut off, scored (`fencelock scorecard
+//!   --topology`).
 
 mod file;
 mod lab;
+pub mod partition;
+mod router;
 
 pub use file::{ClientEndpoints, Delay, Topology};
 pub use lab::{Lab, LabEngine};

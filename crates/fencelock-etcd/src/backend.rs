@@ -25,7 +25,8 @@ use crate::{
         bad_value, bounded, failover, hedged, hedged_unless, is_lease_not_found, map, HEDGE_AFTER,
         NAME,
     },
-    options::EtcdOptions,
+    options::{Balance, EtcdOptions},
+    prefer::{self, Steward},
 };
 
 /// Lease ids of grants this backend made, so renew and release need no read
@@ -104,6 +105,9 @@ impl SharedLease {
 #[derive(Clone)]
 pub struct EtcdBackend {
     pub(crate) client: Client,
+    /// With `balance=first`, what keeps `client` on its first endpoint
+    /// that answers.
+    _steward: Option<Steward>,
     pub(crate) options: Arc<EtcdOptions>,
     leases: Arc<Mutex<LeaseCache>>,
     /// The lease new grants join, per asked TTL in seconds.
@@ -127,8 +131,10 @@ impl fmt::Debug for EtcdBackend {
     }
 }
 
-/// Builds a client for `options` (shared with the fence).
-pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
+/// Builds a client for `options` (shared with the fence), and with
+/// `balance=first` the steward that keeps it on the first endpoint that
+/// answers (stopped when the last clone of the returned guard goes).
+pub(crate) async fn connect(options: &EtcdOptions) -> Result<(Client, Option<Steward>)> {
     let mut connect = ConnectOptions::new()
         .with_timeout(options.timeout)
         .with_connect_timeout(options.timeout)
@@ -154,9 +160,18 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
     // operation (or a waiter's watch, which the wait's deadline does not
     // bound) find out.
     let timeout = options.timeout;
-    let client = bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
-        .await
-        .map_err(|e| map("connect", e))?;
+    let (client, steward) = match options.balance {
+        Balance::All => (
+            bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
+                .await
+                .map_err(|e| map("connect", e))?,
+            None,
+        ),
+        Balance::First => {
+            let (client, steward) = prefer::connect(&options.endpoints, connect, timeout).await?;
+            (client, Some(steward))
+        }
+    };
     let answered = hedged(timeout, copies_for(options), || {
         failover(timeout, || {
             let mut c = client.clone();
@@ -172,7 +187,7 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<Client> {
             return Err(e);
         }
     }
-    Ok(client)
+    Ok((client, steward))
 }
 
 /// How many copies of an idempotent request are sent at most: one per
@@ -250,9 +265,10 @@ impl EtcdBackend {
     /// Connects with `options`, whatever their layout (the etcd layout
     /// runs its requests through one of these).
     pub(crate) async fn open(options: EtcdOptions) -> Result<Self> {
-        let client = connect(&options).await?;
+        let (client, steward) = connect(&options).await?;
         Ok(Self {
             client,
+            _steward: steward,
             options: Arc::new(options),
             leases: Arc::default(),
             shared: Arc::default(),

@@ -15,19 +15,22 @@ use fencelock_core::{
     Result,
 };
 
-use crate::{backend::connect, error::map, options::EtcdOptions};
+use crate::{backend::connect, error::map, options::EtcdOptions, prefer::Steward};
 
 /// Raw Txn + Delete cycles on one shared client.
 pub struct EtcdBaseline {
     client: Client,
+    _steward: Option<Steward>,
     prefix: String,
 }
 
 /// Connects as the backend for `url` does.
 pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
     let options = EtcdOptions::from_url(url)?;
+    let (client, steward) = connect(&options).await?;
     Ok(Box::new(EtcdBaseline {
-        client: connect(&options).await?,
+        client,
+        _steward: steward,
         // Apart from the library's lock keys, so neither sees the other's.
         prefix: format!("{}/bench-raw/", options.prefix),
     }))

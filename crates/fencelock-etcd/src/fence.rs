@@ -10,6 +10,7 @@ use crate::{
     backend::connect,
     error::{bad_value, failover, map},
     options::EtcdOptions,
+    prefer::Steward,
 };
 
 /// A fence in etcd: one key per resource (`PREFIX/fences/RESOURCE`) holding
@@ -25,6 +26,7 @@ use crate::{
 #[derive(Clone)]
 pub struct EtcdFence {
     client: Client,
+    _steward: Option<Steward>,
     options: EtcdOptions,
 }
 
@@ -39,8 +41,10 @@ impl fmt::Debug for EtcdFence {
 impl EtcdFence {
     /// Connects with `options`.
     pub async fn connect_with(options: EtcdOptions) -> Result<Self> {
+        let (client, steward) = connect(&options).await?;
         Ok(Self {
-            client: connect(&options).await?,
+            client,
+            _steward: steward,
             options,
         })
     }

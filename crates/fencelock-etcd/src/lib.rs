@@ -33,6 +33,7 @@ mod error;
 mod fence;
 mod layout;
 mod options;
+mod prefer;
 mod queue;
 mod watch;
 
@@ -43,7 +44,7 @@ use async_trait::async_trait;
 pub use backend::EtcdBackend;
 pub use fence::EtcdFence;
 pub use layout::EtcdLayoutBackend;
-pub use options::{EtcdOptions, Layout, DEFAULT_PREFIX};
+pub use options::{Balance, EtcdOptions, Layout, DEFAULT_PREFIX};
 
 /// Opens Etcd backends and fences from `etcd://host:port[,host:port…]` URLs.
 #[derive(Clone, Copy, Debug, Default)]

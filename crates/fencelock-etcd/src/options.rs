@@ -47,6 +47,22 @@ pub struct EtcdOptions {
     pub layout: Layout,
     /// With [`Layout::Etcd`]: what goes before every lock name.
     pub namespace: String,
+    /// Which endpoints the requests go to (`balance=` in the URL).
+    pub balance: Balance,
+}
+
+/// Which endpoints an [`EtcdOptions`] client sends its requests to
+/// (`balance=` in the URL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Balance {
+    /// Spread over every endpoint, as etcd's own clients do.
+    #[default]
+    All,
+    /// All to the first endpoint that answers, in the URL's order; the
+    /// others only while it does not. For a client beside one member
+    /// across data centres: list that member first (`docs/etcd.md`).
+    First,
 }
 
 /// How an [`EtcdOptions`] lays locks out in etcd (`layout=` in the URL).
@@ -99,6 +115,7 @@ impl EtcdOptions {
             timeout: Duration::from_secs(5),
             layout: Layout::Fencelock,
             namespace: String::new(),
+            balance: Balance::All,
         };
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
@@ -132,6 +149,13 @@ impl EtcdOptions {
                     }
                 }
                 "namespace" => options.namespace = value.into_owned(),
+                "balance" => {
+                    options.balance = match &*value {
+                        "all" => Balance::All,
+                        "first" => Balance::First,
+                        _ => return Err(Error::InvalidUrl("balance must be all or first".into())),
+                    }
+                }
                 "ca" => options.ca_file = Some(value.into_owned()),
                 "domain" => options.domain = Some(value.into_owned()),
                 "timeout" => {
@@ -244,6 +268,23 @@ mod tests {
                 "{bad}"
             );
         }
+        Ok(())
+    }
+
+    #[test]
+    fn requests_spread_over_every_endpoint_unless_told_first() -> Result<()> {
+        assert_eq!(
+            EtcdOptions::from_url("etcd://h:1,g:2")?.balance,
+            Balance::All
+        );
+        assert_eq!(
+            EtcdOptions::from_url("etcd://h:1,g:2?balance=first")?.balance,
+            Balance::First
+        );
+        assert!(matches!(
+            EtcdOptions::from_url("etcd://h:1?balance=nearest"),
+            Err(Error::InvalidUrl(m)) if m.contains("all or first")
+        ));
         Ok(())
     }
 

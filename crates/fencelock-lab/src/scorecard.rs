@@ -652,6 +652,7 @@ async fn partition(
         return Err(bad("--topology needs --engine and --isolate".into()));
     };
     let topology = topology::load(path).map_err(bad)?;
+    engine.check(&topology).map_err(bad)?;
     let site = topology.site(isolate).ok_or_else(|| {
         bad(format!(
             "--isolate {isolate:?} is not a site of {}",

@@ -170,3 +170,26 @@ fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
         }
     }
 }
+
+/// A way of reaching the members the engine's client cannot take is
+/// refused before anything starts, saying why (exit 2).
+#[test]
+fn a_client_choice_the_engine_cannot_make_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("nearest.toml");
+    std::fs::write(
+        &topology,
+        format!("client_endpoints = \"nearest\"\n{THREE_SITES}"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args(["bench", "--scenario", "cycle", "--topology"])
+        .arg(&topology)
+        .args(["--engine", "redlock"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("applies to etcd"), "{stderr}");
+}

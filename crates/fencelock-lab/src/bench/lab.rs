@@ -83,6 +83,7 @@ pub async fn run(args: BenchArgs, out: Output) -> Result<Verdict> {
         ));
     };
     let topology = topology::load(&path).map_err(Error::InvalidArgument)?;
+    engine.check(&topology).map_err(Error::InvalidArgument)?;
     out.note(format_args!(
         "starting {} in {} site(s) of {}…",
         engine.name(),

@@ -9,8 +9,10 @@
 //! # Where clients stand; `bench` measures from each [default: every site].
 //! clients = ["east", "west"]
 //! # Which members an etcd or ZooKeeper client lists: "all", nearest first
-//! # [default], or "site": those of its own site (all, if none stand
-//! # there), as behind a per-site proxy.
+//! # [default]; "nearest": all, nearest first, the client sending every
+//! # request to the first that answers (etcd's `balance=first`); or "site":
+//! # those of its own site (all, if none stand there), as behind a
+//! # per-site proxy.
 //! client_endpoints = "all"
 //!
 //! # Every two sites need a link: the one-way delay, and an optional
@@ -63,6 +65,9 @@ pub enum ClientEndpoints {
     /// Every member, the nearest first.
     #[default]
     All,
+    /// Every member, the nearest first, the client sending every request
+    /// to the first that answers (etcd only: `balance=first`).
+    Nearest,
     /// The members of the client's own site (every member, if none stands
     /// there): each request then reaches the others only through the
     /// members' own links.
@@ -250,10 +255,9 @@ impl Topology {
         rtts.get(rtts.len() / 2).copied().unwrap_or_default()
     }
 
-    /// The one delay to put in front of member `m` when every peer's
-    /// traffic to it takes one link (see [`PeerLink`]): the mean of its
-    /// one-way delays to the other members, which is exact when they are
-    /// all equally far from it.
+    /// The one delay to put in front of member `m` for the traffic to it
+    /// that no router can attribute to a peer (see [`PeerLink`]): the
+    /// mean of its one-way delays to the other members.
     ///
     /// [`PeerLink`]: fencelock_testkit::servers::members::PeerLink
     pub fn member_ingress(&self, m: usize) -> Delay {
@@ -323,6 +327,9 @@ mod tests {
         let site = format!("client_endpoints = \"site\"\n{THREE}");
         let t = Topology::parse(&site).unwrap();
         assert_eq!(t.client_endpoints(), ClientEndpoints::Site);
+        let nearest = format!("client_endpoints = \"nearest\"\n{THREE}");
+        let t = Topology::parse(&nearest).unwrap();
+        assert_eq!(t.client_endpoints(), ClientEndpoints::Nearest);
         let bad = format!("client_endpoints = \"near\"\n{THREE}");
         assert!(Topology::parse(&bad)
             .unwrap_err()

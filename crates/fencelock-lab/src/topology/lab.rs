@@ -7,14 +7,16 @@
 //! - **client to member**: one proxy per client site and member in another
 //!   site, both ways at the sites' one-way delay;
 //! - **member to member**, for the engines whose members talk (etcd,
-//!   ZooKeeper): ZooKeeper's members each name their peers in a file of
-//!   their own, so each pair gets its own link at its sites' delay. An
-//!   etcd member advertises one peer address to every peer, and sends on
-//!   connections its peers opened, so it gets one link in front of its
-//!   peer listener carrying all its peers' traffic, at the mean of its
-//!   one-way delays to them ([`Topology::member_ingress`]): exact when its
-//!   peers are equally far from it, as in every topology docs/multi-dc.md
-//!   measures.
+//!   ZooKeeper), one link per pair at its sites' delay: ZooKeeper's
+//!   members each name their peers in a file of their own; an etcd member
+//!   advertises one peer URL to all its peers, so a router stands there
+//!   and sends each peer's connections through that pair's link (the
+//!   `router` module). A connection no router can attribute takes the
+//!   member's own link, at the mean of its one-way delays to its peers
+//!   ([`Topology::member_ingress`]).
+//!
+//! [`Lab::isolate`] cuts a site off: every link with one end there
+//! swallows everything, both ways.
 //!
 //! A proxy delays data, not the TCP handshake: a new connection's first
 //! request pays the round trip, its set-up does not.
@@ -77,6 +79,26 @@ impl LabEngine {
         }
     }
 
+    /// Whether the topology's clients can reach this engine as it asks:
+    /// the error says why not.
+    pub fn check(self, topology: &Topology) -> Result<(), String> {
+        match (topology.client_endpoints(), self) {
+            (ClientEndpoints::All, _)
+            | (ClientEndpoints::Site, LabEngine::Etcd | LabEngine::Zookeeper)
+            | (ClientEndpoints::Nearest, LabEngine::Etcd) => Ok(()),
+            (ClientEndpoints::Nearest, _) => Err(format!(
+                "client_endpoints = \"nearest\" applies to etcd (balance=first); a {} \
+                 client chooses its members itself",
+                self.name()
+            )),
+            (ClientEndpoints::Site, _) => Err(format!(
+                "client_endpoints = \"site\" applies to etcd and zookeeper, whose clients \
+                 need one member; a {} client needs them all",
+                self.name()
+            )),
+        }
+    }
+
     /// The engine's name in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -115,16 +137,7 @@ impl Lab {
             _ => topology.members().to_vec(),
         };
         let members = placed.len();
-        if topology.client_endpoints() == ClientEndpoints::Site
-            && !matches!(engine, LabEngine::Etcd | LabEngine::Zookeeper)
-        {
-            return Err(format!(
-                "client_endpoints = \"site\" applies to etcd and zookeeper, whose clients \
-                 need one member; a {} client needs them all",
-                engine.name()
-            )
-            .into());
-        }
+        engine.check(&topology)?;
         // Peer links are made while the members are laid out, on a
         // blocking thread; the proxies run on this runtime.
         let made = Arc::new(Mutex::new(Made::default()));
@@ -218,7 +231,11 @@ impl Lab {
                 listed.sort_by_key(|(d, _)| *d);
                 addrs = listed.into_iter().map(|(_, a)| a).collect();
             }
-            urls[site] = Some(with_endpoints(&url, &addrs)?);
+            let mut site_url = with_endpoints(&url, &addrs)?;
+            if topology.client_endpoints() == ClientEndpoints::Nearest {
+                site_url.push_str("?balance=first");
+            }
+            urls[site] = Some(site_url);
         }
         Ok(Lab {
             topology,

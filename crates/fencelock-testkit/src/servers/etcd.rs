@@ -123,6 +123,25 @@ impl MemberSet<Etcd> {
         })
     }
 
+    /// How many client requests of gRPC method `method` (`Txn`, `Range`,
+    /// `LeaseGrant`, …) member `i` has handled, from its `/metrics`: which
+    /// member a client's requests reached.
+    pub fn handled(&self, i: usize, method: &str) -> TestResult<u64> {
+        let response = http(self.slot(i).addr(), "GET /metrics HTTP/1.0\r\n\r\n")?;
+        let wanted = format!("grpc_method=\"{method}\"");
+        let mut total = 0.0;
+        for line in response.lines() {
+            if line.starts_with("grpc_server_handled_total{") && line.contains(&wanted) {
+                let value = line.rsplit(' ').next().unwrap_or_default();
+                total += value
+                    .parse::<f64>()
+                    .map_err(|e| format!("a metric line of {:?}: {e}", line))?;
+            }
+        }
+        // A count of requests: a whole number, far below 2^53.
+        Ok(total as u64)
+    }
+
     /// Deletes `key` (the raw etcd key, e.g. `PREFIX/locks/K`) behind
     /// fencelock's back, as `etcdctl del` would: through the HTTP gateway of
     /// a running member, so callers need no etcd client. Returns how many

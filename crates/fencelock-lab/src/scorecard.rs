@@ -97,8 +97,7 @@ pub struct ScorecardArgs {
     pub isolate: Option<String>,
 
     /// The holders' lease in a partition [default: three times the
-    /// engine's failover time, or five times the longest round trip
-    /// between two sites if longer].
+    /// engine's failover time across the topology's longest round trip].
     #[arg(long, requires = "topology", value_parser = crate::ttl)]
     pub ttl: Option<Duration>,
 }
@@ -572,10 +571,37 @@ pub struct Case {
 
 /// What every probe and waiter call ended as.
 #[derive(Default)]
-struct Calls {
+pub(crate) struct Calls {
     /// When each caller started and when it was granted (`None`: failed).
-    probes: Vec<(Instant, Option<Instant>)>,
-    failures: Vec<String>,
+    pub(crate) probes: Vec<(Instant, Option<Instant>)>,
+    pub(crate) failures: Vec<String>,
+}
+
+impl Calls {
+    /// The longest stretch after `at` without a grant, up to the last
+    /// grant (a case ends with grants flowing again, or it says so).
+    pub(crate) fn window_after(&self, at: Instant) -> Option<Duration> {
+        let mut grants: Vec<Instant> = self.probes.iter().filter_map(|(_, g)| *g).collect();
+        grants.sort();
+        let mut window = None;
+        let mut last = at;
+        for &g in grants.iter().filter(|&&g| g > at) {
+            let gap = g - last;
+            window = Some(window.map_or(gap, |w: Duration| w.max(gap)));
+            last = g;
+        }
+        window
+    }
+
+    /// From `at` to the first grant of a caller that started after it.
+    pub(crate) fn recovery_after(&self, at: Instant) -> Option<Duration> {
+        self.probes
+            .iter()
+            .filter(|(started, _)| *started >= at)
+            .filter_map(|(_, granted)| *granted)
+            .min()
+            .map(|g| g - at)
+    }
 }
 
 /// Runs the scorecard: every shape asked for, every fault asked for.
@@ -664,9 +690,7 @@ async fn partition(
         .map(|(a, b)| topology.delay(a, b).rtt())
         .max()
         .unwrap_or_default();
-    let ttl = args
-        .ttl
-        .unwrap_or_else(|| (longest * 5).max(engine.failover() * 3));
+    let ttl = args.ttl.unwrap_or_else(|| engine.failover(longest) * 3);
     out.note(format_args!(
         "starting {} in {} site(s) of {}…",
         engine.name(),
@@ -727,7 +751,10 @@ fn table(cases: &[Case]) -> String {
     text
 }
 
-fn client(backend: &Arc<dyn fencelock::Backend>, owner: &str) -> Result<LockClient, Error> {
+pub(crate) fn client(
+    backend: &Arc<dyn fencelock::Backend>,
+    owner: &str,
+) -> Result<LockClient, Error> {
     LockClient::builder(Arc::clone(backend))
         .owner(Owner::new(owner)?)
         .build()
@@ -823,8 +850,8 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
         // A lost guard's release is refused: nothing to count there.
         let _ = guard.release().await;
     }
-    let calls = std::mem::take(&mut *calls.lock().unwrap_or_else(PoisonError::into_inner));
-    let mut failures = calls.failures;
+    let mut calls = std::mem::take(&mut *calls.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut failures = std::mem::take(&mut calls.failures);
     let mut regressions = 0;
     for (i, waiter) in waiters.into_iter().enumerate() {
         match waiter.await {
@@ -834,24 +861,8 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
             Err(e) => failures.push(format!("waiter {i}: {e}")),
         }
     }
-    let mut grants: Vec<Instant> = calls.probes.iter().filter_map(|(_, g)| *g).collect();
-    grants.sort();
-    // The longest stretch after the fault without a grant, up to the last
-    // grant (a case ends with grants flowing again, or it says so).
-    let mut window = None;
-    let mut last = failed_at;
-    for &g in grants.iter().filter(|&&g| g > failed_at) {
-        let gap = g - last;
-        window = Some(window.map_or(gap, |w: Duration| w.max(gap)));
-        last = g;
-    }
-    let recovery = calls
-        .probes
-        .iter()
-        .filter(|(started, granted)| *started >= failed_at && granted.is_some())
-        .filter_map(|(_, granted)| *granted)
-        .min()
-        .map(|g| g - failed_at);
+    let window = calls.window_after(failed_at);
+    let recovery = calls.recovery_after(failed_at);
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     Ok(Case {
         shape,
@@ -873,18 +884,38 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
 /// A new caller: opens a backend of its own, takes `key` waiting up to
 /// `wait`, releases it; answers when it was granted.
 async fn probe(url: &str, key: &str, ttl: Duration, wait: Duration) -> Result<Instant, Error> {
-    let within = async {
+    within_wait(wait, async {
         // As `fencelock run --wait` does: opening rides through the
         // failover too.
         let backend = fencelock::open_backend_within(url, wait).await?;
-        let caller = client(&backend, "caller")?;
-        let guard = caller.lock(key).ttl(ttl).wait(wait).acquire().await?;
-        let granted = Instant::now();
-        guard.release().await?;
-        Ok(granted)
-    };
+        take_and_release(&backend, key, ttl, wait).await
+    })
+    .await
+}
+
+/// A new caller on `backend`: takes `key` waiting up to `wait`, releases
+/// it; answers when it was granted.
+pub(crate) async fn take_and_release(
+    backend: &Arc<dyn fencelock::Backend>,
+    key: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Instant, Error> {
+    let caller = client(backend, "caller")?;
+    let guard = caller.lock(key).ttl(ttl).wait(wait).acquire().await?;
+    let granted = Instant::now();
+    guard.release().await?;
+    Ok(granted)
+}
+
+/// `call`, a new caller's, bounded by its `wait` and 5 s more (a caller
+/// that outstays its wait is a failed call).
+pub(crate) async fn within_wait(
+    wait: Duration,
+    call: impl std::future::Future<Output = Result<Instant, Error>>,
+) -> Result<Instant, Error> {
     let bound = wait + Duration::from_secs(5);
-    tokio::time::timeout(bound, within)
+    tokio::time::timeout(bound, call)
         .await
         .unwrap_or(Err(Error::OperationTimeout {
             operation: "new caller",

@@ -62,20 +62,24 @@ pub enum LabEngine {
 
 impl LabEngine {
     /// How long the engine's healthy majority needs to carry on without a
-    /// member cut off from it (the scorecard's failover times,
-    /// docs/faults.md): a partition's leases are three times this.
-    pub fn failover(self) -> Duration {
+    /// member cut off from it, its sites `rtt` apart at most: the
+    /// scorecard's failover time on loopback (docs/faults.md), plus the
+    /// round trips a failover takes across sites. A partition's leases are
+    /// three times this.
+    pub fn failover(self, rtt: Duration) -> Duration {
         match self {
-            // No failover: a majority answers; a cut node costs its bound
-            // once.
-            LabEngine::Redlock => Duration::from_secs(1),
-            // The test kit's election timeout, then a new leader.
-            LabEngine::Etcd => Duration::from_secs(2),
+            // No failover: a majority answers; a cut node costs one
+            // request's bound.
+            LabEngine::Redlock => Duration::from_secs(1) + rtt,
+            // The test kit's election timeout, then a vote and the new
+            // leader's first appends and lease promotion: measured 4.1 to
+            // 4.3 s at 300 ms (docs/multi-dc.md).
+            LabEngine::Etcd => Duration::from_secs(2) + rtt * 8,
             // Followers give up on a silent leader after syncLimit ticks
             // (the test kit's 5 × 2 s), then elect; sessions then move.
-            LabEngine::Zookeeper => Duration::from_secs(13),
+            LabEngine::Zookeeper => Duration::from_secs(13) + rtt * 8,
             // A crash, its recovery, the pool's new connections.
-            LabEngine::Postgres => Duration::from_secs(3),
+            LabEngine::Postgres => Duration::from_secs(3) + rtt,
         }
     }
 

@@ -28,12 +28,13 @@ use std::{
     time::Duration,
 };
 
-use fencelock::{Error, FencingToken, LockClient, LockGuard, Owner};
+use fencelock::{Error, FencingToken, LockGuard};
 use fencelock_testkit::TestResult;
 use serde::Serialize;
 use tokio::time::Instant;
 
 use super::Lab;
+use crate::scorecard::{client, take_and_release, within_wait, Calls};
 
 /// How often each site's new caller starts.
 const PROBE_EVERY: Duration = Duration::from_millis(200);
@@ -53,6 +54,9 @@ pub struct PartitionCase {
     partition_ms: u64,
     holders: usize,
     unnecessary_losses: usize,
+    /// Why the first holder lost its lock on the side that kept a
+    /// majority, if one did.
+    first_unnecessary_loss: Option<String>,
     expected_losses: usize,
     /// Of the holders on the side without a majority.
     holders_without_majority: usize,
@@ -79,7 +83,7 @@ impl PartitionCase {
         let ms = |v: Option<u64>| v.map_or("–".to_owned(), |v| format!("{v} ms"));
         let mut text = format!(
             "{} with {} cut off for {} ms (majority: {}; leases {} ms)\n\
-             unnecessary losses {} of {}; expected losses {} of {}; early grants {}; \
+             unnecessary losses {} of {}{}; expected losses {} of {}; early grants {}; \
              token regressions {}; waiters not granted {}{}\n\n\
              | site | calls | failed | window | recovery after the heal |\n|---|---|---|---|---|\n",
             c.engine,
@@ -89,6 +93,10 @@ impl PartitionCase {
             c.ttl_ms,
             c.unnecessary_losses,
             c.holders - c.holders_without_majority,
+            c.first_unnecessary_loss
+                .as_ref()
+                .map(|f| format!(" (the first: {f})"))
+                .unwrap_or_default(),
             c.expected_losses,
             c.holders_without_majority,
             c.early_grants,
@@ -126,13 +134,6 @@ pub struct SiteFigures {
     /// (the isolated site only).
     #[serde(skip_serializing_if = "Option::is_none")]
     recovery_after_heal_ms: Option<u64>,
-}
-
-/// What one site's new callers did.
-#[derive(Default)]
-struct Calls {
-    probes: Vec<(Instant, Option<Instant>)>,
-    failures: Vec<String>,
 }
 
 /// A held lock: where, its token, and when its holder learned it lost it.
@@ -244,7 +245,9 @@ pub async fn run(
                     let key = format!("{run}:probe:{site}:{n}");
                     running.push(tokio::spawn(async move {
                         let started = Instant::now();
-                        let outcome = probe(&backend, &key, ttl, patience).await;
+                        let outcome =
+                            within_wait(patience, take_and_release(&backend, &key, ttl, patience))
+                                .await;
                         let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
                         match outcome {
                             Ok(granted) => calls.probes.push((started, Some(granted))),
@@ -308,10 +311,14 @@ pub async fn run(
         }
     }
     let (mut unnecessary, mut expected, mut without) = (0, 0, 0);
+    let mut first_unnecessary_loss = None;
     for (held, guard) in guards {
         let lost = !guard.is_valid();
         if keeps(held.site) {
             unnecessary += usize::from(lost);
+            if let Err(e) = guard.check() {
+                first_unnecessary_loss.get_or_insert_with(|| e.to_string());
+            }
         } else {
             without += 1;
             expected += usize::from(lost);
@@ -323,25 +330,9 @@ pub async fn run(
     for (site, calls, prober) in probers {
         let _ = prober.await;
         let calls = std::mem::take(&mut *calls.lock().unwrap_or_else(PoisonError::into_inner));
-        let mut grants: Vec<Instant> = calls.probes.iter().filter_map(|(_, g)| *g).collect();
-        grants.sort();
-        let mut window = None;
-        let mut last = cut_at;
-        for &g in grants.iter().filter(|&&g| g > cut_at) {
-            let gap = g - last;
-            window = Some(window.map_or(gap, |w: Duration| w.max(gap)));
-            last = g;
-        }
+        let window = calls.window_after(cut_at);
         let recovery = (site == isolate)
-            .then(|| {
-                calls
-                    .probes
-                    .iter()
-                    .filter(|(started, _)| *started >= healed_at)
-                    .filter_map(|(_, granted)| *granted)
-                    .min()
-                    .map(|g| ms(g - healed_at))
-            })
+            .then(|| calls.recovery_after(healed_at).map(ms))
             .flatten();
         sites.push(SiteFigures {
             site: topology.sites()[site].clone(),
@@ -366,6 +357,7 @@ pub async fn run(
         partition_ms: ms(partition),
         holders: topology.clients().len() * HOLDERS,
         unnecessary_losses: unnecessary,
+        first_unnecessary_loss,
         expected_losses: expected,
         holders_without_majority: without,
         early_grants: early,
@@ -374,34 +366,4 @@ pub async fn run(
         first_waiter_failure,
         sites,
     })
-}
-
-fn client(backend: &Arc<dyn fencelock::Backend>, owner: &str) -> Result<LockClient, Error> {
-    LockClient::builder(Arc::clone(backend))
-        .owner(Owner::new(owner)?)
-        .build()
-}
-
-/// A new caller of its site: takes `key` waiting up to `wait`, releases
-/// it; answers when it was granted.
-async fn probe(
-    backend: &Arc<dyn fencelock::Backend>,
-    key: &str,
-    ttl: Duration,
-    wait: Duration,
-) -> Result<Instant, Error> {
-    let caller = client(backend, "caller")?;
-    let within = async {
-        let guard = caller.lock(key).ttl(ttl).wait(wait).acquire().await?;
-        let granted = Instant::now();
-        guard.release().await?;
-        Ok(granted)
-    };
-    let bound = wait + Duration::from_secs(5);
-    tokio::time::timeout(bound, within)
-        .await
-        .unwrap_or(Err(Error::OperationTimeout {
-            operation: "new caller",
-            after: bound,
-        }))
 }

@@ -44,6 +44,36 @@ pub enum Verdict {
     Interrupted,
 }
 
+/// Runs `command` until it ends or SIGINT or SIGTERM comes, whichever is
+/// first. Interrupted, the command's future is dropped, and with it every
+/// server, proxy and worker it started (each is stopped on drop), so that
+/// none outlives the process: [`Verdict::Interrupted`].
+async fn until_interrupted(
+    what: &str,
+    command: impl std::future::Future<Output = Result<Verdict, fencelock::Error>>,
+    out: Output,
+) -> Result<Verdict, fencelock::Error> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| {
+        fencelock::BackendError::message(
+            "lab",
+            fencelock::ErrorStatus::Permanent,
+            format!("cannot watch SIGTERM: {e}"),
+        )
+    })?;
+    let interrupted = || {
+        out.note(format_args!(
+            "{what} interrupted; its workers, proxies and servers stopped"
+        ));
+        Ok(Verdict::Interrupted)
+    };
+    tokio::select! {
+        result = command => result,
+        _ = tokio::signal::ctrl_c() => interrupted(),
+        _ = term.recv() => interrupted(),
+    }
+}
+
 /// Parses a TTL: a duration within fencelock's bounds.
 fn ttl(s: &str) -> Result<Duration, String> {
     fencelock::validate_ttl(fencelock::parse_duration(s)?).map_err(|e| e.to_string())

@@ -606,6 +606,10 @@ impl Calls {
 
 /// Runs the scorecard: every shape asked for, every fault asked for.
 pub async fn run(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
+    crate::until_interrupted("scorecard", scorecard(args, out), out).await
+}
+
+async fn scorecard(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
     if let Some(path) = &args.topology {
         return partition(path, &args, out).await;
     }

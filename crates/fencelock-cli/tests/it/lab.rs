@@ -193,3 +193,60 @@ fn a_client_choice_the_engine_cannot_make_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("applies to etcd"), "{stderr}");
 }
+
+/// SIGTERM during a lab run stops it (exit 130) and every server it
+/// started with it: the lab's servers are the scorecard's own children,
+/// and none of them is left running. Before, the servers of an
+/// interrupted `scorecard --topology` outlived it.
+#[test]
+fn an_interrupted_lab_leaves_no_server_behind() {
+    use std::io::{BufRead, BufReader};
+
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("three-sites.toml");
+    std::fs::write(&topology, THREE_SITES).unwrap();
+    let mut run = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args(["scorecard", "--topology"])
+        .arg(&topology)
+        .args(["--engine", "redlock", "--isolate", "c"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(run.stderr.take().unwrap()).lines();
+    // Once the partition starts, the lab's servers run.
+    let mut said = String::new();
+    for line in stderr.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("cutting c off") {
+            break;
+        }
+    }
+    // The rest is read to the end, as a terminal would.
+    let rest = std::thread::spawn(move || stderr.map_while(Result::ok).collect::<Vec<_>>());
+    let children = Command::new("pgrep")
+        .args(["-P", &run.id().to_string()])
+        .output()
+        .unwrap();
+    let children: Vec<String> = String::from_utf8_lossy(&children.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        children.len(),
+        3,
+        "three redis-servers: {children:?}\n{said}"
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(130), "{:?}", rest.join());
+    for child in &children {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{child}")).exists(),
+            "server {child} outlived the interrupted lab"
+        );
+    }
+}

@@ -77,6 +77,10 @@ impl LabReport {
 /// Runs the scenario of `args` from each client site of the lab its
 /// `--topology` and `--engine` name.
 pub async fn run(args: BenchArgs, out: Output) -> Result<Verdict> {
+    crate::until_interrupted("bench", in_lab(args, out), out).await
+}
+
+async fn in_lab(args: BenchArgs, out: Output) -> Result<Verdict> {
     let (Some(path), Some(engine)) = (args.topology.clone(), args.engine) else {
         return Err(Error::InvalidArgument(
             "--topology and --engine go together".into(),

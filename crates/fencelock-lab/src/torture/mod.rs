@@ -281,19 +281,7 @@ fn harness_error(message: impl Into<String>) -> Error {
 /// …` with the URL in `FENCELOCK_URL`: the binary that calls this must send
 /// that command to [`run_worker`].
 pub async fn run(url: Option<String>, args: TortureArgs, out: Output) -> Result<Verdict, Error> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| harness_error(format!("cannot watch SIGTERM: {e}")))?;
-    tokio::select! {
-        result = torture(url, args, out) => result,
-        _ = tokio::signal::ctrl_c() => interrupted(out),
-        _ = term.recv() => interrupted(out),
-    }
-}
-
-fn interrupted(out: Output) -> Result<Verdict, Error> {
-    out.note("torture interrupted; workers and servers stopped");
-    Ok(Verdict::Interrupted)
+    crate::until_interrupted("torture", torture(url, args, out), out).await
 }
 
 /// Runs one worker (the hidden `torture-worker` command).

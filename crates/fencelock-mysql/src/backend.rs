@@ -28,9 +28,9 @@ const LEASE_COLUMNS: &str =
     "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
 
-/// How often an acquisition chosen as an InnoDB deadlock victim is retried
-/// before the (transient) error reaches the caller.
-const DEADLOCK_RETRIES: u32 = 3;
+/// How often an acquisition or a fenced write chosen as an InnoDB deadlock
+/// victim is retried before the (transient) error reaches the caller.
+pub(crate) const DEADLOCK_RETRIES: u32 = 3;
 
 /// How long an acquisition waits for another acquisition of the same key to
 /// commit (a few milliseconds normally; long only if that session stalls).

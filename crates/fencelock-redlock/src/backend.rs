@@ -29,7 +29,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::{
-    fanout::{Fanout, Health, Request},
+    fanout::{node_label, Fanout, Health, Request},
     options::{Bound, RedlockOptions},
     protocol::{self, validity, PROBES},
     scripts::Scripts,
@@ -176,7 +176,7 @@ impl Inner {
             f(node.bounded_by(bound.answer)).await
         }
         .await;
-        metrics::histogram!(m::REDLOCK_NODE_SECONDS, "backend" => NAME, "node" => i.to_string())
+        metrics::histogram!(m::REDLOCK_NODE_SECONDS, "backend" => NAME, "node" => node_label(i))
             .record(started.elapsed().as_secs_f64());
         self.health.record(i, &result);
         result

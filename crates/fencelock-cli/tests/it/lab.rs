@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use serde_json::Value;
 
@@ -38,16 +38,22 @@ between = ["b", "c"]
 one_way = "20ms"
 "#;
 
+/// A topology file holding `text`, in a directory removed on drop.
+fn topology_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
 /// Runs a one-second cycle of `engine` in the three sites; returns the
 /// report.
 fn lab(engine: &str) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("three-sites.toml");
     let text = match engine {
         "etcd" | "zookeeper" => format!("client_endpoints = \"site\"\n{THREE_SITES}"),
         _ => THREE_SITES.to_owned(),
     };
-    std::fs::write(&topology, text).unwrap();
+    let (_dir, topology) = topology_file(&text);
     let out = Command::new(BIN)
         .env_remove("RUST_LOG")
         .env_remove("FENCELOCK_URL")
@@ -131,13 +137,7 @@ fn postgres_in_one_site() {
 /// losses.
 #[test]
 fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
-    let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("three-sites.toml");
-    std::fs::write(
-        &topology,
-        THREE_SITES.replace("clients = [\"a\", \"b\"]", ""),
-    )
-    .unwrap();
+    let (_dir, topology) = topology_file(&THREE_SITES.replace("clients = [\"a\", \"b\"]", ""));
     let out = Command::new(BIN)
         .env_remove("RUST_LOG")
         .env_remove("FENCELOCK_URL")
@@ -175,13 +175,7 @@ fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
 /// refused before anything starts, saying why (exit 2).
 #[test]
 fn a_client_choice_the_engine_cannot_make_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("nearest.toml");
-    std::fs::write(
-        &topology,
-        format!("client_endpoints = \"nearest\"\n{THREE_SITES}"),
-    )
-    .unwrap();
+    let (_dir, topology) = topology_file(&format!("client_endpoints = \"nearest\"\n{THREE_SITES}"));
     let out = Command::new(BIN)
         .env_remove("FENCELOCK_URL")
         .args(["bench", "--scenario", "cycle", "--topology"])
@@ -202,9 +196,7 @@ fn a_client_choice_the_engine_cannot_make_is_refused() {
 fn an_interrupted_lab_leaves_no_server_behind() {
     use std::io::{BufRead, BufReader};
 
-    let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("three-sites.toml");
-    std::fs::write(&topology, THREE_SITES).unwrap();
+    let (_dir, topology) = topology_file(THREE_SITES);
     let mut run = Command::new(BIN)
         .env_remove("FENCELOCK_URL")
         .args(["scorecard", "--topology"])

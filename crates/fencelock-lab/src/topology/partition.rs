@@ -291,8 +291,12 @@ pub async fn run(
     let mut first_waiter_failure = None;
     for (n, waiter) in waiters {
         let held = &guards[n].0;
-        match waiter.await {
-            Ok(Ok((granted, token))) => {
+        let outcome = match waiter.await {
+            Ok(granted) => granted.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match outcome {
+            Ok((granted, token)) => {
                 if granted < stopped[n] {
                     early += 1;
                 }
@@ -300,13 +304,9 @@ pub async fn run(
                     regressions += 1;
                 }
             }
-            Ok(Err(e)) => {
-                waiters_not_granted += 1;
-                first_waiter_failure.get_or_insert_with(|| e.to_string());
-            }
             Err(e) => {
                 waiters_not_granted += 1;
-                first_waiter_failure.get_or_insert_with(|| e.to_string());
+                first_waiter_failure.get_or_insert(e);
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::{fmt, future::Future};
 
 use fencelock_core::Result;
+use futures_util::future::{try_join_all, BoxFuture, FutureExt, Shared};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use zookeeper_client as zk;
 
@@ -37,10 +38,27 @@ pub(crate) fn decode(node: &str) -> Option<String> {
         .map(|k| k.into_owned())
 }
 
+/// A reconnection under way: its outcome, shared by every caller waiting
+/// for it, with the context of a failure.
+type Reconnect = Shared<BoxFuture<'static, std::result::Result<zk::Client, (String, zk::Error)>>>;
+
 /// One ZooKeeper client (session) and the options it was opened with.
 pub(crate) struct Conn {
     pub(crate) options: ZkOptions,
-    client: tokio::sync::Mutex<zk::Client>,
+    session: std::sync::Mutex<Session>,
+}
+
+/// The live session, and the one replacing it once it expired.
+struct Session {
+    client: zk::Client,
+    /// Runs in a task of its own, so a caller that stops waiting (its
+    /// deadline passed, or it was dropped) does not cancel it. Run inside
+    /// each caller instead, a reconnection was abandoned with every caller
+    /// that gave up sooner than a new session takes to form; after a site
+    /// partition healed, impatient callers (one every few tens of
+    /// milliseconds) kept a backend without a session for minutes while
+    /// every member answered (`docs/multi-dc.md`).
+    reconnect: Option<Reconnect>,
 }
 
 impl fmt::Debug for Conn {
@@ -53,7 +71,7 @@ impl fmt::Debug for Conn {
 
 /// Opens a session and makes sure the store's directories and its clock
 /// node (written to read the leader's clock) exist.
-async fn connect(options: &ZkOptions) -> Result<zk::Client> {
+async fn connect(options: &ZkOptions) -> std::result::Result<zk::Client, (String, zk::Error)> {
     let client = bounded(
         options.timeout,
         // Eagerly: once every listed server has been tried, fail (with a
@@ -69,7 +87,7 @@ async fn connect(options: &ZkOptions) -> Result<zk::Client> {
             .connect(&options.connect_string()),
     )
     .await
-    .map_err(|e| map("connecting to ZooKeeper", e))?;
+    .map_err(|e| ("connecting to ZooKeeper".to_owned(), e))?;
     let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     // `leases` holds the lease records of `layout=curator` contenders,
     // whose own nodes are ephemeral and can have no child (`backend.rs`).
@@ -77,36 +95,97 @@ async fn connect(options: &ZkOptions) -> Result<zk::Client> {
         crate::options::ZkLayout::Curator => &["locks", "fences", "clock", "leases"],
         _ => &["locks", "fences", "clock"],
     };
-    for sub in subs {
-        let path = format!("{}/{sub}", options.base());
-        bounded(options.timeout, client.mkdir(&path, &dir))
+    // All at once: each is a write through the leader even when the
+    // directory exists, and a new session after a partition should cost
+    // one round trip to it, not one per directory.
+    let paths: Vec<String> = subs
+        .iter()
+        .map(|sub| format!("{}/{sub}", options.base()))
+        .collect();
+    let (made, dir) = (&client, &dir);
+    try_join_all(paths.iter().map(|path| async move {
+        bounded(options.timeout, made.mkdir(path, dir))
             .await
-            .map_err(|e| map(&format!("creating {path}"), e))?;
-    }
+            .map_err(|e| (format!("creating {path}"), e))
+    }))
+    .await?;
     Ok(client)
+}
+
+/// Locks the session state: a plain swap of values, consistent even if a
+/// holder panicked.
+fn lock(session: &std::sync::Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    session
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Conn {
     /// Connects with `options`.
     pub(crate) async fn open(options: ZkOptions) -> Result<Self> {
-        let client = connect(&options).await?;
+        let client = connect(&options)
+            .await
+            .map_err(|(context, e)| map(&context, e))?;
         Ok(Self {
             options,
-            client: tokio::sync::Mutex::new(client),
+            session: std::sync::Mutex::new(Session {
+                client,
+                reconnect: None,
+            }),
         })
     }
 
     /// The live client. An expired session never comes back, so the first
-    /// call after expiry opens a new one. In the default layout nothing
+    /// call after expiry starts a new one, which the calls after it share
+    /// until it has formed or failed. In the default layout nothing
     /// fencelock stores belongs to a session (`docs/zookeeper.md`), so no
     /// lease is lost by it; in `layout=curator` the contender nodes of the
     /// expired session are gone, and so are their leases.
     pub(crate) async fn client(&self) -> Result<zk::Client> {
-        let mut client = self.client.lock().await;
-        if client.state().is_terminated() {
-            *client = connect(&self.options).await?;
+        let pending = {
+            let mut session = lock(&self.session);
+            if !session.client.state().is_terminated() {
+                return Ok(session.client.clone());
+            }
+            let usable = |r: &Reconnect| match r.peek() {
+                None => true,
+                Some(Ok(client)) => !client.state().is_terminated(),
+                Some(Err(_)) => false,
+            };
+            match &session.reconnect {
+                Some(r) if usable(r) => r.clone(),
+                _ => {
+                    let options = self.options.clone();
+                    let task = tokio::spawn(async move { connect(&options).await });
+                    let r: Reconnect = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err((
+                                "connecting to ZooKeeper".to_owned(),
+                                zk::Error::UnexpectedError(e.to_string()),
+                            ))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    session.reconnect = Some(r.clone());
+                    r
+                }
+            }
+        };
+        let client = pending
+            .clone()
+            .await
+            .map_err(|(context, e)| map(&context, e))?;
+        let mut session = lock(&self.session);
+        if session
+            .reconnect
+            .as_ref()
+            .is_some_and(|r| r.ptr_eq(&pending))
+        {
+            session.client = client.clone();
+            session.reconnect = None;
         }
-        Ok(client.clone())
+        Ok(client)
     }
 
     /// Runs one request, bounded by the `timeout` option, with its error

@@ -47,8 +47,19 @@ impl Engine for ZooKeeper {
     fn command(&self, slot: &Slot) -> Command {
         let mut command = Command::new(&self.java);
         command
-            .args(["-Xmx256m", "-XX:+UseSerialGC", "-cp"])
-            .arg(format!("{JARS}/*:{CONF}"))
+            .args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                // Time-stamped, for reading beside a test's own log.
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSSZ",
+                "-cp",
+            ])
+            // The jar directory holds six SLF4J bindings, and the one the
+            // class path lists first wins: `slf4j-nop` logged nothing.
+            // `slf4j-simple` first writes the member's log to its stderr,
+            // the log file in its directory.
+            .arg(format!("{JARS}/slf4j-simple.jar:{JARS}/*:{CONF}"))
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(slot.dir.join("zoo.cfg"));
         command

@@ -8,5 +8,6 @@
 mod changes;
 mod cluster;
 mod interop;
+mod reconnect;
 mod release;
 mod timeouts;

@@ -89,6 +89,10 @@ struct Faults {
     to_server: PathFaults,
     to_client: PathFaults,
     refuse: bool,
+    /// How long a new connection waits for the server to accept
+    /// ([`ProxyControls::set_upstream_patience`]); not a fault, so `heal`
+    /// keeps it.
+    upstream_patience: Duration,
 }
 
 impl Faults {
@@ -175,6 +179,20 @@ impl ProxyControls {
     /// a firewall that rejects). Existing connections are untouched.
     pub fn set_refuse(&self, on: bool) {
         lock(&self.shared.faults).refuse = on;
+    }
+
+    /// How long a new connection waits for the server to start listening
+    /// before the client's side is reset (default: not at all). A client
+    /// dialling a port that is not open yet is refused and dials again; the
+    /// proxy has already accepted it, so the client would see its
+    /// connection reset instead, in the middle of its own protocol's
+    /// handshake. Some clients give up on that where they retry a refusal:
+    /// a ZooKeeper member following a leader that has just won an election
+    /// and is about to open its quorum port returns to the election. With a
+    /// patience the proxy dials again every 50 ms meanwhile, as the
+    /// client's own retries would.
+    pub fn set_upstream_patience(&self, patience: Duration) {
+        lock(&self.shared.faults).upstream_patience = patience;
     }
 
     /// Resets every open connection now: both the client and the server see
@@ -335,9 +353,10 @@ async fn serve(
     reset_token: CancellationToken,
     damaged: Arc<AtomicBool>,
 ) {
+    let patience = lock(&registration.shared.faults).upstream_patience;
     let server = tokio::select! {
         () = reset_token.cancelled() => { reset(client); return; }
-        connected = TcpStream::connect(upstream) => match connected {
+        connected = connect_within(upstream, patience) => match connected {
             Ok(server) => server,
             // The client sees what it would see from the server: a reset.
             Err(_) => { reset(client); return; }
@@ -373,6 +392,24 @@ async fn serve(
         }
     }
     drop(registration);
+}
+
+/// Connects to `upstream`, dialling again every 50 ms while it refuses, for
+/// up to `patience`.
+async fn connect_within(upstream: SocketAddr, patience: Duration) -> io::Result<TcpStream> {
+    const AGAIN: Duration = Duration::from_millis(50);
+    let until = Instant::now() + patience;
+    loop {
+        match TcpStream::connect(upstream).await {
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionRefused
+                    && Instant::now() + AGAIN < until =>
+            {
+                tokio::time::sleep(AGAIN).await;
+            }
+            connected => return connected,
+        }
+    }
 }
 
 /// Moves bytes one way until the source closes (`Ok`) or a socket fails

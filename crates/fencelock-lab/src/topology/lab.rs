@@ -114,6 +114,11 @@ impl LabEngine {
     }
 }
 
+/// How long a link waits for a port that refuses to open (the test kit's
+/// `set_upstream_patience`): the 1 s a ZooKeeper follower waits between
+/// its tries to reach a leader, twice.
+const LINK_PATIENCE: Duration = Duration::from_secs(2);
+
 /// See the module docs. Dropping it stops the servers and the proxies.
 #[derive(Debug)]
 pub struct Lab {
@@ -128,7 +133,7 @@ pub struct Lab {
     /// etcd's peer routers, kept to run as long as the lab.
     _routers: Vec<Router>,
     /// The servers, kept to be stopped when the lab is dropped.
-    _servers: Box<dyn Any + Send>,
+    _servers: Box<dyn Any + Send + Sync>,
 }
 
 impl Lab {
@@ -150,61 +155,66 @@ impl Lab {
             let made = Arc::clone(&made);
             let handle = Handle::current();
             let routed = Members::default();
-            tokio::task::spawn_blocking(move || -> TestResult<(Box<dyn Any + Send>, String)> {
-                let link: &PeerLink<'_> = &|from, to, addr| {
-                    let sites = topology.members();
-                    let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
-                    match from {
-                        Some(f) => handle
-                            .block_on(made.link(
-                                Some(sites[f]),
-                                sites[to],
-                                addr,
-                                topology.delay(sites[f], sites[to]),
-                            ))
-                            .map_err(Into::into),
-                        // One advertised URL for every peer: a router in
-                        // front of it sends each peer's connections through
-                        // the link of that pair.
-                        None => handle.block_on(async {
-                            let mut links = HashMap::new();
-                            for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
-                                let delay = topology.delay(at, sites[to]);
-                                links.insert(m, made.link(Some(at), sites[to], addr, delay).await?);
-                            }
-                            let ingress = topology.member_ingress(to);
-                            let unnamed = made.link(None, sites[to], addr, ingress).await?;
-                            let router =
-                                Router::start(to, Arc::clone(&routed), links, unnamed).await?;
-                            let through = router.addr();
-                            made.routers.push(router);
-                            Ok(through)
-                        }),
-                    }
-                };
-                Ok(match engine {
-                    LabEngine::Redlock => {
-                        let set = RedisSet::start(members)?;
-                        let url = set.url();
-                        (Box::new(set) as Box<dyn Any + Send>, url)
-                    }
-                    LabEngine::Etcd => {
-                        let set = EtcdCluster::start_linked(members, link)?;
-                        let url = set.url();
-                        (Box::new(set) as Box<dyn Any + Send>, url)
-                    }
-                    LabEngine::Zookeeper => {
-                        let set = ZkServer::start_linked(members, link)?;
-                        let url = set.url();
-                        (Box::new(set) as Box<dyn Any + Send>, url)
-                    }
-                    LabEngine::Postgres => {
-                        let server = PostgresServer::start()?;
-                        let url = server.url("postgres");
-                        (Box::new(server) as Box<dyn Any + Send>, url)
-                    }
-                })
-            })
+            tokio::task::spawn_blocking(
+                move || -> TestResult<(Box<dyn Any + Send + Sync>, String)> {
+                    let link: &PeerLink<'_> = &|from, to, addr| {
+                        let sites = topology.members();
+                        let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
+                        match from {
+                            Some(f) => handle
+                                .block_on(made.link(
+                                    Some(sites[f]),
+                                    sites[to],
+                                    addr,
+                                    topology.delay(sites[f], sites[to]),
+                                ))
+                                .map_err(Into::into),
+                            // One advertised URL for every peer: a router in
+                            // front of it sends each peer's connections through
+                            // the link of that pair.
+                            None => handle.block_on(async {
+                                let mut links = HashMap::new();
+                                for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
+                                    let delay = topology.delay(at, sites[to]);
+                                    links.insert(
+                                        m,
+                                        made.link(Some(at), sites[to], addr, delay).await?,
+                                    );
+                                }
+                                let ingress = topology.member_ingress(to);
+                                let unnamed = made.link(None, sites[to], addr, ingress).await?;
+                                let router =
+                                    Router::start(to, Arc::clone(&routed), links, unnamed).await?;
+                                let through = router.addr();
+                                made.routers.push(router);
+                                Ok(through)
+                            }),
+                        }
+                    };
+                    Ok(match engine {
+                        LabEngine::Redlock => {
+                            let set = RedisSet::start(members)?;
+                            let url = set.url();
+                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
+                        }
+                        LabEngine::Etcd => {
+                            let set = EtcdCluster::start_linked(members, link)?;
+                            let url = set.url();
+                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
+                        }
+                        LabEngine::Zookeeper => {
+                            let set = ZkServer::start_linked(members, link)?;
+                            let url = set.url();
+                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
+                        }
+                        LabEngine::Postgres => {
+                            let server = PostgresServer::start()?;
+                            let url = server.url("postgres");
+                            (Box::new(server) as Box<dyn Any + Send + Sync>, url)
+                        }
+                    })
+                },
+            )
             .await??
         };
         let mut made = std::mem::take(&mut *made.lock().unwrap_or_else(PoisonError::into_inner));
@@ -344,9 +354,14 @@ impl Made {
             return Ok(upstream);
         }
         let proxy = FaultProxy::start(upstream).await?;
-        proxy
-            .controls()
-            .set_latency(Direction::Both, delay.one_way, delay.jitter);
+        let controls = proxy.controls();
+        controls.set_latency(Direction::Both, delay.one_way, delay.jitter);
+        // A port about to open is reached as the dialling end's own
+        // retries would reach it, not reset after the proxy accepted: a
+        // ZooKeeper member reset while it registers with a leader that has
+        // just won an election returns to the election, and across 150 ms
+        // links an ensemble missing one site never settled on a leader.
+        controls.set_upstream_patience(LINK_PATIENCE);
         let addr = proxy.addr();
         self.links.push(Link { from, to, proxy });
         Ok(addr)

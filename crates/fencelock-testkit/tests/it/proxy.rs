@@ -219,3 +219,35 @@ async fn an_unreachable_upstream_looks_like_a_reset() {
     let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
     assert!(round_trip(&mut stream, b"x").await.is_err());
 }
+
+/// With a patience, a port that opens a moment after the client connected
+/// is reached, as the client's own retry of a refused dial would reach it;
+/// without one, the client is reset (above).
+#[tokio::test]
+async fn a_patient_proxy_reaches_a_port_that_opens_late() {
+    // Bound but not listening: connections to it are refused until then.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let late = socket.local_addr().unwrap();
+    let proxy = FaultProxy::start(late).await.unwrap();
+    proxy
+        .controls()
+        .set_upstream_patience(Duration::from_secs(10));
+    let client = tokio::spawn(async move {
+        let mut stream = TcpStream::connect(proxy.addr()).await?;
+        let reply = round_trip(&mut stream, b"late").await;
+        drop(proxy);
+        reply
+    });
+    // The server opens its port after the client's first bytes are sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let listener = socket.listen(16).unwrap();
+    let (mut accepted, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("the proxy never dialled the port again")
+        .unwrap();
+    let mut buf = [0u8; 4];
+    accepted.read_exact(&mut buf).await.unwrap();
+    accepted.write_all(&buf).await.unwrap();
+    assert_eq!(client.await.unwrap().unwrap(), b"late");
+}

@@ -48,24 +48,30 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		t.Errorf("unknown token: %v", err)
 	}
 	// A stale token at a fence and in the fenced store.
-	if err := c.Fence("printer").Admit(ctx, 10); err != nil {
+	p := issuedTokens(t, ctx, c, "printer", 2)
+	if err := c.Fence("printer").Admit(ctx, p[1]); err != nil {
 		t.Fatal(err)
 	}
-	err := c.Fence("printer").Admit(ctx, 9)
+	err := c.Fence("printer").Admit(ctx, p[0])
 	var e *Error
-	if !errors.Is(err, ErrStale) || !errors.As(err, &e) || e.Current == nil || *e.Current != 10 {
+	if !errors.Is(err, ErrStale) || !errors.As(err, &e) || e.Current == nil || *e.Current != p[1] {
 		t.Errorf("stale admission: %v", err)
 	}
-	if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || !ok || cur != 10 {
+	if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || !ok || cur != p[1] {
 		t.Errorf("fence current: %d %v %v", cur, ok, err)
 	}
-	if err := c.KVPut(ctx, "doc", 5, map[string]int{"v": 1}); err != nil {
+	// A token the store never issued.
+	if err := c.Fence("printer").Admit(ctx, p[1]+1_000_000); !errors.Is(err, ErrInvalid) || !errors.As(err, &e) || e.Code != "invalid_token" {
+		t.Errorf("a token never issued: %v, want ErrInvalid (invalid_token)", err)
+	}
+	d := issuedTokens(t, ctx, c, "doc", 2)
+	if err := c.KVPut(ctx, "doc", d[1], map[string]int{"v": 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.KVPut(ctx, "doc", 4, map[string]int{"v": 2}); !errors.Is(err, ErrStale) {
+	if err := c.KVPut(ctx, "doc", d[0], map[string]int{"v": 2}); !errors.Is(err, ErrStale) {
 		t.Errorf("stale write: %v", err)
 	}
-	if v, err := c.KVGet(ctx, "doc"); err != nil || v.Token != 5 || string(v.Value) != `{"v":1}` {
+	if v, err := c.KVGet(ctx, "doc"); err != nil || v.Token != d[1] || string(v.Value) != `{"v":1}` {
 		t.Errorf("kv get: %+v %v", v, err)
 	}
 }

@@ -18,10 +18,12 @@ func TestResetIsTheAdminsAndForgetsTokensAndValue(t *testing.T) {
 			admin := newClient(t, s.url, WithToken(adminToken))
 			ctx := ctxT(t, 20*time.Second)
 
-			if err := c.Fence("printer").Admit(ctx, 10); err != nil {
+			// Tokens the store issued: a fence that shares it refuses others.
+			p := issuedTokens(t, ctx, c, "printer", 3)
+			if err := c.Fence("printer").Admit(ctx, p[2]); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.Fence("printer").Admit(ctx, 9); !errors.Is(err, ErrStale) {
+			if err := c.Fence("printer").Admit(ctx, p[1]); !errors.Is(err, ErrStale) {
 				t.Fatalf("stale admission before the reset: %v", err)
 			}
 			refused := func(what string, err error) {
@@ -33,20 +35,20 @@ func TestResetIsTheAdminsAndForgetsTokensAndValue(t *testing.T) {
 			}
 			_, _, err := c.Fence("printer").Reset(ctx)
 			refused("Fence.Reset", err)
-			if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || !ok || cur != 10 {
-				t.Errorf("after a refused reset: %d %v %v, want 10", cur, ok, err)
+			if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || !ok || cur != p[2] {
+				t.Errorf("after a refused reset: %d %v %v, want %d", cur, ok, err, p[2])
 			}
 
-			if had, ok, err := admin.Fence("printer").Reset(ctx); err != nil || !ok || had != 10 {
-				t.Fatalf("admin reset: %d %v %v, want 10", had, ok, err)
+			if had, ok, err := admin.Fence("printer").Reset(ctx); err != nil || !ok || had != p[2] {
+				t.Fatalf("admin reset: %d %v %v, want %d", had, ok, err, p[2])
 			}
 			if cur, ok, err := c.Fence("printer").Current(ctx); err != nil || ok {
 				t.Errorf("current after the reset: %d %v %v, want none", cur, ok, err)
 			}
-			if err := c.Fence("printer").Admit(ctx, 9); err != nil {
+			if err := c.Fence("printer").Admit(ctx, p[1]); err != nil {
 				t.Errorf("a lower token after the reset: %v", err)
 			}
-			if err := c.Fence("printer").Admit(ctx, 8); !errors.Is(err, ErrStale) {
+			if err := c.Fence("printer").Admit(ctx, p[0]); !errors.Is(err, ErrStale) {
 				t.Errorf("the fence holds again after the reset: %v", err)
 			}
 			if had, ok, err := admin.Fence("never-admitted").Reset(ctx); err != nil || ok || had != 0 {
@@ -54,26 +56,27 @@ func TestResetIsTheAdminsAndForgetsTokensAndValue(t *testing.T) {
 			}
 
 			// The fenced store: its value goes with its fence's tokens.
-			if err := c.KVPut(ctx, "doc", 5, map[string]int{"v": 1}); err != nil {
+			d := issuedTokens(t, ctx, c, "doc", 2)
+			if err := c.KVPut(ctx, "doc", d[1], map[string]int{"v": 1}); err != nil {
 				t.Fatal(err)
 			}
 			_, _, err = c.KVReset(ctx, "doc")
 			refused("KVReset", err)
-			if v, err := c.KVGet(ctx, "doc"); err != nil || v.Token != 5 {
+			if v, err := c.KVGet(ctx, "doc"); err != nil || v.Token != d[1] {
 				t.Errorf("kv get after a refused reset: %+v %v", v, err)
 			}
-			if had, ok, err := admin.KVReset(ctx, "doc"); err != nil || !ok || had != 5 {
-				t.Fatalf("admin kv reset: %d %v %v, want 5", had, ok, err)
+			if had, ok, err := admin.KVReset(ctx, "doc"); err != nil || !ok || had != d[1] {
+				t.Fatalf("admin kv reset: %d %v %v, want %d", had, ok, err, d[1])
 			}
 			if _, err := c.KVGet(ctx, "doc"); !errors.Is(err, ErrNotFound) {
 				t.Errorf("kv get after the reset: %v, want ErrNotFound", err)
 			}
-			if err := c.KVPut(ctx, "doc", 4, "again"); err != nil {
+			if err := c.KVPut(ctx, "doc", d[0], "again"); err != nil {
 				t.Errorf("a lower token writes after the reset: %v", err)
 			}
 			// A fence's reset forgets the value stored under its name too.
-			if had, ok, err := admin.Fence("doc").Reset(ctx); err != nil || !ok || had != 4 {
-				t.Errorf("admin fence reset of a stored value: %d %v %v, want 4", had, ok, err)
+			if had, ok, err := admin.Fence("doc").Reset(ctx); err != nil || !ok || had != d[0] {
+				t.Errorf("admin fence reset of a stored value: %d %v %v, want %d", had, ok, err, d[0])
 			}
 			if _, err := c.KVGet(ctx, "doc"); !errors.Is(err, ErrNotFound) {
 				t.Errorf("kv get after the fence's reset: %v, want ErrNotFound", err)

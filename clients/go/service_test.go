@@ -217,6 +217,25 @@ func cliWithin(t testing.TB, limit time.Duration, env []string, args ...string) 
 	return code, out.String()
 }
 
+// issuedTokens takes key n times through c and returns the tokens the
+// service's store issued, lowest first: a fence that shares the store
+// refuses tokens it never issued.
+func issuedTokens(t testing.TB, ctx context.Context, c *Client, key string, n int) []uint64 {
+	t.Helper()
+	tokens := make([]uint64, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			t.Fatalf("acquire %s: %v", key, err)
+		}
+		tokens = append(tokens, l.Token())
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("release %s: %v", key, err)
+		}
+	}
+	return tokens
+}
+
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

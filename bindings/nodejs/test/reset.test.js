@@ -6,8 +6,26 @@
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { openFence, StaleTokenError, UnauthorizedError } = require('..')
+const { connect, openFence, StaleTokenError, UnauthorizedError } = require('..')
 const { startServer, startService, ADMIN_TOKEN, CLIENT_TOKEN } = require('./servers.js')
+
+// Takes `key` `n` times on the store at `url` and returns the tokens it
+// issued, lowest first: the service's fenced store shares that store and
+// refuses tokens it never issued.
+async function issued(url, key, n) {
+  const client = await connect(url, { owner: 'issuer' })
+  try {
+    const tokens = []
+    for (let i = 0; i < n; i++) {
+      const guard = await client.acquire(key, { ttl: '10s' })
+      tokens.push(guard.token)
+      await guard.release()
+    }
+    return tokens
+  } finally {
+    await client.close()
+  }
+}
 
 for (const engine of ['sqlite', 'redis']) {
   describe(`fence reset on ${engine}`, () => {
@@ -45,16 +63,17 @@ for (const engine of ['sqlite', 'redis']) {
 
     it('forgets the value stored with the token; through the service only with the admin token', async () => {
       const route = '/v1/kv/reset:kv'
-      let answer = await service.request('PUT', route, CLIENT_TOKEN, { token: 7, value: { v: 1 } })
+      const [low, high] = await issued(server.url, 'reset:kv', 2)
+      let answer = await service.request('PUT', route, CLIENT_TOKEN, { token: Number(high), value: { v: 1 } })
       assert.equal(answer.status, 200, JSON.stringify(answer.body))
       answer = await service.request('GET', route, CLIENT_TOKEN)
-      assert.deepEqual([answer.status, answer.body.token, answer.body.value], [200, 7, { v: 1 }])
+      assert.deepEqual([answer.status, answer.body.token, answer.body.value], [200, Number(high), { v: 1 }])
 
       const direct = await openFence(server.url)
-      assert.equal(await direct.reset('reset:kv'), 7n)
+      assert.equal(await direct.reset('reset:kv'), high)
       answer = await service.request('GET', route, CLIENT_TOKEN)
       assert.deepEqual([answer.status, answer.body.code], [404, 'not_found'])
-      answer = await service.request('PUT', route, CLIENT_TOKEN, { token: 3, value: 'again' })
+      answer = await service.request('PUT', route, CLIENT_TOKEN, { token: Number(low), value: 'again' })
       assert.equal(answer.status, 200, 'the lower token writes again')
 
       // A client token on the admin's route: the service's 403.
@@ -67,7 +86,7 @@ for (const engine of ['sqlite', 'redis']) {
       assert.deepEqual([answer.status, answer.body.value], [200, 'again'], 'a refused reset forgets nothing')
 
       const admin = await openFence(service.fenceUrl(ADMIN_TOKEN))
-      assert.equal(await admin.reset('reset:kv'), 3n)
+      assert.equal(await admin.reset('reset:kv'), low)
       assert.equal(await admin.reset('reset:kv'), null)
       answer = await service.request('GET', route, CLIENT_TOKEN)
       assert.equal(answer.status, 404)

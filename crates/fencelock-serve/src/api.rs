@@ -937,11 +937,11 @@ async fn fence_state(s: &Service, resource: String) -> ApiResult<FenceBody> {
 
 /// `token` if the lock store can have issued it, where the fence serves
 /// that store's tokens: never 0 (tokens start at 1) nor above
-/// [`FencingToken::MAX`], and not above the token of the live writer's
-/// lease on the key named like `resource` (the highest the store issued
-/// for it). Admitting such a token would refuse every real holder at that
-/// resource for good. A fence of its own (an embedding program's) may be
-/// shown tokens from elsewhere, so it is shown every token.
+/// [`FencingToken::MAX`], and never above the latest token the store
+/// issued for the key named like `resource`. Admitting such a token would
+/// refuse every real holder at that resource for good. A fence of its own
+/// (an embedding program's) may be shown tokens from elsewhere, so it is
+/// shown every token.
 async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken, ApiError> {
     if !s.inner.fence_shares_store {
         return Ok(FencingToken(token));
@@ -953,23 +953,66 @@ async fn issued(s: &Service, resource: &str, token: u64) -> Result<FencingToken,
         ))
         .into());
     }
-    if let Ok(key) = LockKey::new(resource) {
-        let live = bounded("inspect", s.inner.client.backend().inspect(&key)).await?;
-        // A foreign holder without a token (0: a coexistence layout) says
-        // nothing of the store's tokens.
-        let known = live.filter(|l| l.mode == LockMode::Exclusive && l.token.get() > 0);
-        if let Some(lease) = known {
-            if token > lease.token.get() {
-                return Err(Error::InvalidToken(format!(
-                    "token {token} was never issued for {resource}: the lock store's \
-                     latest is {}",
-                    lease.token
-                ))
-                .into());
-            }
+    // A resource named like no key is protected by no lock of this store:
+    // a token admitted there blocks no holder.
+    let Ok(key) = LockKey::new(resource) else {
+        return Ok(FencingToken(token));
+    };
+    if let Some(latest) = latest_issued(s, &key).await? {
+        if token > latest {
+            return Err(Error::InvalidToken(format!(
+                "token {token} was never issued for {resource}: the lock store's \
+                 latest is {latest}"
+            ))
+            .into());
         }
     }
     Ok(FencingToken(token))
+}
+
+/// Who takes the key for a moment to learn the store's next token.
+const TOKEN_PROBE_OWNER: &str = "fencelock-serve:token-probe";
+/// The probe's lease: short, so that a release that fails blocks the key
+/// no longer than this, and whole seconds, which every engine grants as
+/// asked (etcd's leases are).
+const TOKEN_PROBE_TTL: Duration = Duration::from_secs(1);
+
+/// The latest token the lock store issued for `key`, where it can tell:
+/// the live writer's (its grant was the latest), or, on a free key, one
+/// below the token of a grant taken and handed back at once (every token
+/// issued before it is below it, I2). `None` while readers hold the key,
+/// or a foreign holder without a token (a coexistence layout).
+async fn latest_issued(s: &Service, key: &LockKey) -> Result<Option<u64>, ApiError> {
+    let writer = |info: Option<LockInfo>| {
+        info.filter(|l| l.mode == LockMode::Exclusive && l.token.get() > 0)
+            .map(|l| l.token.get())
+    };
+    let backend = s.inner.client.backend();
+    let live = bounded("inspect", backend.inspect(key)).await?;
+    if live.is_some() {
+        return Ok(writer(live));
+    }
+    let probe = fencelock_core::AcquireRequest::new(
+        key.clone(),
+        Owner::new(TOKEN_PROBE_OWNER)?,
+        TOKEN_PROBE_TTL,
+    );
+    match bounded("acquire", backend.try_acquire(&probe)).await? {
+        fencelock_core::Acquire::Granted(grant) => {
+            let lease = probe.lease(grant.token);
+            match tokio::time::timeout(OP_TIMEOUT, backend.release(&lease)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(key = %key, error = %e, "releasing the token probe failed; it expires")
+                }
+                Err(_) => {
+                    tracing::warn!(key = %key, "releasing the token probe got no answer; it expires")
+                }
+            }
+            Ok(Some(grant.token.get().saturating_sub(1)))
+        }
+        fencelock_core::Acquire::Held(holder) => Ok(writer(holder)),
+    }
 }
 
 pub(crate) async fn admit(

@@ -100,9 +100,10 @@ impl ServiceBuilder {
     /// Says that the fence serves the tokens of the client's lock store
     /// (as `fencelock serve` opens both, from one URL), so that admissions
     /// and fenced writes of tokens that store never issued are refused: 0,
-    /// above 2^53 − 1, and above the token of the live lease on the key of
-    /// the resource's name (default false: a fence of the embedding
-    /// program's may be shown tokens from elsewhere).
+    /// above 2^53 − 1, and above the latest token it issued for the key of
+    /// the resource's name, learned on a free key by taking it for a
+    /// moment (default false: a fence of the embedding program's may be
+    /// shown tokens from elsewhere).
     pub fn fence_shares_store(mut self, yes: bool) -> Self {
         self.fence_shares_store = yes;
         self

@@ -107,18 +107,65 @@ async fn tokens_no_grant_issued_are_refused_at_fences_and_the_fenced_store() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{written}");
+
+    // Released, the key is free: the store still issued nothing above the
+    // last grant, at this resource or one never locked. (Before, a free key
+    // took any token up to 2^53 - 1, blocking its resource for good.)
+    let (status, released) = send(
+        &base,
+        Method::POST,
+        "/v1/locks/r/release",
+        json!({"owner": "w", "token": token}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    for (path, t) in [
+        ("/v1/fences/r/admit", token + 1),
+        ("/v1/fences/fresh/admit", MAX),
+    ] {
+        invalid_token(&send(&base, Method::POST, path, json!({"token": t})).await);
+    }
+    invalid_token(
+        &send(
+            &base,
+            Method::PUT,
+            "/v1/kv/fresh",
+            json!({"token": MAX, "value": 1}),
+        )
+        .await,
+    );
+    // A stale holder's token was issued: the fence, not the check, judges
+    // it (the same token again passes; a lower one would be refused there).
+    let (status, admitted) = send(
+        &base,
+        Method::POST,
+        "/v1/fences/r/admit",
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{admitted}");
+    // The check left the key free for the next holder, above every token
+    // before.
+    let (status, next) = send(
+        &base,
+        Method::POST,
+        "/v1/locks/r/acquire",
+        json!({"owner": "w2", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert!(next["token"].as_u64().unwrap() > token, "{next}");
 }
 
-/// A fence blocked anyway (a token admitted on a free key, where the store
-/// cannot tell) is repaired by the admin: the reset forgets its tokens and
-/// its value, is refused to clients, and is on the event stream.
+/// A fence blocked anyway (a fence of its own, shown every token) is
+/// repaired by the admin: the reset forgets its tokens and its value, is
+/// refused to clients, and is on the event stream.
 #[tokio::test]
 async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
     const ADMIN: &str = "admin-0123456789abcdef";
     const CLIENT: &str = "client-0123456789abcdef";
     let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new())))
         .fence(Arc::new(MemoryFence::new()))
-        .fence_shares_store(true)
         .tokens(
             fencelock_serve::Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap(),
         )

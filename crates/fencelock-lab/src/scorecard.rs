@@ -689,12 +689,9 @@ async fn partition(
             path.display()
         ))
     })?;
-    let longest = (0..topology.sites().len())
-        .flat_map(|a| (0..topology.sites().len()).map(move |b| (a, b)))
-        .map(|(a, b)| topology.delay(a, b).rtt())
-        .max()
-        .unwrap_or_default();
-    let ttl = args.ttl.unwrap_or_else(|| engine.failover(longest) * 3);
+    let ttl = args
+        .ttl
+        .unwrap_or_else(|| engine.failover(topology.longest_rtt()) * 3);
     out.note(format_args!(
         "starting {} in {} site(s) of {}…",
         engine.name(),

@@ -188,6 +188,74 @@ fn a_client_choice_the_engine_cannot_make_is_refused() {
     assert!(stderr.contains("applies to etcd"), "{stderr}");
 }
 
+/// `fencelock torture --topology`: workers in two sites, one site at a
+/// time cut off from the others while they work. The run must inject the
+/// cut (its report counts it), admit writes, and find no violation.
+#[test]
+fn torture_workers_in_the_lab_survive_a_site_cut_off() {
+    let (_dir, topology) = topology_file(THREE_SITES);
+    let out = Command::new(BIN)
+        .env_remove("RUST_LOG")
+        .env_remove("FENCELOCK_URL")
+        .args(["--json", "torture", "--topology"])
+        .arg(&topology)
+        .args(["--engine", "redlock", "--workers", "4", "--duration", "12s"])
+        .args(["--faults", "isolate", "--seed", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["config"]["backend"], "redlock", "{report}");
+    assert_eq!(report["violations"], 0, "{report}");
+    let results = &report["results"];
+    assert!(
+        results["faults"]["isolate"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+    assert!(results["writes_admitted"].as_u64().unwrap() > 0, "{report}");
+    // The workers stood in both client sites.
+    assert!(stderr.contains("(sites a, b, a, b)"), "{stderr}");
+}
+
+/// Cutting a site off needs a lab, and a lab starts its own servers: both
+/// refused before anything starts (exit 2).
+#[test]
+fn torture_refuses_a_site_cut_without_a_lab() {
+    let (_dir, topology) = topology_file(THREE_SITES);
+    for (args, expected) in [
+        (
+            vec!["torture", "--server", "redis", "--faults", "isolate"],
+            "--faults isolate: a site is cut off in a lab",
+        ),
+        (
+            vec![
+                "torture",
+                "--url",
+                "redis://127.0.0.1:1",
+                "--engine",
+                "redlock",
+                "--topology",
+            ],
+            "--topology starts a lab of its own",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .env_remove("FENCELOCK_URL")
+            .args(&args)
+            .args(
+                args.last()
+                    .filter(|a| **a == "--topology")
+                    .map(|_| &topology),
+            )
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
 /// SIGTERM during a lab run stops it (exit 130) and every server it
 /// started with it: the lab's servers are the scorecard's own children,
 /// and none of them is left running. Before, the servers of an

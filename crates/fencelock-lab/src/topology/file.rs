@@ -231,6 +231,16 @@ impl Topology {
         self.delays[a][b]
     }
 
+    /// The longest round trip between two sites, without jitter.
+    pub fn longest_rtt(&self) -> Duration {
+        self.delays
+            .iter()
+            .flatten()
+            .map(|d| d.rtt())
+            .max()
+            .unwrap_or_default()
+    }
+
     /// The site of each member, in member order.
     pub fn members(&self) -> &[usize] {
         &self.members

@@ -46,7 +46,10 @@ use self::{
     report::{Config, Report},
     workload::{multi_key, Workload},
 };
-use crate::{Output, Verdict};
+use crate::{
+    topology::{self, Lab, LabEngine},
+    Output, Verdict,
+};
 
 /// `fencelock torture`'s arguments.
 #[derive(Debug, Args)]
@@ -75,7 +78,8 @@ pub struct TortureArgs {
     /// on servers (not on a Redis Cluster or Sentinel set, whose clients
     /// bypass the proxies); restart on servers the harness started; leader
     /// on etcd-cluster, zookeeper-cluster, redis-cluster and redis-sentinel;
-    /// pause and reshard on sharded].
+    /// pause and reshard on sharded; in a lab (--topology) the workers'
+    /// faults and isolate, which cuts a site off].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
 
@@ -116,6 +120,17 @@ pub struct TortureArgs {
     /// The semaphore's permits (--workload semaphore).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(fencelock::MAX_PERMITS)))]
     pub permits: u32,
+
+    /// Run in a lab instead: start --engine's servers in the sites of this
+    /// topology file, every link between two sites delayed as it says
+    /// (docs/multi-dc.md), and spread the workers over its client sites in
+    /// turn; the `isolate` fault cuts a site off.
+    #[arg(long, requires = "engine", conflicts_with = "server")]
+    pub topology: Option<PathBuf>,
+
+    /// The engine the lab places in the topology's sites.
+    #[arg(long, value_enum, requires = "topology")]
+    pub engine: Option<LabEngine>,
 }
 
 /// Servers `--server` can start.
@@ -202,9 +217,14 @@ impl ServerKind {
 /// but the workers themselves); a server can be cut off; one the harness
 /// started can be crashed; a cluster has a leader; the harness's shard map
 /// can be stepped (a map given by URL only paused: its shards' traffic
-/// does not go through one proxy).
-fn applicable(engine: &str, server: Option<ServerKind>) -> Vec<FaultKind> {
+/// does not go through one proxy); a lab's site can be cut off.
+fn applicable(engine: &str, server: Option<ServerKind>, lab: bool) -> Vec<FaultKind> {
     use FaultKind::*;
+    // The lab's servers are its own: its faults are the workers' and a
+    // site's.
+    if lab {
+        return vec![Pause, Partition, Latency, Reset, Isolate];
+    }
     if server == Some(ServerKind::Sharded) {
         return vec![Pause, Reshard];
     }
@@ -292,6 +312,12 @@ pub async fn run_worker(url: Option<String>, args: WorkerArgs) -> Result<Verdict
 
 async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<Verdict, Error> {
     let engine = match (&url, args.server) {
+        (Some(_), _) if args.topology.is_some() => {
+            return Err(Error::InvalidArgument(
+                "--topology starts a lab of its own: drop --url (and FENCELOCK_URL)".into(),
+            ))
+        }
+        (None, None) if args.topology.is_some() => args.engine.map_or("lab", |e| e.name()),
         (Some(_), Some(_)) => {
             return Err(Error::InvalidArgument(
                 "--server starts a server of its own: drop --url (and FENCELOCK_URL)".into(),
@@ -315,7 +341,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         (None, Some(ServerKind::Sharded)) => "sharded",
         (None, Some(ServerKind::Replicas)) => "http",
     };
-    let applicable = applicable(engine, args.server);
+    let applicable = applicable(engine, args.server, args.topology.is_some());
     let mut faults = if args.faults.is_empty() {
         applicable.clone()
     } else {
@@ -331,6 +357,8 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
                  redis-sentinel"
             }
             FaultKind::Reshard => "resharding steps the map of --server sharded",
+            FaultKind::Isolate => "a site is cut off in a lab (--topology)",
+            _ if args.topology.is_some() => "the lab's servers are its own: no restarts or leader kills",
             _ if engine == "sharded" => {
                 "a shard map's faults are pauses and (--server sharded) reshards"
             }
@@ -394,8 +422,26 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         }
         None => None,
     };
+    let lab = match (&args.topology, args.engine) {
+        (Some(path), Some(engine)) => Some(Arc::new(start_lab(path, engine, args.ttl, out).await?)),
+        _ => None,
+    };
+    // Worker w stands in the lab's client site w mod their number.
+    let sites: Vec<usize> = lab.as_ref().map_or_else(Vec::new, |lab| {
+        let clients = lab.topology().clients();
+        (0..args.workers as usize)
+            .map(|w| clients[w % clients.len()])
+            .collect()
+    });
+    let url_of = |w: usize| {
+        let lab = lab.as_ref()?;
+        lab.url_from(*sites.get(w)?).map(str::to_owned)
+    };
     let url = match (&server, url) {
         (_, Some(url)) => url,
+        (_, None) if lab.is_some() => {
+            url_of(0).ok_or_else(|| harness_error("the lab has no client site"))?
+        }
         (Some(server), None) => server
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -428,11 +474,15 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     let busy = lease * 3 + Duration::from_secs(30);
     let store = SharedStore::new(Store::open(&store_path, busy, !args.unfenced)?);
 
+    // Each worker's own URL: its site's in a lab.
+    let worker_urls: Vec<String> = (0..args.workers as usize)
+        .map(|w| url_of(w).unwrap_or_else(|| url.clone()))
+        .collect();
     let mut proxies = Vec::new();
     if faults.iter().any(|f| f.needs_proxy()) {
-        for _ in 0..args.workers {
+        for worker_url in &worker_urls {
             proxies.push(
-                ProxiedUrl::start(&url)
+                ProxiedUrl::start(worker_url)
                     .await
                     .map_err(|e| harness_error(format!("cannot start a fault proxy: {e}")))?,
             );
@@ -444,7 +494,9 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     let until_us = now_us() + i64::try_from(args.duration.as_micros()).unwrap_or(i64::MAX / 2);
     let mut children = Vec::new();
     for w in 0..args.workers {
-        let worker_url = proxies.get(w as usize).map_or(url.as_str(), |p| p.url());
+        let worker_url = proxies
+            .get(w as usize)
+            .map_or(worker_urls[w as usize].as_str(), |p| p.url());
         children.push(spawn_worker(
             w,
             worker_url,
@@ -465,7 +517,18 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     out.note(format_args!(
         "{} workers on {} for {}, lease {}ms, faults: {}",
         args.workers,
-        redact_url(&url),
+        match &lab {
+            Some(lab) => format!(
+                "{} in the lab (sites {})",
+                engine,
+                sites
+                    .iter()
+                    .map(|&s| lab.topology().sites()[s].as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => redact_url(&url),
+        },
         humantime::format_duration(args.duration),
         lease.as_millis(),
         names(&faults)
@@ -485,6 +548,7 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
         direct,
         key: holder_key,
         store: store.clone(),
+        lab: lab.clone().map(|lab| (lab, sites.clone())),
     });
     let nemesis = Nemesis::new(seed, faults.clone(), lease, end, Arc::clone(&targets), out).run();
     tokio::pin!(nemesis);
@@ -532,8 +596,9 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     let report = Report::new(
         Config {
             backend: engine.to_owned(),
-            url: args.server.is_none().then(|| redact_url(&url)),
+            url: (args.server.is_none() && lab.is_none()).then(|| redact_url(&url)),
             server: args.server.map(|s| s.name().to_owned()),
+            topology: args.topology.as_ref().map(|p| p.display().to_string()),
             workers: args.workers,
             duration_s: args.duration.as_secs_f64(),
             ttl_ms: u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
@@ -569,6 +634,36 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     } else {
         Verdict::Passed
     })
+}
+
+/// Starts the lab of `--topology` and `--engine`.
+async fn start_lab(
+    path: &std::path::Path,
+    engine: LabEngine,
+    lease: Duration,
+    out: Output,
+) -> Result<Lab, Error> {
+    let topology = topology::load(path).map_err(Error::InvalidArgument)?;
+    engine.check(&topology).map_err(Error::InvalidArgument)?;
+    out.note(format_args!(
+        "starting {} in {} site(s) of {}…",
+        engine.name(),
+        topology.sites().len(),
+        path.display()
+    ));
+    let failover = engine.failover(topology.longest_rtt());
+    if lease < failover * 3 {
+        // Not an error: a short lease shows what it costs.
+        out.note(format_args!(
+            "a lease of {lease:?} is below three failovers of {} across the lab ({:?}): \
+             isolating a site may cost holders elsewhere their locks",
+            engine.name(),
+            failover * 3
+        ));
+    }
+    Lab::start(topology, engine)
+        .await
+        .map_err(|e| harness_error(format!("the lab did not start: {e}")))
 }
 
 fn names(faults: &[FaultKind]) -> String {

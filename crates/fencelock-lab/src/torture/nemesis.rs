@@ -42,7 +42,7 @@ use super::{
     history::{now_us, Event, Kind, SharedStore},
     shards::ShardSteps,
 };
-use crate::Output;
+use crate::{topology::Lab, Output};
 
 /// What the nemesis can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
@@ -69,6 +69,11 @@ pub enum FaultKind {
     /// Step a `--server sharded` map to its next transition step, then
     /// wait until every worker has reopened on it (docs/sharding.md).
     Reshard,
+    /// Cut a lab's site off from the others (every link with one end
+    /// there, workers' and members' alike) for 1.5–3 × the lease, then
+    /// heal: the site of a worker chosen as for a partition
+    /// (`--topology`; docs/multi-dc.md).
+    Isolate,
 }
 
 impl FaultKind {
@@ -82,6 +87,7 @@ impl FaultKind {
             FaultKind::Restart => "restart",
             FaultKind::Leader => "leader",
             FaultKind::Reshard => "reshard",
+            FaultKind::Isolate => "isolate",
         }
     }
 
@@ -301,6 +307,8 @@ pub struct Targets {
     pub key: String,
     /// The store, read for progress and victims.
     pub store: SharedStore,
+    /// The lab the workers run in (`--topology`), and each worker's site.
+    pub lab: Option<(Arc<Lab>, Vec<usize>)>,
 }
 
 impl Targets {
@@ -311,6 +319,9 @@ impl Targets {
         }
         for proxy in &self.proxies {
             proxy.heal();
+        }
+        if let Some((lab, _)) = &self.lab {
+            lab.heal();
         }
     }
 }
@@ -447,7 +458,7 @@ impl Nemesis {
         let started = now_us();
         let t = &self.targets;
         let victim = match kind {
-            FaultKind::Pause | FaultKind::Partition | FaultKind::Latency => {
+            FaultKind::Pause | FaultKind::Partition | FaultKind::Latency | FaultKind::Isolate => {
                 Some(self.victim(pick).await?)
             }
             FaultKind::Reset => Some(pick % t.pids.len()),
@@ -478,6 +489,17 @@ impl Nemesis {
                 proxy.heal();
             }
             FaultKind::Reset => t.proxies[victim.unwrap_or(0)].reset_all(),
+            FaultKind::Isolate => {
+                let (lab, sites) = t.lab.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument("isolating a site needs a lab (--topology)".into())
+                })?;
+                let site = sites[victim.unwrap_or(0) % sites.len()];
+                let name = &lab.topology().sites()[site];
+                what = format!("isolate {name} (worker {})", victim.unwrap_or(0));
+                lab.isolate(site);
+                self.sleep(hold).await;
+                lab.heal();
+            }
             FaultKind::Restart => {
                 let server = t.server.as_ref().ok_or_else(no_server)?;
                 with_server(server, Server::crash).await?;
@@ -600,7 +622,9 @@ mod tests {
     #[test]
     fn a_seed_gives_one_schedule_drawing_every_kind() {
         use FaultKind::*;
-        let kinds = vec![Pause, Partition, Latency, Reset, Restart, Leader, Reshard];
+        let kinds = vec![
+            Pause, Partition, Latency, Reset, Restart, Leader, Reshard, Isolate,
+        ];
         let a: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
         let b: Vec<Draw> = Schedule::new(7, kinds.clone()).take(200).collect();
         let c: Vec<Draw> = Schedule::new(8, kinds.clone()).take(200).collect();

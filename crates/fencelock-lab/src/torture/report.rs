@@ -15,6 +15,10 @@ pub struct Config {
     pub url: Option<String>,
     /// The server the harness started, when `--server`.
     pub server: Option<String>,
+    /// The lab's topology file, when `--topology` (`backend` is its
+    /// engine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
     /// Worker processes.
     pub workers: u32,
     /// Planned run time, seconds.

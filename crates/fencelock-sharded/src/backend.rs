@@ -15,8 +15,8 @@ use fencelock_core::{
 };
 
 use crate::{
-    config::{Phase, ShardMap},
-    epoch, hash, Opener,
+    config::{self, Phase, Placement, ShardMap},
+    epoch, Opener,
 };
 
 /// How often a process checks the epoch record of every store of its map,
@@ -37,8 +37,12 @@ pub struct ShardedBackend {
     backends: Vec<std::sync::Arc<dyn Backend>>,
     /// (name, index into `backends`) of the current shards.
     current: Vec<(String, usize)>,
+    /// The placement rules of the current shards.
+    current_rules: Vec<Placement>,
     /// The same for the previous map during a transition.
     previous: Vec<(String, usize)>,
+    /// The placement rules of the previous map.
+    previous_rules: Vec<Placement>,
     /// The first shard name of each backend, for messages.
     names: Vec<String>,
     capabilities: Capabilities,
@@ -145,7 +149,9 @@ impl ShardedBackend {
             phase,
             backends,
             current: current_idx,
+            current_rules: map.placement,
             previous: previous_idx,
+            previous_rules: map.previous_placement,
             names,
             capabilities,
             checked_all: Mutex::new(None),
@@ -285,16 +291,18 @@ impl ShardedBackend {
         self.epoch
     }
 
-    fn owner_in(list: &[(String, usize)], key: &LockKey) -> usize {
-        list[hash::owner(list.iter().map(|(name, _)| name.as_str()), key.as_str())].1
+    /// The backend of `key`'s owner among `list`, placed by `rules`.
+    fn owner_in(list: &[(String, usize)], rules: &[Placement], key: &LockKey) -> usize {
+        let names = list.iter().map(|(name, _)| name.as_str());
+        list[config::owner(names, rules, key.as_str())].1
     }
 
     fn route(&self, key: &LockKey) -> Route {
-        let current = Self::owner_in(&self.current, key);
+        let current = Self::owner_in(&self.current, &self.current_rules, key);
         let Some(phase) = self.phase else {
             return Route::One(current);
         };
-        let previous = Self::owner_in(&self.previous, key);
+        let previous = Self::owner_in(&self.previous, &self.previous_rules, key);
         match phase {
             _ if previous == current => Route::One(current),
             Phase::Join => Route::Two {

@@ -1,7 +1,8 @@
 //! `fencelock bench --topology FILE --engine E`: the scenario measured from
 //! each client site of a multi-datacenter lab, each site's figures beside
 //! the physical floor, the round trip to the nearest majority of the
-//! members.
+//! members (for the sharded engine, whose keys need no majority, also the
+//! round trip to the shard the site's keys are homed on).
 
 use std::time::Duration;
 
@@ -35,6 +36,11 @@ pub struct SiteReport {
     /// members (one member: to it), without jitter: the floor of one
     /// operation that needs a majority's answer.
     pub nearest_majority_rtt_ms: f64,
+    /// The sharded engine: the round trip from this site to the shard its
+    /// keys are homed on (0 where one stands in the site), the floor of
+    /// one operation there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home_rtt_ms: Option<f64>,
     /// The p50 and p99 of one op in those round trips (`None` when every
     /// member stands in this site).
     pub p50_rtts: Option<f64>,
@@ -58,8 +64,11 @@ impl LabReport {
         for s in &self.sites {
             lines.push(String::new());
             lines.push(format!(
-                "from {}: nearest majority {:.1} ms round trip{}",
+                "from {}: {}nearest majority {:.1} ms round trip{}",
                 s.site,
+                s.home_rtt_ms
+                    .map(|ms| format!("its keys' home {ms:.1} ms round trip; "))
+                    .unwrap_or_default(),
                 s.nearest_majority_rtt_ms,
                 match (s.p50_rtts, s.p99_rtts) {
                     (Some(p50), Some(p99)) => {
@@ -121,6 +130,8 @@ async fn in_lab(args: BenchArgs, out: Output) -> Result<Verdict> {
             // A waiter's first try takes a round trip here, not the
             // loopback's microseconds.
             handoff_hold: setup.handoff_hold + rtt * 2,
+            // The site's keys, homed in it by the sharded engine.
+            run: format!("{}{}", lab.key_prefix(site), setup.run),
             ..setup.clone()
         })
         .await?;
@@ -128,6 +139,7 @@ async fn in_lab(args: BenchArgs, out: Output) -> Result<Verdict> {
         sites.push(SiteReport {
             site: name.clone(),
             nearest_majority_rtt_ms: millis(rtt),
+            home_rtt_ms: lab.home_rtt(site).map(millis),
             p50_rtts: in_rtts(report.fencelock.latency_ms.p50),
             p99_rtts: in_rtts(report.fencelock.latency_ms.p99),
             report,

@@ -37,7 +37,7 @@ use std::{
 };
 
 use clap::ValueEnum;
-use fencelock::sharded::{Placement, Shard, ShardMap};
+use fencelock::sharded::{Phase, Placement, Shard, ShardMap};
 use fencelock_testkit::{
     proxy::{endpoints, with_endpoints, Direction, FaultProxy},
     servers::{
@@ -146,7 +146,7 @@ pub struct Lab {
     /// The servers, kept to be stopped when the lab is dropped, and the
     /// sharded engine's map files.
     _servers: Box<dyn Any + Send>,
-    _maps: Option<tempfile::TempDir>,
+    maps: Option<tempfile::TempDir>,
 }
 
 impl Lab {
@@ -271,7 +271,7 @@ impl Lab {
                 // This site's map: the same shards and rules, through its
                 // links.
                 Some(dir) => {
-                    let path = dir.path().join(format!("{}.toml", topology.sites()[site]));
+                    let path = map_path(dir, &topology.sites()[site]);
                     std::fs::write(
                         &path,
                         shard_map(topology.sites(), &placed, &addrs)?.to_toml(),
@@ -297,7 +297,7 @@ impl Lab {
             _routers: made.routers,
             homes,
             _servers: servers,
-            _maps: maps,
+            maps,
         })
     }
 
@@ -312,6 +312,57 @@ impl Lab {
     /// for the others, whose keys live on a majority of the members).
     pub fn home_of(&self, key: &str) -> Option<usize> {
         self.topology.site(&self.homes.as_ref()?.owner(key).name)
+    }
+
+    /// The sharded engine's maps, for clients in `site`, of the four steps
+    /// of moving the home of the keys starting with `prefix` from the shard
+    /// of site `from` to that of site `to` (docs/sharding.md, "Moving a
+    /// key's home"): their `sharded://` URLs, in order. Each is the site's
+    /// own map with one more rule; the first is the lab's epoch, so opening
+    /// the third retires the lab's own maps (two steps behind): move last.
+    pub fn reshard_urls(
+        &self,
+        site: usize,
+        prefix: &str,
+        from: usize,
+        to: usize,
+    ) -> TestResult<Vec<String>> {
+        let dir = self
+            .maps
+            .as_ref()
+            .ok_or("only the sharded engine has maps")?;
+        let sites = self.topology.sites();
+        let base = ShardMap::read(&map_path(dir, &sites[site]))?;
+        let homed = |home: usize| {
+            let mut rules = base.placement.clone();
+            rules.push(Placement::prefix(prefix, sites[home].as_str()));
+            rules
+        };
+        let map =
+            |epoch, home| ShardMap::new(epoch, base.shards.clone())?.with_placement(homed(home));
+        let steps = [
+            map(base.epoch, from)?,
+            map(base.epoch + 1, to)?.in_transition_placed(
+                Phase::Join,
+                base.shards.clone(),
+                homed(from),
+            )?,
+            map(base.epoch + 2, to)?.in_transition_placed(
+                Phase::Handover,
+                base.shards.clone(),
+                homed(from),
+            )?,
+            map(base.epoch + 3, to)?,
+        ];
+        let mut urls = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            let path = dir
+                .path()
+                .join(format!("{}-step{}.toml", sites[site], i + 1));
+            std::fs::write(&path, step.to_toml())?;
+            urls.push(format!("sharded://{}", path.display()));
+        }
+        Ok(urls)
     }
 
     /// The round trip from `site` to the home of its own keys (sharded
@@ -367,6 +418,11 @@ impl Lab {
             link.proxy.controls().set_blackhole(Direction::Both, false);
         }
     }
+}
+
+/// The sharded engine's map file for clients in `site`.
+fn map_path(dir: &tempfile::TempDir, site: &str) -> std::path::PathBuf {
+    dir.path().join(format!("{site}.toml"))
 }
 
 /// See [`Lab::key_prefix`].

@@ -493,7 +493,7 @@ impl Backend for ShardedBackend {
 
     /// The leases of each store as one batch of that store, and each
     /// moving key's as `renew` takes it, all at once, each part bounded on
-    /// its own ([`PART_OF_TTL`]): a client's renewer sends every lease it
+    /// its own (`PART_OF_TTL`): a client's renewer sends every lease it
     /// holds in one batch, and one unreachable shard must not make it lose
     /// the leases of the others (a site cut off, docs/multi-dc.md).
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {

@@ -72,9 +72,9 @@ fn topology_file(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// Runs a one-second cycle of `engine` in the three sites; returns the
-/// report.
-fn lab(engine: &str) -> Value {
+/// Runs a one-second cycle of `engine` in the three sites, with `args`;
+/// returns the report.
+fn lab(engine: &str, args: &[&str]) -> Value {
     let text = match engine {
         "etcd" | "zookeeper" => format!("client_endpoints = \"site\"\n{THREE_SITES}"),
         _ => THREE_SITES.to_owned(),
@@ -87,6 +87,7 @@ fn lab(engine: &str) -> Value {
         .arg(&topology)
         .args(["--engine", engine, "--scenario", "cycle"])
         .args(["--duration", "1s", "--warmup", "300ms"])
+        .args(args)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -97,7 +98,7 @@ fn lab(engine: &str) -> Value {
 /// Each client site completed cycles, none faster than two round trips to
 /// its nearest majority (40 ms each here).
 fn every_site_pays_its_round_trips(engine: &str) {
-    let report = lab(engine);
+    let report = lab(engine, &[]);
     assert_eq!(report["engine"], engine, "{report}");
     let sites = report["sites"].as_array().unwrap();
     let names: Vec<&str> = sites.iter().map(|s| s["site"].as_str().unwrap()).collect();
@@ -139,7 +140,7 @@ fn zookeeper_members_in_three_sites() {
 /// there pay nothing, the others a round trip per statement.
 #[test]
 fn postgres_in_one_site() {
-    let report = lab("postgres");
+    let report = lab("postgres", &[]);
     assert_eq!(report["members"], serde_json::json!(["a"]), "{report}");
     let sites = report["sites"].as_array().unwrap();
     assert_eq!(sites[0]["nearest_majority_rtt_ms"], 0.0, "{report}");
@@ -197,7 +198,7 @@ fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
 /// trips per cycle.
 #[test]
 fn sharded_keys_homed_in_their_site_cost_no_round_trip() {
-    let report = lab("sharded");
+    let report = lab("sharded", &[]);
     assert_eq!(
         report["members"],
         serde_json::json!(["a", "b", "c"]),
@@ -216,6 +217,30 @@ fn sharded_keys_homed_in_their_site_cost_no_round_trip() {
              ({rtt} ms): the site's keys are not homed on its shard",
             site["site"]
         );
+    }
+}
+
+/// `bench --reshard a:b`: keys written from b and homed in a, moved to b
+/// through the four steps. Until the new map every cycle reaches a (at
+/// least its two operations' round trips); on the new map none does.
+#[test]
+fn a_key_moved_home_costs_no_round_trip_once_moved() {
+    let report = lab("sharded", &["--reshard", "a:b"]);
+    let steps = report["sites"].as_array().unwrap();
+    assert_eq!(steps.len(), 4, "{report}");
+    for (i, step) in steps.iter().enumerate() {
+        let figures = &step["report"]["fencelock"];
+        assert!(figures["successes"].as_u64().unwrap() > 0, "{step}");
+        assert_eq!(figures["errors"], 0, "{step}");
+        let p50 = figures["latency_ms"]["p50"].as_f64().unwrap();
+        let rtt = step["nearest_majority_rtt_ms"].as_f64().unwrap();
+        if i < 3 {
+            assert_eq!(step["home_rtt_ms"], rtt, "{step}");
+            assert!(p50 >= 0.97 * 2.0 * rtt, "step {}: {p50} ms: {step}", i + 1);
+        } else {
+            assert_eq!(step["home_rtt_ms"], 0.0, "{step}");
+            assert!(p50 < rtt / 4.0, "the new map: {p50} ms: {step}");
+        }
     }
 }
 

@@ -61,8 +61,8 @@ pub struct PartitionCase {
     partition_ms: u64,
     holders: usize,
     unnecessary_losses: usize,
-    /// Why the first holder lost its lock on the side that kept a
-    /// majority, if one did.
+    /// Why the first holder lost its lock on the side that still served
+    /// its key, if one did.
     first_unnecessary_loss: Option<String>,
     expected_losses: usize,
     /// Of the holders cut off from what serves their key (the side

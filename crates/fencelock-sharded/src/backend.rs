@@ -11,12 +11,12 @@ use std::{
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockInfo, LockKey,
-    Owner, Result, Stats, WakeSubscription,
+    Owner, Renewal, Result, Stats, WakeSubscription,
 };
 
 use crate::{
-    config::{Phase, ShardMap},
-    epoch, hash, Opener,
+    config::{self, Phase, Placement, ShardMap},
+    epoch, Opener,
 };
 
 /// How often a process checks the epoch record of every store of its map,
@@ -28,6 +28,13 @@ const CHECK_ALL_EVERY: Duration = Duration::from_secs(3600);
 /// (released at once; this is only how long a lost release leaves it).
 const WATERMARK_TTL: Duration = Duration::from_secs(10);
 
+/// A batch renewal's part on one store (or of one moving key) is answered
+/// as timed out after this fraction of the batch's shortest lease: before
+/// the client's renewer gives up on the whole batch (after a third of the
+/// lease, or its `op_timeout` if shorter), so that a store that does not
+/// answer fails its own leases only (docs/sharding.md, "Operations").
+const PART_OF_TTL: u32 = 4;
+
 /// A backend over the shards of a [`ShardMap`] (see docs/sharding.md).
 pub struct ShardedBackend {
     epoch: u64,
@@ -37,8 +44,12 @@ pub struct ShardedBackend {
     backends: Vec<std::sync::Arc<dyn Backend>>,
     /// (name, index into `backends`) of the current shards.
     current: Vec<(String, usize)>,
+    /// The placement rules of the current shards.
+    current_rules: Vec<Placement>,
     /// The same for the previous map during a transition.
     previous: Vec<(String, usize)>,
+    /// The placement rules of the previous map.
+    previous_rules: Vec<Placement>,
     /// The first shard name of each backend, for messages.
     names: Vec<String>,
     capabilities: Capabilities,
@@ -145,7 +156,9 @@ impl ShardedBackend {
             phase,
             backends,
             current: current_idx,
+            current_rules: map.placement,
             previous: previous_idx,
+            previous_rules: map.previous_placement,
             names,
             capabilities,
             checked_all: Mutex::new(None),
@@ -285,16 +298,18 @@ impl ShardedBackend {
         self.epoch
     }
 
-    fn owner_in(list: &[(String, usize)], key: &LockKey) -> usize {
-        list[hash::owner(list.iter().map(|(name, _)| name.as_str()), key.as_str())].1
+    /// The backend of `key`'s owner among `list`, placed by `rules`.
+    fn owner_in(list: &[(String, usize)], rules: &[Placement], key: &LockKey) -> usize {
+        let names = list.iter().map(|(name, _)| name.as_str());
+        list[config::owner(names, rules, key.as_str())].1
     }
 
     fn route(&self, key: &LockKey) -> Route {
-        let current = Self::owner_in(&self.current, key);
+        let current = Self::owner_in(&self.current, &self.current_rules, key);
         let Some(phase) = self.phase else {
             return Route::One(current);
         };
-        let previous = Self::owner_in(&self.previous, key);
+        let previous = Self::owner_in(&self.previous, &self.previous_rules, key);
         match phase {
             _ if previous == current => Route::One(current),
             Phase::Join => Route::Two {
@@ -343,6 +358,19 @@ impl ShardedBackend {
         }
         Ok(by_key.into_values().flatten().collect())
     }
+}
+
+/// `call`, answered as timed out after `bound`.
+async fn bounded<T>(
+    bound: Duration,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(bound, call)
+        .await
+        .unwrap_or(Err(Error::OperationTimeout {
+            operation: "renew",
+            after: bound,
+        }))
 }
 
 /// The key's reserved for the epoch record are not a caller's.
@@ -461,6 +489,68 @@ impl Backend for ShardedBackend {
             }
         };
         Ok(both(first, &second))
+    }
+
+    /// The leases of each store as one batch of that store, and each
+    /// moving key's as `renew` takes it, all at once, each part bounded on
+    /// its own (`PART_OF_TTL`): a client's renewer sends every lease it
+    /// holds in one batch, and one unreachable shard must not make it lose
+    /// the leases of the others (a site cut off, docs/multi-dc.md).
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        let mut by_store: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut moving = Vec::new();
+        for (n, renewal) in renewals.iter().enumerate() {
+            match self.route(&renewal.lease.key) {
+                Route::One(i) if !epoch::is_reserved(renewal.lease.key.as_str()) => {
+                    by_store.entry(i).or_default().push(n);
+                }
+                // Refused by `renew` if reserved.
+                _ => moving.push(n),
+            }
+        }
+        let bound = renewals.iter().map(|r| r.ttl).min().unwrap_or_default() / PART_OF_TTL;
+        let store_parts = by_store.into_iter().map(|(i, ns)| async move {
+            let part: Vec<Renewal> = ns.iter().map(|&n| renewals[n].clone()).collect();
+            let longest = part.iter().map(|r| r.ttl).max().unwrap_or_default();
+            let answer = bounded(bound, async {
+                self.check(&[i], longest).await?;
+                self.backends[i].renew_many(&part).await
+            })
+            .await;
+            let results = match answer {
+                Ok(results) if results.len() == ns.len() => results,
+                Ok(results) => {
+                    let e: Error = fencelock_core::BackendError::message(
+                        self.name(),
+                        fencelock_core::ErrorStatus::Transient,
+                        format!(
+                            "shard {:?} answered {} renewals for {}",
+                            self.names[i],
+                            results.len(),
+                            ns.len()
+                        ),
+                    )
+                    .into();
+                    ns.iter().map(|_| Err(e.duplicate(self.name()))).collect()
+                }
+                Err(e) => ns.iter().map(|_| Err(e.duplicate(self.name()))).collect(),
+            };
+            ns.into_iter().zip(results).collect::<Vec<_>>()
+        });
+        let moving_parts = moving.into_iter().map(|n| async move {
+            let renewal = &renewals[n];
+            let result = bounded(bound, self.renew(&renewal.lease, renewal.ttl)).await;
+            vec![(n, result)]
+        });
+        let (stores, moving) = futures_util::future::join(
+            futures_util::future::join_all(store_parts),
+            futures_util::future::join_all(moving_parts),
+        )
+        .await;
+        let mut answered: Vec<(usize, Result<Grant>)> =
+            stores.into_iter().chain(moving).flatten().collect();
+        answered.sort_by_key(|(n, _)| *n);
+        Ok(answered.into_iter().map(|(_, result)| result).collect())
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {

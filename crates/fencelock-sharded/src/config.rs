@@ -36,9 +36,34 @@ pub enum MapError {
     /// A shard that is itself a sharded map.
     #[error("shard {0:?} is a sharded:// map itself; shards must be other backends")]
     Nested(String),
-    /// `[[previous]]` without `phase`, or `phase` without `[[previous]]`.
+    /// `[[previous]]` without `phase`, or `phase` without `[[previous]]`
+    /// (or `[[previous_place]]` without both).
     #[error("a transition needs both [[previous]] and phase = \"join\" or \"handover\"")]
     Transition,
+    /// A placement rule with both `key` and `prefix`, or neither.
+    #[error("a rule in [[{0}]] needs exactly one of `key` and `prefix`")]
+    PlaceMatch(&'static str),
+    /// A placement rule whose `key` or `prefix` is empty (an empty prefix
+    /// would home every key: list one shard instead).
+    #[error("a rule in [[{0}]] has an empty key, prefix or shard")]
+    PlaceEmpty(&'static str),
+    /// A placement rule naming a shard its map does not list.
+    #[error(
+        "the rule for {keys} in [[{list}]] names shard {shard:?}, which is not in [[{shards}]]"
+    )]
+    UnknownShard {
+        /// The rule's keys, as `key "…"` or `prefix "…"`.
+        keys: String,
+        /// The shard it names.
+        shard: String,
+        /// `place` or `previous_place`.
+        list: &'static str,
+        /// The shard list it should be in: `shard` or `previous`.
+        shards: &'static str,
+    },
+    /// Two placement rules for the same key, or the same prefix.
+    #[error("two rules in [[{1}]] are for {0}")]
+    DuplicateRule(String, &'static str),
 }
 
 impl From<MapError> for fencelock_core::Error {
@@ -93,6 +118,83 @@ impl fmt::Debug for Shard {
     }
 }
 
+/// Which keys a [`Placement`] rule homes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KeyMatch {
+    /// This one key (beats every prefix).
+    Key(String),
+    /// Every key starting with this (the longest matching prefix wins).
+    Prefix(String),
+}
+
+impl fmt::Display for KeyMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyMatch::Key(key) => write!(f, "key {key:?}"),
+            KeyMatch::Prefix(prefix) => write!(f, "prefix {prefix:?}"),
+        }
+    }
+}
+
+/// A placement rule (`[[place]]`): the keys it matches live on the shard
+/// it names, whatever the hashing would say (docs/sharding.md,
+/// "Placement").
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Placement {
+    /// The keys it homes.
+    pub keys: KeyMatch,
+    /// The name of their shard.
+    pub shard: String,
+}
+
+impl Placement {
+    /// Homes every key starting with `prefix` on shard `shard`.
+    pub fn prefix(prefix: impl Into<String>, shard: impl Into<String>) -> Self {
+        Self {
+            keys: KeyMatch::Prefix(prefix.into()),
+            shard: shard.into(),
+        }
+    }
+
+    /// Homes the one key `key` on shard `shard`.
+    pub fn key(key: impl Into<String>, shard: impl Into<String>) -> Self {
+        Self {
+            keys: KeyMatch::Key(key.into()),
+            shard: shard.into(),
+        }
+    }
+
+    /// How well this rule matches `key`: `None` if it does not; else an
+    /// exact key above every prefix, and a longer prefix above a shorter.
+    fn rank(&self, key: &str) -> Option<usize> {
+        match &self.keys {
+            KeyMatch::Key(k) => (k == key).then_some(usize::MAX),
+            KeyMatch::Prefix(p) => key.starts_with(p.as_str()).then_some(p.len()),
+        }
+    }
+}
+
+/// The index in `names` of the shard that owns `key`: the shard of the
+/// best rule of `rules` that matches it (see [`Placement::rank`]), else
+/// rendezvous hashing over `names`. The one place that decides a key's
+/// owner, for the current list and the previous one alike, so that a
+/// transition between two sets of rules moves exactly the keys whose
+/// owner differs. `names` must not be empty; a checked map's rules only
+/// name shards of their own list (one that did not would hash).
+pub(crate) fn owner<'a>(
+    names: impl IntoIterator<Item = &'a str> + Clone,
+    rules: &[Placement],
+    key: &str,
+) -> usize {
+    let ruled = rules
+        .iter()
+        .filter_map(|rule| rule.rank(key).map(|rank| (rank, rule)))
+        .max_by_key(|(rank, _)| *rank)
+        .and_then(|(_, rule)| names.clone().into_iter().position(|n| n == rule.shard));
+    ruled.unwrap_or_else(|| crate::hash::owner(names, key))
+}
+
 /// A checked shard map (see docs/sharding.md for the file).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -101,8 +203,13 @@ pub struct ShardMap {
     pub epoch: u64,
     /// The owners of keys.
     pub shards: Vec<Shard>,
+    /// The placement rules of `shards` (`[[place]]`).
+    pub placement: Vec<Placement>,
     /// During a transition, the map before it, and which side issues tokens.
     pub transition: Option<(Phase, Vec<Shard>)>,
+    /// During a transition, the placement rules of the map before it
+    /// (`[[previous_place]]`).
+    pub previous_placement: Vec<Placement>,
 }
 
 #[derive(Deserialize, Serialize)]
@@ -114,18 +221,125 @@ struct File {
     #[serde(default)]
     shard: Vec<Shard>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    place: Vec<PlaceFile>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     previous: Vec<Shard>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    previous_place: Vec<PlaceFile>,
+}
+
+/// A `[[place]]` table as written: exactly one of `key` and `prefix`.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct PlaceFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    shard: String,
+}
+
+impl PlaceFile {
+    fn checked(self, list: &'static str) -> Result<Placement, MapError> {
+        let keys = match (self.key, self.prefix) {
+            (Some(key), None) => KeyMatch::Key(key),
+            (None, Some(prefix)) => KeyMatch::Prefix(prefix),
+            _ => return Err(MapError::PlaceMatch(list)),
+        };
+        Ok(Placement {
+            keys,
+            shard: self.shard,
+        })
+    }
+}
+
+impl From<&Placement> for PlaceFile {
+    fn from(rule: &Placement) -> Self {
+        let (key, prefix) = match &rule.keys {
+            KeyMatch::Key(key) => (Some(key.clone()), None),
+            KeyMatch::Prefix(prefix) => (None, Some(prefix.clone())),
+        };
+        Self {
+            key,
+            prefix,
+            shard: rule.shard.clone(),
+        }
+    }
+}
+
+/// The rules of one list of a file, each checked for its form.
+fn rules(files: Vec<PlaceFile>, list: &'static str) -> Result<Vec<Placement>, MapError> {
+    files.into_iter().map(|f| f.checked(list)).collect()
+}
+
+/// One list of a map being checked: its shards and their rules.
+struct Listed {
+    shards: Vec<Shard>,
+    rules: Vec<Placement>,
 }
 
 impl ShardMap {
     /// A stable map (no transition) of `shards`, checked.
     pub fn new(epoch: u64, shards: Vec<Shard>) -> Result<Self, MapError> {
-        Self::checked(epoch, shards, None)
+        Self::checked(
+            epoch,
+            Listed {
+                shards,
+                rules: Vec::new(),
+            },
+            None,
+        )
     }
 
-    /// The same map in a transition from `previous` (docs/sharding.md).
+    /// The same map with `rules` as its placement rules (replacing any),
+    /// checked.
+    pub fn with_placement(self, rules: Vec<Placement>) -> Result<Self, MapError> {
+        let previous = self.previous();
+        Self::checked(
+            self.epoch,
+            Listed {
+                shards: self.shards,
+                rules,
+            },
+            previous,
+        )
+    }
+
+    /// The same map in a transition from `previous`, a map without
+    /// placement rules (docs/sharding.md).
     pub fn in_transition(self, phase: Phase, previous: Vec<Shard>) -> Result<Self, MapError> {
-        Self::checked(self.epoch, self.shards, Some((phase, previous)))
+        self.in_transition_placed(phase, previous, Vec::new())
+    }
+
+    /// The same map in a transition from `previous` with its placement
+    /// rules `previous_rules`: a key whose rule changes moves as a key whose
+    /// hashing changes does.
+    pub fn in_transition_placed(
+        self,
+        phase: Phase,
+        previous: Vec<Shard>,
+        previous_rules: Vec<Placement>,
+    ) -> Result<Self, MapError> {
+        let current = Listed {
+            shards: self.shards,
+            rules: self.placement,
+        };
+        let previous = Listed {
+            shards: previous,
+            rules: previous_rules,
+        };
+        Self::checked(self.epoch, current, Some((phase, previous)))
+    }
+
+    /// The map before the transition, if in one.
+    fn previous(&self) -> Option<(Phase, Listed)> {
+        self.transition.as_ref().map(|(phase, shards)| {
+            let listed = Listed {
+                shards: shards.clone(),
+                rules: self.previous_placement.clone(),
+            };
+            (*phase, listed)
+        })
     }
 
     /// Parses the TOML text of a map.
@@ -139,12 +353,20 @@ impl ShardMap {
                 .unwrap_or_default();
             MapError::Syntax(format!("{}{line}", e.message().trim()))
         })?;
-        let transition = match (file.phase, file.previous.is_empty()) {
-            (Some(phase), false) => Some((phase, file.previous)),
-            (None, true) => None,
+        let previous = Listed {
+            shards: file.previous,
+            rules: rules(file.previous_place, "previous_place")?,
+        };
+        let transition = match (file.phase, previous.shards.is_empty()) {
+            (Some(phase), false) => Some((phase, previous)),
+            (None, true) if previous.rules.is_empty() => None,
             _ => return Err(MapError::Transition),
         };
-        Self::checked(file.epoch, file.shard, transition)
+        let current = Listed {
+            shards: file.shard,
+            rules: rules(file.place, "place")?,
+        };
+        Self::checked(file.epoch, current, transition)
     }
 
     /// The map as the TOML text [`ShardMap::parse`] reads back: what a tool
@@ -158,17 +380,24 @@ impl ShardMap {
             epoch: self.epoch,
             phase,
             shard: self.shards.clone(),
+            place: self.placement.iter().map(PlaceFile::from).collect(),
             previous,
+            previous_place: self
+                .previous_placement
+                .iter()
+                .map(PlaceFile::from)
+                .collect(),
         };
         // A struct of strings, integers and lists always has a TOML form.
         toml::to_string(&file).unwrap_or_else(|e| unreachable!("a shard map has no TOML form: {e}"))
     }
 
-    /// The shard that owns `key` in this map's current list (its previous
-    /// list is only consulted during a transition, by the backend).
+    /// The shard that owns `key` in this map's current list: its
+    /// placement rule's, else the hashing's (its previous list is only
+    /// consulted during a transition, by the backend, with the same rule).
     pub fn owner(&self, key: &str) -> &Shard {
         let names = self.shards.iter().map(|s| s.name.as_str());
-        &self.shards[crate::hash::owner(names, key)]
+        &self.shards[owner(names, &self.placement, key)]
     }
 
     /// Reads and parses the map in `path`.
@@ -182,28 +411,61 @@ impl ShardMap {
 
     fn checked(
         epoch: u64,
-        shards: Vec<Shard>,
-        transition: Option<(Phase, Vec<Shard>)>,
+        current: Listed,
+        transition: Option<(Phase, Listed)>,
     ) -> Result<Self, MapError> {
         if epoch == 0 {
             return Err(MapError::Epoch);
         }
-        if shards.is_empty() {
+        if current.shards.is_empty() {
             return Err(MapError::NoShards);
         }
-        check_list(&shards, "shard")?;
-        if let Some((_, previous)) = &transition {
-            if previous.is_empty() {
-                return Err(MapError::Transition);
+        check_list(&current.shards, "shard")?;
+        check_rules(&current, "place", "shard")?;
+        let (transition, previous_placement) = match transition {
+            Some((phase, previous)) => {
+                if previous.shards.is_empty() {
+                    return Err(MapError::Transition);
+                }
+                check_list(&previous.shards, "previous")?;
+                check_rules(&previous, "previous_place", "previous")?;
+                (Some((phase, previous.shards)), previous.rules)
             }
-            check_list(previous, "previous")?;
-        }
+            None => (None, Vec::new()),
+        };
         Ok(Self {
             epoch,
-            shards,
+            shards: current.shards,
+            placement: current.rules,
             transition,
+            previous_placement,
         })
     }
+}
+
+/// Refuses a rule without keys or shard, for a shard not in its list, or
+/// for the same keys as another rule of the list (which would make the
+/// owner depend on the order of the file).
+fn check_rules(listed: &Listed, list: &'static str, shards: &'static str) -> Result<(), MapError> {
+    let mut seen = BTreeSet::new();
+    for rule in &listed.rules {
+        let (KeyMatch::Key(keys) | KeyMatch::Prefix(keys)) = &rule.keys;
+        if keys.is_empty() || rule.shard.is_empty() {
+            return Err(MapError::PlaceEmpty(list));
+        }
+        if !listed.shards.iter().any(|s| s.name == rule.shard) {
+            return Err(MapError::UnknownShard {
+                keys: rule.keys.to_string(),
+                shard: rule.shard.clone(),
+                list,
+                shards,
+            });
+        }
+        if !seen.insert(&rule.keys) {
+            return Err(MapError::DuplicateRule(rule.keys.to_string(), list));
+        }
+    }
+    Ok(())
 }
 
 fn check_list(shards: &[Shard], list: &'static str) -> Result<(), MapError> {
@@ -339,6 +601,139 @@ mod tests {
                     assert!(!e.to_string().contains("hunter2"), "{e}");
                 }
                 Ok(map) => panic!("{text:?} was accepted: {map:?}"),
+            }
+        }
+    }
+
+    /// Two shards `a` and `b` and the `[[place]]` tables of `rules`.
+    fn placed(rules: &str) -> Result<ShardMap, MapError> {
+        placed_in("", rules)
+    }
+
+    /// The same with `head` (top-level keys) before the tables.
+    fn placed_in(head: &str, rules: &str) -> Result<ShardMap, MapError> {
+        ShardMap::parse(&format!(
+            "epoch = 1\n{head}[[shard]]\nname = \"a\"\nurl = \"redis://:hunter2@h\"\n\
+             [[shard]]\nname = \"b\"\nurl = \"mem://\"\n{rules}"
+        ))
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_and_an_exact_key_beats_it() -> Result<(), MapError> {
+        // Keys the hashing alone sends to `b` and to `a`, so that each rule
+        // below visibly overrides it.
+        let hashed = ShardMap::new(
+            1,
+            vec![Shard::new("a", "mem://"), Shard::new("b", "mem://")],
+        )?;
+        let on = |shard: &str, prefix: &str| {
+            (0..1000)
+                .map(|i| format!("{prefix}{i}"))
+                .find(|k| hashed.owner(k).name == shard)
+                .expect("one of 1000 keys hashes to each shard")
+        };
+        let (east_on_b, deep_on_a, exact_on_a) = (
+            on("b", "thread:east:"),
+            on("a", "thread:east:x:"),
+            on("a", "thread:east:"),
+        );
+        let loose = on("a", "loose:");
+        let map = placed(&format!(
+            "[[place]]\nprefix = \"thread:east:\"\nshard = \"a\"\n\
+             [[place]]\nprefix = \"thread:east:x:\"\nshard = \"b\"\n\
+             [[place]]\nkey = \"{exact_on_a}\"\nshard = \"b\"\n\
+             [[place]]\nprefix = \"{exact_on_a}\"\nshard = \"a\"\n"
+        ))?;
+        assert_eq!(map.owner(&east_on_b).name, "a", "the prefix rule");
+        assert_eq!(map.owner(&deep_on_a).name, "b", "the longer prefix");
+        assert_eq!(map.owner(&exact_on_a).name, "b", "the exact key");
+        // A key that only starts like a rule's key is the prefix's.
+        assert_eq!(map.owner(&format!("{exact_on_a}0")).name, "a");
+        // No rule: the hashing, as without rules.
+        assert_eq!(map.owner(&loose).name, hashed.owner(&loose).name);
+        assert_eq!(
+            map.owner("thread:west:1").name,
+            hashed.owner("thread:west:1").name
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_map_with_rules_reads_back_the_same() -> Result<(), MapError> {
+        let shards = vec![Shard::new("a", "mem://a"), Shard::new("b", "mem://b")];
+        let map = ShardMap::new(2, shards.clone())?
+            .with_placement(vec![Placement::key("thread:1", "b")])?
+            .in_transition_placed(
+                Phase::Join,
+                shards,
+                vec![
+                    Placement::key("thread:1", "a"),
+                    Placement::prefix("t:", "b"),
+                ],
+            )?;
+        let text = map.to_toml();
+        assert!(
+            text.contains("[[place]]") && text.contains("[[previous_place]]"),
+            "{text}"
+        );
+        assert_eq!(ShardMap::parse(&text)?, map);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_rules_are_typed_errors_without_secrets() {
+        type Expected = fn(&MapError) -> bool;
+        let cases: &[(&str, Expected)] = &[
+            ("[[place]]\nprefix = \"t:\"\nshard = \"c\"", |e| {
+                matches!(e, MapError::UnknownShard { shard, list: "place", .. } if shard == "c")
+            }),
+            ("[[place]]\nprefix = \"\"\nshard = \"a\"", |e| {
+                matches!(e, MapError::PlaceEmpty("place"))
+            }),
+            ("[[place]]\nkey = \"\"\nshard = \"a\"", |e| {
+                matches!(e, MapError::PlaceEmpty("place"))
+            }),
+            ("[[place]]\nprefix = \"t:\"\nshard = \"\"", |e| {
+                matches!(e, MapError::PlaceEmpty("place"))
+            }),
+            ("[[place]]\nkey = \"t:1\"\nprefix = \"t:\"\nshard = \"a\"", |e| {
+                matches!(e, MapError::PlaceMatch("place"))
+            }),
+            ("[[place]]\nshard = \"a\"", |e| matches!(e, MapError::PlaceMatch("place"))),
+            (
+                "[[place]]\nprefix = \"t:\"\nshard = \"a\"\n[[place]]\nprefix = \"t:\"\nshard = \"b\"",
+                |e| matches!(e, MapError::DuplicateRule(keys, "place") if keys == "prefix \"t:\""),
+            ),
+            (
+                "[[place]]\nkey = \"t:1\"\nshard = \"a\"\n[[place]]\nkey = \"t:1\"\nshard = \"a\"",
+                |e| matches!(e, MapError::DuplicateRule(..)),
+            ),
+            ("[[place]]\nprefix = \"t:\"\nshard = \"a\"\nport = 1", |e| {
+                matches!(e, MapError::Syntax(_))
+            }),
+            // Previous rules without a transition, and previous rules
+            // naming a shard only the current list has.
+            ("[[previous_place]]\nprefix = \"t:\"\nshard = \"a\"", |e| {
+                matches!(e, MapError::Transition)
+            }),
+            (
+                "phase = \"join\"\n[[previous]]\nname = \"a\"\nurl = \"mem://\"\n\
+                 [[previous_place]]\nprefix = \"t:\"\nshard = \"b\"",
+                |e| matches!(e, MapError::UnknownShard { list: "previous_place", shards: "previous", .. }),
+            ),
+        ];
+        for (rules, expected) in cases {
+            // A transition's `phase` goes before the tables.
+            let result = match rules.strip_prefix("phase = \"join\"\n") {
+                Some(tables) => placed_in("phase = \"join\"\n", tables),
+                None => placed(rules),
+            };
+            match result {
+                Err(e) => {
+                    assert!(expected(&e), "{rules:?}: {e:?}");
+                    assert!(!e.to_string().contains("hunter2"), "{e}");
+                }
+                Ok(map) => panic!("{rules:?} was accepted: {map:?}"),
             }
         }
     }

@@ -1,6 +1,7 @@
 //! A fencelock backend over named shards, each any other backend
-//! (`docs/sharding.md`): keys are routed by rendezvous hashing of the
-//! shard's name, and a map in transition takes a moving key on both its
+//! (`docs/sharding.md`): a key lives on the shard its placement rule names
+//! (`[[place]]`: the longest matching prefix, or the key itself), else on
+//! the one rendezvous hashing of the shards' names chooses; a map in transition takes a moving key on both its
 //! previous and its current owner, so that resharding keeps exclusion (I1)
 //! and token order (I2). Each shard store records the highest map epoch
 //! that has used it, and a process whose map is more than one step from it
@@ -39,7 +40,7 @@ use async_trait::async_trait;
 use fencelock_core::{Backend, Driver, Error, Fence, Result};
 
 pub use backend::ShardedBackend;
-pub use config::{MapError, Phase, Shard, ShardMap};
+pub use config::{KeyMatch, MapError, Phase, Placement, Shard, ShardMap};
 
 /// The URL scheme: `sharded:///path/to/shards.toml`.
 pub const SCHEME: &str = "sharded";

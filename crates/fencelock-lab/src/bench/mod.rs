@@ -155,6 +155,12 @@ pub struct BenchArgs {
     /// The engine the lab places in the topology's sites.
     #[arg(long, value_enum, requires = "topology")]
     pub engine: Option<LabEngine>,
+
+    /// With --engine sharded: measure instead from site TO, on keys homed
+    /// in site FROM, through the four steps of moving their home to TO
+    /// (docs/sharding.md, "Moving a key's home"), one report per step.
+    #[arg(long, value_name = "FROM:TO", requires = "topology")]
+    pub reshard: Option<String>,
 }
 
 /// How `--dead-nodes` die.

@@ -15,6 +15,13 @@
 //!   member's own link, at the mean of its one-way delays to its peers
 //!   ([`Topology::member_ingress`]).
 //!
+//! The `sharded` engine has no members that talk: one Redis server per
+//! member site, each a shard named after its site, and per client site a
+//! `sharded://` map whose shard URLs go through that site's links, with a
+//! `[[place]]` rule homing the keys of each member site
+//! ([`Lab::key_prefix`]) on that site's shard (docs/sharding.md,
+//! "Placement").
+//!
 //! [`Lab::isolate`] cuts a site off: every link with one end there
 //! swallows everything, both ways.
 //!
@@ -30,6 +37,7 @@ use std::{
 };
 
 use clap::ValueEnum;
+use fencelock::sharded::{Phase, Placement, Shard, ShardMap};
 use fencelock_testkit::{
     proxy::{endpoints, with_endpoints, Direction, FaultProxy},
     servers::{
@@ -58,6 +66,9 @@ pub enum LabEngine {
     Zookeeper,
     /// One PostgreSQL server, in the first member's site.
     Postgres,
+    /// One Redis server per member site, each the shard of a `sharded://`
+    /// map that homes the keys of its site there.
+    Sharded,
 }
 
 impl LabEngine {
@@ -70,7 +81,8 @@ impl LabEngine {
         match self {
             // No failover: a majority answers; a cut node costs one
             // request's bound.
-            LabEngine::Redlock => Duration::from_secs(1) + rtt,
+            // No failover either: a key's home shard answers alone.
+            LabEngine::Redlock | LabEngine::Sharded => Duration::from_secs(1) + rtt,
             // The test kit's election timeout, then a vote and the new
             // leader's first appends and lease promotion: measured 4.1 to
             // 4.3 s at 300 ms (docs/multi-dc.md).
@@ -110,6 +122,7 @@ impl LabEngine {
             LabEngine::Etcd => "etcd",
             LabEngine::Zookeeper => "zookeeper",
             LabEngine::Postgres => "postgres",
+            LabEngine::Sharded => "sharded",
         }
     }
 }
@@ -118,6 +131,10 @@ impl LabEngine {
 /// `set_upstream_patience`): the 1 s a ZooKeeper follower waits between
 /// its tries to reach a leader, twice.
 const LINK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The servers a lab started, of whichever engine, kept to be stopped when
+/// it is dropped; shared with the tasks of `torture --topology`.
+type Servers = Box<dyn Any + Send + Sync>;
 
 /// See the module docs. Dropping it stops the servers and the proxies.
 #[derive(Debug)]
@@ -132,8 +149,13 @@ pub struct Lab {
     links: Vec<Link>,
     /// etcd's peer routers, kept to run as long as the lab.
     _routers: Vec<Router>,
-    /// The servers, kept to be stopped when the lab is dropped.
-    _servers: Box<dyn Any + Send + Sync>,
+    /// The sharded engine's map (member addresses, as every client
+    /// site's map routes alike), which says where a key lives.
+    homes: Option<ShardMap>,
+    /// The servers, kept to be stopped when the lab is dropped, and the
+    /// sharded engine's map files.
+    _servers: Servers,
+    maps: Option<tempfile::TempDir>,
 }
 
 impl Lab {
@@ -143,6 +165,16 @@ impl Lab {
         // PostgreSQL is one server: it stands where the first member does.
         let placed = match engine {
             LabEngine::Postgres => topology.members()[..1].to_vec(),
+            // A shard per site: members of one site would be one shard.
+            LabEngine::Sharded => {
+                let mut sites = Vec::new();
+                for &site in topology.members() {
+                    if !sites.contains(&site) {
+                        sites.push(site);
+                    }
+                }
+                sites
+            }
             _ => topology.members().to_vec(),
         };
         let members = placed.len();
@@ -155,70 +187,69 @@ impl Lab {
             let made = Arc::clone(&made);
             let handle = Handle::current();
             let routed = Members::default();
-            tokio::task::spawn_blocking(
-                move || -> TestResult<(Box<dyn Any + Send + Sync>, String)> {
-                    let link: &PeerLink<'_> = &|from, to, addr| {
-                        let sites = topology.members();
-                        let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
-                        match from {
-                            Some(f) => handle
-                                .block_on(made.link(
-                                    Some(sites[f]),
-                                    sites[to],
-                                    addr,
-                                    topology.delay(sites[f], sites[to]),
-                                ))
-                                .map_err(Into::into),
-                            // One advertised URL for every peer: a router in
-                            // front of it sends each peer's connections through
-                            // the link of that pair.
-                            None => handle.block_on(async {
-                                let mut links = HashMap::new();
-                                for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
-                                    let delay = topology.delay(at, sites[to]);
-                                    links.insert(
-                                        m,
-                                        made.link(Some(at), sites[to], addr, delay).await?,
-                                    );
-                                }
-                                let ingress = topology.member_ingress(to);
-                                let unnamed = made.link(None, sites[to], addr, ingress).await?;
-                                let router =
-                                    Router::start(to, Arc::clone(&routed), links, unnamed).await?;
-                                let through = router.addr();
-                                made.routers.push(router);
-                                Ok(through)
-                            }),
-                        }
-                    };
-                    Ok(match engine {
-                        LabEngine::Redlock => {
-                            let set = RedisSet::start(members)?;
-                            let url = set.url();
-                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
-                        }
-                        LabEngine::Etcd => {
-                            let set = EtcdCluster::start_linked(members, link)?;
-                            let url = set.url();
-                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
-                        }
-                        LabEngine::Zookeeper => {
-                            let set = ZkServer::start_linked(members, link)?;
-                            let url = set.url();
-                            (Box::new(set) as Box<dyn Any + Send + Sync>, url)
-                        }
-                        LabEngine::Postgres => {
-                            let server = PostgresServer::start()?;
-                            let url = server.url("postgres");
-                            (Box::new(server) as Box<dyn Any + Send + Sync>, url)
-                        }
-                    })
-                },
-            )
+            tokio::task::spawn_blocking(move || -> TestResult<(Servers, String)> {
+                let link: &PeerLink<'_> = &|from, to, addr| {
+                    let sites = topology.members();
+                    let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
+                    match from {
+                        Some(f) => handle
+                            .block_on(made.link(
+                                Some(sites[f]),
+                                sites[to],
+                                addr,
+                                topology.delay(sites[f], sites[to]),
+                            ))
+                            .map_err(Into::into),
+                        // One advertised URL for every peer: a router in
+                        // front of it sends each peer's connections through
+                        // the link of that pair.
+                        None => handle.block_on(async {
+                            let mut links = HashMap::new();
+                            for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
+                                let delay = topology.delay(at, sites[to]);
+                                links.insert(m, made.link(Some(at), sites[to], addr, delay).await?);
+                            }
+                            let ingress = topology.member_ingress(to);
+                            let unnamed = made.link(None, sites[to], addr, ingress).await?;
+                            let router =
+                                Router::start(to, Arc::clone(&routed), links, unnamed).await?;
+                            let through = router.addr();
+                            made.routers.push(router);
+                            Ok(through)
+                        }),
+                    }
+                };
+                Ok(match engine {
+                    LabEngine::Redlock | LabEngine::Sharded => {
+                        let set = RedisSet::start(members)?;
+                        let url = set.url();
+                        (Box::new(set) as Servers, url)
+                    }
+                    LabEngine::Etcd => {
+                        let set = EtcdCluster::start_linked(members, link)?;
+                        let url = set.url();
+                        (Box::new(set) as Servers, url)
+                    }
+                    LabEngine::Zookeeper => {
+                        let set = ZkServer::start_linked(members, link)?;
+                        let url = set.url();
+                        (Box::new(set) as Servers, url)
+                    }
+                    LabEngine::Postgres => {
+                        let server = PostgresServer::start()?;
+                        let url = server.url("postgres");
+                        (Box::new(server) as Servers, url)
+                    }
+                })
+            })
             .await??
         };
         let mut made = std::mem::take(&mut *made.lock().unwrap_or_else(PoisonError::into_inner));
         let member_addrs = endpoints(&url)?;
+        let homes = (engine == LabEngine::Sharded)
+            .then(|| shard_map(topology.sites(), &placed, &member_addrs))
+            .transpose()?;
+        let maps = homes.as_ref().map(|_| tempfile::tempdir()).transpose()?;
         let mut urls = vec![None; topology.sites().len()];
         for &site in topology.clients() {
             let mut addrs = Vec::with_capacity(member_addrs.len());
@@ -245,10 +276,25 @@ impl Lab {
                 listed.sort_by_key(|(d, _)| *d);
                 addrs = listed.into_iter().map(|(_, a)| a).collect();
             }
-            let mut site_url = with_endpoints(&url, &addrs)?;
-            if topology.client_endpoints() == ClientEndpoints::Nearest {
-                site_url.push_str("?balance=first");
-            }
+            let site_url = match &maps {
+                // This site's map: the same shards and rules, through its
+                // links.
+                Some(dir) => {
+                    let path = map_path(dir, &topology.sites()[site]);
+                    std::fs::write(
+                        &path,
+                        shard_map(topology.sites(), &placed, &addrs)?.to_toml(),
+                    )?;
+                    format!("sharded://{}", path.display())
+                }
+                None => {
+                    let mut site_url = with_endpoints(&url, &addrs)?;
+                    if topology.client_endpoints() == ClientEndpoints::Nearest {
+                        site_url.push_str("?balance=first");
+                    }
+                    site_url
+                }
+            };
             urls[site] = Some(site_url);
         }
         Ok(Lab {
@@ -258,8 +304,81 @@ impl Lab {
             urls,
             links: made.links,
             _routers: made.routers,
+            homes,
             _servers: servers,
+            maps,
         })
+    }
+
+    /// What the keys of callers standing in `site` start with: the
+    /// sharded engine homes them on that site's shard (the other engines
+    /// ignore it).
+    pub fn key_prefix(&self, site: usize) -> String {
+        key_prefix(&self.topology.sites()[site])
+    }
+
+    /// The site whose shard holds `key`, for the sharded engine (`None`
+    /// for the others, whose keys live on a majority of the members).
+    pub fn home_of(&self, key: &str) -> Option<usize> {
+        self.topology.site(&self.homes.as_ref()?.owner(key).name)
+    }
+
+    /// The sharded engine's maps, for clients in `site`, of the four steps
+    /// of moving the home of the keys starting with `prefix` from the shard
+    /// of site `from` to that of site `to` (docs/sharding.md, "Moving a
+    /// key's home"): their `sharded://` URLs, in order. Each is the site's
+    /// own map with one more rule; the first is the lab's epoch, so opening
+    /// the third retires the lab's own maps (two steps behind): move last.
+    pub fn reshard_urls(
+        &self,
+        site: usize,
+        prefix: &str,
+        from: usize,
+        to: usize,
+    ) -> TestResult<Vec<String>> {
+        let dir = self
+            .maps
+            .as_ref()
+            .ok_or("only the sharded engine has maps")?;
+        let sites = self.topology.sites();
+        let base = ShardMap::read(&map_path(dir, &sites[site]))?;
+        let homed = |home: usize| {
+            let mut rules = base.placement.clone();
+            rules.push(Placement::prefix(prefix, sites[home].as_str()));
+            rules
+        };
+        let map =
+            |epoch, home| ShardMap::new(epoch, base.shards.clone())?.with_placement(homed(home));
+        let steps = [
+            map(base.epoch, from)?,
+            map(base.epoch + 1, to)?.in_transition_placed(
+                Phase::Join,
+                base.shards.clone(),
+                homed(from),
+            )?,
+            map(base.epoch + 2, to)?.in_transition_placed(
+                Phase::Handover,
+                base.shards.clone(),
+                homed(from),
+            )?,
+            map(base.epoch + 3, to)?,
+        ];
+        let mut urls = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            let path = dir
+                .path()
+                .join(format!("{}-step{}.toml", sites[site], i + 1));
+            std::fs::write(&path, step.to_toml())?;
+            urls.push(format!("sharded://{}", path.display()));
+        }
+        Ok(urls)
+    }
+
+    /// The round trip from `site` to the home of its own keys (sharded
+    /// engine only): the floor of one operation on them.
+    pub fn home_rtt(&self, site: usize) -> Option<Duration> {
+        let home = self.home_of(&self.key_prefix(site))?;
+        Some(self.topology.delay(site, home).rtt())
     }
 
     /// The topology it runs.
@@ -308,6 +427,32 @@ impl Lab {
             link.proxy.controls().set_blackhole(Direction::Both, false);
         }
     }
+}
+
+/// The sharded engine's map file for clients in `site`.
+fn map_path(dir: &tempfile::TempDir, site: &str) -> std::path::PathBuf {
+    dir.path().join(format!("{site}.toml"))
+}
+
+/// See [`Lab::key_prefix`].
+fn key_prefix(site: &str) -> String {
+    format!("{site}:")
+}
+
+/// The sharded engine's map for clients that reach the server of
+/// `placed[m]` at `addrs[m]`: a shard per member site, named after it, and
+/// a rule homing that site's keys there.
+fn shard_map(sites: &[String], placed: &[usize], addrs: &[SocketAddr]) -> TestResult<ShardMap> {
+    let shards = placed
+        .iter()
+        .zip(addrs)
+        .map(|(&site, addr)| Shard::new(sites[site].as_str(), format!("redis://{addr}")))
+        .collect();
+    let rules: Vec<Placement> = placed
+        .iter()
+        .map(|&site| Placement::prefix(key_prefix(&sites[site]), sites[site].as_str()))
+        .collect();
+    Ok(ShardMap::new(1, shards)?.with_placement(rules)?)
 }
 
 /// One link between two sites: a proxy, and the sites of its two ends.

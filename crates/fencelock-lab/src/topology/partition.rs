@@ -2,16 +2,22 @@
 //! one failed component: `fencelock scorecard --topology FILE --engine E
 //! --isolate SITE`.
 //!
-//! Holders in every client site keep locks with renewal; new callers in
-//! every site take a fresh key every 200 ms; and for each lock held on the
-//! side that loses its majority, a waiter on the side that keeps it waits
-//! for that key. The site is then isolated (every link with one end there
-//! swallows everything) for twice the TTL, and healed. The case counts:
+//! Holders in every client site keep locks with renewal, the first on a
+//! key of its own site, the next on keys of the next client sites (the
+//! sharded engine homes a key in the site its name starts with,
+//! [`Lab::key_prefix`]); new callers in every site take a fresh key of
+//! their site every 200 ms; and for each lock whose holder is cut off from
+//! what serves its key, a waiter on the side that still reaches it waits
+//! for that key. What serves a key: a majority of the members (the side
+//! that keeps one), or for the sharded engine the key's home shard alone
+//! (the side it stands on: each side keeps the keys homed there). The site
+//! is then isolated (every link with one end there swallows everything)
+//! for twice the TTL, and healed. The case counts:
 //!
-//! - **unnecessary losses**: holders on the side that kept a majority of
-//!   the members that lost their lock;
-//! - **expected losses**: holders on the other side that lost theirs, as
-//!   they must before their keys go elsewhere;
+//! - **unnecessary losses**: holders on the same side as what serves their
+//!   key that lost their lock;
+//! - **expected losses**: holders cut off from what serves their key that
+//!   lost it, as they must before their keys go elsewhere;
 //! - **early grants**: keys granted to a waiter before their holder had
 //!   learned it lost them, on this process's one clock (must be 0: two
 //!   holders at once), and waiters' tokens not above the holder's (must
@@ -33,7 +39,7 @@ use fencelock_testkit::TestResult;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::Lab;
+use super::{Lab, LabEngine};
 use crate::scorecard::{client, take_and_release, within_wait, Calls};
 
 /// How often each site's new caller starts.
@@ -48,17 +54,20 @@ pub struct PartitionCase {
     /// The site cut off.
     isolated: String,
     /// Which side kept a majority of the members: `isolated`, `others`,
-    /// or `none`.
+    /// or `none`; `homes` for the sharded engine, where each side keeps the
+    /// keys homed on its shards.
     majority: &'static str,
     ttl_ms: u64,
     partition_ms: u64,
     holders: usize,
     unnecessary_losses: usize,
-    /// Why the first holder lost its lock on the side that kept a
-    /// majority, if one did.
+    /// Why the first holder lost its lock on the side that still served
+    /// its key, if one did.
     first_unnecessary_loss: Option<String>,
     expected_losses: usize,
-    /// Of the holders on the side without a majority.
+    /// Of the holders cut off from what serves their key (the side
+    /// without a majority; the sharded engine: the key's home across the
+    /// cut).
     holders_without_majority: usize,
     /// Keys granted elsewhere before their holder learned it lost them.
     early_grants: usize,
@@ -168,6 +177,11 @@ pub async fn run(
         };
         side >= majority
     };
+    // Whether callers in `site` still reach what serves `key`.
+    let serves = |site: usize, key: &str| match lab.home_of(key) {
+        Some(home) => (home == isolate) == (site == isolate),
+        None => keeps(site),
+    };
     let run = format!("partition-{}", std::process::id());
     // The longest any caller may have to wait: the partition, then a
     // lease to end, then the round trips of a slow recovery.
@@ -179,10 +193,12 @@ pub async fn run(
         backends.push((site, fencelock::open_backend(url).await?));
     }
     let mut guards: Vec<(Held, LockGuard)> = Vec::new();
-    for (site, backend) in &backends {
+    let clients = topology.clients();
+    for (at, (site, backend)) in backends.iter().enumerate() {
         let client = client(backend, &format!("holder-{site}"))?;
         for i in 0..HOLDERS {
-            let key = format!("{run}:held:{site}:{i}");
+            let home = clients[(at + i) % clients.len()];
+            let key = format!("{}{run}:held:{site}:{i}", lab.key_prefix(home));
             let guard = client.lock(key.as_str()).ttl(ttl).acquire().await?;
             let lost_at = Arc::new(Mutex::new(None));
             let lost = guard.lost();
@@ -202,39 +218,40 @@ pub async fn run(
             ));
         }
     }
-    // A waiter on the side that keeps a majority for each lock held on the
-    // side that does not.
-    let waiting_site = backends.iter().find(|(s, _)| keeps(*s)).cloned();
+    // For each lock whose holder is cut off from what serves its key, a
+    // waiter in the first client site that still reaches it.
     let mut waiters = Vec::new();
-    if let Some((_, backend)) = &waiting_site {
-        for (n, (held, _)) in guards
-            .iter()
-            .enumerate()
-            .filter(|(_, (h, _))| !keeps(h.site))
-        {
-            let waiter = client(backend, &format!("waiter-{n}"))?;
-            let key = held.key.clone();
-            waiters.push((
-                n,
-                tokio::spawn(async move {
-                    let guard = waiter.lock(key).ttl(ttl).wait(patience).acquire().await?;
-                    let granted = Instant::now();
-                    let token = guard.token();
-                    guard.release().await?;
-                    Ok::<_, Error>((granted, token))
-                }),
-            ));
-        }
+    for (n, (held, _)) in guards
+        .iter()
+        .enumerate()
+        .filter(|(_, (h, _))| !serves(h.site, &h.key))
+    {
+        let Some((_, backend)) = backends.iter().find(|(s, _)| serves(*s, &held.key)) else {
+            continue;
+        };
+        let waiter = client(backend, &format!("waiter-{n}"))?;
+        let key = held.key.clone();
+        waiters.push((
+            n,
+            tokio::spawn(async move {
+                let guard = waiter.lock(key).ttl(ttl).wait(patience).acquire().await?;
+                let granted = Instant::now();
+                let token = guard.token();
+                guard.release().await?;
+                Ok::<_, Error>((granted, token))
+            }),
+        ));
     }
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut probers = Vec::new();
     for (site, backend) in &backends {
         let calls = Arc::new(Mutex::new(Calls::default()));
-        let (backend, stop, run, site) = (Arc::clone(backend), stop.clone(), run.clone(), *site);
+        let (backend, stop, run) = (Arc::clone(backend), stop.clone(), run.clone());
+        let prefix = lab.key_prefix(*site);
         let record = Arc::clone(&calls);
         probers.push((
-            site,
+            *site,
             calls,
             tokio::spawn(async move {
                 let mut running = Vec::new();
@@ -242,7 +259,7 @@ pub async fn run(
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
                     let (backend, calls) = (Arc::clone(&backend), Arc::clone(&record));
-                    let key = format!("{run}:probe:{site}:{n}");
+                    let key = format!("{prefix}{run}:probe:{n}");
                     running.push(tokio::spawn(async move {
                         let started = Instant::now();
                         let outcome =
@@ -314,7 +331,7 @@ pub async fn run(
     let mut first_unnecessary_loss = None;
     for (held, guard) in guards {
         let lost = !guard.is_valid();
-        if keeps(held.site) {
+        if serves(held.site, &held.key) {
             unnecessary += usize::from(lost);
             if let Err(e) = guard.check() {
                 first_unnecessary_loss.get_or_insert_with(|| e.to_string());
@@ -346,7 +363,9 @@ pub async fn run(
     Ok(PartitionCase {
         engine: lab.engine().name(),
         isolated: topology.sites()[isolate].clone(),
-        majority: if keeps(isolate) {
+        majority: if lab.engine() == LabEngine::Sharded {
+            "homes"
+        } else if keeps(isolate) {
             "isolated"
         } else if placed.len() - inside >= majority {
             "others"

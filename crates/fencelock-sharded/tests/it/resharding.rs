@@ -15,7 +15,7 @@ use std::{
 };
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LockKey, Owner};
-use fencelock_sharded::{Phase, Shard, ShardMap, ShardedBackend};
+use fencelock_sharded::{Phase, Placement, Shard, ShardMap, ShardedBackend};
 use fencelock_testkit::TestResult;
 use rand::Rng;
 
@@ -32,6 +32,21 @@ fn steps(urls: [&str; 2]) -> TestResult<Vec<ShardMap>> {
         after(2)?.in_transition(Phase::Join, vec![a.clone()])?,
         after(3)?.in_transition(Phase::Handover, vec![a.clone()])?,
         after(4)?,
+    ])
+}
+
+/// The four maps of moving the keys starting with `prefix` from shard `a`
+/// to shard `b` (at `urls`) by changing their placement rule: both shards
+/// in every step, only the rule differs (docs/sharding.md, "Placement").
+fn home_steps(urls: [&str; 2], prefix: &str) -> TestResult<Vec<ShardMap>> {
+    let shards = vec![Shard::new("a", urls[0]), Shard::new("b", urls[1])];
+    let on = |shard: &str| vec![Placement::prefix(prefix, shard)];
+    let map = |epoch, shard| ShardMap::new(epoch, shards.clone())?.with_placement(on(shard));
+    Ok(vec![
+        map(1, "a")?,
+        map(2, "b")?.in_transition_placed(Phase::Join, shards.clone(), on("a"))?,
+        map(3, "b")?.in_transition_placed(Phase::Handover, shards.clone(), on("a"))?,
+        map(4, "b")?,
     ])
 }
 
@@ -131,6 +146,48 @@ async fn grant(backend: &dyn Backend, key: &str, owner: &str) -> TestResult<Fenc
 async fn adjacent_steps_keep_exclusion_and_token_order() -> TestResult {
     let key = moving_keys("seq", 1).await?.remove(0);
     let steps = Steps::new(steps(["mem://seq-a", "mem://seq-b"])?);
+    steps_in_both_orders(&steps, &key).await
+}
+
+/// A key homed on `a` by its placement rule, moved to `b` by changing the
+/// rule through the same four steps (the hashing alone keeps it on `a`):
+/// exclusion and token order hold as for a key the hashing moves, and the
+/// key lives on `a` before the move and on `b` after it.
+#[tokio::test]
+async fn a_homed_key_moves_with_its_rule_through_the_steps() -> TestResult {
+    let hashed = ShardMap::new(
+        1,
+        vec![Shard::new("a", "mem://"), Shard::new("b", "mem://")],
+    )?;
+    let key = (0..)
+        .map(|i| format!("thread:east:{i}"))
+        .find(|k| hashed.owner(k).name == "a")
+        .ok_or("no key")?;
+    let urls = ["mem://home-a", "mem://home-b"];
+    let steps = Steps::new(home_steps(urls, "thread:east:")?);
+    let k = LockKey::new(key.as_str())?;
+    for (step, on, off) in [(0, urls[0], urls[1]), (3, urls[1], urls[0])] {
+        let token = grant(&**steps.get(step).await?, &key, "home").await?;
+        let stored = |url: &str| {
+            let k = k.clone();
+            let url = url.to_owned();
+            async move { TestResult::Ok(common::open(url).await?.inspect(&k).await?) }
+        };
+        assert!(stored(on).await?.is_some(), "step {step}: not on {on}");
+        assert!(stored(off).await?.is_none(), "step {step}: on {off}");
+        let lease = fencelock_core::LeaseId::new(k.clone(), Owner::new("home")?, token);
+        steps.get(step).await?.release(&lease).await?;
+        if step == 0 {
+            steps_in_both_orders(&steps, &key).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Grants `key` on the steps of `steps` in the order 1,2,1,3,2,4,3,4 (see
+/// [`adjacent_steps_keep_exclusion_and_token_order`]).
+async fn steps_in_both_orders(steps: &Steps, key: &str) -> TestResult {
+    let key = key.to_owned();
     let sequence = [0, 1, 0, 2, 1, 3, 2, 3];
     let mut newest = 0;
     let mut last = FencingToken(0);

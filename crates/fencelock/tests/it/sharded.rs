@@ -44,6 +44,62 @@ async fn a_map_of_two_sqlite_shards_spreads_keys_over_both() -> TestResult {
     Ok(())
 }
 
+/// `[[place]]` rules in the file home keys on the shard they name: every
+/// key of the prefix on `b`, the one exact key on `a`, whatever the
+/// hashing would say; a rule naming a shard the map lacks is refused.
+#[tokio::test]
+async fn placement_rules_home_keys_on_their_shard() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let shard = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
+    let shards = format!(
+        "epoch = 1\n[[shard]]\nname = \"a\"\nurl = \"{}\"\n[[shard]]\nname = \"b\"\nurl = \"{}\"\n",
+        shard("a.db"),
+        shard("b.db")
+    );
+    let map = dir.path().join("shards.toml");
+    std::fs::write(
+        &map,
+        format!(
+            "{shards}[[place]]\nprefix = \"east:\"\nshard = \"b\"\n\
+             [[place]]\nkey = \"east:special\"\nshard = \"a\"\n"
+        ),
+    )?;
+    let client = fencelock::connect(&format!("sharded://{}", map.display())).await?;
+    let mut guards = Vec::new();
+    for i in 0..8 {
+        guards.push(client.lock(format!("east:{i}")).acquire().await?);
+    }
+    guards.push(client.lock("east:special").acquire().await?);
+    let keys_on = |name: &'static str| {
+        let url = shard(name);
+        async move {
+            let listed = fencelock::open_backend(&url).await?.list(None).await?;
+            Ok::<_, Error>(
+                listed
+                    .into_iter()
+                    .map(|l| l.key.as_str().to_owned())
+                    .filter(|k| k.starts_with("east:"))
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    assert_eq!(keys_on("a.db").await?, ["east:special"]);
+    assert_eq!(keys_on("b.db").await?.len(), 8);
+    for guard in guards {
+        guard.release().await?;
+    }
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(
+        &unknown,
+        format!("{shards}[[place]]\nprefix = \"east:\"\nshard = \"c\"\n"),
+    )?;
+    match fencelock::open_backend(&format!("sharded://{}", unknown.display())).await {
+        Err(Error::InvalidUrl(msg)) => assert!(msg.contains("\"c\""), "{msg}"),
+        other => return Err(format!("a rule for shard c was accepted: {other:?}").into()),
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn bad_maps_are_invalid_urls_without_passwords() -> TestResult {
     let dir = tempfile::tempdir()?;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use fencelock::{backend::ErrorStatus, BackendError, Error, Result};
+use fencelock::{Error, Result};
 use serde::Serialize;
 
 use super::{report::Report, scenarios, BenchArgs, Setup};
@@ -95,21 +95,7 @@ async fn in_lab(args: BenchArgs, out: Output) -> Result<Verdict> {
             "--topology and --engine go together".into(),
         ));
     };
-    let topology = topology::load(&path).map_err(Error::InvalidArgument)?;
-    engine.check(&topology).map_err(Error::InvalidArgument)?;
-    out.note(format_args!(
-        "starting {} in {} site(s) of {}…",
-        engine.name(),
-        topology.sites().len(),
-        path.display()
-    ));
-    let lab = Lab::start(topology, engine).await.map_err(|e| {
-        BackendError::message(
-            engine.name(),
-            ErrorStatus::Permanent,
-            format!("the lab did not start: {e}"),
-        )
-    })?;
+    let lab = topology::start(&path, engine, out).await?;
     let topology = lab.topology();
     let first = topology.clients()[0];
     let reshard = match args.reshard.as_deref() {

@@ -18,6 +18,35 @@ mod router;
 pub use file::{ClientEndpoints, Delay, Topology};
 pub use lab::{Lab, LabEngine};
 
+/// Starts the lab of the topology file at `path` with `engine`'s members,
+/// saying so on `out`: a file that cannot be read or parsed, or a
+/// placement the engine cannot take, is `InvalidArgument` (the CLI's exit
+/// 2), servers that do not start a permanent backend error.
+pub async fn start(
+    path: &std::path::Path,
+    engine: LabEngine,
+    out: crate::Output,
+) -> fencelock::Result<Lab> {
+    let topology = load(path).map_err(fencelock::Error::InvalidArgument)?;
+    engine
+        .check(&topology)
+        .map_err(fencelock::Error::InvalidArgument)?;
+    out.note(format_args!(
+        "starting {} in {} site(s) of {}…",
+        engine.name(),
+        topology.sites().len(),
+        path.display()
+    ));
+    Lab::start(topology, engine).await.map_err(|e| {
+        fencelock::BackendError::message(
+            engine.name(),
+            fencelock::ErrorStatus::Permanent,
+            format!("the lab did not start: {e}"),
+        )
+        .into()
+    })
+}
+
 /// Reads and parses the topology file at `path`.
 pub fn load(path: &std::path::Path) -> Result<Topology, String> {
     let text = std::fs::read_to_string(path)

@@ -636,22 +636,16 @@ async fn torture(url: Option<String>, args: TortureArgs, out: Output) -> Result<
     })
 }
 
-/// Starts the lab of `--topology` and `--engine`.
+/// Starts the lab of `--topology` and `--engine`, noting a lease too short
+/// to outlast the engine's failover across it.
 async fn start_lab(
     path: &std::path::Path,
     engine: LabEngine,
     lease: Duration,
     out: Output,
 ) -> Result<Lab, Error> {
-    let topology = topology::load(path).map_err(Error::InvalidArgument)?;
-    engine.check(&topology).map_err(Error::InvalidArgument)?;
-    out.note(format_args!(
-        "starting {} in {} site(s) of {}…",
-        engine.name(),
-        topology.sites().len(),
-        path.display()
-    ));
-    let failover = engine.failover(topology.longest_rtt());
+    let lab = topology::start(path, engine, out).await?;
+    let failover = engine.failover(lab.topology().longest_rtt());
     if lease < failover * 3 {
         // Not an error: a short lease shows what it costs.
         out.note(format_args!(
@@ -661,9 +655,7 @@ async fn start_lab(
             failover * 3
         ));
     }
-    Lab::start(topology, engine)
-        .await
-        .map_err(|e| harness_error(format!("the lab did not start: {e}")))
+    Ok(lab)
 }
 
 fn names(faults: &[FaultKind]) -> String {

@@ -362,6 +362,15 @@ async fn serve(
             Err(_) => { reset(client); return; }
         },
     };
+    // Each chunk goes out as it was read, as the two ends sent it: with
+    // Nagle's algorithm on the proxy's sockets a small write waited for the
+    // ack of the one before, and the peer delays acks by up to 40 ms, so
+    // back-to-back small messages (a ZooKeeper leader's proposal and
+    // commit, a client's pipelined requests) took tens of milliseconds
+    // that no network between the two ends would add.
+    for stream in [&client, &server] {
+        let _ = stream.set_nodelay(true);
+    }
     let (client, server) = (Arc::new(client), Arc::new(server));
     let shared = Arc::clone(&registration.shared);
     let to_server = pump(

@@ -137,6 +137,10 @@ async fn forward(mut client: TcpStream, routes: &Routes) {
     let Ok(mut upstream) = TcpStream::connect(routes.route(&head)).await else {
         return;
     };
+    // As the fault proxy does: no Nagle delay the two ends did not ask for.
+    for stream in [&client, &upstream] {
+        let _ = stream.set_nodelay(true);
+    }
     if upstream.write_all(&head).await.is_err() {
         return;
     }

@@ -15,7 +15,7 @@ use sqlx::{
 };
 
 use crate::{
-    error::{bad_reply, is_deadlock, map, map_grant},
+    error::{bad_reply, is_deadlock, map, map_grant, retry_deadlocks, DEADLOCK_RETRIES},
     options::MySqlOptions,
     schema::Names,
 };
@@ -27,10 +27,6 @@ use crate::{
 const LEASE_COLUMNS: &str =
     "`key` AS lock_key, owner, token, kind, data, acquired_at, expires_at, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS expires_in_us";
-
-/// How often an acquisition or a fenced write chosen as an InnoDB deadlock
-/// victim is retried before the (transient) error reaches the caller.
-pub(crate) const DEADLOCK_RETRIES: u32 = 3;
 
 /// How long an acquisition waits for another acquisition of the same key to
 /// commit (a few milliseconds normally; long only if that session stalls).
@@ -712,13 +708,12 @@ impl Backend for MySqlBackend {
         let key = request.key.as_str();
         let floor = floor(request)?;
         let acquire = async {
-            let mut deadlocks = 0;
-            let mut session = loop {
-                // A session dropped before `finish` is closed, freeing any
-                // turn it held: after an error, or when the caller stops
-                // waiting between the two statements.
+            // A session dropped before `finish` is closed, freeing any turn
+            // it held: after an error, or when the caller stops waiting
+            // between the two statements.
+            let mut session = retry_deadlocks(move || async move {
                 let mut session = self.session().await?;
-                let written = upsert(
+                upsert(
                     session.conn()?,
                     &self.sql,
                     key,
@@ -728,15 +723,10 @@ impl Backend for MySqlBackend {
                     request.ttl,
                     floor,
                 )
-                .await;
-                match written {
-                    Ok(_) => break session,
-                    // A deadlock victim was rolled back whole, so trying
-                    // again is safe (and what MySQL asks of applications).
-                    Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => deadlocks += 1,
-                    Err(e) => return Err(e),
-                }
-            };
+                .await?;
+                Ok(session)
+            })
+            .await?;
             let row = sqlx::query(&self.sql.acquire_result)
                 .bind(key)
                 .bind(key)

@@ -55,6 +55,30 @@ pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
     server_number(e) == Some(1213)
 }
 
+/// How often a transaction chosen as an InnoDB deadlock victim is retried
+/// before the (transient) error reaches the caller.
+pub(crate) const DEADLOCK_RETRIES: u32 = 3;
+
+/// Runs `attempt` again, up to [`DEADLOCK_RETRIES`] times, while InnoDB
+/// chooses it as a deadlock victim: the victim was rolled back whole, so
+/// trying again is safe (and what MySQL asks of applications). An attempt
+/// takes a session of its own; one that failed is dropped, and closed with
+/// it whatever it held.
+pub(crate) async fn retry_deadlocks<T, Fut>(
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, sqlx::Error>
+where
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut deadlocks = 0;
+    loop {
+        match attempt().await {
+            Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => deadlocks += 1,
+            answer => return answer,
+        }
+    }
+}
+
 /// A reply that does not have the shape the statement promises.
 pub(crate) fn bad_reply(what: impl Into<String>) -> Error {
     BackendError::message(BACKEND, fencelock_core::ErrorStatus::Permanent, what).into()

@@ -9,7 +9,7 @@ use sqlx::{MySql, MySqlConnection};
 
 use fencelock_sql_common::{ConnectionPool, FenceReset};
 
-use crate::{backend::DEADLOCK_RETRIES, error::is_deadlock, options::MySqlOptions};
+use crate::{error::retry_deadlocks, options::MySqlOptions};
 
 /// A fence kept in `<prefix>fences(resource, token BIGINT UNSIGNED)`
 /// (`docs/semantics.md`, I7), with its fenced values in
@@ -269,42 +269,28 @@ impl Fence for MySqlFence {
         let mode = LockMode::Exclusive;
         let current = self
             .options
-            .bounded("writing a value", async {
-                let mut deadlocks = 0;
-                loop {
+            .bounded(
+                "writing a value",
+                // Against a reset taking the rows in the other order.
+                retry_deadlocks(move || async move {
                     let mut s = self.pool.session().await?;
-                    let written = async {
-                        let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                        let current = self.admit_on(&mut tx, resource, token, mode).await?;
-                        // The fence row stays locked until the commit, so no
-                        // lower token's value can land after this one.
-                        if admission(current, token, mode) == Admission::Admitted {
-                            sqlx::query(&self.store_value)
-                                .bind(resource)
-                                .bind(token.get())
-                                .bind(value)
-                                .execute(&mut *tx)
-                                .await?;
-                        }
-                        tx.commit().await?;
-                        Ok(current)
+                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
+                    let current = self.admit_on(&mut tx, resource, token, mode).await?;
+                    // The fence row stays locked until the commit, so no
+                    // lower token's value can land after this one.
+                    if admission(current, token, mode) == Admission::Admitted {
+                        sqlx::query(&self.store_value)
+                            .bind(resource)
+                            .bind(token.get())
+                            .bind(value)
+                            .execute(&mut *tx)
+                            .await?;
                     }
-                    .await;
-                    match written {
-                        Ok(current) => {
-                            s.finish();
-                            return Ok(current);
-                        }
-                        // A deadlock victim (with a reset taking the rows in
-                        // another order) was rolled back whole, so trying
-                        // again is safe, and what MySQL asks of applications.
-                        Err(e) if is_deadlock(&e) && deadlocks < DEADLOCK_RETRIES => {
-                            deadlocks += 1;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            })
+                    tx.commit().await?;
+                    s.finish();
+                    Ok(current)
+                }),
+            )
             .await?;
         Ok(admission(current, token, mode))
     }

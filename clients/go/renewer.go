@@ -102,7 +102,11 @@ const early = 0.1
 
 func newRenewer(c *Client) *renewer {
 	r := &renewer{c: c, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
-	go r.run()
+	// The suspend detector's baseline is read here, not when the goroutine
+	// first runs: under load it may start after the first grant, and a
+	// suspend in between would become its baseline and go unnoticed.
+	baseline, _ := suspendedSoFar()
+	go r.run(baseline)
 	return r
 }
 
@@ -166,11 +170,10 @@ func (r *renewer) reschedule(l *Lock) bool {
 	return r.h[0] == l
 }
 
-func (r *renewer) run() {
+func (r *renewer) run(lastSuspended time.Duration) {
 	defer close(r.done)
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
-	lastSuspended, _ := suspendedSoFar()
 	for {
 		var lost, batch []*Lock
 		r.mu.Lock()

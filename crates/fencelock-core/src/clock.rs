@@ -63,9 +63,13 @@ pub(crate) fn suspends() -> &'static Notify {
         let notify: &'static Notify = Box::leak(Box::default());
         #[cfg(any(target_os = "linux", target_os = "android"))]
         {
+            // The baseline is read before the thread runs: a suspend between
+            // the first guard and the thread's start would otherwise become
+            // the baseline and go unnoticed.
+            let baseline = suspended_so_far();
             let started = std::thread::Builder::new()
                 .name("fencelock-suspend".into())
-                .spawn(move || watch_for_suspends(notify));
+                .spawn(move || watch_for_suspends(notify, baseline));
             if let Err(e) = started {
                 // Guards still see a suspend at their next renewal or
                 // deadline, and `is_valid` checks the boot clock every time.
@@ -89,8 +93,7 @@ fn suspended_so_far() -> Option<Duration> {
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn watch_for_suspends(notify: &Notify) {
-    let mut last = suspended_so_far();
+fn watch_for_suspends(notify: &Notify, mut last: Option<Duration>) {
     loop {
         std::thread::sleep(SUSPEND_CHECK);
         let now = suspended_so_far();

@@ -15,7 +15,8 @@ pub struct ServeArgs {
     /// Read these options from a TOML file (keys as the flags without
     /// `--`, with `_` for `-`: listen, token_file, tls_cert, tls_key,
     /// events_interval, ephemeral, header_read_timeout, idle_timeout,
-    /// max_connections, metrics_max_kinds, allow_anonymous); a flag given
+    /// max_connections, metrics_max_kinds, client_concurrency,
+    /// allow_anonymous); a flag given
     /// as well wins. The backend
     /// URL stays --url / FENCELOCK_URL (docs/http.md, "Running it").
     #[arg(long, value_name = "FILE")]
@@ -81,6 +82,14 @@ pub struct ServeArgs {
     /// kind="other" [default: 100].
     #[arg(long)]
     pub metrics_max_kinds: Option<usize>,
+
+    /// Backend operations each client token may have in flight at once, in
+    /// each of two lanes (renewals, and every other call); its further
+    /// requests wait for their turn, so that one client's burst holds up
+    /// another's call by at most this many operations. The admin token
+    /// takes no turns [default: 16].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub client_concurrency: Option<u32>,
 }
 
 /// `--config FILE`: the flags of `serve` as TOML keys.
@@ -97,6 +106,7 @@ struct ConfigFile {
     idle_timeout: Option<String>,
     max_connections: Option<usize>,
     metrics_max_kinds: Option<usize>,
+    client_concurrency: Option<u32>,
     allow_anonymous: Option<bool>,
 }
 
@@ -110,6 +120,7 @@ struct Settings {
     ephemeral: bool,
     limits: Limits,
     metrics_max_kinds: Option<usize>,
+    client_concurrency: Option<u32>,
     allow_anonymous: bool,
 }
 
@@ -180,6 +191,14 @@ impl ServeArgs {
                 ))
             }
         };
+        let client_concurrency = self.client_concurrency.or(file.client_concurrency);
+        if client_concurrency == Some(0) {
+            return Err(Error::InvalidArgument(
+                "client_concurrency is 0: a client could never reach the backend; \
+                 it must be at least 1"
+                    .to_owned(),
+            ));
+        }
         Ok(Settings {
             listen: self
                 .listen
@@ -191,6 +210,7 @@ impl ServeArgs {
             ephemeral: self.ephemeral || file.ephemeral.unwrap_or(false),
             limits,
             metrics_max_kinds: self.metrics_max_kinds.or(file.metrics_max_kinds),
+            client_concurrency,
             allow_anonymous: self.allow_anonymous || file.allow_anonymous.unwrap_or(false),
         })
     }
@@ -216,6 +236,9 @@ pub async fn run(url: &str, args: ServeArgs, out: Output) -> Result<u8, Error> {
         .events_interval(args.events_interval);
     if let Some(max) = args.metrics_max_kinds {
         service = service.max_kinds(max);
+    }
+    if let Some(per_client) = args.client_concurrency {
+        service = service.client_concurrency(usize::try_from(per_client).unwrap_or(usize::MAX));
     }
     if let Some(path) = &args.token_file {
         private(path)?;

@@ -23,7 +23,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::{
     auth::{admin_only, Caller, Role},
     error::ApiError,
-    Service,
+    fair, Service,
 };
 
 /// Longest long poll of an acquisition: past it, a client should ask again
@@ -191,29 +191,46 @@ pub(crate) async fn acquire(
     let owner_name = owner.to_string();
     let owner_name = owner_name.as_str();
     let client = &s.inner.client;
-    // The service holds no lease: its HTTP client renews and releases.
-    let mut request = client
-        .lock(key.as_str())
-        .ttl(Duration::from_millis(body.ttl_ms))
-        .wait(wait)
-        .owner(owner)
-        .queued(body.queue)
-        .auto_renew(false);
-    if let Some(kind) = body.kind.clone() {
-        request = request.kind(kind);
-    }
-    if let Some(data) = body.data.clone() {
-        request = request.data(data);
-    }
-    if let Some(floor) = body.min_token {
-        request = request.min_token(FencingToken(floor));
-    }
     let shared = body.mode == Some(LockMode::Shared);
-    request = request.shared(shared);
+    // The service holds no lease: its HTTP client renews and releases.
+    let request = |wait: Duration| {
+        let mut request = client
+            .lock(key.as_str())
+            .ttl(Duration::from_millis(body.ttl_ms))
+            .wait(wait)
+            .owner(owner.clone())
+            .queued(body.queue)
+            .auto_renew(false)
+            .shared(shared);
+        if let Some(kind) = body.kind.clone() {
+            request = request.kind(kind);
+        }
+        if let Some(data) = body.data.clone() {
+            request = request.data(data);
+        }
+        if let Some(floor) = body.min_token {
+            request = request.min_token(FencingToken(floor));
+        }
+        request
+    };
     let started = tokio::time::Instant::now();
     let _waiting =
         (!wait.is_zero()).then(|| s.inner.activity.waiting(vec![key.to_string()], owner_name));
-    match until_shutdown(&s, wait, request.acquire()).await? {
+    // The first try runs in one of the caller's turns (`fair.rs`); the wait
+    // after it holds none, and retries what the try could not (held, or a
+    // transient failure) as a wait always did.
+    let first = {
+        let _turn = s.inner.shares.turn(&caller, fair::Lane::Calls).await;
+        request(Duration::ZERO).acquire().await
+    };
+    let acquired = match first {
+        Err(_) if started.elapsed() < wait => {
+            let rest = wait - started.elapsed();
+            until_shutdown(&s, rest, request(rest).acquire()).await?
+        }
+        first => first,
+    };
+    match acquired {
         Ok(guard) => {
             let mut grant = GrantBody {
                 key: key.to_string(),
@@ -354,7 +371,7 @@ pub(crate) async fn acquire_all(
     // One client's multi-key steps run one maximal step at a time, so that
     // its burst holds up others by at most one step (`docs/http.md`,
     // "Threat model").
-    let _turn = s.fair_share(&caller, keys.len()).await;
+    let _turn = s.inner.shares.keys(&caller, keys.len()).await;
     let client = &s.inner.client;
     let mut request = client
         .lock_all(body.keys)

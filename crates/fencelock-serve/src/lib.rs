@@ -30,6 +30,7 @@ mod conns;
 mod dashboard;
 mod error;
 mod events;
+mod fair;
 mod metrics;
 mod server;
 
@@ -71,9 +72,8 @@ struct Inner {
     kinds: metrics::Kinds,
     max_kinds: usize,
     shutdown: CancellationToken,
-    /// Per caller (namespace; `""` for the admin and anonymous callers),
-    /// the keys its multi-key acquisitions may have in flight at once.
-    shares: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Each client's share of the backend (`fair.rs`).
+    shares: fair::Shares,
 }
 
 /// Builds a [`Service`].
@@ -87,6 +87,7 @@ pub struct ServiceBuilder {
     events_interval: Duration,
     events_notices: bool,
     max_kinds: usize,
+    client_concurrency: usize,
 }
 
 impl ServiceBuilder {
@@ -141,6 +142,17 @@ impl ServiceBuilder {
         self
     }
 
+    /// How many backend operations each client token may have in flight at
+    /// once, in each of two lanes: renewals, and every other call (default
+    /// 16, at least 1). Its further requests wait for their turn, so that
+    /// another client's call waits for at most this many of them however
+    /// many it sends (`docs/http.md`, "Threat model"). The admin token
+    /// takes no turns.
+    pub fn client_concurrency(mut self, per_client: usize) -> Self {
+        self.client_concurrency = per_client;
+        self
+    }
+
     /// The service. Installs the Prometheus recorder of `/metrics` as the
     /// process's `metrics` recorder unless one is installed already, and
     /// starts the event poller (it stops with [`Service::shutdown`]); call
@@ -161,7 +173,7 @@ impl ServiceBuilder {
                 kinds: metrics::Kinds::default(),
                 max_kinds: self.max_kinds,
                 shutdown,
-                shares: std::sync::Mutex::default(),
+                shares: fair::Shares::new(self.client_concurrency),
             }),
         };
         events::spawn_poller(&service, self.events_interval, self.events_notices);
@@ -180,35 +192,8 @@ impl Service {
             events_interval: DEFAULT_EVENTS_INTERVAL,
             events_notices: true,
             max_kinds: metrics::DEFAULT_MAX_KINDS,
+            client_concurrency: fair::DEFAULT_CLIENT_CONCURRENCY,
         }
-    }
-
-    /// Waits for `caller`'s turn to have `keys` keys in multi-key
-    /// acquisitions at once (at most one maximal acquisition a caller), so
-    /// that one client's burst of them holds up the others' calls by one
-    /// such step at most. Only the caller's own requests queue.
-    pub(crate) async fn fair_share(
-        &self,
-        caller: &Caller,
-        keys: usize,
-    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let share = {
-            let mut shares = self
-                .inner
-                .shares
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Bounded by the token file's namespaces.
-            Arc::clone(
-                shares
-                    .entry(caller.namespace().unwrap_or_default().to_owned())
-                    .or_insert_with(|| {
-                        Arc::new(tokio::sync::Semaphore::new(api::MAX_KEYS_PER_ACQUIRE))
-                    }),
-            )
-        };
-        let n = u32::try_from(keys.clamp(1, api::MAX_KEYS_PER_ACQUIRE)).ok()?;
-        share.acquire_many_owned(n).await.ok()
     }
 
     /// Ends the event streams and the event poller, so that a graceful
@@ -221,17 +206,15 @@ impl Service {
 /// The service's routes (`docs/http.md`). Every route but `/healthz` needs
 /// a bearer token when the service has [`Tokens`].
 pub fn router(service: Service) -> Router {
-    let v1 = Router::new()
-        .route("/v1/info", get(api::info))
+    // Routes that reach the backend once or a few times take their
+    // caller's turns (`fair.rs`); a single-key acquisition takes one for its
+    // first try itself, and multi-key ones have a share of their own.
+    let calls = Router::new()
         .route("/v1/locks", get(api::list))
         .route(
             "/v1/locks/{key}",
             get(api::inspect).delete(api::force_release),
         )
-        .route("/v1/renew", post(api::renew_many))
-        .route("/v1/acquire", post(api::acquire_all))
-        .route("/v1/locks/{key}/acquire", post(api::acquire))
-        .route("/v1/locks/{key}/renew", post(api::renew))
         .route("/v1/locks/{key}/release", post(api::release))
         .route("/v1/locks/{key}/data", put(api::set_data))
         .route("/v1/locks/{key}/intent", post(api::post_intent))
@@ -244,7 +227,6 @@ pub fn router(service: Service) -> Router {
         .route("/v1/owners/{owner}/release", post(api::release_all))
         .route("/v1/stats", get(api::stats))
         .route("/v1/cleanup", post(api::cleanup))
-        .route("/v1/events", get(events::stream))
         .route("/v1/activity", get(activity::activity))
         .route(
             "/v1/fences/{resource}",
@@ -255,7 +237,25 @@ pub fn router(service: Service) -> Router {
             "/v1/kv/{key}",
             put(api::kv_put).get(api::kv_get).delete(api::reset_fence),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            fair::calls,
+        ));
+    let renewals = Router::new()
+        .route("/v1/renew", post(api::renew_many))
+        .route("/v1/locks/{key}/renew", post(api::renew))
+        .route_layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            fair::renewals,
+        ));
+    let v1 = Router::new()
+        .route("/v1/info", get(api::info))
+        .route("/v1/acquire", post(api::acquire_all))
+        .route("/v1/locks/{key}/acquire", post(api::acquire))
+        .route("/v1/events", get(events::stream))
         .route("/metrics", get(metrics::scrape))
+        .merge(calls)
+        .merge(renewals)
         .route_layer(axum::middleware::from_fn_with_state(
             service.clone(),
             auth::require,

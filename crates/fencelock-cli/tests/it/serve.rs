@@ -192,6 +192,26 @@ fn serve_reads_its_options_from_a_config_file() {
         "{}",
         stderr(&refused)
     );
+
+    // A client with no turn at all could never reach the backend.
+    let refused = Command::new(BIN)
+        .env_remove("FENCELOCK_URL")
+        .args([
+            "--url",
+            "mem://",
+            "serve",
+            "--ephemeral",
+            "--client-concurrency",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("client-concurrency"),
+        "{}",
+        stderr(&refused)
+    );
 }
 
 /// Safe defaults (docs/http.md, "Threat model"): an address other than

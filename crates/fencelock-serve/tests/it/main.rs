@@ -6,6 +6,7 @@
 //! `.ci/parallel-tests` still runs each module in a process of its own.
 
 mod dashboard;
+mod fairness;
 mod fences;
 mod hardening;
 mod kv;

@@ -56,21 +56,37 @@ impl EtcdBackend {
     /// waiters do not rewrite their entries each time), then read back for
     /// its create revision. A put keeps an existing key's create revision,
     /// so moving to a newer lease keeps the waiter's place.
+    ///
+    /// Once the waiter has a place, only the entry at that place is
+    /// refreshed, never put back: an attempt still on its way when its wait
+    /// was dropped can reach etcd after the wait's `leave_queue`, and would
+    /// otherwise leave an entry that holds up the next waiter until its
+    /// lease ends. A waiter whose entry is gone (it expired) joins again,
+    /// at the back, on its next attempt.
     pub(crate) async fn queue_refresh(&self, request: &AcquireRequest) -> Result<TxnOp> {
         let (lease, _) = self.queue_lease(ttl_secs(request.ttl)).await?;
         let entry = self.queue_entry(&request.key, &request.owner);
+        let place = self.positions().get(&entry).copied();
         let get = TxnOp::get(entry.clone(), None);
         let put = TxnOp::put(
             entry.clone(),
             request.owner.as_str(),
             Some(PutOptions::new().with_lease(lease.id)),
         );
-        Ok(TxnOp::txn(
-            Txn::new()
+        let txn = match place {
+            Some(place) => Txn::new()
+                .when([
+                    Compare::create_revision(entry.clone(), CompareOp::Equal, place),
+                    Compare::lease(entry, CompareOp::NotEqual, lease.id),
+                ])
+                .and_then([put, get.clone()])
+                .or_else([get]),
+            None => Txn::new()
                 .when([Compare::lease(entry, CompareOp::Equal, lease.id)])
                 .and_then([get.clone()])
                 .or_else([put, get]),
-        ))
+        };
+        Ok(TxnOp::txn(txn))
     }
 
     /// Remembers the place `answer` (of [`Self::queue_refresh`]'s op) read.

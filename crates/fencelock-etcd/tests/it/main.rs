@@ -9,6 +9,7 @@ mod balance;
 mod cluster;
 mod etcd_layout;
 mod etcd_layout_interop;
+mod queue;
 mod renewal;
 mod timeouts;
 mod watch;

@@ -693,12 +693,8 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             // A page of the listing, as `GET /v1/locks?limit=&after=` gives
             // one (docs/http.md).
             leases.sort_by(|a, b| a.key.cmp(&b.key));
-            leases.retain(|l| after.as_deref().is_none_or(|a| l.key.as_str() > a));
-            let more = leases.len() > limit;
-            leases.truncate(limit);
-            let next = more
-                .then(|| leases.last().map(|l| l.key.to_string()))
-                .flatten();
+            let (leases, next) =
+                fencelock::page_by_key(leases, |l| l.key.as_str(), after.as_deref(), limit);
             out.emit(&json!({"locks": leases, "next": next}), || {
                 let mut text = output::table(&leases);
                 if let Some(next) = &next {

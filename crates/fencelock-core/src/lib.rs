@@ -88,6 +88,7 @@ mod lease;
 mod memory;
 pub mod metrics;
 mod multi;
+mod page;
 mod poll;
 mod renewer;
 mod semaphore;
@@ -114,6 +115,7 @@ pub use guard::{wait_for_background_releases, GuardHandle, LockGuard};
 pub use lease::LOSS_LOG_TARGET;
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};
+pub use page::page_by_key;
 pub use semaphore::{
     semaphore_slot_key, Permit, PermitHolder, SemaphoreRequest, MAX_PERMITS, SEMAPHORE_PREFIX,
 };

@@ -774,8 +774,9 @@ pub(crate) struct LockPage {
     next: Option<Option<String>>,
 }
 
-/// A page of `items` sorted by `key`: those after `after`, at most
-/// `limit`, and the cursor of the next page when more remain.
+/// A page of `items` sorted by `key` when `limit` asks for one
+/// ([`fencelock_core::page_by_key`]: a key's leases are never split), with
+/// the cursor of the next page; everything, and no cursor, without.
 pub(crate) fn page<T>(
     items: Vec<T>,
     key: impl Fn(&T) -> &str,
@@ -790,16 +791,8 @@ pub(crate) fn page<T>(
             "limit {limit}: a page holds 1 to {MAX_PAGE}"
         )));
     }
-    let mut rest: Vec<T> = items
-        .into_iter()
-        .filter(|i| after.is_none_or(|a| key(i) > a))
-        .collect();
-    let more = rest.len() > limit;
-    rest.truncate(limit);
-    let next = more
-        .then(|| rest.last().map(|i| key(i).to_owned()))
-        .flatten();
-    Ok((rest, Some(next)))
+    let (page, next) = fencelock_core::page_by_key(items, key, after, limit);
+    Ok((page, Some(next)))
 }
 
 pub(crate) async fn list(

@@ -123,24 +123,14 @@ impl Shares {
     }
 }
 
-/// Middleware: the request runs in one of its caller's turns for calls.
-pub(crate) async fn calls(
-    State(s): State<Service>,
+/// Middleware: the request runs in one of its caller's turns in the lane
+/// its routes were given.
+pub(crate) async fn take_turn(
+    State((s, lane)): State<(Service, Lane)>,
     Extension(caller): Extension<Caller>,
     request: Request,
     next: Next,
 ) -> Response {
-    let _turn = s.inner.shares.turn(&caller, Lane::Calls).await;
-    next.run(request).await
-}
-
-/// Middleware: the request runs in one of its caller's turns for renewals.
-pub(crate) async fn renewals(
-    State(s): State<Service>,
-    Extension(caller): Extension<Caller>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let _turn = s.inner.shares.turn(&caller, Lane::Renewals).await;
+    let _turn = s.inner.shares.turn(&caller, lane).await;
     next.run(request).await
 }

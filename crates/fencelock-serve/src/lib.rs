@@ -238,15 +238,15 @@ pub fn router(service: Service) -> Router {
             put(api::kv_put).get(api::kv_get).delete(api::reset_fence),
         )
         .route_layer(axum::middleware::from_fn_with_state(
-            service.clone(),
-            fair::calls,
+            (service.clone(), fair::Lane::Calls),
+            fair::take_turn,
         ));
     let renewals = Router::new()
         .route("/v1/renew", post(api::renew_many))
         .route("/v1/locks/{key}/renew", post(api::renew))
         .route_layer(axum::middleware::from_fn_with_state(
-            service.clone(),
-            fair::renewals,
+            (service.clone(), fair::Lane::Renewals),
+            fair::take_turn,
         ));
     let v1 = Router::new()
         .route("/v1/info", get(api::info))

@@ -6,8 +6,8 @@
 //! writer for SQLite, a pool for PostgreSQL and MySQL), and calls beyond
 //! those queue in arrival order. Without a bound per client, a call of one
 //! client queues behind every call another has in flight: 128 connections
-//! of single-key acquisitions put another client's acquire+release at 181 ms
-//! p50 on SQLite, against 2.4 ms alone. So each client token (its
+//! of single-key acquisitions put another client's acquire+release at 170 ms
+//! p50 on SQLite, against 2.4 ms alone (`docs/http.md`). So each client token (its
 //! namespace) has at most `client_concurrency` backend operations in flight
 //! in each of two lanes, and the rest of its requests wait here, in order:
 //!

@@ -46,11 +46,10 @@ impl Backend for Gated {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.attempts.send_modify(|n| *n += 1);
         if request.key.as_str().starts_with("burst-") {
-            self.in_flight.send_modify(|n| *n += 1);
-            self.most.fetch_max(
-                *self.in_flight.borrow(),
-                std::sync::atomic::Ordering::SeqCst,
-            );
+            self.in_flight.send_modify(|n| {
+                *n += 1;
+                self.most.fetch_max(*n, std::sync::atomic::Ordering::SeqCst);
+            });
             self.gate.acquire().await.unwrap().forget();
             self.in_flight.send_modify(|n| *n -= 1);
         }

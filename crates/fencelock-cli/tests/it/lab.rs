@@ -202,7 +202,9 @@ fn a_site_cut_off_loses_its_locks_and_no_other_site_loses_anything() {
 /// compared with the topology's round trip measured in the same report
 /// (40 ms here), never with a constant: a key left to the hashing would
 /// land on a far shard for two of three sites' keys and cost two round
-/// trips per cycle.
+/// trips per cycle (80 ms), a homed key none. The bound is one round
+/// trip, halfway between the two, so that a loaded machine's slower
+/// local cycle (10 ms seen under CI) cannot pass for a crossed link.
 #[test]
 fn sharded_keys_homed_in_their_site_cost_no_round_trip() {
     let report = lab("sharded", &[]);
@@ -219,8 +221,8 @@ fn sharded_keys_homed_in_their_site_cost_no_round_trip() {
         assert_eq!(figures["errors"], 0, "{site}");
         let p50 = figures["latency_ms"]["p50"].as_f64().unwrap();
         assert!(
-            p50 < rtt / 4.0,
-            "sharded from {}: a cycle's p50 {p50} ms is not well below one round trip \
+            p50 < rtt,
+            "sharded from {}: a cycle's p50 {p50} ms is not below one round trip \
              ({rtt} ms): the site's keys are not homed on its shard",
             site["site"]
         );
@@ -246,7 +248,8 @@ fn a_key_moved_home_costs_no_round_trip_once_moved() {
             assert!(p50 >= 0.97 * 2.0 * rtt, "step {}: {p50} ms: {step}", i + 1);
         } else {
             assert_eq!(step["home_rtt_ms"], 0.0, "{step}");
-            assert!(p50 < rtt / 4.0, "the new map: {p50} ms: {step}");
+            // The same bound as above: a crossed cycle costs two round trips.
+            assert!(p50 < rtt, "the new map: {p50} ms: {step}");
         }
     }
 }

@@ -79,14 +79,20 @@ export declare class LockLostError extends FencelockError {}
 export declare class InvalidInputError extends FencelockError {}
 /** The backend cannot be reached now, or the client was closed. */
 export declare class UnavailableError extends FencelockError {}
+/** The client was closed (code `unavailable`). */
+export declare class ClientClosedError extends UnavailableError {}
 /** A backend call got no answer in time. */
 export declare class OperationTimeoutError extends FencelockError {}
 /** The backend cannot do this. */
 export declare class UnsupportedError extends FencelockError {}
 /** A fence refused a token lower than one it has admitted. */
 export declare class StaleTokenError extends FencelockError {}
+/** The key's token counter is at its maximum (code `tokens_exhausted`). */
+export declare class TokensExhaustedError extends FencelockError {}
 /** The backend refused the URL's credentials (code `unauthorized`). */
 export declare class UnauthorizedError extends FencelockError {}
+/** Any other failure: the backend's, or the package's own (code `internal`). */
+export declare class InternalError extends FencelockError {}
 
 /**
  * The event side of a guard (at run time a Node.js `EventEmitter`): its one

@@ -15,9 +15,12 @@ export const {
   LockLostError,
   InvalidInputError,
   UnavailableError,
+  ClientClosedError,
   OperationTimeoutError,
   UnsupportedError,
   StaleTokenError,
+  TokensExhaustedError,
   UnauthorizedError,
+  InternalError,
 } = cjs
 export default cjs

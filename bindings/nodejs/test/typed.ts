@@ -5,6 +5,9 @@ import {
   openFence,
   FencelockError,
   NotAcquiredError,
+  UnavailableError,
+  ClientClosedError,
+  type ErrorCode,
   type Guard,
   type KeyChange,
   type Leadership,
@@ -48,5 +51,12 @@ export async function main(url: string): Promise<bigint[]> {
     if (change.kind === 'released' && change.token === held.token) break
   }
   await client.close()
+  let closed: ErrorCode | undefined
+  try {
+    await client.acquire('typed:after-close')
+  } catch (err) {
+    if (err instanceof ClientClosedError && err instanceof UnavailableError) closed = err.code
+  }
+  if (closed !== 'unavailable') throw new Error(`expected a ClientClosedError, got ${closed}`)
   return [token, BigInt(value), term]
 }

@@ -11,7 +11,8 @@
 //!   acquisition with a TTL, waiting, `run`/`with_lock` helpers;
 //! - [`LockClient::semaphore`] ([`Permit`]) and [`LockClient::lock_all`]
 //!   ([`MultiGuard`]): counting semaphores and all-or-nothing multi-key
-//!   locks, both made of ordinary leases;
+//!   locks, both made of ordinary leases; [`AcquireSettings`] sets the
+//!   settings all three requests share in one place;
 //! - [`LockGuard`] and [`GuardHandle`]: a held lock, renewed in the
 //!   background, with [`check`](GuardHandle::check),
 //!   [`lost`](GuardHandle::lost) and the grant's [`FencingToken`];
@@ -92,6 +93,7 @@ mod page;
 mod poll;
 mod renewer;
 mod semaphore;
+mod settings;
 mod types;
 mod wake;
 mod watch;
@@ -116,6 +118,7 @@ pub use lease::LOSS_LOG_TARGET;
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use page::page_by_key;
+pub use settings::AcquireSettings;
 pub use semaphore::{
     semaphore_slot_key, Permit, PermitHolder, SemaphoreRequest, MAX_PERMITS, SEMAPHORE_PREFIX,
 };

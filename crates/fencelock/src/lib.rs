@@ -69,7 +69,9 @@
 //!   (a [`LeaderWatch`] of [`LeaderChange`]s, expiries included) and `run`
 //!   (`docs/election.md`); [`LockClient::watch`] follows any key on every
 //!   backend; [`LockClient::validate`] and [`LockClient::resume`] check and
-//!   re-attach to a lease by its token (`docs/reentry.md`).
+//!   re-attach to a lease by its token (`docs/reentry.md`);
+//! - [`HeldLease`] holds a lock or a leadership behind one type, for code
+//!   that hands either out as the same object.
 //!
 //! The guarantees (I1–I7) and how each backend keeps them are described in
 //! `docs/semantics.md` and `docs/<backend>.md` of the repository.
@@ -128,6 +130,9 @@ mod etcd_md {}
 mod zookeeper_md {}
 
 pub use fencelock_core::*;
+
+mod held;
+pub use held::HeldLease;
 
 /// What a storage engine implements and uses, for backend authors:
 /// applications need none of it. Each item is also at the crate root.

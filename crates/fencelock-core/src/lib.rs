@@ -118,10 +118,10 @@ pub use lease::LOSS_LOG_TARGET;
 pub use memory::{MemoryBackend, MemoryFence};
 pub use multi::{MultiGuard, MultiLockRequest};
 pub use page::page_by_key;
-pub use settings::AcquireSettings;
 pub use semaphore::{
     semaphore_slot_key, Permit, PermitHolder, SemaphoreRequest, MAX_PERMITS, SEMAPHORE_PREFIX,
 };
+pub use settings::AcquireSettings;
 pub use types::{
     parse_duration, redact_url, validate_ttl, FencingToken, LeaseId, LockInfo, LockKey, LockMode,
     Owner, MAX_NAME_LEN, MAX_TTL,

@@ -448,9 +448,8 @@ impl MySqlBackend {
     ) -> Result<u64> {
         self.options
             .bounded(context, async {
-                let mut s = self.session().await?;
-                let done = statement.execute(s.conn()?).await;
-                s.finish_after(done).map(|r| r.rows_affected())
+                let done = self.pool.execute(statement).await?;
+                Ok(done.rows_affected())
             })
             .await
     }
@@ -458,14 +457,11 @@ impl MySqlBackend {
     /// The live reader of `key` whose lease ends last.
     async fn last_reader(&self, key: &str) -> Result<Option<LockInfo>> {
         self.options
-            .bounded("inspecting", async {
-                let mut s = self.session().await?;
-                let row = sqlx::query(&self.sql.last_reader)
-                    .bind(key)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(row)
-            })
+            .bounded(
+                "inspecting",
+                self.pool
+                    .fetch_optional(sqlx::query(&self.sql.last_reader).bind(key)),
+            )
             .await?
             .as_ref()
             .map(lease)
@@ -883,14 +879,11 @@ impl Backend for MySqlBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         let writer = self
             .options
-            .bounded("inspecting", async {
-                let mut s = self.session().await?;
-                let row = sqlx::query(&self.sql.inspect)
-                    .bind(key.as_str())
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(row)
-            })
+            .bounded(
+                "inspecting",
+                self.pool
+                    .fetch_optional(sqlx::query(&self.sql.inspect).bind(key.as_str())),
+            )
             .await?;
         match writer.as_ref().map(lease).transpose()? {
             Some(writer) => Ok(Some(writer)),
@@ -903,16 +896,11 @@ impl Backend for MySqlBackend {
         for sql in [&self.sql.list, &self.sql.list_readers] {
             let rows = self
                 .options
-                .bounded("listing", async {
-                    let mut s = self.session().await?;
-                    let rows = sqlx::query(sql)
-                        .bind(prefix)
-                        .bind(prefix)
-                        .bind(prefix)
-                        .fetch_all(s.conn()?)
-                        .await;
-                    s.finish_after(rows)
-                })
+                .bounded(
+                    "listing",
+                    self.pool
+                        .fetch_all(sqlx::query(sql).bind(prefix).bind(prefix).bind(prefix)),
+                )
                 .await?;
             for row in &rows {
                 leases.push(lease(row)?);
@@ -1135,22 +1123,18 @@ impl Backend for MySqlBackend {
     async fn stats(&self) -> Result<Stats> {
         let rows = self
             .options
-            .bounded("computing stats", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "computing stats",
+                self.pool.fetch_all(sqlx::query(&self.sql.stats)),
+            )
             .await?;
         let (mut leases, expired) = stats_rows(&rows)?;
         let rows = self
             .options
-            .bounded("computing stats", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.stats_readers)
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "computing stats",
+                self.pool.fetch_all(sqlx::query(&self.sql.stats_readers)),
+            )
             .await?;
         let (readers, expired_readers) = stats_rows(&rows)?;
         leases.extend(readers);

@@ -198,14 +198,11 @@ impl MySqlFence {
     ) -> Result<Option<FencingToken>> {
         let current: Option<u64> = self
             .options
-            .bounded("reading a fence", async {
-                let mut s = self.pool.session().await?;
-                let current = sqlx::query_scalar(sql)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(current)
-            })
+            .bounded(
+                "reading a fence",
+                self.pool
+                    .fetch_optional_scalar(sqlx::query_scalar(sql).bind(resource)),
+            )
             .await?;
         Ok(current
             .filter(|t| !(zero_is_none && *t == 0))
@@ -298,14 +295,11 @@ impl Fence for MySqlFence {
     async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
         let row: Option<(u64, Vec<u8>)> = self
             .options
-            .bounded("reading a value", async {
-                let mut s = self.pool.session().await?;
-                let row = sqlx::query_as(&self.read_value)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(row)
-            })
+            .bounded(
+                "reading a value",
+                self.pool
+                    .fetch_optional_as(sqlx::query_as(&self.read_value).bind(resource)),
+            )
             .await?;
         Ok(row.map(|(token, value)| FencedValue::new(FencingToken(token), value)))
     }

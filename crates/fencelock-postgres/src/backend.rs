@@ -397,9 +397,8 @@ impl PostgresBackend {
     ) -> Result<u64> {
         self.options
             .bounded(context, async {
-                let mut s = self.session().await?;
-                let done = statement.execute(s.conn()?).await;
-                s.finish_after(done).map(|r| r.rows_affected())
+                let done = self.pool.execute(statement).await?;
+                Ok(done.rows_affected())
             })
             .await
     }
@@ -629,17 +628,16 @@ impl Backend for PostgresBackend {
         let db_token = db_token(token).ok_or_else(not_held)?;
         let expires_at = self
             .options
-            .bounded("renewing", async {
-                let mut s = self.session().await?;
-                let expires_at = sqlx::query_scalar(&self.sql.renew)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .bind(db_token)
-                    .bind(ttl_micros(ttl))
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(expires_at)
-            })
+            .bounded(
+                "renewing",
+                self.pool.fetch_optional_scalar(
+                    sqlx::query_scalar(&self.sql.renew)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(db_token)
+                        .bind(ttl_micros(ttl)),
+                ),
+            )
             .await?
             .ok_or_else(not_held)?;
         Ok(Grant::new(token, ttl, expires_at))
@@ -652,17 +650,16 @@ impl Backend for PostgresBackend {
         let (keys, owners, tokens, ttls) = batch_columns(renewals);
         let rows = self
             .options
-            .bounded("renewing a batch", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.renew_many)
-                    .bind(&keys)
-                    .bind(&owners)
-                    .bind(&tokens)
-                    .bind(&ttls)
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "renewing a batch",
+                self.pool.fetch_all(
+                    sqlx::query(&self.sql.renew_many)
+                        .bind(&keys)
+                        .bind(&owners)
+                        .bind(&tokens)
+                        .bind(&ttls),
+                ),
+            )
             .await?;
         let extended =
             fencelock_sql_common::extended(&rows).map_err(|e| map("renewing a batch", e))?;
@@ -677,16 +674,15 @@ impl Backend for PostgresBackend {
         };
         let rows = self
             .options
-            .bounded("releasing", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.release)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .bind(db_token)
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "releasing",
+                self.pool.fetch_all(
+                    sqlx::query(&self.sql.release)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(db_token),
+                ),
+            )
             .await?;
         lease.found(!rows.is_empty())
     }
@@ -710,14 +706,11 @@ impl Backend for PostgresBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.options
-            .bounded("inspecting", async {
-                let mut s = self.session().await?;
-                let row = sqlx::query(&self.sql.inspect)
-                    .bind(key.as_str())
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(row)
-            })
+            .bounded(
+                "inspecting",
+                self.pool
+                    .fetch_optional(sqlx::query(&self.sql.inspect).bind(key.as_str())),
+            )
             .await?
             .as_ref()
             .map(lease)
@@ -726,14 +719,11 @@ impl Backend for PostgresBackend {
 
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         self.options
-            .bounded("listing", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.list)
-                    .bind(prefix)
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "listing",
+                self.pool
+                    .fetch_all(sqlx::query(&self.sql.list).bind(prefix)),
+            )
             .await?
             .iter()
             .map(lease)
@@ -969,15 +959,14 @@ impl Backend for PostgresBackend {
 
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         self.options
-            .bounded("withdrawing a writer's intent", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query(&self.sql.withdraw_intent)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
+            .bounded(
+                "withdrawing a writer's intent",
+                self.pool.fetch_all(
+                    sqlx::query(&self.sql.withdraw_intent)
+                        .bind(key.as_str())
+                        .bind(owner.as_str()),
+                ),
+            )
             .await?;
         Ok(())
     }
@@ -985,11 +974,10 @@ impl Backend for PostgresBackend {
     async fn stats(&self) -> Result<Stats> {
         let rows = self
             .options
-            .bounded("computing stats", async {
-                let mut s = self.session().await?;
-                let rows = sqlx::query(&self.sql.stats).fetch_all(s.conn()?).await;
-                s.finish_after(rows)
-            })
+            .bounded(
+                "computing stats",
+                self.pool.fetch_all(sqlx::query(&self.sql.stats)),
+            )
             .await?;
         let mut leases = Vec::with_capacity(rows.len());
         let mut expired = 0;

@@ -159,14 +159,11 @@ impl PostgresFence {
     async fn read_token(&self, sql: &str, resource: &str) -> Result<Option<FencingToken>> {
         let stored: Option<String> = self
             .options
-            .bounded("reading a fence", async {
-                let mut s = self.pool.session().await?;
-                let stored = sqlx::query_scalar(sql)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(stored)
-            })
+            .bounded(
+                "reading a fence",
+                self.pool
+                    .fetch_optional_scalar(sqlx::query_scalar(sql).bind(resource)),
+            )
             .await?;
         stored
             .filter(|t| !t.starts_with('-'))
@@ -293,14 +290,11 @@ impl Fence for PostgresFence {
     async fn read_value(&self, resource: &str) -> Result<Option<FencedValue>> {
         let row: Option<(String, Vec<u8>)> = self
             .options
-            .bounded("reading a value", async {
-                let mut s = self.pool.session().await?;
-                let row = sqlx::query_as(&self.read_value_sql)
-                    .bind(resource)
-                    .fetch_optional(s.conn()?)
-                    .await;
-                s.finish_after(row)
-            })
+            .bounded(
+                "reading a value",
+                self.pool
+                    .fetch_optional_as(sqlx::query_as(&self.read_value_sql).bind(resource)),
+            )
             .await?;
         row.map(|(token, value)| Ok(FencedValue::new(parse_token(&token)?, value)))
             .transpose()

@@ -1,10 +1,12 @@
 //! What the fencelock PostgreSQL and MySQL backends genuinely share: parsing
 //! the library's own URL options, keeping passwords out of every message,
 //! the rule for table prefixes, the driver-level (not SQL-level) error
-//! classes of sqlx, and the time limits on connecting and on every
-//! statement. The SQL itself differs between the engines and lives in each
-//! backend crate, except a fence's reset ([`FenceReset`]), which is the same
-//! transaction on both.
+//! classes of sqlx, the time limits on connecting and on every statement,
+//! and the pool their statements run on (with the one-statement calls most
+//! operations are: [`ConnectionPool::fetch_all`] and its siblings). The SQL
+//! itself differs between the engines and lives in each backend crate,
+//! except a fence's reset ([`FenceReset`]), which is the same transaction
+//! on both.
 
 use std::{fmt, future::Future, time::Duration};
 

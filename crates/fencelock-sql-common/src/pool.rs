@@ -17,7 +17,10 @@ use deadpool::{
     managed::{self, Metrics, Object, PoolError, RecycleResult},
     Runtime,
 };
-use sqlx::{ConnectOptions, Connection, Database};
+use sqlx::{
+    query::{Query, QueryAs, QueryScalar},
+    ConnectOptions, Connection, Database, Executor, FromRow, IntoArguments,
+};
 
 use crate::timed_out;
 
@@ -96,6 +99,84 @@ impl<DB: Database> ConnectionPool<DB> {
     /// Connections open now, idle or in use.
     pub fn size(&self) -> usize {
         self.pool.status().size
+    }
+}
+
+/// One statement on a pooled connection, handed back after: the shape of
+/// most of the backends' and fences' operations (those with a transaction
+/// take a [`Session`] of their own). The caller bounds the call by its
+/// operation time-out.
+impl<DB: Database> ConnectionPool<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    /// Every row `query` returns.
+    pub async fn fetch_all<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<Vec<DB::Row>, sqlx::Error>
+    where
+        A: 'q + IntoArguments<'q, DB>,
+    {
+        let mut s = self.session().await?;
+        let rows = query.fetch_all(s.conn()?).await;
+        s.finish_after(rows)
+    }
+
+    /// The row `query` returns, if any.
+    pub async fn fetch_optional<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<Option<DB::Row>, sqlx::Error>
+    where
+        A: 'q + IntoArguments<'q, DB>,
+    {
+        let mut s = self.session().await?;
+        let row = query.fetch_optional(s.conn()?).await;
+        s.finish_after(row)
+    }
+
+    /// The value of the one column of the row `query` returns, if any.
+    pub async fn fetch_optional_scalar<'q, O, A>(
+        &self,
+        query: QueryScalar<'q, DB, O, A>,
+    ) -> Result<Option<O>, sqlx::Error>
+    where
+        O: Send + Unpin,
+        A: 'q + IntoArguments<'q, DB>,
+        (O,): Send + Unpin + for<'r> FromRow<'r, DB::Row>,
+    {
+        let mut s = self.session().await?;
+        let value = query.fetch_optional(s.conn()?).await;
+        s.finish_after(value)
+    }
+
+    /// The row `query` returns as an `O`, if any.
+    pub async fn fetch_optional_as<'q, O, A>(
+        &self,
+        query: QueryAs<'q, DB, O, A>,
+    ) -> Result<Option<O>, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, DB::Row>,
+        A: 'q + IntoArguments<'q, DB>,
+    {
+        let mut s = self.session().await?;
+        let row = query.fetch_optional(s.conn()?).await;
+        s.finish_after(row)
+    }
+
+    /// Runs `query` for its effect: what the engine reports of it (the
+    /// rows it changed).
+    pub async fn execute<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<DB::QueryResult, sqlx::Error>
+    where
+        A: 'q + IntoArguments<'q, DB>,
+    {
+        let mut s = self.session().await?;
+        let done = query.execute(s.conn()?).await;
+        s.finish_after(done)
     }
 }
 

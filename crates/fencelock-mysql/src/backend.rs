@@ -8,11 +8,7 @@ use fencelock_core::{
     LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
-use sqlx::{
-    mysql::{MySqlArguments, MySqlRow},
-    query::Query,
-    MySql, MySqlConnection, Row,
-};
+use sqlx::{mysql::MySqlRow, MySql, MySqlConnection, Row};
 
 use crate::{
     error::{bad_reply, is_deadlock, map, map_grant, retry_deadlocks, DEADLOCK_RETRIES},
@@ -439,21 +435,6 @@ impl MySqlBackend {
         self.pool.session().await
     }
 
-    /// Runs one statement on a pooled connection within the operation
-    /// time-out: the rows it changed.
-    async fn execute(
-        &self,
-        context: &'static str,
-        statement: Query<'_, MySql, MySqlArguments>,
-    ) -> Result<u64> {
-        self.options
-            .bounded(context, async {
-                let done = self.pool.execute(statement).await?;
-                Ok(done.rows_affected())
-            })
-            .await
-    }
-
     /// The live reader of `key` whose lease ends last.
     async fn last_reader(&self, key: &str) -> Result<Option<LockInfo>> {
         self.options
@@ -851,12 +832,15 @@ impl Backend for MySqlBackend {
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let deleted = self
-            .execute(
+            .options
+            .bounded(
                 "releasing",
-                sqlx::query(&self.sql.release)
-                    .bind(key.as_str())
-                    .bind(owner.as_str())
-                    .bind(token.get()),
+                self.pool.execute(
+                    sqlx::query(&self.sql.release)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(token.get()),
+                ),
             )
             .await?;
         lease.found(deleted > 0)
@@ -864,13 +848,16 @@ impl Backend for MySqlBackend {
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
         let changed = self
-            .execute(
+            .options
+            .bounded(
                 "setting data",
-                sqlx::query(&self.sql.set_data)
-                    .bind(data.as_ref())
-                    .bind(lease.key.as_str())
-                    .bind(lease.owner.as_str())
-                    .bind(lease.token.get()),
+                self.pool.execute(
+                    sqlx::query(&self.sql.set_data)
+                        .bind(data.as_ref())
+                        .bind(lease.key.as_str())
+                        .bind(lease.owner.as_str())
+                        .bind(lease.token.get()),
+                ),
             )
             .await?;
         lease.found(changed > 0)
@@ -934,9 +921,11 @@ impl Backend for MySqlBackend {
 
     async fn release_all(&self, owner: &Owner) -> Result<u64> {
         let writers = self
-            .execute(
+            .options
+            .bounded(
                 "releasing all",
-                sqlx::query(&self.sql.release_all).bind(owner.as_str()),
+                self.pool
+                    .execute(sqlx::query(&self.sql.release_all).bind(owner.as_str())),
             )
             .await?;
         let keys: Vec<Vec<u8>> = self
@@ -978,7 +967,10 @@ impl Backend for MySqlBackend {
     async fn cleanup_expired(&self) -> Result<u64> {
         let mut removed = 0;
         for sql in [&self.sql.cleanup, &self.sql.cleanup_readers] {
-            removed += self.execute("cleaning up", sqlx::query(sql)).await?;
+            removed += self
+                .options
+                .bounded("cleaning up", self.pool.execute(sqlx::query(sql)))
+                .await?;
         }
         Ok(removed)
     }
@@ -1097,26 +1089,32 @@ impl Backend for MySqlBackend {
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.execute(
-            "posting a writer's intent",
-            sqlx::query(&self.sql.post_intent)
-                .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(owner.as_str())
-                .bind(ttl_micros(ttl)),
-        )
-        .await?;
+        self.options
+            .bounded(
+                "posting a writer's intent",
+                self.pool.execute(
+                    sqlx::query(&self.sql.post_intent)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(owner.as_str())
+                        .bind(ttl_micros(ttl)),
+                ),
+            )
+            .await?;
         Ok(())
     }
 
     async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.execute(
-            "withdrawing a writer's intent",
-            sqlx::query(&self.sql.withdraw_intent)
-                .bind(key.as_str())
-                .bind(owner.as_str()),
-        )
-        .await?;
+        self.options
+            .bounded(
+                "withdrawing a writer's intent",
+                self.pool.execute(
+                    sqlx::query(&self.sql.withdraw_intent)
+                        .bind(key.as_str())
+                        .bind(owner.as_str()),
+                ),
+            )
+            .await?;
         Ok(())
     }
 

@@ -387,21 +387,6 @@ impl PostgresBackend {
     async fn session(&self) -> std::result::Result<Session<Postgres>, sqlx::Error> {
         self.pool.session().await
     }
-
-    /// Runs one statement on a pooled connection within the operation
-    /// time-out: the rows it changed.
-    async fn execute(
-        &self,
-        context: &'static str,
-        statement: Query<'_, Postgres, PgArguments>,
-    ) -> Result<u64> {
-        self.options
-            .bounded(context, async {
-                let done = self.pool.execute(statement).await?;
-                Ok(done.rows_affected())
-            })
-            .await
-    }
 }
 
 impl PostgresBackend {
@@ -692,13 +677,16 @@ impl Backend for PostgresBackend {
             return Err(Error::not_held(lease));
         };
         let changed = self
-            .execute(
+            .options
+            .bounded(
                 "setting data",
-                sqlx::query(&self.sql.set_data)
-                    .bind(lease.key.as_str())
-                    .bind(lease.owner.as_str())
-                    .bind(db_token)
-                    .bind(data_text(data.as_ref())),
+                self.pool.execute(
+                    sqlx::query(&self.sql.set_data)
+                        .bind(lease.key.as_str())
+                        .bind(lease.owner.as_str())
+                        .bind(db_token)
+                        .bind(data_text(data.as_ref())),
+                ),
             )
             .await?;
         lease.found(changed > 0)
@@ -946,14 +934,17 @@ impl Backend for PostgresBackend {
     }
 
     async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.execute(
-            "posting a writer's intent",
-            sqlx::query(&self.sql.post_intent)
-                .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(ttl_micros(ttl)),
-        )
-        .await?;
+        self.options
+            .bounded(
+                "posting a writer's intent",
+                self.pool.execute(
+                    sqlx::query(&self.sql.post_intent)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(ttl_micros(ttl)),
+                ),
+            )
+            .await?;
         Ok(())
     }
 

@@ -17,7 +17,7 @@ mod fence;
 mod pool;
 
 pub use fence::FenceReset;
-pub use pool::{open_pool, ConnectionPool, Session};
+pub use pool::{open_pool, ConnectionPool, RowsAffected, Session};
 
 /// The prefix used when the URL names none.
 pub const DEFAULT_PREFIX: &str = "fencelock_";

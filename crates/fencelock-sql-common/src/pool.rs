@@ -165,18 +165,15 @@ where
         s.finish_after(row)
     }
 
-    /// Runs `query` for its effect: what the engine reports of it (the
-    /// rows it changed).
-    pub async fn execute<'q, A>(
-        &self,
-        query: Query<'q, DB, A>,
-    ) -> Result<DB::QueryResult, sqlx::Error>
+    /// Runs `query` for its effect: the rows it changed.
+    pub async fn execute<'q, A>(&self, query: Query<'q, DB, A>) -> Result<u64, sqlx::Error>
     where
         A: 'q + IntoArguments<'q, DB>,
+        DB::QueryResult: RowsAffected,
     {
         let mut s = self.session().await?;
         let done = query.execute(s.conn()?).await;
-        s.finish_after(done)
+        s.finish_after(done).map(|done| done.rows_affected())
     }
 }
 
@@ -292,4 +289,24 @@ pub async fn open_pool<DB: Database>(
 /// (`ECONNREFUSED`), as opposed to a server that answered with an error.
 fn is_refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
+/// The rows a statement changed, as each engine's result reports them
+/// (sqlx gives the count on each engine's own result type, not on the
+/// generic one).
+pub trait RowsAffected {
+    /// The rows the statement changed (MySQL: matched).
+    fn rows_affected(&self) -> u64;
+}
+
+impl RowsAffected for sqlx::mysql::MySqlQueryResult {
+    fn rows_affected(&self) -> u64 {
+        sqlx::mysql::MySqlQueryResult::rows_affected(self)
+    }
+}
+
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn rows_affected(&self) -> u64 {
+        sqlx::postgres::PgQueryResult::rows_affected(self)
+    }
 }

@@ -97,19 +97,20 @@ pub struct Client {
     runtime: Option<Handle>,
 }
 
-/// `request` with the settings of `options` that every acquisition takes.
-fn settings<R: AcquireSettings>(mut request: R, o: &LockOptions) -> fencelock::Result<R> {
+/// `request` with the settings of `options` that every acquisition takes
+/// (the label and data moved out of `o`, not copied).
+fn settings<R: AcquireSettings>(mut request: R, o: &mut LockOptions) -> fencelock::Result<R> {
     if let Some(ttl) = opt_duration(&o.ttl, "ttl", false)? {
         request = request.ttl(ttl);
     }
     if let Some(wait) = opt_duration(&o.wait, "wait", true)? {
         request = request.wait(wait);
     }
-    if let Some(kind) = &o.kind {
-        request = request.kind(kind.clone());
+    if let Some(kind) = o.kind.take() {
+        request = request.kind(kind);
     }
-    if let Some(data) = &o.data {
-        request = request.data(data.clone());
+    if let Some(data) = o.data.take() {
+        request = request.data(data);
     }
     if let Some(period) = opt_duration(&o.renew_every, "renewEvery", false)? {
         request = request.renew_every(period);
@@ -122,10 +123,10 @@ fn request<'a>(
     request: fencelock::LockRequest<'a>,
     options: Option<LockOptions>,
 ) -> fencelock::Result<fencelock::LockRequest<'a>> {
-    let Some(o) = options else {
+    let Some(mut o) = options else {
         return Ok(request);
     };
-    let mut request = settings(request, &o)?;
+    let mut request = settings(request, &mut o)?;
     if let Some(owner) = o.owner {
         request = request.owner(Owner::new(owner)?);
     }
@@ -183,8 +184,8 @@ impl Client {
         let client = self.inner.clone();
         settle(&env, async move {
             let mut sem = client.semaphore(name, permits);
-            if let Some(o) = &options {
-                sem = settings(sem, o)?;
+            if let Some(mut o) = options {
+                sem = settings(sem, &mut o)?;
             }
             let permit = sem.acquire().await?;
             let slot = permit.slot();
@@ -203,8 +204,8 @@ impl Client {
         let client = self.inner.clone();
         settle(&env, async move {
             let mut multi = client.lock_all(keys);
-            if let Some(o) = &options {
-                multi = settings(multi, o)?;
+            if let Some(mut o) = options {
+                multi = settings(multi, &mut o)?;
             }
             Ok(MultiGuard::new(multi.acquire().await?))
         })

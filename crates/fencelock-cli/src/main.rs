@@ -601,16 +601,13 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             ttl,
             shared,
         } => {
-            let lease = lease_id(&key, &owner, &token)?;
+            let lease = lease_id(&key, &owner, &token)?.with_mode(mode_of(shared));
             let backend = open(&url, Deadline::now()).await?;
-            let renewed = if shared {
-                backend.renew_shared(&lease, ttl).await
-            } else {
-                backend.renew(&lease, ttl).await
-            };
-            match renewed {
+            match backend.renew(&lease, ttl).await {
                 Ok(grant) => {
-                    let LeaseId { key, owner, token } = &lease;
+                    let LeaseId {
+                        key, owner, token, ..
+                    } = &lease;
                     out.emit(
                         &json!({
                             "key": key, "owner": owner, "token": token,
@@ -635,14 +632,9 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
             token,
             shared,
         } => {
-            let lease = lease_id(&key, &owner, &token)?;
+            let lease = lease_id(&key, &owner, &token)?.with_mode(mode_of(shared));
             let backend = open(&url, Deadline::now()).await?;
-            let released = if shared {
-                backend.release_shared(&lease).await
-            } else {
-                backend.release(&lease).await
-            };
-            match released {
+            match backend.release(&lease).await {
                 Ok(()) => {
                     out.emit(&json!({"key": lease.key, "released": true}), || {
                         format!("released {}", lease.key)
@@ -816,6 +808,15 @@ async fn dispatch(cli: Cli, out: Output) -> Result<u8, Error> {
 /// A duration in whole milliseconds, for JSON.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The side of a key `--shared` names.
+fn mode_of(shared: bool) -> fencelock::LockMode {
+    if shared {
+        fencelock::LockMode::Shared
+    } else {
+        fencelock::LockMode::Exclusive
+    }
 }
 
 fn lease_id(key: &str, owner: &str, token: &str) -> Result<LeaseId, Error> {

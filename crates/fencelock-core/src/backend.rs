@@ -1,19 +1,27 @@
 //! The contract between the client and a storage engine (see
 //! `docs/architecture.md`).
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::{
     changes::ChangeFeed,
-    error::Result,
-    types::{FencingToken, LeaseId, LockInfo, LockKey, Owner},
+    error::{Error, Result},
+    types::{FencingToken, LeaseId, LockInfo, LockKey, LockMode, Owner},
     wake::WakeSubscription,
     watch::Watch,
 };
+
+mod admin;
+mod intents;
+mod queue;
+
+pub use admin::{BackendAdmin, Stats};
+pub use intents::WriteIntents;
+pub use queue::FairQueue;
 
 /// A request for a lease, already validated by the client.
 ///
@@ -43,9 +51,14 @@ pub struct AcquireRequest {
     /// leaves (or refreshes) the owner's queue entry on the key, itself a
     /// lease of [`AcquireRequest::ttl`], and a grant goes only to the oldest
     /// live entry. The client sets it only for waiting exclusive requests
-    /// to backends that claim `fair`, and calls [`Backend::leave_queue`]
+    /// to backends that claim `fair`, and calls [`FairQueue::leave_queue`]
     /// when the wait ends without a grant. Never set for a one-shot try.
     pub queue: bool,
+    /// Which side of the key is asked for: a plain lock or writer
+    /// ([`LockMode::Exclusive`], the default) or a reader
+    /// ([`LockMode::Shared`], only sent to backends that claim
+    /// [`Capabilities::shared`]; see `docs/rwlock.md`).
+    pub mode: LockMode,
 }
 
 impl AcquireRequest {
@@ -59,6 +72,22 @@ impl AcquireRequest {
             data: None,
             min_token: None,
             queue: false,
+            mode: LockMode::Exclusive,
+        }
+    }
+
+    /// Asking for `mode` (see [`AcquireRequest::mode`]).
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// [`crate::Error::Unsupported`] for a reader's request: what a backend
+    /// without read-write locks answers one.
+    pub fn exclusive_only(&self, backend: &'static str) -> crate::Result<()> {
+        match self.mode {
+            LockMode::Exclusive => Ok(()),
+            LockMode::Shared => Err(Error::unsupported(backend, "shared locks")),
         }
     }
 
@@ -107,7 +136,7 @@ impl AcquireRequest {
 
     /// The lease this request becomes once granted `token`.
     pub fn lease(&self, token: FencingToken) -> LeaseId {
-        LeaseId::new(self.key.clone(), self.owner.clone(), token)
+        LeaseId::new(self.key.clone(), self.owner.clone(), token).with_mode(self.mode)
     }
 }
 
@@ -169,7 +198,8 @@ pub enum AcquireAll {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Renewal {
-    /// The lease.
+    /// The lease, whose [`LeaseId::mode`] says which side of its key it
+    /// holds.
     pub lease: LeaseId,
     /// The new lease length, from now on the backend's clock.
     pub ttl: Duration,
@@ -209,8 +239,8 @@ pub struct Capabilities {
     /// [`Backend::set_data`] replaces a held lease's JSON data in one atomic
     /// step (what an election leader's `proclaim` uses).
     pub set_data: bool,
-    /// Read-write locks: [`Backend::try_acquire_shared`] and the other
-    /// reader operations, writer intents, and an exclusive
+    /// Read-write locks: shared requests and leases ([`LockMode::Shared`]),
+    /// writer intents ([`Backend::write_intents`]), and an exclusive
     /// [`Backend::try_acquire`] that waits for readers (`docs/rwlock.md`).
     pub shared: bool,
     /// [`Backend::try_acquire_all`] takes several keys in one atomic step
@@ -220,8 +250,8 @@ pub struct Capabilities {
     /// Waiters are granted in the order they started waiting
     /// (`docs/fairness.md`): [`AcquireRequest::queue`] leaves a queue entry
     /// ordered by the engine itself (etcd create revisions, ZooKeeper
-    /// sequential nodes), [`Backend::leave_queue`] withdraws it, and
-    /// [`Backend::queue`] lists the live entries.
+    /// sequential nodes), [`Backend::fair_queue`] withdraws and
+    /// lists the entries.
     pub fair: bool,
     /// [`Backend::try_acquire_waiting`] waits for a held key where the key
     /// is (a lock service waits with its own backend's wake-ups and answers
@@ -313,61 +343,6 @@ impl Capabilities {
     }
 }
 
-/// Operator statistics about a backend's lock table.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Unexpired leases.
-    pub held: u64,
-    /// Unexpired leases by kind (`""` for leases without one).
-    pub held_by_kind: BTreeMap<String, u64>,
-    /// Unexpired leases by owner.
-    pub held_by_owner: BTreeMap<String, u64>,
-    /// Mean time the current leases have been held so far, in seconds.
-    pub avg_hold_seconds: Option<f64>,
-    /// Longest time a current lease has been held so far, in seconds.
-    pub max_hold_seconds: Option<f64>,
-    /// Expired leases still stored (what `cleanup` would delete). Always 0 on
-    /// backends where the engine itself deletes expired leases (Redis, etcd).
-    pub expired_not_cleaned: u64,
-}
-
-impl Stats {
-    /// Builds statistics from the unexpired leases and hold times computed on
-    /// the backend's clock; backends that fetch leases then summarise use this
-    /// so that every backend counts the same way.
-    pub fn from_leases<'a>(
-        leases: impl IntoIterator<Item = (&'a LockInfo, Duration)>,
-        expired_not_cleaned: u64,
-    ) -> Self {
-        let mut stats = Stats {
-            expired_not_cleaned,
-            ..Stats::default()
-        };
-        let mut total = 0.0;
-        let mut max: Option<f64> = None;
-        for (lease, held_for) in leases {
-            stats.held += 1;
-            *stats
-                .held_by_kind
-                .entry(lease.kind.clone().unwrap_or_default())
-                .or_default() += 1;
-            *stats
-                .held_by_owner
-                .entry(lease.owner.to_string())
-                .or_default() += 1;
-            let secs = held_for.as_secs_f64();
-            total += secs;
-            max = Some(max.map_or(secs, |m: f64| m.max(secs)));
-        }
-        if stats.held > 0 {
-            stats.avg_hold_seconds = Some(total / stats.held as f64);
-        }
-        stats.max_hold_seconds = max;
-        stats
-    }
-}
-
 /// A storage engine for locks.
 ///
 /// Every method is **one atomic step** on the backend (one statement, script,
@@ -381,9 +356,18 @@ impl Stats {
 /// everywhere: [`crate::Error::NotHeld`], from [`Backend::renew`],
 /// [`Backend::release`] and each item of [`Backend::renew_many`].
 ///
+/// The trait holds the lease operations only; the rest a backend may offer
+/// lives in extension traits it hands out through an accessor:
+/// [`BackendAdmin`] (listing, statistics, force-release, cleanup),
+/// [`FairQueue`] (FIFO waiters, with [`Capabilities::fair`]) and
+/// [`WriteIntents`] (readers held back for a waiting writer, with
+/// [`Capabilities::shared`]). A lease's side of a read-write lock travels in
+/// the request and the lease ([`AcquireRequest::mode`], [`LeaseId::mode`]).
+///
 /// Methods added after the first release have default implementations
 /// (answering [`crate::Error::Unsupported`] or composing the required
-/// methods), so a new capability never breaks an existing backend.
+/// methods), so a new capability never breaks an existing backend, and a
+/// new engine implements only the required lease operations.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Short name for logs and metrics: `memory`, `sqlite`, `postgres`, …
@@ -392,16 +376,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// What this backend offers beyond the required operations.
     fn capabilities(&self) -> Capabilities;
 
-    /// Takes `key` if it is free or its lease has expired, drawing a new
-    /// token greater than every token issued for `key` before (I1, I2, I6)
-    /// and, when the request carries one, greater than its
+    /// Takes `key` in the request's [`mode`](AcquireRequest::mode), drawing
+    /// a new token greater than every token issued for `key` before (I1,
+    /// I2, I6) and, when the request carries one, greater than its
     /// [`min_token`](AcquireRequest::min_token).
     ///
-    /// On a backend that claims [`Capabilities::shared`] this is the
-    /// writer's side of a read-write lock: it is also refused while an
-    /// unexpired reader holds `key` (answering
-    /// [`Acquire::Held`] with that reader, [`crate::LockMode::Shared`]), and a
-    /// grant withdraws the requesting owner's writer intent on `key`.
+    /// An exclusive request is granted when `key` is free or its lease has
+    /// expired. On a backend that claims [`Capabilities::shared`] it is the
+    /// writer's side of a read-write lock (`docs/rwlock.md`): it is also
+    /// refused while an unexpired reader holds `key` (answering
+    /// [`Acquire::Held`] with that reader, [`LockMode::Shared`]), and a grant
+    /// withdraws the requesting owner's writer intent on `key`.
+    ///
+    /// A shared request (a reader) is granted while no unexpired exclusive
+    /// lease and no unexpired writer intent (of any owner: tasks of one
+    /// process share it) exists on `key`, whatever readers hold it, with a
+    /// token from the same per-key counter (I2 across both modes); otherwise
+    /// [`Acquire::Held`] with the writer, if any. A backend without
+    /// read-write locks answers [`crate::Error::Unsupported`]
+    /// ([`AcquireRequest::exclusive_only`]).
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
 
     /// [`Backend::try_acquire`] that may wait up to `wait` for a held key
@@ -424,8 +417,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`Backend::try_acquire`] would (its own token, above its floor, I1 and
     /// I2 per key), or none of them: [`AcquireAll::Held`] names a key held
     /// elsewhere and leaves every other key as it was. The client sends
-    /// distinct keys in sorted order, all for one owner, so that two
-    /// overlapping calls lock rows in the same order and cannot deadlock.
+    /// distinct keys in sorted order, all exclusive and for one owner, so
+    /// that two overlapping calls lock rows in the same order and cannot
+    /// deadlock.
     ///
     /// Backends that offer it claim [`Capabilities::atomic_multi`]. One may
     /// still answer [`crate::Error::Unsupported`] for a set it cannot take
@@ -434,57 +428,37 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`crate::Error::Unsupported`].
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
         let _ = requests;
-        Err(crate::Error::unsupported(
+        Err(Error::unsupported(
             self.name(),
             "atomic multi-key acquisition",
         ))
     }
 
-    /// Extends `lease` to `ttl` from now, only if that exact lease is current
-    /// and unexpired (I3); otherwise [`crate::Error::NotHeld`]. A backend
-    /// that cannot change a lease's length reports the length it did extend
-    /// by in [`Grant::ttl`].
+    /// Extends `lease` (in its [`mode`](LeaseId::mode)) to `ttl` from now,
+    /// only if that exact lease is current and unexpired (I3); otherwise
+    /// [`crate::Error::NotHeld`]. A backend that cannot change a lease's
+    /// length reports the length it did extend by in [`Grant::ttl`].
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant>;
 
     /// Extends every lease of the batch, each as [`Backend::renew`] would,
     /// and answers one result per renewal, in order. The outer error means
     /// the batch as a whole got no answer (nothing is known of any lease).
+    /// A batch may mix exclusive and shared leases ([`renew_each_mode`]
+    /// splits one for a backend that renews each side separately).
     ///
     /// The default renews one lease after another; backends that can do it
     /// in one round trip override it and claim
     /// [`Capabilities::batch_renew`].
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        let mut results = Vec::with_capacity(renewals.len());
-        for renewal in renewals {
-            results.push(self.renew(&renewal.lease, renewal.ttl).await);
-        }
-        Ok(results)
+        renew_one_by_one(self, renewals).await
     }
 
-    /// Removes `lease` only if it is current (I3) and wakes waiters;
-    /// otherwise [`crate::Error::NotHeld`].
+    /// Removes `lease` (in its [`mode`](LeaseId::mode)) only if it is
+    /// current (I3) and wakes waiters; otherwise [`crate::Error::NotHeld`].
     async fn release(&self, lease: &LeaseId) -> Result<()>;
 
     /// The current unexpired lease on `key`, if any.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>>;
-
-    /// Unexpired leases whose key starts with `prefix` (all when `None`),
-    /// sorted by key.
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>>;
-
-    /// Removes the current lease on `key` whoever holds it (an operator's tool)
-    /// and wakes waiters. Returns the lease that was removed, if any.
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>>;
-
-    /// Releases every lease `owner` holds. Returns how many were removed.
-    async fn release_all(&self, owner: &Owner) -> Result<u64>;
-
-    /// Deletes expired lease records to reclaim space; never needed for
-    /// correctness (I6) and never lowers a future token (I2).
-    async fn cleanup_expired(&self) -> Result<u64>;
-
-    /// Operator statistics.
-    async fn stats(&self) -> Result<Stats>;
 
     /// Subscribes to release wake-ups for `key`, or `None` when this backend
     /// has no such signal (waiters then back off with jitter). Callers
@@ -501,7 +475,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`crate::Error::Unsupported`].
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         let _ = key;
-        Err(crate::Error::unsupported(self.name(), "watch"))
+        Err(Error::unsupported(self.name(), "watch"))
     }
 
     /// Notices of the keys whose holder changes anywhere in the store from
@@ -522,81 +496,236 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// [`crate::Error::Unsupported`].
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
         let _ = (lease, data);
-        Err(crate::Error::unsupported(self.name(), "set_data"))
+        Err(Error::unsupported(self.name(), "set_data"))
     }
 
-    /// Takes a reader's lease on `key` (`docs/rwlock.md`): granted while no
-    /// unexpired exclusive lease and no unexpired writer intent (of any
-    /// owner: tasks of one process share it) exists on `key`, whatever
-    /// readers hold it, with a token drawn
-    /// from the same per-key counter as [`Backend::try_acquire`] (I2 across
-    /// both modes). Otherwise [`Acquire::Held`] with the writer, if any.
-    /// Backends that offer it claim [`Capabilities::shared`]; the default
-    /// answers [`crate::Error::Unsupported`].
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let _ = request;
-        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    /// The operator's operations on this backend's lock table, or `None`
+    /// when it offers none (the default). `administer()` on a
+    /// `dyn Backend` turns `None` into [`crate::Error::Unsupported`].
+    fn admin(&self) -> Option<&dyn BackendAdmin> {
+        None
     }
 
-    /// Extends the reader lease `lease`, as [`Backend::renew`] does for an
-    /// exclusive one: only that exact (key, owner, token), unexpired (I3).
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let _ = (lease, ttl);
-        Err(crate::Error::unsupported(self.name(), "shared locks"))
+    /// The queue of waiters on a key, offered by backends that claim
+    /// [`Capabilities::fair`]; `None` (the default) for the others, which
+    /// keep no queue.
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        None
     }
 
-    /// Extends a batch of reader leases, as [`Backend::renew_many`] does for
-    /// exclusive ones. The default renews one after another.
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        let mut results = Vec::with_capacity(renewals.len());
-        for renewal in renewals {
-            results.push(self.renew_shared(&renewal.lease, renewal.ttl).await);
+    /// Writer intents, offered by backends that claim
+    /// [`Capabilities::shared`]; `None` (the default) for the others.
+    fn write_intents(&self) -> Option<&dyn WriteIntents> {
+        None
+    }
+}
+
+/// Inside `impl Backend for T`, the accessors of the extension traits `T`
+/// implements itself, each answering `Some(self)`:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use fencelock_core::*;
+/// #[derive(Debug)]
+/// struct Engine;
+///
+/// #[async_trait]
+/// impl Backend for Engine {
+///     # fn name(&self) -> &'static str { "engine" }
+///     # fn capabilities(&self) -> Capabilities { Capabilities::default() }
+///     # async fn try_acquire(&self, _: &AcquireRequest) -> Result<Acquire> { Ok(Acquire::Held(None)) }
+///     # async fn renew(&self, l: &LeaseId, _: Duration) -> Result<Grant> { Err(Error::not_held(l)) }
+///     # async fn release(&self, l: &LeaseId) -> Result<()> { Err(Error::not_held(l)) }
+///     # async fn inspect(&self, _: &LockKey) -> Result<Option<LockInfo>> { Ok(None) }
+///     // … the lease operations …
+///     fencelock_core::offers!(admin);
+/// }
+///
+/// #[async_trait]
+/// impl BackendAdmin for Engine {
+///     // … list, force_release, release_all, cleanup_expired, stats …
+///     # async fn list(&self, _: Option<&str>) -> Result<Vec<LockInfo>> { Ok(Vec::new()) }
+///     # async fn force_release(&self, _: &LockKey) -> Result<Option<LockInfo>> { Ok(None) }
+///     # async fn release_all(&self, _: &Owner) -> Result<u64> { Ok(0) }
+///     # async fn cleanup_expired(&self) -> Result<u64> { Ok(0) }
+///     # async fn stats(&self) -> Result<Stats> { Ok(Stats::default()) }
+/// }
+///
+/// let engine: &dyn Backend = &Engine;
+/// assert!(engine.admin().is_some() && engine.fair_queue().is_none());
+/// ```
+///
+/// An engine that offers one only in some configurations writes that
+/// accessor itself.
+#[macro_export]
+macro_rules! offers {
+    ($($accessor:ident),+ $(,)?) => {
+        $($crate::offers!(@one $accessor);)+
+    };
+    (@one admin) => {
+        fn admin(&self) -> Option<&dyn $crate::BackendAdmin> {
+            Some(self)
         }
-        Ok(results)
-    }
+    };
+    (@one fair_queue) => {
+        fn fair_queue(&self) -> Option<&dyn $crate::FairQueue> {
+            Some(self)
+        }
+    };
+    (@one write_intents) => {
+        fn write_intents(&self) -> Option<&dyn $crate::WriteIntents> {
+            Some(self)
+        }
+    };
+}
 
-    /// Removes the reader lease `lease` only if it is current (I3) and wakes
-    /// waiters; otherwise [`crate::Error::NotHeld`].
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        let _ = lease;
-        Err(crate::Error::unsupported(self.name(), "shared locks"))
+impl dyn Backend + '_ {
+    /// This backend's [`BackendAdmin`], or [`crate::Error::Unsupported`]
+    /// when it offers none: what every caller of an operator's operation
+    /// through a `dyn Backend` starts with.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use fencelock_core::{Backend, MemoryBackend};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> fencelock_core::Result<()> {
+    ///
+    /// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    /// assert!(backend.administer()?.list(None).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn administer(&self) -> Result<&dyn BackendAdmin> {
+        self.admin()
+            .ok_or_else(|| Error::unsupported(self.name(), "administration"))
     }
+}
 
-    /// Records that `owner` waits to write `key` for the next `ttl` (backend
-    /// clock): until it expires, is withdrawn or `owner` is granted `key`,
-    /// new readers are refused, so that a stream of readers cannot starve a
-    /// writer. An intent is a lease too: a writer that dies while waiting
-    /// blocks readers for at most `ttl`. One intent per key; a later one
-    /// replaces an expired one or one of the same owner, and leaves another
-    /// owner's live intent in place (that writer is served first).
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        let _ = (key, owner, ttl);
-        Err(crate::Error::unsupported(self.name(), "shared locks"))
+/// Renews each lease of a batch with its own [`Backend::renew`], one after
+/// another: the default [`Backend::renew_many`], and what an engine without
+/// a batch statement for one side of a read-write lock uses for that side.
+pub async fn renew_one_by_one<B: Backend + ?Sized>(
+    backend: &B,
+    renewals: &[Renewal],
+) -> Result<Vec<Result<Grant>>> {
+    let mut results = Vec::with_capacity(renewals.len());
+    for renewal in renewals {
+        results.push(backend.renew(&renewal.lease, renewal.ttl).await);
     }
+    Ok(results)
+}
 
-    /// Withdraws `owner`'s writer intent on `key`, if it has one (a writer
-    /// that stopped waiting), and wakes waiting readers.
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        let _ = (key, owner);
-        Err(crate::Error::unsupported(self.name(), "shared locks"))
+/// [`Backend::renew_many`] for an engine with a batch statement for the
+/// writers' side only: the writers' leases in one `writers` call, the
+/// readers' one by one through [`Backend::renew`], both at once (see
+/// [`renew_each_mode`]).
+pub async fn renew_writers_batched<B, F, Fut>(
+    backend: &B,
+    renewals: &[Renewal],
+    writers: F,
+) -> Result<Vec<Result<Grant>>>
+where
+    B: Backend + ?Sized,
+    F: Fn(Vec<Renewal>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Result<Grant>>>>,
+{
+    let writers = &writers;
+    renew_each_mode(backend.name(), renewals, |mode, batch| async move {
+        match mode {
+            LockMode::Exclusive => writers(batch).await,
+            LockMode::Shared => renew_one_by_one(backend, &batch).await,
+        }
+    })
+    .await
+}
+
+/// Renews one lease with a batch call, for an engine whose only renewal
+/// statement takes a batch: the batch's one answer, or
+/// [`crate::Error::NotHeld`] if it answered none.
+pub async fn renew_alone<F, Fut>(lease: &LeaseId, ttl: Duration, renew_batch: F) -> Result<Grant>
+where
+    F: FnOnce(Vec<Renewal>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Result<Grant>>>>,
+{
+    let mut answers = renew_batch(vec![Renewal::new(lease.clone(), ttl)]).await?;
+    answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
+}
+
+/// Renews a batch that may mix exclusive and shared leases, for a backend
+/// that renews each side with its own statement or script: `renew` gets
+/// each side's part (never an empty one), both sides run concurrently, and
+/// the answers come back in the batch's order. A side whose call failed as
+/// a whole answers that error for each of its leases, so that one side's
+/// failure says nothing about the other's.
+pub async fn renew_each_mode<F, Fut>(
+    backend: &'static str,
+    renewals: &[Renewal],
+    renew: F,
+) -> Result<Vec<Result<Grant>>>
+where
+    F: Fn(LockMode, Vec<Renewal>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Result<Grant>>>>,
+{
+    let (shared, exclusive): (Vec<_>, Vec<_>) = renewals
+        .iter()
+        .cloned()
+        .enumerate()
+        .partition(|(_, r)| r.lease.mode == LockMode::Shared);
+    if shared.is_empty() || exclusive.is_empty() {
+        let mode = renewals
+            .first()
+            .map_or(LockMode::Exclusive, |r| r.lease.mode);
+        return renew(mode, renewals.to_vec()).await;
     }
+    let (exclusive_at, exclusive): (Vec<usize>, Vec<Renewal>) = exclusive.into_iter().unzip();
+    let (shared_at, shared): (Vec<usize>, Vec<Renewal>) = shared.into_iter().unzip();
+    let (exclusive_results, shared_results) = tokio::join!(
+        renew(LockMode::Exclusive, exclusive),
+        renew(LockMode::Shared, shared)
+    );
+    let mut answers: Vec<(usize, Result<Grant>)> = exclusive_at
+        .iter()
+        .copied()
+        .zip(each_answered(
+            backend,
+            exclusive_results,
+            exclusive_at.len(),
+        ))
+        .chain(shared_at.iter().copied().zip(each_answered(
+            backend,
+            shared_results,
+            shared_at.len(),
+        )))
+        .collect();
+    answers.sort_by_key(|(at, _)| *at);
+    Ok(answers.into_iter().map(|(_, answer)| answer).collect())
+}
 
-    /// Withdraws `owner`'s queue entry on `key`, if it has one: its waiting
-    /// acquisition ended without a grant (deadline passed, or the wait was
-    /// dropped). A grant removes the entry itself. Backends that claim
-    /// [`Capabilities::fair`] implement it; the default has no queue and
-    /// answers `Ok(())`.
-    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        let _ = (key, owner);
-        Ok(())
-    }
-
-    /// The live queue entries of `key`, oldest (next to be granted) first:
-    /// each waiter's owner, the entry's position token and the time its
-    /// entry has left (`expires_in`) on the backend's clock. The default has
-    /// no queue and answers an empty list.
-    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
-        let _ = key;
-        Ok(Vec::new())
+/// One answer per lease of a batch of `count`: the batch's own, or its
+/// failure (a failed call, or a wrong number of answers) for each lease.
+pub(crate) fn each_answered(
+    backend: &'static str,
+    batch: Result<Vec<Result<Grant>>>,
+    count: usize,
+) -> Vec<Result<Grant>> {
+    match batch {
+        Ok(results) if results.len() == count => results,
+        Ok(results) => {
+            let message = format!(
+                "renew_many answered {} results for {count} leases",
+                results.len()
+            );
+            (0..count)
+                .map(|_| {
+                    Err(crate::BackendError::message(
+                        backend,
+                        crate::ErrorStatus::Transient,
+                        message.clone(),
+                    )
+                    .into())
+                })
+                .collect()
+        }
+        Err(e) => (0..count).map(|_| Err(e.duplicate(backend))).collect(),
     }
 }

@@ -12,7 +12,7 @@ use crate::{
     deadline::bounded,
     error::{Error, ErrorStatus, Result},
     guard::{GuardHandle, LockGuard},
-    lease::{release_as, GuardConfig},
+    lease::GuardConfig,
     metrics as m,
     renewer::Renewer,
     types::{validate_ttl, FencingToken, LockInfo, LockKey, LockMode, Owner},
@@ -210,7 +210,12 @@ impl LockClient {
     /// (by token), or nothing.
     pub async fn holders(&self, key: &str) -> Result<Vec<LockInfo>> {
         let key = LockKey::new(key)?;
-        let mut found = self.inner.backend.list(Some(key.as_str())).await?;
+        let mut found = self
+            .inner
+            .backend
+            .administer()?
+            .list(Some(key.as_str()))
+            .await?;
         found.retain(|lease| lease.key == key);
         Ok(found)
     }
@@ -237,29 +242,35 @@ impl LockClient {
         self.inner.backend.inspect(&LockKey::new(key)?).await
     }
 
-    /// Current leases whose key starts with `prefix`.
+    /// Current leases whose key starts with `prefix`. This and the other
+    /// operator's calls below answer [`Error::Unsupported`] on a backend
+    /// without [`crate::Backend::admin`].
     pub async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.inner.backend.list(prefix).await
+        self.inner.backend.administer()?.list(prefix).await
     }
 
     /// Operator statistics.
     pub async fn stats(&self) -> Result<Stats> {
-        self.inner.backend.stats().await
+        self.inner.backend.administer()?.stats().await
     }
 
     /// Deletes expired lease records.
     pub async fn cleanup(&self) -> Result<u64> {
-        self.inner.backend.cleanup_expired().await
+        self.inner.backend.administer()?.cleanup_expired().await
     }
 
     /// Removes whatever lease `key` has, whoever holds it.
     pub async fn force_release(&self, key: &str) -> Result<Option<LockInfo>> {
-        self.inner.backend.force_release(&LockKey::new(key)?).await
+        self.inner
+            .backend
+            .administer()?
+            .force_release(&LockKey::new(key)?)
+            .await
     }
 
     /// Releases every lease held by `owner`.
     pub async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.inner.backend.release_all(owner).await
+        self.inner.backend.administer()?.release_all(owner).await
     }
 
     /// The holder changes of `key` from now on (acquisitions, releases and
@@ -428,7 +439,7 @@ impl LockRequest<'_> {
     /// `docs/fairness.md`): on a backend that claims
     /// [`crate::Capabilities::fair`], a refused try leaves or refreshes the
     /// owner's queue entry on the key, and the caller withdraws it with
-    /// [`Backend::leave_queue`] when its wait ends without a grant. Ignored
+    /// [`crate::FairQueue::leave_queue`] when its wait ends without a grant. Ignored
     /// for a request that waits here (it keeps its own entry) and on other
     /// backends.
     pub fn queued(mut self, yes: bool) -> Self {
@@ -494,12 +505,12 @@ impl LockRequest<'_> {
         let request = AcquireRequest::new(key, owner, ttl)
             .with_kind(self.kind.clone())
             .with_data(self.data.clone())
-            .with_min_token(self.min_token);
+            .with_min_token(self.min_token)
+            .with_mode(self.mode);
         let config = GuardConfig {
             renew_every,
             clock: inner.clock,
             op_timeout: inner.op_timeout,
-            mode: self.mode,
             hold_at_least: self.hold_at_least,
         };
         Ok((request, config))
@@ -531,7 +542,7 @@ impl LockRequest<'_> {
             "fencelock.acquire",
             key = %request.key,
             owner = %request.owner,
-            mode = %config.mode,
+            mode = %request.mode,
             backend = self.client.inner.backend.name(),
         );
         acquire_loop(&self.client.inner, request, config, self.wait, self.queued)
@@ -609,14 +620,14 @@ async fn acquire_loop(
     // `None`: a wait too long to represent (e.g. `Duration::MAX`) is forever.
     let deadline = started.checked_add(wait);
     let before_deadline = |now: Instant| deadline.is_none_or(|d| now < d);
-    let queue = QueueEntry::new(client, &request, config, wait);
+    let queue = QueueEntry::new(client, &request, wait);
     // A backend that waits where the key is (a lock service) is asked to,
     // one stretch at a time: it is woken there by its own backend, so the
     // wait needs no subscription here. Queued waits keep the attempts that
     // refresh their entry.
     let waits_there = backend.capabilities().waits
         && !wait.is_zero()
-        && config.mode == LockMode::Exclusive
+        && request.mode == LockMode::Exclusive
         && queue.is_none();
     // Subscribe before the first try so that a release between a failed try
     // and the wait that follows is still seen. Bounded like every other
@@ -639,12 +650,12 @@ async fn acquire_loop(
         }
     };
     let mut backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
-    let mut intent = WriteIntent::new(client, &request, config, wait);
+    let mut intent = WriteIntent::new(client, &request, wait);
     let mut queue = queue;
     // One try of a wait run across requests keeps the caller's entry.
     let queued = queued
         && wait.is_zero()
-        && config.mode == LockMode::Exclusive
+        && request.mode == LockMode::Exclusive
         && backend.capabilities().fair;
     let request = request.with_queue(queue.is_some() || queued);
     loop {
@@ -762,12 +773,10 @@ pub(crate) async fn attempt(
     ::metrics::counter!(m::ACQUIRE_ATTEMPTS, "backend" => name).increment(1);
     let sent = Sent::now();
     let call = async {
-        match config.mode {
-            LockMode::Exclusive if !stretch.is_zero() => {
-                backend.try_acquire_waiting(request, stretch).await
-            }
-            LockMode::Exclusive => backend.try_acquire(request).await,
-            LockMode::Shared => backend.try_acquire_shared(request).await,
+        if stretch.is_zero() {
+            backend.try_acquire(request).await
+        } else {
+            backend.try_acquire_waiting(request, stretch).await
         }
     };
     let attempt = tokio::time::timeout(client.op_timeout + stretch, call).await;
@@ -780,7 +789,7 @@ pub(crate) async fn attempt(
             // for it would be lost at birth. Hand it back rather than
             // make the next holder wait out its TTL, and count the
             // attempt as failed.
-            give_back_late_grant(client, request, config.mode, &grant, sent).await;
+            give_back_late_grant(client, request, &grant, sent).await;
             if !before_deadline(Instant::now()) {
                 return Err(crate::BackendError::message(
                     name,
@@ -1055,13 +1064,8 @@ struct WriteIntent {
 }
 
 impl WriteIntent {
-    fn new(
-        client: &ClientInner,
-        request: &AcquireRequest,
-        config: GuardConfig,
-        wait: Duration,
-    ) -> Self {
-        let posts = config.mode == LockMode::Exclusive
+    fn new(client: &ClientInner, request: &AcquireRequest, wait: Duration) -> Self {
+        let posts = request.mode == LockMode::Exclusive
             && !wait.is_zero()
             && client.backend.capabilities().shared;
         // Three refreshes per intent TTL: one lost refresh never lets the
@@ -1082,9 +1086,10 @@ impl WriteIntent {
         if self.refresh.is_none() {
             return;
         }
-        let post = client
-            .backend
-            .post_write_intent(&request.key, &request.owner, request.ttl);
+        let Some(intents) = client.backend.write_intents() else {
+            return;
+        };
+        let post = intents.post_write_intent(&request.key, &request.owner, request.ttl);
         match bounded(client.op_timeout, "post_write_intent", post).await {
             Ok(()) => self.posted = true,
             Err(e) => tracing::debug!(error = %e, reader = %reader.owner,
@@ -1097,9 +1102,10 @@ impl WriteIntent {
         if !std::mem::take(&mut self.posted) {
             return;
         }
-        let withdraw = client
-            .backend
-            .withdraw_write_intent(&request.key, &request.owner);
+        let Some(intents) = client.backend.write_intents() else {
+            return;
+        };
+        let withdraw = intents.withdraw_write_intent(&request.key, &request.owner);
         if let Err(e) = bounded(client.op_timeout, "withdraw_write_intent", withdraw).await {
             tracing::debug!(error = %e, "could not withdraw the writer's intent; it will expire");
         }
@@ -1128,13 +1134,8 @@ struct QueueEntry {
 impl QueueEntry {
     /// An entry for waiting exclusive requests to backends that claim
     /// `fair`; a single try never queues, so it leaves nothing behind.
-    fn new(
-        client: &ClientInner,
-        request: &AcquireRequest,
-        config: GuardConfig,
-        wait: Duration,
-    ) -> Option<Self> {
-        let queues = config.mode == LockMode::Exclusive
+    fn new(client: &ClientInner, request: &AcquireRequest, wait: Duration) -> Option<Self> {
+        let queues = request.mode == LockMode::Exclusive
             && !wait.is_zero()
             && client.backend.capabilities().fair;
         queues.then(|| Self {
@@ -1185,10 +1186,13 @@ impl Drop for QueueEntry {
     }
 }
 
-/// One bounded [`Backend::leave_queue`]; a failure only costs the next
-/// waiter up to the entry's TTL.
+/// One bounded [`crate::FairQueue::leave_queue`]; a failure only costs the
+/// next waiter up to the entry's TTL.
 async fn leave_queue(backend: &dyn Backend, key: &LockKey, owner: &Owner, op_timeout: Duration) {
-    if let Err(e) = bounded(op_timeout, "leave_queue", backend.leave_queue(key, owner)).await {
+    let Some(queue) = backend.fair_queue() else {
+        return;
+    };
+    if let Err(e) = bounded(op_timeout, "leave_queue", queue.leave_queue(key, owner)).await {
         tracing::debug!(error = %e, "could not leave the queue; the entry will expire");
     }
 }
@@ -1198,7 +1202,6 @@ async fn leave_queue(backend: &dyn Backend, key: &LockKey, owner: &Owner, op_tim
 async fn give_back_late_grant(
     client: &ClientInner,
     request: &AcquireRequest,
-    mode: LockMode,
     grant: &Grant,
     sent: Sent,
 ) {
@@ -1207,8 +1210,7 @@ async fn give_back_late_grant(
         "grant arrived after its lease had ended locally; releasing it"
     );
     let lease = request.lease(grant.token);
-    let release = release_as(&*client.backend, &lease, mode);
-    match tokio::time::timeout(client.op_timeout, release).await {
+    match tokio::time::timeout(client.op_timeout, client.backend.release(&lease)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "could not release the late grant; it will expire");

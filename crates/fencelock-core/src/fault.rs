@@ -18,8 +18,9 @@ use std::{
 use async_trait::async_trait;
 
 use crate::{
-    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ErrorStatus, Grant,
-    LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats, WakeSubscription, Watch,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendAdmin, BackendError, Capabilities,
+    ErrorStatus, FairQueue, Grant, LeaseId, LockInfo, LockKey, Owner, Renewal, Result, Stats,
+    WakeSubscription, Watch, WriteIntents,
 };
 
 /// How the wrapped backend behaves.
@@ -188,6 +189,34 @@ impl Backend for FaultyBackend {
         self.inspect_calls.fetch_add(1, Ordering::SeqCst);
         self.call(self.inner.inspect(key)).await
     }
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        self.call(self.inner.subscribe(key)).await
+    }
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        self.call(self.inner.watch(key)).await
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        self.call(self.inner.set_data(lease, data)).await
+    }
+
+    fn admin(&self) -> Option<&dyn BackendAdmin> {
+        self.inner.admin().map(|_| self as &dyn BackendAdmin)
+    }
+
+    // Queues and writer intents pass through without faults: what the
+    // wrapper tests is the lease operations.
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.inner.fair_queue()
+    }
+
+    fn write_intents(&self) -> Option<&dyn WriteIntents> {
+        self.inner.write_intents()
+    }
+}
+
+#[async_trait]
+impl BackendAdmin for FaultyBackend {
     async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         self.list_calls.fetch_add(1, Ordering::SeqCst);
         let fail = self
@@ -202,28 +231,22 @@ impl Backend for FaultyBackend {
             )
             .into());
         }
-        self.call(self.inner.list(prefix)).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.call(self.inner.force_release(key)).await
-    }
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.call(self.inner.release_all(owner)).await
-    }
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.call(self.inner.cleanup_expired()).await
-    }
-    async fn stats(&self) -> Result<Stats> {
-        self.call(self.inner.stats()).await
-    }
-    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        self.call(self.inner.subscribe(key)).await
-    }
-    async fn watch(&self, key: &LockKey) -> Result<Watch> {
-        self.call(self.inner.watch(key)).await
+        self.call(self.inner.administer()?.list(prefix)).await
     }
 
-    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
-        self.call(self.inner.set_data(lease, data)).await
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        self.call(self.inner.administer()?.force_release(key)).await
+    }
+
+    async fn release_all(&self, owner: &Owner) -> Result<u64> {
+        self.call(self.inner.administer()?.release_all(owner)).await
+    }
+
+    async fn cleanup_expired(&self) -> Result<u64> {
+        self.call(self.inner.administer()?.cleanup_expired()).await
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        self.call(self.inner.administer()?.stats()).await
     }
 }

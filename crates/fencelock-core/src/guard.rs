@@ -63,7 +63,7 @@ impl GuardHandle {
     /// Whether this is a writer's (or plain lock's) lease or a reader's;
     /// what to pass to [`crate::Fence::admit_shared`].
     pub fn mode(&self) -> LockMode {
-        self.shared.mode
+        self.shared.lease.mode
     }
 
     /// The requested lease length.
@@ -160,13 +160,7 @@ impl GuardHandle {
         let sent = Sent::now();
         let bound = self.shared.renew_bound();
         let (backend, lease, ttl) = (&self.shared.backend, &self.shared.lease, self.shared.ttl);
-        let renewal = async move {
-            match self.shared.mode {
-                LockMode::Exclusive => backend.renew(lease, ttl).await,
-                LockMode::Shared => backend.renew_shared(lease, ttl).await,
-            }
-        };
-        match bounded(bound, "renew", renewal).await {
+        match bounded(bound, "renew", backend.renew(lease, ttl)).await {
             Ok(grant) => {
                 self.shared.extend(sent, &grant);
                 ::metrics::counter!(m::RENEWALS, "backend" => self.shared.backend.name())

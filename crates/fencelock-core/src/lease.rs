@@ -21,7 +21,7 @@ use crate::{
     deadline::bounded,
     error::{Error, LossReason, Result},
     metrics as m,
-    types::{LeaseId, LockMode, MIN_TTL},
+    types::{LeaseId, MIN_TTL},
 };
 
 /// The `tracing` target of the one warning a loss logs, so that a program
@@ -35,8 +35,6 @@ pub(crate) struct GuardConfig {
     pub(crate) renew_every: Option<Duration>,
     pub(crate) clock: ClockPolicy,
     pub(crate) op_timeout: Duration,
-    /// A writer's (or plain lock's) lease, or a reader's.
-    pub(crate) mode: LockMode,
     /// Lock delay: how long after the grant the key stays unavailable to
     /// others, however early it is released.
     pub(crate) hold_at_least: Option<Duration>,
@@ -47,8 +45,8 @@ pub(crate) struct Shared {
     /// The guard's id in its client's renewer.
     pub(crate) id: u64,
     pub(crate) backend: Arc<dyn Backend>,
+    /// The lease, with the side of its key it holds.
     pub(crate) lease: LeaseId,
-    pub(crate) mode: LockMode,
     pub(crate) ttl: Duration,
     pub(crate) renew_every: Option<Duration>,
     clock: ClockPolicy,
@@ -159,7 +157,6 @@ impl Shared {
         let shared = Arc::new(Self {
             id,
             lease: request.lease(grant.token),
-            mode: config.mode,
             backend,
             ttl: request.ttl,
             renew_every: config.renew_every,
@@ -320,7 +317,7 @@ impl Shared {
                     .renew(&self.lease, left.max(MIN_TTL))
                     .await
                     .map(|_| ()),
-                None => release_as(&*self.backend, &self.lease, self.mode).await,
+                None => self.backend.release(&self.lease).await,
             }
         };
         bounded(self.op_timeout, "release", call).await
@@ -388,18 +385,5 @@ impl Shared {
             Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// Releases `lease` held in `mode`: the one place that picks the backend
-/// call for each side of a read-write lock.
-pub(crate) async fn release_as(
-    backend: &dyn Backend,
-    lease: &LeaseId,
-    mode: LockMode,
-) -> Result<()> {
-    match mode {
-        LockMode::Exclusive => backend.release(lease).await,
-        LockMode::Shared => backend.release_shared(lease).await,
     }
 }

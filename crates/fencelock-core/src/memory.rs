@@ -19,13 +19,16 @@ use tokio::time::Instant;
 use tokio::sync::broadcast;
 
 use crate::{
-    backend::{Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant, Stats},
+    backend::{Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Grant},
     error::{Error, Result},
     fence::{Admission, Fence, FencedValue},
     types::{FencingToken, LeaseId, LockInfo, LockKey, LockMode, Owner},
     wake::{WakeHub, WakeSubscription},
     watch::{HolderChange, Watch, WatchFeeder},
 };
+
+mod admin;
+mod shared;
 
 #[derive(Debug)]
 struct Lease {
@@ -143,8 +146,21 @@ impl State {
 }
 
 impl Lease {
+    /// `request`'s lease with `token`, granted `now`, in the request's mode.
+    fn of(request: &AcquireRequest, token: FencingToken, now: Instant) -> Self {
+        Lease {
+            owner: request.owner.clone(),
+            token,
+            kind: request.kind.clone(),
+            data: request.data.clone(),
+            acquired_at: now,
+            expires_at: now + request.ttl,
+            mode: request.mode,
+        }
+    }
+
     fn id(&self, key: &LockKey) -> LeaseId {
-        LeaseId::new(key.clone(), self.owner.clone(), self.token)
+        LeaseId::new(key.clone(), self.owner.clone(), self.token).with_mode(self.mode)
     }
 }
 
@@ -228,19 +244,9 @@ impl MemoryBackend {
         {
             state.intents.remove(&request.key);
         }
-        let expires_at = now + request.ttl;
-        state.leases.insert(
-            request.key.clone(),
-            Lease {
-                owner: request.owner.clone(),
-                token,
-                kind: request.kind.clone(),
-                data: request.data.clone(),
-                acquired_at: now,
-                expires_at,
-                mode: LockMode::Exclusive,
-            },
-        );
+        let lease = Lease::of(request, token, now);
+        let expires_at = lease.expires_at;
+        state.leases.insert(request.key.clone(), lease);
         let grant = Grant::new(token, request.ttl, state.wall(expires_at));
         let info = state
             .leases
@@ -278,6 +284,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.mode == LockMode::Shared {
+            return self.acquire_reader(request);
+        }
         let now = Instant::now();
         let mut state = self.state();
         if let Some(holder) = state.holder(&request.key, now) {
@@ -290,6 +299,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
+        for request in requests {
+            request.exclusive_only(self.name())?;
+        }
         let now = Instant::now();
         let mut state = self.state();
         for (index, request) in requests.iter().enumerate() {
@@ -317,6 +329,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        if lease.mode == LockMode::Shared {
+            return self.renew_reader(lease, ttl);
+        }
         let now = Instant::now();
         let mut state = self.state();
         let expires_at = now + ttl;
@@ -334,6 +349,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
+        if lease.mode == LockMode::Shared {
+            return self.release_reader(lease);
+        }
         let now = Instant::now();
         {
             let mut state = self.state();
@@ -357,110 +375,6 @@ impl Backend for MemoryBackend {
         Ok(current.map(|l| state.info(key, l, now)))
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let now = Instant::now();
-        let state = self.state();
-        let mut found: Vec<LockInfo> = state
-            .all_live(now)
-            .filter(|(k, _)| k.as_str().starts_with(prefix.unwrap_or("")))
-            .map(|(k, l)| state.info(k, l, now))
-            .collect();
-        found.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
-        Ok(found)
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let now = Instant::now();
-        let removed = {
-            let mut state = self.state();
-            // Readers and a writer's intent go too: after an operator's
-            // force-release the key is free for anyone.
-            state.intents.remove(key);
-            let readers = state.readers.remove(key).unwrap_or_default();
-            let reader = readers
-                .iter()
-                .filter(|l| l.expires_at > now)
-                .max_by_key(|l| l.token)
-                .map(|l| state.info(key, l, now));
-            let info = state.live(key, now).map(|l| state.info(key, l, now));
-            if let Some(info) = &info {
-                state.leases.remove(key);
-                let lease = LeaseId::new(key.clone(), info.owner.clone(), info.token);
-                self.announce_release(&state, &lease);
-            }
-            info.or(reader)
-        };
-        if let Some(info) = &removed {
-            self.released(LeaseId::new(key.clone(), info.owner.clone(), info.token));
-        }
-        Ok(removed)
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let now = Instant::now();
-        let released: Vec<LeaseId> = {
-            let mut state = self.state();
-            let leases: Vec<LeaseId> = state
-                .leases
-                .iter()
-                .filter(|(_, l)| l.expires_at > now && l.owner == *owner)
-                .map(|(k, l)| l.id(k))
-                .collect();
-            for lease in &leases {
-                state.leases.remove(&lease.key);
-                self.announce_release(&state, lease);
-            }
-            let readers: Vec<LeaseId> = state
-                .readers
-                .iter()
-                .flat_map(|(k, ls)| ls.iter().map(move |l| (k, l)))
-                .filter(|(_, l)| l.expires_at > now && l.owner == *owner)
-                .map(|(k, l)| l.id(k))
-                .collect();
-            for lease in &readers {
-                state.remove_reader(lease, now);
-            }
-            state.intents.retain(|_, (o, _)| o != owner);
-            leases.into_iter().chain(readers).collect()
-        };
-        let count = released.len() as u64;
-        for lease in released {
-            self.released(lease);
-        }
-        Ok(count)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let before = state.leases.len();
-        state.leases.retain(|_, l| l.expires_at > now);
-        let mut removed = (before - state.leases.len()) as u64;
-        for readers in state.readers.values_mut() {
-            let before = readers.len();
-            readers.retain(|l| l.expires_at > now);
-            removed += (before - readers.len()) as u64;
-        }
-        state.readers.retain(|_, ls| !ls.is_empty());
-        state.intents.retain(|_, (_, ends)| *ends > now);
-        Ok(removed)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let now = Instant::now();
-        let state = self.state();
-        let live: Vec<(LockInfo, Duration)> = state
-            .all_live(now)
-            .map(|(k, l)| (state.info(k, l, now), now - l.acquired_at))
-            .collect();
-        let stored = state.leases.len() + state.readers.values().map(Vec::len).sum::<usize>();
-        let expired = (stored - live.len()) as u64;
-        Ok(Stats::from_leases(
-            live.iter().map(|(i, d)| (i, *d)),
-            expired,
-        ))
-    }
-
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.wakeups.subscribe(key.as_str())))
     }
@@ -481,89 +395,6 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let now = Instant::now();
-        let mut state = self.state();
-        if let Some(holder) = state.live(&request.key, now) {
-            return Ok(Acquire::Held(Some(state.info(&request.key, holder, now))));
-        }
-        if state
-            .intents
-            .get(&request.key)
-            .is_some_and(|(_, ends)| *ends > now)
-        {
-            return Ok(Acquire::Held(None));
-        }
-        let token = state.next_token(request)?;
-        let expires_at = now + request.ttl;
-        let readers = state.readers.entry(request.key.clone()).or_default();
-        readers.retain(|l| l.expires_at > now);
-        readers.push(Lease {
-            owner: request.owner.clone(),
-            token,
-            kind: request.kind.clone(),
-            data: request.data.clone(),
-            acquired_at: now,
-            expires_at,
-            mode: LockMode::Shared,
-        });
-        Ok(Acquire::Granted(Grant::new(
-            token,
-            request.ttl,
-            state.wall(expires_at),
-        )))
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let expires_at = now + ttl;
-        match state.reader_mut(lease, now) {
-            Some(held) => held.expires_at = expires_at,
-            None => return Err(Error::not_held(lease)),
-        }
-        Ok(Grant::new(lease.token, ttl, state.wall(expires_at)))
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        let now = Instant::now();
-        if !self.state().remove_reader(lease, now) {
-            return Err(Error::not_held(lease));
-        }
-        self.released(lease.clone());
-        Ok(())
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let taken = state
-            .intents
-            .get(key)
-            .is_some_and(|(other, ends)| *ends > now && other != owner);
-        if !taken {
-            state
-                .intents
-                .insert(key.clone(), (owner.clone(), now + ttl));
-        }
-        Ok(())
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        let withdrawn = {
-            let mut state = self.state();
-            let mine = state.intents.get(key).is_some_and(|(o, _)| o == owner);
-            if mine {
-                state.intents.remove(key);
-            }
-            mine
-        };
-        if withdrawn {
-            self.wakeups.notify(key.as_str());
-        }
-        Ok(())
-    }
-
     async fn watch(&self, key: &LockKey) -> Result<Watch> {
         let (feeder, watch) = Watch::channel();
         // Subscribed before the table is read, so that no change between the
@@ -579,6 +410,8 @@ impl Backend for MemoryBackend {
         ));
         Ok(watch)
     }
+
+    crate::offers!(admin, write_intents);
 }
 
 /// Sleeps until `at`, or forever when there is nothing to wait for.
@@ -801,7 +634,9 @@ mod tests {
         assert!(matches!(last, Acquire::Granted(g) if g.token == FencingToken::MAX));
         for spent in [
             backend.try_acquire(&request("b")?).await,
-            backend.try_acquire_shared(&request("b")?).await,
+            backend
+                .try_acquire(&request("b")?.with_mode(LockMode::Shared))
+                .await,
         ] {
             assert!(
                 matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "b"),

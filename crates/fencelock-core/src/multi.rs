@@ -27,9 +27,9 @@ use crate::{
     clock::Sent,
     error::{BackendError, Error, ErrorStatus, LossReason, Result},
     guard::LockGuard,
-    lease::{release_as, GuardConfig},
+    lease::GuardConfig,
     metrics as m,
-    types::{FencingToken, LockKey, LockMode, Owner},
+    types::{FencingToken, LockKey, Owner},
     wake::WakeSubscription,
 };
 
@@ -390,7 +390,7 @@ async fn give_back(
         .zip(grants)
         .map(|(request, grant)| async move {
             let lease = request.lease(grant.token);
-            let release = release_as(backend, &lease, LockMode::Exclusive);
+            let release = backend.release(&lease);
             if !matches!(tokio::time::timeout(timeout, release).await, Ok(Ok(()))) {
                 tracing::debug!(key = %lease.key, "could not release a late grant; it will expire");
             }

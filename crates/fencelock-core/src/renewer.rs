@@ -36,13 +36,12 @@ use rand::Rng;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::{
-    backend::{Backend, Renewal},
+    backend::{each_answered, Backend, Renewal},
     backoff::Backoff,
     clock::{suspends, Sent},
     error::{Error, LossReason},
     lease::Shared,
     metrics as m,
-    types::LockMode,
 };
 
 /// Each renewal comes due up to this fraction of its period early, chosen at
@@ -454,28 +453,10 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// Renews `batch`: exclusive leases in one `renew_many` call, reader leases
-/// in one `renew_many_shared` call, concurrently, so that a client without
-/// readers makes exactly the calls it made before read-write locks.
+/// Renews `batch`, readers and writers alike, in one `renew_many` round
+/// trip, bounded so that a hung call costs one attempt, not the leases'
+/// whole remaining time.
 async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
-    let (shared, exclusive): (Vec<_>, Vec<_>) =
-        batch.into_iter().partition(|s| s.mode == LockMode::Shared);
-    match (exclusive.is_empty(), shared.is_empty()) {
-        (false, true) => renew_one_mode(renewer, exclusive, LockMode::Exclusive).await,
-        (true, false) => renew_one_mode(renewer, shared, LockMode::Shared).await,
-        _ => {
-            tokio::join!(
-                renew_one_mode(renewer.clone(), exclusive, LockMode::Exclusive),
-                renew_one_mode(renewer, shared, LockMode::Shared)
-            );
-        }
-    }
-}
-
-/// One `renew_many` (or `renew_many_shared`) round trip for `batch`, all
-/// held in `mode`, bounded so that a hung call costs one attempt, not the
-/// leases' whole remaining time.
-async fn renew_one_mode(renewer: Renewer, batch: Vec<Arc<Shared>>, mode: LockMode) {
     let Some(first) = batch.first() else { return };
     let backend: Arc<dyn Backend> = Arc::clone(&first.backend);
     let name = backend.name();
@@ -489,41 +470,15 @@ async fn renew_one_mode(renewer: Renewer, batch: Vec<Arc<Shared>>, mode: LockMod
         .map(|s| Renewal::new(s.lease.clone(), s.ttl))
         .collect();
     let sent = Sent::now();
-    let call = async {
-        match mode {
-            LockMode::Exclusive => backend.renew_many(&renewals).await,
-            LockMode::Shared => backend.renew_many_shared(&renewals).await,
-        }
-    };
+    let call = backend.renew_many(&renewals);
     let answer = tokio::time::timeout(bound, call).await;
     // One sample per lease: each waited the batch's round trip.
     ::metrics::histogram!(m::RENEW_SECONDS, "backend" => name)
         .record_many(sent.mono.elapsed().as_secs_f64(), batch.len());
-    let outcomes: Vec<Result<crate::Grant, Error>> = match answer {
-        Ok(Ok(results)) if results.len() == batch.len() => results,
-        Ok(Ok(results)) => {
-            let message = format!(
-                "renew_many answered {} results for {} leases",
-                results.len(),
-                batch.len()
-            );
-            batch
-                .iter()
-                .map(|_| {
-                    Err(crate::BackendError::message(
-                        name,
-                        crate::ErrorStatus::Transient,
-                        message.clone(),
-                    )
-                    .into())
-                })
-                .collect()
-        }
-        Ok(Err(e)) => {
-            // A copy per lease; rebuilt from its text instead, a backend
-            // error would print "redis backend: redis backend: …".
-            batch.iter().map(|_| Err(e.duplicate(name))).collect()
-        }
+    let outcomes = match answer {
+        // A copy of a failed batch's error per lease, as a backend error
+        // of `name`.
+        Ok(batch_answer) => each_answered(name, batch_answer, batch.len()),
         Err(_) => batch
             .iter()
             .map(|_| {

@@ -398,7 +398,12 @@ impl SemaphoreRequest<'_> {
     async fn slot_leases(&self) -> Result<Vec<(u32, LockInfo)>> {
         let inner = &self.permit.client.inner;
         let prefix = format!("{SEMAPHORE_PREFIX}{}/", self.name);
-        let leases = bounded(inner.op_timeout, "list", inner.backend.list(Some(&prefix))).await?;
+        let leases = bounded(
+            inner.op_timeout,
+            "list",
+            inner.backend.administer()?.list(Some(&prefix)),
+        )
+        .await?;
         Ok(leases
             .into_iter()
             .filter_map(|lease| {

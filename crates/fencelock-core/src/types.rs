@@ -231,8 +231,11 @@ pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// One grant: the key, who holds it and the grant's token. Renewal and
 /// release name a lease by all three, so that a stale holder (same owner,
-/// older token) can never touch its successor's lease (I3).
+/// older token) can never touch its successor's lease (I3), and carry the
+/// side of the key it holds, so that a backend renews or releases a reader
+/// where it keeps readers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseId {
     /// The lock's key.
     pub key: LockKey,
@@ -240,12 +243,38 @@ pub struct LeaseId {
     pub owner: Owner,
     /// The grant's fencing token.
     pub token: FencingToken,
+    /// Which side of the key the lease holds. Absent from the JSON of an
+    /// exclusive lease, so a lease saved before read-write locks existed
+    /// still reads back.
+    #[serde(default, skip_serializing_if = "LockMode::is_exclusive")]
+    pub mode: LockMode,
 }
 
 impl LeaseId {
-    /// The lease of `owner` on `key` granted with `token`.
+    /// The exclusive lease of `owner` on `key` granted with `token`.
     pub fn new(key: LockKey, owner: Owner, token: FencingToken) -> Self {
-        Self { key, owner, token }
+        Self {
+            key,
+            owner,
+            token,
+            mode: LockMode::Exclusive,
+        }
+    }
+
+    /// The same lease held in `mode`.
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// [`Error::Unsupported`] for a reader's lease: what a backend without
+    /// read-write locks answers a renewal or release of one, so that it
+    /// never serves a reader's lease as a writer's.
+    pub fn exclusive_only(&self, backend: &'static str) -> Result<()> {
+        match self.mode {
+            LockMode::Exclusive => Ok(()),
+            LockMode::Shared => Err(Error::unsupported(backend, "shared locks")),
+        }
     }
 
     /// `Ok` when `found` (a renewal or release found this exact lease),
@@ -392,6 +421,11 @@ pub enum LockMode {
 }
 
 impl LockMode {
+    /// True for [`LockMode::Exclusive`].
+    pub fn is_exclusive(&self) -> bool {
+        *self == LockMode::Exclusive
+    }
+
     /// `exclusive` or `shared`, as in JSON.
     pub fn as_str(self) -> &'static str {
         match self {

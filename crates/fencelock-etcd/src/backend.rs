@@ -14,9 +14,9 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ChangeFeed, Error,
-    ErrorStatus, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result,
-    Stats, WakeSubscription, Watch,
+    renew_writers_batched, Acquire, AcquireAll, AcquireRequest, Backend, BackendError,
+    Capabilities, ChangeFeed, Error, ErrorStatus, FencingToken, Grant, LeaseId, LockInfo, LockKey,
+    LockMode, Owner, Renewal, Result, WakeSubscription, Watch,
 };
 use serde_json::{json, Value};
 
@@ -28,6 +28,10 @@ use crate::{
     options::{Balance, EtcdOptions},
     prefer::{self, Steward},
 };
+
+mod admin;
+mod queue;
+mod shared;
 
 /// Lease ids of grants this backend made, so renew and release need no read
 /// first. Entries leave on release; a grant never released (its holder lost
@@ -44,7 +48,7 @@ const READERS: &str = "\0r/";
 pub(crate) const INTENT: &str = "\0i";
 
 /// Numbers reader keys apart within this process (see
-/// `EtcdBackend::try_acquire_shared`).
+/// `EtcdBackend::acquire_reader`).
 static NEXT_READER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The most operations etcd accepts in one Txn by default (`--max-txn-ops`).
@@ -1078,6 +1082,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.mode == LockMode::Shared {
+            return self.acquire_reader(request).await;
+        }
         let requests = std::slice::from_ref(request);
         Ok(match self.acquire_writers(requests).await? {
             AcquireAll::Granted(mut grants) => match grants.pop() {
@@ -1103,101 +1110,10 @@ impl Backend for EtcdBackend {
         self.acquire_writers(requests).await
     }
 
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let key = self.key(&request.key);
-        let when = [
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            Compare::create_revision(self.intent_key(&request.key), CompareOp::Equal, 0),
-        ];
-        let readers = self.readers_prefix(&request.key);
-        // A name no other reader has: the shared lease's id is this
-        // backend's alone, the counter this process's.
-        let name = |lease: i64| {
-            let n = NEXT_READER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            format!("{readers}{lease:x}-{n}")
-        };
-        let or_else = [TxnOp::get(key, None)];
-        let refused = match self
-            .put_grant(request, name, &when, &[], &or_else, false)
-            .await?
-        {
-            Ok(grant) => return Ok(Acquire::Granted(grant)),
-            Err(resp) => resp,
-        };
-        let writer = refused.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let info = match &writer {
-            Some(kv) => self.info(request.key.clone(), kv).await?,
-            None => None,
-        };
-        Ok(Acquire::Held(info.map(|(i, _)| i)))
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        // Found by a range read each time (no cache of readers' keys); kept
-        // on, or moved to, this backend's shared lease of the TTL.
-        let ttl = ttl_secs(ttl);
-        if let Some(kv) = self.reader(lease).await? {
-            if let Some((_, granted)) = self.move_to_shared(&kv, ttl).await? {
-                let granted = secs(granted);
-                return Ok(Grant::new(lease.token, granted, wall_in(granted)));
-            }
-        }
-        Err(Error::not_held(lease))
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        let deleted = match self.reader(lease).await? {
-            Some(kv) => {
-                let full = String::from_utf8_lossy(kv.key()).into_owned();
-                self.delete_grant(&full, lease.token).await?
-            }
-            None => false,
-        };
-        lease.found(deleted)
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        // On the shared lease of the TTL, which lasts at least half of it
-        // from now: posted every third of it while the writer waits, the
-        // intent never lapses, and ends at most one TTL after the writer.
-        let (lease, _) = self.shared_lease(ttl_secs(ttl)).await?;
-        let intent = self.intent_key(key);
-        let put = TxnOp::put(
-            intent.clone(),
-            owner.as_str(),
-            Some(PutOptions::new().with_lease(lease.id)),
-        );
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                intent.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([put.clone()])
-            .or_else([TxnOp::txn(
-                Txn::new()
-                    .when([Compare::value(intent, CompareOp::Equal, owner.as_str())])
-                    .and_then([put]),
-            )]);
-        self.txn("intent txn", txn).await.map(|_| ())
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        let intent = self.intent_key(key);
-        let txn = Txn::new()
-            .when([Compare::value(
-                intent.clone(),
-                CompareOp::Equal,
-                owner.as_str(),
-            )])
-            .and_then([TxnOp::delete(intent, None)]);
-        self.txn("intent txn", txn).await.map(|_| ())
-    }
-
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        if lease.mode == LockMode::Shared {
+            return self.renew_reader(lease, ttl).await;
+        }
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let ttl = ttl_secs(ttl);
         let renewed = |etcd_lease: i64, granted: i64| {
@@ -1233,7 +1149,106 @@ impl Backend for EtcdBackend {
         Err(Error::not_held(lease))
     }
 
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        if lease.mode == LockMode::Shared {
+            return self.release_reader(lease).await;
+        }
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        // Deleting the key (only the incarnation created at `token`) ends
+        // this grant alone; the shared lease goes on for the others, or
+        // expires when none is left. The DELETE event wakes the watchers.
+        let full = self.key(key);
+        if self.forget(lease) {
+            return lease.found(self.delete_grant(&full, token).await?);
+        }
+        // Not granted here: the owner must be checked by reading the key.
+        let deleted = match self.current_grant(key, owner, token).await? {
+            Some(_) => self.delete_grant(&full, token).await?,
+            None => false,
+        };
+        lease.found(deleted)
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<Value>) -> Result<()> {
+        // Read, then one Txn that puts the new value only if the key is still
+        // that read's incarnation (create_revision = token) and unchanged
+        // since (mod_revision, so the same owner and etcd lease). The Put
+        // names the same lease, so the grant's expiry and token stay. A
+        // concurrent move to another shared lease by the holder's own
+        // renewal changes mod_revision: read again, a few times.
+        for _ in 0..3 {
+            let Some(kv) = self
+                .current_grant(&lease.key, &lease.owner, lease.token)
+                .await?
+            else {
+                return Err(Error::not_held(lease));
+            };
+            let mut value: Value = serde_json::from_slice(kv.value())
+                .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
+            value["data"] = data.clone().unwrap_or(Value::Null);
+            let full = kv.key().to_vec();
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(full.clone(), CompareOp::Equal, revision(lease.token)),
+                    Compare::mod_revision(full.clone(), CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([TxnOp::put(
+                    full,
+                    value.to_string(),
+                    Some(PutOptions::new().with_lease(kv.lease())),
+                )]);
+            if self.txn("set_data txn", txn).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(BackendError::message(
+            NAME,
+            ErrorStatus::Transient,
+            "the lease kept changing while its data was set",
+        )
+        .into())
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        if let Some(kv) = self.get(key).await? {
+            return Ok(self.info(key.clone(), &kv).await?.map(|(i, _)| i));
+        }
+        self.last_reader(key).await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
+        // The writer's key and everything after it up to `K\x01`: its
+        // readers and intent, so a reader's release wakes a waiting writer
+        // and a withdrawn intent waiting readers.
+        let end = format!("{}\u{1}", self.key(key));
+        let options = WatchOptions::new()
+            .with_filters([WatchFilterType::NoPut])
+            .with_range(end);
+        let stream = self.open_watch(key, options).await?;
+        Ok(Some(delete_wakeups(stream)))
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Watch> {
+        crate::watch::watch(self, key).await
+    }
+
+    async fn changes(&self) -> Result<Option<ChangeFeed>> {
+        Ok(Some(crate::changes::feed(self).await?))
+    }
+
+    fencelock_core::offers!(admin, fair_queue, write_intents);
+
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        // Readers have no batch statement: one renewal each.
+        renew_writers_batched(self, renewals, |batch| async move {
+            self.renew_writers(&batch).await
+        })
+        .await
+    }
+}
+
+impl EtcdBackend {
+    async fn renew_writers(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
         // Grants made here and renewed with the TTL they have: one
         // keep-alive per distinct lease, then one Txn reading every key.
         // The rest (another TTL, unknown grants) go the way of `renew`.
@@ -1325,170 +1340,6 @@ impl Backend for EtcdBackend {
             results.push(Ok(Grant::new(r.lease.token, granted, expires_at)));
         }
         Ok(results)
-    }
-
-    async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        // Deleting the key (only the incarnation created at `token`) ends
-        // this grant alone; the shared lease goes on for the others, or
-        // expires when none is left. The DELETE event wakes the watchers.
-        let full = self.key(key);
-        if self.forget(lease) {
-            return lease.found(self.delete_grant(&full, token).await?);
-        }
-        // Not granted here: the owner must be checked by reading the key.
-        let deleted = match self.current_grant(key, owner, token).await? {
-            Some(_) => self.delete_grant(&full, token).await?,
-            None => false,
-        };
-        lease.found(deleted)
-    }
-
-    async fn set_data(&self, lease: &LeaseId, data: Option<Value>) -> Result<()> {
-        // Read, then one Txn that puts the new value only if the key is still
-        // that read's incarnation (create_revision = token) and unchanged
-        // since (mod_revision, so the same owner and etcd lease). The Put
-        // names the same lease, so the grant's expiry and token stay. A
-        // concurrent move to another shared lease by the holder's own
-        // renewal changes mod_revision: read again, a few times.
-        for _ in 0..3 {
-            let Some(kv) = self
-                .current_grant(&lease.key, &lease.owner, lease.token)
-                .await?
-            else {
-                return Err(Error::not_held(lease));
-            };
-            let mut value: Value = serde_json::from_slice(kv.value())
-                .map_err(|e| bad_value(format!("lock value is not JSON: {e}")))?;
-            value["data"] = data.clone().unwrap_or(Value::Null);
-            let full = kv.key().to_vec();
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(full.clone(), CompareOp::Equal, revision(lease.token)),
-                    Compare::mod_revision(full.clone(), CompareOp::Equal, kv.mod_revision()),
-                ])
-                .and_then([TxnOp::put(
-                    full,
-                    value.to_string(),
-                    Some(PutOptions::new().with_lease(kv.lease())),
-                )]);
-            if self.txn("set_data txn", txn).await?.succeeded() {
-                return Ok(());
-            }
-        }
-        Err(BackendError::message(
-            NAME,
-            ErrorStatus::Transient,
-            "the lease kept changing while its data was set",
-        )
-        .into())
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        if let Some(kv) = self.get(key).await? {
-            return Ok(self.info(key.clone(), &kv).await?.map(|(i, _)| i));
-        }
-        self.last_reader(key).await
-    }
-
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        Ok(self
-            .scan(prefix)
-            .await?
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect())
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        // Readers and a writer's intent go too: the key is freed entirely.
-        let reader = self.last_reader(key).await?;
-        let readers = Txn::new().and_then([
-            TxnOp::delete(
-                self.readers_prefix(key),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            ),
-            TxnOp::delete(self.intent_key(key), None),
-        ]);
-        self.txn("force-release txn", readers).await?;
-        let Some(kv) = self.get(key).await? else {
-            return Ok(reader);
-        };
-        let info = self.info(key.clone(), &kv).await?;
-        // Only this key: its lease may carry other grants. The holder's
-        // next renewal finds the key gone.
-        if info.is_some() && self.delete_grant(&self.key(key), token_of(&kv)).await? {
-            return Ok(info.map(|(i, _)| i));
-        }
-        Ok(None)
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let mut released = 0;
-        let mut resp = self.range(self.locks_prefix()).await?;
-        for kv in resp.take_kvs() {
-            let Ok(stored) = decode(&kv) else { continue };
-            if stored.owner != *owner {
-                continue;
-            }
-            // Deleting only the incarnation read cannot touch a successor
-            // that took the key since the range read.
-            let full = String::from_utf8_lossy(kv.key()).into_owned();
-            match self.user_key(&kv) {
-                Some(key) if self.delete_grant(&full, token_of(&kv)).await? => {
-                    self.forget(&LeaseId::new(key, owner.clone(), token_of(&kv)));
-                    released += 1;
-                }
-                None if self.reader_user_key(&kv).is_some() => {
-                    released += u64::from(self.delete_grant(&full, token_of(&kv)).await?);
-                }
-                _ => {}
-            }
-        }
-        Ok(released)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        // etcd deletes a key when its lease expires; there is nothing to do.
-        Ok(0)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let leases = self.scan(None).await?;
-        let now = Utc::now().timestamp_millis();
-        let held = |acq: i64| Duration::from_millis(u64::try_from(now - acq).unwrap_or(0));
-        Ok(Stats::from_leases(
-            leases.iter().map(|(i, acq)| (i, held(*acq))),
-            0,
-        ))
-    }
-
-    async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        // The writer's key and everything after it up to `K\x01`: its
-        // readers and intent, so a reader's release wakes a waiting writer
-        // and a withdrawn intent waiting readers.
-        let end = format!("{}\u{1}", self.key(key));
-        let options = WatchOptions::new()
-            .with_filters([WatchFilterType::NoPut])
-            .with_range(end);
-        let stream = self.open_watch(key, options).await?;
-        Ok(Some(delete_wakeups(stream)))
-    }
-
-    async fn watch(&self, key: &LockKey) -> Result<Watch> {
-        crate::watch::watch(self, key).await
-    }
-
-    async fn changes(&self) -> Result<Option<ChangeFeed>> {
-        Ok(Some(crate::changes::feed(self).await?))
-    }
-
-    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.queue_leave(key, owner).await
-    }
-
-    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
-        self.queue_entries(key).await
     }
 }
 

@@ -16,7 +16,7 @@ use etcd_client::{
 };
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Result, Stats, WakeSubscription, ELECTION_PREFIX,
+    LockKey, LockMode, Owner, Result, WakeSubscription, ELECTION_PREFIX,
 };
 use serde_json::{json, Value};
 
@@ -27,6 +27,9 @@ use crate::{
     error::{bad_value, failover, is_lease_not_found, map, NAME},
     options::EtcdOptions,
 };
+
+mod admin;
+mod queue;
 
 /// A waiting acquisition's key (`NAME/<lease>`): its lease and its create
 /// revision, which is its place in the queue and, once it is the oldest,
@@ -613,6 +616,7 @@ impl Backend for EtcdLayoutBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        request.exclusive_only(Backend::name(self))?;
         if request.min_token.is_some() {
             return Err(Error::unsupported(NAME, "min_token"));
         }
@@ -694,6 +698,7 @@ impl Backend for EtcdLayoutBackend {
     }
 
     async fn renew(&self, grant: &LeaseId, ttl: Duration) -> Result<Grant> {
+        grant.exclusive_only(Backend::name(self))?;
         // A grant's lease is its own: keeping it alive keeps no other grant
         // alive. The check comes after the keep-alive for the reason given
         // in `EtcdBackend::renew_kept`.
@@ -742,6 +747,7 @@ impl Backend for EtcdLayoutBackend {
     }
 
     async fn release(&self, grant: &LeaseId) -> Result<()> {
+        grant.exclusive_only(Backend::name(self))?;
         let remembered = lock(&self.grants).remove(grant);
         let held = match remembered {
             Some(held) => Some(held),
@@ -795,76 +801,6 @@ impl Backend for EtcdLayoutBackend {
         self.holder(key, &kvs).await
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        Ok(self
-            .holders(prefix)
-            .await?
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect())
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let kvs = self.contenders(key).await?;
-        let Some(kv) = kvs.first() else {
-            return Ok(None);
-        };
-        if decode(kv).is_err() {
-            // A `concurrency` holder never reads its key again: deleting it
-            // would leave that holder working beside the next one.
-            return Err(Error::Unsupported(format!(
-                "etcd backend: {key} is held by a client of etcd's concurrency package \
-                 (lease {}), which would not notice a force-release; end it there, or \
-                 revoke its lease (etcdctl lease revoke {})",
-                hex(kv.lease()),
-                hex(kv.lease()),
-            )));
-        }
-        let info = self.info(key, kv).await?;
-        let full = String::from_utf8_lossy(kv.key()).into_owned();
-        if info.is_some() && self.etcd.delete_grant(&full, token_of(kv)).await? {
-            return Ok(info.map(|(i, _)| i));
-        }
-        Ok(None)
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let mut released = 0;
-        for (key, kvs) in self.scan(None).await? {
-            for kv in kvs {
-                if !decode(&kv).is_ok_and(|stored| stored.owner == *owner) {
-                    continue;
-                }
-                let full = String::from_utf8_lossy(kv.key()).into_owned();
-                if self.etcd.delete_grant(&full, token_of(&kv)).await? {
-                    lock(&self.grants).remove(&LeaseId::new(
-                        key.clone(),
-                        owner.clone(),
-                        token_of(&kv),
-                    ));
-                    self.revoke(kv.lease()).await;
-                    released += 1;
-                }
-            }
-        }
-        Ok(released)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        // etcd deletes a key when its lease expires.
-        Ok(0)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let holders = self.holders(None).await?;
-        let now = Utc::now().timestamp_millis();
-        let held = |acq: i64| Duration::from_millis(u64::try_from(now - acq).unwrap_or(0));
-        Ok(Stats::from_leases(
-            holders.iter().map(|(i, acq)| (i, held(*acq))),
-            0,
-        ))
-    }
-
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         // Every deletion among the contenders: `concurrency` waiters watch
         // only their predecessor, but a fencelock waiter's attempt reads
@@ -879,35 +815,5 @@ impl Backend for EtcdLayoutBackend {
         Ok(Some(delete_wakeups(stream)))
     }
 
-    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        if let Some(waiter) = self.take_waiter(key, owner) {
-            self.revoke(waiter.lease.id).await;
-        }
-        // A wait dropped in the middle of an attempt took its waiter out of
-        // the map for good: its key is found among the contenders (the
-        // owner's keys that are not a grant held here).
-        for kv in self.contenders(key).await? {
-            let grant = LeaseId::new(key.clone(), owner.clone(), token_of(&kv));
-            let waiting = decode(&kv).is_ok_and(|stored| stored.owner == *owner)
-                && !lock(&self.grants).contains_key(&grant);
-            if waiting {
-                let full = String::from_utf8_lossy(kv.key()).into_owned();
-                if self.etcd.delete_grant(&full, token_of(&kv)).await? {
-                    self.revoke(kv.lease()).await;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
-        let kvs = self.contenders(key).await?;
-        let mut entries = Vec::new();
-        for kv in kvs.iter().skip(1) {
-            if let Some((info, _)) = self.info(key, kv).await? {
-                entries.push(info);
-            }
-        }
-        Ok(entries)
-    }
+    fencelock_core::offers!(admin, fair_queue);
 }

@@ -3,25 +3,29 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use fencelock_core::parse_duration;
-use fencelock_core::Admission;
 use fencelock_core::{
-    redact_url, Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, Driver,
-    Error, ErrorStatus, Fence, FencedValue, FencingToken, Grant, HolderChange, LeaseId, LockInfo,
-    LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription, Watch, WatchFeeder,
+    parse_duration, redact_url, Acquire, AcquireAll, AcquireRequest, Admission, Backend,
+    BackendError, Capabilities, Driver, Error, ErrorStatus, FairQueue, Fence, FencedValue,
+    FencingToken, Grant, HolderChange, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal,
+    Result, WakeSubscription, Watch, WatchFeeder, WriteIntents,
 };
 use futures_util::{FutureExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde::{de::DeserializeOwned, Serialize};
 use url::Url;
 
-use crate::replicas::{Replica, Replicas, Resend, Sent};
-use crate::wire::{
-    AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
-    FenceBody, GrantBody, InfoBody, IntentBody, KvBody, KvPutBody, LockBody, LockList,
-    QueueLeaveBody, ReleaseBody, RenewBody, RenewItem, RenewManyBody, RenewManyResults, ResetBody,
-    MAX_RENEW_BATCH,
+use crate::{
+    replicas::{Replica, Replicas, Resend, Sent},
+    wire::{
+        AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, DataBody, ErrorBody, EventBody,
+        FenceBody, GrantBody, InfoBody, KvBody, KvPutBody, LockBody, ReleaseBody, RenewBody,
+        RenewItem, RenewManyBody, RenewManyResults, ResetBody, MAX_RENEW_BATCH,
+    },
 };
+
+mod admin;
+mod queue;
+mod shared;
 
 const NAME: &str = "http";
 /// Bound on connecting to the service.
@@ -516,14 +520,11 @@ pub struct HttpBackend {
 }
 
 impl HttpBackend {
-    /// One acquisition, of the writer's side (`mode` absent) or a reader's,
-    /// waiting up to `wait` in the service (a long poll) when not zero.
-    async fn acquire_as(
-        &self,
-        request: &AcquireRequest,
-        mode: Option<LockMode>,
-        wait: Duration,
-    ) -> Result<Acquire> {
+    /// One acquisition, of the writer's side or a reader's as the request
+    /// says, waiting up to `wait` in the service (a long poll) when not
+    /// zero.
+    async fn acquire_as(&self, request: &AcquireRequest, wait: Duration) -> Result<Acquire> {
+        let mode = self.wire_mode(request.mode)?;
         let body = AcquireBody {
             owner: Some(request.owner.to_string()),
             ttl_ms: millis(request.ttl),
@@ -558,12 +559,8 @@ impl HttpBackend {
         }
     }
 
-    async fn renew_as(
-        &self,
-        lease: &LeaseId,
-        ttl: Duration,
-        mode: Option<LockMode>,
-    ) -> Result<Grant> {
+    async fn renew_as(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let mode = self.wire_mode(lease.mode)?;
         let body = RenewBody {
             owner: lease.owner.to_string(),
             token: lease.token.get(),
@@ -588,7 +585,8 @@ impl HttpBackend {
         }
     }
 
-    async fn release_as(&self, lease: &LeaseId, mode: Option<LockMode>) -> Result<()> {
+    async fn release_as(&self, lease: &LeaseId) -> Result<()> {
+        let mode = self.wire_mode(lease.mode)?;
         let body = ReleaseBody {
             owner: lease.owner.to_string(),
             token: lease.token.get(),
@@ -646,6 +644,16 @@ impl HttpBackend {
         }
     }
 
+    /// The wire's `mode` field: absent for the writer's side, as from a
+    /// client that predates read-write locks; a reader's only to a service
+    /// that has them.
+    fn wire_mode(&self, mode: LockMode) -> Result<Option<LockMode>> {
+        match mode {
+            LockMode::Exclusive => Ok(None),
+            LockMode::Shared => self.shared_only("shared locks").map(|()| Some(mode)),
+        }
+    }
+
     /// Connects to the service `url` names and learns what its backend can
     /// do (`GET /v1/info`).
     pub async fn connect(url: &str) -> Result<Self> {
@@ -679,15 +687,11 @@ impl HttpBackend {
 
     /// `POST /v1/renew` in chunks of at most [`MAX_RENEW_BATCH`]; falls back
     /// to one request per lease on a service without the route.
-    async fn renew_batch(
-        &self,
-        renewals: &[Renewal],
-        mode: Option<LockMode>,
-    ) -> Result<Vec<Result<Grant>>> {
+    async fn renew_batch(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
         if !self.capabilities.batch_renew {
             let mut results = Vec::with_capacity(renewals.len());
             for r in renewals {
-                results.push(self.renew_as(&r.lease, r.ttl, mode).await);
+                results.push(self.renew_as(&r.lease, r.ttl).await);
             }
             return Ok(results);
         }
@@ -697,14 +701,16 @@ impl HttpBackend {
             let body = RenewManyBody {
                 leases: chunk
                     .iter()
-                    .map(|r| RenewItem {
-                        key: r.lease.key.to_string(),
-                        owner: r.lease.owner.to_string(),
-                        token: r.lease.token.get(),
-                        ttl_ms: Some(millis(r.ttl)),
-                        mode,
+                    .map(|r| {
+                        Ok(RenewItem {
+                            key: r.lease.key.to_string(),
+                            owner: r.lease.owner.to_string(),
+                            token: r.lease.token.get(),
+                            ttl_ms: Some(millis(r.ttl)),
+                            mode: self.wire_mode(r.lease.mode)?,
+                        })
                     })
-                    .collect(),
+                    .collect::<Result<_>>()?,
             };
             let answer: RenewManyResults = self
                 .conn
@@ -769,7 +775,7 @@ impl Backend for HttpBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.acquire_as(request, None, Duration::ZERO).await
+        self.acquire_as(request, Duration::ZERO).await
     }
 
     /// A long poll: the service waits up to `wait` with its backend's own
@@ -779,11 +785,11 @@ impl Backend for HttpBackend {
         request: &AcquireRequest,
         wait: Duration,
     ) -> Result<Acquire> {
-        self.acquire_as(request, None, wait).await
+        self.acquire_as(request, wait).await
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        self.renew_as(lease, ttl, None).await
+        self.renew_as(lease, ttl).await
     }
 
     /// `POST /v1/acquire`, one attempt: the service takes the keys in its
@@ -857,85 +863,11 @@ impl Backend for HttpBackend {
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.renew_batch(renewals, None).await
-    }
-
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.renew_batch(renewals, Some(LockMode::Shared)).await
+        self.renew_batch(renewals).await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        self.release_as(lease, None).await
-    }
-
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.shared_only("shared locks")?;
-        self.acquire_as(request, Some(LockMode::Shared), Duration::ZERO)
-            .await
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        self.shared_only("shared locks")?;
-        self.renew_as(lease, ttl, Some(LockMode::Shared)).await
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        self.shared_only("shared locks")?;
-        self.release_as(lease, Some(LockMode::Shared)).await
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.shared_only("write intents")?;
-        let body = IntentBody {
-            owner: owner.to_string(),
-            ttl_ms: Some(millis(ttl)),
-        };
-        self.call_ok(Method::POST, self.lock_url(key, Some("intent")), &body)
-            .await
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.shared_only("write intents")?;
-        let body = IntentBody {
-            owner: owner.to_string(),
-            ttl_ms: None,
-        };
-        let mut url = self.lock_url(key, Some("intent"));
-        url.path_segments_mut()
-            .map_err(|()| Error::InvalidUrl("not a base URL".into()))?
-            .push("withdraw");
-        self.call_ok(Method::POST, url, &body).await
-    }
-
-    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        if !self.capabilities.fair {
-            return Ok(());
-        }
-        let body = QueueLeaveBody {
-            owner: owner.to_string(),
-        };
-        let mut url = self.lock_url(key, Some("queue"));
-        url.path_segments_mut()
-            .map_err(|()| Error::InvalidUrl("not a base URL".into()))?
-            .push("leave");
-        self.call_ok(Method::POST, url, &body).await
-    }
-
-    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
-        if !self.capabilities.fair {
-            return Ok(Vec::new());
-        }
-        let list: LockList = self
-            .conn
-            .json(
-                Method::GET,
-                self.lock_url(key, Some("queue")),
-                None::<&()>,
-                &[],
-            )
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))?;
-        Ok(list.locks.into_iter().map(|l| l.info).collect())
+        self.release_as(lease).await
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
@@ -966,69 +898,6 @@ impl Backend for HttpBackend {
             .await?
             .ok()
             .map(|l| l.info))
-    }
-
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let mut url = self.conn.url(&["v1", "locks"]);
-        if let Some(prefix) = prefix {
-            url.query_pairs_mut().append_pair("prefix", prefix);
-        }
-        let list: LockList = self
-            .conn
-            .json(Method::GET, url, None::<&()>, &[])
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))?;
-        Ok(list.locks.into_iter().map(|l| l.info).collect())
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        #[derive(serde::Deserialize)]
-        struct Removed {
-            removed: LockBody,
-        }
-        let url = self.lock_url(key, None);
-        Ok(self
-            .conn
-            .json::<Removed>(Method::DELETE, url, None::<&()>, &[StatusCode::NOT_FOUND])
-            .await?
-            .ok()
-            .map(|r| r.removed.info))
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        #[derive(serde::Deserialize)]
-        struct Released {
-            released: u64,
-        }
-        let url = self.conn.url(&["v1", "owners", owner.as_str(), "release"]);
-        let r: Released = self
-            .conn
-            .json(Method::POST, url, None::<&()>, &[])
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))?;
-        Ok(r.released)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        #[derive(serde::Deserialize)]
-        struct Cleaned {
-            deleted: u64,
-        }
-        let url = self.conn.url(&["v1", "cleanup"]);
-        let r: Cleaned = self
-            .conn
-            .json(Method::POST, url, None::<&()>, &[])
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))?;
-        Ok(r.deleted)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let url = self.conn.url(&["v1", "stats"]);
-        self.conn
-            .json(Method::GET, url, None::<&()>, &[])
-            .await?
-            .map_err(|e| refused(StatusCode::OK, e))
     }
 
     /// Follows `GET /v1/events?key=KEY`: every release, expiry or loss of
@@ -1069,6 +938,19 @@ impl Backend for HttpBackend {
             feeder,
         ));
         Ok(watch)
+    }
+
+    fencelock_core::offers!(admin);
+
+    // What the service's backend offers, as its `/v1/info` said.
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.capabilities.fair.then_some(self as &dyn FairQueue)
+    }
+
+    fn write_intents(&self) -> Option<&dyn WriteIntents> {
+        self.capabilities
+            .shared
+            .then_some(self as &dyn WriteIntents)
     }
 }
 

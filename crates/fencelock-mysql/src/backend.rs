@@ -4,8 +4,8 @@ use std::{fmt, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
+    renew_writers_batched, Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error,
+    FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result,
 };
 use fencelock_sql_common::{bounded, micros_to_duration, ttl_micros, ConnectionPool, Session};
 use sqlx::{mysql::MySqlRow, MySql, MySqlConnection, Row};
@@ -15,6 +15,9 @@ use crate::{
     options::MySqlOptions,
     schema::Names,
 };
+
+mod admin;
+mod shared;
 
 /// The columns every lease-returning statement selects; `expires_in_us` is
 /// computed by the server so no client clock takes part (I4).
@@ -602,21 +605,23 @@ macro_rules! under_turn {
     (@run $run:ident ( $($args:expr),* ), $self:ident, $key:expr, |$conn:ident| $body:block) => {
         $self.options.$run($($args,)* async {
             let mut s = $self.session().await?;
-            take_turn(s.conn()?, &$self.sql, $key).await?;
+            $crate::backend::take_turn(s.conn()?, &$self.sql, $key).await?;
             let $conn = s.conn()?;
             let value: std::result::Result<_, sqlx::Error> = async { $body }.await;
             let value = value?;
-            give_turn(s.conn()?, &$self.sql, $key).await?;
+            $crate::backend::give_turn(s.conn()?, &$self.sql, $key).await?;
             s.finish();
             Ok(value)
         })
     };
 }
+// A path for `admin.rs` and `shared.rs`, whose declarations come first.
+pub(super) use under_turn;
 
 /// Takes `key`'s turn on `conn` (a transient error if another session
 /// keeps it past the wait). The caller gives it back with
 /// [`give_turn`], or drops the session, which closes it and frees the turn.
-async fn take_turn(
+pub(crate) async fn take_turn(
     conn: &mut MySqlConnection,
     sql: &Sql,
     key: &str,
@@ -632,7 +637,7 @@ async fn take_turn(
     }
 }
 
-async fn give_turn(
+pub(crate) async fn give_turn(
     conn: &mut MySqlConnection,
     sql: &Sql,
     key: &str,
@@ -682,6 +687,9 @@ impl Backend for MySqlBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.mode == LockMode::Shared {
+            return self.acquire_reader(request).await;
+        }
         let key = request.key.as_str();
         let floor = floor(request)?;
         let acquire = async {
@@ -735,6 +743,9 @@ impl Backend for MySqlBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        if lease.mode == LockMode::Shared {
+            return self.renew_reader(lease, ttl).await;
+        }
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let expires_at = self
             .options
@@ -765,7 +776,73 @@ impl Backend for MySqlBackend {
         Ok(Grant::new(token, ttl, expires_at))
     }
 
+    async fn release(&self, lease: &LeaseId) -> Result<()> {
+        if lease.mode == LockMode::Shared {
+            return self.release_reader(lease).await;
+        }
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        let deleted = self
+            .options
+            .bounded(
+                "releasing",
+                self.pool.execute(
+                    sqlx::query(&self.sql.release)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(token.get()),
+                ),
+            )
+            .await?;
+        lease.found(deleted > 0)
+    }
+
+    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
+        let changed = self
+            .options
+            .bounded(
+                "setting data",
+                self.pool.execute(
+                    sqlx::query(&self.sql.set_data)
+                        .bind(data.as_ref())
+                        .bind(lease.key.as_str())
+                        .bind(lease.owner.as_str())
+                        .bind(lease.token.get()),
+                ),
+            )
+            .await?;
+        lease.found(changed > 0)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
+        let writer = self
+            .options
+            .bounded(
+                "inspecting",
+                self.pool
+                    .fetch_optional(sqlx::query(&self.sql.inspect).bind(key.as_str())),
+            )
+            .await?;
+        match writer.as_ref().map(lease).transpose()? {
+            Some(writer) => Ok(Some(writer)),
+            None => self.last_reader(key.as_str()).await,
+        }
+    }
+
+    fencelock_core::offers!(admin, write_intents);
+
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        // Readers have no batch statement: one renewal each.
+        renew_writers_batched(self, renewals, |batch| async move {
+            self.renew_writers(&batch).await
+        })
+        .await
+    }
+}
+
+/// The exclusive side's batch renewal, beside the readers' operations in
+/// `shared.rs`.
+impl MySqlBackend {
+    async fn renew_writers(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
@@ -823,322 +900,11 @@ impl Backend for MySqlBackend {
                 s.finish_after(rows)
             })
             .await?;
-        let extended =
-            fencelock_sql_common::extended(&rows).map_err(|e| map("renewing a batch", e))?;
-        fencelock_sql_common::batch_answers(renewals, extended)
-            .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
-    }
-
-    async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let deleted = self
-            .options
-            .bounded(
-                "releasing",
-                self.pool.execute(
-                    sqlx::query(&self.sql.release)
-                        .bind(key.as_str())
-                        .bind(owner.as_str())
-                        .bind(token.get()),
-                ),
-            )
-            .await?;
-        lease.found(deleted > 0)
-    }
-
-    async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
-        let changed = self
-            .options
-            .bounded(
-                "setting data",
-                self.pool.execute(
-                    sqlx::query(&self.sql.set_data)
-                        .bind(data.as_ref())
-                        .bind(lease.key.as_str())
-                        .bind(lease.owner.as_str())
-                        .bind(lease.token.get()),
-                ),
-            )
-            .await?;
-        lease.found(changed > 0)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let writer = self
-            .options
-            .bounded(
-                "inspecting",
-                self.pool
-                    .fetch_optional(sqlx::query(&self.sql.inspect).bind(key.as_str())),
-            )
-            .await?;
-        match writer.as_ref().map(lease).transpose()? {
-            Some(writer) => Ok(Some(writer)),
-            None => self.last_reader(key.as_str()).await,
-        }
-    }
-
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let mut leases = Vec::new();
-        for sql in [&self.sql.list, &self.sql.list_readers] {
-            let rows = self
-                .options
-                .bounded(
-                    "listing",
-                    self.pool
-                        .fetch_all(sqlx::query(sql).bind(prefix).bind(prefix).bind(prefix)),
-                )
-                .await?;
-            for row in &rows {
-                leases.push(lease(row)?);
-            }
-        }
-        leases.sort_by(|a, b| a.key.cmp(&b.key).then(a.token.cmp(&b.token)));
-        Ok(leases)
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let k = key.as_str();
-        let forced = under_turn!(self, "force-releasing", k, |conn| {
-            // The key is freed entirely; the answer is the writer,
-            // else the newest reader.
-            let writer = sqlx::query(&self.sql.inspect)
-                .bind(k)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let reader = sqlx::query(&self.sql.last_reader)
-                .bind(k)
-                .fetch_optional(&mut *conn)
-                .await?;
-            for sql in [&self.sql.force_delete, &self.sql.force_delete_readers] {
-                sqlx::query(sql).bind(k).execute(&mut *conn).await?;
-            }
-            Ok(writer.or(reader))
-        })
-        .await?;
-        forced.as_ref().map(lease).transpose()
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let writers = self
-            .options
-            .bounded(
-                "releasing all",
-                self.pool
-                    .execute(sqlx::query(&self.sql.release_all).bind(owner.as_str())),
-            )
-            .await?;
-        let keys: Vec<Vec<u8>> = self
-            .options
-            .bounded("releasing all", async {
-                let mut s = self.session().await?;
-                let keys = sqlx::query_scalar(&self.sql.owner_reader_keys)
-                    .bind(owner.as_str())
-                    .fetch_all(s.conn()?)
-                    .await;
-                s.finish_after(keys)
-            })
-            .await?;
-        let mut readers = 0;
-        // One key's turn at a time: its horizon is recomputed from a
-        // current view, as a reader's release does.
-        for key in keys {
-            let key = String::from_utf8(key).map_err(|_| bad_reply("a key is not UTF-8"))?;
-            let k = key.as_str();
-            readers += under_turn!(self, "releasing all", k, |conn| {
-                let gone = sqlx::query(&self.sql.release_owner_readers)
-                    .bind(k)
-                    .bind(owner.as_str())
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                sqlx::query(&self.sql.recompute_horizon)
-                    .bind(k)
-                    .bind(k)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(gone)
-            })
-            .await?;
-        }
-        Ok(writers + readers)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        let mut removed = 0;
-        for sql in [&self.sql.cleanup, &self.sql.cleanup_readers] {
-            removed += self
-                .options
-                .bounded("cleaning up", self.pool.execute(sqlx::query(sql)))
-                .await?;
-        }
-        Ok(removed)
-    }
-
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let key = request.key.as_str();
-        let floor = floor(request)?;
-        let (granted, row) = under_turn!(
-            self,
-            grant & request.key,
-            "acquiring a read lock",
-            key,
-            |conn| {
-                let gate = sqlx::query(&self.sql.gate)
-                    .bind(key)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                if let Some(row) = gate {
-                    let live: Option<bool> = row.try_get("live")?;
-                    let intent: Option<bool> = row.try_get("intent")?;
-                    if live == Some(true) {
-                        return Ok((false, Some(row)));
-                    }
-                    if intent == Some(true) {
-                        return Ok((false, None));
-                    }
-                }
-                draw_token(&mut *conn, &self.sql, floor).await?;
-                sqlx::query(&self.sql.shared_insert)
-                    .bind(key)
-                    .bind(request.owner.as_str())
-                    .bind(request.kind.as_deref())
-                    .bind(request.data.as_ref())
-                    .bind(ttl_micros(request.ttl))
-                    .execute(&mut *conn)
-                    .await?;
-                let row = sqlx::query(&self.sql.shared_granted)
-                    .bind(key)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
-                    row.try_get("expires_at")?;
-                sqlx::query(&self.sql.horizon)
-                    .bind(key)
-                    .bind(request.owner.as_str())
-                    .bind(expires_at)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok((true, Some(row)))
-            }
+        fencelock_sql_common::renewal_answers(
+            renewals,
+            &rows,
+            |e| map("renewing a batch", e),
+            bad_reply,
         )
-        .await?;
-        let info = row.as_ref().map(lease).transpose()?;
-        Ok(match (granted, info) {
-            (true, Some(info)) => {
-                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
-            }
-            (_, info) => Acquire::Held(info),
-        })
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let key = lease.key.as_str();
-        let expires_at = under_turn!(self, "renewing a read lock", key, |conn| {
-            let matched = sqlx::query(&self.sql.shared_renew)
-                .bind(ttl_micros(ttl))
-                .bind(key)
-                .bind(lease.owner.as_str())
-                .bind(lease.token.get())
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            if matched == 0 {
-                return Ok(None);
-            }
-            let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
-                sqlx::query_scalar(&self.sql.shared_renewed)
-                    .bind(key)
-                    .bind(lease.token.get())
-                    .fetch_one(&mut *conn)
-                    .await?;
-            sqlx::query(&self.sql.horizon)
-                .bind(key)
-                .bind(lease.owner.as_str())
-                .bind(expires_at)
-                .execute(&mut *conn)
-                .await?;
-            Ok(Some(expires_at))
-        })
-        .await?
-        .ok_or_else(|| Error::not_held(lease))?;
-        Ok(Grant::new(lease.token, ttl, expires_at))
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        let key = lease.key.as_str();
-        let released = under_turn!(self, "releasing a read lock", key, |conn| {
-            let gone = sqlx::query(&self.sql.shared_release)
-                .bind(key)
-                .bind(lease.owner.as_str())
-                .bind(lease.token.get())
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            if gone > 0 {
-                sqlx::query(&self.sql.recompute_horizon)
-                    .bind(key)
-                    .bind(key)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            Ok(gone > 0)
-        })
-        .await?;
-        lease.found(released)
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.options
-            .bounded(
-                "posting a writer's intent",
-                self.pool.execute(
-                    sqlx::query(&self.sql.post_intent)
-                        .bind(key.as_str())
-                        .bind(owner.as_str())
-                        .bind(owner.as_str())
-                        .bind(ttl_micros(ttl)),
-                ),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.options
-            .bounded(
-                "withdrawing a writer's intent",
-                self.pool.execute(
-                    sqlx::query(&self.sql.withdraw_intent)
-                        .bind(key.as_str())
-                        .bind(owner.as_str()),
-                ),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let rows = self
-            .options
-            .bounded(
-                "computing stats",
-                self.pool.fetch_all(sqlx::query(&self.sql.stats)),
-            )
-            .await?;
-        let (mut leases, expired) = stats_rows(&rows)?;
-        let rows = self
-            .options
-            .bounded(
-                "computing stats",
-                self.pool.fetch_all(sqlx::query(&self.sql.stats_readers)),
-            )
-            .await?;
-        let (readers, expired_readers) = stats_rows(&rows)?;
-        leases.extend(readers);
-        Ok(Stats::from_leases(
-            leases.iter().map(|(l, d)| (l, *d)),
-            expired + expired_readers,
-        ))
     }
 }

@@ -3,7 +3,7 @@
 use std::{future::Future, str::FromStr};
 
 use fencelock_core::Result;
-use fencelock_sql_common::{bounded, ConnectionPool, Session, SqlUrl};
+use fencelock_sql_common::{bounded, ConnectionPool, SqlUrl};
 use sqlx::{mysql::MySqlConnectOptions, MySql};
 
 use crate::{
@@ -47,9 +47,7 @@ impl MySqlOptions {
         context: &'static str,
         op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded(self.url.op_timeout, op)
-            .await
-            .map_err(|e| map(context, e))
+        self.url.bounded(context, map, op).await
     }
 
     /// [`Self::bounded`] for a statement that draws tokens for `key` (see
@@ -67,17 +65,16 @@ impl MySqlOptions {
 
     /// Opens the pool and the schema within the connect time-out.
     pub(crate) async fn open(&self) -> Result<ConnectionPool<MySql>> {
-        let limit = self.url.connect_timeout;
-        let open = async {
-            let (pool, mut first) = self.pool().await?;
-            let conn = first.conn().map_err(|e| map("connecting", e))?;
-            schema::ensure(conn, &self.names()).await?;
-            first.finish();
-            Ok(pool)
-        };
-        tokio::time::timeout(limit, open)
+        let names = self.names();
+        self.url
+            .open(
+                self.connect_options()?,
+                3306,
+                crate::error::is_transient,
+                map,
+                move |conn| Box::pin(async move { schema::ensure(conn, &names).await }),
+            )
             .await
-            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
     }
 
     /// How every session connects.
@@ -90,21 +87,5 @@ impl MySqlOptions {
         Ok(MySqlConnectOptions::from_str(self.url.driver_url.as_str())
             .map_err(|e| fencelock_sql_common::invalid_url(&self.url.driver_url, e))?
             .timezone(Some(String::from("+00:00"))))
-    }
-
-    /// A pool and its first connection.
-    async fn pool(&self) -> Result<(ConnectionPool<MySql>, Session<MySql>)> {
-        fencelock_sql_common::resolve(&self.url.driver_url, 3306, self.url.connect_timeout)
-            .await
-            .map_err(|e| map("connecting", e))?;
-        fencelock_sql_common::open_pool(
-            self.connect_options()?,
-            self.url.pool_max,
-            self.url.acquire_timeout,
-            self.url.connect_timeout,
-            crate::error::is_transient,
-        )
-        .await
-        .map_err(|e| map("connecting", e))
     }
 }

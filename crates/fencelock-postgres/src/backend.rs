@@ -5,10 +5,12 @@ use std::{fmt, sync::OnceLock, time::Duration};
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken,
-    Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    renew_alone, renew_each_mode, Acquire, AcquireAll, AcquireRequest, Backend, Capabilities,
+    ChangeFeed, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal,
+    Result, WakeSubscription,
 };
 use fencelock_sql_common::{micros_to_duration, ttl_micros, ConnectionPool, Session};
+
 use sqlx::{
     postgres::{PgArguments, PgRow},
     query::Query,
@@ -21,6 +23,9 @@ use crate::{
     options::PostgresOptions,
     schema::Names,
 };
+
+mod admin;
+mod shared;
 
 /// The columns every lease-returning statement selects. `expires_in_us` is
 /// computed by the server so no client clock takes part (I4). Data travels
@@ -484,6 +489,76 @@ impl PostgresBackend {
     }
 }
 
+/// The exclusive side's batch statements, beside the readers' in
+/// `shared.rs`, and the token floor both sides raise.
+impl PostgresBackend {
+    /// Raises the token sequence to `floor` on `conn`, inside the
+    /// transaction that then draws: the gate serialises raises, and
+    /// `setval` only moves the sequence forward (I2).
+    async fn raise_floor(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        floor: i64,
+    ) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.floor_gate)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(&self.sql.raise_floor)
+            .bind(floor)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Renews a batch of exclusive leases in one statement.
+    async fn renew_writers(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (keys, owners, tokens, ttls) = batch_columns(renewals);
+        let rows = self
+            .options
+            .bounded(
+                "renewing a batch",
+                self.pool.fetch_all(
+                    sqlx::query(&self.sql.renew_many)
+                        .bind(&keys)
+                        .bind(&owners)
+                        .bind(&tokens)
+                        .bind(&ttls),
+                ),
+            )
+            .await?;
+        fencelock_sql_common::renewal_answers(
+            renewals,
+            &rows,
+            |e| map("renewing a batch", e),
+            bad_reply,
+        )
+    }
+
+    /// Releases an exclusive lease.
+    async fn release_writer(&self, lease: &LeaseId) -> Result<()> {
+        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
+        let Some(db_token) = db_token(token) else {
+            return Err(Error::not_held(lease));
+        };
+        let rows = self
+            .options
+            .bounded(
+                "releasing",
+                self.pool.fetch_all(
+                    sqlx::query(&self.sql.release)
+                        .bind(key.as_str())
+                        .bind(owner.as_str())
+                        .bind(db_token),
+                ),
+            )
+            .await?;
+        lease.found(!rows.is_empty())
+    }
+}
+
 #[async_trait]
 impl Backend for PostgresBackend {
     fn name(&self) -> &'static str {
@@ -503,6 +578,9 @@ impl Backend for PostgresBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.mode == LockMode::Shared {
+            return self.acquire_reader(request).await;
+        }
         let floor = floor(request)?;
         let row = self
             .options
@@ -514,11 +592,7 @@ impl Backend for PostgresBackend {
                     None => acquire.fetch_optional(s.conn()?).await,
                     Some(floor) => {
                         let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
-                        sqlx::query(&self.sql.raise_floor)
-                            .bind(floor)
-                            .execute(&mut *tx)
-                            .await?;
+                        self.raise_floor(&mut tx, floor).await?;
                         let row = acquire.fetch_optional(&mut *tx).await?;
                         tx.commit().await?;
                         Ok(row)
@@ -563,11 +637,7 @@ impl Backend for PostgresBackend {
                 let result = async {
                     let mut tx = sqlx::Connection::begin(s.conn()?).await?;
                     if let Some(floor) = top {
-                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
-                        sqlx::query(&self.sql.raise_floor)
-                            .bind(floor)
-                            .execute(&mut *tx)
-                            .await?;
+                        self.raise_floor(&mut tx, floor).await?;
                     }
                     let mut rows = Vec::with_capacity(requests.len());
                     for (index, request) in requests.iter().enumerate() {
@@ -608,6 +678,14 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        if lease.mode == LockMode::Shared {
+            return renew_alone(
+                lease,
+                ttl,
+                |one| async move { self.renew_readers(&one).await },
+            )
+            .await;
+        }
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
         let not_held = || Error::not_held(lease);
         let db_token = db_token(token).ok_or_else(not_held)?;
@@ -629,47 +707,20 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        if renewals.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (keys, owners, tokens, ttls) = batch_columns(renewals);
-        let rows = self
-            .options
-            .bounded(
-                "renewing a batch",
-                self.pool.fetch_all(
-                    sqlx::query(&self.sql.renew_many)
-                        .bind(&keys)
-                        .bind(&owners)
-                        .bind(&tokens)
-                        .bind(&ttls),
-                ),
-            )
-            .await?;
-        let extended =
-            fencelock_sql_common::extended(&rows).map_err(|e| map("renewing a batch", e))?;
-        fencelock_sql_common::batch_answers(renewals, extended)
-            .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
+        renew_each_mode(self.name(), renewals, |mode, batch| async move {
+            match mode {
+                LockMode::Exclusive => self.renew_writers(&batch).await,
+                LockMode::Shared => self.renew_readers(&batch).await,
+            }
+        })
+        .await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let Some(db_token) = db_token(token) else {
-            return Err(Error::not_held(lease));
-        };
-        let rows = self
-            .options
-            .bounded(
-                "releasing",
-                self.pool.fetch_all(
-                    sqlx::query(&self.sql.release)
-                        .bind(key.as_str())
-                        .bind(owner.as_str())
-                        .bind(db_token),
-                ),
-            )
-            .await?;
-        lease.found(!rows.is_empty())
+        if lease.mode == LockMode::Shared {
+            return self.release_reader(lease).await;
+        }
+        self.release_writer(lease).await
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
@@ -705,289 +756,6 @@ impl Backend for PostgresBackend {
             .transpose()
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.options
-            .bounded(
-                "listing",
-                self.pool
-                    .fetch_all(sqlx::query(&self.sql.list).bind(prefix)),
-            )
-            .await?
-            .iter()
-            .map(lease)
-            .collect()
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.options
-            .bounded("force-releasing", async {
-                let mut s = self.session().await?;
-                let row = async {
-                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                    sqlx::query(&self.sql.turn)
-                        .bind(key.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                    let row = sqlx::query(&self.sql.force_release)
-                        .bind(key.as_str())
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(row)
-                }
-                .await;
-                s.finish_after(row)
-            })
-            .await?
-            .as_ref()
-            .map(lease)
-            .transpose()
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let released = self
-            .options
-            .bounded("releasing all", async {
-                let mut s = self.session().await?;
-                let released = async {
-                    let writers = sqlx::query(&self.sql.release_all)
-                        .bind(owner.as_str())
-                        .fetch_all(s.conn()?)
-                        .await?
-                        .len();
-                    // Readers under their keys' turns, so that each key's
-                    // reader horizon is recomputed from a current view.
-                    let keys: Vec<String> = sqlx::query_scalar(&self.sql.owner_reader_keys)
-                        .bind(owner.as_str())
-                        .fetch_all(s.conn()?)
-                        .await?;
-                    if keys.is_empty() {
-                        return Ok(writers);
-                    }
-                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                    sqlx::query(&self.sql.lock_keys)
-                        .bind(&keys)
-                        .execute(&mut *tx)
-                        .await?;
-                    let readers = sqlx::query(&self.sql.release_all_readers)
-                        .bind(owner.as_str())
-                        .bind(&keys)
-                        .fetch_all(&mut *tx)
-                        .await?
-                        .len();
-                    tx.commit().await?;
-                    Ok(writers + readers)
-                }
-                .await;
-                s.finish_after(released)
-            })
-            .await?;
-        Ok(released as u64)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        let removed: i64 = self
-            .options
-            .bounded("cleaning up", async {
-                let mut s = self.session().await?;
-                let done = sqlx::query_scalar(&self.sql.cleanup)
-                    .fetch_one(s.conn()?)
-                    .await;
-                s.finish_after(done)
-            })
-            .await?;
-        Ok(u64::try_from(removed).unwrap_or(0))
-    }
-
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let floor = floor(request)?;
-        let key = request.key.as_str();
-        let (held, row) = self
-            .options
-            .granting("acquiring a read lock", &request.key, async {
-                let mut s = self.session().await?;
-                let answer = async {
-                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                    if let Some(floor) = floor {
-                        sqlx::query(&self.sql.floor_gate).execute(&mut *tx).await?;
-                        sqlx::query(&self.sql.raise_floor)
-                            .bind(floor)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    sqlx::query(&self.sql.turn)
-                        .bind(key)
-                        .execute(&mut *tx)
-                        .await?;
-                    let passed = sqlx::query(&self.sql.shared_gate)
-                        .bind(key)
-                        .bind(request.owner.as_str())
-                        .bind(ttl_micros(request.ttl))
-                        .fetch_optional(&mut *tx)
-                        .await?
-                        .is_some();
-                    let answer = if passed {
-                        let row = sqlx::query(&self.sql.shared_insert)
-                            .bind(key)
-                            .bind(request.owner.as_str())
-                            .bind(request.kind.as_deref())
-                            .bind(data_text(request.data.as_ref()))
-                            .bind(ttl_micros(request.ttl))
-                            .fetch_one(&mut *tx)
-                            .await?;
-                        (false, Some(row))
-                    } else {
-                        let writer = sqlx::query(&self.sql.writer)
-                            .bind(key)
-                            .fetch_optional(&mut *tx)
-                            .await?;
-                        (true, writer)
-                    };
-                    tx.commit().await?;
-                    Ok(answer)
-                }
-                .await;
-                s.finish_after(answer)
-            })
-            .await?;
-        let info = row.as_ref().map(lease).transpose()?;
-        Ok(match (held, info) {
-            (false, Some(info)) => {
-                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
-            }
-            (_, info) => Acquire::Held(info),
-        })
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let renewal = [Renewal::new(lease.clone(), ttl)];
-        let mut answers = self.renew_many_shared(&renewal).await?;
-        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
-    }
-
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        if renewals.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (keys, owners, tokens, ttls) = batch_columns(renewals);
-        let rows = self
-            .options
-            .bounded("renewing read locks", async {
-                let mut s = self.session().await?;
-                let rows = async {
-                    // Under the keys' turns: a release recomputing a key's
-                    // reader horizon never overwrites this extension of it.
-                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                    sqlx::query(&self.sql.lock_keys)
-                        .bind(&keys)
-                        .execute(&mut *tx)
-                        .await?;
-                    let rows = sqlx::query(&self.sql.renew_many_shared)
-                        .bind(&keys)
-                        .bind(&owners)
-                        .bind(&tokens)
-                        .bind(&ttls)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(rows)
-                }
-                .await;
-                s.finish_after(rows)
-            })
-            .await?;
-        let extended =
-            fencelock_sql_common::extended(&rows).map_err(|e| map("renewing read locks", e))?;
-        fencelock_sql_common::batch_answers(renewals, extended)
-            .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        let Some(db_token) = db_token(lease.token) else {
-            return Err(Error::not_held(lease));
-        };
-        let key = lease.key.as_str();
-        let rows = self
-            .options
-            .bounded("releasing a read lock", async {
-                let mut s = self.session().await?;
-                let rows = async {
-                    let mut tx = sqlx::Connection::begin(s.conn()?).await?;
-                    sqlx::query(&self.sql.turn)
-                        .bind(key)
-                        .execute(&mut *tx)
-                        .await?;
-                    let rows = sqlx::query(&self.sql.release_shared)
-                        .bind(key)
-                        .bind(lease.owner.as_str())
-                        .bind(db_token)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(rows)
-                }
-                .await;
-                s.finish_after(rows)
-            })
-            .await?;
-        lease.found(!rows.is_empty())
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.options
-            .bounded(
-                "posting a writer's intent",
-                self.pool.execute(
-                    sqlx::query(&self.sql.post_intent)
-                        .bind(key.as_str())
-                        .bind(owner.as_str())
-                        .bind(ttl_micros(ttl)),
-                ),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.options
-            .bounded(
-                "withdrawing a writer's intent",
-                self.pool.fetch_all(
-                    sqlx::query(&self.sql.withdraw_intent)
-                        .bind(key.as_str())
-                        .bind(owner.as_str()),
-                ),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let rows = self
-            .options
-            .bounded(
-                "computing stats",
-                self.pool.fetch_all(sqlx::query(&self.sql.stats)),
-            )
-            .await?;
-        let mut leases = Vec::with_capacity(rows.len());
-        let mut expired = 0;
-        for row in &rows {
-            let count: Option<i64> = row.try_get("expired").map_err(|e| map("stats", e))?;
-            match count {
-                Some(n) => expired = u64::try_from(n).unwrap_or(0),
-                None => {
-                    let held: i64 = row.try_get("held_us").map_err(|e| map("stats", e))?;
-                    leases.push((lease(row)?, micros_to_duration(held)));
-                }
-            }
-        }
-        Ok(Stats::from_leases(
-            leases.iter().map(|(l, d)| (l, *d)),
-            expired,
-        ))
-    }
-
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(self.listener().subscribe(key).await)
     }
@@ -1002,6 +770,8 @@ impl Backend for PostgresBackend {
             .into()
         })
     }
+
+    fencelock_core::offers!(admin, write_intents);
 }
 
 #[cfg(test)]

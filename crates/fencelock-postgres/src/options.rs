@@ -3,7 +3,7 @@
 use std::{future::Future, str::FromStr, time::Duration};
 
 use fencelock_core::Result;
-use fencelock_sql_common::{bounded, ConnectionPool, Session, SqlUrl};
+use fencelock_sql_common::{bounded, ConnectionPool, SqlUrl};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool, Postgres,
@@ -80,9 +80,7 @@ impl PostgresOptions {
         context: &'static str,
         op: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded(self.url.op_timeout, op)
-            .await
-            .map_err(|e| map(context, e))
+        self.url.bounded(context, map, op).await
     }
 
     /// [`Self::bounded`] for a statement that draws tokens for `key`: the
@@ -103,19 +101,19 @@ impl PostgresOptions {
         })
     }
 
-    /// Opens the pool and the schema within the connect time-out.
+    /// Opens the pool and the schema within the connect time-out;
+    /// `relaxed` applies `synchronous_commit = off` to its sessions.
     pub(crate) async fn open(&self, relaxed: bool) -> Result<ConnectionPool<Postgres>> {
-        let limit = self.url.connect_timeout;
-        let open = async {
-            let (pool, mut first) = self.pool(relaxed).await?;
-            let conn = first.conn().map_err(|e| map("connecting", e))?;
-            schema::ensure(conn, &self.names(), limit).await?;
-            first.finish();
-            Ok(pool)
-        };
-        tokio::time::timeout(limit, open)
+        let (names, limit) = (self.names(), self.url.connect_timeout);
+        self.url
+            .open(
+                self.connect_options(relaxed)?,
+                5432,
+                crate::error::is_transient,
+                map,
+                move |conn| Box::pin(async move { schema::ensure(conn, &names, limit).await }),
+            )
             .await
-            .unwrap_or_else(|_| Err(map("connecting", fencelock_sql_common::timed_out(limit))))
     }
 
     /// How to connect; `relaxed` applies `synchronous_commit = off`.
@@ -141,22 +139,5 @@ impl PostgresOptions {
             .max_connections(1)
             .acquire_timeout(self.url.connect_timeout)
             .connect_lazy_with(self.connect_options(false)?))
-    }
-
-    /// A pool and its first connection; `relaxed` applies
-    /// `synchronous_commit = off` to its sessions.
-    async fn pool(&self, relaxed: bool) -> Result<(ConnectionPool<Postgres>, Session<Postgres>)> {
-        fencelock_sql_common::resolve(&self.url.driver_url, 5432, self.url.connect_timeout)
-            .await
-            .map_err(|e| map("connecting", e))?;
-        fencelock_sql_common::open_pool(
-            self.connect_options(relaxed)?,
-            self.url.pool_max,
-            self.url.acquire_timeout,
-            self.url.connect_timeout,
-            crate::error::is_transient,
-        )
-        .await
-        .map_err(|e| map("connecting", e))
     }
 }

@@ -5,10 +5,11 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, BackendError, Capabilities, ChangeFeed, Error,
-    FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats,
-    WakeSubscription,
+    renew_alone, renew_each_mode, Acquire, AcquireAll, AcquireRequest, Backend, BackendError,
+    Capabilities, ChangeFeed, Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode,
+    Owner, Renewal, Result, WakeSubscription, WriteIntents,
 };
+
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     Client, Script, Value,
@@ -23,6 +24,9 @@ use crate::{
     sentinel::SentinelMaster,
     wakeups::{NodeClients, Wakeups},
 };
+
+mod admin;
+mod shared;
 
 /// Locks in Redis. Cheap to clone; clones share the connection and the
 /// wake-up subscriber, which stops when the last clone is dropped.
@@ -391,14 +395,9 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// One acquisition by `script` (the writer's or the reader's): the
-    /// same keys, arguments and answer.
-    async fn acquire_with(
-        &self,
-        script: &Script,
-        mode: LockMode,
-        request: &AcquireRequest,
-    ) -> Result<Acquire> {
+    /// One acquisition by `script` (the writer's or the reader's, as the
+    /// request's mode says): the same keys, arguments and answer.
+    async fn acquire_with(&self, script: &Script, request: &AcquireRequest) -> Result<Acquire> {
         let args = AcquireArgs::of(request)?;
         let mut call = Call::new(script, 5);
         self.add_acquire_keys(&mut call, request);
@@ -428,11 +427,7 @@ impl RedisBackend {
         );
         if let Err(e) = self.wait_replicas(self.inner.keys.slot(&request.key)).await {
             // Do not leave a lease nobody will use behind.
-            let lease = request.lease(grant.token);
-            let _ = match mode {
-                LockMode::Exclusive => self.release(&lease).await,
-                LockMode::Shared => self.release_shared(&lease).await,
-            };
+            let _ = self.release(&request.lease(grant.token)).await;
             return Err(e);
         }
         Ok(Acquire::Granted(grant))
@@ -944,8 +939,14 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.acquire_with(&self.inner.scripts.acquire, LockMode::Exclusive, request)
-            .await
+        let script = match request.mode {
+            LockMode::Exclusive => &self.inner.scripts.acquire,
+            LockMode::Shared => {
+                self.readers_allowed()?;
+                &self.inner.scripts.acquire_shared
+            }
+        };
+        self.acquire_with(script, request).await
     }
 
     /// One script over every key (`ACQUIRE_ALL`). On one server a script
@@ -1022,79 +1023,14 @@ impl Backend for RedisBackend {
         Ok(AcquireAll::Granted(grants))
     }
 
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.readers_allowed()?;
-        self.acquire_with(
-            &self.inner.scripts.acquire_shared,
-            LockMode::Shared,
-            request,
-        )
-        .await
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let renewal = [Renewal::new(lease.clone(), ttl)];
-        let mut answers = self.renew_many_shared(&renewal).await?;
-        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
-    }
-
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.readers_allowed()?;
-        self.renew_batch(
-            &self.inner.scripts.renew_many_shared,
-            renewals,
-            2,
-            |call, key| {
-                call.key(self.inner.keys.readers(key))
-                    .key(self.inner.keys.readers_info(key));
-            },
-        )
-        .await
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        self.readers_allowed()?;
-        let key = &lease.key;
-        let removed: i64 = Call::new(&self.inner.scripts.release_shared, 2)
-            .key(self.inner.keys.readers(key))
-            .key(self.inner.keys.readers_info(key))
-            .arg(lease.owner.as_str())
-            .arg(lease.token.0)
-            .arg(self.inner.keys.channel(key.as_str()))
-            .arg(key.as_str())
-            .arg(self.inner.keys.changes())
-            .invoke(&mut self.conn())
-            .await
-            .map_err(|e| map("release script", e))?;
-        lease.found(removed == 1)
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.readers_allowed()?;
-        let _: i64 = Call::new(&self.inner.scripts.post_intent, 1)
-            .key(self.inner.keys.intent(key))
-            .arg(owner.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke(&mut self.conn())
-            .await
-            .map_err(|e| map("intent script", e))?;
-        Ok(())
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.readers_allowed()?;
-        let _: i64 = Call::new(&self.inner.scripts.withdraw_intent, 1)
-            .key(self.inner.keys.intent(key))
-            .arg(owner.as_str())
-            .arg(self.inner.keys.channel(key.as_str()))
-            .arg(key.as_str())
-            .invoke(&mut self.conn())
-            .await
-            .map_err(|e| map("intent script", e))?;
-        Ok(())
-    }
-
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        if lease.mode == LockMode::Shared {
+            // Readers have only the batch script.
+            return renew_alone(lease, ttl, |one| async move {
+                self.renew_side(LockMode::Shared, &one).await
+            })
+            .await;
+        }
         let ttl_ms = ttl_ms(ttl);
         let row: Vec<Value> = Call::new(&self.inner.scripts.renew, 1)
             .key(self.inner.keys.lease(&lease.key))
@@ -1109,17 +1045,15 @@ impl Backend for RedisBackend {
         Ok(grant)
     }
 
-    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.renew_batch(&self.inner.scripts.renew_many, renewals, 1, |call, key| {
-            call.key(self.inner.keys.lease(key));
-        })
-        .await
-    }
-
     async fn release(&self, lease: &LeaseId) -> Result<()> {
         let (key, owner, token) = (&lease.key, &lease.owner, lease.token);
-        let removed: i64 = Call::new(&self.inner.scripts.release, 1)
-            .key(self.inner.keys.lease(key))
+        let script = match lease.mode {
+            LockMode::Exclusive => &self.inner.scripts.release,
+            LockMode::Shared => &self.inner.scripts.release_shared,
+        };
+        let mut call = Call::new(script, self.keys_per_lease(lease.mode)?);
+        self.add_lease_keys(&mut call, lease.mode, key);
+        let removed: i64 = call
             .arg(owner.as_str())
             .arg(token.0)
             .arg(self.inner.keys.channel(key.as_str()))
@@ -1160,80 +1094,61 @@ impl Backend for RedisBackend {
         parse_describe(key, &row)
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        Ok(self
-            .scan_leases(prefix)
-            .await?
-            .0
-            .into_iter()
-            .map(|(info, _)| info)
-            .collect())
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let row: Vec<Value> = Call::new(&self.inner.scripts.force_release, 4)
-            .key(self.inner.keys.lease(key))
-            .key(self.inner.keys.readers(key))
-            .key(self.inner.keys.readers_info(key))
-            .key(self.inner.keys.intent(key))
-            .arg(self.inner.keys.channel(key.as_str()))
-            .arg(key.as_str())
-            .arg(self.inner.keys.changes())
-            .invoke(&mut self.conn())
-            .await
-            .map_err(|e| map("force-release script", e))?;
-        if row.len() == 1 {
-            return Err(Error::InvalidArgument(format!(
-                "{key} is held by another library's lock, which fencelock does not release; \
-                 its holder carries no fencing token (docs/redis.md)"
-            )));
-        }
-        parse_describe(key, &row)
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let (leases, _) = self.scan_leases(None).await?;
-        let mut released = 0;
-        for (lease, _) in leases.into_iter().filter(|(l, _)| l.owner == *owner) {
-            // Compare-and-delete per lease: one that changed hands since the
-            // SCAN is left alone.
-            let id = LeaseId::new(lease.key, owner.clone(), lease.token);
-            let outcome = match lease.mode {
-                LockMode::Exclusive => self.release(&id).await,
-                LockMode::Shared => self.release_shared(&id).await,
-            };
-            match outcome {
-                Ok(()) => released += 1,
-                Err(Error::NotHeld { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(released)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        // Redis deletes expired keys itself; token counters are kept on
-        // purpose (they are what keeps tokens growing).
-        Ok(0)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let (leases, now_ms) = self.scan_leases(None).await?;
-        let held_for = |acquired: i64| {
-            Duration::from_millis(u64::try_from(now_ms.saturating_sub(acquired)).unwrap_or(0))
-        };
-        Ok(Stats::from_leases(
-            leases.iter().map(|(info, acq)| (info, held_for(*acq))),
-            0,
-        ))
-    }
-
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.inner.wakeups.subscribe(key).await?))
     }
 
     async fn changes(&self) -> Result<Option<ChangeFeed>> {
         Ok(Some(self.inner.wakeups.changes().await?))
+    }
+
+    fencelock_core::offers!(admin);
+
+    fn write_intents(&self) -> Option<&dyn WriteIntents> {
+        // `layout=plain` has no readers (`readers_allowed`).
+        (!self.inner.options.plain).then_some(self as &dyn WriteIntents)
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        renew_each_mode(self.name(), renewals, |mode, batch| async move {
+            self.renew_side(mode, &batch).await
+        })
+        .await
+    }
+}
+
+/// Where each side of a key keeps its leases: a writer's (or plain lock's)
+/// hash, or the readers' sorted set and their records.
+impl RedisBackend {
+    /// How many keys a script over one lease of `mode` takes; a reader's
+    /// is refused in `layout=plain`.
+    fn keys_per_lease(&self, mode: LockMode) -> Result<usize> {
+        match mode {
+            LockMode::Exclusive => Ok(1),
+            LockMode::Shared => self.readers_allowed().map(|()| 2),
+        }
+    }
+
+    /// Appends the keys of a lease of `mode` on `key`.
+    fn add_lease_keys(&self, call: &mut Call<'_>, mode: LockMode, key: &LockKey) {
+        let keys = &self.inner.keys;
+        match mode {
+            LockMode::Exclusive => call.key(keys.lease(key)),
+            LockMode::Shared => call.key(keys.readers(key)).key(keys.readers_info(key)),
+        };
+    }
+
+    /// One batch script over leases all held in `mode`.
+    async fn renew_side(&self, mode: LockMode, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        let script = match mode {
+            LockMode::Exclusive => &self.inner.scripts.renew_many,
+            LockMode::Shared => &self.inner.scripts.renew_many_shared,
+        };
+        let keys = self.keys_per_lease(mode)?;
+        self.renew_batch(script, renewals, keys, |call, key| {
+            self.add_lease_keys(call, mode, key)
+        })
+        .await
     }
 }
 

@@ -307,6 +307,11 @@ async fn main() {
         }
     }
     renewer.abort();
-    let released = direct.release_all(&holder).await.unwrap();
+    let released = direct
+        .administer()
+        .unwrap()
+        .release_all(&holder)
+        .await
+        .unwrap();
     eprintln!("released {released} locks");
 }

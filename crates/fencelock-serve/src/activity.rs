@@ -9,7 +9,7 @@
 //! the events of `/v1/events`), kept in memory: a restarted replica starts
 //! empty, and each replica counts its own traffic. Only election standbys
 //! waiting beside the service come from the backend, where it keeps a queue
-//! of waiters (`Backend::queue`, `docs/fairness.md`).
+//! of waiters (`FairQueue::queue`, `docs/fairness.md`).
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -637,14 +637,17 @@ pub(crate) async fn activity(
         body.incidents.truncate(limit);
     }
     let backend = s.inner.client.backend();
-    let leaders = tokio::time::timeout(OP_TIMEOUT, backend.list(Some(ELECTION_PREFIX)))
-        .await
-        .map_err(|_| {
-            ApiError::from(fencelock_core::Error::OperationTimeout {
-                operation: "list",
-                after: OP_TIMEOUT,
-            })
-        })??;
+    let leaders = tokio::time::timeout(
+        OP_TIMEOUT,
+        backend.administer()?.list(Some(ELECTION_PREFIX)),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::from(fencelock_core::Error::OperationTimeout {
+            operation: "list",
+            after: OP_TIMEOUT,
+        })
+    })??;
     let mut elections: BTreeMap<String, Vec<StandbyBody>> = leaders
         .into_iter()
         .map(|l| (l.key.to_string(), Vec::new()))
@@ -661,15 +664,16 @@ pub(crate) async fn activity(
                 }));
         }
     }
-    body.backend_queue = backend.capabilities().fair;
-    if body.backend_queue {
+    let fair_queue = backend.fair_queue();
+    body.backend_queue = fair_queue.is_some();
+    if let Some(fair_queue) = fair_queue {
         for (key, standbys) in elections.iter_mut().take(MAX_QUEUED_ELECTIONS) {
             let Ok(lock_key) = LockKey::new(key.as_str()) else {
                 continue;
             };
             // A queue that cannot be read leaves the election with the
             // standbys the service knows of.
-            let Ok(Ok(queue)) = tokio::time::timeout(OP_TIMEOUT, backend.queue(&lock_key)).await
+            let Ok(Ok(queue)) = tokio::time::timeout(OP_TIMEOUT, fair_queue.queue(&lock_key)).await
             else {
                 continue;
             };

@@ -10,7 +10,7 @@ use axum::{
 };
 use fencelock_core::{
     validate_data, validate_ttl, validate_value, Error, Fence, FencingToken, Grant, LeaseId,
-    LockInfo, LockKey, LockMode, Owner, Stats,
+    LockInfo, LockKey, LockMode, Owner, Stats, WriteIntents,
 };
 use fencelock_http::wire::{
     AcquireAllBody, AcquireAllGrant, AcquireBody, AdmitBody, CapabilitiesBody, DataBody, FenceBody,
@@ -314,14 +314,12 @@ pub(crate) async fn renew(
     name: Name,
     Body(body): Body<RenewBody>,
 ) -> ApiResult<GrantBody> {
-    let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
+    let lease = lease(&caller, name.key()?, &body.owner, body.token)?
+        .with_mode(body.mode.unwrap_or_default());
     let ttl = validate_ttl(body.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis))?;
     let sent = tokio::time::Instant::now();
     let backend = s.inner.client.backend();
-    let renewed = match body.mode {
-        Some(LockMode::Shared) => bounded("renew", backend.renew_shared(&lease, ttl)).await,
-        _ => bounded("renew", backend.renew(&lease, ttl)).await,
-    };
+    let renewed = bounded("renew", backend.renew(&lease, ttl)).await;
     let stranger = stranger(&s, &lease, &renewed).await;
     count_renewal(backend.name(), sent.elapsed(), &renewed, stranger);
     if !stranger {
@@ -456,24 +454,22 @@ pub(crate) async fn renew_many(
         )));
     }
     let mut results: Vec<Result<Grant, ApiError>> = Vec::new();
-    // Valid renewals by mode, each with its place in the answer.
-    let mut batches: [(LockMode, Vec<usize>, Vec<Renewal>); 2] = [
-        (LockMode::Exclusive, Vec::new(), Vec::new()),
-        (LockMode::Shared, Vec::new(), Vec::new()),
-    ];
+    // The valid renewals, readers' and writers' alike, each with its place
+    // in the answer.
+    let (mut places, mut renewals) = (Vec::new(), Vec::new());
     for (i, item) in body.leases.iter().enumerate() {
         let renewal = LockKey::new(item.key.as_str())
             .map_err(ApiError::from)
             .and_then(|key| lease(&caller, key, &item.owner, item.token))
             .and_then(|lease| {
                 let ttl = item.ttl_ms.map_or(DEFAULT_RENEW_TTL, Duration::from_millis);
+                let lease = lease.with_mode(item.mode.unwrap_or_default());
                 Ok(Renewal::new(lease, validate_ttl(ttl)?))
             });
         match renewal {
             Ok(renewal) => {
-                let batch = &mut batches[usize::from(item.mode == Some(LockMode::Shared))];
-                batch.1.push(i);
-                batch.2.push(renewal);
+                places.push(i);
+                renewals.push(renewal);
                 // Replaced by its batch's outcome below.
                 results.push(Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -486,14 +482,8 @@ pub(crate) async fn renew_many(
     }
     let backend = s.inner.client.backend();
     let sent = tokio::time::Instant::now();
-    for (mode, places, renewals) in &batches {
-        if renewals.is_empty() {
-            continue;
-        }
-        let renewed = match mode {
-            LockMode::Shared => bounded("renew", backend.renew_many_shared(renewals)).await,
-            LockMode::Exclusive => bounded("renew", backend.renew_many(renewals)).await,
-        };
+    if !renewals.is_empty() {
+        let renewed = bounded("renew", backend.renew_many(&renewals)).await;
         // No answer for the batch is no answer for each of its leases.
         let renewed: Vec<Result<Grant, ApiError>> = match renewed {
             Ok(each) => each
@@ -508,7 +498,7 @@ pub(crate) async fn renew_many(
                     .collect()
             }
         };
-        for ((&place, renewal), outcome) in places.iter().zip(renewals).zip(renewed) {
+        for ((&place, renewal), outcome) in places.iter().zip(&renewals).zip(renewed) {
             let stranger = stranger(&s, &renewal.lease, &outcome).await;
             count_renewal(backend.name(), sent.elapsed(), &outcome, stranger);
             if !stranger {
@@ -623,12 +613,10 @@ pub(crate) async fn release(
     name: Name,
     Body(body): Body<ReleaseBody>,
 ) -> ApiResult<Released> {
-    let lease = lease(&caller, name.key()?, &body.owner, body.token)?;
+    let lease = lease(&caller, name.key()?, &body.owner, body.token)?
+        .with_mode(body.mode.unwrap_or_default());
     let backend = s.inner.client.backend();
-    match body.mode {
-        Some(LockMode::Shared) => bounded("release", backend.release_shared(&lease)).await?,
-        _ => bounded("release", backend.release(&lease)).await?,
-    }
+    bounded("release", backend.release(&lease)).await?;
     s.inner.events.gone(
         "released",
         lease.key.as_str(),
@@ -653,10 +641,9 @@ pub(crate) async fn post_intent(
         return Err(ApiError::bad_request("an intent needs ttl_ms"));
     };
     let ttl = validate_ttl(Duration::from_millis(ttl_ms))?;
-    let backend = s.inner.client.backend();
     bounded(
         "post_write_intent",
-        backend.post_write_intent(&key, &owner, ttl),
+        intents(&s)?.post_write_intent(&key, &owner, ttl),
     )
     .await?;
     Ok(Json(Updated { updated: true }))
@@ -671,13 +658,21 @@ pub(crate) async fn withdraw_intent(
 ) -> ApiResult<Updated> {
     let key = name.key()?;
     let owner = caller.owner_in(&body.owner)?;
-    let backend = s.inner.client.backend();
     bounded(
         "withdraw_write_intent",
-        backend.withdraw_write_intent(&key, &owner),
+        intents(&s)?.withdraw_write_intent(&key, &owner),
     )
     .await?;
     Ok(Json(Updated { updated: true }))
+}
+
+/// The backend's writer intents, or `unsupported` from a backend without
+/// read-write locks.
+fn intents(s: &Service) -> Result<&dyn WriteIntents, ApiError> {
+    let backend = s.inner.client.backend();
+    backend
+        .write_intents()
+        .ok_or_else(|| fencelock_core::Error::unsupported(backend.name(), "shared locks").into())
 }
 
 /// The live queue entries of a key on a fair backend, oldest first
@@ -688,7 +683,10 @@ pub(crate) async fn queue(
     name: Name,
 ) -> ApiResult<LockList> {
     let key = name.key()?;
-    let entries = bounded("queue", s.inner.client.backend().queue(&key)).await?;
+    let entries = match s.inner.client.backend().fair_queue() {
+        Some(queue) => bounded("queue", queue.queue(&key)).await?,
+        None => Vec::new(),
+    };
     Ok(Json(LockList {
         locks: entries
             .into_iter()
@@ -710,11 +708,9 @@ pub(crate) async fn leave_queue(
 ) -> ApiResult<Updated> {
     let key = name.key()?;
     let owner = caller.owner_in(&body.owner)?;
-    bounded(
-        "leave_queue",
-        s.inner.client.backend().leave_queue(&key, &owner),
-    )
-    .await?;
+    if let Some(queue) = s.inner.client.backend().fair_queue() {
+        bounded("leave_queue", queue.leave_queue(&key, &owner)).await?;
+    }
     Ok(Json(Updated { updated: true }))
 }
 
@@ -800,7 +796,15 @@ pub(crate) async fn list(
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<LockPage> {
-    let mut locks = bounded("list", s.inner.client.backend().list(q.prefix.as_deref())).await?;
+    let mut locks = bounded(
+        "list",
+        s.inner
+            .client
+            .backend()
+            .administer()?
+            .list(q.prefix.as_deref()),
+    )
+    .await?;
     locks.sort_by(|a, b| a.key.cmp(&b.key));
     let (locks, next) = page(locks, |l| l.key.as_str(), q.limit, q.after.as_deref())?;
     Ok(Json(LockPage {
@@ -826,7 +830,7 @@ pub(crate) async fn force_release(
     let key = name.key()?;
     match bounded(
         "force_release",
-        s.inner.client.backend().force_release(&key),
+        s.inner.client.backend().administer()?.force_release(&key),
     )
     .await?
     {
@@ -859,7 +863,11 @@ pub(crate) async fn release_all(
     name: Name,
 ) -> ApiResult<ReleasedAll> {
     let owner = caller.owner_in(&name.0)?;
-    let released = bounded("release_all", s.inner.client.backend().release_all(&owner)).await?;
+    let released = bounded(
+        "release_all",
+        s.inner.client.backend().administer()?.release_all(&owner),
+    )
+    .await?;
     Ok(Json(ReleasedAll { released }))
 }
 
@@ -872,7 +880,7 @@ pub(crate) struct StatsBody {
 }
 
 pub(crate) async fn stats(State(s): State<Service>) -> ApiResult<StatsBody> {
-    let stats = bounded("stats", s.inner.client.backend().stats()).await?;
+    let stats = bounded("stats", s.inner.client.backend().administer()?.stats()).await?;
     Ok(Json(StatsBody {
         stats,
         waiters: s.inner.activity.waiters(),
@@ -889,7 +897,11 @@ pub(crate) async fn cleanup(
     Extension(role): Extension<Role>,
 ) -> ApiResult<Cleaned> {
     admin_only(role)?;
-    let deleted = bounded("cleanup", s.inner.client.backend().cleanup_expired()).await?;
+    let deleted = bounded(
+        "cleanup",
+        s.inner.client.backend().administer()?.cleanup_expired(),
+    )
+    .await?;
     Ok(Json(Cleaned { deleted }))
 }
 

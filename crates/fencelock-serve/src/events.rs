@@ -602,7 +602,9 @@ impl Events {
     async fn list(&self, backend: &dyn fencelock_core::Backend) {
         reads(backend, "listing", 1);
         let asked = Instant::now();
-        match tokio::time::timeout(OP_TIMEOUT, backend.list(None)).await {
+        match tokio::time::timeout(OP_TIMEOUT, async { backend.administer()?.list(None).await })
+            .await
+        {
             Ok(Ok(locks)) => self.observe(locks, asked, Instant::now()),
             Ok(Err(e)) => tracing::debug!(error = %e, "event listing failed; trying again"),
             Err(_) => tracing::debug!("event listing got no answer; trying again"),

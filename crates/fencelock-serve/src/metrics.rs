@@ -152,7 +152,7 @@ pub(crate) async fn scrape(State(s): State<Service>) -> Result<impl IntoResponse
     let name = backend.name();
     gauge!(SERVICE_WAITERS, "backend" => name).set(s.inner.activity.waiters() as f64);
     let mut held = String::new();
-    match tokio::time::timeout(OP_TIMEOUT, backend.stats()).await {
+    match tokio::time::timeout(OP_TIMEOUT, async { backend.administer()?.stats().await }).await {
         Ok(Ok(stats)) => {
             gauge!(BACKEND_UP, "backend" => name).set(1.0);
             let held_by_kind: BTreeMap<String, u64> = stats.held_by_kind.into_iter().collect();

@@ -11,13 +11,15 @@ use std::{
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockInfo, LockKey,
-    Owner, Renewal, Result, Stats, WakeSubscription,
+    Owner, Renewal, Result, WakeSubscription,
 };
 
 use crate::{
     config::{self, Phase, Placement, ShardMap},
     epoch, Opener,
 };
+
+mod admin;
 
 /// How often a process checks the epoch record of every store of its map,
 /// not only of those its operations touch: so that a store only some other
@@ -344,7 +346,7 @@ impl ShardedBackend {
     async fn leases(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
         let mut by_key: BTreeMap<LockKey, Option<LockInfo>> = BTreeMap::new();
         for (i, backend) in self.backends.iter().enumerate() {
-            for lease in backend.list(prefix).await? {
+            for lease in backend.administer()?.list(prefix).await? {
                 if epoch::is_reserved(lease.key.as_str())
                     || !Self::stores(self.route(&lease.key)).contains(&i)
                 {
@@ -424,6 +426,7 @@ impl Backend for ShardedBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        request.exclusive_only(self.name())?;
         let (authority, follower) = match self.checked_route(&request.key, request.ttl).await? {
             Route::One(i) => return self.backends[i].try_acquire(request).await,
             Route::Two {
@@ -463,6 +466,7 @@ impl Backend for ShardedBackend {
     /// taken again with the lease's token as floor, so the lease holds what
     /// this step and both its neighbours take first (docs/sharding.md).
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        lease.exclusive_only(self.name())?;
         let (authority, follower) = match self.checked_route(&lease.key, ttl).await? {
             Route::One(i) => return self.backends[i].renew(lease, ttl).await,
             Route::Two {
@@ -554,6 +558,7 @@ impl Backend for ShardedBackend {
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
+        lease.exclusive_only(self.name())?;
         let (authority, follower) = match self.checked_route(&lease.key, Duration::ZERO).await? {
             Route::One(i) => return self.backends[i].release(lease).await,
             Route::Two {
@@ -611,81 +616,6 @@ impl Backend for ShardedBackend {
         }
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.check_all(Duration::ZERO).await?;
-        self.leases(prefix).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        match self.checked_route(key, Duration::ZERO).await? {
-            Route::One(i) => self.backends[i].force_release(key).await,
-            Route::Two {
-                authority,
-                follower,
-            } => {
-                let first = self.backends[authority].force_release(key).await?;
-                let second = self.backends[follower].force_release(key).await?;
-                Ok(merged(first, second))
-            }
-        }
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        if epoch::is_reserved(owner.as_str()) {
-            return Err(Error::InvalidOwner(format!(
-                "owners starting with {:?} are reserved by the sharded backend",
-                epoch::RESERVED_PREFIX
-            )));
-        }
-        self.check_all(Duration::ZERO).await?;
-        // During a transition a moving key is held on two shards: the
-        // answer counts it once, as `list` shows it.
-        let counted = match self.phase {
-            Some(_) => Some(
-                self.leases(None)
-                    .await?
-                    .iter()
-                    .filter(|l| &l.owner == owner)
-                    .count() as u64,
-            ),
-            None => None,
-        };
-        let mut removed = 0;
-        for backend in &self.backends {
-            removed += backend.release_all(owner).await?;
-        }
-        Ok(counted.map_or(removed, |c| c.min(removed)))
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.check_all(Duration::ZERO).await?;
-        let mut removed = 0;
-        for backend in &self.backends {
-            removed += backend.cleanup_expired().await?;
-        }
-        Ok(removed)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        self.check_all(Duration::ZERO).await?;
-        let mut expired = 0;
-        for backend in &self.backends {
-            expired += backend.stats().await?.expired_not_cleaned;
-        }
-        let leases = self.leases(None).await?;
-        // Hold times on each shard's own clock: its "now" is the lease's
-        // end minus what remains of it.
-        let held = leases.iter().map(|l| {
-            let lived = l
-                .expires_at
-                .signed_duration_since(l.acquired_at)
-                .to_std()
-                .unwrap_or_default();
-            (l, lived.saturating_sub(l.expires_in))
-        });
-        Ok(Stats::from_leases(held, expired))
-    }
-
     /// Wake-ups come from the authority; no epoch check (a subscription
     /// changes nothing, and the acquire it serves is checked).
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
@@ -694,4 +624,6 @@ impl Backend for ShardedBackend {
             .subscribe(key)
             .await
     }
+
+    fencelock_core::offers!(admin);
 }

@@ -17,7 +17,7 @@ mod fence;
 mod pool;
 
 pub use fence::FenceReset;
-pub use pool::{open_pool, ConnectionPool, RowsAffected, Session};
+pub use pool::{open_pool, ConnectionPool, MapError, RowsAffected, SchemaCheck, Session};
 
 /// The prefix used when the URL names none.
 pub const DEFAULT_PREFIX: &str = "fencelock_";
@@ -311,10 +311,32 @@ pub fn micros_to_duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
+/// The answers of a batched renewal, in the batch's order, read from the
+/// rows its statement returned: each row's `i` (the renewal's 1-based
+/// position in the batch) and `expires_at` (that lease's new end). A
+/// renewal no row names was not held. A row that cannot be read is
+/// `unreadable`'s error; a position outside the batch, `bad_reply`'s.
+pub fn renewal_answers<R>(
+    renewals: &[fencelock_core::Renewal],
+    rows: &[R],
+    unreadable: impl FnOnce(sqlx::Error) -> Error,
+    bad_reply: impl FnOnce(String) -> Error,
+) -> std::result::Result<Vec<fencelock_core::Result<fencelock_core::Grant>>, Error>
+where
+    R: sqlx::Row,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>:
+        sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'static str: sqlx::ColumnIndex<R>,
+{
+    let extended = extended(rows).map_err(unreadable)?;
+    batch_answers(renewals, extended)
+        .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
+}
+
 /// What a batched renewal's statement reported, read from its rows: each
-/// row's `i` (the renewal's 1-based position in the batch) and
-/// `expires_at` (the lease's new end), ready for [`batch_answers`].
-pub fn extended<R>(
+/// row's `i` and `expires_at`, ready for [`batch_answers`].
+fn extended<R>(
     rows: &[R],
 ) -> std::result::Result<
     Vec<(i64, sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>)>,
@@ -336,7 +358,7 @@ where
 /// statement reported: the 1-based position of each renewal it extended and
 /// that lease's new end. A renewal it did not extend was not held. `Err`
 /// carries a position outside the batch (a reply of the wrong shape).
-pub fn batch_answers(
+fn batch_answers(
     renewals: &[fencelock_core::Renewal],
     extended: impl IntoIterator<Item = (i64, sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>)>,
 ) -> std::result::Result<Vec<fencelock_core::Result<fencelock_core::Grant>>, i64> {

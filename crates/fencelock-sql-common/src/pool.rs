@@ -11,7 +11,7 @@
 //! while idle fails its next statement with a transient error, which the
 //! acquire loop and the renewer retry.
 
-use std::time::Duration;
+use std::{future::Future, pin::Pin, time::Duration};
 
 use deadpool::{
     managed::{self, Metrics, Object, PoolError, RecycleResult},
@@ -22,7 +22,66 @@ use sqlx::{
     ConnectOptions, Connection, Database, Executor, FromRow, IntoArguments,
 };
 
-use crate::timed_out;
+use crate::{bounded, resolve, timed_out, SqlUrl};
+
+/// How an engine names a driver error of an operation (its `error::map`).
+pub type MapError = fn(&'static str, sqlx::Error) -> fencelock_core::Error;
+
+/// An engine's schema check on the first connection of a pool.
+pub type SchemaCheck<'c> = Pin<Box<dyn Future<Output = fencelock_core::Result<()>> + Send + 'c>>;
+
+impl SqlUrl {
+    /// Runs one operation within the URL's operation time-out; a failure,
+    /// giving up included (a transient error), is named by `map` with
+    /// `context`.
+    pub async fn bounded<T>(
+        &self,
+        context: &'static str,
+        map: MapError,
+        op: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> fencelock_core::Result<T> {
+        bounded(self.op_timeout, op)
+            .await
+            .map_err(|e| map(context, e))
+    }
+
+    /// Opens a pool (see [`open_pool`]) and checks the schema on its first
+    /// connection with `schema`, all within the connect time-out, and
+    /// after the host resolved (an unknown one fails as soon as the
+    /// resolver says so, see [`resolve`]). What each SQL engine does to
+    /// connect.
+    pub async fn open<DB: Database>(
+        &self,
+        connect: <DB::Connection as Connection>::Options,
+        default_port: u16,
+        transient: fn(&sqlx::Error) -> bool,
+        map: MapError,
+        schema: impl for<'c> FnOnce(&'c mut DB::Connection) -> SchemaCheck<'c>,
+    ) -> fencelock_core::Result<ConnectionPool<DB>> {
+        let limit = self.connect_timeout;
+        let connecting = |e| map("connecting", e);
+        let open = async {
+            resolve(&self.driver_url, default_port, limit)
+                .await
+                .map_err(connecting)?;
+            let (pool, mut first) = open_pool(
+                connect,
+                self.pool_max,
+                self.acquire_timeout,
+                limit,
+                transient,
+            )
+            .await
+            .map_err(connecting)?;
+            schema(first.conn().map_err(connecting)?).await?;
+            first.finish();
+            Ok(pool)
+        };
+        tokio::time::timeout(limit, open)
+            .await
+            .unwrap_or_else(|_| Err(connecting(timed_out(limit))))
+    }
+}
 
 /// Opens connections with one set of connect options.
 pub struct Connector<DB: Database> {

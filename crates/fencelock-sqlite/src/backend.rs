@@ -10,14 +10,18 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
-    Acquire, AcquireAll, AcquireRequest, Backend, Capabilities, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeHub, WakeSubscription,
+    renew_alone, renew_each_mode, Acquire, AcquireAll, AcquireRequest, Backend, Capabilities,
+    Error, FencingToken, Grant, LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result,
+    WakeHub, WakeSubscription,
 };
 use rusqlite::{
     named_params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior,
 };
 
 use crate::{clock::HostClock, connection::Db, error, options::SqliteOptions};
+
+mod admin;
+mod shared;
 
 /// A lease is live iff it was taken during this boot, has not reached its
 /// end on the boot-time clock, and was not renewed "in the future" (which
@@ -36,6 +40,16 @@ const COLUMNS: &str =
 pub(crate) enum Table {
     Locks,
     Readers,
+}
+
+impl Table {
+    /// Where leases of `mode` live.
+    pub(crate) fn of(mode: LockMode) -> Self {
+        match mode {
+            LockMode::Exclusive => Table::Locks,
+            LockMode::Shared => Table::Readers,
+        }
+    }
 }
 
 impl Table {
@@ -562,8 +576,11 @@ impl Backend for SqliteBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let request = request.clone();
-        self.write(move |tx, now| acquire_in(tx, now, &request))
-            .await
+        self.write(move |tx, now| match request.mode {
+            LockMode::Exclusive => acquire_in(tx, now, &request),
+            LockMode::Shared => acquire_shared_in(tx, now, &request),
+        })
+        .await
     }
 
     async fn try_acquire_all(&self, requests: &[AcquireRequest]) -> Result<AcquireAll> {
@@ -573,13 +590,14 @@ impl Backend for SqliteBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let renewal = [Renewal::new(lease.clone(), ttl)];
-        let mut answers = self.renew_many(&renewal).await?;
-        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
+        renew_alone(lease, ttl, |one| async move { self.renew_many(&one).await }).await
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.renew_batch(Table::Locks, renewals).await
+        renew_each_mode(error::NAME, renewals, |mode, batch| async move {
+            self.renew_batch(Table::of(mode), &batch).await
+        })
+        .await
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
@@ -608,69 +626,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        self.release_from(Table::Locks, lease).await
-    }
-
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let request = request.clone();
-        self.write(move |tx, now| acquire_shared_in(tx, now, &request))
-            .await
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        let renewal = [Renewal::new(lease.clone(), ttl)];
-        let mut answers = self.renew_many_shared(&renewal).await?;
-        answers.pop().unwrap_or_else(|| Err(Error::not_held(lease)))
-    }
-
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.renew_batch(Table::Readers, renewals).await
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        self.release_from(Table::Readers, lease).await
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        let (key, owner) = (key.clone(), owner.clone());
-        self.write(move |tx, now| {
-            // Unqualified columns in the DO UPDATE's WHERE are the stored
-            // intent's: it is replaced only when it is this owner's or dead.
-            tx.execute(
-                &format!(
-                    "INSERT INTO fencelock_intents (key, owner, boot_id, renewed_mono_us, \
-                         expires_mono_us) VALUES (:key, :owner, :boot, :now, :now + :ttl) \
-                     ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, \
-                         boot_id = excluded.boot_id, renewed_mono_us = excluded.renewed_mono_us, \
-                         expires_mono_us = excluded.expires_mono_us \
-                     WHERE owner = excluded.owner OR NOT {LIVE}"
-                ),
-                named_params! {
-                    ":key": key.as_str(), ":owner": owner.as_str(), ":boot": now.boot,
-                    ":now": now.us, ":ttl": ttl_us(ttl),
-                },
-            )
-            .map_err(error::map)?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        let (k, o) = (key.clone(), owner.clone());
-        let withdrawn = self
-            .write(move |tx, _| {
-                tx.execute(
-                    "DELETE FROM fencelock_intents WHERE key = ?1 AND owner = ?2",
-                    [k.as_str(), o.as_str()],
-                )
-                .map_err(error::map)
-            })
-            .await?;
-        if withdrawn > 0 {
-            self.wakeups.notify(key.as_str());
-        }
-        Ok(())
+        self.release_from(Table::of(lease.mode), lease).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -685,126 +641,9 @@ impl Backend for SqliteBackend {
         .await
     }
 
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let prefix = prefix.unwrap_or("").to_owned();
-        self.read(move |conn, now| {
-            live_leases(conn, now, &prefix)?
-                .into_iter()
-                .map(|l| l.into_info(now.us))
-                .collect()
-        })
-        .await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        let k = key.clone();
-        let removed = self
-            .write(move |tx, now| {
-                // The key is freed entirely: writer, readers and intent.
-                let mut leases = live_leases(tx, now, k.as_str())?;
-                leases.retain(|l| l.key == k.as_str());
-                for table in ["fencelock_locks", "fencelock_readers", "fencelock_intents"] {
-                    tx.execute(&format!("DELETE FROM {table} WHERE key = ?1"), [k.as_str()])
-                        .map_err(error::map)?;
-                }
-                // The writer if any (it excludes readers), else the newest reader.
-                let reported = match leases.iter().position(|l| l.mode == LockMode::Exclusive) {
-                    Some(writer) => Some(leases.swap_remove(writer)),
-                    None => leases.pop(),
-                };
-                reported.map(|l| l.into_info(now.us)).transpose()
-            })
-            .await?;
-        if removed.is_some() {
-            self.wakeups.notify(key.as_str());
-        }
-        Ok(removed)
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let o = owner.clone();
-        let released: Vec<String> = self
-            .write(move |tx, now| {
-                let mut keys = Vec::new();
-                for table in TABLES {
-                    let mut stmt = tx
-                        .prepare(&format!(
-                            "DELETE FROM {} WHERE owner = :owner AND {LIVE} RETURNING key",
-                            table.name()
-                        ))
-                        .map_err(error::map)?;
-                    let rows = stmt
-                        .query_map(
-                            named_params! {":owner": o.as_str(), ":boot": now.boot, ":now": now.us},
-                            |r| r.get(0),
-                        )
-                        .map_err(error::map)?;
-                    for key in rows {
-                        keys.push(key.map_err(error::map)?);
-                    }
-                }
-                tx.execute(
-                    "DELETE FROM fencelock_intents WHERE owner = ?1",
-                    [o.as_str()],
-                )
-                .map_err(error::map)?;
-                Ok(keys)
-            })
-            .await?;
-        for key in &released {
-            self.wakeups.notify(key);
-        }
-        Ok(released.len() as u64)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.write(|tx, now| {
-            let params = named_params! {":boot": now.boot, ":now": now.us};
-            let mut removed = 0;
-            for table in TABLES {
-                removed += tx
-                    .execute(
-                        &format!("DELETE FROM {} WHERE NOT {LIVE}", table.name()),
-                        params,
-                    )
-                    .map_err(error::map)?;
-            }
-            tx.execute(
-                &format!("DELETE FROM fencelock_intents WHERE NOT {LIVE}"),
-                params,
-            )
-            .map_err(error::map)?;
-            Ok(removed as u64)
-        })
-        .await
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        self.read(|conn, now| {
-            let mut expired: i64 = 0;
-            for table in TABLES {
-                expired += conn
-                    .query_row(
-                        &format!("SELECT count(*) FROM {} WHERE NOT {LIVE}", table.name()),
-                        named_params! {":boot": now.boot, ":now": now.us},
-                        |r| r.get::<_, i64>(0),
-                    )
-                    .map_err(error::map)?;
-            }
-            let mut leases = Vec::new();
-            for raw in live_leases(conn, now, "")? {
-                let held_for = raw.held_for(now.us);
-                leases.push((raw.into_info(now.us)?, held_for));
-            }
-            Ok(Stats::from_leases(
-                leases.iter().map(|(info, held)| (info, *held)),
-                u64::try_from(expired).unwrap_or(0),
-            ))
-        })
-        .await
-    }
-
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         Ok(Some(self.wakeups.subscribe(key.as_str())))
     }
+
+    fencelock_core::offers!(admin, write_intents);
 }

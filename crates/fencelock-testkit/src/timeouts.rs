@@ -152,7 +152,7 @@ pub async fn timeouts_are_honoured(
     fails_within("try_acquire", bound, backend.try_acquire(&request)).await?;
     fails_within("inspect", bound, backend.inspect(&key)).await?;
     fails_within("release", bound, backend.release(&lease)).await?;
-    fails_within("list", bound, backend.list(None)).await?;
+    fails_within("list", bound, backend.administer()?.list(None)).await?;
     fails_within("subscribe", bound, async {
         backend.subscribe(&key).await.map(|s| s.is_some())
     })

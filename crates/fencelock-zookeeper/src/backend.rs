@@ -11,9 +11,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, ChangeFeed, Error, FencingToken, Grant,
-    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, Stats, WakeSubscription,
+    LeaseId, LockInfo, LockKey, LockMode, Owner, Renewal, Result, WakeSubscription, WriteIntents,
 };
 use serde::{Deserialize, Serialize};
+
 use zookeeper_client as zk;
 
 use crate::{
@@ -21,6 +22,9 @@ use crate::{
     error::{bad_value, map},
     options::{ZkLayout, ZkOptions},
 };
+
+mod admin;
+mod queue;
 
 mod shared;
 
@@ -1116,8 +1120,12 @@ impl ZkBackend {
         Ok(keys)
     }
 
-    /// Renews the `mode` lease `lease` (`renew` or `renew_shared`).
-    async fn renew_as(&self, lease: &LeaseId, ttl: Duration, mode: LockMode) -> Result<Grant> {
+    /// Renews `lease`, a reader's or a writer's (its mode says which).
+    async fn renew_as(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
+        let mode = lease.mode;
+        if mode == LockMode::Shared {
+            self.refuse_shared()?;
+        }
         let c = self.conn.client().await?;
         let ttl = self.grantable(&c, ttl);
         let Some(node) = self.find(&c, lease, mode).await? else {
@@ -1138,19 +1146,19 @@ impl ZkBackend {
         }
     }
 
-    /// Renews a batch of `mode` leases.
-    async fn renew_all(&self, renewals: &[Renewal], mode: LockMode) -> Vec<Result<Grant>> {
+    /// Renews a batch of leases, readers' and writers' alike.
+    async fn renew_all(&self, renewals: &[Renewal]) -> Vec<Result<Grant>> {
         // One session carries every request, so these run pipelined.
-        futures_util::future::join_all(
-            renewals
-                .iter()
-                .map(|r| self.renew_as(&r.lease, r.ttl, mode)),
-        )
-        .await
+        futures_util::future::join_all(renewals.iter().map(|r| self.renew_as(&r.lease, r.ttl)))
+            .await
     }
 
-    /// Releases the `mode` lease `lease` (`release` or `release_shared`).
-    async fn release_as(&self, lease: &LeaseId, mode: LockMode) -> Result<()> {
+    /// Releases `lease`, a reader's or a writer's.
+    async fn release_as(&self, lease: &LeaseId) -> Result<()> {
+        let mode = lease.mode;
+        if mode == LockMode::Shared {
+            self.refuse_shared()?;
+        }
         let c = self.conn.client().await?;
         let node = match self.cached(lease, mode) {
             Some(node) => node,
@@ -1189,7 +1197,7 @@ impl ZkBackend {
                 match self.find(&c, lease, mode).await? {
                     Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
                         self.cache().insert(lease.clone(), fresh);
-                        Box::pin(self.release_as(lease, mode)).await
+                        Box::pin(self.release_as(lease)).await
                     }
                     _ => Err(Error::not_held(lease)),
                 }
@@ -1255,6 +1263,10 @@ impl Backend for ZkBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if request.mode == LockMode::Shared {
+            self.refuse_shared()?;
+            return self.acquire_reader(request).await;
+        }
         if request.min_token.is_some() {
             return Err(Error::unsupported(crate::error::NAME, "token floors"));
         }
@@ -1291,15 +1303,11 @@ impl Backend for ZkBackend {
     }
 
     async fn renew(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        self.renew_as(lease, ttl, LockMode::Exclusive).await
-    }
-
-    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        Ok(self.renew_all(renewals, LockMode::Exclusive).await)
+        self.renew_as(lease, ttl).await
     }
 
     async fn release(&self, lease: &LeaseId) -> Result<()> {
-        self.release_as(lease, LockMode::Exclusive).await
+        self.release_as(lease).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
@@ -1313,71 +1321,6 @@ impl Backend for ZkBackend {
             .max_by_key(|node| (node.mode() == LockMode::Exclusive, node.expires_ms()))
             .map(|node| node.info(key, now))
             .transpose()
-    }
-
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        let c = self.conn.client().await?;
-        let now = self.now(&c).await?;
-        let (live, _) = self.scan(&c, prefix, now).await?;
-        live.iter().map(|(key, node)| node.info(key, now)).collect()
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.free_key(key).await
-    }
-
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        let c = self.conn.client().await?;
-        let now = self.now(&c).await?;
-        let (live, _) = self.scan(&c, None, now).await?;
-        let mut released = 0;
-        for (_, node) in live
-            .iter()
-            .filter(|(_, n)| !n.record.foreign && n.record.owner == owner.as_str())
-        {
-            // Unconditional: a renewal since the scan is still this owner's
-            // lease (the path names one grant).
-            match self.remove(&c, node, false).await {
-                Ok(()) => released += 1,
-                Err(zk::Error::NoNode) => {}
-                Err(e) => return Err(map("releasing a lease", e)),
-            }
-        }
-        Ok(released)
-    }
-
-    async fn cleanup_expired(&self) -> Result<u64> {
-        let c = self.conn.client().await?;
-        let now = self.now(&c).await?;
-        let (_, expired) = self.scan(&c, None, now).await?;
-        let mut removed = 0;
-        for node in &expired {
-            // Conditional: a lease renewed since the scan is live again.
-            match self.remove(&c, node, true).await {
-                Ok(()) => removed += 1,
-                Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
-                Err(e) => return Err(map("deleting an expired lease", e)),
-            }
-        }
-        if self.curator() {
-            self.remove_orphans(&c).await?;
-        }
-        Ok(removed)
-    }
-
-    async fn stats(&self) -> Result<Stats> {
-        let c = self.conn.client().await?;
-        let now = self.now(&c).await?;
-        let (live, expired) = self.scan(&c, None, now).await?;
-        let infos = live
-            .iter()
-            .map(|(key, node)| node.info(key, now))
-            .collect::<Result<Vec<_>>>()?;
-        let held = infos.iter().zip(&live).map(|(info, (_, node))| {
-            let ms = u64::try_from(now - node.stat.ctime).unwrap_or(0);
-            (info, Duration::from_millis(ms))
-        });
-        Ok(Stats::from_leases(held, expired.len() as u64))
     }
 
     async fn set_data(&self, lease: &LeaseId, data: Option<serde_json::Value>) -> Result<()> {
@@ -1421,38 +1364,6 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn try_acquire_shared(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.refuse_shared()?;
-        self.acquire_reader(request).await
-    }
-
-    async fn renew_shared(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
-        self.refuse_shared()?;
-        self.renew_as(lease, ttl, LockMode::Shared).await
-    }
-
-    async fn renew_many_shared(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
-        self.refuse_shared()?;
-        Ok(self.renew_all(renewals, LockMode::Shared).await)
-    }
-
-    async fn release_shared(&self, lease: &LeaseId) -> Result<()> {
-        self.refuse_shared()?;
-        self.release_as(lease, LockMode::Shared).await
-    }
-
-    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
-        self.refuse_shared()?;
-        self.post_intent(key, owner, ttl).await
-    }
-
-    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.refuse_shared()?;
-        let c = self.conn.client().await?;
-        self.withdraw_intent(&c, &self.key_dir(key.as_str()), owner)
-            .await
-    }
-
     async fn changes(&self) -> Result<Option<ChangeFeed>> {
         // Curator's keys are paths of any depth, not one node per key.
         if self.curator() {
@@ -1494,12 +1405,15 @@ impl Backend for ZkBackend {
         Ok(Some(WakeSubscription::from_stream(wakeups)))
     }
 
-    async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
-        self.queue_leave(key, owner).await
+    fencelock_core::offers!(admin, fair_queue);
+
+    fn write_intents(&self) -> Option<&dyn WriteIntents> {
+        // Curator's layout has no readers (`refuse_shared`).
+        (!self.curator()).then_some(self as &dyn WriteIntents)
     }
 
-    async fn queue(&self, key: &LockKey) -> Result<Vec<LockInfo>> {
-        self.queue_entries(key).await
+    async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
+        Ok(self.renew_all(renewals).await)
     }
 }
 

@@ -138,9 +138,10 @@ pub use held::HeldLease;
 /// applications need none of it. Each item is also at the crate root.
 pub mod backend {
     pub use fencelock_core::{
-        async_trait, Acquire, AcquireRequest, Backend, BackendError, Backoff, Capabilities, Driver,
-        ErrorStatus, Grant, HolderChange, Renewal, Stats, WakeHub, WakeSubscription, Watch,
-        WatchFeeder,
+        async_trait, renew_alone, renew_each_mode, renew_one_by_one, renew_writers_batched,
+        Acquire, AcquireRequest, Backend, BackendAdmin, BackendError, Backoff, Capabilities,
+        Driver, ErrorStatus, FairQueue, Grant, HolderChange, Renewal, Stats, WakeHub,
+        WakeSubscription, Watch, WatchFeeder, WriteIntents,
     };
 }
 

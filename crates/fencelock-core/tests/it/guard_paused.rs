@@ -6,10 +6,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::fault::{Fault, FaultyBackend};
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, ClockPolicy, Error, LockClient, LockKey, LossReason,
-    MemoryBackend, Owner,
+    fault::{Fault, FaultyBackend},
+    Acquire, AcquireRequest, Backend, BackendAdmin, ClockPolicy, Error, LockClient, LockKey,
+    LossReason, MemoryBackend, Owner,
 };
 use tokio::time::Instant;
 

@@ -14,8 +14,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Grant, LeaseId, LockClient, LockInfo, LockKey,
-    MemoryBackend, Owner, Result, Stats, WakeSubscription,
+    Acquire, AcquireRequest, Backend, Capabilities, FairQueue, Grant, LeaseId, LockClient,
+    LockInfo, LockKey, MemoryBackend, Owner, Result, WakeSubscription,
 };
 use tokio::{sync::mpsc, time::Instant};
 
@@ -84,27 +84,23 @@ impl Backend for Recording {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.inner.inspect(key).await
     }
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.inner.list(prefix).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.force_release(key).await
-    }
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.inner.release_all(owner).await
-    }
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.inner.cleanup_expired().await
-    }
-    async fn stats(&self) -> Result<Stats> {
-        self.inner.stats().await
-    }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         self.inner.subscribe(key).await
     }
+
+    fn fair_queue(&self) -> Option<&dyn FairQueue> {
+        self.fair.then_some(self as &dyn FairQueue)
+    }
+}
+
+#[async_trait]
+impl FairQueue for Recording {
     async fn leave_queue(&self, key: &LockKey, owner: &Owner) -> Result<()> {
         let _ = self.left.send((key.clone(), owner.clone()));
         Ok(())
+    }
+    async fn queue(&self, _key: &LockKey) -> Result<Vec<LockInfo>> {
+        Ok(Vec::new())
     }
 }
 

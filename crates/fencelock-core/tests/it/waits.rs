@@ -22,7 +22,7 @@ use std::{
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockClient, LockGuard,
-    LockInfo, LockKey, MemoryBackend, Owner, Result, Stats, WakeSubscription,
+    LockInfo, LockKey, MemoryBackend, Owner, Result, WakeSubscription,
 };
 use tokio::time::Instant;
 
@@ -90,21 +90,6 @@ impl Backend for Waiting {
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.inner.inspect(key).await
-    }
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.inner.list(prefix).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.force_release(key).await
-    }
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.inner.release_all(owner).await
-    }
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.inner.cleanup_expired().await
-    }
-    async fn stats(&self) -> Result<Stats> {
-        self.inner.stats().await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         self.subscriptions.fetch_add(1, Ordering::SeqCst);

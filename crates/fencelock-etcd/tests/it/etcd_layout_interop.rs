@@ -210,6 +210,8 @@ async fn queued(backend: &Arc<dyn Backend>, key: &str, is: impl Fn(&str) -> bool
     let deadline = tokio::time::Instant::now() + WAKE;
     loop {
         if backend
+            .fair_queue()
+            .ok_or_else(|| fencelock_core::Error::unsupported("test", "queue"))?
             .queue(&key)
             .await?
             .iter()
@@ -384,11 +386,12 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     assert!(foreign(holder.owner.as_str()), "{holder:?}");
     assert_eq!(holder.token.get(), go_token);
     assert!(b
+        .administer()?
         .list(Some("rep"))
         .await?
         .iter()
         .any(|l| l.token.get() == go_token));
-    match b.force_release(&key).await {
+    match b.administer()?.force_release(&key).await {
         Err(Error::Unsupported(msg)) => assert!(msg.contains("concurrency"), "{msg}"),
         other => return Err(format!("force-release of a Go holder: {other:?}").into()),
     }

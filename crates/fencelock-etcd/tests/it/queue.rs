@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, FairQueue, LockKey, Owner};
 use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},

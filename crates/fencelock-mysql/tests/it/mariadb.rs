@@ -72,7 +72,9 @@ async fn the_counters_end_is_a_typed_error_on_the_key(base: &str) -> TestResult 
         matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
         "{spent:?}"
     );
-    let spent = backend.try_acquire_shared(&next).await;
+    let spent = backend
+        .try_acquire(&next.clone().with_mode(LockMode::Shared))
+        .await;
     assert!(
         matches!(spent, Err(Error::TokensExhausted { .. })),
         "{spent:?}"
@@ -173,7 +175,11 @@ async fn a_floor_raises_the_counter_and_never_lowers_it(base: &str) -> TestResul
     let plain = grant(&backend, "c", "o", ttl).await?;
     assert!(plain > low.token.get(), "{plain} after {low:?}");
     let reader = backend
-        .try_acquire_shared(&request("e", "o", ttl)?.with_min_token(Some(FencingToken(9_000_000))))
+        .try_acquire(
+            &request("e", "o", ttl)?
+                .with_min_token(Some(FencingToken(9_000_000)))
+                .with_mode(LockMode::Shared),
+        )
         .await?;
     let Acquire::Granted(reader) = reader else {
         return Err(format!("e not granted: {reader:?}").into());
@@ -309,13 +315,16 @@ async fn tables_from_before_read_write_locks_are_upgraded(base: &str) -> TestRes
     let url = format!("{base}?table_prefix=rw2_");
     let backend = MySqlBackend::connect(&url).await?;
     let reader = request("old", "reader", Duration::from_secs(60))?;
-    match backend.try_acquire_shared(&reader).await? {
+    match backend
+        .try_acquire(&reader.clone().with_mode(LockMode::Shared))
+        .await?
+    {
         Acquire::Held(Some(writer)) => assert_eq!(writer.owner.as_str(), "someone"),
         other => return Err(format!("a reader beside the old lease: {other:?}").into()),
     }
     let reader = request("fresh", "reader", Duration::from_secs(60))?;
     assert!(matches!(
-        backend.try_acquire_shared(&reader).await?,
+        backend.try_acquire(&reader.clone().with_mode(LockMode::Shared)).await?,
         Acquire::Granted(g) if g.token.get() > 1001
     ));
     assert!(grant(&backend, "new", "o", Duration::from_secs(60)).await? > 1001);

@@ -162,7 +162,7 @@ async fn closing_many_leases_does_not_queue_them_past_the_pools_timeout(base: &s
         guards.push(lock.acquire().await?);
     }
     client.close().await?;
-    let left = backend.list(Some("close-")).await?;
+    let left = backend.administer()?.list(Some("close-")).await?;
     assert!(left.is_empty(), "{} leases left after close", left.len());
     Ok(())
 }
@@ -386,13 +386,18 @@ async fn a_schema_from_before_read_write_locks_is_upgraded(base: &str) -> TestRe
     let url = format!("{base}?table_prefix=rw2_");
     let backend = PostgresBackend::connect(&url).await?;
     let reader = request("old", "reader", Duration::from_secs(60))?;
-    match backend.try_acquire_shared(&reader).await? {
+    match backend
+        .try_acquire(&reader.clone().with_mode(LockMode::Shared))
+        .await?
+    {
         Acquire::Held(Some(writer)) => assert_eq!(writer.owner.as_str(), "someone"),
         other => return Err(format!("a reader beside the old lease: {other:?}").into()),
     }
     let reader = request("fresh", "reader", Duration::from_secs(60))?;
     assert!(matches!(
-        backend.try_acquire_shared(&reader).await?,
+        backend
+            .try_acquire(&reader.clone().with_mode(LockMode::Shared))
+            .await?,
         Acquire::Granted(_)
     ));
     let fence = PostgresFence::connect(&url).await?;
@@ -442,7 +447,9 @@ async fn the_sequences_end_is_a_typed_error_on_the_key(base: &str) -> TestResult
         matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
         "{spent:?}"
     );
-    let spent = backend.try_acquire_shared(&next).await;
+    let spent = backend
+        .try_acquire(&next.clone().with_mode(LockMode::Shared))
+        .await;
     assert!(
         matches!(spent, Err(Error::TokensExhausted { .. })),
         "{spent:?}"

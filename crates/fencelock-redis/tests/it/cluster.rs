@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, Error, LeaseId, LockKey, Owner, Renewal};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, BackendAdmin, Error, LeaseId, LockKey, Owner, Renewal,
+};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis_cluster::RedisCluster, TestResult};
 

@@ -11,7 +11,9 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LeaseId, LockKey, Owner};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, BackendAdmin, FencingToken, LeaseId, LockKey, Owner,
+};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{
     failover::{leader_failover, Ensemble, Hook},

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
+use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, LockMode, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis::RedisServer, TestResult};
 
@@ -97,7 +97,9 @@ async fn a_counter_at_the_last_token_ends_with_a_typed_error() -> TestResult {
     let request = AcquireRequest::new(key.clone(), Owner::new("o")?, Duration::from_secs(30));
     for spent in [
         backend.try_acquire(&request).await,
-        backend.try_acquire_shared(&request).await,
+        backend
+            .try_acquire(&request.clone().with_mode(LockMode::Shared))
+            .await,
     ] {
         assert!(
             matches!(&spent, Err(Error::TokensExhausted { key: k }) if *k == key),

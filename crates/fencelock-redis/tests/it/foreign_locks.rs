@@ -21,7 +21,7 @@ use std::{
 };
 
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, FencingToken, LockClient, LockKey, Owner,
+    Acquire, AcquireRequest, Backend, BackendAdmin, Error, FencingToken, LockClient, LockKey, Owner,
 };
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{servers::redis::RedisServer, TestResult};

@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Grant, LeaseId, LockClient, LockInfo, LockKey,
-    Owner, Result, Stats, WakeSubscription,
+    Result, WakeSubscription,
 };
 use fencelock_serve::{ServerHandle, Service, Tokens};
 use fencelock_sqlite::{SqliteBackend, SqliteOptions};
@@ -63,21 +63,6 @@ impl Backend for Gated {
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.inner.inspect(key).await
-    }
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.inner.list(prefix).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.force_release(key).await
-    }
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.inner.release_all(owner).await
-    }
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.inner.cleanup_expired().await
-    }
-    async fn stats(&self) -> Result<Stats> {
-        self.inner.stats().await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         self.inner.subscribe(key).await

@@ -3,8 +3,6 @@
 //! Memory shards, shared by URL between the "processes" (one
 //! `ShardedBackend` per map, as each process would open its own).
 
-use crate::common;
-
 use std::{
     collections::HashMap,
     sync::{
@@ -14,10 +12,14 @@ use std::{
     time::Duration,
 };
 
-use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LockKey, Owner};
+use fencelock_core::{
+    Acquire, AcquireRequest, Backend, BackendAdmin, FencingToken, LockKey, Owner,
+};
 use fencelock_sharded::{Phase, Placement, Shard, ShardMap, ShardedBackend};
 use fencelock_testkit::TestResult;
 use rand::Rng;
+
+use crate::common;
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -545,15 +547,15 @@ async fn concurrent_acquirers_while_the_map_changes() -> TestResult {
 async fn the_epoch_record_is_hidden_and_reserved() -> TestResult {
     let steps = Steps::new(steps(["mem://hidden-a", "mem://hidden-b"])?);
     let join = steps.get(1).await?;
-    assert!(join.list(None).await?.is_empty());
-    assert_eq!(join.stats().await?.held, 0);
+    assert!(join.administer()?.list(None).await?.is_empty());
+    assert_eq!(join.administer()?.stats().await?.held, 0);
     let reserved = LockKey::new("fencelock-sharded:epoch:0")?;
     assert!(matches!(
         join.try_acquire(&request(reserved.as_str(), "me")?).await,
         Err(fencelock_core::Error::InvalidKey(_))
     ));
     assert!(matches!(
-        join.force_release(&reserved).await,
+        join.administer()?.force_release(&reserved).await,
         Err(fencelock_core::Error::InvalidKey(_))
     ));
     // It is there, on each shard, for any process that opens the store

@@ -5,9 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::Driver;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, Fence, FencingToken, LeaseId, LockKey, Owner, Renewal,
+    Acquire, AcquireRequest, Backend, BackendAdmin, Driver, Error, Fence, FencingToken, LeaseId,
+    LockKey, LockMode, Owner, Renewal,
 };
 use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteDriver, SqliteFence, SqliteOptions};
 use fencelock_testkit::{
@@ -445,7 +445,9 @@ async fn a_database_from_before_read_write_locks_is_upgraded_in_place() -> TestR
         .await?;
     assert_eq!(fence.highest("orders").await?, Some(FencingToken(8)));
     let backend = SqliteBackend::connect_with(SqliteOptions::new(&path)).await?;
-    let reader = backend.try_acquire_shared(&request("k", "r")).await?;
+    let reader = backend
+        .try_acquire(&request("k", "r").with_mode(LockMode::Shared))
+        .await?;
     assert!(matches!(reader, Acquire::Granted(_)), "{reader:?}");
     Ok(())
 }

@@ -66,23 +66,23 @@ pub async fn list_filters_by_literal_prefix(store: &dyn Store) -> TestResult {
     let names = |v: Vec<fencelock_core::LockInfo>| {
         v.into_iter().map(|i| i.key.to_string()).collect::<Vec<_>>()
     };
-    let jobs = names(b.list(Some("job:")).await?);
+    let jobs = names(b.administer()?.list(Some("job:")).await?);
     ensure!(
         jobs == ["job:%x", "job:[1]", "job:a", "job:b"],
         "list(\"job:\") = {jobs:?}"
     );
-    let wild = names(b.list(Some("job%")).await?);
+    let wild = names(b.administer()?.list(Some("job%")).await?);
     ensure!(wild.is_empty(), "`%` acted as a wildcard: {wild:?}");
-    let under = names(b.list(Some("job_")).await?);
+    let under = names(b.administer()?.list(Some("job_")).await?);
     ensure!(under == ["job_1"], "`_` acted as a wildcard: {under:?}");
-    let star = names(b.list(Some("j*")).await?);
+    let star = names(b.administer()?.list(Some("j*")).await?);
     ensure!(star == ["j*b:1"], "`*` acted as a wildcard: {star:?}");
-    let bracket = names(b.list(Some("job:[")).await?);
+    let bracket = names(b.administer()?.list(Some("job:[")).await?);
     ensure!(
         bracket == ["job:[1]"],
         "`[` acted as a pattern: {bracket:?}"
     );
-    let all = names(b.list(None).await?);
+    let all = names(b.administer()?.list(None).await?);
     ensure!(all.len() == 8, "list(None) = {all:?}");
     ensure!(
         all.windows(2).all(|w| w[0] < w[1]),
@@ -113,7 +113,7 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
     let plain = grant(&*b, &key("plain"), &owner("carol"), LONG_TTL).await?;
     let short = grant(&*b, &key("short"), &owner("dave"), SHORT_TTL).await?;
     wait_out(&*b, &key("short"), &short).await?;
-    let s = b.stats().await?;
+    let s = b.administer()?.stats().await?;
     ensure!(s.held == 4, "held = {} in {s:?}", s.held);
     ensure!(
         s.held_by_kind.get("workflow") == Some(&2)
@@ -140,13 +140,13 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
         "expired_not_cleaned = {}, expected {expected_expired}",
         s.expired_not_cleaned
     );
-    let cleaned = b.cleanup_expired().await?;
+    let cleaned = b.administer()?.cleanup_expired().await?;
     ensure!(
         cleaned == s.expired_not_cleaned,
         "cleanup removed {cleaned}, stats said {}",
         s.expired_not_cleaned
     );
-    let s = b.stats().await?;
+    let s = b.administer()?.stats().await?;
     ensure!(
         s.expired_not_cleaned == 0 && s.held == 4,
         "after cleanup: {s:?}"
@@ -167,14 +167,14 @@ pub async fn release_all_releases_only_that_owner(store: &dyn Store) -> TestResu
     }
     grant(&*b, &key("ra-other"), &stays, LONG_TTL).await?;
     ensure!(
-        b.release_all(&gone).await? == 5,
+        b.administer()?.release_all(&gone).await? == 5,
         "release_all did not report 5"
     );
     ensure!(
-        b.release_all(&gone).await? == 0,
+        b.administer()?.release_all(&gone).await? == 0,
         "second release_all found more"
     );
-    let left = b.list(Some("ra-")).await?;
+    let left = b.administer()?.list(Some("ra-")).await?;
     ensure!(left.len() == 1 && left[0].owner == stays, "left: {left:?}");
     Ok(())
 }
@@ -185,13 +185,14 @@ pub async fn force_release_removes_any_holder(store: &dyn Store) -> TestResult {
     let k = key("force");
     let g = grant(&*b, &k, &owner("stuck"), LONG_TTL).await?;
     let removed = b
+        .administer()?
         .force_release(&k)
         .await?
         .ok_or("force_release reported nothing")?;
     ensure!(removed.token == g.token, "removed {removed:?}");
     ensure!(b.inspect(&k).await?.is_none(), "the lease is still there");
     ensure!(
-        b.force_release(&k).await?.is_none(),
+        b.administer()?.force_release(&k).await?.is_none(),
         "a second force_release found a lease"
     );
     let next = grant(&*b, &k, &owner("next"), LONG_TTL).await?;

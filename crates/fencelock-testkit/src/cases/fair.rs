@@ -6,15 +6,18 @@
 //! blocks the queue at most until its own reported expiry.
 //!
 //! Order is made deterministic without sleeps: each waiter starts only once
-//! the previous one's entry is listed by `Backend::queue`. Bounds are the
+//! the previous one's entry is listed by `FairQueue::queue`. Bounds are the
 //! entries' expiries as the backend reports them, plus [`EXPIRY_SLACK`].
 //!
-//! Backends that do not claim `fair` must list no queue and accept
-//! `leave_queue` as a no-op; the rest of each case is then skipped.
+//! Backends that do not claim `fair` must offer no queue
+//! (`Backend::fair_queue` is `None`); the rest of each case is then
+//! skipped.
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, Backend, Error, LockClient, LockGuard, LockInfo, LockKey};
+use fencelock_core::{
+    Acquire, Backend, Error, FairQueue, LockClient, LockGuard, LockInfo, LockKey,
+};
 use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
 
 use super::{client, ensure, key, owner, request, EXPIRY_SLACK, LONG_TTL, SHORT_TTL};
@@ -24,17 +27,23 @@ use crate::suite::{Store, TestResult};
 /// case through its assertions, not through its wait running out.
 const LONG_WAIT: Duration = Duration::from_secs(120);
 
-/// `Ok(true)` when the store claims `fair`; otherwise checks that it has no
-/// queue to show or leave and answers `Ok(false)`.
-async fn fair_or_skip(store: &dyn Store, k: &LockKey) -> TestResult<bool> {
+/// `Ok(true)` when the store claims `fair`, after checking that the claim
+/// and the queue on offer agree.
+async fn fair_or_skip(store: &dyn Store) -> TestResult<bool> {
     let b = store.connect().await?;
-    if b.capabilities().fair {
-        return Ok(true);
-    }
-    let listed = b.queue(k).await?;
-    ensure!(listed.is_empty(), "a queue without the claim: {listed:?}");
-    b.leave_queue(k, &owner("nobody")).await?;
-    Ok(false)
+    let offered = b.fair_queue().is_some();
+    ensure!(
+        offered == b.capabilities().fair,
+        "fair claimed {} but a queue offered {offered}",
+        b.capabilities().fair
+    );
+    Ok(offered)
+}
+
+/// `b`'s queue (the store claims `fair`).
+fn queue_of(b: &dyn Backend) -> TestResult<&dyn FairQueue> {
+    b.fair_queue()
+        .ok_or_else(|| "fair claimed without a queue".into())
 }
 
 /// Polls `b.queue(k)` until it lists exactly `owners`, in that order.
@@ -45,7 +54,7 @@ async fn entries_become(
 ) -> TestResult<Vec<LockInfo>> {
     let bound = Instant::now() + EXPIRY_SLACK;
     loop {
-        let listed = b.queue(k).await?;
+        let listed = queue_of(b)?.queue(k).await?;
         if listed
             .iter()
             .map(|e| e.owner.as_str())
@@ -79,7 +88,7 @@ async fn waiter(
 /// a token above its predecessor's, and leave an empty queue.
 pub async fn waiters_are_granted_in_arrival_order(store: &dyn Store) -> TestResult {
     let k = key("fair-order");
-    if !fair_or_skip(store, &k).await? {
+    if !fair_or_skip(store).await? {
         return Ok(());
     }
     let b = store.connect().await?;
@@ -120,7 +129,7 @@ pub async fn waiters_are_granted_in_arrival_order(store: &dyn Store) -> TestResu
     for w in waiting {
         w.await??;
     }
-    let left = b.queue(&k).await?;
+    let left = queue_of(&*b)?.queue(&k).await?;
     ensure!(left.is_empty(), "granted waiters left entries: {left:?}");
     Ok(())
 }
@@ -129,7 +138,7 @@ pub async fn waiters_are_granted_in_arrival_order(store: &dyn Store) -> TestResu
 /// even when it comes right after the holder's release.
 pub async fn a_single_try_leaves_nothing_and_never_overtakes(store: &dyn Store) -> TestResult {
     let k = key("fair-try");
-    if !fair_or_skip(store, &k).await? {
+    if !fair_or_skip(store).await? {
         return Ok(());
     }
     let b = store.connect().await?;
@@ -137,7 +146,7 @@ pub async fn a_single_try_leaves_nothing_and_never_overtakes(store: &dyn Store) 
     let held = holder.lock(k.as_str()).ttl(LONG_TTL).acquire().await?;
     let tried = client(store, "trier").await?.try_lock(k.as_str()).await?;
     ensure!(tried.is_none(), "a held key was granted to a single try");
-    let listed = b.queue(&k).await?;
+    let listed = queue_of(&*b)?.queue(&k).await?;
     ensure!(listed.is_empty(), "a single try left an entry: {listed:?}");
     let w = waiter(store, "waiter", &k, LONG_WAIT).await?;
     entries_become(&*b, &k, &["waiter"]).await?;
@@ -163,7 +172,7 @@ pub async fn a_single_try_leaves_nothing_and_never_overtakes(store: &dyn Store) 
 /// expire; neither delays the waiter behind them.
 pub async fn abandoned_waits_do_not_delay_the_next(store: &dyn Store) -> TestResult {
     let k = key("fair-abandon");
-    if !fair_or_skip(store, &k).await? {
+    if !fair_or_skip(store).await? {
         return Ok(());
     }
     let b = store.connect().await?;
@@ -192,7 +201,7 @@ pub async fn abandoned_waits_do_not_delay_the_next(store: &dyn Store) -> TestRes
         "the short wait: {timed_out:?}"
     );
     // Withdrawn before the timeout was returned.
-    let listed = b.queue(&k).await?;
+    let listed = queue_of(&*b)?.queue(&k).await?;
     ensure!(
         listed.iter().all(|e| e.owner.as_str() != "times-out"),
         "a wait that timed out left its entry: {listed:?}"
@@ -216,7 +225,7 @@ pub async fn abandoned_waits_do_not_delay_the_next(store: &dyn Store) -> TestRes
 /// as its backend is dropped, and holds back nobody.
 pub async fn a_crashed_waiters_entry_blocks_at_most_its_ttl(store: &dyn Store) -> TestResult {
     let k = key("fair-crash");
-    if !fair_or_skip(store, &k).await? {
+    if !fair_or_skip(store).await? {
         return Ok(());
     }
     let b = store.connect().await?;
@@ -249,7 +258,7 @@ pub async fn a_crashed_waiters_entry_blocks_at_most_its_ttl(store: &dyn Store) -
     let next = waiter(store, "next", &k, LONG_WAIT).await?;
     // Either order is fine here: the crashed entry may expire meanwhile.
     loop {
-        let listed = b.queue(&k).await?;
+        let listed = queue_of(&*b)?.queue(&k).await?;
         if listed.iter().any(|e| e.owner.as_str() == "next") {
             break;
         }
@@ -261,7 +270,7 @@ pub async fn a_crashed_waiters_entry_blocks_at_most_its_ttl(store: &dyn Store) -
     // While the crashed entry is still listed, the key is not the next
     // waiter's: an entry listed after a grant existed at that grant.
     let holder_now = b.inspect(&k).await?;
-    let still = b.queue(&k).await?;
+    let still = queue_of(&*b)?.queue(&k).await?;
     if still.iter().any(|e| e.owner.as_str() == "crashed") {
         ensure!(
             holder_now
@@ -274,7 +283,7 @@ pub async fn a_crashed_waiters_entry_blocks_at_most_its_ttl(store: &dyn Store) -
         .await
         .map_err(|_| "the next waiter was not granted by the end of the crashed entry's expiry plus the usual slack")???;
     ensure!(guard.token() > t1, "token {} <= {t1}", guard.token());
-    let gone = b.queue(&k).await?;
+    let gone = queue_of(&*b)?.queue(&k).await?;
     ensure!(gone.is_empty(), "entries left: {gone:?}");
     guard.release().await?;
     Ok(())

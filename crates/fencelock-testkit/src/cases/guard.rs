@@ -45,6 +45,7 @@ pub async fn force_release_is_noticed_as_loss(store: &dyn Store) -> TestResult {
     let admin = store.connect().await?;
     let guard = client.lock("forced").ttl(GUARD_TTL).acquire().await?;
     admin
+        .administer()?
         .force_release(&key("forced"))
         .await?
         .ok_or("nothing to force-release")?;
@@ -99,6 +100,7 @@ pub async fn with_lock_cancels_closure_on_loss(store: &dyn Store) -> TestResult 
     };
     started_rx.await.map_err(|_| "the closure never started")?;
     admin
+        .administer()?
         .force_release(&key("with-lock"))
         .await?
         .ok_or("nothing to force-release")?;

@@ -93,7 +93,7 @@ pub async fn odd_but_valid_keys_round_trip(store: &dyn Store) -> TestResult {
             "{name:?} came back as {info:?}"
         );
         ensure!(
-            b.list(Some(name)).await?.len() == 1,
+            b.administer()?.list(Some(name)).await?.len() == 1,
             "list by the exact key {name:?}"
         );
     }
@@ -138,7 +138,7 @@ pub async fn any_json_data_round_trips(store: &dyn Store) -> TestResult {
             "inspect returned {:?} for {expected:?}",
             inspected.data
         );
-        let listed = b.list(Some(k.as_str())).await?;
+        let listed = b.administer()?.list(Some(k.as_str())).await?;
         ensure!(
             listed.len() == 1 && listed[0].data.clone().filter(|d| !d.is_null()) == expected,
             "list returned {listed:?} for {expected:?}"

@@ -133,6 +133,7 @@ pub async fn loss_of_one_part_is_signalled(store: &dyn Store) -> TestResult {
         .await?;
     all.check()?;
     admin
+        .administer()?
         .force_release(&key("loss-b"))
         .await?
         .ok_or("nothing to force-release")?;

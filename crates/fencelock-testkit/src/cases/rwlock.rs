@@ -17,6 +17,7 @@ use std::{
 
 use fencelock_core::{
     Acquire, Backend, Error, Fence, FencingToken, LockClient, LockKey, LockMode, Owner, Renewal,
+    WriteIntents,
 };
 
 use super::{
@@ -34,25 +35,30 @@ const LONG_WAIT: Duration = Duration::from_secs(60);
 async fn shared_or_refused(store: &dyn Store) -> TestResult<bool> {
     let b = store.connect().await?;
     if b.capabilities().shared {
+        ensure!(
+            b.write_intents().is_some(),
+            "shared claimed without writer intents"
+        );
         return Ok(true);
     }
     let (k, o) = (key("rw-unsupported"), owner("reader"));
     let unsupported = |r: &fencelock_core::Result<()>| matches!(r, Err(Error::Unsupported(_)));
-    let acquired = b.try_acquire_shared(&request(&k, &o, LONG_TTL)).await;
+    let acquired = b.try_acquire(&reader_request(&k, &o, LONG_TTL)).await;
     ensure!(
         matches!(acquired, Err(Error::Unsupported(_))),
-        "try_acquire_shared without the claim: {acquired:?}"
+        "a reader's try_acquire without the claim: {acquired:?}"
     );
-    let l = lease(&k, &o, FencingToken(1));
-    let renewed = b.renew_shared(&l, LONG_TTL).await.map(|_| ());
-    let released = b.release_shared(&l).await;
-    let posted = b.post_write_intent(&k, &o, LONG_TTL).await;
-    for (what, r) in [
-        ("renew_shared", renewed),
-        ("release_shared", released),
-        ("post_write_intent", posted),
-    ] {
-        ensure!(unsupported(&r), "{what} without the claim: {r:?}");
+    ensure!(
+        b.write_intents().is_none(),
+        "writer intents offered without the claim"
+    );
+    // A reader's lease this backend never granted: refused, or not held.
+    let l = reader_lease(&k, &o, FencingToken(1));
+    let refused = |r: &fencelock_core::Result<()>| unsupported(r) || not_held(r);
+    let renewed = b.renew(&l, LONG_TTL).await.map(|_| ());
+    let released = b.release(&l).await;
+    for (what, r) in [("renew", renewed), ("release", released)] {
+        ensure!(refused(&r), "a reader's {what} without the claim: {r:?}");
     }
     let c = LockClient::builder(b).owner(o).build()?;
     let read = c.rwlock("rw-unsupported").read().try_acquire().await;
@@ -69,14 +75,35 @@ async fn shared_or_refused(store: &dyn Store) -> TestResult<bool> {
     Ok(false)
 }
 
-/// `try_acquire_shared` that must be granted.
+/// A reader's request for `k`.
+fn reader_request(k: &LockKey, o: &Owner, ttl: Duration) -> fencelock_core::AcquireRequest {
+    request(k, o, ttl).with_mode(LockMode::Shared)
+}
+
+/// The reader's lease of `o` on `k` granted `token`.
+fn reader_lease(k: &LockKey, o: &Owner, token: FencingToken) -> fencelock_core::LeaseId {
+    lease(k, o, token).with_mode(LockMode::Shared)
+}
+
+/// `b`'s writer intents (shared locks are claimed).
+fn intents(b: &dyn Backend) -> TestResult<&dyn WriteIntents> {
+    b.write_intents()
+        .ok_or_else(|| "shared claimed without writer intents".into())
+}
+
+/// `NotHeld`.
+fn not_held(r: &fencelock_core::Result<()>) -> bool {
+    matches!(r, Err(Error::NotHeld { .. }))
+}
+
+/// A reader's `try_acquire` that must be granted.
 async fn read_grant(
     b: &dyn Backend,
     k: &LockKey,
     o: &Owner,
     ttl: Duration,
 ) -> TestResult<fencelock_core::Grant> {
-    match b.try_acquire_shared(&request(k, o, ttl)).await? {
+    match b.try_acquire(&reader_request(k, o, ttl)).await? {
         Acquire::Granted(g) => Ok(g),
         Acquire::Held(h) => Err(format!("reader {o} refused on {k}: {h:?}").into()),
     }
@@ -251,28 +278,32 @@ pub async fn writer_intent_blocks_new_readers_and_expires(store: &dyn Store) -> 
     let (k, dead, other) = (key("rw-dead-writer"), owner("rw-dead"), owner("rw-other"));
     let reader = owner("rw-late-reader");
     let refused = |answer: Acquire| matches!(answer, Acquire::Held(_));
-    b.post_write_intent(&k, &dead, LONG_TTL).await?;
-    b.post_write_intent(&k, &other, LONG_TTL).await?;
-    b.withdraw_write_intent(&k, &other).await?;
+    intents(&*b)?.post_write_intent(&k, &dead, LONG_TTL).await?;
+    intents(&*b)?
+        .post_write_intent(&k, &other, LONG_TTL)
+        .await?;
+    intents(&*b)?.withdraw_write_intent(&k, &other).await?;
     ensure!(
         refused(
-            b.try_acquire_shared(&request(&k, &reader, LONG_TTL))
+            b.try_acquire(&reader_request(&k, &reader, LONG_TTL))
                 .await?
         ),
         "a reader was granted under a live writer intent"
     );
-    b.withdraw_write_intent(&k, &dead).await?;
+    intents(&*b)?.withdraw_write_intent(&k, &dead).await?;
     let g = read_grant(&*b, &k, &reader, LONG_TTL).await?;
-    b.release_shared(&lease(&k, &reader, g.token)).await?;
+    b.release(&reader_lease(&k, &reader, g.token)).await?;
     // The intent of a writer that never comes back ends by expiry.
-    b.post_write_intent(&k, &dead, SHORT_TTL).await?;
+    intents(&*b)?
+        .post_write_intent(&k, &dead, SHORT_TTL)
+        .await?;
     let bound = tokio::time::Instant::now() + SHORT_TTL + EXPIRY_SLACK;
     loop {
         if let Acquire::Granted(g) = b
-            .try_acquire_shared(&request(&k, &reader, LONG_TTL))
+            .try_acquire(&reader_request(&k, &reader, LONG_TTL))
             .await?
         {
-            b.release_shared(&lease(&k, &reader, g.token)).await?;
+            b.release(&reader_lease(&k, &reader, g.token)).await?;
             return Ok(());
         }
         ensure!(
@@ -336,44 +367,54 @@ pub async fn reader_lease_ownership_is_exact(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let (k, o) = (key("rw-own"), owner("rw-owner"));
     let g = read_grant(&*b, &k, &o, LONG_TTL).await?;
-    let not_held = |r: fencelock_core::Result<()>| matches!(r, Err(Error::NotHeld { .. }));
-    let stranger = lease(&k, &owner("rw-stranger"), g.token);
-    let stale = lease(&k, &o, FencingToken(g.token.get() - 1));
-    let mine = lease(&k, &o, g.token);
+    let stranger = reader_lease(&k, &owner("rw-stranger"), g.token);
+    let stale = reader_lease(&k, &o, FencingToken(g.token.get() - 1));
+    let mine = reader_lease(&k, &o, g.token);
     for (what, l) in [("stranger", &stranger), ("stale token", &stale)] {
         ensure!(
-            not_held(b.renew_shared(l, LONG_TTL).await.map(|_| ())),
+            not_held(&b.renew(l, LONG_TTL).await.map(|_| ())),
             "{what} renewed a reader lease"
         );
         ensure!(
-            not_held(b.release_shared(l).await),
+            not_held(&b.release(l).await),
             "{what} released a reader lease"
         );
     }
+    // The same lease named as an exclusive one.
+    let as_writer = lease(&k, &o, g.token);
     ensure!(
-        not_held(b.renew(&mine, LONG_TTL).await.map(|_| ())) && not_held(b.release(&mine).await),
+        not_held(&b.renew(&as_writer, LONG_TTL).await.map(|_| ()))
+            && not_held(&b.release(&as_writer).await),
         "the exclusive operations touched a reader lease"
     );
+    // One batch mixing both sides answers each in order.
+    let w_key = key("rw-own-writer");
+    let w = grant(&*b, &w_key, &o, LONG_TTL).await?;
+    let other_writer = lease(&w_key, &o, w.token);
     let answers = b
-        .renew_many_shared(&[
+        .renew_many(&[
             Renewal::new(mine.clone(), LONG_TTL),
+            Renewal::new(other_writer.clone(), LONG_TTL),
             Renewal::new(stale.clone(), LONG_TTL),
         ])
         .await?;
     ensure!(
-        matches!(answers.as_slice(), [Ok(r), Err(Error::NotHeld { .. })] if r.token == g.token),
-        "renew_many_shared answered {answers:?}"
+        matches!(answers.as_slice(),
+            [Ok(r), Ok(x), Err(Error::NotHeld { .. })] if r.token == g.token && x.token == w.token),
+        "a mixed renew_many answered {answers:?}"
     );
-    b.release_shared(&mine).await?;
+    b.release(&other_writer).await?;
+    b.release(&mine).await?;
     ensure!(
-        not_held(b.release_shared(&mine).await),
+        not_held(&b.release(&mine).await),
         "a reader lease was released twice"
     );
     let w = grant(&*b, &k, &o, LONG_TTL).await?;
     let writer = lease(&k, &o, w.token);
+    let writer_as_reader = writer.clone().with_mode(LockMode::Shared);
     ensure!(
-        not_held(b.renew_shared(&writer, LONG_TTL).await.map(|_| ()))
-            && not_held(b.release_shared(&writer).await),
+        not_held(&b.renew(&writer_as_reader, LONG_TTL).await.map(|_| ()))
+            && not_held(&b.release(&writer_as_reader).await),
         "the reader operations touched an exclusive lease"
     );
     b.release(&writer).await?;
@@ -401,36 +442,36 @@ pub async fn admin_accounts_for_readers(store: &dyn Store) -> TestResult {
     let (k, a, z) = (key("rw-admin"), owner("rw-admin-a"), owner("rw-admin-z"));
     let ga = read_grant(&*b, &k, &a, LONG_TTL).await?;
     let gz = read_grant(&*b, &k, &z, LONG_TTL).await?;
-    let listed = b.list(Some("rw-admin")).await?;
+    let listed = b.administer()?.list(Some("rw-admin")).await?;
     ensure!(
         listed.len() == 2 && listed.iter().all(|l| l.mode == LockMode::Shared),
         "list: {listed:?}"
     );
-    let stats = b.stats().await?;
+    let stats = b.administer()?.stats().await?;
     ensure!(
         stats.held == 2 && stats.held_by_owner.get(a.as_str()) == Some(&1),
         "stats: {stats:?}"
     );
     ensure!(
-        b.release_all(&a).await? == 1,
+        b.administer()?.release_all(&a).await? == 1,
         "release_all freed another count"
     );
     ensure!(
-        b.release_shared(&lease(&k, &a, ga.token)).await.is_err(),
+        b.release(&reader_lease(&k, &a, ga.token)).await.is_err(),
         "release_all left the reader of its owner"
     );
-    let forced = b.force_release(&k).await?;
+    let forced = b.administer()?.force_release(&k).await?;
     ensure!(
         forced.is_some_and(|f| f.token == gz.token && f.mode == LockMode::Shared),
         "force_release of a read-held key reported nothing"
     );
     ensure!(
-        b.list(Some("rw-admin")).await?.is_empty(),
+        b.administer()?.list(Some("rw-admin")).await?.is_empty(),
         "force_release left readers"
     );
     let short = read_grant(&*b, &k, &a, SHORT_TTL).await?;
     wait_out(&*b, &k, &short).await?;
-    b.cleanup_expired().await?;
+    b.administer()?.cleanup_expired().await?;
     let after = grant(&*b, &k, &a, LONG_TTL).await?;
     ensure!(
         after.token > short.token,
@@ -599,10 +640,10 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
             return Err(format!("a writer got {} over a persisted reader", g.token).into())
         }
     }
-    let first = lease(&k, &o, before.token);
-    through_restart(within, || b.release_shared(&first)).await?;
-    let reader = request(&k, &o, LONG_TTL);
-    let again = through_restart(within, || b.try_acquire_shared(&reader)).await?;
+    let first = reader_lease(&k, &o, before.token);
+    through_restart(within, || b.release(&first)).await?;
+    let reader = reader_request(&k, &o, LONG_TTL);
+    let again = through_restart(within, || b.try_acquire(&reader)).await?;
     let Acquire::Granted(again) = again else {
         return Err(format!("reader {o} refused on {k} after its release: {again:?}").into());
     };
@@ -612,7 +653,7 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
         again.token,
         before.token
     );
-    b.release_shared(&lease(&k, &o, again.token)).await?;
+    b.release(&reader_lease(&k, &o, again.token)).await?;
     let w = grant(b, &k, &o, LONG_TTL).await?;
     ensure!(w.token > again.token, "{} after {}", w.token, again.token);
     Ok(())

@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{
     Acquire, AcquireRequest, Backend, Capabilities, Grant, LeaseId, LockInfo, LockKey,
-    MemoryBackend, Owner, Result, Stats,
+    MemoryBackend, Result,
 };
 use fencelock_testkit::{async_trait, cases::CASES, Store, TestResult};
 
@@ -42,21 +42,6 @@ impl Backend for Claims {
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>> {
         self.inner.inspect(key).await
-    }
-    async fn list(&self, prefix: Option<&str>) -> Result<Vec<LockInfo>> {
-        self.inner.list(prefix).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>> {
-        self.inner.force_release(key).await
-    }
-    async fn release_all(&self, owner: &Owner) -> Result<u64> {
-        self.inner.release_all(owner).await
-    }
-    async fn cleanup_expired(&self) -> Result<u64> {
-        self.inner.cleanup_expired().await
-    }
-    async fn stats(&self) -> Result<Stats> {
-        self.inner.stats().await
     }
 }
 

@@ -5,7 +5,8 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use fencelock_core::{
-    metrics as m, Backend, Fence, FencingToken, LockClient, LockKey, MemoryBackend, MemoryFence,
+    metrics as m, BackendAdmin, Fence, FencingToken, LockClient, LockKey, MemoryBackend,
+    MemoryFence,
 };
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

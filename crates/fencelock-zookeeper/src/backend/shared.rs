@@ -33,7 +33,10 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Acquire, AcquireRequest, Error, LockInfo, LockKey, LockMode, Owner, Result};
+use async_trait::async_trait;
+use fencelock_core::{
+    Acquire, AcquireRequest, Error, LockInfo, LockKey, LockMode, Owner, Result, WriteIntents,
+};
 use zookeeper_client as zk;
 
 use super::{seq, ttl_ms, Node, Record, ZkBackend, NODE};
@@ -79,7 +82,7 @@ impl ZkBackend {
         Ok(intent.live_at(now) || !self.delete(c, intent).await?)
     }
 
-    /// `try_acquire_shared`.
+    /// A reader's acquisition (a shared [`fencelock_core::Backend::try_acquire`]).
     pub(super) async fn acquire_reader(&self, request: &AcquireRequest) -> Result<Acquire> {
         if request.min_token.is_some() {
             return Err(Error::unsupported(crate::error::NAME, "token floors"));
@@ -267,5 +270,20 @@ impl ZkBackend {
             }
         }
         reported.map(|n| n.info(key, now)).transpose()
+    }
+}
+
+#[async_trait]
+impl WriteIntents for ZkBackend {
+    async fn post_write_intent(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<()> {
+        self.refuse_shared()?;
+        self.post_intent(key, owner, ttl).await
+    }
+
+    async fn withdraw_write_intent(&self, key: &LockKey, owner: &Owner) -> Result<()> {
+        self.refuse_shared()?;
+        let c = self.conn.client().await?;
+        self.withdraw_intent(&c, &self.key_dir(key.as_str()), owner)
+            .await
     }
 }

@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fencelock_core::{Backend, Change, ChangeFeed, LockClient, LockKey};
+use fencelock_core::{Backend, Change, ChangeFeed, FairQueue, LockClient, LockKey};
 use fencelock_testkit::{servers::zookeeper::ZkServer, TestResult};
 use fencelock_zookeeper::ZkBackend;
 use tokio::time::{timeout, Instant};

@@ -19,7 +19,8 @@ use std::{
 };
 
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Error, LockClient, LockGuard, LockKey, Owner,
+    Acquire, AcquireRequest, Backend, BackendAdmin, Error, FairQueue, LockClient, LockGuard,
+    LockKey, Owner,
 };
 use fencelock_testkit::{servers::zookeeper::ZkServer, TestResult};
 use fencelock_zookeeper::ZkBackend;

@@ -25,11 +25,12 @@ async fn a_map_of_two_sqlite_shards_spreads_keys_over_both() -> TestResult {
     for i in 0..16 {
         guards.push(client.lock(format!("job:{i}")).acquire().await?);
     }
-    let listed = client.backend().list(None).await?;
+    let listed = client.backend().administer()?.list(None).await?;
     assert_eq!(listed.len(), 16);
     for name in ["a.db", "b.db"] {
         let on_shard = fencelock::open_backend(&shard(name))
             .await?
+            .administer()?
             .list(None)
             .await?;
         assert!(!on_shard.is_empty(), "no key on shard {name}");
@@ -73,7 +74,11 @@ async fn placement_rules_home_keys_on_their_shard() -> TestResult {
     let keys_on = |name: &'static str| {
         let url = shard(name);
         async move {
-            let listed = fencelock::open_backend(&url).await?.list(None).await?;
+            let listed = fencelock::open_backend(&url)
+                .await?
+                .administer()?
+                .list(None)
+                .await?;
             Ok::<_, Error>(
                 listed
                     .into_iter()

@@ -329,29 +329,13 @@ where
         sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     &'static str: sqlx::ColumnIndex<R>,
 {
-    let extended = extended(rows).map_err(unreadable)?;
+    let extended = rows
+        .iter()
+        .map(|row| Ok((row.try_get("i")?, row.try_get("expires_at")?)))
+        .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+        .map_err(unreadable)?;
     batch_answers(renewals, extended)
         .map_err(|i| bad_reply(format!("renewal {i} of {}", renewals.len())))
-}
-
-/// What a batched renewal's statement reported, read from its rows: each
-/// row's `i` and `expires_at`, ready for [`batch_answers`].
-fn extended<R>(
-    rows: &[R],
-) -> std::result::Result<
-    Vec<(i64, sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>)>,
-    sqlx::Error,
->
-where
-    R: sqlx::Row,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>:
-        sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    &'static str: sqlx::ColumnIndex<R>,
-{
-    rows.iter()
-        .map(|row| Ok((row.try_get("i")?, row.try_get("expires_at")?)))
-        .collect()
 }
 
 /// The answers of a batched renewal, in the batch's order, from what its

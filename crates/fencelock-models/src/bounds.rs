@@ -165,7 +165,7 @@ pub fn check(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) -> O
         }
         _ if bound.starts_with("redlock-fast") => {
             let mut c = redlock_fast(bound, deep)?;
-            c.plant = plant;
+            c.base.plant = plant;
             // A limit's counterexample is what its check is for.
             let stop = stop || LIMITS.iter().any(|(name, _)| *name == bound);
             run(RedlockFast(c), threads, stop)
@@ -206,10 +206,10 @@ pub fn check(bound: &str, deep: bool, plant: Option<Plant>, threads: usize) -> O
 pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
     let mut c = redlock_fast::Config::small();
     let timed = |c: &mut redlock_fast::Config| {
-        c.restarts = 0;
+        c.base.restarts = 0;
         c.rounds = 2;
-        ticking(&mut c.timing);
-        c.horizon = if deep { 2 } else { 1 };
+        ticking(&mut c.base.timing);
+        c.base.horizon = if deep { 2 } else { 1 };
     };
     match bound {
         "redlock-fast-timed" => {
@@ -223,7 +223,7 @@ pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
             // of one rate already.
             timed(&mut c);
             c.rounds = 1;
-            c.fast_clocks_only = false;
+            c.base.fast_clocks_only = false;
             return Some(c);
         }
         "redlock-fast-clock-step" | "redlock-fast-clock-step-past-margin" => {
@@ -232,8 +232,8 @@ pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
             // the margin ends its copy no earlier than the window; by
             // more, a second client can take the key inside it.
             timed(&mut c);
-            c.timing.ttl = 3;
-            c.timing.margin = 1;
+            c.base.timing.ttl = 3;
+            c.base.timing.margin = 1;
             c.clock_step = if bound.ends_with("past-margin") { 2 } else { 1 };
             return Some(c);
         }
@@ -248,7 +248,7 @@ pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
             if deep {
                 // Every moment and every node with a copy: the full
                 // search takes 30 s of CPU at the CI bound's ticks.
-                c.horizon = 1;
+                c.base.horizon = 1;
             } else {
                 // The step where it could harm: node 0 steps back right
                 // after granting client 0 its copy at tick 0, while the
@@ -299,14 +299,14 @@ pub fn redlock_fast(bound: &str, deep: bool) -> Option<redlock_fast::Config> {
             // one's token above the first's.
             c.rounds = 2;
             c.releases = true;
-            c.restarts = 0;
+            c.base.restarts = 0;
         }
         _ => return None,
     }
     if deep {
         // A restart while leases end with time.
-        ticking(&mut c.timing);
-        c.horizon = 1;
+        ticking(&mut c.base.timing);
+        c.base.horizon = 1;
     }
     Some(c)
 }
@@ -331,11 +331,11 @@ fn ticking(timing: &mut Timing) {
 /// before the rejoin.
 fn rejoin(deep: bool) -> redlock_fast::Config {
     let mut c = redlock_fast::Config::small();
-    c.clients = 3;
+    c.base.clients = 3;
     c.knowing = 2;
     c.lagging_clocks = true;
-    ticking(&mut c.timing);
-    c.horizon = if deep { 3 } else { 2 };
+    ticking(&mut c.base.timing);
+    c.base.horizon = if deep { 3 } else { 2 };
     c.prefix = vec![
         |s| *s == Step::Act(Act::Start(0)),
         |s| matches!(s, Step::Deliver(Msg::Grant { c: 0, n: 0, .. })),

@@ -302,15 +302,23 @@ where
     }
 }
 
-/// A lease as a store keeps it.
+/// A lease as a store or a Redis node keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Held {
     /// The holder.
     pub owner: Id,
     /// Its token.
     pub token: Token,
-    /// When it ends, on the reference clock.
+    /// When it ends, on the reference clock (the keeper's clock drifts).
     pub end: Tick,
+}
+
+/// Ends `lease` if `owner` holds it with `token`: a late release of an
+/// earlier lease must not end the one granted since.
+pub fn release(lease: &mut Option<Held>, owner: Id, token: Token) {
+    if lease.is_some_and(|l| l.owner == owner && l.token == token) {
+        *lease = None;
+    }
 }
 
 /// A single-server lock store with one counter (SQLite, PostgreSQL,
@@ -374,12 +382,7 @@ impl Store {
 
     /// Ends the lease if `owner` holds it with `token`.
     pub fn release(&mut self, owner: Id, token: Token) {
-        if self
-            .lease
-            .is_some_and(|l| l.owner == owner && l.token == token)
-        {
-            self.lease = None;
-        }
+        release(&mut self.lease, owner, token);
     }
 
     /// Drops a lease that has ended (an expired lease is free, I6).

@@ -8,14 +8,16 @@
 //! This is the protocol as it was before the fast Redlock work: a probe
 //! before every acquisition, then grants one node at a time until an
 //! arbiter granted. [`crate::redlock_fast`] models the one-round grant
-//! `crates/fencelock-redlock` implements now; the marker rules and the
-//! node's scripts are shared.
+//! `crates/fencelock-redlock` implements now; the bound's common part, the
+//! nodes with their marker rules and scripts, time, restarts and the
+//! properties are shared ([`System`]).
 
 use stateright::{Model, Property};
 
 use crate::{
     common::{
-        majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
+        majority, rate_assignments, release, world_steps, Held, Id, Ledger, Net, Rate, Step, Tick,
+        Timing, Token,
     },
     plant::Plant,
 };
@@ -25,7 +27,8 @@ use crate::{
 /// tick than the clock advances.
 pub(crate) const TIME_SCALE: Token = 16;
 
-/// What is checked, and how far.
+/// What is checked, and how far: the whole bound of this model, and the
+/// part of [`crate::redlock_fast::Config`] that both models read alike.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Redis nodes (odd, at least 3).
@@ -40,8 +43,8 @@ pub struct Config {
     pub horizon: Tick,
     /// Lease timing.
     pub timing: Timing,
-    /// A probe's answer may be lost (else every node answers the probe,
-    /// and only grants are lost).
+    /// A probe's answer may be lost (else every node asked answers the
+    /// probe, and only grants are lost).
     pub probe_losses: bool,
     /// Every node's clock runs fast (the adversarial rate: leases and
     /// quarantines end earliest), instead of every mix of fast and slow.
@@ -71,15 +74,6 @@ impl Config {
     }
 }
 
-/// A lease as one node keeps it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Lease {
-    pub(crate) owner: Id,
-    pub(crate) token: Token,
-    /// When it ends, on the reference clock (the node's clock drifts).
-    pub(crate) end: Tick,
-}
-
 /// One Redis node: the marker (`formed`, `votes_from`, `floor`, `hwm`) and
 /// the key's counter and lease. With one key the counter and `hwm` move
 /// together but are kept apart as the code keeps them.
@@ -91,7 +85,7 @@ pub struct Node {
     pub(crate) floor: Token,
     pub(crate) hwm: Token,
     pub(crate) counter: Token,
-    pub(crate) lease: Option<Lease>,
+    pub(crate) lease: Option<Held>,
     /// How far its clock stepped back (`redlock_fast`'s backward step):
     /// its TIME reads that much lower.
     pub(crate) behind: Tick,
@@ -118,9 +112,40 @@ impl Node {
         }
     }
 
+    /// What a restart without persistence leaves: the data is lost, not
+    /// the host's clock.
+    pub(crate) fn lost(&self) -> Self {
+        Self {
+            behind: self.behind,
+            ..Self::empty(self.rate)
+        }
+    }
+
     /// Its clock at reference instant `now`, read as a token (TIME).
     pub(crate) fn time(&self, now: Tick) -> Token {
         Token::from(now.saturating_sub(self.behind)) * TIME_SCALE
+    }
+
+    /// The `JOIN` script (`crates/fencelock-redlock/src/scripts.rs`):
+    /// forms an unformed node by `rule`, with `floor` from the client's
+    /// probe; a formed node is left alone.
+    pub(crate) fn mark(&mut self, now: Tick, floor: Token, rule: Form, config: &Config) {
+        if self.formed {
+            return;
+        }
+        let q_end = quarantine_end(config.plant, &config.timing, now, self.rate);
+        let given = floor;
+        let (floor, votes_from) = match rule {
+            Form::New => (floor.max(self.time(now)), now),
+            Form::Rejoin => (floor, q_end),
+            Form::Reform => (floor.max(self.time(q_end)), q_end),
+        };
+        // `fresh` keeps the given floor as `hwm` (0 from a new set: it has
+        // granted nothing), `join` and `reform` the floor they set.
+        self.hwm = if rule == Form::New { given } else { floor };
+        self.formed = true;
+        self.floor = floor;
+        self.votes_from = votes_from;
     }
 }
 
@@ -132,35 +157,6 @@ pub(crate) fn quarantine_end(plant: Option<Plant>, t: &Timing, now: Tick, rate: 
         return now;
     }
     rate.stretch(now, t.ttl + t.drift, t.drift)
-}
-
-/// The `JOIN` script (`crates/fencelock-redlock/src/scripts.rs`): forms
-/// an unformed node by `rule`, with `floor` from the client's probe; a
-/// formed node is left alone.
-pub(crate) fn mark(
-    node: &mut Node,
-    now: Tick,
-    floor: Token,
-    rule: Form,
-    plant: Option<Plant>,
-    t: &Timing,
-) {
-    if node.formed {
-        return;
-    }
-    let q_end = quarantine_end(plant, t, now, node.rate);
-    let given = floor;
-    let (floor, votes_from) = match rule {
-        Form::New => (floor.max(node.time(now)), now),
-        Form::Rejoin => (floor, q_end),
-        Form::Reform => (floor.max(node.time(q_end)), q_end),
-    };
-    // `fresh` keeps the given floor as `hwm` (0 from a new set: it has
-    // granted nothing), `join` and `reform` the floor they set.
-    node.hwm = if rule == Form::New { given } else { floor };
-    node.formed = true;
-    node.floor = floor;
-    node.votes_from = votes_from;
 }
 
 /// A probe's answer.
@@ -250,22 +246,130 @@ pub struct Client {
     phase: Phase,
 }
 
+impl Holder for Client {
+    fn trusts(&self, now: Tick) -> bool {
+        matches!(self.phase, Phase::Holding { trust_end, .. } if now < trust_end)
+    }
+}
+
 /// The whole system.
+pub type State = System<Client, Msg, ()>;
+
+/// The whole system of either Redlock model: the nodes, time and the
+/// ledger alike, the model's own clients `C` and messages `M`, and `E`,
+/// what only one of them records for its properties.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct State {
-    now: Tick,
-    nodes: Vec<Node>,
-    clients: Vec<Client>,
-    net: Net<Msg>,
-    ledger: Ledger,
-    restarts_left: u8,
+pub struct System<C, M, E> {
+    pub(crate) now: Tick,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) clients: Vec<C>,
+    pub(crate) net: Net<M>,
+    pub(crate) ledger: Ledger,
+    pub(crate) restarts_left: u8,
     /// Some grant completed after the last restart (liveness sanity).
     granted_after_restart: bool,
     /// Some lease ended with time on a node (not by a release).
-    lease_ended: bool,
+    pub(crate) lease_ended: bool,
     /// Some grant completed after that (liveness sanity: time hands the
     /// key over).
     granted_after_lease_end: bool,
+    pub(crate) extra: E,
+}
+
+/// A client as the exclusion property reads it.
+pub(crate) trait Holder {
+    /// Whether it trusts its lease at `now`.
+    fn trusts(&self, now: Tick) -> bool;
+}
+
+impl<C, M: Ord + Clone, E: Default> System<C, M, E> {
+    /// The initial states: no time passed, nothing in flight, the nodes
+    /// `node` makes at every mix of clock rates the bound explores, and
+    /// the clients `client` makes of their indices.
+    pub(crate) fn initial(
+        config: &Config,
+        node: fn(Rate) -> Node,
+        client: impl Fn(usize) -> C,
+    ) -> Vec<Self> {
+        rate_assignments(config.nodes)
+            .into_iter()
+            .filter(|rates| !config.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
+            .map(|rates| Self {
+                now: 0,
+                nodes: rates.into_iter().map(node).collect(),
+                clients: (0..config.clients).map(&client).collect(),
+                net: Net::new(),
+                ledger: Ledger::default(),
+                restarts_left: config.restarts,
+                granted_after_restart: false,
+                lease_ended: false,
+                granted_after_lease_end: false,
+                extra: E::default(),
+            })
+            .collect()
+    }
+
+    /// One tick of the reference clock: the leases that end then are
+    /// free.
+    pub(crate) fn tick(&mut self) {
+        self.now += 1;
+        for node in &mut self.nodes {
+            if node.lease.is_some_and(|l| l.end <= self.now) {
+                node.lease = None;
+                self.lease_ended = true;
+            }
+        }
+    }
+
+    /// Adds a restart of each node while the bound has restarts left.
+    pub(crate) fn restart_steps<A>(&self, restart: fn(Id) -> A, steps: &mut Vec<Step<M, A>>) {
+        if self.restarts_left > 0 {
+            for n in 0..self.nodes.len() {
+                steps.push(Step::Act(restart(n as Id)));
+            }
+        }
+    }
+
+    /// Node `n` restarts as `restarted` makes it of what it was.
+    pub(crate) fn restart(&mut self, n: Id, restarted: impl FnOnce(&Node) -> Node) {
+        let node = &mut self.nodes[usize::from(n)];
+        *node = restarted(node);
+        self.restarts_left -= 1;
+        self.granted_after_restart = false;
+    }
+
+    /// Records a grant of `t` to an acquisition that began when `seen`
+    /// was the highest completed token.
+    pub(crate) fn granted(&mut self, config: &Config, seen: Token, t: Token) {
+        self.ledger.complete(seen, t);
+        if self.restarts_left < config.restarts {
+            self.granted_after_restart = true;
+        }
+        self.granted_after_lease_end |= self.lease_ended;
+    }
+}
+
+/// The properties both Redlock models check.
+pub(crate) fn properties<S, C, M, E>() -> Vec<Property<S>>
+where
+    S: Model<State = System<C, M, E>>,
+    C: Holder,
+{
+    vec![
+        Property::always("exclusion", |_, s: &System<C, M, E>| {
+            s.clients.iter().filter(|c| c.trusts(s.now)).count() <= 1
+        }),
+        Property::always("tokens increase", |_, s: &System<C, M, E>| {
+            !s.ledger.regressed
+        }),
+        Property::sometimes("a grant", |_, s: &System<C, M, E>| s.ledger.grants > 0),
+        Property::sometimes("a grant after a restart", |_, s: &System<C, M, E>| {
+            s.granted_after_restart
+        }),
+        Property::sometimes("a grant after a lease ended", |_, s: &System<C, M, E>| {
+            s.granted_after_lease_end
+        }),
+    ]
 }
 
 /// Steps of the clients and nodes themselves.
@@ -286,7 +390,8 @@ pub enum Act {
 #[derive(Clone, Debug)]
 pub struct Redlock(pub Config);
 
-fn bit(n: usize) -> u8 {
+/// A node's bit in a mask of nodes.
+pub(crate) fn bit(n: usize) -> u8 {
     1 << n
 }
 
@@ -300,14 +405,7 @@ impl Redlock {
         let now = s.now;
         match msg {
             Msg::Mark { n, floor, rule } => {
-                mark(
-                    &mut s.nodes[usize::from(n)],
-                    now,
-                    floor,
-                    rule,
-                    self.0.plant,
-                    &self.0.timing,
-                );
+                s.nodes[usize::from(n)].mark(now, floor, rule, &self.0);
                 None
             }
             Msg::Grant { c, a, n, t } => {
@@ -318,7 +416,7 @@ impl Redlock {
                     && (node.lease.is_none() || self.0.plant == Some(Plant::GrantIgnoresLease))
                     && t > node.counter.max(node.floor);
                 if ok {
-                    node.lease = Some(Lease {
+                    node.lease = Some(Held {
                         owner: c,
                         token: t,
                         end,
@@ -329,10 +427,7 @@ impl Redlock {
                 Some(Msg::Granted { c, a, n, t, ok })
             }
             Msg::Release { c, n, t } => {
-                let node = &mut s.nodes[usize::from(n)];
-                if node.lease.is_some_and(|l| l.owner == c && l.token == t) {
-                    node.lease = None;
-                }
+                release(&mut s.nodes[usize::from(n)].lease, c, t);
                 None
             }
             Msg::Granted { .. } => None,
@@ -514,11 +609,7 @@ impl Redlock {
                 _ => Vec::new(),
             };
             s.clients[usize::from(c)].phase = Phase::Holding { t, trust_end, asks };
-            s.ledger.complete(seen, t);
-            if s.restarts_left < self.0.restarts {
-                s.granted_after_restart = true;
-            }
-            s.granted_after_lease_end |= s.lease_ended;
+            s.granted(&self.0, seen, t);
         } else {
             self.fail(s, c);
         }
@@ -563,42 +654,18 @@ fn waiting(phase: &Phase) -> bool {
     }
 }
 
-fn trusting(s: &State) -> usize {
-    s.clients
-        .iter()
-        .filter(|c| matches!(c.phase, Phase::Holding { trust_end, .. } if s.now < trust_end))
-        .count()
-}
-
 impl Model for Redlock {
     type State = State;
     type Action = Step<Msg, Act>;
 
     fn init_states(&self) -> Vec<State> {
-        rate_assignments(self.0.nodes)
-            .into_iter()
-            .filter(|rates| !self.0.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
-            .map(|rates| State {
-                now: 0,
-                nodes: rates.into_iter().map(Node::formed).collect(),
-                clients: vec![
-                    Client {
-                        attempts_left: self.0.attempts,
-                        attempt: 0,
-                        started: 0,
-                        seen: 0,
-                        phase: Phase::Idle,
-                    };
-                    self.0.clients
-                ],
-                net: Net::new(),
-                ledger: Ledger::default(),
-                restarts_left: self.0.restarts,
-                granted_after_restart: false,
-                lease_ended: false,
-                granted_after_lease_end: false,
-            })
-            .collect()
+        State::initial(&self.0, Node::formed, |_| Client {
+            attempts_left: self.0.attempts,
+            attempt: 0,
+            started: 0,
+            seen: 0,
+            phase: Phase::Idle,
+        })
     }
 
     fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
@@ -621,26 +688,13 @@ impl Model for Redlock {
                 _ => {}
             }
         }
-        if s.restarts_left > 0 {
-            for n in 0..self.0.nodes {
-                steps.push(Step::Act(Act::Restart(n as Id)));
-            }
-        }
+        s.restart_steps(Act::Restart, steps);
     }
 
     fn next_state(&self, last: &State, step: Self::Action) -> Option<State> {
         let mut s = last.clone();
         match step {
-            Step::Tick => {
-                s.now += 1;
-                let now = s.now;
-                for node in &mut s.nodes {
-                    if node.lease.is_some_and(|l| l.end <= now) {
-                        node.lease = None;
-                        s.lease_ended = true;
-                    }
-                }
-            }
+            Step::Tick => s.tick(),
             Step::Deliver(m) => {
                 s.net.take(&m);
                 if let Some(answer) = self.node_receives(&mut s, m) {
@@ -662,27 +716,12 @@ impl Model for Redlock {
                 }
                 cl.phase = Phase::Idle;
             }
-            Step::Act(Act::Restart(n)) => {
-                let node = &mut s.nodes[usize::from(n)];
-                *node = Node::empty(node.rate);
-                s.restarts_left -= 1;
-                s.granted_after_restart = false;
-            }
+            Step::Act(Act::Restart(n)) => s.restart(n, Node::lost),
         }
         Some(s)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("exclusion", |_, s: &State| trusting(s) <= 1),
-            Property::always("tokens increase", |_, s: &State| !s.ledger.regressed),
-            Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
-            Property::sometimes("a grant after a restart", |_, s: &State| {
-                s.granted_after_restart
-            }),
-            Property::sometimes("a grant after a lease ended", |_, s: &State| {
-                s.granted_after_lease_end
-            }),
-        ]
+        properties()
     }
 }

@@ -16,28 +16,17 @@
 use stateright::{Model, Property};
 
 use crate::{
-    common::{
-        majority, rate_assignments, world_steps, Id, Ledger, Net, Rate, Step, Tick, Timing, Token,
-    },
+    common::{majority, release, world_steps, Held, Id, Step, Tick, Token},
     plant::Plant,
-    redlock::{mark, Form, Lease, Node, TIME_SCALE},
+    redlock::{self, bit, Form, Holder, Node, System, TIME_SCALE},
 };
 
 /// What is checked, and how far.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Redis nodes (odd, at least 3).
-    pub nodes: usize,
-    /// Clients acquiring the one key.
-    pub clients: usize,
-    /// Acquisitions each client starts.
-    pub attempts: u8,
-    /// Node restarts without persistence, over the whole run.
-    pub restarts: u8,
-    /// The last tick of the reference clock explored.
-    pub horizon: Tick,
-    /// Lease timing.
-    pub timing: Timing,
+    /// The nodes, clients, time, probe losses, clock rates and planted
+    /// bug, as [`crate::redlock`] bounds them.
+    pub base: redlock::Config,
     /// Grant rounds of one acquisition (`ROUNDS`, 8 in the code).
     pub rounds: u8,
     /// Probes of one `fresh_top` (`PROBES`, 5 in the code).
@@ -46,13 +35,8 @@ pub struct Config {
     /// that their first acquisition needs no probe (as every one after an
     /// answer); the others probe first, as a new `RedlockBackend` does.
     pub knowing: usize,
-    /// A probe's answer may be lost (else every node asked answers it).
-    pub probe_losses: bool,
     /// A holder may release its lease (else its lease ends with time).
     pub releases: bool,
-    /// Every node's clock runs fast (leases and quarantines end earliest)
-    /// instead of every mix of fast and slow.
-    pub fast_clocks_only: bool,
     /// A client's clock estimate stays at its last reading instead of
     /// following the nodes' clocks: the lowest of the lower bounds the
     /// code's estimate (`reading + elapsed − elapsed/100`) can be, as when
@@ -83,9 +67,6 @@ pub struct Config {
     /// situation (a rejoined node's quarantine ending) without exploring
     /// every interleaving before it.
     pub prefix: Vec<Wanted>,
-    /// A planted bug (the mutation suite's; none in the model).
-    #[doc(hidden)]
-    pub plant: Option<Plant>,
 }
 
 impl Config {
@@ -95,25 +76,17 @@ impl Config {
     /// `docs/safety.md` for why this bound is small).
     pub fn small() -> Self {
         Self {
-            nodes: 3,
-            clients: 2,
-            attempts: 1,
-            restarts: 1,
-            horizon: 0,
-            timing: Timing::new(),
+            base: redlock::Config::small(),
             rounds: 1,
             probes: 1,
             knowing: 2,
-            probe_losses: false,
             releases: false,
-            fast_clocks_only: true,
             lagging_clocks: false,
             stale_restarts: false,
             unformed_start: false,
             clock_step: 0,
             clock_step_back: false,
             prefix: Vec::new(),
-            plant: None,
         }
     }
 }
@@ -255,24 +228,20 @@ pub struct Client {
     phase: Phase,
 }
 
+impl Holder for Client {
+    fn trusts(&self, now: Tick) -> bool {
+        matches!(self.phase, Phase::Holding { trust_end, .. } if now < trust_end)
+    }
+}
+
 /// The whole system.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct State {
-    now: Tick,
-    nodes: Vec<Node>,
-    clients: Vec<Client>,
-    net: Net<Msg>,
-    ledger: Ledger,
-    restarts_left: u8,
+pub type State = System<Client, Msg, Extra>;
+
+/// What this model records beside the nodes and clients.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Extra {
     /// A node's clock stepped (once at most).
     stepped: bool,
-    /// Some grant completed after the last restart (liveness sanity).
-    granted_after_restart: bool,
-    /// Some lease ended with time on a node (not by a release).
-    lease_ended: bool,
-    /// Some grant completed after that (liveness sanity: time hands the
-    /// key over).
-    granted_after_lease_end: bool,
     /// Some grant completed after a `Stale` answer made its client ask
     /// again (liveness sanity: the round that reads the floor).
     granted_after_stale: bool,
@@ -320,33 +289,24 @@ enum Outcome {
 #[derive(Clone, Debug)]
 pub struct RedlockFast(pub Config);
 
-fn bit(n: usize) -> u8 {
-    1 << n
-}
-
-fn trusting(s: &State) -> usize {
-    s.clients
-        .iter()
-        .filter(|c| matches!(c.phase, Phase::Holding { trust_end, .. } if s.now < trust_end))
-        .count()
-}
-
 impl RedlockFast {
     fn quorum(&self) -> usize {
-        if self.0.plant == Some(Plant::QuorumOfOne) {
+        if self.0.base.plant == Some(Plant::QuorumOfOne) {
             return 1;
         }
-        majority(self.0.nodes)
+        majority(self.0.base.nodes)
     }
 
     fn all(&self) -> u8 {
-        ((1u16 << self.0.nodes) - 1) as u8
+        ((1u16 << self.0.base.nodes) - 1) as u8
     }
 
     /// `Health::targets`: the nodes not skipped, or every node while
     /// fewer than a majority is up.
     fn targets(&self, down: u8) -> u8 {
-        let up = (0..self.0.nodes).filter(|&i| down & bit(i) == 0).count();
+        let up = (0..self.0.base.nodes)
+            .filter(|&i| down & bit(i) == 0)
+            .count();
         if up < self.quorum() {
             self.all()
         } else {
@@ -366,7 +326,7 @@ impl RedlockFast {
         if !node.formed {
             return Reply::Unformed;
         }
-        if now < node.votes_from && self.0.plant != Some(Plant::GrantIgnoresQuarantine) {
+        if now < node.votes_from && self.0.base.plant != Some(Plant::GrantIgnoresQuarantine) {
             return Reply::Quarantined;
         }
         let seen = node.counter.max(node.floor);
@@ -378,7 +338,7 @@ impl RedlockFast {
             refresh = replace == Some(t);
         }
         if !refresh {
-            let stale = match self.0.plant {
+            let stale = match self.0.base.plant {
                 Some(Plant::NoTokenCheck) => false,
                 Some(Plant::TokenCheckOffByOne) => seen > t,
                 _ => seen >= t,
@@ -389,10 +349,10 @@ impl RedlockFast {
             node.counter = t;
             node.hwm = node.hwm.max(t);
         }
-        node.lease = Some(Lease {
+        node.lease = Some(Held {
             owner: c,
             token: t,
-            end: self.0.timing.lease_end(now, node.rate),
+            end: self.0.base.timing.lease_end(now, node.rate),
         });
         Reply::Granted
     }
@@ -401,7 +361,7 @@ impl RedlockFast {
     /// `answering` among the client's targets. Sets the client's clock
     /// reading.
     fn probe(&self, s: &mut State, c: Id, answering: u8) -> Probed {
-        let n = self.0.nodes;
+        let n = self.0.base.nodes;
         let asked = self.targets(s.clients[usize::from(c)].down) & answering;
         let now = s.now;
         let answered: Vec<usize> = (0..n).filter(|&i| asked & bit(i) != 0).collect();
@@ -431,14 +391,14 @@ impl RedlockFast {
             None
         } else if unformed.len() == n
             || (formed_count >= q
-                && self.0.plant == Some(Plant::FreshJoin)
+                && self.0.base.plant == Some(Plant::FreshJoin)
                 && formed.iter().all(|node| node.hwm == 0))
         {
             Some((Form::New, 0))
         } else if formed_count >= q {
             // Above every token a grant that completed can carry: a
             // majority of formed nodes has seen each.
-            let floor = if self.0.plant == Some(Plant::RejoinFloorZero) {
+            let floor = if self.0.base.plant == Some(Plant::RejoinFloorZero) {
                 0
             } else {
                 highest
@@ -495,7 +455,7 @@ impl RedlockFast {
                     vote: None,
                     pending: None,
                 };
-                self.0.nodes
+                self.0.base.nodes
             ],
             unformed_now: false,
             unformed: false,
@@ -623,7 +583,7 @@ impl RedlockFast {
     /// then the heal probe, then the arbiter.
     fn round_end(&self, s: &mut State, c: Id) {
         let cl = &mut s.clients[usize::from(c)];
-        if !self.0.timing.still_valid(cl.started, s.now) {
+        if !self.0.base.timing.still_valid(cl.started, s.now) {
             self.decide(s, c, None);
             return;
         }
@@ -713,9 +673,10 @@ impl RedlockFast {
     /// window, and `clean_up`s every other copy.
     fn decide(&self, s: &mut State, c: Id, outcome: Option<Outcome>) {
         let now = s.now;
+        let (timing, plant) = (self.0.base.timing, self.0.base.plant);
         // The guard's window runs on the client's monotonic clock, which
         // no node's clock step moves.
-        let read_late = if self.0.plant == Some(Plant::TrustOnNodeClock) {
+        let read_late = if plant == Some(Plant::TrustOnNodeClock) {
             s.nodes.iter().map(|node| node.behind).max().unwrap_or(0)
         } else {
             0
@@ -734,7 +695,7 @@ impl RedlockFast {
             return;
         };
         let raised = *raised;
-        let won = outcome == Some(Outcome::Won) && self.0.timing.still_valid(cl.started, now);
+        let won = outcome == Some(Outcome::Won) && timing.still_valid(cl.started, now);
         let kept = won.then_some(*t);
         for (i, slot) in slots.iter().enumerate() {
             let undo = slot.copy.token().filter(|&x| Some(x) != kept);
@@ -757,7 +718,7 @@ impl RedlockFast {
         cl.phase = match kept {
             Some(t) => Phase::Holding {
                 t,
-                trust_end: self.0.timing.trust_end(cl.called + read_late, self.0.plant),
+                trust_end: timing.trust_end(cl.called + read_late, plant),
             },
             None => Phase::Idle,
         };
@@ -766,12 +727,8 @@ impl RedlockFast {
         }
         if won {
             let seen = s.clients[usize::from(c)].seen;
-            s.ledger.complete(seen, t);
-            if s.restarts_left < self.0.restarts {
-                s.granted_after_restart = true;
-            }
-            s.granted_after_lease_end |= s.lease_ended;
-            s.granted_after_stale |= raised;
+            s.granted(&self.0.base, seen, t);
+            s.extra.granted_after_stale |= raised;
         }
     }
 }
@@ -809,51 +766,30 @@ impl Model for RedlockFast {
     type Action = Step<Msg, Act>;
 
     fn init_states(&self) -> Vec<State> {
-        rate_assignments(self.0.nodes)
-            .into_iter()
-            .filter(|rates| !self.0.fast_clocks_only || rates.iter().all(|r| *r == Rate::Fast))
-            .map(|rates| State {
-                now: 0,
-                nodes: rates
-                    .into_iter()
-                    .map(|rate| {
-                        if self.0.unformed_start {
-                            Node::empty(rate)
-                        } else {
-                            Node::formed(rate)
-                        }
-                    })
-                    .collect(),
-                clients: (0..self.0.clients)
-                    .map(|i| Client {
-                        attempts_left: self.0.attempts,
-                        attempt: 0,
-                        called: 0,
-                        started: 0,
-                        seen: 0,
-                        reading: (i < self.0.knowing).then_some(0),
-                        last: 0,
-                        down: 0,
-                        late: Vec::new(),
-                        phase: Phase::Idle,
-                    })
-                    .collect(),
-                net: Net::new(),
-                ledger: Ledger::default(),
-                restarts_left: self.0.restarts,
-                stepped: false,
-                granted_after_restart: false,
-                lease_ended: false,
-                granted_after_lease_end: false,
-                granted_after_stale: false,
-                rejoined_voted: false,
-            })
-            .map(|s| self.after_prefix(s))
-            .collect()
+        let node = if self.0.unformed_start {
+            Node::empty
+        } else {
+            Node::formed
+        };
+        State::initial(&self.0.base, node, |i| Client {
+            attempts_left: self.0.base.attempts,
+            attempt: 0,
+            called: 0,
+            started: 0,
+            seen: 0,
+            reading: (i < self.0.knowing).then_some(0),
+            last: 0,
+            down: 0,
+            late: Vec::new(),
+            phase: Phase::Idle,
+        })
+        .into_iter()
+        .map(|s| self.after_prefix(s))
+        .collect()
     }
 
     fn actions(&self, s: &State, steps: &mut Vec<Self::Action>) {
-        world_steps(s.now, self.0.horizon, &s.net, steps);
+        world_steps(s.now, self.0.base.horizon, &s.net, steps);
         let all = self.all();
         for (i, cl) in s.clients.iter().enumerate() {
             let c = i as Id;
@@ -883,18 +819,16 @@ impl Model for RedlockFast {
             if probing {
                 let targets = self.targets(cl.down);
                 for answering in 0..=all {
-                    if answering & !targets == 0 && (self.0.probe_losses || answering == targets) {
+                    if answering & !targets == 0
+                        && (self.0.base.probe_losses || answering == targets)
+                    {
                         steps.push(Step::Act(Act::Probe(c, answering)));
                     }
                 }
             }
         }
-        if s.restarts_left > 0 {
-            for n in 0..self.0.nodes {
-                steps.push(Step::Act(Act::Restart(n as Id)));
-            }
-        }
-        if self.0.clock_step > 0 && !s.stepped {
+        s.restart_steps(Act::Restart, steps);
+        if self.0.clock_step > 0 && !s.extra.stepped {
             // Only a node with a lease or a quarantine running: a forward
             // step changes nothing else, and a backward one only the tops
             // the node answers, which the nodes' token check covers (a
@@ -911,14 +845,7 @@ impl Model for RedlockFast {
         let mut s = last.clone();
         match step {
             Step::Tick => {
-                s.now += 1;
-                let now = s.now;
-                for node in &mut s.nodes {
-                    if node.lease.is_some_and(|l| l.end <= now) {
-                        node.lease = None;
-                        s.lease_ended = true;
-                    }
-                }
+                s.tick();
                 // A skipped node is tried again after at most 250 ms.
                 for cl in &mut s.clients {
                     cl.down = 0;
@@ -928,14 +855,9 @@ impl Model for RedlockFast {
                 s.net.take(&m);
                 let now = s.now;
                 match m {
-                    Msg::Mark { n, floor, rule } => mark(
-                        &mut s.nodes[usize::from(n)],
-                        now,
-                        floor,
-                        rule,
-                        self.0.plant,
-                        &self.0.timing,
-                    ),
+                    Msg::Mark { n, floor, rule } => {
+                        s.nodes[usize::from(n)].mark(now, floor, rule, &self.0.base)
+                    }
                     Msg::Grant {
                         c,
                         a,
@@ -946,15 +868,10 @@ impl Model for RedlockFast {
                     } => {
                         let node = &mut s.nodes[usize::from(n)];
                         let reply = self.grant(node, now, c, t, replace);
-                        s.rejoined_voted |= reply == Reply::Granted && node.votes_from > 0;
+                        s.extra.rejoined_voted |= reply == Reply::Granted && node.votes_from > 0;
                         self.answer(&mut s, c, a, r, n, reply);
                     }
-                    Msg::Release { c, n, t } => {
-                        let node = &mut s.nodes[usize::from(n)];
-                        if node.lease.is_some_and(|l| l.owner == c && l.token == t) {
-                            node.lease = None;
-                        }
-                    }
+                    Msg::Release { c, n, t } => release(&mut s.nodes[usize::from(n)].lease, c, t),
                 }
             }
             Step::Act(Act::Start(c)) => {
@@ -1001,7 +918,7 @@ impl Model for RedlockFast {
                 let targets = self.targets(s.clients[usize::from(c)].down);
                 let cl = &mut s.clients[usize::from(c)];
                 if let Phase::Holding { t, .. } = cl.phase {
-                    for n in 0..self.0.nodes {
+                    for n in 0..self.0.base.nodes {
                         if targets & bit(n) != 0 {
                             s.net.send(Msg::Release { c, n: n as Id, t });
                         }
@@ -1009,9 +926,8 @@ impl Model for RedlockFast {
                 }
                 cl.phase = Phase::Idle;
             }
-            Step::Act(Act::Restart(n)) => {
-                let node = &mut s.nodes[usize::from(n)];
-                *node = if self.0.stale_restarts {
+            Step::Act(Act::Restart(n)) => s.restart(n, |node| {
+                if self.0.stale_restarts {
                     Node {
                         lease: None,
                         counter: node.floor,
@@ -1019,15 +935,9 @@ impl Model for RedlockFast {
                         ..node.clone()
                     }
                 } else {
-                    // The data is lost, not the host's clock.
-                    Node {
-                        behind: node.behind,
-                        ..Node::empty(node.rate)
-                    }
-                };
-                s.restarts_left -= 1;
-                s.granted_after_restart = false;
-            }
+                    node.lost()
+                }
+            }),
             Step::Act(Act::ClockStep(n)) => {
                 let (now, step) = (s.now, self.0.clock_step);
                 let node = &mut s.nodes[usize::from(n)];
@@ -1053,27 +963,22 @@ impl Model for RedlockFast {
                         }
                     }
                 }
-                s.stepped = true;
+                s.extra.stepped = true;
             }
         }
         Some(s)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("exclusion", |_, s: &State| trusting(s) <= 1),
-            Property::always("tokens increase", |_, s: &State| !s.ledger.regressed),
-            Property::sometimes("a grant", |_, s: &State| s.ledger.grants > 0),
-            Property::sometimes("a grant after a restart", |_, s: &State| {
-                s.granted_after_restart
-            }),
-            Property::sometimes("a grant after a lease ended", |_, s: &State| {
-                s.granted_after_lease_end
-            }),
+        let mut properties = redlock::properties();
+        properties.extend([
             Property::sometimes("a grant after a stale answer", |_, s: &State| {
-                s.granted_after_stale
+                s.extra.granted_after_stale
             }),
-            Property::sometimes("a rejoined node's vote", |_, s: &State| s.rejoined_voted),
-        ]
+            Property::sometimes("a rejoined node's vote", |_, s: &State| {
+                s.extra.rejoined_voted
+            }),
+        ]);
+        properties
     }
 }

@@ -173,18 +173,10 @@ impl MySqlFence {
     }
 }
 
+/// A MySQL read-back is never NULL: a reader's is 0 when no writer was
+/// admitted yet, which every token reaches.
 fn admission(current: u64, token: FencingToken, mode: LockMode) -> Admission {
-    let admitted = match mode {
-        LockMode::Exclusive => current == token.get(),
-        LockMode::Shared => current <= token.get(),
-    };
-    if admitted {
-        Admission::Admitted
-    } else {
-        Admission::Stale {
-            current: FencingToken(current),
-        }
-    }
+    fencelock_sql_common::admission(Some(FencingToken(current)), token, mode)
 }
 
 impl MySqlFence {

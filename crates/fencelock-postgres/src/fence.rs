@@ -193,23 +193,15 @@ async fn admit(
         .await
 }
 
-/// What the admission statement of `mode` returned says: for a writer the
-/// highest token now stored (its own iff admitted), for a reader the
-/// highest writer token (-1 for none), which it had to reach.
+/// What the admission statement of `mode` returned (as text; -1: no
+/// writer yet) decides.
 fn admission(stored: &str, token: FencingToken, mode: LockMode) -> Result<Admission> {
-    if stored.starts_with('-') {
-        return Ok(Admission::Admitted);
-    }
-    let current = parse_token(stored)?;
-    let admitted = match mode {
-        LockMode::Exclusive => current == token,
-        LockMode::Shared => current <= token,
-    };
-    Ok(if admitted {
-        Admission::Admitted
+    let read_back = if stored.starts_with('-') {
+        None
     } else {
-        Admission::Stale { current }
-    })
+        Some(parse_token(stored)?)
+    };
+    Ok(fencelock_sql_common::admission(read_back, token, mode))
 }
 
 #[async_trait]

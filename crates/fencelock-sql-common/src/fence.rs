@@ -1,7 +1,33 @@
 //! What the PostgreSQL and MySQL fences share beyond their admission
-//! statements: forgetting a resource ([`fencelock_core::Fence::reset`]).
+//! statements: what an admission's read-back means ([`admission`]) and
+//! forgetting a resource ([`fencelock_core::Fence::reset`]).
 
+use fencelock_core::{Admission, FencingToken, LockMode};
 use sqlx::{Connection, Database, Encode, Executor, FromRow, IntoArguments, Type};
+
+/// What an admission statement read back decides. Both engines' upserts
+/// store `max(stored, presented)`, so for a writer the statement reads back
+/// the highest token now stored, which is the presented one exactly when it
+/// was admitted; for a reader it reads back the highest writer token, which
+/// the reader's token had to reach (`None`, only a reader's: no writer yet).
+pub fn admission(
+    read_back: Option<FencingToken>,
+    token: FencingToken,
+    mode: LockMode,
+) -> Admission {
+    let Some(current) = read_back else {
+        return Admission::Admitted;
+    };
+    let admitted = match mode {
+        LockMode::Exclusive => current == token,
+        LockMode::Shared => current <= token,
+    };
+    if admitted {
+        Admission::Admitted
+    } else {
+        Admission::Stale { current }
+    }
+}
 
 /// The transaction that resets a fence kept, as both engines keep it, in a
 /// table `fences` (a row per resource with its highest `token`) and a table
@@ -66,5 +92,31 @@ impl FenceReset {
         }
         tx.commit().await?;
         Ok(had)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_back_decides_by_mode() {
+        let t = FencingToken;
+        let stale = |c| Admission::Stale { current: t(c) };
+        let cases = [
+            (LockMode::Exclusive, Some(t(5)), t(5), Admission::Admitted),
+            (LockMode::Exclusive, Some(t(7)), t(5), stale(7)),
+            (LockMode::Shared, None, t(1), Admission::Admitted),
+            (LockMode::Shared, Some(t(5)), t(5), Admission::Admitted),
+            (LockMode::Shared, Some(t(3)), t(5), Admission::Admitted),
+            (LockMode::Shared, Some(t(7)), t(5), stale(7)),
+        ];
+        for (mode, read_back, token, expected) in cases {
+            assert_eq!(
+                admission(read_back, token, mode),
+                expected,
+                "{mode:?} {read_back:?} {token}"
+            );
+        }
     }
 }

@@ -16,7 +16,7 @@ use url::Url;
 mod fence;
 mod pool;
 
-pub use fence::FenceReset;
+pub use fence::{admission, FenceReset};
 pub use pool::{open_pool, ConnectionPool, MapError, RowsAffected, SchemaCheck, Session};
 
 /// The prefix used when the URL names none.

@@ -12,6 +12,7 @@
 //!   (re-exported from `fencelock-core`'s `test-util` feature, where the
 //!   core's own guard tests use it).
 //! - [`txfence`]: the one test of the SQL fences' in-transaction form.
+//! - [`sql`]: the other checks the relational engines share.
 //! - [`timeouts`]: the checks that connect and operation timeouts hold
 //!   against servers that stop answering.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
@@ -30,6 +31,7 @@ pub mod proxy;
 pub mod refusals;
 pub mod servers;
 pub mod silent;
+pub mod sql;
 pub mod suite;
 pub mod timeouts;
 pub mod txfence;

@@ -20,7 +20,8 @@ from typing import (
 
 from . import _native
 from ._errors import FencelockError
-from ._common import Duration, GuardBase, JsonValue, close_at_exit, closed, dumps, lock_args, seconds
+from ._common import ClientBase, GuardBase, MultiLockBase, PermitBase
+from ._common import Duration, JsonValue, acquire_args, closed, dumps, lock_args, seconds
 
 T = TypeVar("T")
 
@@ -63,16 +64,10 @@ class Guard(GuardBase):
                 await self.release()
 
 
-class Permit(Guard):
+class Permit(Guard, PermitBase):
     """One permit of a counting semaphore: a guard on one of its slots."""
 
-    __slots__ = ("name", "slot", "permits")
-
-    def __init__(self, native: _native.Guard, name: str, slot: int, permits: int) -> None:
-        super().__init__(native)
-        self.name = name
-        self.slot = slot
-        self.permits = permits
+    __slots__ = ()
 
 
 class Leadership(Guard):
@@ -136,27 +131,10 @@ class _Acquisition(Awaitable[Guard]):
             await self._guard.__aexit__(*exc)
 
 
-class MultiLock:
+class MultiLock(MultiLockBase):
     """Locks on several keys, taken all or none (``client.lock_all``)."""
 
-    __slots__ = ("_native",)
-
-    def __init__(self, native: _native.MultiLock) -> None:
-        self._native = native
-
-    @property
-    def tokens(self) -> Dict[str, int]:
-        """Each key's fencing token."""
-        return self._native.tokens
-
-    @property
-    def is_valid(self) -> bool:
-        """Whether every lease is still trusted locally."""
-        return self._native.is_valid
-
-    def check(self) -> None:
-        """Raises :class:`LockLost` unless every lease is still trusted."""
-        self._native.check()
+    __slots__ = ()
 
     async def lost(self) -> Tuple[str, str]:
         """Completes with ``(key, reason)`` when the first lock is lost."""
@@ -254,22 +232,13 @@ async def _changes(watch: Any) -> AsyncIterator[Dict[str, Any]]:
         yield change
 
 
-class Client:
+class Client(ClientBase):
     """A lock client of one backend; one renewer serves all its locks.
 
     ``async with`` closes it on exit.
     """
 
-    __slots__ = ("_native",)
-
-    def __init__(self, native: _native.Client) -> None:
-        self._native = native
-        close_at_exit(native)
-
-    @property
-    def owner(self) -> str:
-        """The owner this client's locks are taken as."""
-        return self._native.owner
+    __slots__ = ()
 
     async def acquire(
         self,
@@ -293,12 +262,7 @@ class Client:
         the TTL) until released.
         """
         native = await self._native.acquire(
-            key,
-            owner=owner,
-            min_token=min_token,
-            hold_at_least=seconds("hold_at_least", hold_at_least),
-            shared=shared,
-            **lock_args(ttl, wait, kind, data, renew_every),
+            key, **acquire_args(ttl, wait, owner, kind, data, min_token, renew_every, hold_at_least, shared)
         )
         return Guard(native)
 

@@ -1,5 +1,5 @@
-"""What the async and the sync API share: argument conversion and the
-read-only side of held locks."""
+"""What the async and the sync API share: argument conversion, the
+read-only side of held locks and the client's lifetime."""
 
 from __future__ import annotations
 
@@ -54,6 +54,26 @@ def lock_args(
         "kind": kind,
         "data": dumps("data", data),
         "renew_every": seconds("renew_every", renew_every),
+    }
+
+
+def acquire_args(
+    ttl: Optional[Duration],
+    wait: Duration,
+    owner: Optional[str],
+    kind: Optional[str],
+    data: JsonValue,
+    min_token: Optional[int],
+    renew_every: Optional[Duration],
+    hold_at_least: Optional[Duration],
+    shared: bool,
+) -> Dict[str, Any]:
+    return {
+        "owner": owner,
+        "min_token": min_token,
+        "hold_at_least": seconds("hold_at_least", hold_at_least),
+        "shared": shared,
+        **lock_args(ttl, wait, kind, data, renew_every),
     }
 
 
@@ -127,6 +147,41 @@ class GuardBase:
         )
 
 
+class PermitBase(GuardBase):
+    """The read-only side of a semaphore permit: which slot of which semaphore."""
+
+    __slots__ = ("name", "slot", "permits")
+
+    def __init__(self, native: _native.Guard, name: str, slot: int, permits: int) -> None:
+        super().__init__(native)
+        self.name = name
+        self.slot = slot
+        self.permits = permits
+
+
+class MultiLockBase:
+    """The read-only side of locks taken all or none."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.MultiLock) -> None:
+        self._native = native
+
+    @property
+    def tokens(self) -> Dict[str, int]:
+        """Each key's fencing token."""
+        return self._native.tokens
+
+    @property
+    def is_valid(self) -> bool:
+        """Whether every lease is still trusted locally."""
+        return self._native.is_valid
+
+    def check(self) -> None:
+        """Raises :class:`LockLost` unless every lease is still trusted."""
+        self._native.check()
+
+
 # Clients still open when the interpreter exits normally (the script ends,
 # sys.exit()) are closed by an atexit hook, blocking: the locks they hold
 # are released before the process ends, as Node.js does in its 'exit'
@@ -145,6 +200,21 @@ def close_at_exit(native: _native.Client) -> None:
 def closed(native: _native.Client) -> None:
     """Forgets a client that was closed."""
     _open_clients.discard(native)
+
+
+class ClientBase:
+    """The native client both APIs wrap, closed at exit unless closed before."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.Client) -> None:
+        self._native = native
+        close_at_exit(native)
+
+    @property
+    def owner(self) -> str:
+        """The owner this client's locks are taken as."""
+        return self._native.owner
 
 
 #: How long the exit hook waits for background releases, in seconds.

@@ -8,11 +8,12 @@ script busy between calls keeps its locks. Blocking calls release the GIL.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, TypeVar
 
 from . import _native
 from ._errors import FencelockError
-from ._common import Duration, GuardBase, JsonValue, close_at_exit, closed, dumps, lock_args, seconds
+from ._common import ClientBase, GuardBase, MultiLockBase, PermitBase
+from ._common import Duration, JsonValue, acquire_args, closed, dumps, lock_args, seconds
 
 T = TypeVar("T")
 
@@ -48,16 +49,10 @@ class SyncGuard(GuardBase):
                 self.release()
 
 
-class SyncPermit(SyncGuard):
+class SyncPermit(SyncGuard, PermitBase):
     """One permit of a counting semaphore."""
 
-    __slots__ = ("name", "slot", "permits")
-
-    def __init__(self, native: _native.Guard, name: str, slot: int, permits: int) -> None:
-        super().__init__(native)
-        self.name = name
-        self.slot = slot
-        self.permits = permits
+    __slots__ = ()
 
 
 class SyncLeadership(SyncGuard):
@@ -80,27 +75,10 @@ class SyncLeadership(SyncGuard):
         self._native.proclaim(dumps("value", value) or "null")
 
 
-class SyncMultiLock:
+class SyncMultiLock(MultiLockBase):
     """Locks on several keys, taken all or none."""
 
-    __slots__ = ("_native",)
-
-    def __init__(self, native: _native.MultiLock) -> None:
-        self._native = native
-
-    @property
-    def tokens(self) -> Dict[str, int]:
-        """Each key's fencing token."""
-        return self._native.tokens
-
-    @property
-    def is_valid(self) -> bool:
-        """Whether every lease is still trusted locally."""
-        return self._native.is_valid
-
-    def check(self) -> None:
-        """Raises :class:`LockLost` unless every lease is still trusted."""
-        self._native.check()
+    __slots__ = ()
 
     def release(self) -> None:
         """Releases every lease (later calls do nothing)."""
@@ -151,19 +129,10 @@ def _changes(watch: Any) -> Iterator[Dict[str, Any]]:
         yield change
 
 
-class SyncClient:
+class SyncClient(ClientBase):
     """A lock client of one backend (synchronous API); ``with`` closes it."""
 
-    __slots__ = ("_native",)
-
-    def __init__(self, native: _native.Client) -> None:
-        self._native = native
-        close_at_exit(native)
-
-    @property
-    def owner(self) -> str:
-        """The owner this client's locks are taken as."""
-        return self._native.owner
+    __slots__ = ()
 
     def acquire(
         self,
@@ -182,12 +151,7 @@ class SyncClient:
         """Acquires ``key``, waiting up to ``wait`` seconds (0: one try);
         raises :class:`NotAcquired` when another holds it until then."""
         native = self._native.acquire(
-            key,
-            owner=owner,
-            min_token=min_token,
-            hold_at_least=seconds("hold_at_least", hold_at_least),
-            shared=shared,
-            **lock_args(ttl, wait, kind, data, renew_every),
+            key, **acquire_args(ttl, wait, owner, kind, data, min_token, renew_every, hold_at_least, shared)
         )
         return SyncGuard(native)
 
@@ -345,17 +309,11 @@ class SyncFence:
         return highest
 
     def reset(self, resource: str) -> Optional[int]:
-        """Forgets ``resource``'s fence: its highest tokens and the value
-        stored with them, so that the next admission starts from nothing and
-        a lower token is admitted again. Returns the highest token it had
-        admitted (in either mode), or ``None`` if none.
-
-        The operator's repair of a fence that a token no grant issued has
-        blocked, never a step of a holder's protocol. One atomic step of the
-        fence's store: an admission racing with it lands wholly before it
-        (and is forgotten) or wholly after. On an ``http://`` fence it needs
-        the service's admin token: with a client token the service refuses
-        it (``403``)."""
+        """Forgets ``resource``'s fence, so that a lower token is admitted
+        again; the highest token it had admitted, or ``None``. The operator's
+        repair of a blocked fence, never a step of a holder's protocol, as
+        :meth:`Fence.reset` details; an ``http://`` fence needs the service's
+        admin token."""
         had: Optional[int] = self._native.reset(resource)
         return had
 

@@ -10,7 +10,7 @@ use fencelock_core::{
     LockMode, Owner, Renewal,
 };
 use fencelock_mysql::{MySqlBackend, MySqlFence};
-use fencelock_testkit::{servers::mariadb::MariaDbServer, timeouts, txfence, TestResult};
+use fencelock_testkit::{servers::mariadb::MariaDbServer, sql, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest::new(
@@ -49,49 +49,27 @@ async fn grant(backend: &MySqlBackend, key: &str, owner: &str, ttl: Duration) ->
 }
 
 /// At `FencingToken::MAX` the counter ends with a typed error on the key
-/// asked for, by each path that draws (one key, a reader, several keys),
-/// and stays at the last token; held leases keep renewing. It used to run
-/// on to `u64::MAX` and then fail every acquisition with an overflow.
+/// asked for (`fencelock_testkit::sql`). It used to run on to `u64::MAX`
+/// and then fail every acquisition with an overflow.
 async fn the_counters_end_is_a_typed_error_on_the_key(base: &str) -> TestResult {
-    let url = format!("{base}?table_prefix=end_");
-    let backend = MySqlBackend::connect(&url).await?;
-    let ttl = Duration::from_secs(60);
-    let held = grant(&backend, "held", "a", ttl).await?;
-    let others = sqlx::MySqlPool::connect(base).await?;
-    sqlx::query("UPDATE end_counter SET v = ?")
-        .bind(FencingToken::MAX.get() - 1)
-        .execute(&others)
-        .await?;
-    assert_eq!(
-        grant(&backend, "last", "a", ttl).await?,
-        FencingToken::MAX.get()
-    );
-    let next = request("next", "b", ttl)?;
-    let spent = backend.try_acquire(&next).await;
-    assert!(
-        matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
-        "{spent:?}"
-    );
-    let spent = backend
-        .try_acquire(&next.clone().with_mode(LockMode::Shared))
-        .await;
-    assert!(
-        matches!(spent, Err(Error::TokensExhausted { .. })),
-        "{spent:?}"
-    );
-    let spent = backend.try_acquire_all(std::slice::from_ref(&next)).await;
-    assert!(
-        matches!(spent, Err(Error::TokensExhausted { .. })),
-        "{spent:?}"
-    );
-    let v: u64 = sqlx::query_scalar("SELECT v FROM end_counter")
-        .fetch_one(&others)
-        .await?;
-    assert_eq!(v, FencingToken::MAX.get());
-    let lease = LeaseId::new(LockKey::new("held")?, Owner::new("a")?, FencingToken(held));
-    backend.renew(&lease, ttl).await?;
-    backend.release(&lease).await?;
-    Ok(())
+    let backend = MySqlBackend::connect(&format!("{base}?table_prefix=end_")).await?;
+    let others = &sqlx::MySqlPool::connect(base).await?;
+    sql::the_counters_end_is_a_typed_error(
+        &backend,
+        |last| async move {
+            sqlx::query("UPDATE end_counter SET v = ?")
+                .bind(last)
+                .execute(others)
+                .await?;
+            Ok(())
+        },
+        || async move {
+            Ok(sqlx::query_scalar("SELECT v FROM end_counter")
+                .fetch_one(others)
+                .await?)
+        },
+    )
+    .await
 }
 
 /// Batches on one session (a pool of one): the stamp the first batch left
@@ -346,15 +324,13 @@ async fn tables_from_before_read_write_locks_are_upgraded(base: &str) -> TestRes
     Ok(())
 }
 
-/// Two backends initialising the same fresh prefix at once both succeed.
 async fn concurrent_schema_creation(base: &str) -> TestResult {
-    for round in 0..5 {
-        let url = format!("{base}?table_prefix=schema{round}_");
-        let (a, b) = tokio::join!(MySqlBackend::connect(&url), MySqlFence::connect(&url));
-        a?;
-        b?;
-    }
-    Ok(())
+    sql::concurrent_schema_creation(
+        base,
+        |url| async move { MySqlBackend::connect(&url).await },
+        |url| async move { MySqlFence::connect(&url).await },
+    )
+    .await
 }
 
 /// A statement kept waiting on a row lock gives up after `op_timeout`, and
@@ -465,19 +441,16 @@ fencelock_testkit::sqlx_transactional_fence!(
 );
 
 #[tokio::test]
-async fn malformed_urls_hide_the_password() {
-    for url in [
-        "mysql://u:hunter2@localhost/db?table_prefix=Bad-Name",
-        "mariadb://u:hunter2@localhost/db?pool_max=-1",
-        "postgres://u:hunter2@localhost/db",
-        "mysql://u:hunter2@[::1/db",
-    ] {
-        let e = fencelock_mysql::MySqlDriver
-            .open_backend(url)
-            .await
-            .expect_err(url);
-        assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
-        assert!(!e.to_string().contains("hunter2"), "{e}");
-        assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
-    }
+async fn malformed_urls_hide_the_password() -> TestResult {
+    sql::malformed_urls_hide_the_password(
+        &[
+            "mysql://u:hunter2@localhost/db?table_prefix=Bad-Name",
+            "mariadb://u:hunter2@localhost/db?pool_max=-1",
+            "postgres://u:hunter2@localhost/db",
+            "mysql://u:hunter2@[::1/db",
+        ],
+        "hunter2",
+        |url| async move { fencelock_mysql::MySqlDriver.open_backend(&url).await },
+    )
+    .await
 }

@@ -10,7 +10,7 @@ use fencelock_core::{
     LockMode, Owner,
 };
 use fencelock_postgres::{PostgresBackend, PostgresFence};
-use fencelock_testkit::{servers::postgres::PostgresServer, timeouts, txfence, TestResult};
+use fencelock_testkit::{servers::postgres::PostgresServer, sql, timeouts, txfence, TestResult};
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest::new(
@@ -45,13 +45,12 @@ async fn postgres_specific() -> TestResult {
 
 /// Two backends initialising the same fresh prefix at once both succeed.
 async fn concurrent_schema_creation(base: &str) -> TestResult {
-    for round in 0..5 {
-        let url = format!("{base}?table_prefix=schema{round}_");
-        let (a, b) = tokio::join!(PostgresBackend::connect(&url), PostgresFence::connect(&url));
-        a?;
-        b?;
-    }
-    Ok(())
+    sql::concurrent_schema_creation(
+        base,
+        |url| async move { PostgresBackend::connect(&url).await },
+        |url| async move { PostgresFence::connect(&url).await },
+    )
+    .await
 }
 
 /// An acquisition draws its token only after it holds the key's advisory
@@ -422,47 +421,28 @@ async fn a_schema_from_before_read_write_locks_is_upgraded(base: &str) -> TestRe
 }
 
 /// At `FencingToken::MAX` the sequence ends with a typed error on the key
-/// asked for (exclusive, shared and several keys at once), where it used to
-/// run on to `i64::MAX` and then fail every acquisition with a backend
-/// error; held leases keep renewing.
+/// asked for (`fencelock_testkit::sql`), where it used to run on to
+/// `i64::MAX` and then fail every acquisition with a backend error.
 async fn the_sequences_end_is_a_typed_error_on_the_key(base: &str) -> TestResult {
-    let url = format!("{base}?table_prefix=end_");
-    let backend = PostgresBackend::connect(&url).await?;
-    let held = request("held", "a", Duration::from_secs(60))?;
-    let Acquire::Granted(grant) = backend.try_acquire(&held).await? else {
-        return Err("held not granted".into());
-    };
-    let others = sqlx::PgPool::connect(base).await?;
-    sqlx::query("SELECT setval('end_tokens', $1)")
-        .bind(FencingToken::MAX.get() as i64 - 1)
-        .execute(&others)
-        .await?;
-    assert_eq!(
-        cycle(&backend, "last", "a", None).await?,
-        FencingToken::MAX.get()
-    );
-    let next = request("next", "b", Duration::from_secs(60))?;
-    let spent = backend.try_acquire(&next).await;
-    assert!(
-        matches!(&spent, Err(Error::TokensExhausted { key }) if key.as_str() == "next"),
-        "{spent:?}"
-    );
-    let spent = backend
-        .try_acquire(&next.clone().with_mode(LockMode::Shared))
-        .await;
-    assert!(
-        matches!(spent, Err(Error::TokensExhausted { .. })),
-        "{spent:?}"
-    );
-    let spent = backend.try_acquire_all(std::slice::from_ref(&next)).await;
-    assert!(
-        matches!(spent, Err(Error::TokensExhausted { .. })),
-        "{spent:?}"
-    );
-    let lease = LeaseId::new(LockKey::new("held")?, Owner::new("a")?, grant.token);
-    backend.renew(&lease, Duration::from_secs(60)).await?;
-    backend.release(&lease).await?;
-    Ok(())
+    let backend = PostgresBackend::connect(&format!("{base}?table_prefix=end_")).await?;
+    let others = &sqlx::PgPool::connect(base).await?;
+    sql::the_counters_end_is_a_typed_error(
+        &backend,
+        |last| async move {
+            sqlx::query("SELECT setval('end_tokens', $1)")
+                .bind(i64::try_from(last)?)
+                .execute(others)
+                .await?;
+            Ok(())
+        },
+        || async move {
+            let last: i64 = sqlx::query_scalar("SELECT last_value FROM end_tokens")
+                .fetch_one(others)
+                .await?;
+            Ok(u64::try_from(last)?)
+        },
+    )
+    .await
 }
 
 /// An unknown role (SQLSTATE 28000) is `unauthorized` at once, and an
@@ -525,26 +505,27 @@ fencelock_testkit::sqlx_transactional_fence!(
 );
 
 #[tokio::test]
-async fn malformed_urls_hide_the_password() {
-    for url in [
-        "postgres://u:hunter2@localhost/db?table_prefix=Bad-Name",
-        "postgres://u:hunter2@localhost/db?synchronous_commit=maybe",
-        "mysql://u:hunter2@localhost/db",
-        "postgres://u:hunter2@[::1/db",
-        "postgres://u@localhost/db?password=hunter2&table_prefix=Bad-Name",
-        "postgres://u:hunt/er2@localhost/db?table_prefix=Bad-Name",
-    ] {
-        let e = fencelock_postgres::PostgresDriver
-            .open_backend(url)
-            .await
-            .expect_err(url);
-        assert!(matches!(e, Error::InvalidUrl(_)), "{url}: {e:?}");
-        assert!(!e.to_string().contains("hunter2"), "{e}");
-        assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
-        assert!(!e.to_string().contains("hunt/er2"), "{e}");
-    }
+async fn malformed_urls_hide_the_password() -> TestResult {
+    sql::malformed_urls_hide_the_password(
+        &[
+            "postgres://u:hunter2@localhost/db?table_prefix=Bad-Name",
+            "postgres://u:hunter2@localhost/db?synchronous_commit=maybe",
+            "mysql://u:hunter2@localhost/db",
+            "postgres://u:hunter2@[::1/db",
+            "postgres://u@localhost/db?password=hunter2&table_prefix=Bad-Name",
+        ],
+        "hunter2",
+        |url| async move { fencelock_postgres::PostgresDriver.open_backend(&url).await },
+    )
+    .await?;
+    sql::malformed_urls_hide_the_password(
+        &["postgres://u:hunt/er2@localhost/db?table_prefix=Bad-Name"],
+        "hunt/er2",
+        |url| async move { fencelock_postgres::PostgresDriver.open_backend(&url).await },
+    )
+    .await?;
     let options =
-        fencelock_postgres::PostgresOptions::from_url("postgres://u@h/db?password=hunter2")
-            .unwrap();
+        fencelock_postgres::PostgresOptions::from_url("postgres://u@h/db?password=hunter2")?;
     assert!(!format!("{options:?}").contains("hunter2"), "{options:?}");
+    Ok(())
 }

@@ -483,54 +483,32 @@ async fn the_shared_admission_commits_and_rolls_back_with_the_callers_transactio
     Ok(())
 }
 
-/// The counter's end is a typed error on the key asked for, the counter
-/// stays at the last token (never past it, never a REAL), and nothing else
-/// breaks: renewals and releases of held leases go on.
+/// The counter's end is a typed error on the key asked for
+/// (`fencelock_testkit::sql`): the counter stays at the last token (never
+/// past it, never a REAL), and renewals and releases of held leases go on.
 #[tokio::test]
-async fn the_counters_end_is_a_typed_error_not_a_broken_store() {
-    let dir = tempfile::tempdir().unwrap();
+async fn the_counters_end_is_a_typed_error_not_a_broken_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path))
-        .await
-        .unwrap();
-    let held = granted(&backend, "held", "a").await;
-    tamper(
-        &path,
-        &format!(
-            "UPDATE fencelock_counter SET last_token = {}",
-            FencingToken::MAX.get() - 1
-        ),
-    );
-    let last = granted(&backend, "last", "a").await;
-    assert_eq!(last, FencingToken::MAX);
-    backend
-        .release(&LeaseId::new(
-            LockKey::new("last").unwrap(),
-            Owner::new("a").unwrap(),
-            last,
-        ))
-        .await
-        .unwrap();
-    for key in ["next", "last"] {
-        let spent = backend.try_acquire(&request(key, "b")).await;
-        assert!(
-            matches!(&spent, Err(Error::TokensExhausted { key: k }) if k.as_str() == key),
-            "{spent:?}"
-        );
-    }
-    let lease = LeaseId::new(
-        LockKey::new("held").unwrap(),
-        Owner::new("a").unwrap(),
-        held,
-    );
-    backend
-        .renew(&lease, Duration::from_secs(600))
-        .await
-        .unwrap();
-    backend.release(&lease).await.unwrap();
-    let counter: i64 = Connection::open(&path)
-        .unwrap()
-        .query_row("SELECT last_token FROM fencelock_counter", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(counter as u64, FencingToken::MAX.get());
+    let backend = SqliteBackend::connect_with(SqliteOptions::new(&path)).await?;
+    let path = &path;
+    fencelock_testkit::sql::the_counters_end_is_a_typed_error(
+        &backend,
+        |last| async move {
+            tamper(
+                path,
+                &format!("UPDATE fencelock_counter SET last_token = {last}"),
+            );
+            Ok(())
+        },
+        || async move {
+            let counter: i64 = Connection::open(path)?.query_row(
+                "SELECT last_token FROM fencelock_counter",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(u64::try_from(counter)?)
+        },
+    )
+    .await
 }

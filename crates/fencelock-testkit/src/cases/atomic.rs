@@ -2,14 +2,7 @@
 //! claims `atomic_multi` takes every key of `try_acquire_all` or none, with
 //! a token per key; `lock_all` keeps the same promises on every backend.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use fencelock_core::{AcquireAll, AcquireRequest, Error, FencingToken};
 
@@ -128,45 +121,16 @@ pub async fn all_or_nothing_under_contention(store: &dyn Store) -> TestResult {
 /// `Timeout`) and no key is ever held by two of them together.
 pub async fn racing_overlapping_sets_never_double_grant(store: &dyn Store) -> TestResult {
     const KEYS: [&str; 5] = ["race-0", "race-1", "race-2", "race-3", "race-4"];
-    let held: Arc<HashMap<&'static str, AtomicBool>> = Arc::new(
-        KEYS.into_iter()
-            .map(|k| (k, AtomicBool::new(false)))
-            .collect(),
-    );
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        // Sets {i, i+1, i+3} mod 5, listed in a different order by each.
-        let mut keys: Vec<&'static str> = [i, i + 1, i + 3].iter().map(|n| KEYS[n % 5]).collect();
-        keys.rotate_left(i % 3);
-        let client = client(store, &format!("racer-{i}")).await?;
-        let held = Arc::clone(&held);
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..10 {
-                let all = client
-                    .lock_all(keys.iter().copied())
-                    .ttl(LONG_TTL)
-                    .wait(Duration::from_secs(60))
-                    .acquire()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                for k in &keys {
-                    if held[k].swap(true, Ordering::SeqCst) {
-                        return Err(format!("{k} was granted to two racers at once"));
-                    }
-                }
-                tokio::task::yield_now().await;
-                for k in &keys {
-                    held[k].store(false, Ordering::SeqCst);
-                }
-                all.release().await.map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(())
+    let sets = (0..6)
+        .map(|i| {
+            // Sets {i, i+1, i+3} mod 5, listed in a different order by each.
+            let mut keys: Vec<&'static str> =
+                [i, i + 1, i + 3].iter().map(|n| KEYS[n % 5]).collect();
+            keys.rotate_left(i % 3);
+            keys
+        })
+        .collect();
+    super::multi::race_key_sets(store, "racer", sets, 10).await
 }
 
 /// Each key's token from a multi-key grant is above every token issued for

@@ -235,27 +235,16 @@ impl Drop for MariaDbServer {
     }
 }
 
-/// For [`super::url_factory::UrlFactory`]: the mutex lets a shared handle
-/// restart the server. Each case gets its own table prefix.
-impl super::url_factory::UrlServer for std::sync::Mutex<MariaDbServer> {
-    fn start_shared() -> TestResult<Self> {
-        Ok(std::sync::Mutex::new(MariaDbServer::start()?))
+impl super::url_factory::SqlServer for MariaDbServer {
+    const DATABASE: &'static str = "mysql";
+    fn start() -> TestResult<Self> {
+        MariaDbServer::start()
     }
-    fn start_dedicated() -> TestResult<Self> {
-        Self::start_shared()
+    fn url(&self, db: &str) -> String {
+        MariaDbServer::url(self, db)
     }
-    fn url(&self) -> String {
-        self.lock()
-            .map(|server| server.url("mysql"))
-            .unwrap_or_else(|poisoned| poisoned.into_inner().url("mysql"))
-    }
-    fn case_url(&self, case: usize) -> String {
-        format!("{}?table_prefix=c{case}_&pool_max=4", self.url())
-    }
-    fn restart_server(&self) -> TestResult {
-        self.lock()
-            .map_err(|_| "a restart of this server panicked")?
-            .restart()
+    fn restart(&mut self) -> TestResult {
+        MariaDbServer::restart(self)
     }
 }
 

@@ -258,27 +258,16 @@ impl Drop for PostgresServer {
     }
 }
 
-/// For [`super::url_factory::UrlFactory`]: the mutex lets a shared handle
-/// restart the server. Each case gets its own table prefix.
-impl super::url_factory::UrlServer for std::sync::Mutex<PostgresServer> {
-    fn start_shared() -> TestResult<Self> {
-        Ok(std::sync::Mutex::new(PostgresServer::start()?))
+impl super::url_factory::SqlServer for PostgresServer {
+    const DATABASE: &'static str = "postgres";
+    fn start() -> TestResult<Self> {
+        PostgresServer::start()
     }
-    fn start_dedicated() -> TestResult<Self> {
-        Self::start_shared()
+    fn url(&self, db: &str) -> String {
+        PostgresServer::url(self, db)
     }
-    fn url(&self) -> String {
-        self.lock()
-            .map(|server| server.url("postgres"))
-            .unwrap_or_else(|poisoned| poisoned.into_inner().url("postgres"))
-    }
-    fn case_url(&self, case: usize) -> String {
-        format!("{}?table_prefix=c{case}_&pool_max=4", self.url())
-    }
-    fn restart_server(&self) -> TestResult {
-        self.lock()
-            .map_err(|_| "a restart of this server panicked")?
-            .restart()
+    fn restart(&mut self) -> TestResult {
+        PostgresServer::restart(self)
     }
 }
 

@@ -39,6 +39,42 @@ pub trait UrlServer: Send + Sync + 'static + Sized {
     }
 }
 
+/// A relational server (PostgreSQL, MariaDB) whose cases share it behind a
+/// mutex, which lets a shared handle restart it; each case gets its own
+/// table prefix.
+pub trait SqlServer: Send + 'static + Sized {
+    /// The database the suite's URLs name.
+    const DATABASE: &'static str;
+    /// Starts a server for tests.
+    fn start() -> TestResult<Self>;
+    /// A URL for database `db`.
+    fn url(&self, db: &str) -> String;
+    /// Stops the server and starts it again on the same port and data.
+    fn restart(&mut self) -> TestResult;
+}
+
+impl<S: SqlServer> UrlServer for std::sync::Mutex<S> {
+    fn start_shared() -> TestResult<Self> {
+        Ok(std::sync::Mutex::new(S::start()?))
+    }
+    fn start_dedicated() -> TestResult<Self> {
+        Self::start_shared()
+    }
+    fn url(&self) -> String {
+        self.lock()
+            .map(|server| server.url(S::DATABASE))
+            .unwrap_or_else(|poisoned| poisoned.into_inner().url(S::DATABASE))
+    }
+    fn case_url(&self, case: usize) -> String {
+        format!("{}?table_prefix=c{case}_&pool_max=4", self.url())
+    }
+    fn restart_server(&self) -> TestResult {
+        self.lock()
+            .map_err(|_| "a restart of this server panicked")?
+            .restart()
+    }
+}
+
 /// Opens a backend or fence from a URL: the crate's `open_backend` /
 /// `open_fence` entry points.
 pub type Opener<T> = fn(String) -> BoxFuture<'static, fencelock_core::Result<Arc<T>>>;

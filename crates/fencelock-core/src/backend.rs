@@ -203,13 +203,70 @@ pub struct Renewal {
     pub lease: LeaseId,
     /// The new lease length, from now on the backend's clock.
     pub ttl: Duration,
+    /// How long the caller waits for the batch's answer; `None`: a third
+    /// of the lease, as the client's renewer waits by default. See
+    /// [`part_bound`].
+    pub within: Option<Duration>,
 }
 
 impl Renewal {
     /// Extend `lease` to `ttl` from now.
     pub fn new(lease: LeaseId, ttl: Duration) -> Self {
-        Self { lease, ttl }
+        Self {
+            lease,
+            ttl,
+            within: None,
+        }
     }
+
+    /// The caller gives up on the batch's answer after `within` (the
+    /// client's renewer: a third of the lease, or its operation time-out if
+    /// that is shorter).
+    pub fn answered_within(mut self, within: Duration) -> Self {
+        self.within = Some(within);
+        self
+    }
+}
+
+/// How long one part of a batch may take, for a backend that splits a
+/// batch over servers that fail independently (a Redis Cluster's slots, a
+/// sharded map's stores): three quarters of the soonest any of the
+/// batch's callers stops waiting ([`Renewal::within`]). A server that does
+/// not answer then fails its own part's leases only, and the other parts'
+/// answers reach the caller before it gives up on the whole batch, where
+/// one silent server used to cost every lease of the batch its renewal.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use fencelock_core::{part_bound, LeaseId, LockKey, Owner, Renewal, FencingToken};
+/// let lease = LeaseId::new(LockKey::new("k").unwrap(), Owner::new("o").unwrap(), FencingToken(1));
+/// let renewal = Renewal::new(lease, Duration::from_secs(9));
+/// assert_eq!(part_bound(std::slice::from_ref(&renewal)), Duration::from_millis(2250));
+/// let impatient = renewal.answered_within(Duration::from_secs(1));
+/// assert_eq!(part_bound(&[impatient]), Duration::from_millis(750));
+/// ```
+pub fn part_bound(renewals: &[Renewal]) -> Duration {
+    let waited = renewals
+        .iter()
+        .map(|r| r.within.unwrap_or(r.ttl / 3))
+        .min()
+        .unwrap_or_default();
+    waited * 3 / 4
+}
+
+/// Runs one part of a split batch (see [`part_bound`]) for at most
+/// `bound`; a part that takes longer fails with
+/// [`Error::OperationTimeout`], a transient error, for its leases only.
+pub async fn renew_part<T>(
+    bound: Duration,
+    part: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(bound, part)
+        .await
+        .unwrap_or(Err(Error::OperationTimeout {
+            operation: "renew",
+            after: bound,
+        }))
 }
 
 /// What a backend can do beyond the required operations.

@@ -99,9 +99,9 @@ mod wake;
 mod watch;
 
 pub use backend::{
-    renew_alone, renew_each_mode, renew_one_by_one, renew_writers_batched, Acquire, AcquireAll,
-    AcquireRequest, Backend, BackendAdmin, Capabilities, FairQueue, Grant, Renewal, Stats,
-    WriteIntents,
+    part_bound, renew_alone, renew_each_mode, renew_one_by_one, renew_part, renew_writers_batched,
+    Acquire, AcquireAll, AcquireRequest, Backend, BackendAdmin, Capabilities, FairQueue, Grant,
+    Renewal, Stats, WriteIntents,
 };
 pub use backoff::Backoff;
 pub use changes::{Change, ChangeFeed, ChangeHub, WatchedHub};

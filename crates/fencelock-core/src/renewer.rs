@@ -467,7 +467,7 @@ async fn renew_batch(renewer: Renewer, batch: Vec<Arc<Shared>>) {
         .unwrap_or(Duration::from_millis(1));
     let renewals: Vec<Renewal> = batch
         .iter()
-        .map(|s| Renewal::new(s.lease.clone(), s.ttl))
+        .map(|s| Renewal::new(s.lease.clone(), s.ttl).answered_within(bound))
         .collect();
     let sent = Sent::now();
     let call = backend.renew_many(&renewals);

@@ -449,7 +449,11 @@ impl RedisBackend {
     ///
     /// A script runs on one Cluster slot, so in a cluster the batch is
     /// split by slot, the parts sent at once, and the answers put back in
-    /// order; a part that got no answer fails each of its renewals.
+    /// order; a part that got no answer fails each of its renewals. Each
+    /// part is bounded on its own (`fencelock_core::part_bound`): a primary
+    /// that accepts and never answers (stopped) used to hold the whole
+    /// batch past the renewer's bound, and every holder of the client lost
+    /// its lease, those on healthy primaries too.
     async fn renew_batch(
         &self,
         script: &Script,
@@ -479,11 +483,13 @@ impl RedisBackend {
             part.0.push(i);
             part.1.push(renewal.clone());
         }
-        let answers = futures_util::future::join_all(
-            parts
-                .values()
-                .map(|(_, part)| self.renew_slot(script, part, keys_per_lease, &add_keys)),
-        )
+        let bound = fencelock_core::part_bound(renewals);
+        let answers = futures_util::future::join_all(parts.values().map(|(_, part)| {
+            fencelock_core::renew_part(
+                bound,
+                self.renew_slot(script, part, keys_per_lease, &add_keys),
+            )
+        }))
         .await;
         let mut results: Vec<Option<Result<Grant>>> = std::iter::repeat_with(|| None)
             .take(renewals.len())

@@ -479,20 +479,49 @@ impl RedlockBackend {
         F: Fn(RedisBackend) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        self.on_all_until(bound, f, |_| false).await
+    }
+
+    /// [`on_all`](Self::on_all), but done as soon as the answers so far
+    /// are `enough`: the nodes still to answer then count as skipped, as if
+    /// their bound had run out.
+    async fn on_all_until<T, F, Fut>(
+        &self,
+        bound: Bound,
+        f: F,
+        enough: impl Fn(&[Result<T>]) -> bool,
+    ) -> Vec<Result<T>>
+    where
+        F: Fn(RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let skipped = |i: usize, why: &str| Err(transient(format!("node {i} is skipped: {why}")));
         let mut out: Vec<Result<T>> = (0..self.inner.nodes.len())
-            .map(|i| {
-                Err(transient(format!(
-                    "node {i} is skipped: it did not answer a moment ago"
-                )))
+            .map(|i| skipped(i, "it did not answer a moment ago"))
+            .collect();
+        let mut pending: Vec<usize> = self
+            .inner
+            .health
+            .targets()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        let mut asked: FuturesUnordered<_> = pending
+            .iter()
+            .map(|&i| {
+                let f = &f;
+                async move { (i, self.inner.call(i, bound, f).await) }
             })
             .collect();
-        let answers = join_all(self.inner.health.targets().into_iter().map(|(i, _)| {
-            let f = &f;
-            async move { (i, self.inner.call(i, bound, f).await) }
-        }))
-        .await;
-        for (i, answer) in answers {
+        while let Some((i, answer)) = asked.next().await {
             out[i] = answer;
+            pending.retain(|&p| p != i);
+            if !pending.is_empty() && enough(&out) {
+                for i in pending {
+                    out[i] = skipped(i, "the others' answers were enough");
+                }
+                break;
+            }
         }
         out
     }
@@ -508,26 +537,42 @@ impl RedlockBackend {
         Ok(())
     }
 
+    /// Probes every node, done as soon as a majority of formed nodes has
+    /// answered: what `fresh_top` takes from them is the same whether the
+    /// others answer later or not at all, and a node that accepts
+    /// connections and never answers (stopped) used to hold every new
+    /// client's first acquisition for the whole bound of its opening
+    /// connection (the TTL, at most `connect_timeout`). Without such a
+    /// majority it waits for every node: forming a new set, or a majority
+    /// that lost its data, needs them all.
     async fn probe(&self, key: &LockKey, bound: Bound) -> Vec<Result<Probe>> {
         let script = &self.inner.scripts.probe;
         let inner = &self.inner;
-        self.on_all(bound, |node| async move {
-            let keys = node.keys();
-            let row: Vec<Value> = Call::new(script, 2)
-                .key(keys.own("redlock"))
-                .key(keys.counter(key))
-                .invoke(&mut node.connection())
-                .await
-                .map_err(|e| map_error("probe script", e))?;
-            inner.observe_clock(number(&field::<String>(&row, 5)?)?);
-            Ok(Probe {
-                formed: field::<i64>(&row, 0)? == 1,
-                top: number(&field::<String>(&row, 2)?)?,
-                hwm: number(&field::<String>(&row, 3)?)?,
-                // A negative age (a clock stepped back) counts as new.
-                age: Duration::from_millis(u64::try_from(field::<i64>(&row, 4)?).unwrap_or(0)),
-            })
-        })
+        let quorum = self.quorum();
+        let formed_majority = |probes: &[Result<Probe>]| {
+            probes.iter().flatten().filter(|p| p.formed).count() >= quorum
+        };
+        self.on_all_until(
+            bound,
+            |node| async move {
+                let keys = node.keys();
+                let row: Vec<Value> = Call::new(script, 2)
+                    .key(keys.own("redlock"))
+                    .key(keys.counter(key))
+                    .invoke(&mut node.connection())
+                    .await
+                    .map_err(|e| map_error("probe script", e))?;
+                inner.observe_clock(number(&field::<String>(&row, 5)?)?);
+                Ok(Probe {
+                    formed: field::<i64>(&row, 0)? == 1,
+                    top: number(&field::<String>(&row, 2)?)?,
+                    hwm: number(&field::<String>(&row, 3)?)?,
+                    // A negative age (a clock stepped back) counts as new.
+                    age: Duration::from_millis(u64::try_from(field::<i64>(&row, 4)?).unwrap_or(0)),
+                })
+            },
+            formed_majority,
+        )
         .await
     }
 

@@ -10,8 +10,8 @@ use std::{
 
 use async_trait::async_trait;
 use fencelock_core::{
-    Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockInfo, LockKey,
-    Owner, Renewal, Result, WakeSubscription,
+    renew_part, Acquire, AcquireRequest, Backend, Capabilities, Error, Grant, LeaseId, LockInfo,
+    LockKey, Owner, Renewal, Result, WakeSubscription,
 };
 
 use crate::{
@@ -29,13 +29,6 @@ const CHECK_ALL_EVERY: Duration = Duration::from_secs(3600);
 /// The lease that carries a token from the old shards to the new ones
 /// (released at once; this is only how long a lost release leaves it).
 const WATERMARK_TTL: Duration = Duration::from_secs(10);
-
-/// A batch renewal's part on one store (or of one moving key) is answered
-/// as timed out after this fraction of the batch's shortest lease: before
-/// the client's renewer gives up on the whole batch (after a third of the
-/// lease, or its `op_timeout` if shorter), so that a store that does not
-/// answer fails its own leases only (docs/sharding.md, "Operations").
-const PART_OF_TTL: u32 = 4;
 
 /// A backend over the shards of a [`ShardMap`] (see docs/sharding.md).
 pub struct ShardedBackend {
@@ -362,19 +355,6 @@ impl ShardedBackend {
     }
 }
 
-/// `call`, answered as timed out after `bound`.
-async fn bounded<T>(
-    bound: Duration,
-    call: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    tokio::time::timeout(bound, call)
-        .await
-        .unwrap_or(Err(Error::OperationTimeout {
-            operation: "renew",
-            after: bound,
-        }))
-}
-
 /// The key's reserved for the epoch record are not a caller's.
 fn refuse_reserved(key: &LockKey) -> Result<()> {
     if epoch::is_reserved(key.as_str()) {
@@ -497,7 +477,7 @@ impl Backend for ShardedBackend {
 
     /// The leases of each store as one batch of that store, and each
     /// moving key's as `renew` takes it, all at once, each part bounded on
-    /// its own (`PART_OF_TTL`): a client's renewer sends every lease it
+    /// its own (`fencelock_core::part_bound`): a client's renewer sends every lease it
     /// holds in one batch, and one unreachable shard must not make it lose
     /// the leases of the others (a site cut off, docs/multi-dc.md).
     async fn renew_many(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {
@@ -512,11 +492,11 @@ impl Backend for ShardedBackend {
                 _ => moving.push(n),
             }
         }
-        let bound = renewals.iter().map(|r| r.ttl).min().unwrap_or_default() / PART_OF_TTL;
+        let bound = fencelock_core::part_bound(renewals);
         let store_parts = by_store.into_iter().map(|(i, ns)| async move {
             let part: Vec<Renewal> = ns.iter().map(|&n| renewals[n].clone()).collect();
             let longest = part.iter().map(|r| r.ttl).max().unwrap_or_default();
-            let answer = bounded(bound, async {
+            let answer = renew_part(bound, async {
                 self.check(&[i], longest).await?;
                 self.backends[i].renew_many(&part).await
             })
@@ -543,7 +523,7 @@ impl Backend for ShardedBackend {
         });
         let moving_parts = moving.into_iter().map(|n| async move {
             let renewal = &renewals[n];
-            let result = bounded(bound, self.renew(&renewal.lease, renewal.ttl)).await;
+            let result = renew_part(bound, self.renew(&renewal.lease, renewal.ttl)).await;
             vec![(n, result)]
         });
         let (stores, moving) = futures_util::future::join(

@@ -149,3 +149,47 @@ async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
     );
     Ok(())
 }
+
+/// A primary that stops answering (SIGSTOP) fails its own part of a
+/// renewal batch only, within the caller's patience
+/// ([`Renewal::within`]): the leases on the healthy primaries are renewed.
+/// Before each part was bounded on its own, the stopped part held the whole
+/// batch past the renewer's bound, and every holder of the client lost its
+/// lease (the availability scorecard, docs/faults.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_primary_fails_only_its_own_part_of_a_batch() -> TestResult {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let backend = RedisBackend::connect(&format!("{}?prefix=part", cluster.url())).await?;
+    let owner = Owner::new("part")?;
+    let ttl = Duration::from_secs(9);
+    // What the client's renewer waits for a batch at this TTL.
+    let within = ttl / 3;
+    let mut renewals = Vec::new();
+    let mut primaries = Vec::new();
+    for i in 0..30 {
+        let key = LockKey::new(format!("part-{i}"))?;
+        primaries.push(cluster.primary_of(cluster.keyslot(&format!("part:{{{key}}}"))?)?);
+        let request = AcquireRequest::new(key.clone(), owner.clone(), ttl);
+        let Acquire::Granted(g) = backend.try_acquire(&request).await? else {
+            return Err(format!("{key} was not free").into());
+        };
+        renewals.push(Renewal::new(request.lease(g.token), ttl).answered_within(within));
+    }
+    let stopped = primaries[0];
+    cluster.pause(stopped)?;
+    let answers = tokio::time::timeout(within, backend.renew_many(&renewals)).await;
+    cluster.resume(stopped)?;
+    let answers = answers.map_err(|_| format!("the batch got no answer within {within:?}"))??;
+    assert_eq!(answers.len(), renewals.len());
+    for ((renewal, primary), answer) in renewals.iter().zip(&primaries).zip(&answers) {
+        let key = &renewal.lease.key;
+        match answer {
+            Ok(g) if *primary != stopped => assert_eq!(g.token, renewal.lease.token, "{key}"),
+            Err(e) if *primary == stopped && e.is_transient() => {}
+            other => {
+                return Err(format!("{key} on {primary} (stopped: {stopped}) got {other:?}").into())
+            }
+        }
+    }
+    Ok(())
+}

@@ -742,3 +742,34 @@ async fn a_release_wakes_the_waiters_through_the_nodes() -> TestResult {
     }
     Ok(())
 }
+
+/// A new client's first acquisition with one node stopped (SIGSTOP: its
+/// port accepts connections and nothing answers) is decided by the two
+/// others: its probe ends once a majority of formed nodes answered. It
+/// used to wait for the stopped node's connection to open, up to the TTL
+/// (at most `connect_timeout`), so every new process lost that long (the
+/// availability scorecard's `redlock / stop` window, docs/faults.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_client_does_not_wait_for_a_stopped_node() -> TestResult {
+    let set = RedisSet::start(3)?;
+    // Forms the set while every node answers.
+    let first = open(&set.url()).await?;
+    let ttl = Duration::from_secs(10);
+    let token = granted(first.try_acquire(&request("warm", "a", ttl)?).await?)?;
+    first
+        .release(&request("warm", "a", ttl)?.lease(token))
+        .await?;
+    set.pause(0)?;
+    let started = Instant::now();
+    let fresh = open(&set.url()).await?;
+    let answer = fresh.try_acquire(&request("key", "b", ttl)?).await;
+    let took = started.elapsed();
+    set.resume(0)?;
+    granted(answer?)?;
+    // The stopped node's connection would have been waited for 5 s
+    // (`connect_timeout`, below the 10 s TTL); half of that is ample for
+    // two local round trips on a loaded machine.
+    let bound = RedlockOptions::from_url(&set.url())?.connect_timeout / 2;
+    assert!(took < bound, "granted after {took:?}, not within {bound:?}");
+    Ok(())
+}

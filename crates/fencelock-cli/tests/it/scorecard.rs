@@ -16,9 +16,12 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
 /// Runs `fencelock scorecard` on `shapes` × `faults`; fails on any
-/// unnecessary loss, failed call or token regression, or a case in which
-/// no new caller was granted anything after the fault.
-fn scores_nothing_lost(shapes: &str, faults: &str, cases_expected: usize) {
+/// unnecessary loss, failed call or token regression, a case in which no
+/// new caller was granted anything after the fault, and, with
+/// `window_checked`, one in which no new caller was granted anything for
+/// longer than the shape's failover time (a third of its holders' lease)
+/// and a second.
+fn scores_nothing_lost(shapes: &str, faults: &str, cases_expected: usize, window_checked: bool) {
     let out = Command::new(BIN)
         .args([
             "--json",
@@ -43,12 +46,22 @@ fn scores_nothing_lost(shapes: &str, faults: &str, cases_expected: usize) {
             case["recovery_ms"].is_u64(),
             "{what}: no new caller was granted after the fault: {case}"
         );
+        // A Redlock node that stopped answering once held every new
+        // caller's first acquisition for the whole TTL (3 s), while the
+        // checks above passed.
+        let failover = case["ttl_ms"].as_u64().unwrap() / 3;
+        let window = case["window_ms"].as_u64().unwrap();
+        assert!(
+            !window_checked || window <= failover + 1000,
+            "{what}: nothing was granted for {window} ms, more than the {failover} ms \
+             failover and a second: {case}"
+        );
     }
 }
 
 #[test]
 fn one_failed_replica_or_node_costs_patient_clients_nothing() {
-    scores_nothing_lost("replicas,redlock", "kill,stop,restart", 6);
+    scores_nothing_lost("replicas,redlock", "kill,stop,restart", 6, true);
 }
 
 /// A member or replica cut off from its clients by a silent network (the
@@ -57,5 +70,7 @@ fn one_failed_replica_or_node_costs_patient_clients_nothing() {
 /// member waited out its time-out and failed (1–3 of 77 calls per run).
 #[test]
 fn a_member_cut_off_from_its_clients_costs_patient_clients_nothing() {
-    scores_nothing_lost("replicas,etcd", "silent", 2);
+    // etcd's window through a silent member is 1.6 to 3.6 s against the
+    // 3 s of this bound (docs/faults.md): not held to it yet.
+    scores_nothing_lost("replicas,etcd", "silent", 2, false);
 }

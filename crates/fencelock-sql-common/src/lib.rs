@@ -10,7 +10,7 @@
 
 use std::{fmt, future::Future, time::Duration};
 
-use fencelock_core::{BackendError, Error};
+use fencelock_core::{Acquire, BackendError, Error, Grant, LockInfo};
 use url::Url;
 
 mod fence;
@@ -309,6 +309,16 @@ pub fn ttl_micros(ttl: Duration) -> i64 {
 /// (negative values, from rounding at the boundary, become zero).
 pub fn micros_to_duration(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// What a reader's acquisition answers: a grant for `ttl` when `granted`
+/// (`info` read from the row it wrote), else the holder `info` names, if
+/// any.
+pub fn reader_answer(granted: bool, info: Option<LockInfo>, ttl: Duration) -> Acquire {
+    match (granted, info) {
+        (true, Some(info)) => Acquire::Granted(Grant::new(info.token, ttl, info.expires_at)),
+        (_, info) => Acquire::Held(info),
+    }
 }
 
 /// The answers of a batched renewal, in the batch's order, read from the

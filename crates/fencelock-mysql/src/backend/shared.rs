@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Error, Grant, LeaseId, LockKey, Owner, Result, WriteIntents,
 };
-use fencelock_sql_common::ttl_micros;
-use sqlx::Row;
+use fencelock_sql_common::{reader_answer, ttl_micros};
+use sqlx::{MySqlConnection, Row};
 
 use super::{draw_token, floor, lease, under_turn, MySqlBackend};
 
@@ -49,25 +49,14 @@ impl MySqlBackend {
                     .bind(key)
                     .fetch_one(&mut *conn)
                     .await?;
-                let expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> =
-                    row.try_get("expires_at")?;
-                sqlx::query(&self.sql.horizon)
-                    .bind(key)
-                    .bind(request.owner.as_str())
-                    .bind(expires_at)
-                    .execute(&mut *conn)
+                self.raise_horizon(conn, key, &request.owner, row.try_get("expires_at")?)
                     .await?;
                 Ok((true, Some(row)))
             }
         )
         .await?;
         let info = row.as_ref().map(lease).transpose()?;
-        Ok(match (granted, info) {
-            (true, Some(info)) => {
-                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
-            }
-            (_, info) => Acquire::Held(info),
-        })
+        Ok(reader_answer(granted, info, request.ttl))
     }
 
     pub(super) async fn renew_reader(&self, lease: &LeaseId, ttl: Duration) -> Result<Grant> {
@@ -90,17 +79,31 @@ impl MySqlBackend {
                     .bind(lease.token.get())
                     .fetch_one(&mut *conn)
                     .await?;
-            sqlx::query(&self.sql.horizon)
-                .bind(key)
-                .bind(lease.owner.as_str())
-                .bind(expires_at)
-                .execute(&mut *conn)
+            self.raise_horizon(conn, key, &lease.owner, expires_at)
                 .await?;
             Ok(Some(expires_at))
         })
         .await?
         .ok_or_else(|| Error::not_held(lease))?;
         Ok(Grant::new(lease.token, ttl, expires_at))
+    }
+
+    /// Moves the key's reader horizon to `expires_at`, the end of a
+    /// reader's lease just granted or extended, if that is later.
+    async fn raise_horizon(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        owner: &Owner,
+        expires_at: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>,
+    ) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.horizon)
+            .bind(key)
+            .bind(owner.as_str())
+            .bind(expires_at)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     pub(super) async fn release_reader(&self, lease: &LeaseId) -> Result<()> {

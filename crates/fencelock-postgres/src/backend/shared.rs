@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use fencelock_core::{
     Acquire, AcquireRequest, Error, Grant, LeaseId, LockKey, Owner, Renewal, Result, WriteIntents,
 };
-use fencelock_sql_common::ttl_micros;
+use fencelock_sql_common::{reader_answer, ttl_micros};
 
 use super::{batch_columns, data_text, db_token, floor, lease, PostgresBackend};
 use crate::error::{bad_reply, map};
@@ -61,12 +61,7 @@ impl PostgresBackend {
             })
             .await?;
         let info = row.as_ref().map(lease).transpose()?;
-        Ok(match (held, info) {
-            (false, Some(info)) => {
-                Acquire::Granted(Grant::new(info.token, request.ttl, info.expires_at))
-            }
-            (_, info) => Acquire::Held(info),
-        })
+        Ok(reader_answer(!held, info, request.ttl))
     }
 
     pub(super) async fn renew_readers(&self, renewals: &[Renewal]) -> Result<Vec<Result<Grant>>> {

@@ -16,12 +16,13 @@ use redis::{
 };
 
 use crate::{
+    cluster::ClusterNodes,
     conn::{timed_out, BoundedConnection},
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
     scripts::{Call, Scripts},
-    sentinel::SentinelMaster,
+    sentinel::Sentinels,
     wakeups::{NodeClients, Wakeups},
 };
 
@@ -97,25 +98,6 @@ fn node_clients(options: &RedisOptions) -> Result<Vec<Client>> {
         .collect()
 }
 
-/// A Redis Cluster client over the seed nodes of `options`.
-pub(crate) async fn cluster_connection(
-    options: &RedisOptions,
-) -> Result<redis::cluster_async::ClusterConnection> {
-    let nodes: Vec<&str> = options.cluster_nodes.iter().map(url::Url::as_str).collect();
-    // No response timeout here either (see `connect`). The client's own
-    // retries (redirections, slot map refreshes after a failover) happen
-    // inside `BoundedConnection`'s bound.
-    redis::cluster::ClusterClientBuilder::new(nodes)
-        .connection_timeout(options.connect_timeout)
-        .build()
-        .map_err(|e| {
-            Error::InvalidUrl(format!("the redis driver refused the URL ({:?})", e.kind()))
-        })?
-        .get_async_connection()
-        .await
-        .map_err(|e| map("cluster connect", e))
-}
-
 /// Opens the command connection (a managed, auto-reconnecting, multiplexed
 /// connection to one server, or a cluster connection) and loads the
 /// scripts once (on every primary of a cluster), within the connect timeout. Also
@@ -130,7 +112,7 @@ pub(crate) async fn connect(
         let clients: NodeClients = Arc::new(move || nodes.clone());
         return within(options.connect_timeout, async {
             let conn =
-                BoundedConnection::cluster(cluster_connection(options).await?, options.timeout);
+                BoundedConnection::cluster(ClusterNodes::connect(options).await?, options.timeout);
             // SCRIPT LOAD goes to every primary; a replica promoted later
             // gets them on its first NOSCRIPT (`Call::invoke`).
             load_scripts(&conn, scripts, Loads::InTurn, options.connect_timeout).await?;
@@ -153,7 +135,7 @@ pub(crate) async fn connect(
             // that open backends inside their own futures (the `redlock`
             // backend's lazy node connections) would carry their layout.
             let master =
-                futures_util::FutureExt::boxed(SentinelMaster::connect(options, config)).await?;
+                futures_util::FutureExt::boxed(Sentinels::connect(options, config)).await?;
             let conn = BoundedConnection::sentinel(Arc::clone(&master), options.timeout);
             load_scripts(&conn, scripts, Loads::Together, options.connect_timeout).await?;
             let clients: NodeClients = Arc::new(move || vec![master.client()]);

@@ -15,7 +15,8 @@ use fencelock_core::{
 use redis::{aio::ConnectionLike, Value};
 
 use crate::{
-    backend::{client, cluster_connection, from_value},
+    backend::{client, from_value},
+    cluster::cluster_connection,
     error::{bad_reply, map},
     keys::Keys,
     options::RedisOptions,
@@ -41,7 +42,9 @@ pub async fn open(url: &str) -> Result<Box<dyn RawBaseline>> {
         ));
     }
     if options.is_cluster() {
-        let conn = cluster_connection(&options).await?;
+        let conn = cluster_connection(&options.cluster_nodes, options.connect_timeout)
+            .await
+            .map_err(|e| map("cluster connect", e))?;
         return Ok(Box::new(RedisBaseline::loading(conn, &options).await?));
     }
     let conn = client(&options)?

@@ -20,21 +20,24 @@ use std::{io, sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use redis::{
     aio::{ConnectionLike, ConnectionManager},
-    cluster_async::ClusterConnection,
     cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr},
-    Cmd, Pipeline, RedisFuture, RedisResult, Value,
+    Cmd, Pipeline, RedisFuture, Value,
 };
 
-use crate::sentinel::{SentinelMaster, SILENT_AFTER};
+use crate::{
+    cluster::{ClusterFollower, Layout},
+    follow::{watching, Searches},
+    sentinel::SentinelMaster,
+};
 
-/// The two kinds of command connection.
+/// The three kinds of command connection.
 #[derive(Clone)]
 enum Kind {
     /// One server (or a proxy that routes by key).
     Single(ConnectionManager),
     /// A Redis Cluster; the client keeps a connection per node and routes
-    /// each command by its key's slot.
-    Cluster(ClusterConnection),
+    /// each command by its key's slot. Followed through failovers.
+    Cluster(Arc<ClusterFollower>),
     /// The master a set of Sentinels names, followed through failovers.
     Sentinel(Arc<SentinelMaster>),
 }
@@ -60,9 +63,9 @@ impl BoundedConnection {
         }
     }
 
-    pub(crate) fn cluster(conn: ClusterConnection, timeout: Duration) -> Self {
+    pub(crate) fn cluster(cluster: Arc<ClusterFollower>, timeout: Duration) -> Self {
         Self {
-            conn: Kind::Cluster(conn),
+            conn: Kind::Cluster(cluster),
             timeout,
             route: None,
         }
@@ -76,41 +79,23 @@ impl BoundedConnection {
         }
     }
 
-    /// Bounds `request` by the timeout; through Sentinel, an outcome that
-    /// shows a failover starts a search for the master.
+    /// Bounds `request` by the timeout; through Sentinel or in a cluster,
+    /// an outcome that shows a failover starts a search for where requests
+    /// go now ([`crate::follow`]).
     fn bounded<'a, T: Send + 'a>(&self) -> impl FnOnce(RedisFuture<'a, T>) -> RedisFuture<'a, T> {
         let timeout = self.timeout;
-        let master = match &self.conn {
-            Kind::Sentinel(master) => Some(Arc::clone(master)),
-            _ => None,
+        let follower: Option<Arc<dyn Searches>> = match &self.conn {
+            Kind::Single(_) => None,
+            Kind::Cluster(cluster) => Some(Arc::clone(cluster) as Arc<dyn Searches>),
+            Kind::Sentinel(master) => Some(Arc::clone(master) as Arc<dyn Searches>),
         };
         move |request| {
             async move {
-                let request = tokio::time::timeout(timeout, request);
-                let outcome: RedisResult<T> = match master {
-                    None => request.await,
-                    Some(master) => {
-                        // A request that stalls may be dropped by its
-                        // caller before it fails: look for the master now.
-                        tokio::pin!(request);
-                        let answer = tokio::select! {
-                            biased;
-                            answer = &mut request => answer,
-                            () = tokio::time::sleep(SILENT_AFTER) => {
-                                master.search_soon();
-                                request.await
-                            }
-                        };
-                        if let Ok(outcome) = &answer {
-                            master.saw(outcome);
-                        } else {
-                            master.search_soon();
-                        }
-                        answer
-                    }
+                match follower {
+                    None => tokio::time::timeout(timeout, request).await.ok(),
+                    Some(follower) => watching(follower, timeout, request).await,
                 }
-                .unwrap_or_else(|_| Err(timed_out(timeout)));
-                outcome
+                .unwrap_or_else(|| Err(timed_out(timeout)))
             }
             .boxed()
         }
@@ -168,26 +153,8 @@ impl BoundedConnection {
             .arg("SLOTS")
             .query_async(&mut any)
             .await?;
-        let mut primaries: Vec<(String, u16)> = Vec::new();
-        for range in slots {
-            // [start, end, [host, port, id, …], replicas…]
-            let Value::Array(fields) = range else {
-                continue;
-            };
-            let Some(Value::Array(primary)) = fields.get(2) else {
-                continue;
-            };
-            let host: Option<String> = primary
-                .first()
-                .and_then(|v| redis::from_redis_value(v).ok());
-            let port: Option<u16> = primary.get(1).and_then(|v| redis::from_redis_value(v).ok());
-            if let (Some(host), Some(port)) = (host, port) {
-                if !primaries.contains(&(host.clone(), port)) {
-                    primaries.push((host, port));
-                }
-            }
-        }
-        Ok(primaries
+        Ok(Layout::parse(slots, "")
+            .primaries()
             .into_iter()
             .map(|(host, port)| {
                 let mut routed = self.clone();
@@ -212,13 +179,24 @@ impl ConnectionLike for BoundedConnection {
         let bounded = self.bounded();
         let request = match (&mut self.conn, &self.route) {
             (Kind::Single(conn), _) => conn.req_packed_command(cmd),
-            (Kind::Cluster(conn), None) => conn.req_packed_command(cmd),
-            (Kind::Cluster(conn), Some(route)) => conn
-                .route_command(cmd, RoutingInfo::SingleNode(route.clone()))
-                .boxed(),
+            (Kind::Cluster(cluster), route) => {
+                let (mut current, moved) = cluster.watched();
+                let route = route.clone();
+                moved.unless_moved(async move {
+                    match route {
+                        None => current.conn.req_packed_command(cmd).await,
+                        Some(route) => {
+                            current
+                                .conn
+                                .route_command(cmd, RoutingInfo::SingleNode(route))
+                                .await
+                        }
+                    }
+                })
+            }
             (Kind::Sentinel(master), _) => {
-                let (mut conn, moved) = master.manager_watched();
-                moved.unless_moved(async move { conn.req_packed_command(cmd).await })
+                let (mut current, moved) = master.watched();
+                moved.unless_moved(async move { current.manager.req_packed_command(cmd).await })
             }
         };
         bounded(request)
@@ -233,14 +211,24 @@ impl ConnectionLike for BoundedConnection {
         let bounded = self.bounded();
         let request = match (&mut self.conn, &self.route) {
             (Kind::Single(conn), _) => conn.req_packed_commands(cmd, offset, count),
-            (Kind::Cluster(conn), None) => conn.req_packed_commands(cmd, offset, count),
-            (Kind::Cluster(conn), Some(route)) => conn
-                .route_pipeline(cmd, offset, count, route.clone())
-                .boxed(),
+            (Kind::Cluster(cluster), route) => {
+                let (mut current, moved) = cluster.watched();
+                let route = route.clone();
+                moved.unless_moved(async move {
+                    match route {
+                        None => current.conn.req_packed_commands(cmd, offset, count).await,
+                        Some(route) => current.conn.route_pipeline(cmd, offset, count, route).await,
+                    }
+                })
+            }
             (Kind::Sentinel(master), _) => {
-                let (mut conn, moved) = master.manager_watched();
-                moved
-                    .unless_moved(async move { conn.req_packed_commands(cmd, offset, count).await })
+                let (mut current, moved) = master.watched();
+                moved.unless_moved(async move {
+                    current
+                        .manager
+                        .req_packed_commands(cmd, offset, count)
+                        .await
+                })
             }
         };
         bounded(request)
@@ -250,7 +238,7 @@ impl ConnectionLike for BoundedConnection {
         match &self.conn {
             Kind::Single(conn) => conn.get_db(),
             Kind::Cluster(_) => 0,
-            Kind::Sentinel(master) => master.manager().get_db(),
+            Kind::Sentinel(master) => master.current().manager.get_db(),
         }
     }
 }

@@ -32,9 +32,11 @@ mod backend;
 #[cfg(feature = "baseline")]
 #[doc(hidden)]
 pub mod baseline;
+mod cluster;
 mod conn;
 mod error;
 mod fence;
+mod follow;
 mod keys;
 mod options;
 mod scripts;

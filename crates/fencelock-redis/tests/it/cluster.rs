@@ -1,9 +1,10 @@
 //! What a Redis Cluster changes, beyond the conformance suite: a renewal
 //! batch over keys of every primary (split by slot, answered in order,
 //! `WAIT` on each slot's primary), the `timeout` option against a silent
-//! seed and a paused primary,
-//! `release_all` visiting every primary, and wake-ups that survive the
-//! death of the node the pub/sub connection was on.
+//! seed and a paused primary, a paused primary's slots followed to the
+//! replica that replaced it, `release_all` visiting every primary, and
+//! wake-ups that survive the death of the node the pub/sub connection was
+//! on.
 
 use std::time::Duration;
 
@@ -191,5 +192,86 @@ async fn a_stopped_primary_fails_only_its_own_part_of_a_batch() -> TestResult {
             }
         }
     }
+    Ok(())
+}
+
+/// What `attempt` answers once it is not a transient error, tried again
+/// while it is, for up to `patience`.
+async fn through_failover<T, F>(
+    patience: Duration,
+    mut attempt: impl FnMut() -> F,
+) -> TestResult<fencelock_core::Result<T>>
+where
+    F: std::future::Future<Output = fencelock_core::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match attempt().await {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                // Each attempt is bounded by the URL's timeout; one that
+                // fails at once (the cluster still electing) waits a little.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) if e.is_transient() => {
+                return Err(format!("still failing after {patience:?}: {e}").into())
+            }
+            outcome => return Ok(outcome),
+        }
+    }
+}
+
+/// A primary that stops answering (SIGSTOP, so its connections stay open
+/// and no node redirects anything) is replaced by its replica within the
+/// cluster's node time-out and an election; the client follows it there
+/// while the old primary stays stopped: a lease held on it is renewed on
+/// the promoted replica, and a new caller is granted a key of its slots.
+/// Before the client followed failovers, its requests for those slots kept
+/// going to the stopped node until it resumed, and the holder lost its
+/// lock (the availability scorecard, docs/faults.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_primary_is_followed_to_its_promoted_replica() -> TestResult {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let url = format!("{}?prefix=follow&timeout=1s", cluster.url());
+    // The grant waits for the replica (`WAIT`): the lease must be on it
+    // before the stop. The client under test does not: once the replica is
+    // promoted, no node is left to acknowledge its writes.
+    let acquirer = RedisBackend::connect(&format!("{url}&wait_replicas=1&wait_timeout=1s")).await?;
+    let backend = RedisBackend::connect(&url).await?;
+    let owner = Owner::new("follow")?;
+    let ttl = Duration::from_secs(30);
+    let held = LockKey::new("held")?;
+    let stopped = cluster.primary_of(cluster.keyslot("follow:{held}")?)?;
+    let mut fresh = None;
+    for i in 0..100 {
+        let key = LockKey::new(format!("fresh-{i}"))?;
+        if cluster.primary_of(cluster.keyslot(&format!("follow:{{{key}}}"))?)? == stopped {
+            fresh = Some(key);
+            break;
+        }
+    }
+    let fresh = fresh.ok_or("no key of 100 is on the held key's primary")?;
+    let request = AcquireRequest::new(held, owner.clone(), ttl);
+    let Acquire::Granted(g) = acquirer.try_acquire(&request).await? else {
+        return Err("the key was not free".into());
+    };
+    let lease = request.lease(g.token);
+    backend.renew(&lease, ttl).await?;
+
+    cluster.pause(stopped)?;
+    let patience = Duration::from_secs(20);
+    let renewed = through_failover(patience, || backend.renew(&lease, ttl)).await;
+    let new_caller = AcquireRequest::new(fresh, owner.clone(), ttl);
+    let granted = through_failover(patience, || backend.try_acquire(&new_caller)).await;
+    // Still stopped when both answered: what answered is the replica.
+    let promoted = cluster.primary_of(cluster.keyslot("follow:{held}")?);
+    cluster.resume(stopped)?;
+
+    let renewed = renewed??;
+    assert_eq!(renewed.token, lease.token, "renewed as the same grant");
+    assert!(
+        matches!(granted??, Acquire::Granted(_)),
+        "a free key of the stopped primary's slots was not granted"
+    );
+    assert_ne!(promoted?, stopped, "the replica took the slots over");
     Ok(())
 }

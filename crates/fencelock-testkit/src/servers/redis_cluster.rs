@@ -7,6 +7,7 @@
 
 use std::{
     path::PathBuf,
+    sync::{Mutex, PoisonError},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -134,6 +135,9 @@ impl ClusterNode {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: MemberSet<ClusterNode>,
+    /// Nodes paused by [`RedisCluster::pause`]: running, but asked nothing
+    /// (they would never answer).
+    paused: Mutex<Vec<u16>>,
 }
 
 impl RedisCluster {
@@ -172,7 +176,10 @@ impl RedisCluster {
             )
             .into());
         }
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            paused: Mutex::new(Vec::new()),
+        };
         cluster.wait_healthy()?;
         Ok(cluster)
     }
@@ -192,11 +199,14 @@ impl RedisCluster {
             .ok_or_else(|| format!("no node on port {port}").into())
     }
 
-    /// The ports of the nodes that run.
+    /// The ports of the nodes that run and answer: neither killed nor
+    /// paused.
     fn running(&self) -> Vec<u16> {
+        let paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
         (0..self.nodes.len())
             .filter(|&i| self.nodes.is_running(i))
             .map(|i| self.nodes.slot(i).client_port)
+            .filter(|port| !paused.contains(port))
             .collect()
     }
 
@@ -350,13 +360,24 @@ impl RedisCluster {
 
     /// SIGSTOP of node `port`: it stops answering without closing its
     /// connections (and is declared failed after `cluster-node-timeout`).
+    /// Until [`RedisCluster::resume`], the other methods ask other nodes.
     pub fn pause(&self, port: u16) -> TestResult {
-        self.nodes.pause(self.index(port)?)
+        self.nodes.pause(self.index(port)?)?;
+        self.paused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(port);
+        Ok(())
     }
 
     /// SIGCONT of node `port`, paused by [`RedisCluster::pause`].
     pub fn resume(&self, port: u16) -> TestResult {
-        self.nodes.resume(self.index(port)?)
+        self.nodes.resume(self.index(port)?)?;
+        self.paused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&p| p != port);
+        Ok(())
     }
 
     /// `kill -9` of every node: the whole cluster crashes.

@@ -165,12 +165,18 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<(Client, Option<Ste
     // bound) find out.
     let timeout = options.timeout;
     let (client, steward) = match options.balance {
-        Balance::All => (
+        // One endpoint: nothing to move to.
+        Balance::All if options.endpoints.len() == 1 => (
             bounded(timeout, Client::connect(&options.endpoints, Some(connect)))
                 .await
                 .map_err(|e| map("connect", e))?,
             None,
         ),
+        Balance::All => {
+            let (client, steward) =
+                prefer::connect_all(&options.endpoints, connect, timeout).await?;
+            (client, Some(steward))
+        }
         Balance::First => {
             let (client, steward) = prefer::connect(&options.endpoints, connect, timeout).await?;
             (client, Some(steward))

@@ -1,14 +1,23 @@
-//! `balance=first`: every request goes to the first endpoint that answers,
-//! in the URL's order, and the others only while it does not. Across data
-//! centres the balanced default sent most of a client's requests to
-//! members far away (docs/multi-dc.md). Which member a request reached is
-//! read from each member's own count of the gRPC requests it handled.
+//! Which members a client's requests go to.
+//!
+//! - `balance=first`: every request goes to the first endpoint that
+//!   answers, in the URL's order, and the others only while it does not.
+//!   Across data centres the balanced default sent most of a client's
+//!   requests to members far away (docs/multi-dc.md). Which member a
+//!   request reached is read from each member's own count of the gRPC
+//!   requests it handled.
+//! - `balance=all`: every endpoint that answers, so a member cut off by a
+//!   silent network is left out.
 
 use std::time::Duration;
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
 use fencelock_etcd::EtcdBackend;
-use fencelock_testkit::{proxy::with_endpoints, servers::etcd::EtcdCluster, TestResult};
+use fencelock_testkit::{
+    proxy::{with_endpoints, ProxiedUrl},
+    servers::etcd::EtcdCluster,
+    TestResult,
+};
 use tokio::time::Instant;
 
 /// Txns each member has handled.
@@ -70,5 +79,58 @@ async fn balance_first_sends_every_request_to_the_first_member_that_answers() ->
     let sent: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     assert!(sent[0] >= 20, "member 0 is next in order: {sent:?}");
     assert_eq!(sent[1], 0, "{sent:?}");
+    Ok(())
+}
+
+/// One acquire+release cycle of a key of its own.
+async fn fresh_cycle(b: &EtcdBackend, n: usize) -> TestResult {
+    let req = AcquireRequest::new(
+        LockKey::new(format!("fresh-{n}"))?,
+        Owner::new("a")?,
+        Duration::from_secs(10),
+    );
+    match b.try_acquire(&req).await? {
+        Acquire::Granted(g) => Ok(b.release(&req.lease(g.token)).await?),
+        other => Err(format!("expected a grant, got {other:?}").into()),
+    }
+}
+
+/// `balance=all` (the default) with a member cut off from its clients by
+/// a silent network (its connections stay open, nothing answers): a client
+/// opened meanwhile never sends it anything, and a client opened before
+/// takes it out of its channel, so that its requests stop failing. Before,
+/// the channel went on handing that member about a third of every
+/// client's requests, each of which waited out its time-out: a lock
+/// acquisition and release, two such requests, failed more often than
+/// not, for as long as the silence lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balance_all_leaves_out_a_member_that_does_not_answer() -> TestResult {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start_members(3)).await??;
+    let proxied = ProxiedUrl::start(&cluster.url()).await?;
+    let url = format!("{}?timeout=1s", proxied.url());
+    let before = EtcdBackend::connect(&url).await?;
+    for n in 0..3 {
+        fresh_cycle(&before, n).await?;
+    }
+    proxied.proxies()[2].controls().partition();
+
+    let opened = EtcdBackend::connect(&url).await?;
+    for n in 100..120 {
+        fresh_cycle(&opened, n).await?;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut n, mut in_a_row) = (200, 0);
+    while in_a_row < 20 {
+        n += 1;
+        match fresh_cycle(&before, n).await {
+            Ok(()) => in_a_row += 1,
+            Err(_) => in_a_row = 0,
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{in_a_row} cycles in a row granted after 30 s").into());
+        }
+    }
+    proxied.proxies()[2].controls().heal();
     Ok(())
 }

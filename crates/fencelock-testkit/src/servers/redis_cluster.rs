@@ -7,8 +7,8 @@
 
 use std::{
     path::PathBuf,
-    sync::{Mutex, PoisonError},
     process::{Command, Stdio},
+    sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 

@@ -1,6 +1,7 @@
 //! A TCP fault proxy for loopback tests: it sits between clients and a real
-//! server and, while it runs, adds latency, swallows traffic (a partition),
-//! refuses new connections or resets existing ones, per direction.
+//! server and, while it runs, adds latency, stands in for lost packets,
+//! swallows traffic (a partition), refuses new connections or resets
+//! existing ones, per direction.
 //!
 //! ```no_run
 //! # async fn demo() -> fencelock_testkit::TestResult {
@@ -81,6 +82,10 @@ enum Way {
 struct PathFaults {
     latency: Duration,
     jitter: Duration,
+    /// The chance that a chunk is "lost", and what its resending costs
+    /// ([`ProxyControls::set_loss`]).
+    loss: f64,
+    resend_after: Duration,
     blackhole: bool,
 }
 
@@ -157,6 +162,20 @@ impl ProxyControls {
         }
     }
 
+    /// Stands in for packet loss in `direction`: each chunk is, with
+    /// probability `loss` (0 to 1), delivered `resend_after` late, as TCP
+    /// delivers a lost segment once it resends it (a retransmission
+    /// time-out later: the round trip and at least 200 ms on Linux). Order
+    /// is kept, so the chunks behind it wait too, as TCP's do. A stream
+    /// proxy cannot lose a packet itself: what reaches it was already
+    /// delivered in order by the kernel.
+    pub fn set_loss(&self, direction: Direction, loss: f64, resend_after: Duration) {
+        for path in lock(&self.shared.faults).paths_mut(direction) {
+            path.loss = loss.clamp(0.0, 1.0);
+            path.resend_after = resend_after;
+        }
+    }
+
     /// Swallows (`on`) or passes (`!on`) the bytes travelling in
     /// `direction`, on existing and new connections. Lifting a blackhole
     /// resets every connection that lost bytes (see the module docs).
@@ -201,7 +220,7 @@ impl ProxyControls {
         self.reset_where(|_| true);
     }
 
-    /// Turns every fault off: no latency, no blackhole (resetting damaged
+    /// Turns every fault off: no latency or loss, no blackhole (resetting damaged
     /// connections), new connections accepted.
     pub fn heal(&self) {
         {
@@ -210,6 +229,7 @@ impl ProxyControls {
             for path in faults.paths_mut(Direction::Both) {
                 path.latency = Duration::ZERO;
                 path.jitter = Duration::ZERO;
+                path.loss = 0.0;
             }
         }
         self.set_blackhole(Direction::Both, false);
@@ -446,7 +466,10 @@ async fn pump(
                 shared.swallowed.fetch_add(n as u64, Ordering::SeqCst);
                 continue;
             }
-            let delay = path.latency + random_up_to(path.jitter);
+            let mut delay = path.latency + random_up_to(path.jitter);
+            if path.loss > 0.0 && rand::thread_rng().gen_bool(path.loss) {
+                delay += path.resend_after;
+            }
             last_delivery = last_delivery.max(Instant::now() + delay);
             if tx.send((last_delivery, buf[..n].to_vec())).await.is_err() {
                 return Ok(());

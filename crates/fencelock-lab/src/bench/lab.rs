@@ -214,7 +214,7 @@ fn reshard_steps(lab: &Lab, setup: &Setup, from: usize, to: usize) -> Result<Vec
         .reshard_urls(to, &prefix, from, to)
         .map_err(|e| Error::InvalidArgument(format!("--reshard: {e}")))?;
     let sites = lab.topology().sites();
-    let far = lab.topology().delay(to, from).rtt();
+    let far = lab.topology().rtt(to, from);
     let steps = ["old map", "join", "handover", "new map"];
     Ok(urls
         .into_iter()

@@ -15,12 +15,16 @@
 //! # per-site proxy.
 //! client_endpoints = "all"
 //!
-//! # Every two sites need a link: the one-way delay, and an optional
-//! # jitter (a uniform random extra per chunk, order kept).
+//! # Every two sites need a link: the one-way delay (from the first site
+//! # to the second; `one_way_back` the other way, if it differs), and an
+//! # optional jitter (a uniform random extra per chunk, order kept) and
+//! # loss (the share of chunks that arrive a TCP resend late).
 //! [[link]]
 //! between = ["east", "west"]
 //! one_way = "30ms"
+//! one_way_back = "45ms"
 //! jitter = "2ms"
+//! loss = "0.5%"
 //! ```
 
 use std::time::Duration;
@@ -34,26 +38,32 @@ const MAX_SITES: usize = 16;
 const MAX_MEMBERS: usize = 9;
 /// The longest one-way delay a link may have.
 const MAX_DELAY: Duration = Duration::from_secs(10);
+/// The most loss a link may have: past it, TCP itself would hardly carry
+/// a request.
+const MAX_LOSS_PPM: u32 = 200_000;
 
-/// The latency one way of a link: every chunk is delayed by `one_way` plus
-/// a uniform random extra of up to `jitter`.
+/// One direction of a link: every chunk is delayed by `one_way` plus a
+/// uniform random extra of up to `jitter`, and a share `loss` of them by
+/// a TCP resend more.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Delay {
     /// The fixed part.
     pub one_way: Duration,
     /// The most a chunk is delayed beyond `one_way`.
     pub jitter: Duration,
+    /// The share of chunks lost, in parts per million.
+    pub loss_ppm: u32,
 }
 
 impl Delay {
     /// Whether the link adds nothing (two places in one site).
     pub fn is_zero(self) -> bool {
-        self.one_way.is_zero() && self.jitter.is_zero()
+        self.one_way.is_zero() && self.jitter.is_zero() && self.loss_ppm == 0
     }
 
-    /// The round trip without jitter.
-    pub fn rtt(self) -> Duration {
-        self.one_way * 2
+    /// The share of chunks lost, from 0 to 1.
+    pub fn loss(self) -> f64 {
+        f64::from(self.loss_ppm) / 1e6
     }
 }
 
@@ -106,7 +116,11 @@ struct LinkFile {
     between: [String; 2],
     one_way: String,
     #[serde(default)]
+    one_way_back: Option<String>,
+    #[serde(default)]
     jitter: Option<String>,
+    #[serde(default)]
+    loss: Option<String>,
 }
 
 impl Topology {
@@ -157,15 +171,27 @@ impl Topology {
                 }
                 Ok(d)
             };
-            let delay = Delay {
+            let jitter = link
+                .jitter
+                .as_deref()
+                .map_or(Ok(Duration::ZERO), |j| duration("jitter", j))?;
+            let loss_ppm = link.loss.as_deref().map_or(Ok(0), |l| {
+                parts_per_million(l).map_err(|e| format!("link {a:?}–{b:?}: loss: {e}"))
+            })?;
+            let there = Delay {
                 one_way: duration("one_way", &link.one_way)?,
-                jitter: link
-                    .jitter
-                    .as_deref()
-                    .map_or(Ok(Duration::ZERO), |j| duration("jitter", j))?,
+                jitter,
+                loss_ppm,
             };
-            delays[i][j] = Some(delay);
-            delays[j][i] = Some(delay);
+            let back = match &link.one_way_back {
+                Some(back) => Delay {
+                    one_way: duration("one_way_back", back)?,
+                    ..there
+                },
+                None => there,
+            };
+            delays[i][j] = Some(there);
+            delays[j][i] = Some(back);
         }
         let delays = delays
             .into_iter()
@@ -231,12 +257,23 @@ impl Topology {
         self.delays[a][b]
     }
 
-    /// The longest round trip between two sites, without jitter.
+    /// The link from site `a` to site `b`: the way there, and back.
+    pub fn link(&self, a: usize, b: usize) -> (Delay, Delay) {
+        (self.delays[a][b], self.delays[b][a])
+    }
+
+    /// The round trip from site `a` to site `b` and back, without jitter
+    /// or loss.
+    pub fn rtt(&self, a: usize, b: usize) -> Duration {
+        self.delays[a][b].one_way + self.delays[b][a].one_way
+    }
+
+    /// The longest round trip between two sites, without jitter or loss.
     pub fn longest_rtt(&self) -> Duration {
-        self.delays
-            .iter()
-            .flatten()
-            .map(|d| d.rtt())
+        let n = self.sites.len();
+        (0..n)
+            .flat_map(|a| (0..n).map(move |b| (a, b)))
+            .map(|(a, b)| self.rtt(a, b))
             .max()
             .unwrap_or_default()
     }
@@ -260,14 +297,14 @@ impl Topology {
     /// standing in the sites `placed` (one member: to it), without jitter:
     /// the physical floor of one operation that needs a majority's answer.
     pub fn nearest_majority_rtt(&self, site: usize, placed: &[usize]) -> Duration {
-        let mut rtts: Vec<Duration> = placed.iter().map(|&m| self.delay(site, m).rtt()).collect();
+        let mut rtts: Vec<Duration> = placed.iter().map(|&m| self.rtt(site, m)).collect();
         rtts.sort();
         rtts.get(rtts.len() / 2).copied().unwrap_or_default()
     }
 
     /// The one delay to put in front of member `m` for the traffic to it
     /// that no router can attribute to a peer (see [`PeerLink`]): the
-    /// mean of its one-way delays to the other members.
+    /// mean of its one-way delays (and losses) to the other members.
     ///
     /// [`PeerLink`]: fencelock_testkit::servers::members::PeerLink
     pub fn member_ingress(&self, m: usize) -> Delay {
@@ -282,8 +319,25 @@ impl Topology {
         Delay {
             one_way: others.iter().map(|d| d.one_way).sum::<Duration>() / count,
             jitter: others.iter().map(|d| d.jitter).sum::<Duration>() / count,
+            loss_ppm: others.iter().map(|d| d.loss_ppm).sum::<u32>() / count,
         }
     }
+}
+
+/// `"0.5%"` as 5,000 parts per million; at most [`MAX_LOSS_PPM`].
+fn parts_per_million(text: &str) -> Result<u32, String> {
+    let percent: f64 = text
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse().ok())
+        .filter(|p: &f64| p.is_finite() && *p >= 0.0)
+        .ok_or_else(|| format!("{text:?} is not a percentage such as \"0.5%\""))?;
+    let ppm = (percent * 10_000.0).round();
+    if ppm > f64::from(MAX_LOSS_PPM) {
+        return Err(format!("{text} is above {}%", MAX_LOSS_PPM / 10_000));
+    }
+    // In range: checked just above.
+    Ok(ppm as u32)
 }
 
 #[cfg(test)]
@@ -327,6 +381,43 @@ mod tests {
         assert_eq!(t.nearest_majority_rtt(2, &all[..1]), ms(160));
         // east's member: the mean of 30 and 80.
         assert_eq!(t.member_ingress(0).one_way, ms(55));
+    }
+
+    #[test]
+    fn a_link_may_differ_each_way_and_lose_chunks() {
+        let t = Topology::parse(&THREE.replace(
+            r#"one_way = "80ms""#,
+            "one_way = \"80ms\"\none_way_back = \"20ms\"\nloss = \"0.5%\"",
+        ))
+        .unwrap();
+        let ms = Duration::from_millis;
+        // The link is given north first: north to east takes 80 ms.
+        assert_eq!(t.delay(2, 0).one_way, ms(80));
+        assert_eq!(t.delay(0, 2).one_way, ms(20));
+        assert_eq!(t.rtt(0, 2), ms(100));
+        assert_eq!(t.rtt(2, 0), ms(100));
+        assert_eq!(t.delay(2, 0).loss_ppm, 5_000);
+        assert_eq!(t.delay(0, 2).loss_ppm, 5_000);
+        assert!((t.delay(0, 2).loss() - 0.005).abs() < 1e-12);
+        assert_eq!(t.delay(0, 1).loss_ppm, 0);
+        // From north: 0, east 100, west 300.
+        assert_eq!(t.nearest_majority_rtt(2, t.members()), ms(100));
+        assert_eq!(t.longest_rtt(), ms(300));
+    }
+
+    #[test]
+    fn every_shipped_topology_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies");
+        let mut parsed = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            if let Err(e) = Topology::parse(&text) {
+                panic!("{}: {e}", path.display());
+            }
+            parsed += 1;
+        }
+        assert!(parsed >= 6, "{parsed} topologies");
     }
 
     #[test]
@@ -379,6 +470,25 @@ mod tests {
             (
                 THREE.replace(r#"one_way = "80ms""#, r#"one_way = "11s""#),
                 "above",
+            ),
+            (
+                THREE.replace(r#"one_way = "80ms""#, "one_way = \"80ms\"\nloss = \"1\""),
+                "not a percentage",
+            ),
+            (
+                THREE.replace(r#"one_way = "80ms""#, "one_way = \"80ms\"\nloss = \"-1%\""),
+                "not a percentage",
+            ),
+            (
+                THREE.replace(r#"one_way = "80ms""#, "one_way = \"80ms\"\nloss = \"30%\""),
+                "above 20%",
+            ),
+            (
+                THREE.replace(
+                    r#"one_way = "80ms""#,
+                    "one_way = \"80ms\"\none_way_back = \"x\"",
+                ),
+                "one_way_back",
             ),
             (
                 THREE.replace(r#"clients = ["west"]"#, "clients = []"),

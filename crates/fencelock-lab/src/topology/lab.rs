@@ -132,6 +132,10 @@ impl LabEngine {
 /// its tries to reach a leader, twice.
 const LINK_PATIENCE: Duration = Duration::from_secs(2);
 
+/// The least retransmission time-out of Linux's TCP (`TCP_RTO_MIN`), on top
+/// of the round trip: what a lost chunk costs on a lossy link.
+const MIN_RTO: Duration = Duration::from_millis(200);
+
 /// The servers a lab started, of whichever engine, kept to be stopped when
 /// it is dropped; shared with the tasks of `torture --topology`.
 type Servers = Box<dyn Any + Send + Sync>;
@@ -197,7 +201,7 @@ impl Lab {
                                 Some(sites[f]),
                                 sites[to],
                                 addr,
-                                topology.delay(sites[f], sites[to]),
+                                topology.link(sites[f], sites[to]),
                             ))
                             .map_err(Into::into),
                         // One advertised URL for every peer: a router in
@@ -206,11 +210,12 @@ impl Lab {
                         None => handle.block_on(async {
                             let mut links = HashMap::new();
                             for (m, &at) in sites.iter().enumerate().filter(|&(m, _)| m != to) {
-                                let delay = topology.delay(at, sites[to]);
-                                links.insert(m, made.link(Some(at), sites[to], addr, delay).await?);
+                                let link = topology.link(at, sites[to]);
+                                links.insert(m, made.link(Some(at), sites[to], addr, link).await?);
                             }
                             let ingress = topology.member_ingress(to);
-                            let unnamed = made.link(None, sites[to], addr, ingress).await?;
+                            let unnamed =
+                                made.link(None, sites[to], addr, (ingress, ingress)).await?;
                             let router =
                                 Router::start(to, Arc::clone(&routed), links, unnamed).await?;
                             let through = router.addr();
@@ -256,7 +261,7 @@ impl Lab {
             for (m, &addr) in member_addrs.iter().enumerate() {
                 let at = placed[m];
                 addrs.push(
-                    made.link(Some(site), at, addr, topology.delay(site, at))
+                    made.link(Some(site), at, addr, topology.link(site, at))
                         .await?,
                 );
             }
@@ -271,7 +276,7 @@ impl Lab {
                     .iter()
                     .zip(addrs)
                     .filter(|(&at, _)| !only_site || at == site)
-                    .map(|(&at, addr)| (topology.delay(site, at).one_way, addr))
+                    .map(|(&at, addr)| (topology.rtt(site, at), addr))
                     .collect();
                 listed.sort_by_key(|(d, _)| *d);
                 addrs = listed.into_iter().map(|(_, a)| a).collect();
@@ -378,7 +383,7 @@ impl Lab {
     /// engine only): the floor of one operation on them.
     pub fn home_rtt(&self, site: usize) -> Option<Duration> {
         let home = self.home_of(&self.key_prefix(site))?;
-        Some(self.topology.delay(site, home).rtt())
+        Some(self.topology.rtt(site, home))
     }
 
     /// The topology it runs.
@@ -487,20 +492,27 @@ struct Made {
 impl Made {
     /// The address to dial for `upstream` from site `from` (`None`: not
     /// known) to site `to`: `upstream` itself within one site, else a
-    /// proxy delaying both ways by `delay`.
+    /// proxy delaying the way there by `there` and the way back by `back`.
     async fn link(
         &mut self,
         from: Option<usize>,
         to: usize,
         upstream: SocketAddr,
-        delay: Delay,
+        (there, back): (Delay, Delay),
     ) -> std::io::Result<SocketAddr> {
         if from == Some(to) {
             return Ok(upstream);
         }
         let proxy = FaultProxy::start(upstream).await?;
         let controls = proxy.controls();
-        controls.set_latency(Direction::Both, delay.one_way, delay.jitter);
+        controls.set_latency(Direction::ToServer, there.one_way, there.jitter);
+        controls.set_latency(Direction::ToClient, back.one_way, back.jitter);
+        // A lost segment arrives once TCP resends it, a retransmission
+        // time-out later: Linux's is the smoothed round trip plus at least
+        // 200 ms.
+        let resend_after = there.one_way + back.one_way + MIN_RTO;
+        controls.set_loss(Direction::ToServer, there.loss(), resend_after);
+        controls.set_loss(Direction::ToClient, back.loss(), resend_after);
         // A port about to open is reached as the dialling end's own
         // retries would reach it, not reset after the proxy accepted: a
         // ZooKeeper member reset while it registers with a leader that has

@@ -51,6 +51,18 @@ async fn round_trip(stream: &mut TcpStream, message: &[u8]) -> io::Result<Vec<u8
     Ok(reply)
 }
 
+/// 100 one-byte writes come back in order, whatever each was delayed by.
+async fn assert_order_kept(stream: &mut TcpStream) {
+    let mut expected = Vec::new();
+    for i in 0..100u8 {
+        stream.write_all(&[i]).await.unwrap();
+        expected.push(i);
+    }
+    let mut echoed = vec![0u8; expected.len()];
+    stream.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(echoed, expected);
+}
+
 /// A read that ends the connection: EOF or an error such as a reset.
 async fn assert_closed(stream: &mut TcpStream) {
     let mut buf = [0u8; 16];
@@ -97,14 +109,33 @@ async fn latency_delays_and_keeps_order() {
 
     // Jitter larger than the gap between writes must not reorder them.
     controls.set_latency(Direction::Both, Duration::ZERO, Duration::from_millis(10));
-    let mut expected = Vec::new();
-    for i in 0..100u8 {
-        stream.write_all(&[i]).await.unwrap();
-        expected.push(i);
-    }
-    let mut echoed = vec![0u8; expected.len()];
-    stream.read_exact(&mut echoed).await.unwrap();
-    assert_eq!(echoed, expected);
+    assert_order_kept(&mut stream).await;
+}
+
+#[tokio::test]
+async fn a_lost_chunk_arrives_a_resend_late_and_holds_the_ones_behind_it() {
+    let (server, _) = echo_server().await;
+    let proxy = FaultProxy::start(server).await.unwrap();
+    let controls = proxy.controls();
+    let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+    let resend = Duration::from_millis(200);
+    // Every chunk lost one way: each round trip pays one resend, at least.
+    controls.set_loss(Direction::ToClient, 1.0, resend);
+    let started = tokio::time::Instant::now();
+    assert_eq!(round_trip(&mut stream, b"late").await.unwrap(), b"late");
+    assert!(started.elapsed() >= resend);
+
+    // Half lost, both ways: nothing is reordered or dropped.
+    controls.set_loss(Direction::Both, 0.5, Duration::from_millis(5));
+    assert_order_kept(&mut stream).await;
+
+    // Healed: no loss left (the 10 s resend would show as a time-out).
+    controls.set_loss(Direction::Both, 1.0, Duration::from_secs(10));
+    controls.heal();
+    let reply = tokio::time::timeout(Duration::from_secs(5), round_trip(&mut stream, b"on time"))
+        .await
+        .expect("heal left the loss on");
+    assert_eq!(reply.unwrap(), b"on time");
 }
 
 #[tokio::test]

@@ -46,6 +46,9 @@ pub(crate) type ClusterFollower = Follower<ClusterNodes>;
 /// A node's address as `CLUSTER SLOTS` names it.
 type Addr = (String, u16);
 
+/// The port of a node URL that names none.
+const DEFAULT_PORT: u16 = 6379;
+
 /// The nodes of a cluster and how to reach them.
 pub(crate) struct ClusterNodes {
     /// The URL's nodes: asked too, whatever the map says.
@@ -100,12 +103,9 @@ impl ClusterNodes {
     /// then every node their answers name that was not asked yet.
     async fn survey(&self, known: &Layout) -> Survey {
         let mut asked = known.nodes();
-        for seed in &self.seeds {
-            if let (Some(host), Some(port)) = (seed.host_str(), seed.port()) {
-                let addr = (host.trim_matches(['[', ']']).to_owned(), port);
-                if !asked.contains(&addr) {
-                    asked.push(addr);
-                }
+        for addr in self.seeds.iter().filter_map(seed_addr) {
+            if !asked.contains(&addr) {
+                asked.push(addr);
             }
         }
         let mut survey = Survey::default();
@@ -259,6 +259,13 @@ pub(crate) async fn cluster_connection(
         .build()?
         .get_async_connection()
         .await
+}
+
+/// The address a seed's URL names; a seed without a port is on Redis's
+/// own, as the driver reads it.
+fn seed_addr(seed: &Url) -> Option<Addr> {
+    let host = seed.host_str()?.trim_matches(['[', ']']).to_owned();
+    Some((host, seed.port().unwrap_or(DEFAULT_PORT)))
 }
 
 /// The URL of the node at `addr`: `template` (a seed's URL) with its host
@@ -440,6 +447,17 @@ mod tests {
         let layout = Layout::parse(vec![range(0, 16383, vec![node("", 7000)])], "127.0.0.1");
         assert_eq!(layout.primaries(), vec![("127.0.0.1".into(), 7000)]);
         assert_eq!(Layout::parse(vec![Value::Int(3)], "h"), Layout::default());
+    }
+
+    #[test]
+    fn a_seed_without_a_port_is_on_the_default_one() -> Result<(), Box<dyn std::error::Error>> {
+        let seed = |url: &str| -> Result<Option<Addr>, url::ParseError> {
+            Ok(seed_addr(&Url::parse(url)?))
+        };
+        assert_eq!(seed("redis://h")?, Some(("h".into(), 6379)));
+        assert_eq!(seed("rediss://u:p@h:7001/")?, Some(("h".into(), 7001)));
+        assert_eq!(seed("redis://[::1]:7002")?, Some(("::1".into(), 7002)));
+        Ok(())
     }
 
     #[test]

@@ -402,12 +402,19 @@ async fn a_node_that_lost_its_data_joins_a_majority_that_never_granted_in_quaran
             .await?;
     }
     let b = open(&format!("{}?node_timeout=300ms&max_ttl=2s", set.url())).await?;
-    // Nodes 1 and 2 grant; node 0 joins on the way.
+    // Nodes 1 and 2 grant; node 0 joins on the way. The grant answers at
+    // the first majority, so node 0's join may still be in flight.
     granted(
         b.try_acquire(&request("key", "b", Duration::from_secs(1))?)
             .await?,
     )?;
-    assert!(formed(&set, 0).await?);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !formed(&set, 0).await? {
+        if Instant::now() >= deadline {
+            return Err("node 0 did not join within 5 s of the grant".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut conn = node_conn(&set, 0).await?;
     let votes_from: i64 = redis::cmd("HGET")
         .arg("fencelock:redlock")

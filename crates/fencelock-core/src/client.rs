@@ -674,6 +674,7 @@ async fn acquire_loop(
         // Held after waiting its whole stretch where the key is: ask again
         // at once (a backend that answered early is waited for here).
         let waited = !stretch.is_zero() && asked.elapsed() >= stretch;
+        let retry = matches!(outcome, Ok(Attempt::Retry));
         let holder = match outcome {
             Ok(Attempt::Granted(guard)) => {
                 // The grant took the entry off the queue on the backend.
@@ -713,7 +714,12 @@ async fn acquire_loop(
         if waited {
             continue;
         }
-        let mut pause = backoff.next_pause();
+        // A complete source signals every release: a try of its own would
+        // only delay the answer to one (after a failed try, back off).
+        let mut pause = match &wakeups {
+            Some(sub) if sub.is_complete() && !retry => WAIT_BACKOFF.1,
+            _ => backoff.next_pause(),
+        };
         if let Some(deadline) = deadline {
             pause = pause.min(deadline - now);
         }

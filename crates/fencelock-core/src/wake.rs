@@ -19,6 +19,7 @@ use tokio::sync::watch;
 /// jittered backoff.
 pub struct WakeSubscription {
     source: Source,
+    complete: bool,
 }
 
 enum Source {
@@ -49,7 +50,26 @@ impl WakeSubscription {
     pub fn from_stream(stream: impl Stream<Item = ()> + Send + 'static) -> Self {
         Self {
             source: Source::Stream(Box::pin(stream)),
+            complete: false,
         }
+    }
+
+    /// Marks the source as complete: while it lives, every change that may
+    /// free the key is signalled (an ordered watch of the key's store, such
+    /// as etcd's, not a best-effort channel such as pub/sub). A waiter then
+    /// tries again when woken and otherwise once a second, not on a backoff
+    /// from a millisecond, so that a try of its own seldom stands between a
+    /// release and the waiter's answer to it; after a failed try, or once
+    /// the source ends, it backs off as usual.
+    #[must_use]
+    pub fn complete(mut self) -> Self {
+        self.complete = true;
+        self
+    }
+
+    /// Whether the source signals every change ([`WakeSubscription::complete`]).
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     /// Waits for the next wake-up. Returns `false`, at once and forever after,
@@ -97,6 +117,7 @@ impl WakeHub {
                 hub: self.clone(),
                 key: key.to_owned(),
             },
+            complete: false,
         }
     }
 

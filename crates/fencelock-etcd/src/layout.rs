@@ -185,7 +185,19 @@ impl EtcdLayoutBackend {
     }
 
     async fn contenders(&self, key: &LockKey) -> Result<Vec<KeyValue>> {
-        let (prefix, options) = (self.contenders_prefix(key), self.contenders_range());
+        self.contenders_read(key, self.contenders_range()).await
+    }
+
+    /// `key`'s contenders as the member asked last applied them, without
+    /// asking the leader (a serializable read): no round trip beyond that
+    /// member, and possibly behind the cluster.
+    async fn contenders_nearby(&self, key: &LockKey) -> Result<Vec<KeyValue>> {
+        self.contenders_read(key, self.contenders_range().with_serializable())
+            .await
+    }
+
+    async fn contenders_read(&self, key: &LockKey, options: GetOptions) -> Result<Vec<KeyValue>> {
+        let prefix = self.contenders_prefix(key);
         let mut resp = failover(self.timeout(), || {
             let (mut c, k, o) = (self.etcd.client.clone(), prefix.clone(), options.clone());
             async move { c.get(k, Some(o)).await }
@@ -421,20 +433,40 @@ impl EtcdLayoutBackend {
 
     /// Refreshes a waiter's key: keeps its lease alive, then reads the
     /// contenders. `None` when its lease or its key is gone.
+    ///
+    /// A waiter woken by its turn takes it from the nearby member's view
+    /// alone, without a round trip to the leader, so that from a follower's
+    /// site a hand-off costs only the release's way through the leader
+    /// (docs/multi-dc.md). That view is trusted only when it shows the key
+    /// at its place with no older contender, and the lease has half its
+    /// TTL or more left on this side: revisions only grow, so an older
+    /// contender gone at any revision after the waiter's is gone for good,
+    /// and the waiter's key lasts as long as its lease, which the leader
+    /// ends no earlier than this side counts. Any other view may only be
+    /// behind, and is read again through the leader, keeping the lease
+    /// alive first, as before.
     async fn refresh(
         &self,
         key: &LockKey,
         waiter: Waiter,
     ) -> Result<Option<(Waiter, Vec<KeyValue>)>> {
+        let full = self.contender_key(key, waiter.lease.id);
+        let mine =
+            |kv: &KeyValue| kv.key() == full.as_bytes() && kv.create_revision() == waiter.revision;
+        if waiter.lease.left() * 2 >= secs(waiter.lease.granted) {
+            let kvs = self.contenders_nearby(key).await?;
+            if kvs.first().is_some_and(mine) {
+                return Ok(Some((waiter, kvs)));
+            }
+        }
         let Some(lease) = self.keep_alive(waiter.lease).await? else {
             return Ok(None);
         };
         let kvs = self.contenders(key).await?;
-        let full = self.contender_key(key, lease.id);
-        let present = kvs
+        Ok(kvs
             .iter()
-            .any(|kv| kv.key() == full.as_bytes() && kv.create_revision() == waiter.revision);
-        Ok(present.then_some((Waiter { lease, ..waiter }, kvs)))
+            .any(mine)
+            .then_some((Waiter { lease, ..waiter }, kvs)))
     }
 
     fn take_waiter(&self, key: &LockKey, owner: &Owner) -> Option<Waiter> {
@@ -812,7 +844,13 @@ impl Backend for EtcdLayoutBackend {
             .etcd
             .open_watch_at(self.contenders_prefix(key), options)
             .await?;
-        Ok(Some(delete_wakeups(stream)))
+        // Complete: the watch delivers every deletion in order while it
+        // lives (expiries too: etcd deletes an expired lease's keys), and a
+        // woken waiter's turn costs no write, so trying between wake-ups
+        // would only delay the answer to one. (The default layout's waiters
+        // do try: their grant is a write, and one sent while the release
+        // is on its way can land just after it.)
+        Ok(Some(delete_wakeups(stream).complete()))
     }
 
     fencelock_core::offers!(admin, fair_queue);

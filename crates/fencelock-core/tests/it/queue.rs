@@ -4,6 +4,10 @@
 //! to keep its entry alive. The memory backend does the locking; a wrapper
 //! claims `fair` and records what the client asked of it. The engines'
 //! queues themselves are checked by the conformance suite (`fair` cases).
+//!
+//! Also how often a waiter tries between wake-ups: with a complete source
+//! (`WakeSubscription::complete`) once a second, woken by the release; with
+//! a best-effort one on a backoff that starts at a millisecond.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -25,6 +29,8 @@ use tokio::{sync::mpsc, time::Instant};
 struct Recording {
     inner: MemoryBackend,
     fair: bool,
+    /// Marks the wake-up subscriptions complete.
+    complete: bool,
     attempts: Mutex<Vec<(bool, Instant)>>,
     attempted: mpsc::UnboundedSender<()>,
     left: mpsc::UnboundedSender<(LockKey, Owner)>,
@@ -41,6 +47,7 @@ fn recording(fair: bool) -> (Arc<Recording>, Probes) {
     let backend = Arc::new(Recording {
         inner: MemoryBackend::new(),
         fair,
+        complete: false,
         attempts: Mutex::default(),
         attempted,
         left,
@@ -85,7 +92,8 @@ impl Backend for Recording {
         self.inner.inspect(key).await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
-        self.inner.subscribe(key).await
+        let sub = self.inner.subscribe(key).await?;
+        Ok(sub.map(|s| if self.complete { s.complete() } else { s }))
     }
 
     fn fair_queue(&self) -> Option<&dyn FairQueue> {
@@ -227,4 +235,51 @@ async fn nothing_queues_on_a_backend_that_does_not_claim_fair() {
     assert!(waited.is_err());
     assert!(backend.queued_flags().iter().all(|q| !q));
     assert!(probes.left.try_recv().is_err());
+}
+
+/// The tries a waiter made in 10 s of a 30 s lease held by another owner,
+/// its subscription `complete` or not; the release then wakes it into a
+/// grant.
+async fn tries_while_held(complete: bool) -> usize {
+    let (backend, _probes) = recording(false);
+    let mut backend = Arc::into_inner(backend).unwrap();
+    backend.complete = complete;
+    let backend = Arc::new(backend);
+    let ttl = Duration::from_secs(30);
+    let holder = client(&backend, "holder")
+        .lock("k")
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = client(&backend, "waiter");
+    let wait = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let tries = backend.attempts.lock().unwrap().len();
+    holder.release().await.unwrap();
+    let guard = wait.await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    tries
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_source_s_waiter_tries_once_a_second_and_is_woken_by_the_release() {
+    let tries = tries_while_held(true).await;
+    // The holder's try, the waiter's first, then one a second.
+    assert!((11..=12).contains(&tries), "{tries} tries in 10 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_best_effort_source_s_waiter_also_tries_on_its_backoff() {
+    let tries = tries_while_held(false).await;
+    // Backoff doubling from 1 ms to 1 s, each pause jittered below its
+    // step: about thirty (34 measured).
+    assert!(tries >= 16, "{tries} tries in 10 s");
 }

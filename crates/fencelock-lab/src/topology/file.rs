@@ -14,6 +14,9 @@
 //! # those of its own site (all, if none stand there), as behind a
 //! # per-site proxy.
 //! client_endpoints = "all"
+//! # Options every client's URL carries, as the engine's URL takes them
+//! # (for example "layout=etcd"); none by default.
+//! client_options = "timeout=3s"
 //!
 //! # Every two sites need a link: the one-way delay (from the first site
 //! # to the second; `one_way_back` the other way, if it differs), and an
@@ -95,6 +98,7 @@ pub struct Topology {
     /// The sites clients stand in.
     clients: Vec<usize>,
     client_endpoints: ClientEndpoints,
+    client_options: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -106,6 +110,8 @@ struct TopologyFile {
     clients: Option<Vec<String>>,
     #[serde(default)]
     client_endpoints: ClientEndpoints,
+    #[serde(default)]
+    client_options: Option<String>,
     #[serde(default, rename = "link")]
     links: Vec<LinkFile>,
 }
@@ -233,12 +239,16 @@ impl Topology {
                 clients
             }
         };
+        if let Some(options) = &file.client_options {
+            check_options(options)?;
+        }
         Ok(Self {
             sites: file.sites,
             delays,
             members,
             clients,
             client_endpoints: file.client_endpoints,
+            client_options: file.client_options,
         })
     }
 
@@ -293,6 +303,11 @@ impl Topology {
         self.client_endpoints
     }
 
+    /// The options every client's URL carries (`a=1&b=2`), if any.
+    pub fn client_options(&self) -> Option<&str> {
+        self.client_options.as_deref()
+    }
+
     /// The round trip from `site` to the nearest majority of members
     /// standing in the sites `placed` (one member: to it), without jitter:
     /// the physical floor of one operation that needs a majority's answer.
@@ -322,6 +337,22 @@ impl Topology {
             loss_ppm: others.iter().map(|d| d.loss_ppm).sum::<u32>() / count,
         }
     }
+}
+
+/// `client_options` is a URL's query: `name=value` pairs joined by `&`,
+/// without the `?` (the lab adds it) and without spaces.
+fn check_options(options: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("client_options {options:?}: {why}"));
+    if options.contains(['?', '#']) || options.chars().any(char::is_whitespace) {
+        return bad("a URL's query, `name=value` pairs joined by `&`, without `?`, `#` or spaces");
+    }
+    for pair in options.split('&') {
+        match pair.split_once('=') {
+            Some((name, _)) if !name.is_empty() => {}
+            _ => return bad(&format!("{pair:?} is not `name=value`")),
+        }
+    }
+    Ok(())
 }
 
 /// `"0.5%"` as 5,000 parts per million; at most [`MAX_LOSS_PPM`].
@@ -418,6 +449,27 @@ mod tests {
             parsed += 1;
         }
         assert!(parsed >= 6, "{parsed} topologies");
+    }
+
+    #[test]
+    fn client_options_are_a_query_without_its_question_mark() {
+        assert_eq!(Topology::parse(THREE).unwrap().client_options(), None);
+        let given = format!("client_options = \"layout=etcd&timeout=3s\"\n{THREE}");
+        let t = Topology::parse(&given).unwrap();
+        assert_eq!(t.client_options(), Some("layout=etcd&timeout=3s"));
+        for bad in [
+            "?layout=etcd",
+            "layout",
+            "=etcd",
+            "a=1&&b=2",
+            "a=1 b",
+            "a=1#x",
+            "",
+        ] {
+            let text = format!("client_options = {bad:?}\n{THREE}");
+            let e = Topology::parse(&text).unwrap_err();
+            assert!(e.contains("client_options"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -98,6 +98,13 @@ impl LabEngine {
     /// Whether the topology's clients can reach this engine as it asks:
     /// the error says why not.
     pub fn check(self, topology: &Topology) -> Result<(), String> {
+        if self == LabEngine::Sharded && topology.client_options().is_some() {
+            return Err(
+                "client_options applies to engines opened by one URL; the sharded \
+                        engine's clients open a map of shards"
+                    .into(),
+            );
+        }
         match (topology.client_endpoints(), self) {
             (ClientEndpoints::All, _)
             | (ClientEndpoints::Site, LabEngine::Etcd | LabEngine::Zookeeper)
@@ -294,8 +301,11 @@ impl Lab {
                 }
                 None => {
                     let mut site_url = with_endpoints(&url, &addrs)?;
-                    if topology.client_endpoints() == ClientEndpoints::Nearest {
-                        site_url.push_str("?balance=first");
+                    let nearest = (topology.client_endpoints() == ClientEndpoints::Nearest)
+                        .then_some("balance=first");
+                    for options in nearest.into_iter().chain(topology.client_options()) {
+                        site_url.push(if site_url.contains('?') { '&' } else { '?' });
+                        site_url.push_str(options);
                     }
                     site_url
                 }

@@ -26,6 +26,11 @@
 //!
 //! A connection closes as a whole when either side closes its half; no
 //! database protocol fencelock speaks needs half-closed connections.
+//!
+//! A proxy can also rewrite the first message of each connection towards
+//! the server ([`ProxyControls::set_greeting`]), where a protocol names an
+//! address the other end dials back (a ZooKeeper member's election
+//! greeting): a lab of links then keeps that dial on its link.
 
 use std::{
     collections::HashMap,
@@ -128,12 +133,47 @@ struct Connection {
     damaged: Arc<AtomicBool>,
 }
 
-#[derive(Debug, Default)]
+/// What a [`Greeting`] rewriter makes of the bytes a connection sent the
+/// server so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GreetingRewrite {
+    /// The first message is not complete yet: read more.
+    NeedMore,
+    /// Send `with` instead of the first `consumed` bytes, the rest as it is.
+    Replace {
+        /// How many of the bytes read were the first message.
+        consumed: usize,
+        /// What goes to the server in their place.
+        with: Vec<u8>,
+    },
+    /// Not a message to rewrite: the connection passes as it is.
+    Keep,
+}
+
+/// Reads the start of what a connection sends the server, and says what
+/// to do with it ([`ProxyControls::set_greeting`]).
+pub type Greeting = Arc<dyn Fn(&[u8]) -> GreetingRewrite + Send + Sync>;
+
+/// The most bytes held back while a [`Greeting`] asks for more: beyond
+/// it, the connection passes as it is.
+const MAX_GREETING: usize = 64 * 1024;
+
+#[derive(Default)]
 struct Shared {
     faults: Mutex<Faults>,
+    greeting: Mutex<Option<Greeting>>,
     connections: Mutex<HashMap<u64, Connection>>,
     next_id: AtomicU64,
     swallowed: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("faults", &self.faults)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked
@@ -152,6 +192,14 @@ pub struct ProxyControls {
 }
 
 impl ProxyControls {
+    /// Rewrites the first message of each new connection towards the
+    /// server with `greeting` (`None`: no more). Bytes are held back until
+    /// it has decided (at most 64 KiB); delays and losses then apply to
+    /// what it made of them.
+    pub fn set_greeting(&self, greeting: Option<Greeting>) {
+        *lock(&self.shared.greeting) = greeting;
+    }
+
     /// Delays every chunk travelling in `direction` by `base` plus a uniform
     /// random extra of up to `jitter`. Chunks keep their order: a chunk is
     /// never delivered before the one read ahead of it.
@@ -452,27 +500,52 @@ async fn pump(
     damaged: &AtomicBool,
 ) -> io::Result<()> {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
+    let mut greeting = match way {
+        Way::ToServer => lock(&shared.greeting).clone(),
+        Way::ToClient => None,
+    };
     let read_half = async move {
         let mut buf = vec![0u8; 16 * 1024];
         let mut last_delivery = Instant::now();
+        // What the greeting has not decided on yet.
+        let mut held = Vec::new();
         loop {
             let n = read(&from, &mut buf).await?;
-            if n == 0 {
-                return Ok::<(), io::Error>(());
+            let mut chunk = buf[..n].to_vec();
+            if let Some(rewrite) = &greeting {
+                held.extend_from_slice(&chunk);
+                chunk = match rewrite(&held) {
+                    GreetingRewrite::NeedMore if n > 0 && held.len() < MAX_GREETING => continue,
+                    GreetingRewrite::Replace { consumed, with } if consumed <= held.len() => {
+                        let mut rewritten = with;
+                        rewritten.extend_from_slice(&held[consumed..]);
+                        rewritten
+                    }
+                    _ => std::mem::take(&mut held),
+                };
+                greeting = None;
             }
             let path = lock(&shared.faults).path(way);
-            if path.blackhole {
+            if chunk.is_empty() {
+                // Nothing to pass on: the end of the stream, or a greeting
+                // rewritten to nothing.
+            } else if path.blackhole {
                 damaged.store(true, Ordering::SeqCst);
-                shared.swallowed.fetch_add(n as u64, Ordering::SeqCst);
-                continue;
+                shared
+                    .swallowed
+                    .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            } else {
+                let mut delay = path.latency + random_up_to(path.jitter);
+                if path.loss > 0.0 && rand::thread_rng().gen_bool(path.loss) {
+                    delay += path.resend_after;
+                }
+                last_delivery = last_delivery.max(Instant::now() + delay);
+                if tx.send((last_delivery, chunk)).await.is_err() {
+                    return Ok(());
+                }
             }
-            let mut delay = path.latency + random_up_to(path.jitter);
-            if path.loss > 0.0 && rand::thread_rng().gen_bool(path.loss) {
-                delay += path.resend_after;
-            }
-            last_delivery = last_delivery.max(Instant::now() + delay);
-            if tx.send((last_delivery, buf[..n].to_vec())).await.is_err() {
-                return Ok(());
+            if n == 0 {
+                return Ok::<(), io::Error>(());
             }
         }
     };

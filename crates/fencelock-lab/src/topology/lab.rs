@@ -13,7 +13,11 @@
 //!   and sends each peer's connections through that pair's link (the
 //!   `router` module). A connection no router can attribute takes the
 //!   member's own link, at the mean of its one-way delays to its peers
-//!   ([`Topology::member_ingress`]).
+//!   ([`Topology::member_ingress`]). A ZooKeeper member that dials a
+//!   higher id's election port names its own election address in its
+//!   greeting, and the higher id hangs up and dials that address back: the
+//!   link rewrites it to the higher id's link back
+//!   (`zookeeper::election_greeting`), so that dial too crosses the link.
 //!
 //! The `sharded` engine has no members that talk: one Redis server per
 //! member site, each a shard named after its site, and per client site a
@@ -39,10 +43,13 @@ use std::{
 use clap::ValueEnum;
 use fencelock::sharded::{Phase, Placement, Shard, ShardMap};
 use fencelock_testkit::{
-    proxy::{endpoints, with_endpoints, Direction, FaultProxy},
+    proxy::{endpoints, with_endpoints, Direction, FaultProxy, Greeting},
     servers::{
-        etcd::EtcdCluster, members::PeerLink, postgres::PostgresServer, redis_set::RedisSet,
-        zookeeper::ZkServer,
+        etcd::EtcdCluster,
+        members::PeerLink,
+        postgres::PostgresServer,
+        redis_set::RedisSet,
+        zookeeper::{self, ZkServer},
     },
     TestResult,
 };
@@ -193,6 +200,9 @@ impl Lab {
         // Peer links are made while the members are laid out, on a
         // blocking thread; the proxies run on this runtime.
         let made = Arc::new(Mutex::new(Made::default()));
+        // Where each member dials each address of a peer: a ZooKeeper
+        // member named in an election greeting is dialled back there.
+        let dialled: Arc<Mutex<HashMap<(usize, SocketAddr), SocketAddr>>> = Arc::default();
         let (servers, url) = {
             let topology = topology.clone();
             let made = Arc::clone(&made);
@@ -201,16 +211,27 @@ impl Lab {
             tokio::task::spawn_blocking(move || -> TestResult<(Servers, String)> {
                 let link: &PeerLink<'_> = &|from, to, addr| {
                     let sites = topology.members();
-                    let made = &mut *made.lock().unwrap_or_else(PoisonError::into_inner);
+                    let made = &mut *lock(&made);
                     match from {
-                        Some(f) => handle
-                            .block_on(made.link(
+                        Some(f) => {
+                            let through = handle.block_on(made.link(
                                 Some(sites[f]),
                                 sites[to],
                                 addr,
                                 topology.link(sites[f], sites[to]),
-                            ))
-                            .map_err(Into::into),
+                            ))?;
+                            lock(&dialled).insert((f, addr), through);
+                            if engine == LabEngine::Zookeeper && through != addr {
+                                // `to` dials a lower id back at the address
+                                // its greeting names: make it `to`'s link.
+                                let dialled = Arc::clone(&dialled);
+                                let greeting = zookeeper::election_greeting(move |named| {
+                                    lock(&dialled).get(&(to, named)).copied()
+                                });
+                                made.greet(greeting);
+                            }
+                            Ok(through)
+                        }
                         // One advertised URL for every peer: a router in
                         // front of it sends each peer's connections through
                         // the link of that pair.
@@ -256,7 +277,7 @@ impl Lab {
             })
             .await??
         };
-        let mut made = std::mem::take(&mut *made.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut made = std::mem::take(&mut *lock(&made));
         let member_addrs = endpoints(&url)?;
         let homes = (engine == LabEngine::Sharded)
             .then(|| shard_map(topology.sites(), &placed, &member_addrs))
@@ -499,7 +520,19 @@ struct Made {
     routers: Vec<Router>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Made {
+    /// Rewrites the first message of each connection on the last link made
+    /// with `greeting`.
+    fn greet(&self, greeting: Greeting) {
+        if let Some(link) = self.links.last() {
+            link.proxy.controls().set_greeting(Some(greeting));
+        }
+    }
+
     /// The address to dial for `upstream` from site `from` (`None`: not
     /// known) to site `to`: `upstream` itself within one site, else a
     /// proxy delaying the way there by `there` and the way back by `back`.

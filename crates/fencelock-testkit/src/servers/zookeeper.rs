@@ -12,6 +12,7 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::Command,
+    sync::Arc,
     time::Duration,
 };
 
@@ -19,7 +20,82 @@ use super::{
     find_binary,
     members::{direct, Engine, MemberSet, PeerLink, SingleServer, Slot},
 };
-use crate::TestResult;
+use crate::{
+    proxy::{Greeting, GreetingRewrite},
+    TestResult,
+};
+
+/// The first word of a member's election greeting, by protocol version
+/// (`QuorumCnxManager`: one address, or several joined by `|`).
+const ELECTION_PROTOCOLS: [i64; 2] = [-65536, -65535];
+
+/// The longest address list a greeting may carry here; ZooKeeper's own
+/// bound is larger, but a longer one is no member of a test ensemble.
+const MAX_GREETING_ADDRESSES: usize = 4096;
+
+/// A greeting rewriter for the links between members
+/// ([`crate::proxy::ProxyControls::set_greeting`]): a member that dials
+/// another's election port names its own election address in its first
+/// message, and a member with a higher id hangs up and dials that address
+/// back, past any link. The rewriter names `dial_back(address)` instead,
+/// where the member dialled reaches the one dialling (its link back);
+/// addresses it does not know, and every other connection, pass as they
+/// are.
+pub fn election_greeting(
+    dial_back: impl Fn(SocketAddr) -> Option<SocketAddr> + Send + Sync + 'static,
+) -> Greeting {
+    Arc::new(move |sent: &[u8]| {
+        let word = |at: usize, len: usize| sent.get(at..at + len);
+        let Some(version) = word(0, 8) else {
+            return GreetingRewrite::NeedMore;
+        };
+        let version = i64::from_be_bytes(version.try_into().unwrap_or_default());
+        if !ELECTION_PROTOCOLS.contains(&version) {
+            return GreetingRewrite::Keep;
+        }
+        let Some(len) = word(16, 4) else {
+            return GreetingRewrite::NeedMore;
+        };
+        let len = u32::from_be_bytes(len.try_into().unwrap_or_default());
+        let Some(len) = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= MAX_GREETING_ADDRESSES)
+        else {
+            return GreetingRewrite::Keep;
+        };
+        let Some(named) = word(20, len) else {
+            return GreetingRewrite::NeedMore;
+        };
+        let Ok(named) = std::str::from_utf8(named) else {
+            return GreetingRewrite::Keep;
+        };
+        let mut known = false;
+        let mut through = Vec::new();
+        for addr in named.split('|') {
+            match addr.parse().ok().and_then(&dial_back) {
+                Some(link) => {
+                    known = true;
+                    through.push(link.to_string());
+                }
+                None => through.push(addr.to_owned()),
+            }
+        }
+        if !known {
+            return GreetingRewrite::Keep;
+        }
+        let through = through.join("|");
+        let Ok(through_len) = u32::try_from(through.len()) else {
+            return GreetingRewrite::Keep;
+        };
+        let mut with = sent[..16].to_vec();
+        with.extend_from_slice(&through_len.to_be_bytes());
+        with.extend_from_slice(through.as_bytes());
+        GreetingRewrite::Replace {
+            consumed: 20 + len,
+            with,
+        }
+    })
+}
 
 /// Where the Debian package puts the server's jars and configuration.
 const JARS: &str = "/usr/share/java";
@@ -173,4 +249,68 @@ fn mode(addr: SocketAddr) -> TestResult<Option<String>> {
         .lines()
         .find_map(|l| l.strip_prefix("Mode: "))
         .map(|m| m.trim().to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn greeting(version: i64, sid: i64, named: &str) -> Vec<u8> {
+        let mut g = version.to_be_bytes().to_vec();
+        g.extend_from_slice(&sid.to_be_bytes());
+        g.extend_from_slice(&u32::try_from(named.len()).unwrap().to_be_bytes());
+        g.extend_from_slice(named.as_bytes());
+        g
+    }
+
+    #[test]
+    fn an_election_greeting_names_the_link_back() {
+        let own: SocketAddr = "127.0.0.1:4001".parse().unwrap();
+        let link: SocketAddr = "127.0.0.1:5001".parse().unwrap();
+        let rewrite = election_greeting(move |a| (a == own).then_some(link));
+        for version in ELECTION_PROTOCOLS {
+            let mut sent = greeting(version, 2, "127.0.0.1:4001");
+            sent.extend_from_slice(b"notification");
+            // Every prefix short of the address asks for more.
+            for cut in [0, 7, 8, 19, 20, 33] {
+                assert_eq!(rewrite(&sent[..cut]), GreetingRewrite::NeedMore, "{cut}");
+            }
+            let expected = greeting(version, 2, "127.0.0.1:5001");
+            assert_eq!(
+                rewrite(&sent),
+                GreetingRewrite::Replace {
+                    consumed: 34,
+                    with: expected
+                }
+            );
+        }
+        // Several addresses: the known one is replaced, the others kept.
+        let sent = greeting(-65535, 2, "127.0.0.1:4001|10.0.0.9:4001");
+        let GreetingRewrite::Replace { with, .. } = rewrite(&sent) else {
+            panic!("not rewritten");
+        };
+        assert_eq!(with, greeting(-65535, 2, "127.0.0.1:5001|10.0.0.9:4001"));
+    }
+
+    #[test]
+    fn anything_else_passes_as_it_is() {
+        let rewrite = election_greeting(|_| None);
+        // Unknown address; a quorum packet (its first word is a type);
+        // an address that is no text.
+        assert_eq!(
+            rewrite(&greeting(-65536, 2, "127.0.0.1:4001")),
+            GreetingRewrite::Keep
+        );
+        assert_eq!(
+            rewrite(&[0, 0, 0, 11, 0, 0, 0, 0, 9]),
+            GreetingRewrite::Keep
+        );
+        let mut bad = greeting(-65536, 2, "");
+        bad[16..20].copy_from_slice(&2u32.to_be_bytes());
+        bad.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(rewrite(&bad), GreetingRewrite::Keep);
+        let mut huge = greeting(-65536, 2, "");
+        huge[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(rewrite(&huge), GreetingRewrite::Keep);
+    }
 }

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use fencelock_testkit::proxy::{Direction, FaultProxy};
+use fencelock_testkit::proxy::{Direction, FaultProxy, Greeting, GreetingRewrite};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -281,4 +281,48 @@ async fn a_patient_proxy_reaches_a_port_that_opens_late() {
     accepted.read_exact(&mut buf).await.unwrap();
     accepted.write_all(&buf).await.unwrap();
     assert_eq!(client.await.unwrap().unwrap(), b"late");
+}
+
+/// A greeting rewriter sees the first message of each new connection
+/// towards the server, however it was split into writes, and what it
+/// replaces reaches the server instead; the bytes behind it, the replies
+/// and connections that do not match pass as they are.
+#[tokio::test]
+async fn a_greeting_is_rewritten_once_per_connection() {
+    let (server, _) = echo_server().await;
+    let proxy = FaultProxy::start(server).await.unwrap();
+    // "HELLO <n>;" becomes "HI <n>;"; anything else is kept.
+    let greeting: Greeting = Arc::new(|sent: &[u8]| {
+        if !b"HELLO ".starts_with(&sent[..sent.len().min(6)]) {
+            return GreetingRewrite::Keep;
+        }
+        match sent.iter().position(|&b| b == b';') {
+            None => GreetingRewrite::NeedMore,
+            Some(end) => {
+                let mut with = b"HI ".to_vec();
+                with.extend_from_slice(&sent[6..=end]);
+                GreetingRewrite::Replace {
+                    consumed: end + 1,
+                    with,
+                }
+            }
+        }
+    });
+    proxy.controls().set_greeting(Some(greeting));
+    let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+    for part in [&b"HEL"[..], b"LO 4", b"2;and"] {
+        a.write_all(part).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut echoed = vec![0u8; b"HI 42;and".len()];
+    a.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(echoed, b"HI 42;and");
+    // Only the first message: a second greeting on the stream passes.
+    assert_eq!(round_trip(&mut a, b"HELLO 7;").await.unwrap(), b"HELLO 7;");
+    let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut b, b"PING;").await.unwrap(), b"PING;");
+    // Turned off: new connections pass as they are.
+    proxy.controls().set_greeting(None);
+    let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut c, b"HELLO 1;").await.unwrap(), b"HELLO 1;");
 }

@@ -5,9 +5,13 @@
 //!
 //! - killed with SIGKILL, the Sentinels promoting the replica once they
 //!   judge it down;
-//! - `SENTINEL FAILOVER` while it runs: the replica is promoted and the old
-//!   master turned replica, so clients still connected to it get
-//!   `READONLY` and must find the new one.
+//! - a switchover while it runs: writes paused on the master, then
+//!   `SENTINEL FAILOVER`: the replica is promoted and the old master turned
+//!   replica, so clients still connected to it must find the new one.
+//!   (Without the pause the old master grants until it is turned, after
+//!   the replica stopped following it, and a grant there overlaps the new
+//!   master's next one: a loss docs/redis.md describes, which once showed
+//!   here as two tokens out of grant order.)
 //!
 //! Either way the new master's tokens stay above the old one's (the `TIME`
 //! floor of the acquire script, whatever the replica had received).

@@ -303,16 +303,7 @@ impl RedisSentinel {
         if !answer.starts_with("OK") {
             return Err(format!("SENTINEL FAILOVER: {answer}").into());
         }
-        let deadline = Instant::now() + START_TIMEOUT;
-        let new = loop {
-            match self.master_port() {
-                Ok(new) if new != old => break new,
-                _ if Instant::now() >= deadline => {
-                    return Err(format!("no failover from {old} within {START_TIMEOUT:?}").into())
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
+        let new = self.master_instead_of(old)?;
         let answer = self.cli(old, &["REPLICAOF", "127.0.0.1", &new.to_string()])?;
         if !answer.starts_with("OK") {
             return Err(format!("REPLICAOF on {old}: {answer}").into());
@@ -347,10 +338,16 @@ impl RedisSentinel {
     pub fn kill_master(&self) -> TestResult<(u16, u16)> {
         let old = self.master_port()?;
         self.kill(old)?;
+        Ok((old, self.master_instead_of(old)?))
+    }
+
+    /// Waits until the Sentinels name a master other than `old`; answers
+    /// its port.
+    fn master_instead_of(&self, old: u16) -> TestResult<u16> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             match self.master_port() {
-                Ok(new) if new != old => return Ok((old, new)),
+                Ok(new) if new != old => return Ok(new),
                 _ if Instant::now() >= deadline => {
                     return Err(format!("no replica took over from {old}").into())
                 }

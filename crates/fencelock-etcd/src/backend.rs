@@ -202,9 +202,19 @@ pub(crate) async fn connect(options: &EtcdOptions) -> Result<(Client, Option<Ste
 
 /// How many copies of an idempotent request are sent at most: one per
 /// member (two with a single endpoint), so that one hung member cannot
-/// hold them all.
+/// hold them all; with `balance=all`, as many more as go out before the
+/// steward has surely taken a silent member out of the channel
+/// ([`prefer::out_within`]). Until then the channel may hand every copy
+/// to that member; a release whose three copies all went there waited out
+/// its time-out and failed, about once in a few hundred releases sent
+/// while a member was cut off.
 fn copies_for(options: &EtcdOptions) -> usize {
-    options.endpoints.len().max(2)
+    let members = options.endpoints.len().max(2);
+    if options.balance != Balance::All || options.endpoints.len() == 1 {
+        return members;
+    }
+    let before = prefer::out_within(options.timeout).as_millis() / HEDGE_AFTER.as_millis().max(1);
+    members + usize::try_from(before).unwrap_or(usize::MAX)
 }
 
 /// Whole seconds, rounded up: etcd leases have a one-second resolution and
@@ -1414,5 +1424,39 @@ mod tests {
             cache.grants.len() < total as usize,
             "ended grants were never swept"
         );
+    }
+
+    /// The worst case of a member falling silent just before a request:
+    /// the channel hands it every copy until the steward has taken it out
+    /// ([`prefer::out_within`]). The copies sent after that reach the
+    /// others, so the request is answered. With one copy per member it
+    /// failed: all three were sent within a second, all to the silent one.
+    #[tokio::test(start_paused = true)]
+    async fn copies_outlast_a_silent_member_s_time_in_the_channel() {
+        for balance in ["", "&balance=all"] {
+            let url = format!("etcd://a:1,b:1,c:1?timeout=5s{balance}");
+            let options = EtcdOptions::from_url(&url).expect("valid URL");
+            let sent = tokio::time::Instant::now();
+            let out = sent + prefer::out_within(options.timeout);
+            let answered = hedged(options.timeout, copies_for(&options), || async move {
+                if tokio::time::Instant::now() < out {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, etcd_client::Error>(())
+            })
+            .await;
+            assert!(answered.is_ok(), "{url}: {answered:?}");
+            assert!(sent.elapsed() < options.timeout, "{url}");
+        }
+    }
+
+    /// Without a steward that takes a silent member out, more copies would
+    /// only add load: one per member, two with a single endpoint.
+    #[test]
+    fn copies_are_one_per_member_where_nothing_takes_a_silent_one_out() {
+        for (url, copies) in [("etcd://a:1", 2), ("etcd://a:1,b:1,c:1?balance=first", 3)] {
+            let options = EtcdOptions::from_url(url).expect("valid URL");
+            assert_eq!(copies_for(&options), copies, "{url}");
+        }
     }
 }

@@ -48,6 +48,14 @@ pub(crate) fn probe_within(timeout: Duration) -> Duration {
     timeout.min(Duration::from_secs(1))
 }
 
+/// How long after a member falls silent the `balance=all` steward has
+/// taken it out of the channel, while the other members answer their
+/// probes at once: the silence begins just after a probe round, the next
+/// one starts [`PROBE_EVERY`] later and waits out its bound.
+pub(crate) fn out_within(timeout: Duration) -> Duration {
+    PROBE_EVERY + probe_within(timeout)
+}
+
 /// Stops the steward when the last clone of its client's owner is dropped.
 pub(crate) type Steward = std::sync::Arc<DropGuard>;
 

@@ -26,7 +26,7 @@ use crate::{
 mod admin;
 mod queue;
 
-mod shared;
+pub(crate) mod shared;
 
 /// The name every exclusive lease node starts with; ZooKeeper appends the
 /// sequence.
@@ -44,9 +44,11 @@ fn prefix(mode: LockMode) -> &'static str {
     }
 }
 
-/// The name of the marker a fair waiter's grant creates and deletes in the
-/// same multi op as the write that makes its queue entry the lease
-/// ([`ZkBackend::write_grant`]); no read ever sees it.
+/// The name of the marker a fair waiter's grant created and deleted in the
+/// same multi op as the write that made its queue entry the lease, before
+/// such grants wrote nothing (`queue.rs`); no read ever saw it. The change
+/// watch still names its key (`changes.rs`), for a store shared with
+/// processes of those versions.
 pub(crate) const GRANTED: &str = "g-";
 
 /// The sequence part of a lease node's name: both prefixes are two bytes,
@@ -109,7 +111,8 @@ pub(crate) struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) data: Option<serde_json::Value>,
     pub(crate) ttl_ms: u64,
-    /// A waiter's queue entry, not a lease (`queue.rs`): never the holder.
+    /// A waiter's queue entry (`queue.rs`), until the first renewal after
+    /// its grant: not a holder's node unless it is the oldest live one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) queued: bool,
     /// Not fencelock's: a Curator or kazoo contender (Curator layout), held
@@ -123,6 +126,17 @@ impl Record {
     pub(crate) fn to_bytes(&self) -> Result<Vec<u8>> {
         serde_json::to_vec(self).map_err(|e| bad_value(e.to_string()))
     }
+}
+
+/// Where [`ZkBackend::settle`] found a node it had just written.
+pub(crate) enum Settled {
+    /// The oldest live node of its key: its lease holds the key.
+    First,
+    /// Behind an older live node, whose lease this is.
+    Behind(LockInfo),
+    /// Gone since it was written: deleted by a force-release (or as
+    /// expired, had its write taken longer than its lease).
+    Gone,
 }
 
 /// A lease node as read: its path, record and stat.
@@ -187,7 +201,7 @@ impl Node {
         }
     }
 
-    fn token(&self) -> FencingToken {
+    pub(crate) fn token(&self) -> FencingToken {
         // Zxids are positive; a negative one is not a node this crate wrote.
         FencingToken(u64::try_from(self.stat.czxid).unwrap_or(0))
     }
@@ -273,7 +287,7 @@ impl ZkBackend {
         }
     }
 
-    fn curator(&self) -> bool {
+    pub(crate) fn curator(&self) -> bool {
         self.conn.options.layout == ZkLayout::Curator
     }
 
@@ -343,7 +357,7 @@ impl ZkBackend {
     }
 
     /// [`ZkBackend::children`], and whether a writer intent node exists.
-    async fn listing(&self, c: &zk::Client, dir: &str) -> Result<(Vec<String>, bool)> {
+    pub(crate) async fn listing(&self, c: &zk::Client, dir: &str) -> Result<(Vec<String>, bool)> {
         let mut names = self
             .conn
             .maybe("listing a key's leases", c.list_children(dir))
@@ -780,56 +794,21 @@ impl ZkBackend {
         })
     }
 
-    /// [`ZkBackend::write`] of a queue entry that becomes the lease. That
-    /// write is a data change, and the store's change watch names no key
-    /// for data changes (renewals are data changes too, and far more
-    /// frequent: `changes.rs`). So, in the same multi op, a [`GRANTED`]
-    /// marker is created beside the entry and deleted again: no read sees
-    /// it, but the watch sees both and names the key. The Curator layout has
-    /// no change watch and writes as usual.
+    /// [`ZkBackend::write`] of a queue entry that becomes the lease, in
+    /// the Curator layout (fencelock's own grants it without a write,
+    /// `queue.rs`). A grant is trusted from before its request: see
+    /// `owns`. (An entry is this backend's, created through its session,
+    /// which is replaced only once expired, taking the entry with it.)
     pub(crate) async fn write_grant(
         &self,
         c: &zk::Client,
         node: &Node,
         record: Record,
     ) -> Result<std::result::Result<Node, zk::Error>> {
-        if self.curator() {
-            // A grant is trusted from before its request: see `owns`. (An
-            // entry is this backend's, created through its session, which
-            // is replaced only once expired, taking the entry with it.)
-            if !Self::owns(c, node) {
-                return Ok(Err(zk::Error::BadVersion));
-            }
-            return self.write(c, node, record).await;
+        if !Self::owns(c, node) {
+            return Ok(Err(zk::Error::BadVersion));
         }
-        let bytes = record.to_bytes()?;
-        let (dir, name) = node
-            .path
-            .rsplit_once('/')
-            .ok_or_else(|| bad_value(format!("a queue entry at {}", node.path)))?;
-        let marker = format!("{dir}/{GRANTED}{}", seq(name));
-        let plain = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        let mut multi = c.new_multi_writer();
-        let staged = multi
-            .add_set_data(&node.path, &bytes, Some(node.stat.version))
-            .and_then(|()| multi.add_create(&marker, &[], &plain))
-            .and_then(|()| multi.add_delete(&marker, None));
-        staged.map_err(|e| map("taking a lease from the queue", e))?;
-        let commit = multi.commit();
-        let answer = self
-            .conn
-            .raw(async { commit.await.map_err(zk::Error::from) })
-            .await;
-        Ok(answer.and_then(|results| match results.into_iter().next() {
-            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Node {
-                stat,
-                record,
-                ..node.clone()
-            }),
-            other => Err(zk::Error::UnexpectedError(format!(
-                "a grant's multi op answered {other:?} for its write"
-            ))),
-        }))
+        self.write(c, node, record).await
     }
 
     /// Creates the key's container `dir` unless it exists (in the Curator
@@ -894,9 +873,9 @@ impl ZkBackend {
         )))
     }
 
-    /// After creating `mine` at `now`: granted if every older node (a
-    /// writer's or a reader's) has expired (those are deleted), else the
-    /// holder. A grant withdraws `owner`'s writer intent.
+    /// After writing `mine` at `now`: [`Settled::First`] if every older
+    /// node (a writer's or a reader's) has expired (those are deleted),
+    /// else the holder. A grant withdraws `owner`'s writer intent.
     pub(crate) async fn settle(
         &self,
         c: &zk::Client,
@@ -904,18 +883,21 @@ impl ZkBackend {
         owner: &Owner,
         mine: &str,
         now: i64,
-    ) -> Result<Option<LockInfo>> {
+    ) -> Result<Settled> {
         let dir = self.key_dir(key.as_str());
         let own = mine.rsplit('/').next().unwrap_or_default();
         let (mut older, intent) = self.listing(c, &dir).await?;
+        if !older.iter().any(|name| name == own) {
+            return Ok(Settled::Gone);
+        }
         older.retain(|name| seq(name) < seq(own));
         if let Some(holder) = self.first_live(c, key, older, now).await? {
-            return Ok(Some(holder));
+            return Ok(Settled::Behind(holder));
         }
         if intent {
             self.withdraw_intent(c, &dir, owner).await?;
         }
-        Ok(None)
+        Ok(Settled::First)
     }
 
     /// The first unexpired lease among `names` (nodes of `key`, oldest
@@ -939,10 +921,12 @@ impl ZkBackend {
     }
 
     /// The record a renewal of `node` to `ttl` writes (conditional on the
-    /// version read; the write's `mtime` becomes now on the leader).
+    /// version read; the write's `mtime` becomes now on the leader). A
+    /// queue entry granted without a write (`queue.rs`) loses its mark.
     fn renewed(node: &Node, ttl: Duration) -> Record {
         Record {
             ttl_ms: ttl_ms(ttl),
+            queued: false,
             ..node.record.clone()
         }
     }
@@ -1171,42 +1155,55 @@ impl ZkBackend {
         if self.curator() {
             return self.release_unwritten(&c, node, lease, mode).await;
         }
-        // Two writes sent together, which ZooKeeper applies in order: a
-        // touch conditional on the version read, whose `mtime` proves on
-        // the leader's clock whether the lease was still unexpired, then a
-        // delete conditional on the touch's version. Deleting a lease that
-        // had just expired is harmless: nobody took it over, or the touch
-        // would have found it gone.
+        // One transaction of two writes: a touch conditional on the
+        // version read, whose `mtime` proves on the leader's clock whether
+        // the lease was still unexpired, then a delete conditional on the
+        // touch's version. Deleting a lease that had just expired is
+        // harmless: nobody took it over, or the touch would have found it
+        // gone. One request, not two sent together: the client library
+        // leaves Nagle's algorithm on, so a second small request waited
+        // for the first one's acknowledgement, up to the 40 ms of a
+        // delayed ACK on every release (docs/multi-dc.md).
         let record = Self::renewed(&node, RELEASING);
         let bytes = record.to_bytes()?;
-        let touch = c.set_data(&node.path, &bytes, Some(node.stat.version));
-        let delete = c.delete(&node.path, Some(node.stat.version.wrapping_add(1)));
-        let (touched, deleted) = self
-            .conn
-            .raw(async { Ok(futures_util::future::join(touch, delete).await) })
-            .await
+        let mut multi = c.new_multi_writer();
+        multi
+            .add_set_data(&node.path, &bytes, Some(node.stat.version))
+            .and_then(|()| multi.add_delete(&node.path, Some(node.stat.version.wrapping_add(1))))
             .map_err(|e| map("releasing a lease", e))?;
-        let touched = touched.map(|stat| Node {
-            stat,
-            record,
-            ..node.clone()
+        let commit = multi.commit();
+        let answer = match self
+            .conn
+            .raw(async { commit.await.map_err(zk::Error::from) })
+            .await
+        {
+            // The touch's condition failed: judged below.
+            Err(e @ (zk::Error::NoNode | zk::Error::BadVersion)) => Err(e),
+            Err(e) => return Err(map("releasing a lease", e)),
+            Ok(results) => Ok(results),
+        };
+        let applied = answer.is_ok();
+        let touched = answer.and_then(|results| match results.into_iter().next() {
+            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Node {
+                stat,
+                record,
+                ..node.clone()
+            }),
+            other => Err(zk::Error::UnexpectedError(format!(
+                "a release's multi op answered {other:?} for its touch"
+            ))),
         });
         match Self::judge(&node, lease, touched) {
             // A stale cache entry: the lease may still be there.
-            Err(Error::NotHeld { .. }) if deleted.is_err() => {
-                match self.find(&c, lease, mode).await? {
-                    Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
-                        self.cache().insert(lease.clone(), fresh);
-                        Box::pin(self.release_as(lease)).await
-                    }
-                    _ => Err(Error::not_held(lease)),
+            Err(Error::NotHeld { .. }) if !applied => match self.find(&c, lease, mode).await? {
+                Some(fresh) if fresh.written().mzxid != node.written().mzxid => {
+                    self.cache().insert(lease.clone(), fresh);
+                    Box::pin(self.release_as(lease)).await
                 }
-            }
-            Err(e) => Err(e),
-            Ok(_) => match deleted {
-                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-                Err(e) => Err(map("releasing a lease", e)),
+                _ => Err(Error::not_held(lease)),
             },
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
         }
     }
 }
@@ -1287,18 +1284,19 @@ impl Backend for ZkBackend {
         let (mine, stat) = self.create(&c, key, LockMode::Exclusive, &bytes).await?;
         // The node's creation time is "now" on the leader: any older lease
         // that ends by then has expired.
-        match self
+        let outcome = self
             .settle(&c, &request.key, &request.owner, &mine, stat.ctime)
-            .await
-        {
-            Ok(None) => Ok(self.granted(request, Node::created(mine, record, stat))),
-            outcome => {
-                // Not granted (or unknown): withdraw the node, so that it
-                // never stands in the way of the next contender. If even
-                // that fails, it expires after its TTL like any lease.
-                let _ = c.delete(&mine, None).await;
-                outcome.map(Acquire::Held)
-            }
+            .await;
+        if let Ok(Settled::First) = outcome {
+            return Ok(self.granted(request, Node::created(mine, record, stat)));
+        }
+        // Not granted (or unknown): withdraw the node, so that it never
+        // stands in the way of the next contender. If even that fails, it
+        // expires after its TTL like any lease.
+        let _ = c.delete(&mine, None).await;
+        match outcome? {
+            Settled::Behind(holder) => Ok(Acquire::Held(Some(holder))),
+            Settled::First | Settled::Gone => Ok(Acquire::Held(None)),
         }
     }
 
@@ -1342,6 +1340,7 @@ impl Backend for ZkBackend {
             let record = Record {
                 data: data.clone(),
                 ttl_ms: left,
+                queued: false,
                 ..node.record.clone()
             };
             match self.write(&c, &node, record).await? {
@@ -1375,24 +1374,27 @@ impl Backend for ZkBackend {
     async fn subscribe(&self, key: &LockKey) -> Result<Option<WakeSubscription>> {
         let c = self.conn.client().await?;
         let dir = self.key_dir(key.as_str());
-        let first = self.arm(&c, &dir).await?;
+        let first = self.arm(&c, &dir, None).await?;
         let backend = self.clone();
         let wakeups = futures_util::stream::unfold(
             (backend, c, dir, Some(first)),
             |(backend, c, dir, mut armed)| async move {
+                let mut renewed = None;
                 loop {
                     let watcher = match armed.take() {
                         Some(w) => w,
-                        None => backend.arm(&c, &dir).await.ok()?,
+                        None => backend.arm(&c, &dir, renewed.as_deref()).await.ok()?,
                     };
                     let Some(watcher) = watcher else {
-                        // No lease node: the key is free, try now.
+                        // The key is free, or what was watched has moved:
+                        // try now.
                         break;
                     };
                     let event = watcher.await;
                     match event.event_type {
-                        // A renewal: the holder is still there.
-                        zk::EventType::NodeDataChanged => continue,
+                        // A renewal: the holder is still there, unless it
+                        // is gone by the time the watch is set again.
+                        zk::EventType::NodeDataChanged => renewed = Some(event.path),
                         zk::EventType::Session if event.session_state.is_terminated() => {
                             return None
                         }
@@ -1402,7 +1404,18 @@ impl Backend for ZkBackend {
                 Some(((), (backend, c, dir, None)))
             },
         );
-        Ok(Some(WakeSubscription::from_stream(wakeups)))
+        let wakeups = WakeSubscription::from_stream(wakeups);
+        // Every deletion of the node a waiter waits behind wakes it (an
+        // expiry is no event, but the holder's `Held` answer bounds that
+        // wait). In fencelock's layout a woken waiter takes its turn on a
+        // read (`queue.rs`), so a try of its own between wake-ups would
+        // only stand in the way: a clock write through the leader, which
+        // the answer to the wake-up waits behind. In Curator's the grant is
+        // a write, which a try already on its way can save.
+        Ok(Some(match self.curator() {
+            true => wakeups,
+            false => wakeups.complete(),
+        }))
     }
 
     fencelock_core::offers!(admin, fair_queue);
@@ -1423,31 +1436,38 @@ type Armed = std::pin::Pin<Box<dyn std::future::Future<Output = zk::WatchedEvent
 impl ZkBackend {
     /// A watch on the oldest lease node of `dir` (the holder, or a
     /// contender about to withdraw) and on the writer intent, if there is
-    /// one, firing on the first event of either; `None` when there is no
-    /// node and the waiter should try at once. Only the oldest node is
-    /// watched, so contenders' nodes coming and going do not wake every
-    /// waiter (the herd effect of watching the children). Readers wait for
-    /// the oldest lease or, once an intent stops them, for the intent.
-    async fn arm(&self, c: &zk::Client, dir: &str) -> Result<Option<Armed>> {
+    /// one, firing on the first event of either; `None` when the waiter
+    /// should try at once: there is no node, one of the two is gone
+    /// between the listing and its watch, or `renewed` (a node whose data
+    /// change, a renewal, fired the last watch) is neither of them any
+    /// more. Only the oldest node is watched, so contenders' nodes coming
+    /// and going do not wake every waiter (the herd effect of watching the
+    /// children). Readers wait for the oldest lease or, once an intent
+    /// stops them, for the intent.
+    ///
+    /// A node gone since the waiter last looked is always a wake-up: else
+    /// the oldest node left could be the waiter's own queue entry, whose
+    /// watch never fires for it. A release is a touch and then a delete,
+    /// and a waiter that set its watch again after the touch, once the
+    /// delete had landed, watched its own entry and took its turn only on
+    /// a try of its own, up to a second later.
+    async fn arm(&self, c: &zk::Client, dir: &str, renewed: Option<&str>) -> Result<Option<Armed>> {
         let (names, intent) = self.listing(c, dir).await?;
-        let mut watchers = Vec::new();
         let intent = intent.then(|| format!("{dir}/{}", shared::INTENT));
-        let oldest = names.into_iter().map(|name| format!("{dir}/{name}"));
-        for (path, first_only) in intent
-            .into_iter()
-            .map(|p| (p, false))
-            .chain(oldest.map(|p| (p, true)))
-        {
+        let oldest = names.first().map(|name| format!("{dir}/{name}"));
+        if renewed.is_some_and(|r| Some(r) != oldest.as_deref() && Some(r) != intent.as_deref()) {
+            return Ok(None);
+        }
+        let mut watchers = Vec::new();
+        for path in intent.into_iter().chain(oldest) {
             let (stat, watcher) = self
                 .conn
                 .call("watching a lease", c.check_and_watch_stat(&path))
                 .await?;
-            if stat.is_some() {
-                watchers.push(watcher.changed());
-                if first_only {
-                    break;
-                }
+            if stat.is_none() {
+                return Ok(None);
             }
+            watchers.push(watcher.changed());
         }
         if watchers.is_empty() {
             return Ok(None);

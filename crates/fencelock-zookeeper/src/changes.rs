@@ -6,10 +6,11 @@
 //! have changed, whoever changed it. A lease's end is no event (the node
 //! stays until the next acquisition clears it) and neither is a renewal
 //! (new data): the follower reads the keys whose leases it knows should
-//! have ended. Intents name nothing. A fair waiter's grant is a write of
-//! its queue entry (a lease node waiting its turn), so it also creates and
-//! deletes a marker node in the same multi op, which names the key here
-//! (`ZkBackend::write_grant`).
+//! have ended. Intents name nothing. A fair waiter's queue entry holds the
+//! key as soon as the nodes ahead of it are gone (`queue.rs`): the deletion
+//! that frees it names the key, and its grant writes nothing. (Versions that
+//! wrote the grant marked it with a marker node created and deleted in the
+//! same multi op, which still names the key here.)
 //!
 //! The watch has a session of its own, so that it never shares a path's
 //! watch bookkeeping with the waiters' one-shot watches (ZooKeeper before

@@ -276,10 +276,8 @@ async fn handoff(setup: &Setup) -> Result<Report> {
         began: Arc::new(Count::default()),
         ended: Arc::new(Count::default()),
     });
-    let start = Instant::now() + setup.warmup;
-    let end = start + setup.duration;
     let mut first: Option<Arc<dyn Backend>> = None;
-    let mut tasks = Vec::with_capacity(setup.clients);
+    let mut backends = Vec::with_capacity(setup.clients);
     for _ in 0..setup.clients {
         // A backend (connections, wake-up subscription) per client, so the
         // release reaches the waiter through the engine, as between
@@ -289,6 +287,15 @@ async fn handoff(setup: &Setup) -> Result<Report> {
             _ => fencelock::open_backend(&setup.url).await?,
         };
         first.get_or_insert_with(|| Arc::clone(&backend));
+        backends.push(backend);
+    }
+    // From once every client is open: across data centres opening takes
+    // round trips of its own (a ZooKeeper session and its directories,
+    // seconds at 150 ms one way), which left a short window no hand-off.
+    let start = Instant::now() + setup.warmup;
+    let end = start + setup.duration;
+    let mut tasks = Vec::with_capacity(setup.clients);
+    for backend in backends {
         let client = LockClient::builder(backend).build()?;
         let (key, relay, ttl, hold) = (
             key.clone(),

@@ -52,10 +52,11 @@ const INTENT_TRIES: usize = 5;
 /// The holders among the unexpired `live` nodes of one key, oldest first:
 /// the oldest if it is a writer's, else every reader older than the first
 /// writer's node. A younger reader is a contender about to see the writer
-/// and withdraw, and so is a writer younger than a reader. Waiters' queue
-/// entries (`queue.rs`) hold nothing.
-pub(super) fn holders(live: Vec<Node>) -> Vec<Node> {
-    let live: Vec<Node> = live.into_iter().filter(|n| !n.record.queued).collect();
+/// and withdraw, and so is a writer younger than a reader. A waiter's
+/// queue entry (`queue.rs`) is a writer's node like any other: at the
+/// head it holds the key, taken or not yet by its waiter, and behind it
+/// it stops younger readers.
+pub(crate) fn holders(live: Vec<Node>) -> Vec<Node> {
     match live.first().map(Node::mode) {
         Some(LockMode::Exclusive) => live.into_iter().take(1).collect(),
         _ => live

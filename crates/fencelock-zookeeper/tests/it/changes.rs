@@ -1,9 +1,9 @@
 //! The store's change feed (`Backend::changes`) names a key whose holder a
-//! fair waiter's grant changed. That grant is a write of the waiter's queue
-//! entry, not a node created or deleted, so without the marker it also
-//! writes (`ZkBackend::write_grant`) the watch behind the feed would name
-//! only the release before it, and a follower that read the key at that
-//! notice could see it free until its next full listing.
+//! fair waiter's turn changed. That turn writes nothing (`src/queue.rs`):
+//! the waiter's queue entry holds the key from the moment the node ahead
+//! of it is deleted, so the deletion's notice is the grant's, and a
+//! follower that reads the key at that notice finds the waiter holding it,
+//! not the key free.
 
 use std::{sync::Arc, time::Duration};
 
@@ -28,7 +28,7 @@ async fn named(feed: &mut ChangeFeed, key: &str, bound: Duration) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fair_waiters_grant_names_its_key() -> TestResult {
+async fn a_fair_waiters_turn_is_named_by_the_release_before_it() -> TestResult {
     let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
     let watched = ZkBackend::connect(&zk.url()).await?;
     let mut feed = watched.changes().await?.ok_or("no change feed")?;
@@ -50,34 +50,36 @@ async fn a_fair_waiters_grant_names_its_key() -> TestResult {
             .acquire()
             .await
     });
-    // Queued: from here on its grant can only be the write of its entry.
     let queued_by = Instant::now() + BOUND;
-    while holder_side.queue(&key).await?.is_empty() {
+    let entry = loop {
+        if let Some(entry) = holder_side.queue(&key).await?.into_iter().next() {
+            break entry;
+        }
         if Instant::now() > queued_by {
             return Err("the waiter never queued".into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
     while feed.try_next().is_some() {}
 
-    let holders = held.token();
     held.release().await?;
     assert!(
         named(&mut feed, "fair", BOUND).await,
         "the release was not named"
     );
+    // Read at the notice, whether or not the waiter has woken yet.
+    let now = watched.inspect(&key).await?.ok_or("the key reads free")?;
+    assert_eq!(
+        (&now.owner, now.token),
+        (&entry.owner, entry.token),
+        "the key's holder after the release is not the queue's head"
+    );
+    assert!(
+        holder_side.queue(&key).await?.is_empty(),
+        "the entry that holds the key is still listed as waiting"
+    );
     let granted = waiting.await??;
-    assert!(
-        granted.token() > holders,
-        "the waiter's token is not above the holder's"
-    );
-    // The release was named before the grant was made; the grant must be
-    // named on its own.
-    assert!(
-        named(&mut feed, "fair", BOUND).await,
-        "the fair waiter's grant (token {}) was not named",
-        granted.token()
-    );
+    assert_eq!(granted.token(), entry.token, "granted another token");
     granted.release().await?;
     Ok(())
 }

@@ -11,3 +11,4 @@ mod interop;
 mod reconnect;
 mod release;
 mod timeouts;
+mod wake;

@@ -1,9 +1,10 @@
 //! A release is a touch (shortening the lease to a millisecond) and a
-//! delete sent together (`docs/zookeeper.md`). A reader that read the
-//! leader's clock before the touch and the lease after it must not report
-//! a lease that ends within milliseconds: an election observer that saw
-//! one and then found it gone would report the leader's resignation as an
-//! expiry. Readers count a touched lease as released.
+//! delete (`docs/zookeeper.md`), now in one transaction; versions that sent
+//! them apart left the touched lease readable in between. A reader that
+//! read the leader's clock before the touch and the lease after it must
+//! not report a lease that ends within milliseconds: an election observer
+//! that saw one and then found it gone would report the leader's
+//! resignation as an expiry. Readers count a touched lease as released.
 
 use std::{
     sync::{

@@ -1377,13 +1377,18 @@ impl Backend for ZkBackend {
         let first = self.arm(&c, &dir, None).await?;
         let backend = self.clone();
         let wakeups = futures_util::stream::unfold(
-            (backend, c, dir, Some(first)),
-            |(backend, c, dir, mut armed)| async move {
+            (backend, dir, Some(first)),
+            |(backend, dir, mut armed)| async move {
                 let mut renewed = None;
                 loop {
                     let watcher = match armed.take() {
                         Some(w) => w,
-                        None => backend.arm(&c, &dir, renewed.as_deref()).await.ok()?,
+                        // On the session in use now: with `balance=first`
+                        // it may have moved to another server.
+                        None => {
+                            let c = backend.conn.client().await.ok()?;
+                            backend.arm(&c, &dir, renewed.as_deref()).await.ok()?
+                        }
                     };
                     let Some(watcher) = watcher else {
                         // The key is free, or what was watched has moved:
@@ -1401,7 +1406,7 @@ impl Backend for ZkBackend {
                         _ => break,
                     }
                 }
-                Some(((), (backend, c, dir, None)))
+                Some(((), (backend, dir, None)))
             },
         );
         let wakeups = WakeSubscription::from_stream(wakeups);

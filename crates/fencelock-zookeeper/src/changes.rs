@@ -30,7 +30,12 @@ use zookeeper_client as zk;
 use crate::{
     backend::{ZkBackend, GRANTED, NODE, READER},
     conn::{decode, Conn},
+    options::ZkBalance,
 };
+
+/// How soon the watch follows a `balance=first` connection to its new
+/// session.
+const MOVES_SEEN_WITHIN: Duration = Duration::from_millis(500);
 
 /// A feed of the store's changes, the watch added on the server before
 /// this returns.
@@ -39,29 +44,46 @@ pub(crate) async fn feed(backend: &ZkBackend) -> Result<ChangeFeed> {
         .changes
         .feed(|| async {
             let conn = Conn::open(backend.conn.options.clone()).await?;
-            let watcher = open(&conn).await?;
-            tokio::spawn(run(Arc::clone(&backend.changes), conn, watcher));
+            let watched = open(&conn).await?;
+            tokio::spawn(run(Arc::clone(&backend.changes), conn, watched));
             Ok(())
         })
         .await
 }
 
-async fn open(conn: &Conn) -> Result<zk::PersistentWatcher> {
+/// The watch, and the session it was added on.
+type Watched = (zk::PersistentWatcher, zk::SessionId);
+
+async fn open(conn: &Conn) -> Result<Watched> {
     let client = conn.client().await?;
-    conn.call(
-        "watching the locks",
-        client.watch(&conn.locks_dir(), zk::AddWatchMode::PersistentRecursive),
-    )
-    .await
+    let watcher = conn
+        .call(
+            "watching the locks",
+            client.watch(&conn.locks_dir(), zk::AddWatchMode::PersistentRecursive),
+        )
+        .await?;
+    Ok((watcher, client.session_id()))
 }
 
-/// Feeds the hub from `watcher` until no feed is read; the session ends
+/// Feeds the hub from the watch until no feed is read; the session ends
 /// with this task.
-async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWatcher) {
+async fn run(changes: Arc<WatchedHub>, conn: Conn, watched: Watched) {
     let dir = format!("{}/", conn.locks_dir());
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let (mut watcher, mut session) = watched;
     let mut disconnected = false;
     loop {
+        if conn.session_id() != session {
+            // With `balance=first` the connection moved to a new session
+            // (`conn.rs`): the watch follows it, the old one goes with its
+            // watcher.
+            let Some(again) = reopen(&conn, &changes, &mut backoff).await else {
+                return;
+            };
+            (watcher, session) = again;
+            disconnected = false;
+            changes.hub().missed();
+        }
         let event = tokio::select! {
             event = watcher.changed() => event,
             // A quiet store: whether anyone still reads is checked now and
@@ -70,6 +92,11 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
                 if changes.unfollowed().await {
                     return;
                 }
+                continue;
+            }
+            // A move is seen as soon as the steward makes it (above): a
+            // lost server's session names nothing more.
+            () = tokio::time::sleep(MOVES_SEEN_WITHIN), if conn.options.balance == ZkBalance::First => {
                 continue;
             }
         };
@@ -89,7 +116,7 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
                 let Some(again) = reopen(&conn, &changes, &mut backoff).await else {
                     return;
                 };
-                watcher = again;
+                (watcher, session) = again;
                 disconnected = false;
                 changes.hub().missed();
             }
@@ -108,7 +135,7 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
                     let Some(again) = reopen(&conn, &changes, &mut backoff).await else {
                         return;
                     };
-                    watcher = again;
+                    (watcher, session) = again;
                     disconnected = false;
                     changes.hub().missed();
                 }
@@ -121,11 +148,7 @@ async fn run(changes: Arc<WatchedHub>, conn: Conn, mut watcher: zk::PersistentWa
 
 /// Adds the watch again, retrying with `backoff` until it is added; `None`
 /// once no feed is read any more.
-async fn reopen(
-    conn: &Conn,
-    changes: &WatchedHub,
-    backoff: &mut Backoff,
-) -> Option<zk::PersistentWatcher> {
+async fn reopen(conn: &Conn, changes: &WatchedHub, backoff: &mut Backoff) -> Option<Watched> {
     loop {
         if changes.unfollowed().await {
             return None;

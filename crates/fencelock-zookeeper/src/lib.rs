@@ -49,7 +49,7 @@ use async_trait::async_trait;
 
 pub use backend::ZkBackend;
 pub use fence::ZkFence;
-pub use options::{ZkLayout, ZkOptions, DEFAULT_PREFIX};
+pub use options::{ZkBalance, ZkLayout, ZkOptions, DEFAULT_PREFIX};
 
 /// Opens ZooKeeper backends and fences from
 /// `zk://host:port[,host:port…][/chroot]` URLs.

@@ -26,7 +26,10 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 ///   bounds how long a dead connection goes unnoticed. With
 ///   `layout=curator` contender nodes are the session's, so a lease's TTL
 ///   is at most half the timeout the server granted, and a crashed
-///   holder's node goes when its session expires.
+///   holder's node goes when its session expires;
+/// - `balance=first` — every request to the first server, in the URL's
+///   order, that accepts a session, the others only while it does not
+///   ([`ZkBalance`]); default `all`.
 ///
 /// ZooKeeper authentication (digest, SASL) is not supported yet: a URL with
 /// credentials is refused rather than silently connecting without them.
@@ -45,6 +48,25 @@ pub struct ZkOptions {
     pub session_timeout: Duration,
     /// Where lock nodes live and how they are named.
     pub layout: ZkLayout,
+    /// Which server the session is on (`balance=` in the URL).
+    pub balance: ZkBalance,
+}
+
+/// Which server a backend's session is on (the `balance=` URL option).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZkBalance {
+    /// Any: the client library picks a server at random, and another at
+    /// random when it loses it (`balance=all`).
+    #[default]
+    All,
+    /// The first server, in the URL's order, that accepts a session; a
+    /// later one only while the earlier ones do not, and back to an
+    /// earlier one once it accepts a session again (`balance=first`).
+    /// For a client beside one member across data centres: list that
+    /// member first (`docs/zookeeper.md`). A move is a new session, so
+    /// not with `layout=curator`, whose contender nodes are the session's.
+    First,
 }
 
 /// Where a backend keeps its lock nodes (the `layout=` URL option).
@@ -82,6 +104,7 @@ impl ZkOptions {
             timeout: Duration::from_secs(5),
             session_timeout: Duration::from_secs(10),
             layout: ZkLayout::Fencelock,
+            balance: ZkBalance::All,
         };
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match &*name {
@@ -101,6 +124,17 @@ impl ZkOptions {
                         _ => {
                             return Err(Error::InvalidUrl(format!(
                                 "layout {value:?}: expected fencelock or curator"
+                            )))
+                        }
+                    };
+                }
+                "balance" => {
+                    options.balance = match &*value {
+                        "all" => ZkBalance::All,
+                        "first" => ZkBalance::First,
+                        _ => {
+                            return Err(Error::InvalidUrl(format!(
+                                "balance {value:?}: expected all or first"
                             )))
                         }
                     };
@@ -138,6 +172,14 @@ impl ZkOptions {
                 "the prefix must be one non-empty path segment".into(),
             ));
         }
+        if options.balance == ZkBalance::First && options.layout == ZkLayout::Curator {
+            return Err(Error::InvalidUrl(
+                "balance=first moves a client to another server in a new session, \
+                 and in layout=curator a contender's node is its session's: use \
+                 balance=all"
+                    .into(),
+            ));
+        }
         if options.timeout.is_zero() || options.session_timeout.is_zero() {
             return Err(Error::InvalidUrl("timeouts must be positive".into()));
         }
@@ -172,6 +214,11 @@ mod tests {
             ZkOptions::from_url("zk://h:1/apps?layout=curator")?.layout,
             ZkLayout::Curator
         );
+        assert_eq!(ZkOptions::from_url("zk://h:1")?.balance, ZkBalance::All);
+        assert_eq!(
+            ZkOptions::from_url("zk://h:1,h:2?balance=first")?.balance,
+            ZkBalance::First
+        );
         Ok(())
     }
 
@@ -189,6 +236,8 @@ mod tests {
             "zk://h:1?prefix=a/b",
             "zk://h:1?timeout=0s",
             "zk://h:1?layout=etcd",
+            "zk://h:1?balance=nearest",
+            "zk://h:1?balance=first&layout=curator",
         ] {
             match ZkOptions::from_url(bad) {
                 Err(Error::InvalidUrl(msg)) => assert!(!msg.contains("s3cret"), "{msg}"),

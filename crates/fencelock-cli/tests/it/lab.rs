@@ -168,7 +168,8 @@ fn an_etcd_waiter_takes_its_turn_from_its_own_member() {
     );
 }
 
-/// ZooKeeper, each client listing its own site's member, 150 ms one way:
+/// ZooKeeper, each client listing every member nearest first and keeping
+/// its session on its own (`balance=first`), 150 ms one way:
 /// a waiter woken by the deletion of the node ahead of it takes its turn
 /// on one read of its member, and its grant writes nothing, so a hand-off
 /// costs the release's way through the leader: two round trips from a
@@ -180,7 +181,11 @@ fn an_etcd_waiter_takes_its_turn_from_its_own_member() {
 /// through the leader too, before the next waiter queues), hence 8 s.
 #[test]
 fn a_zookeeper_waiter_takes_its_turn_on_a_read_of_its_own_member() {
-    hands_off_within_two_and_a_half_round_trips("zookeeper", "client_endpoints = \"site\"", "8s");
+    hands_off_within_two_and_a_half_round_trips(
+        "zookeeper",
+        "client_endpoints = \"nearest\"",
+        "8s",
+    );
 }
 
 /// The three sites, 150 ms one way and clients in each, with `settings`

@@ -10,7 +10,7 @@
 //! clients = ["east", "west"]
 //! # Which members an etcd or ZooKeeper client lists: "all", nearest first
 //! # [default]; "nearest": all, nearest first, the client sending every
-//! # request to the first that answers (etcd's `balance=first`); or "site":
+//! # request to the first that answers (`balance=first`); or "site":
 //! # those of its own site (all, if none stand there), as behind a
 //! # per-site proxy.
 //! client_endpoints = "all"
@@ -79,7 +79,7 @@ pub enum ClientEndpoints {
     #[default]
     All,
     /// Every member, the nearest first, the client sending every request
-    /// to the first that answers (etcd only: `balance=first`).
+    /// to the first that answers (etcd and ZooKeeper: `balance=first`).
     Nearest,
     /// The members of the client's own site (every member, if none stands
     /// there): each request then reaches the others only through the

@@ -115,10 +115,10 @@ impl LabEngine {
         match (topology.client_endpoints(), self) {
             (ClientEndpoints::All, _)
             | (ClientEndpoints::Site, LabEngine::Etcd | LabEngine::Zookeeper)
-            | (ClientEndpoints::Nearest, LabEngine::Etcd) => Ok(()),
+            | (ClientEndpoints::Nearest, LabEngine::Etcd | LabEngine::Zookeeper) => Ok(()),
             (ClientEndpoints::Nearest, _) => Err(format!(
-                "client_endpoints = \"nearest\" applies to etcd (balance=first); a {} \
-                 client chooses its members itself",
+                "client_endpoints = \"nearest\" applies to etcd and zookeeper \
+                 (balance=first); a {} client chooses its members itself",
                 self.name()
             )),
             (ClientEndpoints::Site, _) => Err(format!(

@@ -167,6 +167,15 @@ impl SingleServer for ZooKeeper {
 }
 
 impl MemberSet<ZooKeeper> {
+    /// How many client connections member `i` has, its `srvr` answer's
+    /// own included; `None` while it does not serve (it then names none).
+    pub fn connections(&self, i: usize) -> TestResult<Option<u32>> {
+        match srvr(self.slot(i).addr(), "Connections: ")? {
+            Some(count) => Ok(Some(count.parse()?)),
+            None => Ok(None),
+        }
+    }
+
     /// A standalone server.
     pub fn start() -> TestResult<Self> {
         Self::start_members(1)
@@ -240,6 +249,11 @@ impl MemberSet<ZooKeeper> {
 /// The `Mode:` line of the `srvr` command (`standalone`, `leader`,
 /// `follower`), or `None` while the member does not serve requests.
 fn mode(addr: SocketAddr) -> TestResult<Option<String>> {
+    srvr(addr, "Mode: ")
+}
+
+/// The value of the line of `srvr`'s answer that starts with `field`.
+fn srvr(addr: SocketAddr, field: &str) -> TestResult<Option<String>> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.write_all(b"srvr")?;
@@ -247,7 +261,7 @@ fn mode(addr: SocketAddr) -> TestResult<Option<String>> {
     s.read_to_string(&mut response)?;
     Ok(response
         .lines()
-        .find_map(|l| l.strip_prefix("Mode: "))
+        .find_map(|l| l.strip_prefix(field))
         .map(|m| m.trim().to_owned()))
 }
 

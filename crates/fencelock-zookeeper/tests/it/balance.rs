@@ -1,0 +1,117 @@
+//! `balance=first`: a backend's session stays on the first server of its
+//! URL that accepts one, moves to the next when that server is lost, and
+//! moves back once it accepts sessions again. Across data centres that
+//! keeps a client on its own site's member (`docs/multi-dc.md`); a member
+//! lost must cost its clients nothing.
+
+use std::{sync::Arc, time::Duration};
+
+use fencelock_core::{Backend, Change, LockClient};
+use fencelock_testkit::{servers::zookeeper::ZkServer, TestResult};
+use fencelock_zookeeper::ZkBackend;
+use tokio::time::{timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(4);
+/// Bound on waiting for what must happen; never a timing assertion.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Whether member `on` carries `n` more connections than each of the
+/// others that run (each count includes the `srvr` question's own): the
+/// backend's sessions, and no other client's. Not while one of them does
+/// not serve yet.
+fn carries_the_sessions(zk: &ZkServer, on: usize, n: u32) -> TestResult<bool> {
+    let Some(mine) = zk.connections(on)? else {
+        return Ok(false);
+    };
+    for other in (0..zk.len()).filter(|&i| i != on && zk.is_running(i)) {
+        if zk.connections(other)?.map(|count| count + n) != Some(mine) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Waits (polling the members' own counts) until member `on` carries the
+/// backend's `n` sessions.
+async fn sessions_move_to(zk: &Arc<ZkServer>, on: usize, n: u32) -> TestResult {
+    let end = Instant::now() + BOUND;
+    loop {
+        let zk2 = Arc::clone(zk);
+        if tokio::task::spawn_blocking(move || carries_the_sessions(&zk2, on, n)).await?? {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            return Err(format!("the sessions are not on member {on} after {BOUND:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balance_first_keeps_the_session_on_the_first_member_that_answers() -> TestResult {
+    let zk = Arc::new(tokio::task::spawn_blocking(|| ZkServer::start_members(3)).await??);
+    // A follower first, so that losing it costs no election.
+    let leader = {
+        let zk = Arc::clone(&zk);
+        tokio::task::spawn_blocking(move || zk.leader()).await?
+    };
+    let first = (0..3).find(|&i| Some(i) != leader).ok_or("no follower")?;
+    let next = (0..3).find(|&i| i != first).ok_or("one member")?;
+    let order = [first, next, 3 - first - next];
+    let servers: Vec<String> = order.iter().map(|&i| zk.endpoint(i)).collect();
+    // A session that outlasts the bounds below (the most the test kit's
+    // tickTime allows): what moves it is the steward.
+    let url = format!(
+        "zk://{}?balance=first&session_timeout=40s",
+        servers.join(",")
+    );
+
+    let backend = Arc::new(ZkBackend::connect(&url).await?);
+    let client = LockClient::new(backend.clone());
+    let mut feed = backend.changes().await?.ok_or("no change feed")?;
+    // The backend's session, and its change feed's.
+    sessions_move_to(&zk, first, 2).await?;
+    let guard = client.lock("kept").ttl(TTL).acquire().await?;
+
+    // The first member dies: the sessions move to the next in order, and
+    // the lease is renewed through it.
+    zk.kill(first)?;
+    sessions_move_to(&zk, next, 2).await?;
+    while feed.try_next().is_some() {}
+    client
+        .lock("named")
+        .ttl(TTL)
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    // The feed's watch followed its session: the change is named (or, had
+    // it come while the watch moved, the feed says notices were missed).
+    // Its old session would only have expired 40 s after the kill.
+    let notice = timeout(BOUND, async {
+        loop {
+            match feed.next().await {
+                Some(Change::Key(k)) if k == "named" => return Ok(()),
+                Some(Change::Missed) => return Ok(()),
+                Some(_) => {}
+                None => return Err("the feed ended"),
+            }
+        }
+    })
+    .await;
+    notice.map_err(|_| "the feed named nothing after the move")??;
+    let lost = guard.lost();
+    if let Ok(why) = timeout(TTL * 3, lost).await {
+        return Err(format!("the lease was lost: {why:?}").into());
+    }
+    assert!(guard.is_valid());
+    let other = client.lock("taken").ttl(TTL).wait(BOUND).acquire().await?;
+    other.release().await?;
+
+    // Back, once the first member accepts sessions again.
+    zk.start_again(first)?;
+    sessions_move_to(&zk, first, 2).await?;
+    assert!(guard.is_valid());
+    guard.release().await?;
+    Ok(())
+}

@@ -16,14 +16,19 @@ use std::{
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, LockKey, Owner};
 
-use crate::TestResult;
+use crate::{patience::Patience, TestResult};
 
 /// Clients acquiring and releasing the key at once.
 const WORKERS: usize = 4;
 /// Grants before the kill, and again after acquisition resumed.
 const GRANTS: u64 = 30;
-/// How long each batch of grants may take, the survivors' election included.
+/// How long each batch of grants may take, the survivors' election
+/// included, as the base of the run's measured budget.
 const GRANTS_WITHIN: Duration = Duration::from_secs(60);
+/// The workers' lease, as the base of the run's measured budget: it must
+/// not end between a grant and its release, or two workers would overlap
+/// although the store is right.
+const WORKER_TTL: Duration = Duration::from_secs(3);
 
 /// A boxed future, as the engine-specific hooks return.
 pub type Hook<'a, T> = Pin<Box<dyn Future<Output = TestResult<T>> + Send + 'a>>;
@@ -77,27 +82,36 @@ struct Shared {
 pub async fn leader_failover(ensemble: Arc<dyn Ensemble>, key: &str) -> TestResult<Failover> {
     let key = LockKey::new(key)?;
     let shared = Arc::new(Shared::default());
-    let mut tasks = Vec::with_capacity(WORKERS);
-    for id in 0..WORKERS {
-        let backend = ensemble.open().await?;
-        tasks.push(tokio::spawn(worker(
-            id,
-            backend,
-            key.clone(),
-            Arc::clone(&shared),
-        )));
+    let mut backends = Vec::with_capacity(WORKERS);
+    for _ in 0..WORKERS {
+        backends.push(ensemble.open().await?);
     }
+    let patience = Patience::against(&*backends[0]).await;
+    let tasks: Vec<_> = backends
+        .into_iter()
+        .enumerate()
+        .map(|(id, backend)| {
+            tokio::spawn(worker(
+                id,
+                backend,
+                key.clone(),
+                patience.ttl(WORKER_TTL),
+                Arc::clone(&shared),
+            ))
+        })
+        .collect();
+    let within = patience.bound(GRANTS_WITHIN);
 
-    wait_for_grants(&shared, GRANTS).await?;
+    wait_for_grants(&shared, GRANTS, within).await?;
     let victim = ensemble.leader(None).await?;
     ensemble.kill(victim)?;
     let at_kill = shared.grants.load(Ordering::SeqCst);
     let errors_before = shared.errors.load(Ordering::SeqCst);
     let killed_at = tokio::time::Instant::now();
     // Acquisition resumes once the survivors elect a leader.
-    wait_for_grants(&shared, at_kill + 1).await?;
+    wait_for_grants(&shared, at_kill + 1, within).await?;
     let resumed_after = killed_at.elapsed();
-    wait_for_grants(&shared, at_kill + GRANTS).await?;
+    wait_for_grants(&shared, at_kill + GRANTS, within).await?;
     let steady_after = killed_at.elapsed();
     let new_leader = ensemble.leader(Some(victim)).await?;
 
@@ -151,10 +165,11 @@ async fn worker(
     id: usize,
     backend: Arc<dyn Backend>,
     key: LockKey,
+    ttl: Duration,
     shared: Arc<Shared>,
 ) -> TestResult {
     let owner = Owner::new(format!("worker-{id}"))?;
-    let request = AcquireRequest::new(key.clone(), owner, Duration::from_secs(3));
+    let request = AcquireRequest::new(key.clone(), owner, ttl);
     while !shared.stop.load(Ordering::SeqCst) {
         match backend.try_acquire(&request).await {
             Ok(Acquire::Granted(g)) => {
@@ -190,12 +205,12 @@ async fn worker(
     Ok(())
 }
 
-async fn wait_for_grants(shared: &Shared, at_least: u64) -> TestResult {
-    let deadline = tokio::time::Instant::now() + GRANTS_WITHIN;
+async fn wait_for_grants(shared: &Shared, at_least: u64, within: Duration) -> TestResult {
+    let deadline = tokio::time::Instant::now() + within;
     while shared.grants.load(Ordering::SeqCst) < at_least {
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "only {} grants within {GRANTS_WITHIN:?} (wanted {at_least})",
+                "only {} grants within {within:?} (wanted {at_least})",
                 shared.grants.load(Ordering::SeqCst)
             )
             .into());

@@ -15,6 +15,11 @@
 //! - [`sql`]: the other checks the relational engines share.
 //! - [`timeouts`]: the checks that connect and operation timeouts hold
 //!   against servers that stop answering.
+//! - [`patience`]: the measured time budget from which tests against real
+//!   servers take their TTLs and bounds, so that a busy machine gets longer
+//!   leases instead of a false failure.
+//! - [`report`]: each case's time and each retry the kit made, for the
+//!   summary of a test run.
 //! - [`proxy`]: a TCP fault proxy between clients and a real server:
 //!   latency, partitions, refused and reset connections, switched while it
 //!   runs.
@@ -27,8 +32,10 @@
 pub mod browser;
 pub mod cases;
 pub mod failover;
+pub mod patience;
 pub mod proxy;
 pub mod refusals;
+pub mod report;
 pub mod servers;
 pub mod silent;
 pub mod sql;
@@ -38,4 +45,5 @@ pub mod txfence;
 
 pub use async_trait::async_trait;
 pub use fencelock_core::fault;
+pub use patience::Patience;
 pub use suite::{run, run_suites, Needs, ProxiedBackend, Store, StoreFactory, Suite, TestResult};

@@ -10,17 +10,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{cases::ensure, TestResult};
+use crate::{cases::ensure, patience::Patience, TestResult};
 
 /// How long a refusal of credentials may take: a connection and its
-/// handshake on loopback, on a loaded machine.
+/// handshake on loopback, as the base of a measured budget ([`Patience`]):
+/// retries would take seconds more.
 pub const REFUSED_WITHIN: Duration = Duration::from_secs(1);
+/// What the resolver's answer may be followed by before a failure, as the
+/// base of a measured budget.
+const AFTER_RESOLVER: Duration = Duration::from_millis(500);
 
 /// A host name no resolver knows (RFC 2606).
 pub const UNKNOWN_HOST: &str = "no-such-host.invalid";
 
 /// Each of `urls` (what, URL) names credentials the server refuses:
-/// opening it fails within [`REFUSED_WITHIN`] with code `unauthorized`, a
+/// opening it fails within [`REFUSED_WITHIN`] (scaled) with code `unauthorized`, a
 /// permanent error whose text shows none of `secrets`.
 pub async fn refused_credentials_are_unauthorized_at_once<T, Fut>(
     urls: &[(&str, String)],
@@ -30,6 +34,7 @@ pub async fn refused_credentials_are_unauthorized_at_once<T, Fut>(
 where
     Fut: Future<Output = fencelock_core::Result<T>>,
 {
+    let within = Patience::measure().await.bound(REFUSED_WITHIN);
     for (what, url) in urls {
         let started = Instant::now();
         let Err(e) = open(url.clone()).await else {
@@ -41,7 +46,10 @@ where
             "{what}: {e} (code {}), not unauthorized",
             e.code()
         );
-        ensure!(took < REFUSED_WITHIN, "{what}: refused after {took:?}");
+        ensure!(
+            took < within,
+            "{what}: refused after {took:?}, more than {within:?}"
+        );
         let shown = e.to_string();
         ensure!(
             !secrets.iter().any(|s| shown.contains(s)),
@@ -52,7 +60,8 @@ where
 }
 
 /// Opening `url_for(UNKNOWN_HOST)` fails with a transient error
-/// (`unavailable`) within the resolver's own time plus half a second.
+/// (`unavailable`) within the resolver's own time plus half a second
+/// (scaled by a measured budget).
 pub async fn an_unknown_host_fails_when_the_resolver_answers<T, Fut>(
     url_for: impl FnOnce(&str) -> String,
     open: impl FnOnce(String) -> Fut,
@@ -60,6 +69,7 @@ pub async fn an_unknown_host_fails_when_the_resolver_answers<T, Fut>(
 where
     Fut: Future<Output = fencelock_core::Result<T>>,
 {
+    let after = Patience::measure().await.bound(AFTER_RESOLVER);
     let started = Instant::now();
     let resolved = tokio::net::lookup_host((UNKNOWN_HOST, 1)).await;
     let resolver = started.elapsed();
@@ -75,7 +85,7 @@ where
         e.code()
     );
     ensure!(
-        took < resolver + Duration::from_millis(500),
+        took < resolver + after,
         "failed after {took:?}; the resolver answered in {resolver:?}"
     );
     Ok(())

@@ -10,7 +10,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 use crate::{
     cases::{Case, CASES},
+    patience::Patience,
     proxy::ProxiedUrl,
+    report,
 };
 
 /// Errors in test plumbing (starting servers, connecting).
@@ -92,7 +94,8 @@ pub struct Needs {
     pub network: bool,
 }
 
-/// Upper bound on one case; a case that hangs fails instead of stalling CI.
+/// Upper bound on one case, as a base figure of its budget; a case that
+/// hangs fails instead of stalling CI.
 const CASE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Runs every conformance case against `factory`, honouring the usual test
@@ -159,27 +162,45 @@ fn trial(factory: Arc<dyn StoreFactory>, case: &'static Case) -> Trial {
     let unsupported = (case.needs.restart && !factory.can_restart())
         || (case.needs.fence && !factory.has_fence())
         || (case.needs.network && !factory.can_proxy());
-    Trial::test(name, move || run_case(&*factory, case)).with_ignored_flag(unsupported)
+    let label = name.clone();
+    Trial::test(name, move || run_case(&*factory, case, &label)).with_ignored_flag(unsupported)
 }
 
-fn run_case(factory: &dyn StoreFactory, case: &'static Case) -> Result<(), Failed> {
+fn run_case(factory: &dyn StoreFactory, case: &'static Case, name: &str) -> Result<(), Failed> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    runtime.block_on(async {
-        let store = factory
-            .store(case.needs.restart)
-            .await
-            .map_err(|e| format!("could not set up a {} store: {e}", factory.name()))?;
-        match tokio::time::timeout(CASE_TIMEOUT, (case.run)(&*store)).await {
-            Ok(result) => result.map_err(|e| Failed::from(e.to_string())),
-            Err(_) => Err(Failed::from(format!(
-                "case did not finish within {CASE_TIMEOUT:?}"
-            ))),
-        }
-    })
+    let started = std::time::Instant::now();
+    let result = report::as_case(name, || {
+        runtime.block_on(async {
+            // A first look at the machine, before the store exists: the
+            // store's own request bounds follow it (`UrlServer`).
+            Patience::measure().await;
+            let store = factory
+                .store(case.needs.restart)
+                .await
+                .map_err(|e| format!("could not set up a {} store: {e}", factory.name()))?;
+            // The case's budget, measured against its own store now: its TTLs
+            // and bounds scale with what this machine costs at this moment.
+            let probe = store
+                .connect()
+                .await
+                .map_err(|e| format!("could not connect to the {} store: {e}", factory.name()))?;
+            let patience = Patience::against(&*probe).await;
+            drop(probe);
+            let timeout = patience.bound(CASE_TIMEOUT);
+            match tokio::time::timeout(timeout, patience.scope((case.run)(&*store))).await {
+                Ok(result) => result.map_err(|e| Failed::from(format!("{e} [{patience}]"))),
+                Err(_) => Err(Failed::from(format!(
+                    "case did not finish within {timeout:?} [{patience}]"
+                ))),
+            }
+        })
+    });
+    report::finished(name, started.elapsed(), result.is_ok());
+    result
 }
 
 fn init_tracing() {

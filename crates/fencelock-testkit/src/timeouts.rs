@@ -14,14 +14,19 @@ use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use futures_util::future::BoxFuture;
 
 use crate::{
-    cases::ensure, proxy::ProxiedUrl, servers::url_factory::Opener, silent::SilentServer,
-    TestResult,
+    cases::ensure, patience::Patience, proxy::ProxiedUrl, servers::url_factory::Opener,
+    silent::SilentServer, TestResult,
 };
 
-/// What a loaded 2-core test machine may add to a timeout; far below the
-/// tens of seconds a hang lasts. The limits checked are bounds, never
-/// speeds.
+/// What a loaded 2-core test machine may add to a timeout, as the base of
+/// a measured budget ([`slack`]); far below the tens of seconds a hang
+/// lasts. The limits checked are bounds, never speeds.
 pub const SLACK: Duration = Duration::from_secs(5);
+
+/// [`SLACK`] scaled by a budget measured now ([`Patience`]).
+pub async fn slack() -> Duration {
+    Patience::measure().await.bound(SLACK)
+}
 
 /// Runs `op` and checks that it failed with a transient error within `bound`.
 async fn fails_within<T: std::fmt::Debug>(
@@ -48,7 +53,7 @@ async fn fails_within<T: std::fmt::Debug>(
 }
 
 /// `open(url)` for a server that never answers fails with a transient
-/// error within `connect_timeout` (plus [`SLACK`]). `url_for(port)` builds
+/// error within `connect_timeout` (plus [`slack`]). `url_for(port)` builds
 /// the backend's URL with its connect timeout set to `connect_timeout`.
 pub async fn connecting_to_a_silent_server_fails_in_time<T: std::fmt::Debug, Fut>(
     connect_timeout: Duration,
@@ -61,7 +66,7 @@ where
     let silent = SilentServer::start()?;
     fails_within(
         "connecting to a silent server",
-        connect_timeout + SLACK,
+        connect_timeout + slack().await,
         open(url_for(silent.port())),
     )
     .await
@@ -72,7 +77,7 @@ where
 pub type HoldRow = Box<dyn FnOnce(String) -> BoxFuture<'static, TestResult<Box<dyn Send>>> + Send>;
 
 /// A renewal that the server keeps waiting (`hold` holds its row lock)
-/// fails with a transient error within `op_timeout` (plus [`SLACK`]), and
+/// fails with a transient error within `op_timeout` (plus [`slack`]), and
 /// the pool is not poisoned by the abandoned statement: while the row is
 /// still locked, another operation succeeds on a backend whose pool has a
 /// single connection. `backend` must be opened with `pool_max=1` and
@@ -96,13 +101,14 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
     };
     let lease = LeaseId::new(key.clone(), owner.clone(), grant.token);
     let held = hold(key.as_str().to_owned()).await?;
+    let bound = op_timeout + slack().await;
     fails_within(
         "a blocked renewal",
-        op_timeout + SLACK,
+        bound,
         backend.renew(&lease, Duration::from_secs(120)),
     )
     .await?;
-    let seen = tokio::time::timeout(op_timeout + SLACK, backend.inspect(&key)).await;
+    let seen = tokio::time::timeout(bound, backend.inspect(&key)).await;
     drop(held);
     let seen = seen.map_err(|_| "inspect hung after a renewal timed out")??;
     ensure!(
@@ -117,12 +123,12 @@ pub async fn a_waiting_statement_times_out_and_the_pool_recovers(
 /// `timeout=…` set to `timeout`:
 ///
 /// - through a proxy that swallows everything from the start, opening the
-///   backend fails within `timeout + SLACK`: a backend whose client
+///   backend fails within `timeout + slack()`: a backend whose client
 ///   connects lazily must prove at open that the server answers, or a
 ///   waiter's first request would find out later, after its wait began;
 /// - connected while the server answers, then cut off: `renew`,
 ///   `try_acquire`, `inspect`, `release`, `list` and `subscribe` each fail
-///   within `timeout + SLACK`.
+///   within `timeout + slack()`.
 pub async fn timeouts_are_honoured(
     url: &str,
     timeout: Duration,
@@ -130,7 +136,7 @@ pub async fn timeouts_are_honoured(
 ) -> TestResult {
     let with_timeout =
         |proxied: &ProxiedUrl| format!("{}?timeout={}ms", proxied.url(), timeout.as_millis());
-    let bound = timeout + SLACK;
+    let bound = timeout + slack().await;
     let (key, owner) = (LockKey::new("unresponsive")?, Owner::new("holder")?);
 
     let silent = ProxiedUrl::start(url).await?;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use fencelock_core::{AcquireRequest, Error};
 use serde_json::json;
 
-use super::{client, ensure, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use super::{client, ensure, grant, key, long_ttl, owner, short_ttl, wait_out};
 use crate::suite::{Store, TestResult};
 
 /// inspect returns owner, token, kind, data and a sane expiry.
@@ -14,7 +14,7 @@ pub async fn inspect_reports_the_lease(store: &dyn Store) -> TestResult {
     let k = key("workflow:123");
     ensure!(b.inspect(&k).await?.is_none(), "a fresh key has a lease");
     let data = json!({"job": "nightly", "attempt": 3, "tags": ["a", "ü"]});
-    let req = AcquireRequest::new(k.clone(), owner("worker-1"), LONG_TTL)
+    let req = AcquireRequest::new(k.clone(), owner("worker-1"), long_ttl())
         .with_kind(Some("workflow".into()))
         .with_data(Some(data.clone()));
     let g = match b.try_acquire(&req).await? {
@@ -59,9 +59,9 @@ pub async fn list_filters_by_literal_prefix(store: &dyn Store) -> TestResult {
     for name in [
         "job:b", "job:a", "job:%x", "jobs", "node:1", "j*b:1", "job_1", "job:[1]",
     ] {
-        grant(&*b, &key(name), &o, LONG_TTL).await?;
+        grant(&*b, &key(name), &o, long_ttl()).await?;
     }
-    let gone = grant(&*b, &key("job:expired"), &o, SHORT_TTL).await?;
+    let gone = grant(&*b, &key("job:expired"), &o, short_ttl()).await?;
     wait_out(&*b, &key("job:expired"), &gone).await?;
     let names = |v: Vec<fencelock_core::LockInfo>| {
         v.into_iter().map(|i| i.key.to_string()).collect::<Vec<_>>()
@@ -101,7 +101,7 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
         ("n1", "node", "alice"),
     ];
     for (k, kind, o) in leases {
-        let req = AcquireRequest::new(key(k), owner(o), LONG_TTL).with_kind(Some(kind.into()));
+        let req = AcquireRequest::new(key(k), owner(o), long_ttl()).with_kind(Some(kind.into()));
         ensure!(
             matches!(
                 b.try_acquire(&req).await?,
@@ -110,8 +110,8 @@ pub async fn stats_count_kinds_owners_and_expired(store: &dyn Store) -> TestResu
             "{k} not granted"
         );
     }
-    let plain = grant(&*b, &key("plain"), &owner("carol"), LONG_TTL).await?;
-    let short = grant(&*b, &key("short"), &owner("dave"), SHORT_TTL).await?;
+    let plain = grant(&*b, &key("plain"), &owner("carol"), long_ttl()).await?;
+    let short = grant(&*b, &key("short"), &owner("dave"), short_ttl()).await?;
     wait_out(&*b, &key("short"), &short).await?;
     let s = b.administer()?.stats().await?;
     ensure!(s.held == 4, "held = {} in {s:?}", s.held);
@@ -163,9 +163,9 @@ pub async fn release_all_releases_only_that_owner(store: &dyn Store) -> TestResu
     let b = store.connect().await?;
     let (gone, stays) = (owner("leaving"), owner("staying"));
     for i in 0..5 {
-        grant(&*b, &key(&format!("ra-{i}")), &gone, LONG_TTL).await?;
+        grant(&*b, &key(&format!("ra-{i}")), &gone, long_ttl()).await?;
     }
-    grant(&*b, &key("ra-other"), &stays, LONG_TTL).await?;
+    grant(&*b, &key("ra-other"), &stays, long_ttl()).await?;
     ensure!(
         b.administer()?.release_all(&gone).await? == 5,
         "release_all did not report 5"
@@ -183,7 +183,7 @@ pub async fn release_all_releases_only_that_owner(store: &dyn Store) -> TestResu
 pub async fn force_release_removes_any_holder(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let k = key("force");
-    let g = grant(&*b, &k, &owner("stuck"), LONG_TTL).await?;
+    let g = grant(&*b, &k, &owner("stuck"), long_ttl()).await?;
     let removed = b
         .administer()?
         .force_release(&k)
@@ -195,7 +195,7 @@ pub async fn force_release_removes_any_holder(store: &dyn Store) -> TestResult {
         b.administer()?.force_release(&k).await?.is_none(),
         "a second force_release found a lease"
     );
-    let next = grant(&*b, &k, &owner("next"), LONG_TTL).await?;
+    let next = grant(&*b, &k, &owner("next"), long_ttl()).await?;
     ensure!(
         next.token > g.token,
         "token after force_release: {} <= {}",
@@ -210,11 +210,11 @@ pub async fn force_release_removes_any_holder(store: &dyn Store) -> TestResult {
 pub async fn waiter_gets_lock_after_release(store: &dyn Store) -> TestResult {
     let holder = client(store, "holder").await?;
     let waiter = client(store, "waiter").await?;
-    let first = holder.lock("handoff").ttl(LONG_TTL).acquire().await?;
+    let first = holder.lock("handoff").ttl(long_ttl()).acquire().await?;
     let waiting = tokio::spawn(async move {
         waiter
             .lock("handoff")
-            .ttl(LONG_TTL)
+            .ttl(long_ttl())
             .wait(Duration::from_secs(30))
             .acquire()
             .await
@@ -242,7 +242,7 @@ pub async fn waiter_gets_lock_after_release(store: &dyn Store) -> TestResult {
 pub async fn wait_times_out_while_held(store: &dyn Store) -> TestResult {
     let holder = client(store, "holder").await?;
     let waiter = client(store, "waiter").await?;
-    let _held = holder.lock("timeout").ttl(LONG_TTL).acquire().await?;
+    let _held = holder.lock("timeout").ttl(long_ttl()).acquire().await?;
     let started = tokio::time::Instant::now();
     let result = waiter
         .lock("timeout")

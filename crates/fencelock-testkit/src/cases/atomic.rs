@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fencelock_core::{AcquireAll, AcquireRequest, Error, FencingToken};
 
-use super::{client, ensure, grant, key, lease, owner, request, LONG_TTL};
+use super::{client, ensure, grant, key, lease, long_ttl, owner, request};
 use crate::suite::{Store, TestResult};
 
 /// The claim holds: with `atomic_multi` a set of free keys is granted in
@@ -16,7 +16,7 @@ pub async fn claim_holds(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let o = owner("atomic-claim");
     let keys = [key("claim-a"), key("claim-b"), key("claim-c")];
-    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, &o, LONG_TTL)).collect();
+    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, &o, long_ttl())).collect();
     if !b.capabilities().atomic_multi {
         let answer = b.try_acquire_all(&requests).await;
         ensure!(
@@ -40,7 +40,10 @@ pub async fn claim_holds(store: &dyn Store) -> TestResult {
     }
     // Every key is now held by `o`: another owner gets the first one named.
     let rival = owner("atomic-rival");
-    let theirs: Vec<AcquireRequest> = keys.iter().map(|k| request(k, &rival, LONG_TTL)).collect();
+    let theirs: Vec<AcquireRequest> = keys
+        .iter()
+        .map(|k| request(k, &rival, long_ttl()))
+        .collect();
     match b.try_acquire_all(&theirs).await? {
         AcquireAll::Held { index, .. } => ensure!(index == 0, "held at index {index}, not 0"),
         granted => return Err(format!("held keys granted to a rival: {granted:?}").into()),
@@ -59,10 +62,12 @@ pub async fn all_or_nothing_under_contention(store: &dyn Store) -> TestResult {
     let holder = owner("aon-holder");
     let taker = owner("aon-taker");
     let keys = [key("aon-a"), key("aon-b"), key("aon-c")];
-    let held = grant(&*b, &keys[1], &holder, LONG_TTL).await?;
+    let held = grant(&*b, &keys[1], &holder, long_ttl()).await?;
     if b.capabilities().atomic_multi {
-        let requests: Vec<AcquireRequest> =
-            keys.iter().map(|k| request(k, &taker, LONG_TTL)).collect();
+        let requests: Vec<AcquireRequest> = keys
+            .iter()
+            .map(|k| request(k, &taker, long_ttl()))
+            .collect();
         match b.try_acquire_all(&requests).await? {
             AcquireAll::Held { index, holder: who } => {
                 ensure!(index == 1, "held at index {index}, not 1");
@@ -86,7 +91,7 @@ pub async fn all_or_nothing_under_contention(store: &dyn Store) -> TestResult {
     let c = client(store, "aon-taker").await?;
     let none = c
         .lock_all(["aon-c", "aon-b", "aon-a"])
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .wait(Duration::from_millis(200))
         .acquire()
         .await;
@@ -109,7 +114,7 @@ pub async fn all_or_nothing_under_contention(store: &dyn Store) -> TestResult {
     b.release(&lease(&keys[1], &holder, held.token)).await?;
     let all = c
         .lock_all(["aon-a", "aon-b", "aon-c"])
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     all.release().await?;
@@ -145,13 +150,13 @@ pub async fn tokens_per_key_above_earlier_grants(store: &dyn Store) -> TestResul
         let k = key(name);
         // Two grants per key, so that the keys' counters differ.
         for _ in 0..2 {
-            let g = grant(&*b, &k, &o, LONG_TTL).await?;
+            let g = grant(&*b, &k, &o, long_ttl()).await?;
             b.release(&lease(&k, &o, g.token)).await?;
             before.push((name, g.token));
         }
     }
     let c = client(store, "atomic-tokens").await?;
-    let all = c.lock_all(names).ttl(LONG_TTL).acquire().await?;
+    let all = c.lock_all(names).ttl(long_ttl()).acquire().await?;
     for (name, earlier) in &before {
         let now = all.token(name).ok_or("a key is missing from the guard")?;
         ensure!(
@@ -162,7 +167,7 @@ pub async fn tokens_per_key_above_earlier_grants(store: &dyn Store) -> TestResul
     let multi = all.tokens();
     all.release().await?;
     for (k, token) in &multi {
-        let g = grant(&*b, k, &o, LONG_TTL).await?;
+        let g = grant(&*b, k, &o, long_ttl()).await?;
         ensure!(
             g.token > *token,
             "{k}: token {} after the multi-key grant {token}",
@@ -177,7 +182,7 @@ pub async fn tokens_per_key_above_earlier_grants(store: &dyn Store) -> TestResul
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let req = request(&key(name), &o, LONG_TTL);
+                let req = request(&key(name), &o, long_ttl());
                 // A floor on the middle key only: the others keep their own.
                 req.with_min_token((i == 1).then_some(floor))
             })
@@ -194,7 +199,7 @@ pub async fn tokens_per_key_above_earlier_grants(store: &dyn Store) -> TestResul
         for (req, g) in requests.iter().zip(&grants) {
             b.release(&req.lease(g.token)).await?;
         }
-        let after = grant(&*b, &key(names[1]), &o, LONG_TTL).await?;
+        let after = grant(&*b, &key(names[1]), &o, long_ttl()).await?;
         ensure!(
             after.token > grants[1].token,
             "token {} after a floored grant {}",

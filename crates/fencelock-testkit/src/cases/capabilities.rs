@@ -10,11 +10,13 @@ use fencelock_core::{
     Acquire, AcquireRequest, Error, FencingToken, HolderChange, LossReason, Renewal, Watch,
 };
 
-use super::{client, ensure, grant, key, lease, owner, request, LONG_TTL, SHORT_TTL};
+use super::{client, ensure, grant, key, lease, long_ttl, owner, request, short_ttl};
 use crate::suite::{Store, TestResult};
 
 /// How long a claimed signal (a wake-up, a holder change) may take.
-const SIGNAL_BOUND: Duration = Duration::from_secs(10);
+fn signal_bound() -> Duration {
+    super::patient(Duration::from_secs(10))
+}
 
 /// `renew_many` answers one result per lease, in order: the held ones are
 /// extended with their tokens kept (for as long as the backend grants when
@@ -24,28 +26,30 @@ pub async fn renew_many_answers_each_lease(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let o = owner("batch");
     let (k1, k2, k3) = (key("batch:1"), key("batch:2"), key("batch:3"));
-    let g1 = grant(&*b, &k1, &o, SHORT_TTL).await?;
-    let g2 = grant(&*b, &k2, &o, SHORT_TTL).await?;
-    let g3 = grant(&*b, &k3, &o, LONG_TTL).await?;
+    let g1 = grant(&*b, &k1, &o, short_ttl()).await?;
+    let g2 = grant(&*b, &k2, &o, short_ttl()).await?;
+    let g3 = grant(&*b, &k3, &o, long_ttl()).await?;
     ensure!(
-        g3.ttl >= LONG_TTL || (b.capabilities().session_bound && g3.ttl > SHORT_TTL),
-        "asked for {LONG_TTL:?}, granted {:?}",
+        g3.ttl >= long_ttl() || (b.capabilities().session_bound && g3.ttl > short_ttl()),
+        "asked for {:?}, granted {:?}",
+        long_ttl(),
         g3.ttl
     );
     let stale = FencingToken(g3.token.get() - 1);
     let answers = b
         .renew_many(&[
-            Renewal::new(lease(&k1, &o, g1.token), LONG_TTL),
-            Renewal::new(lease(&k3, &o, stale), LONG_TTL),
-            Renewal::new(lease(&k2, &o, g2.token), LONG_TTL),
+            Renewal::new(lease(&k1, &o, g1.token), long_ttl()),
+            Renewal::new(lease(&k3, &o, stale), long_ttl()),
+            Renewal::new(lease(&k2, &o, g2.token), long_ttl()),
         ])
         .await?;
     ensure!(answers.len() == 3, "{} answers for 3 leases", answers.len());
     let mut answers = answers.into_iter();
     match answers.next() {
         Some(Ok(renewed)) => ensure!(
-            renewed.token == g1.token && renewed.ttl >= LONG_TTL.min(g3.ttl),
-            "{k1} renewed as {renewed:?} (a grant of {LONG_TTL:?} was {:?})",
+            renewed.token == g1.token && renewed.ttl >= long_ttl().min(g3.ttl),
+            "{k1} renewed as {renewed:?} (a grant of {:?} was {:?})",
+            long_ttl(),
             g3.ttl
         ),
         other => return Err(format!("{k1}: {other:?}").into()),
@@ -92,11 +96,11 @@ pub async fn min_token_floor_is_honoured_or_refused(store: &dyn Store) -> TestRe
         );
         return Ok(());
     }
-    let first = grant(&*b, &k, &o, LONG_TTL).await?;
+    let first = grant(&*b, &k, &o, long_ttl()).await?;
     b.release(&lease(&k, &o, first.token)).await?;
     let floor = FencingToken(first.token.get() + 1_000_000);
     let floored = match b
-        .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(floor)))
+        .try_acquire(&request(&k, &o, long_ttl()).with_min_token(Some(floor)))
         .await?
     {
         Acquire::Granted(g) => g,
@@ -108,14 +112,14 @@ pub async fn min_token_floor_is_honoured_or_refused(store: &dyn Store) -> TestRe
         floored.token
     );
     // A floor on a held key changes nothing.
-    let rival = AcquireRequest::new(k.clone(), owner("rival"), LONG_TTL)
+    let rival = AcquireRequest::new(k.clone(), owner("rival"), long_ttl())
         .with_min_token(Some(FencingToken(floor.get() * 2)));
     ensure!(
         matches!(b.try_acquire(&rival).await?, Acquire::Held(_)),
         "a floor took a held key"
     );
     b.release(&lease(&k, &o, floored.token)).await?;
-    let after = grant(&*b, &k, &o, LONG_TTL).await?;
+    let after = grant(&*b, &k, &o, long_ttl()).await?;
     ensure!(
         after.token > floored.token,
         "token {} after a floored grant {} (I2)",
@@ -125,7 +129,7 @@ pub async fn min_token_floor_is_honoured_or_refused(store: &dyn Store) -> TestRe
     // A floor below the key's tokens does not lower them.
     b.release(&lease(&k, &o, after.token)).await?;
     let low = match b
-        .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(FencingToken(1))))
+        .try_acquire(&request(&k, &o, long_ttl()).with_min_token(Some(FencingToken(1))))
         .await?
     {
         Acquire::Granted(g) => g,
@@ -164,7 +168,7 @@ async fn sees_acquire_release_and_expiry(
 ) -> TestResult {
     let b = store.connect().await?;
     let (k, o) = (key(name), owner("holder"));
-    let g = grant(&*b, &k, &o, LONG_TTL).await?;
+    let g = grant(&*b, &k, &o, long_ttl()).await?;
     let seen = next_change(&mut changes).await?;
     ensure!(
         matches!(seen, HolderChange::Acquired(ref i) if i.token == g.token && i.owner == o),
@@ -177,7 +181,7 @@ async fn sees_acquire_release_and_expiry(
         seen == HolderChange::Released(lease(&k, &o, g.token)),
         "expected the release, saw {seen:?}"
     );
-    let short = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let short = grant(&*b, &k, &o, short_ttl()).await?;
     let seen = next_change(&mut changes).await?;
     ensure!(
         matches!(seen, HolderChange::Acquired(ref i) if i.token == short.token),
@@ -192,12 +196,12 @@ async fn sees_acquire_release_and_expiry(
     Ok(())
 }
 
-/// The next change of `watch`, within [`SIGNAL_BOUND`].
+/// The next change of `watch`, within [`signal_bound`].
 async fn next_change(watch: &mut Watch) -> TestResult<HolderChange> {
-    match tokio::time::timeout(SIGNAL_BOUND, watch.next()).await {
+    match tokio::time::timeout(signal_bound(), watch.next()).await {
         Ok(Some(change)) => Ok(change?),
         Ok(None) => Err("the watch ended".into()),
-        Err(_) => Err(format!("no holder change within {SIGNAL_BOUND:?}").into()),
+        Err(_) => Err(format!("no holder change within {:?}", signal_bound()).into()),
     }
 }
 
@@ -219,12 +223,13 @@ pub async fn wakeups_claim_holds(store: &dyn Store) -> TestResult {
     }
     let b = store.connect().await?;
     let o = owner("holder");
-    let g = grant(&*b, &k, &o, LONG_TTL).await?;
+    let g = grant(&*b, &k, &o, long_ttl()).await?;
     b.release(&lease(&k, &o, g.token)).await?;
-    let woken = tokio::time::timeout(SIGNAL_BOUND, subscription.woken()).await;
+    let woken = tokio::time::timeout(signal_bound(), subscription.woken()).await;
     ensure!(
         matches!(woken, Ok(true)),
-        "wakeups claimed, but a release woke nobody within {SIGNAL_BOUND:?} ({woken:?})"
+        "wakeups claimed, but a release woke nobody within {:?} ({woken:?})",
+        signal_bound()
     );
     Ok(())
 }
@@ -234,8 +239,8 @@ pub async fn wakeups_claim_holds(store: &dyn Store) -> TestResult {
 /// acquisitions.
 pub async fn close_releases_every_lease(store: &dyn Store) -> TestResult {
     let c = client(store, "closing").await?;
-    let a = c.lock("close:a").ttl(LONG_TTL).acquire().await?;
-    let b = c.clone().lock("close:b").ttl(LONG_TTL).acquire().await?;
+    let a = c.lock("close:a").ttl(long_ttl()).acquire().await?;
+    let b = c.clone().lock("close:b").ttl(long_ttl()).acquire().await?;
     c.close().await?;
     let other = store.connect().await?;
     for k in ["close:a", "close:b"] {
@@ -264,7 +269,7 @@ pub async fn set_data_replaces_the_holders_data_or_is_refused(store: &dyn Store)
     let b = store.connect().await?;
     let (k, o) = (key("proclaimed"), owner("holder"));
     let g = match b
-        .try_acquire(&request(&k, &o, LONG_TTL).with_data(Some(serde_json::json!({"v": 1}))))
+        .try_acquire(&request(&k, &o, long_ttl()).with_data(Some(serde_json::json!({"v": 1}))))
         .await?
     {
         Acquire::Granted(g) => g,
@@ -278,7 +283,7 @@ pub async fn set_data_replaces_the_holders_data_or_is_refused(store: &dyn Store)
             "set_data without the capability gave {refused:?}"
         );
         let c = client(store, "leader").await?;
-        let leadership = c.election("unsupported").ttl(LONG_TTL).campaign().await?;
+        let leadership = c.election("unsupported").ttl(long_ttl()).campaign().await?;
         let refused = leadership.proclaim(serde_json::json!(2)).await;
         ensure!(
             matches!(refused, Err(Error::Unsupported(_))),
@@ -317,7 +322,7 @@ pub async fn set_data_replaces_the_holders_data_or_is_refused(store: &dyn Store)
     );
     // Still renewable as the same lease, data intact.
     b.set_data(&mine, Some(serde_json::json!("kept"))).await?;
-    let renewed = b.renew(&mine, LONG_TTL).await?;
+    let renewed = b.renew(&mine, long_ttl()).await?;
     ensure!(renewed.token == g.token, "renewal changed the token");
     let info = other.inspect(&k).await?;
     ensure!(

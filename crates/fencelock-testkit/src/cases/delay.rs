@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fencelock_core::Error;
 
-use super::{client, ensure, EXPIRY_SLACK};
+use super::{client, ensure, expiry_slack};
 use crate::suite::{Store, TestResult};
 
 /// The delay of the first case: long enough that the checks made right
@@ -45,7 +45,7 @@ pub async fn early_release_keeps_the_key_for_the_delay(store: &dyn Store) -> Tes
     drop(refused);
     let next = b
         .lock("delay-key")
-        .wait(DELAY * 3 + EXPIRY_SLACK)
+        .wait(DELAY * 3 + expiry_slack())
         .acquire()
         .await?;
     ensure!(

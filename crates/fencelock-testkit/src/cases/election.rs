@@ -13,12 +13,14 @@ use fencelock_core::{
     Error, FencingToken, LeaderChange, LeaderWatch, LockClient,
 };
 
-use super::{client, ensure, owner, GUARD_TTL, LONG_TTL};
+use super::{client, ensure, guard_ttl, long_ttl, owner};
 use crate::suite::{Store, TestResult};
 
 /// Far more than any backend needs to report a change (polling watches
 /// included), far less than "never".
-const SIGNAL_BOUND: Duration = Duration::from_secs(15);
+fn signal_bound() -> Duration {
+    super::patient(Duration::from_secs(15))
+}
 
 /// Candidates racing for a vacant election: exactly one is elected each
 /// round, and each round's term is above the last.
@@ -31,7 +33,7 @@ pub async fn one_leader_among_racing_candidates(store: &dyn Store) -> TestResult
     let mut last: Option<FencingToken> = None;
     for round in 0..3 {
         let attempts = clients.iter().map(|c| {
-            let election = c.election("race").ttl(LONG_TTL);
+            let election = c.election("race").ttl(long_ttl());
             async move { election.campaign_for(Duration::ZERO).await }
         });
         let results = futures_util::future::join_all(attempts).await;
@@ -76,7 +78,7 @@ pub async fn one_leader_among_racing_candidates(store: &dyn Store) -> TestResult
 /// enough that only a stall of seconds would, which is not what this case
 /// is about (expiries are `standby_takes_over_after_leader_expiry`).
 pub async fn standby_takes_over_after_resignation(store: &dyn Store) -> TestResult {
-    const LEADER_TTL: Duration = Duration::from_secs(6);
+    let leader_ttl = super::patient(Duration::from_secs(6));
     let (a, b, o) = (
         client(store, "leader").await?,
         client(store, "standby").await?,
@@ -85,7 +87,7 @@ pub async fn standby_takes_over_after_resignation(store: &dyn Store) -> TestResu
     let mut changes = o.election("handover").observe().await?;
     let first = a
         .election("handover")
-        .ttl(LEADER_TTL)
+        .ttl(leader_ttl)
         .value(serde_json::json!({"addr": "a"}))
         .campaign()
         .await?;
@@ -102,8 +104,8 @@ pub async fn standby_takes_over_after_resignation(store: &dyn Store) -> TestResu
     let standby = tokio::spawn(async move {
         let leadership = b
             .election("handover")
-            .ttl(GUARD_TTL)
-            .campaign_for(SIGNAL_BOUND * 2)
+            .ttl(guard_ttl())
+            .campaign_for(signal_bound() * 2)
             .await;
         (b, leadership)
     });
@@ -156,7 +158,7 @@ pub async fn standby_takes_over_after_leader_expiry(store: &dyn Store) -> TestRe
         client(store, "observer").await?,
     );
     let mut changes = o.election("crash").observe().await?;
-    let first = a.election("crash").ttl(GUARD_TTL).campaign().await?;
+    let first = a.election("crash").ttl(guard_ttl()).campaign().await?;
     let deposed = first.term();
     fence.admit("crash-resource", deposed).await?;
     let seen = next(&mut changes).await?;
@@ -167,8 +169,8 @@ pub async fn standby_takes_over_after_leader_expiry(store: &dyn Store) -> TestRe
     let standby = tokio::spawn(async move {
         let leadership = b
             .election("crash")
-            .ttl(GUARD_TTL)
-            .campaign_for(SIGNAL_BOUND * 2)
+            .ttl(guard_ttl())
+            .campaign_for(signal_bound() * 2)
             .await;
         (b, leadership)
     });
@@ -211,11 +213,11 @@ pub async fn standby_takes_over_after_leader_expiry(store: &dyn Store) -> TestRe
     Ok(())
 }
 
-/// The next leader change, within [`SIGNAL_BOUND`].
+/// The next leader change, within [`signal_bound`].
 async fn next(changes: &mut LeaderWatch) -> TestResult<LeaderChange> {
-    match tokio::time::timeout(SIGNAL_BOUND, changes.next()).await {
+    match tokio::time::timeout(signal_bound(), changes.next()).await {
         Ok(Some(change)) => Ok(change?),
         Ok(None) => Err("the observation ended".into()),
-        Err(_) => Err(format!("no leader change within {SIGNAL_BOUND:?}").into()),
+        Err(_) => Err(format!("no leader change within {:?}", signal_bound()).into()),
     }
 }

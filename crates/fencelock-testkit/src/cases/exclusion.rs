@@ -7,7 +7,7 @@ use std::{
 
 use fencelock_core::{Acquire, Backend, FencingToken, LockKey};
 
-use super::{connections, ensure, grant, key, owner, request, wait_out, LONG_TTL, SHORT_TTL};
+use super::{connections, ensure, grant, key, long_ttl, owner, request, short_ttl, wait_out};
 use crate::suite::{Store, TestResult};
 
 const RACERS: usize = 64;
@@ -35,7 +35,7 @@ async fn race(conns: &[Arc<dyn Backend>], key: &LockKey) -> TestResult<Vec<(usiz
     let mut tasks = Vec::with_capacity(RACERS);
     for i in 0..RACERS {
         let backend = Arc::clone(&conns[i % conns.len()]);
-        let req = request(key, &owner(&format!("racer-{i}")), LONG_TTL);
+        let req = request(key, &owner(&format!("racer-{i}")), long_ttl());
         tasks.push(tokio::spawn(async move { backend.try_acquire(&req).await }));
     }
     let mut winners = Vec::new();
@@ -93,7 +93,7 @@ pub async fn i1_race_on_expired_key(store: &dyn Store) -> TestResult {
     let old = owner("old-holder");
     let mut old_grants = Vec::with_capacity(keys.len());
     for k in &keys {
-        old_grants.push(grant(&*conns[0], k, &old, SHORT_TTL).await?);
+        old_grants.push(grant(&*conns[0], k, &old, short_ttl()).await?);
     }
     // Leases were granted in order, so the last one ends last.
     let last = keys.len() - 1;
@@ -121,11 +121,11 @@ pub async fn i1_race_on_expired_key(store: &dyn Store) -> TestResult {
 pub async fn held_key_refuses_everyone(store: &dyn Store) -> TestResult {
     let conns = connections(store, CONNECTIONS).await?;
     let k = key("held");
-    let holder = grant(&*conns[0], &k, &owner("holder"), LONG_TTL).await?;
+    let holder = grant(&*conns[0], &k, &owner("holder"), long_ttl()).await?;
     let winners = race(&conns, &k).await?;
     ensure!(winners.is_empty(), "racers won a held key: {winners:?}");
     match conns[1]
-        .try_acquire(&request(&k, &owner("late"), LONG_TTL))
+        .try_acquire(&request(&k, &owner("late"), long_ttl()))
         .await?
     {
         Acquire::Held(Some(info)) => ensure!(

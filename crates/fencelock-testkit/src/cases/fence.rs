@@ -5,7 +5,7 @@ use std::sync::Arc;
 use fencelock_core::{Error, Fence, FencedValue, FencingToken, LockMode};
 use tokio::sync::Mutex;
 
-use super::{ensure, fence_of, grant, key, owner, wait_out, LONG_TTL, SHORT_TTL};
+use super::{ensure, fence_of, grant, key, long_ttl, owner, short_ttl, wait_out};
 use crate::suite::{Store, TestResult};
 
 /// Equal and higher tokens pass; lower ones are `Stale` with both tokens;
@@ -72,12 +72,12 @@ pub async fn i7_admit_before_read_prevents_lost_update(store: &dyn Store) -> Tes
         Ok::<(), Error>(())
     };
     // A: acquire, admit, read 0 ... then pause past its lease.
-    let a = grant(&*backend, &k, &owner("a"), SHORT_TTL).await?;
+    let a = grant(&*backend, &k, &owner("a"), short_ttl()).await?;
     fence.admit("counter", a.token).await?;
     let a_read = *counter.lock().await;
     wait_out(&*backend, &k, &a).await?;
     // B: acquire, admit *before* reading, read.
-    let b = grant(&*backend, &k, &owner("b"), LONG_TTL).await?;
+    let b = grant(&*backend, &k, &owner("b"), long_ttl()).await?;
     fence.admit("counter", b.token).await?;
     let b_read = *counter.lock().await;
     // A wakes up and writes its stale increment: refused.

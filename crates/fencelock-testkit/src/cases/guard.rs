@@ -12,13 +12,13 @@ use std::{
 
 use fencelock_core::{Error, LossReason};
 
-use super::{client, ensure, key, owner, GUARD_TTL};
+use super::{client, ensure, guard_ttl, key, owner};
 use crate::suite::{Store, TestResult};
 
 /// A renewing guard holds past several TTLs and keeps its token.
 pub async fn renewal_outlives_the_ttl(store: &dyn Store) -> TestResult {
     let client = client(store, "renewer").await?;
-    let guard = client.lock("renewing").ttl(GUARD_TTL).acquire().await?;
+    let guard = client.lock("renewing").ttl(guard_ttl()).acquire().await?;
     tokio::time::sleep(guard.granted_ttl() * 3).await;
     guard.check()?;
     let lease = client
@@ -43,13 +43,13 @@ pub async fn renewal_outlives_the_ttl(store: &dyn Store) -> TestResult {
 pub async fn force_release_is_noticed_as_loss(store: &dyn Store) -> TestResult {
     let client = client(store, "victim").await?;
     let admin = store.connect().await?;
-    let guard = client.lock("forced").ttl(GUARD_TTL).acquire().await?;
+    let guard = client.lock("forced").ttl(guard_ttl()).acquire().await?;
     admin
         .administer()?
         .force_release(&key("forced"))
         .await?
         .ok_or("nothing to force-release")?;
-    let bound = guard.granted_ttl() * 10 + Duration::from_secs(5);
+    let bound = guard.granted_ttl() * 10 + super::patient(Duration::from_secs(5));
     let reason = tokio::time::timeout(bound, guard.lost())
         .await
         .map_err(|_| "loss not noticed")?;
@@ -88,7 +88,7 @@ pub async fn with_lock_cancels_closure_on_loss(store: &dyn Store) -> TestResult 
         tokio::spawn(async move {
             client
                 .lock("with-lock")
-                .ttl(GUARD_TTL)
+                .ttl(guard_ttl())
                 .run(|guard| async move {
                     let _armed = Armed(dropped);
                     let _ = started_tx.send(guard.token());
@@ -104,7 +104,7 @@ pub async fn with_lock_cancels_closure_on_loss(store: &dyn Store) -> TestResult 
         .force_release(&key("with-lock"))
         .await?
         .ok_or("nothing to force-release")?;
-    let result = tokio::time::timeout(Duration::from_secs(30), work)
+    let result = tokio::time::timeout(super::patient(Duration::from_secs(30)), work)
         .await
         .map_err(|_| "with_lock kept running")??;
     ensure!(
@@ -139,11 +139,12 @@ pub async fn dropped_guard_releases_in_background(store: &dyn Store) -> TestResu
         .acquire()
         .await?;
     drop(guard);
-    let bound = tokio::time::Instant::now() + Duration::from_secs(10);
+    let within = super::patient(Duration::from_secs(10));
+    let bound = tokio::time::Instant::now() + within;
     while client.inspect("dropped").await?.is_some() {
         ensure!(
             tokio::time::Instant::now() < bound,
-            "the dropped guard's lease is still there after 10 s"
+            "the dropped guard's lease is still there after {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -157,7 +158,7 @@ pub async fn restart_keeps_or_loses_lock_honestly(store: &dyn Store) -> TestResu
     let client = client(store, "survivor").await?;
     let guard = client
         .lock("restart")
-        .ttl(Duration::from_secs(4))
+        .ttl(super::patient(Duration::from_secs(4)))
         .acquire()
         .await?;
     store.restart().await?;

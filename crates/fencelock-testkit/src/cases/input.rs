@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencelock_core::{parse_duration, Error, LockClient, LockKey, MAX_TTL};
 
-use super::{ensure, grant, owner, LONG_TTL};
+use super::{ensure, grant, long_ttl, owner};
 use crate::suite::{Store, TestResult};
 
 /// Empty, 256-byte and control-character keys are `InvalidKey` everywhere a
@@ -83,7 +83,7 @@ pub async fn odd_but_valid_keys_round_trip(store: &dyn Store) -> TestResult {
     ];
     for name in names {
         let k = LockKey::new(name)?;
-        let g = grant(&*b, &k, &owner("odd"), LONG_TTL).await?;
+        let g = grant(&*b, &k, &owner("odd"), long_ttl()).await?;
         let info = b
             .inspect(&k)
             .await?
@@ -121,7 +121,7 @@ pub async fn any_json_data_round_trips(store: &dyn Store) -> TestResult {
     ];
     for (i, data) in values.into_iter().enumerate() {
         let k = LockKey::new(format!("data:{i}"))?;
-        let mut req = super::request(&k, &owner("data"), LONG_TTL);
+        let mut req = super::request(&k, &owner("data"), long_ttl());
         req.data = Some(data.clone());
         match b.try_acquire(&req).await? {
             fencelock_core::Acquire::Granted(_) => {}

@@ -3,7 +3,9 @@
 //!
 //! Cases never assert wall-clock figures. Where they must wait for a lease to
 //! end they wait for the TTL the backend *granted* (etcd rounds small TTLs
-//! up), then poll with a bound.
+//! up), then poll with a bound. Every TTL and bound is a base figure scaled
+//! by the case's measured budget ([`crate::patience`]), so a busy machine
+//! gets longer leases and bounds, never a false failure.
 
 mod admin;
 mod atomic;
@@ -196,17 +198,34 @@ macro_rules! ensure {
 }
 pub(crate) use ensure;
 
+// Every TTL, wait and bound of a case is a base figure (what a quiet
+// machine needs, with the margins the case always had) scaled by the
+// case's measured budget (`crate::patience`): the harness measures one
+// against the case's store and runs the case in its scope.
+
 /// A lease long enough never to expire during a case.
-pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+pub(crate) fn long_ttl() -> Duration {
+    patient(Duration::from_secs(60))
+}
 /// A lease a case waits out. Backends may grant more (etcd: about 2 s).
-pub(crate) const SHORT_TTL: Duration = Duration::from_millis(400);
+pub(crate) fn short_ttl() -> Duration {
+    patient(Duration::from_millis(400))
+}
 /// A renewed lease: short enough that renewal matters within a case, long
-/// enough that a slow CI disk cannot delay a renewal past the trusted window
-/// (about 1.8 s).
-pub(crate) const GUARD_TTL: Duration = Duration::from_secs(2);
+/// enough that a slow disk cannot delay a renewal past the trusted window.
+pub(crate) fn guard_ttl() -> Duration {
+    patient(Duration::from_secs(2))
+}
 /// How long past its TTL a lease may take to end before a case calls it
 /// stuck: far more than any backend needs, far less than "never".
-pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(5);
+pub(crate) fn expiry_slack() -> Duration {
+    patient(Duration::from_secs(5))
+}
+
+/// `base` scaled by the case's budget.
+pub(crate) fn patient(base: Duration) -> Duration {
+    crate::patience::current().bound(base)
+}
 
 pub(crate) fn key(name: &str) -> LockKey {
     LockKey::new(name).expect("case keys are valid")
@@ -267,7 +286,7 @@ pub(crate) async fn fence_of(store: &dyn Store) -> TestResult<Arc<dyn fencelock_
 /// the granted TTL, then polling `inspect` for at most a few seconds.
 pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant) -> TestResult {
     tokio::time::sleep(grant.ttl).await;
-    let bound = tokio::time::Instant::now() + EXPIRY_SLACK;
+    let bound = tokio::time::Instant::now() + expiry_slack();
     loop {
         match backend.inspect(key).await? {
             Some(lease) if lease.token == grant.token => {}
@@ -275,9 +294,10 @@ pub(crate) async fn wait_out(backend: &dyn Backend, key: &LockKey, grant: &Grant
         }
         ensure!(
             tokio::time::Instant::now() < bound,
-            "lease {} on {key} outlived its {:?} TTL by more than {EXPIRY_SLACK:?}",
+            "lease {} on {key} outlived its {:?} TTL by more than {:?}",
             grant.token,
-            grant.ttl
+            grant.ttl,
+            expiry_slack()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

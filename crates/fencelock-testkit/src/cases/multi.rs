@@ -12,7 +12,7 @@ use std::{
 
 use fencelock_core::{Error, LossReason};
 
-use super::{client, ensure, key, GUARD_TTL, LONG_TTL};
+use super::{client, ensure, guard_ttl, key, long_ttl};
 use crate::suite::{Store, TestResult};
 
 /// Two clients take overlapping key sets, listed in opposite orders, 20
@@ -49,7 +49,7 @@ pub(super) async fn race_key_sets(
             for _ in 0..rounds {
                 let all = client
                     .lock_all(keys.iter().copied())
-                    .ttl(LONG_TTL)
+                    .ttl(long_ttl())
                     .wait(Duration::from_secs(60))
                     .acquire()
                     .await
@@ -80,10 +80,10 @@ pub(super) async fn race_key_sets(
 pub async fn partial_failure_leaves_nothing_held(store: &dyn Store) -> TestResult {
     let other = client(store, "multi-other").await?;
     let c = client(store, "multi-taker").await?;
-    let _blocker = other.lock("part-b").ttl(LONG_TTL).acquire().await?;
+    let _blocker = other.lock("part-b").ttl(long_ttl()).acquire().await?;
     let result = c
         .lock_all(["part-c", "part-b", "part-a"])
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .wait(Duration::from_millis(300))
         .acquire()
         .await;
@@ -140,7 +140,7 @@ pub async fn loss_of_one_part_is_signalled(store: &dyn Store) -> TestResult {
     let admin = store.connect().await?;
     let all = c
         .lock_all(["loss-a", "loss-b"])
-        .ttl(GUARD_TTL)
+        .ttl(guard_ttl())
         .acquire()
         .await?;
     all.check()?;
@@ -149,7 +149,7 @@ pub async fn loss_of_one_part_is_signalled(store: &dyn Store) -> TestResult {
         .force_release(&key("loss-b"))
         .await?
         .ok_or("nothing to force-release")?;
-    let bound = all.guards()[1].granted_ttl() * 10 + Duration::from_secs(5);
+    let bound = all.guards()[1].granted_ttl() * 10 + super::patient(Duration::from_secs(5));
     let (lost_key, reason) = tokio::time::timeout(bound, all.lost())
         .await
         .map_err(|_| "loss of a part not noticed")?;
@@ -178,7 +178,7 @@ pub async fn tokens_per_key_match_inspect(store: &dyn Store) -> TestResult {
     let c = client(store, "multi-tokens").await?;
     let all = c
         .lock_all(["tok-3", "tok-1", "tok-2"])
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let tokens = all.tokens();

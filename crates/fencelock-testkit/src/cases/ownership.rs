@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencelock_core::{Acquire, Error};
 
-use super::{ensure, grant, key, lease, owner, released, request, wait_out, LONG_TTL, SHORT_TTL};
+use super::{ensure, grant, key, lease, long_ttl, owner, released, request, short_ttl, wait_out};
 use crate::suite::{Store, TestResult};
 
 /// Another owner, with or without the right token, can neither renew nor
@@ -14,9 +14,11 @@ pub async fn i3_stranger_cannot_renew_or_release(store: &dyn Store) -> TestResul
     let other = store.connect().await?;
     let k = key("i3-stranger");
     let (holder, stranger) = (owner("holder"), owner("stranger"));
-    let g = grant(&*b, &k, &holder, LONG_TTL).await?;
+    let g = grant(&*b, &k, &holder, long_ttl()).await?;
     let before = b.inspect(&k).await?.ok_or("lease missing")?;
-    let renew = other.renew(&lease(&k, &stranger, g.token), LONG_TTL).await;
+    let renew = other
+        .renew(&lease(&k, &stranger, g.token), long_ttl())
+        .await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "a stranger renewed: {renew:?}"
@@ -27,7 +29,7 @@ pub async fn i3_stranger_cannot_renew_or_release(store: &dyn Store) -> TestResul
     );
     // The right owner with a wrong token is a stranger too.
     let wrong = fencelock_core::FencingToken(g.token.0.wrapping_add(1));
-    let renew = other.renew(&lease(&k, &holder, wrong), LONG_TTL).await;
+    let renew = other.renew(&lease(&k, &holder, wrong), long_ttl()).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "a wrong token renewed: {renew:?}"
@@ -52,10 +54,10 @@ pub async fn i3_stale_holder_cannot_touch_successor(store: &dyn Store) -> TestRe
     let b = store.connect().await?;
     let k = key("i3-stale");
     let o = owner("same-name");
-    let stale = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let stale = grant(&*b, &k, &o, short_ttl()).await?;
     wait_out(&*b, &k, &stale).await?;
-    let successor = grant(&*b, &k, &o, LONG_TTL).await?;
-    let renew = b.renew(&lease(&k, &o, stale.token), LONG_TTL).await;
+    let successor = grant(&*b, &k, &o, long_ttl()).await?;
+    let renew = b.renew(&lease(&k, &o, stale.token), long_ttl()).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "the stale holder renewed: {renew:?}"
@@ -81,9 +83,9 @@ pub async fn release_after_expiry_is_not_held(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let k = key("expired-release");
     let o = owner("o");
-    let g = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let g = grant(&*b, &k, &o, short_ttl()).await?;
     wait_out(&*b, &k, &g).await?;
-    let renew = b.renew(&lease(&k, &o, g.token), LONG_TTL).await;
+    let renew = b.renew(&lease(&k, &o, g.token), long_ttl()).await;
     ensure!(
         matches!(renew, Err(Error::NotHeld { .. })),
         "an expired lease was renewed: {renew:?}"
@@ -101,11 +103,11 @@ pub async fn i4_i6_expiry_needs_no_cleanup(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let k = key("i6");
     let t_sent = tokio::time::Instant::now();
-    let g = grant(&*b, &k, &owner("first"), SHORT_TTL).await?;
+    let g = grant(&*b, &k, &owner("first"), short_ttl()).await?;
     let next = owner("next");
-    let bound = g.ttl + Duration::from_secs(5);
+    let bound = g.ttl + super::patient(Duration::from_secs(5));
     loop {
-        match b.try_acquire(&request(&k, &next, LONG_TTL)).await? {
+        match b.try_acquire(&request(&k, &next, long_ttl())).await? {
             Acquire::Granted(taken) => {
                 // The lease may not end before its TTL has passed locally
                 // (which starts before the backend's), allowing 1% drift.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Error, FencingToken, LockClient};
 
-use super::{client, ensure, owner, GUARD_TTL, LONG_TTL};
+use super::{client, ensure, guard_ttl, long_ttl, owner};
 use crate::suite::{Store, TestResult};
 
 /// `validate` is true for the current token only: not an older or newer
@@ -14,10 +14,10 @@ use crate::suite::{Store, TestResult};
 pub async fn validate_is_true_only_for_the_current_token(store: &dyn Store) -> TestResult {
     let c = client(store, "sequencer").await?;
     let checker = client(store, "resource").await?;
-    let first = c.lock("seq").ttl(LONG_TTL).acquire().await?;
+    let first = c.lock("seq").ttl(long_ttl()).acquire().await?;
     let old = first.token();
     first.release().await?;
-    let guard = c.lock("seq").ttl(LONG_TTL).acquire().await?;
+    let guard = c.lock("seq").ttl(long_ttl()).acquire().await?;
     let t = guard.token();
     ensure!(
         checker.validate("seq", t).await?,
@@ -56,7 +56,7 @@ pub async fn resume_reattaches_to_the_exact_lease(store: &dyn Store) -> TestResu
         true => on(backend, "restarted")?,
         false => other.clone(),
     };
-    let guard = first.lock("resumed").ttl(GUARD_TTL).acquire().await?;
+    let guard = first.lock("resumed").ttl(guard_ttl()).acquire().await?;
     let (o, t) = (guard.owner().clone(), guard.token());
     guard.detach();
     let mut wrong = vec![
@@ -70,7 +70,7 @@ pub async fn resume_reattaches_to_the_exact_lease(store: &dyn Store) -> TestResu
     for (who, token) in wrong {
         let refused = other
             .resume("resumed", who.clone(), token)
-            .ttl(GUARD_TTL)
+            .ttl(guard_ttl())
             .await;
         ensure!(
             matches!(refused, Err(Error::NotHeld { .. })),
@@ -79,7 +79,7 @@ pub async fn resume_reattaches_to_the_exact_lease(store: &dyn Store) -> TestResu
     }
     let resumed = second
         .resume("resumed", o.clone(), t)
-        .ttl(GUARD_TTL)
+        .ttl(guard_ttl())
         .await?;
     ensure!(
         resumed.token() == t,
@@ -95,7 +95,7 @@ pub async fn resume_reattaches_to_the_exact_lease(store: &dyn Store) -> TestResu
         "after three TTLs the lease is {info:?}"
     );
     resumed.release().await?;
-    let gone = second.resume("resumed", o, t).ttl(GUARD_TTL).await;
+    let gone = second.resume("resumed", o, t).ttl(guard_ttl()).await;
     ensure!(
         matches!(gone, Err(Error::NotHeld { .. })),
         "resume after release gave {gone:?}"

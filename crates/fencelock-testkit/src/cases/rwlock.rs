@@ -21,13 +21,15 @@ use fencelock_core::{
 };
 
 use super::{
-    client, ensure, fence_of, grant, key, lease, owner, request, through_restart, wait_out,
-    EXPIRY_SLACK, GUARD_TTL, LONG_TTL, SHORT_TTL,
+    client, ensure, expiry_slack, fence_of, grant, guard_ttl, key, lease, long_ttl, owner, request,
+    short_ttl, through_restart, wait_out,
 };
 use crate::suite::{Store, TestResult};
 
 /// How long a waiter in these cases may wait before the case calls it stuck.
-const LONG_WAIT: Duration = Duration::from_secs(60);
+fn long_wait() -> Duration {
+    super::patient(Duration::from_secs(60))
+}
 
 /// `Ok(true)` when the store claims shared locks. Otherwise checks that
 /// every reader operation is refused with `Unsupported` (never ignored, never
@@ -43,7 +45,7 @@ async fn shared_or_refused(store: &dyn Store) -> TestResult<bool> {
     }
     let (k, o) = (key("rw-unsupported"), owner("reader"));
     let unsupported = |r: &fencelock_core::Result<()>| matches!(r, Err(Error::Unsupported(_)));
-    let acquired = b.try_acquire(&reader_request(&k, &o, LONG_TTL)).await;
+    let acquired = b.try_acquire(&reader_request(&k, &o, long_ttl())).await;
     ensure!(
         matches!(acquired, Err(Error::Unsupported(_))),
         "a reader's try_acquire without the claim: {acquired:?}"
@@ -55,7 +57,7 @@ async fn shared_or_refused(store: &dyn Store) -> TestResult<bool> {
     // A reader's lease this backend never granted: refused, or not held.
     let l = reader_lease(&k, &o, FencingToken(1));
     let refused = |r: &fencelock_core::Result<()>| unsupported(r) || not_held(r);
-    let renewed = b.renew(&l, LONG_TTL).await.map(|_| ());
+    let renewed = b.renew(&l, long_ttl()).await.map(|_| ());
     let released = b.release(&l).await;
     for (what, r) in [("renew", renewed), ("release", released)] {
         ensure!(refused(&r), "a reader's {what} without the claim: {r:?}");
@@ -119,8 +121,8 @@ pub async fn readers_share_and_exclude_writers(store: &dyn Store) -> TestResult 
     }
     let (a, b) = (client(store, "rw-a").await?, client(store, "rw-b").await?);
     let w = client(store, "rw-w").await?;
-    let ra = a.rwlock("rw").read().ttl(LONG_TTL).acquire().await?;
-    let rb = b.rwlock("rw").read().ttl(LONG_TTL).acquire().await?;
+    let ra = a.rwlock("rw").read().ttl(long_ttl()).acquire().await?;
+    let rb = b.rwlock("rw").read().ttl(long_ttl()).acquire().await?;
     ensure!(
         ra.mode() == LockMode::Shared && rb.token() > ra.token(),
         "readers: {ra:?} {rb:?}"
@@ -135,7 +137,7 @@ pub async fn readers_share_and_exclude_writers(store: &dyn Store) -> TestResult 
     );
     let backend = store.connect().await?;
     match backend
-        .try_acquire(&request(&key("rw"), &owner("rw-w"), LONG_TTL))
+        .try_acquire(&request(&key("rw"), &owner("rw-w"), long_ttl()))
         .await?
     {
         Acquire::Held(Some(h)) => ensure!(
@@ -165,7 +167,7 @@ pub async fn readers_share_and_exclude_writers(store: &dyn Store) -> TestResult 
         "a writer was granted while one reader held the key"
     );
     rb.release().await?;
-    let writer = w.rwlock("rw").write().ttl(LONG_TTL).acquire().await?;
+    let writer = w.rwlock("rw").write().ttl(long_ttl()).acquire().await?;
     ensure!(
         writer.token() > top && writer.mode() == LockMode::Exclusive,
         "writer {writer:?} after readers up to {top}"
@@ -193,7 +195,7 @@ pub async fn tokens_increase_across_modes(store: &dyn Store) -> TestResult {
         let guard = c
             .lock("rw-tokens")
             .shared(shared)
-            .ttl(LONG_TTL)
+            .ttl(long_ttl())
             .acquire()
             .await?;
         ensure!(
@@ -221,26 +223,26 @@ pub async fn writer_intent_blocks_new_readers_and_expires(store: &dyn Store) -> 
     let first = r1
         .rwlock("rw-intent")
         .read()
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let waiting = tokio::spawn(async move {
         w.rwlock("rw-intent")
             .write()
-            .ttl(LONG_TTL)
-            .wait(LONG_WAIT)
+            .ttl(long_ttl())
+            .wait(long_wait())
             .acquire()
             .await
     });
     // Readers keep coming until the writer has posted its intent; from
     // then on each is refused.
-    let bound = tokio::time::Instant::now() + LONG_WAIT;
+    let bound = tokio::time::Instant::now() + long_wait();
     let mut admitted = Vec::new();
     loop {
         match r2
             .rwlock("rw-intent")
             .read()
-            .ttl(LONG_TTL)
+            .ttl(long_ttl())
             .try_acquire()
             .await?
         {
@@ -278,29 +280,31 @@ pub async fn writer_intent_blocks_new_readers_and_expires(store: &dyn Store) -> 
     let (k, dead, other) = (key("rw-dead-writer"), owner("rw-dead"), owner("rw-other"));
     let reader = owner("rw-late-reader");
     let refused = |answer: Acquire| matches!(answer, Acquire::Held(_));
-    intents(&*b)?.post_write_intent(&k, &dead, LONG_TTL).await?;
     intents(&*b)?
-        .post_write_intent(&k, &other, LONG_TTL)
+        .post_write_intent(&k, &dead, long_ttl())
+        .await?;
+    intents(&*b)?
+        .post_write_intent(&k, &other, long_ttl())
         .await?;
     intents(&*b)?.withdraw_write_intent(&k, &other).await?;
     ensure!(
         refused(
-            b.try_acquire(&reader_request(&k, &reader, LONG_TTL))
+            b.try_acquire(&reader_request(&k, &reader, long_ttl()))
                 .await?
         ),
         "a reader was granted under a live writer intent"
     );
     intents(&*b)?.withdraw_write_intent(&k, &dead).await?;
-    let g = read_grant(&*b, &k, &reader, LONG_TTL).await?;
+    let g = read_grant(&*b, &k, &reader, long_ttl()).await?;
     b.release(&reader_lease(&k, &reader, g.token)).await?;
     // The intent of a writer that never comes back ends by expiry.
     intents(&*b)?
-        .post_write_intent(&k, &dead, SHORT_TTL)
+        .post_write_intent(&k, &dead, short_ttl())
         .await?;
-    let bound = tokio::time::Instant::now() + SHORT_TTL + EXPIRY_SLACK;
+    let bound = tokio::time::Instant::now() + short_ttl() + expiry_slack();
     loop {
         if let Acquire::Granted(g) = b
-            .try_acquire(&reader_request(&k, &reader, LONG_TTL))
+            .try_acquire(&reader_request(&k, &reader, long_ttl()))
             .await?
         {
             b.release(&reader_lease(&k, &reader, g.token)).await?;
@@ -308,7 +312,9 @@ pub async fn writer_intent_blocks_new_readers_and_expires(store: &dyn Store) -> 
         }
         ensure!(
             tokio::time::Instant::now() < bound,
-            "a dead writer's intent of {SHORT_TTL:?} still stopped readers {EXPIRY_SLACK:?} later"
+            "a dead writer's intent of {:?} still stopped readers {:?} later",
+            short_ttl(),
+            expiry_slack()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -323,20 +329,20 @@ pub async fn reader_expiry_frees_the_writer(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let k = key("rw-expiry");
     // Long enough that the writer's first try surely meets it.
-    let g = read_grant(&*b, &k, &owner("rw-crashed"), GUARD_TTL).await?;
+    let g = read_grant(&*b, &k, &owner("rw-crashed"), guard_ttl()).await?;
     ensure!(
         matches!(
-            b.try_acquire(&request(&k, &owner("rw-w"), LONG_TTL))
+            b.try_acquire(&request(&k, &owner("rw-w"), long_ttl()))
                 .await?,
             Acquire::Held(_)
         ),
         "a writer was granted under a live reader"
     );
     tokio::time::sleep(g.ttl).await;
-    let bound = tokio::time::Instant::now() + EXPIRY_SLACK;
+    let bound = tokio::time::Instant::now() + expiry_slack();
     loop {
         if let Acquire::Granted(w) = b
-            .try_acquire(&request(&k, &owner("rw-w"), LONG_TTL))
+            .try_acquire(&request(&k, &owner("rw-w"), long_ttl()))
             .await?
         {
             ensure!(
@@ -349,8 +355,9 @@ pub async fn reader_expiry_frees_the_writer(store: &dyn Store) -> TestResult {
         }
         ensure!(
             tokio::time::Instant::now() < bound,
-            "a {:?} reader lease still held off the writer {EXPIRY_SLACK:?} after its TTL",
-            g.ttl
+            "a {:?} reader lease still held off the writer {:?} after its TTL",
+            g.ttl,
+            expiry_slack()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -366,13 +373,13 @@ pub async fn reader_lease_ownership_is_exact(store: &dyn Store) -> TestResult {
     }
     let b = store.connect().await?;
     let (k, o) = (key("rw-own"), owner("rw-owner"));
-    let g = read_grant(&*b, &k, &o, LONG_TTL).await?;
+    let g = read_grant(&*b, &k, &o, long_ttl()).await?;
     let stranger = reader_lease(&k, &owner("rw-stranger"), g.token);
     let stale = reader_lease(&k, &o, FencingToken(g.token.get() - 1));
     let mine = reader_lease(&k, &o, g.token);
     for (what, l) in [("stranger", &stranger), ("stale token", &stale)] {
         ensure!(
-            not_held(&b.renew(l, LONG_TTL).await.map(|_| ())),
+            not_held(&b.renew(l, long_ttl()).await.map(|_| ())),
             "{what} renewed a reader lease"
         );
         ensure!(
@@ -383,19 +390,19 @@ pub async fn reader_lease_ownership_is_exact(store: &dyn Store) -> TestResult {
     // The same lease named as an exclusive one.
     let as_writer = lease(&k, &o, g.token);
     ensure!(
-        not_held(&b.renew(&as_writer, LONG_TTL).await.map(|_| ()))
+        not_held(&b.renew(&as_writer, long_ttl()).await.map(|_| ()))
             && not_held(&b.release(&as_writer).await),
         "the exclusive operations touched a reader lease"
     );
     // One batch mixing both sides answers each in order.
     let w_key = key("rw-own-writer");
-    let w = grant(&*b, &w_key, &o, LONG_TTL).await?;
+    let w = grant(&*b, &w_key, &o, long_ttl()).await?;
     let other_writer = lease(&w_key, &o, w.token);
     let answers = b
         .renew_many(&[
-            Renewal::new(mine.clone(), LONG_TTL),
-            Renewal::new(other_writer.clone(), LONG_TTL),
-            Renewal::new(stale.clone(), LONG_TTL),
+            Renewal::new(mine.clone(), long_ttl()),
+            Renewal::new(other_writer.clone(), long_ttl()),
+            Renewal::new(stale.clone(), long_ttl()),
         ])
         .await?;
     ensure!(
@@ -409,19 +416,24 @@ pub async fn reader_lease_ownership_is_exact(store: &dyn Store) -> TestResult {
         not_held(&b.release(&mine).await),
         "a reader lease was released twice"
     );
-    let w = grant(&*b, &k, &o, LONG_TTL).await?;
+    let w = grant(&*b, &k, &o, long_ttl()).await?;
     let writer = lease(&k, &o, w.token);
     let writer_as_reader = writer.clone().with_mode(LockMode::Shared);
     ensure!(
-        not_held(&b.renew(&writer_as_reader, LONG_TTL).await.map(|_| ()))
+        not_held(&b.renew(&writer_as_reader, long_ttl()).await.map(|_| ()))
             && not_held(&b.release(&writer_as_reader).await),
         "the reader operations touched an exclusive lease"
     );
     b.release(&writer).await?;
 
     let c = client(store, "rw-renewed").await?;
-    let guard = c.rwlock("rw-renew").read().ttl(GUARD_TTL).acquire().await?;
-    tokio::time::sleep(GUARD_TTL + GUARD_TTL / 2).await;
+    let guard = c
+        .rwlock("rw-renew")
+        .read()
+        .ttl(guard_ttl())
+        .acquire()
+        .await?;
+    tokio::time::sleep(guard_ttl() + guard_ttl() / 2).await;
     guard.check()?;
     ensure!(
         c.validate("rw-renew", guard.token()).await?,
@@ -440,8 +452,8 @@ pub async fn admin_accounts_for_readers(store: &dyn Store) -> TestResult {
     }
     let b = store.connect().await?;
     let (k, a, z) = (key("rw-admin"), owner("rw-admin-a"), owner("rw-admin-z"));
-    let ga = read_grant(&*b, &k, &a, LONG_TTL).await?;
-    let gz = read_grant(&*b, &k, &z, LONG_TTL).await?;
+    let ga = read_grant(&*b, &k, &a, long_ttl()).await?;
+    let gz = read_grant(&*b, &k, &z, long_ttl()).await?;
     let listed = b.administer()?.list(Some("rw-admin")).await?;
     ensure!(
         listed.len() == 2 && listed.iter().all(|l| l.mode == LockMode::Shared),
@@ -469,10 +481,10 @@ pub async fn admin_accounts_for_readers(store: &dyn Store) -> TestResult {
         b.administer()?.list(Some("rw-admin")).await?.is_empty(),
         "force_release left readers"
     );
-    let short = read_grant(&*b, &k, &a, SHORT_TTL).await?;
+    let short = read_grant(&*b, &k, &a, short_ttl()).await?;
     wait_out(&*b, &k, &short).await?;
     b.administer()?.cleanup_expired().await?;
-    let after = grant(&*b, &k, &a, LONG_TTL).await?;
+    let after = grant(&*b, &k, &a, long_ttl()).await?;
     ensure!(
         after.token > short.token,
         "token {} after cleanup of {}",
@@ -518,8 +530,8 @@ pub async fn race_of_readers_and_writers(store: &dyn Store) -> TestResult {
                 let guard = client
                     .lock("rw-race")
                     .shared(shared)
-                    .ttl(LONG_TTL)
-                    .wait(LONG_WAIT)
+                    .ttl(long_ttl())
+                    .wait(long_wait())
                     .acquire()
                     .await?;
                 let (mine, others) = if shared {
@@ -626,14 +638,14 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
     let (k, o) = (key("rw-restart"), owner("rw-reader"));
     let before = {
         let b = store.connect().await?;
-        read_grant(&*b, &k, &o, LONG_TTL).await?
+        read_grant(&*b, &k, &o, long_ttl()).await?
     };
     store.restart().await?;
     let b = store.connect().await?;
-    let (b, within) = (&*b, Duration::from_secs(30));
+    let (b, within) = (&*b, super::patient(Duration::from_secs(30)));
     // The reader is still there after the restart: a writer is refused,
     // and the reader's own release works by (owner, token).
-    let writer = request(&k, &owner("rw-w"), LONG_TTL);
+    let writer = request(&k, &owner("rw-w"), long_ttl());
     match through_restart(within, || b.try_acquire(&writer)).await? {
         Acquire::Held(_) => {}
         Acquire::Granted(g) => {
@@ -642,7 +654,7 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
     }
     let first = reader_lease(&k, &o, before.token);
     through_restart(within, || b.release(&first)).await?;
-    let reader = reader_request(&k, &o, LONG_TTL);
+    let reader = reader_request(&k, &o, long_ttl());
     let again = through_restart(within, || b.try_acquire(&reader)).await?;
     let Acquire::Granted(again) = again else {
         return Err(format!("reader {o} refused on {k} after its release: {again:?}").into());
@@ -654,7 +666,7 @@ pub async fn restart_keeps_readers_and_tokens(store: &dyn Store) -> TestResult {
         before.token
     );
     b.release(&reader_lease(&k, &o, again.token)).await?;
-    let w = grant(b, &k, &o, LONG_TTL).await?;
+    let w = grant(b, &k, &o, long_ttl()).await?;
     ensure!(w.token > again.token, "{} after {}", w.token, again.token);
     Ok(())
 }

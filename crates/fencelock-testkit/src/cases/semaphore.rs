@@ -14,11 +14,13 @@ use std::{
 use fencelock_core::{semaphore_slot_key, Error, LockClient, MAX_PERMITS};
 use serde_json::json;
 
-use super::{client, ensure, fence_of, key, EXPIRY_SLACK, LONG_TTL, SHORT_TTL};
+use super::{client, ensure, expiry_slack, fence_of, key, long_ttl, short_ttl};
 use crate::suite::{Store, TestResult};
 
 /// How long a waiter in these cases may wait before the case calls it stuck.
-const LONG_WAIT: Duration = Duration::from_secs(60);
+fn long_wait() -> Duration {
+    super::patient(Duration::from_secs(60))
+}
 
 /// 16 racers, one try each, on a free semaphore of 3: exactly 3 win, on
 /// three different slots. Then 12 workers on 3 connections take and give
@@ -35,7 +37,7 @@ pub async fn never_more_than_n_holders(store: &dyn Store) -> TestResult {
         tasks.push(tokio::spawn(async move {
             client
                 .semaphore("sem-race", N)
-                .ttl(LONG_TTL)
+                .ttl(long_ttl())
                 .try_acquire()
                 .await
         }));
@@ -66,8 +68,8 @@ pub async fn never_more_than_n_holders(store: &dyn Store) -> TestResult {
             for _ in 0..5 {
                 let permit = client
                     .semaphore("sem-churn", N)
-                    .ttl(LONG_TTL)
-                    .wait(LONG_WAIT)
+                    .ttl(long_ttl())
+                    .wait(long_wait())
                     .acquire()
                     .await?;
                 // Counted only between the grant and the release, so the
@@ -99,7 +101,7 @@ pub async fn expired_permit_comes_back(store: &dyn Store) -> TestResult {
     let waiter = client(store, "sem-waiter").await?;
     let permit = crashed
         .semaphore("sem-crash", 1)
-        .ttl(SHORT_TTL)
+        .ttl(short_ttl())
         .acquire()
         .await?;
     let (old_token, granted) = (permit.token(), permit.granted_ttl());
@@ -114,8 +116,8 @@ pub async fn expired_permit_comes_back(store: &dyn Store) -> TestResult {
     );
     let regained = waiter
         .semaphore("sem-crash", 1)
-        .ttl(LONG_TTL)
-        .wait(granted + EXPIRY_SLACK)
+        .ttl(long_ttl())
+        .wait(granted + expiry_slack())
         .acquire()
         .await?;
     ensure!(
@@ -139,7 +141,7 @@ pub async fn permits_mismatch_is_an_error(store: &dyn Store) -> TestResult {
         held.push(
             first
                 .semaphore("sem-size", 2)
-                .ttl(LONG_TTL)
+                .ttl(long_ttl())
                 .acquire()
                 .await?,
         );
@@ -205,17 +207,17 @@ pub async fn permits_mismatch_is_found_off_the_path(store: &dyn Store) -> TestRe
     let second = client(store, "sem-lone-second").await?;
     let other = first
         .semaphore("sem-lone/sub", 3)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let slot0 = first
         .semaphore("sem-lone", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let slot1 = first
         .semaphore("sem-lone", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     ensure!(
@@ -233,7 +235,7 @@ pub async fn permits_mismatch_is_found_off_the_path(store: &dyn Store) -> TestRe
     ] {
         let request = second
             .semaphore("sem-lone", requested)
-            .ttl(LONG_TTL)
+            .ttl(long_ttl())
             .wait(wait);
         let got = if wait.is_zero() {
             request.try_acquire().await
@@ -272,7 +274,7 @@ pub async fn permits_mismatch_is_found_off_the_path(store: &dyn Store) -> TestRe
     slot1.release().await?;
     let mutex = second
         .semaphore("sem-lone", 1)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .try_acquire()
         .await?
         .ok_or("a permit of 1 on a free semaphore was refused")?;
@@ -317,8 +319,8 @@ pub async fn sizes_never_hold_together(store: &dyn Store) -> TestResult {
                 }
                 let permit = match client
                     .semaphore("sem-sizes", size)
-                    .ttl(LONG_TTL)
-                    .wait(LONG_WAIT)
+                    .ttl(long_ttl())
+                    .wait(long_wait())
                     .acquire()
                     .await
                 {
@@ -369,12 +371,12 @@ pub async fn wait_times_out_when_full(store: &dyn Store) -> TestResult {
     let waiter = client(store, "sem-waiter").await?;
     let _a = holder
         .semaphore("sem-full", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let _b = holder
         .semaphore("sem-full", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let started = tokio::time::Instant::now();
@@ -411,19 +413,19 @@ pub async fn release_frees_a_permit_for_a_waiter(store: &dyn Store) -> TestResul
     let waiter = client(store, "sem-waiter").await?;
     let a = holder
         .semaphore("sem-hand", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let b = holder
         .semaphore("sem-hand", 2)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let waiting = tokio::spawn(async move {
         waiter
             .semaphore("sem-hand", 2)
-            .ttl(LONG_TTL)
-            .wait(LONG_WAIT)
+            .ttl(long_ttl())
+            .wait(long_wait())
             .acquire()
             .await
     });
@@ -455,15 +457,15 @@ pub async fn holders_and_count_agree(store: &dyn Store) -> TestResult {
     let data = json!({ "job": 7, "tags": ["a", "b"] });
     let p1 = c
         .semaphore("sem-mon", 3)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .kind("encoder")
         .data(data.clone())
         .acquire()
         .await?;
-    let p2 = c.semaphore("sem-mon", 3).ttl(LONG_TTL).acquire().await?;
+    let p2 = c.semaphore("sem-mon", 3).ttl(long_ttl()).acquire().await?;
     let _other = c
         .semaphore("sem-mon/sub", 1)
-        .ttl(LONG_TTL)
+        .ttl(long_ttl())
         .acquire()
         .await?;
     let holders = c.semaphore("sem-mon", 3).holders().await?;
@@ -509,7 +511,7 @@ pub async fn permit_tokens_fence_their_slot(store: &dyn Store) -> TestResult {
     let next: LockClient = client(store, "sem-next").await?;
     let old = crashed
         .semaphore("sem-fence", 1)
-        .ttl(SHORT_TTL)
+        .ttl(short_ttl())
         .acquire()
         .await?;
     let resource = old.key().as_str().to_owned();
@@ -522,8 +524,8 @@ pub async fn permit_tokens_fence_their_slot(store: &dyn Store) -> TestResult {
     old.detach();
     let new = next
         .semaphore("sem-fence", 1)
-        .ttl(LONG_TTL)
-        .wait(granted + EXPIRY_SLACK)
+        .ttl(long_ttl())
+        .wait(granted + expiry_slack())
         .acquire()
         .await?;
     ensure!(

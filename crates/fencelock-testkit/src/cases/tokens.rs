@@ -5,7 +5,7 @@ use std::time::Duration;
 use fencelock_core::{Acquire, Error, FencingToken};
 
 use super::{
-    client, ensure, grant, key, lease, owner, released, request, wait_out, LONG_TTL, SHORT_TTL,
+    client, ensure, grant, key, lease, long_ttl, owner, released, request, short_ttl, wait_out,
 };
 use crate::suite::{Store, TestResult};
 
@@ -20,7 +20,7 @@ pub async fn i2_grow_across_release(store: &dyn Store) -> TestResult {
     let mut tokens = Vec::new();
     for i in 0..20 {
         let o = owner(&format!("owner-{}", i % 3));
-        let g = grant(&*b, &k, &o, LONG_TTL).await?;
+        let g = grant(&*b, &k, &o, long_ttl()).await?;
         tokens.push(g.token);
         ensure!(
             released(&*b, &k, &o, g.token).await?,
@@ -40,11 +40,11 @@ pub async fn i2_grow_across_expiry_and_takeover(store: &dyn Store) -> TestResult
     let b = store.connect().await?;
     let k = key("i2-expiry");
     let a = owner("a");
-    let first = grant(&*b, &k, &a, SHORT_TTL).await?;
+    let first = grant(&*b, &k, &a, short_ttl()).await?;
     wait_out(&*b, &k, &first).await?;
-    let second = grant(&*b, &k, &owner("b"), SHORT_TTL).await?;
+    let second = grant(&*b, &k, &owner("b"), short_ttl()).await?;
     wait_out(&*b, &k, &second).await?;
-    let third = grant(&*b, &k, &a, LONG_TTL).await?;
+    let third = grant(&*b, &k, &a, long_ttl()).await?;
     let tokens = [first.token, second.token, third.token];
     ensure!(
         strictly_increasing(&tokens),
@@ -59,20 +59,20 @@ pub async fn i2_grow_across_cleanup(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let (released, expired) = (key("i2-cleanup-released"), key("i2-cleanup-expired"));
     let o = owner("cleaner");
-    let g1 = grant(&*b, &released, &o, LONG_TTL).await?;
+    let g1 = grant(&*b, &released, &o, long_ttl()).await?;
     ensure!(
         super::released(&*b, &released, &o, g1.token).await?,
         "release failed"
     );
-    let g2 = grant(&*b, &expired, &o, SHORT_TTL).await?;
+    let g2 = grant(&*b, &expired, &o, short_ttl()).await?;
     wait_out(&*b, &expired, &g2).await?;
     b.administer()?.cleanup_expired().await?;
     ensure!(
         b.administer()?.stats().await?.expired_not_cleaned == 0,
         "cleanup left expired records"
     );
-    let after_released = grant(&*b, &released, &owner("next"), LONG_TTL).await?;
-    let after_expired = grant(&*b, &expired, &owner("next"), LONG_TTL).await?;
+    let after_released = grant(&*b, &released, &owner("next"), long_ttl()).await?;
+    let after_expired = grant(&*b, &expired, &owner("next"), long_ttl()).await?;
     ensure!(
         after_released.token > g1.token,
         "after cleanup: {} <= {}",
@@ -95,12 +95,12 @@ pub async fn i2_grow_across_reconnect(store: &dyn Store) -> TestResult {
     let o = owner("o");
     let before = {
         let b = store.connect().await?;
-        let g = grant(&*b, &k, &o, LONG_TTL).await?;
+        let g = grant(&*b, &k, &o, long_ttl()).await?;
         ensure!(released(&*b, &k, &o, g.token).await?, "release failed");
         g.token
     };
     let b = store.connect().await?;
-    let after = grant(&*b, &k, &o, LONG_TTL).await?;
+    let after = grant(&*b, &k, &o, long_ttl()).await?;
     ensure!(
         after.token > before,
         "after reconnect: {} <= {before}",
@@ -116,21 +116,22 @@ pub async fn i2_grow_across_restart(store: &dyn Store) -> TestResult {
     let o = owner("o");
     let (t_free, t_live, live_ttl) = {
         let b = store.connect().await?;
-        let g = grant(&*b, &free, &o, LONG_TTL).await?;
+        let g = grant(&*b, &free, &o, long_ttl()).await?;
         ensure!(released(&*b, &free, &o, g.token).await?, "release failed");
-        let live_grant = grant(&*b, &live, &o, SHORT_TTL).await?;
+        let live_grant = grant(&*b, &live, &o, short_ttl()).await?;
         (g.token, live_grant.token, live_grant.ttl)
     };
     store.restart().await?;
     let b = store.connect().await?;
-    let after_free = retry_grant(&*b, &free, LONG_TTL, Duration::from_secs(30)).await?;
+    let after_free = retry_grant(&*b, &free, long_ttl(), Duration::from_secs(30)).await?;
     ensure!(
         after_free > t_free,
         "after restart: {after_free} <= {t_free}"
     );
     // The live lease may or may not have survived the restart, depending on
     // the backend's durability; once it is gone, the next token is higher.
-    let after_live = retry_grant(&*b, &live, LONG_TTL, live_ttl + Duration::from_secs(30)).await?;
+    let after_live =
+        retry_grant(&*b, &live, long_ttl(), live_ttl + Duration::from_secs(30)).await?;
     ensure!(
         after_live > t_live,
         "after restart: {after_live} <= {t_live}"
@@ -169,10 +170,10 @@ pub async fn renewal_keeps_token(store: &dyn Store) -> TestResult {
     let b = store.connect().await?;
     let k = key("renew");
     let o = owner("o");
-    let g = grant(&*b, &k, &o, SHORT_TTL).await?;
+    let g = grant(&*b, &k, &o, short_ttl()).await?;
     let mut last_expiry = g.expires_at;
     for _ in 0..3 {
-        let r = b.renew(&lease(&k, &o, g.token), LONG_TTL).await?;
+        let r = b.renew(&lease(&k, &o, g.token), long_ttl()).await?;
         ensure!(
             r.token == g.token,
             "renewal changed the token: {} -> {}",
@@ -220,7 +221,7 @@ pub async fn floors_are_bounded_and_tokens_never_repeat(store: &dyn Store) -> Te
         u64::MAX,
     ] {
         let refused = b
-            .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(Some(FencingToken(too_high))))
+            .try_acquire(&request(&k, &o, long_ttl()).with_min_token(Some(FencingToken(too_high))))
             .await;
         ensure!(
             matches!(refused, Err(Error::InvalidArgument(_))),
@@ -245,7 +246,7 @@ pub async fn floors_are_bounded_and_tokens_never_repeat(store: &dyn Store) -> Te
     for i in 0..5 {
         let floor = (i == 0).then_some(high);
         let g = match b
-            .try_acquire(&request(&k, &o, LONG_TTL).with_min_token(floor))
+            .try_acquire(&request(&k, &o, long_ttl()).with_min_token(floor))
             .await?
         {
             Acquire::Granted(g) => g,
@@ -268,7 +269,7 @@ pub async fn floors_are_bounded_and_tokens_never_repeat(store: &dyn Store) -> Te
         "tokens after a top floor did not strictly grow: {tokens:?}"
     );
     let other = key("floor-top-other");
-    let g = grant(&*b, &other, &o, LONG_TTL).await?;
+    let g = grant(&*b, &other, &o, long_ttl()).await?;
     ensure!(
         g.token <= FencingToken::MAX,
         "another key's token {} is past the limit",

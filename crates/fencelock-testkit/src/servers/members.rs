@@ -156,6 +156,7 @@ impl<E: Engine> MemberSet<E> {
                         "{} set, attempt {attempt} of {START_ATTEMPTS}: {e}; laying it out again",
                         E::NAME
                     );
+                    crate::report::retry(&format!("{} set laid out again ({e})", E::NAME));
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
@@ -376,6 +377,11 @@ pub trait SingleServer: Engine + Sized {
     fn start_single_durable() -> TestResult<MemberSet<Self>> {
         Self::start_single()
     }
+
+    /// The URL option bounding each request
+    /// ([`UrlServer::REQUEST_TIMEOUT_OPTION`]): `timeout` for every engine
+    /// served this way (Redis, etcd, ZooKeeper).
+    const REQUEST_TIMEOUT_OPTION: Option<&'static str> = Some("timeout");
 }
 
 impl<E: SingleServer> UrlServer for MemberSet<E> {
@@ -391,6 +397,7 @@ impl<E: SingleServer> UrlServer for MemberSet<E> {
     fn restart_server(&self) -> TestResult {
         self.restart()
     }
+    const REQUEST_TIMEOUT_OPTION: Option<&'static str> = E::REQUEST_TIMEOUT_OPTION;
 }
 
 #[cfg(test)]

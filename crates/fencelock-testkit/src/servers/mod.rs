@@ -81,6 +81,7 @@ pub fn first_start<S, T>(
                     "{name}, attempt {attempt} of {START_ATTEMPTS}: {e}; \
                      starting it again on a fresh port"
                 );
+                crate::report::retry(&format!("{name}: started again on a fresh port ({e})"));
                 *port(server) = free_port()?;
                 attempt += 1;
             }

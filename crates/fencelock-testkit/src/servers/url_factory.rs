@@ -37,6 +37,28 @@ pub trait UrlServer: Send + Sync + 'static + Sized {
     fn can_proxy() -> bool {
         true
     }
+    /// The URL option that bounds each request, if the backend has one
+    /// whose default is [`REQUEST_TIMEOUT`]: the factory lengthens it by the
+    /// budget measured for the case ([`crate::patience`]), so that a busy
+    /// machine's slow server is a slow case, not a false time-out.
+    const REQUEST_TIMEOUT_OPTION: Option<&'static str> = None;
+}
+
+/// The default per-request bound of the backends that name a
+/// [`UrlServer::REQUEST_TIMEOUT_OPTION`] (ZooKeeper's, etcd's and Redis's
+/// `timeout=`).
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `url` with `option` set to the current budget's share of
+/// [`REQUEST_TIMEOUT`], or unchanged on a quiet machine (the default then
+/// stands, as users get it).
+fn with_patient_timeout(url: String, option: &str) -> String {
+    let timeout = crate::patience::current().bound(REQUEST_TIMEOUT);
+    if timeout <= REQUEST_TIMEOUT {
+        return url;
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{option}={}ms", timeout.as_millis())
 }
 
 /// A relational server (PostgreSQL, MariaDB) whose cases share it behind a
@@ -163,8 +185,12 @@ impl<S: UrlServer> StoreFactory for UrlFactory<S> {
             };
             Arc::clone(self.shared.get_or_try_init(start).await?)
         };
+        let mut url = server.case_url(n);
+        if let Some(option) = S::REQUEST_TIMEOUT_OPTION {
+            url = with_patient_timeout(url, option);
+        }
         Ok(Box::new(UrlStore {
-            url: server.case_url(n),
+            url,
             server,
             backend: self.backend,
             fence: self.fence,

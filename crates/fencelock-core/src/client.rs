@@ -1244,7 +1244,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_ttl_below_the_minimum_is_refused_naming_it() {
         let client = LockClient::new(Arc::new(crate::MemoryBackend::new()));
         for short in [Duration::from_millis(1), Duration::from_millis(99)] {

@@ -386,7 +386,7 @@ mod tests {
     /// A handle that outlives its guard's `release()` (or `detach()`) holds
     /// nothing: it is not valid, `check()` and `renew()` say it was
     /// released (not lost), and `lost()` still never completes.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_released_or_detached_guard_is_no_longer_valid() {
         use crate::Error;
         let client = LockClient::new(Arc::new(MemoryBackend::new()));
@@ -428,7 +428,7 @@ mod tests {
 
     /// What an exit hook waits for: once the background release of a
     /// dropped guard is done, the key is free.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_background_release_of_a_dropped_guard_can_be_awaited() {
         let client = LockClient::new(Arc::new(MemoryBackend::new()));
         let guard = client
@@ -442,7 +442,7 @@ mod tests {
         assert!(client.inspect("dropped").await.unwrap().is_none());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn debug_shows_the_grant_and_its_validity() {
         let client = LockClient::new(Arc::new(MemoryBackend::new()));
         let guard = client

@@ -619,7 +619,7 @@ mod tests {
 
     /// The counter's end: the last token is granted once, then every grant
     /// is `TokensExhausted` on the key asked for, and the counter stays.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_counters_end_is_a_typed_error() -> Result<()> {
         let backend = MemoryBackend::new();
         backend.state().last_token = FencingToken::MAX.get() - 1;

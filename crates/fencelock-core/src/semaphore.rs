@@ -545,7 +545,7 @@ mod tests {
 
     /// A grant whose size check could not be read is not a permit: a try
     /// reports the error and leaves the slot free.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_unchecked_grant_is_given_back_by_a_try() {
         let (_, memory, client) = failing(1);
         let r = client.semaphore("s", 1).try_acquire().await;
@@ -556,7 +556,7 @@ mod tests {
 
     /// A waiting acquisition whose check fails gives the grant back and
     /// tries again, checking the next grant too.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_waiting_acquisition_checks_again() {
         let (backend, memory, client) = failing(2);
         let permit = client

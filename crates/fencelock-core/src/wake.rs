@@ -168,7 +168,7 @@ impl fmt::Debug for WakeHub {
 mod tests {
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn notify_wakes_only_that_key() {
         let hub = WakeHub::new();
         let mut a = hub.subscribe("a");

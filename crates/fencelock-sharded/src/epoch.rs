@@ -229,7 +229,7 @@ mod tests {
         matches!(result, Err(Error::InvalidArgument(msg)) if msg.contains(words))
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn adjacent_epochs_pass_and_raise_others_are_refused() -> TestResult {
         let store = MemoryBackend::new();
         check(&store, "a", 5, false, Duration::ZERO).await?;
@@ -258,7 +258,7 @@ mod tests {
     /// a move) shows 6: it joins, so it is not "too new" there, and the
     /// record is raised; a process that skips a step is still refused on
     /// a store it does not join.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_store_that_joins_may_have_missed_the_step_before() -> TestResult {
         let store = MemoryBackend::new();
         check(&store, "b", 6, false, Duration::ZERO).await?;
@@ -275,7 +275,7 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_slot_near_its_end_is_renewed() -> TestResult {
         let store = MemoryBackend::new();
         let owner = Owner::new(format!("{OWNER_PREFIX}3"))?;
@@ -293,7 +293,7 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_reserved_key_held_by_someone_else_is_an_error_not_overwritten() -> TestResult {
         let store = MemoryBackend::new();
         let stranger = AcquireRequest::new(

@@ -428,7 +428,7 @@ mod tests {
         assert_eq!(defaults.op_timeout, DEFAULT_OP_TIMEOUT);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_operation_without_an_answer_is_a_time_out() {
         let never = std::future::pending::<Result<(), sqlx::Error>>();
         let e = bounded(Duration::from_millis(10), never)

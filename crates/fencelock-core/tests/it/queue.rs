@@ -155,7 +155,7 @@ async fn a_wait_that_times_out_queues_every_attempt_and_leaves_before_returning(
     assert!(probes.left.try_recv().is_err(), "left the queue twice");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_dropped_wait_leaves_the_queue() {
     let (backend, mut probes) = recording(true);
     let _holder = client(&backend, "holder").try_lock("k").await.unwrap();
@@ -177,7 +177,7 @@ async fn a_dropped_wait_leaves_the_queue() {
     assert_eq!((key.as_str(), owner.as_str()), ("k", "waiter"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_granted_wait_does_not_leave() {
     let (backend, mut probes) = recording(true);
     let holder = client(&backend, "holder").try_lock("k").await.unwrap();

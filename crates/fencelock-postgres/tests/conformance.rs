@@ -2,6 +2,10 @@
 //! the binary with a fresh table prefix per case, and a server of its own for
 //! each case that restarts it. Stores are opened through the crate's URL
 //! entry points.
+//!
+//! Time: the cases are the test kit's; the harness measures a patience per
+//! case against the case's store and every case takes its TTLs and bounds
+//! from it (`fencelock_testkit::patience`). This file sets no figure.
 
 use std::{process::ExitCode, sync::Mutex};
 

@@ -6,6 +6,10 @@
 //! The backend has no fence of its own: the fence cases fence with the
 //! Redis backend's fence, kept on the first node's server under the case's
 //! prefix, as a resource stored in that Redis would be.
+//!
+//! Time: the cases are the test kit's; the harness measures a patience per
+//! case against the case's store and every case takes its TTLs and bounds
+//! from it (`fencelock_testkit::patience`). This file sets no figure.
 
 use std::process::ExitCode;
 

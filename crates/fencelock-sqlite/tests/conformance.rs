@@ -1,6 +1,10 @@
 //! The conformance suite against SQLite: each case gets its own database
 //! file; every `connect` opens a new connection to it, as another process
 //! would.
+//!
+//! Time: the cases are the test kit's; the harness measures a patience per
+//! case against the case's store and every case takes its TTLs and bounds
+//! from it (`fencelock_testkit::patience`). This file sets no figure.
 
 use std::{process::ExitCode, sync::Arc};
 

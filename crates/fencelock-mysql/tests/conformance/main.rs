@@ -5,6 +5,10 @@
 //!
 //! The binary runs the other layouts' suites too (`mysql8_mode.rs`): one link
 //! for all.
+//!
+//! Time: the cases are the test kit's; the harness measures a patience per
+//! case against the case's store and every case takes its TTLs and bounds
+//! from it (`fencelock_testkit::patience`). This file sets no figure.
 
 mod mysql8_mode;
 

@@ -2,6 +2,9 @@
 //! `sql_mode` is MySQL 8's default: no MySQL 8 server is available to the
 //! tests, so this checks the statements under MySQL 8's strictness (see
 //! docs/mysql.md for what it does and does not cover).
+//!
+//! Time: as in `main.rs`, the harness's patience per case; this file sets
+//! no figure.
 
 use std::sync::Mutex;
 

@@ -2,6 +2,17 @@
 //! throwaway server: concurrent schema creation, the in-transaction fence,
 //! token draws serialised per key, and password-free URL errors. (Racing
 //! acquirers are the conformance suite's and the CLI tests' job.)
+//!
+//! Time: the tests run against a real server (or, for connect timeouts, a
+//! real socket that never answers), so none can run on tokio's paused
+//! clock. Each measures a [`Patience`] first (scheduling delay and, where
+//! there is a server, a `SELECT 1` round trip) and takes every short TTL,
+//! pool and statement timeout in its URLs, wait and deadline from a base
+//! figure (the floor) times its factor; failures name the patience. TTLs
+//! of 30 s or more that only have to outlive a few statements are left as
+//! they are: a stall that long is not a busy machine. Waits for a short
+//! lease to end are lower bounds (its scaled TTL and a margin), which a
+//! busy machine only lengthens.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +21,20 @@ use fencelock_core::{
     LockMode, Owner, Renewal,
 };
 use fencelock_mysql::{MySqlBackend, MySqlFence};
-use fencelock_testkit::{servers::mariadb::MariaDbServer, sql, timeouts, txfence, TestResult};
+use fencelock_testkit::{
+    patience::ms, servers::mariadb::MariaDbServer, sql, timeouts, txfence, Patience, TestResult,
+};
+
+/// The budget of the tests against the server at `base`: the machine's
+/// scheduling delay and the worst `SELECT 1` round trip.
+async fn patience(base: &str) -> TestResult<Patience> {
+    let pool = sqlx::MySqlPool::connect(base).await?;
+    Ok(Patience::with_round_trip(|| async {
+        // A failed statement is a round trip too.
+        let _ = sqlx::query("SELECT 1").execute(&pool).await;
+    })
+    .await)
+}
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest::new(
@@ -25,14 +49,15 @@ async fn mariadb_specific() -> TestResult {
     let server = tokio::task::spawn_blocking(MariaDbServer::start).await??;
     let base = server.url("mysql");
     let result = async {
+        let p = patience(&base).await?;
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
-        a_token_drawn_while_waiting_for_the_key_is_overtaken(&base).await?;
+        a_token_drawn_while_waiting_for_the_key_is_overtaken(&base, p).await?;
         a_clients_time_zone_does_not_move_leases(&base).await?;
-        a_batch_on_one_session_answers_each_renewal_for_itself(&base).await?;
+        a_batch_on_one_session_answers_each_renewal_for_itself(&base, p).await?;
         a_floor_raises_the_counter_and_never_lowers_it(&base).await?;
         the_counters_end_is_a_typed_error_on_the_key(&base).await?;
-        a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
+        a_waiting_statement_times_out_and_the_pool_recovers(&base, p).await?;
         tables_from_before_read_write_locks_are_upgraded(&base).await
     }
     .await;
@@ -75,19 +100,28 @@ async fn the_counters_end_is_a_typed_error_on_the_key(base: &str) -> TestResult 
 /// Batches on one session (a pool of one): the stamp the first batch left
 /// in the session does not make a later batch's expired lease read as
 /// renewed; a lease named twice is extended once and answered twice; a
-/// lease of another key is untouched.
-async fn a_batch_on_one_session_answers_each_renewal_for_itself(base: &str) -> TestResult {
+/// lease of another key is untouched. The short leases (a base of 600 ms)
+/// must live from their grant to the batch that renews them, and end
+/// before the waits (the TTL and a margin) that follow.
+async fn a_batch_on_one_session_answers_each_renewal_for_itself(
+    base: &str,
+    p: Patience,
+) -> TestResult {
     let url = format!("{base}?table_prefix=batch_&pool_max=1");
     let backend = MySqlBackend::connect(&url).await?;
-    let short = Duration::from_millis(600);
+    let short = p.ttl(Duration::from_millis(600));
+    let past_short = short + p.bound(Duration::from_millis(300));
     let long = Duration::from_secs(600);
     let t = grant(&backend, "short", "o", short).await?;
     let short_lease = LeaseId::new(LockKey::new("short")?, Owner::new("o")?, FencingToken(t));
     let first = backend
         .renew_many(&[Renewal::new(short_lease.clone(), short)])
         .await?;
-    assert!(first.iter().all(Result::is_ok), "{first:?}");
-    tokio::time::sleep(short + Duration::from_millis(300)).await;
+    assert!(
+        first.iter().all(Result::is_ok),
+        "a {short:?} lease renewed at once: {first:?} ({p})"
+    );
+    tokio::time::sleep(past_short).await;
     let again = backend
         .renew_many(&[Renewal::new(short_lease.clone(), long)])
         .await?;
@@ -110,9 +144,9 @@ async fn a_batch_on_one_session_answers_each_renewal_for_itself(base: &str) -> T
             answers.as_slice(),
             [Ok(_), Err(Error::NotHeld { .. }), Ok(_)]
         ),
-        "{answers:?}"
+        "{answers:?} ({p})"
     );
-    tokio::time::sleep(short + Duration::from_millis(300)).await;
+    tokio::time::sleep(past_short).await;
     let twice_info = backend.inspect(&LockKey::new("twice")?).await?;
     assert!(
         twice_info.is_some_and(|i| i.token.get() == t),
@@ -178,7 +212,10 @@ async fn a_floor_raises_the_counter_and_never_lowers_it(base: &str) -> TestResul
 /// An acquisition draws its token only once it holds the key's turn (a
 /// named lock kept until the previous acquisition committed), so a token
 /// drawn by someone else meanwhile is always below the one it gets (I2).
-async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> TestResult {
+async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(
+    base: &str,
+    p: Patience,
+) -> TestResult {
     use sqlx::{Acquire as _, Row as _};
     let url = format!("{base}?table_prefix=turn_");
     let backend = Arc::new(MySqlBackend::connect(&url).await?);
@@ -200,7 +237,7 @@ async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> Tes
                 .map_err(Into::into)
         })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(10));
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'",
@@ -212,7 +249,7 @@ async fn a_token_drawn_while_waiting_for_the_key_is_overtaken(base: &str) -> Tes
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the rival never waited for the key's turn"
+            "the rival never waited for the key's turn ({p})"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -335,10 +372,14 @@ async fn concurrent_schema_creation(base: &str) -> TestResult {
 
 /// A statement kept waiting on a row lock gives up after `op_timeout`, and
 /// the abandoned connection does not stay in the pool (of one).
-async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> TestResult {
-    let op_timeout = Duration::from_secs(1);
+async fn a_waiting_statement_times_out_and_the_pool_recovers(
+    base: &str,
+    p: Patience,
+) -> TestResult {
+    let op_timeout = p.bound(Duration::from_secs(1));
     let backend = MySqlBackend::connect(&format!(
-        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout=1s&op_timeout=1s"
+        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout={0}&op_timeout={0}",
+        ms(op_timeout)
     ))
     .await?;
     let others = sqlx::MySqlPool::connect(base).await?;
@@ -352,7 +393,9 @@ async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> Test
             Ok(Box::new(tx) as Box<dyn Send>)
         })
     });
-    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold).await
+    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold)
+        .await
+        .map_err(|e| format!("{e} ({p})").into())
 }
 
 /// An unknown user (1045, SQLSTATE 28000) is `unauthorized` at once, and
@@ -391,16 +434,23 @@ async fn refusals_are_answered_at_once() -> TestResult {
 }
 
 /// Connecting to a server that accepts and never answers gives up after
-/// `connect_timeout`.
+/// `connect_timeout` (a base of 1 s).
 #[tokio::test]
 async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
-    let limit = Duration::from_secs(1);
+    let p = Patience::measure().await;
+    let limit = p.bound(Duration::from_secs(1));
     timeouts::connecting_to_a_silent_server_fails_in_time(
         limit,
-        |port| format!("mysql://u@127.0.0.1:{port}/db?connect_timeout=1s"),
+        |port| {
+            format!(
+                "mysql://u@127.0.0.1:{port}/db?connect_timeout={}",
+                ms(limit)
+            )
+        },
         |url| async move { MySqlBackend::connect(&url).await },
     )
     .await
+    .map_err(|e| format!("{e} ({p})").into())
 }
 
 /// The in-transaction fence, through the testkit's one test of it.

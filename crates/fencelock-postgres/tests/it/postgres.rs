@@ -2,6 +2,17 @@
 //! throwaway server: concurrent schema creation, the in-transaction fence,
 //! token draws serialised per key, and password-free URL errors. (Racing
 //! acquirers are the conformance suite's and the CLI tests' job.)
+//!
+//! Time: the tests run against a real server (or, for connect timeouts, a
+//! real socket that never answers), so none can run on tokio's paused
+//! clock. Each measures a [`Patience`] first (scheduling delay and, where
+//! there is a server, a `SELECT 1` round trip) and takes every pool and
+//! statement timeout in its URLs, wait and deadline from a base figure (the
+//! floor) times its factor; failures name the patience. TTLs of 30 s or
+//! more that only have to outlive a few statements are left as they are:
+//! a stall that long is not a busy machine. The 500 ms during which b's
+//! waiter must stay asleep only asserts that nothing happens, which a busy
+//! machine cannot make fail.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +21,20 @@ use fencelock_core::{
     LockMode, Owner,
 };
 use fencelock_postgres::{PostgresBackend, PostgresFence};
-use fencelock_testkit::{servers::postgres::PostgresServer, sql, timeouts, txfence, TestResult};
+use fencelock_testkit::{
+    patience::ms, servers::postgres::PostgresServer, sql, timeouts, txfence, Patience, TestResult,
+};
+
+/// The budget of the tests against the server at `base`: the machine's
+/// scheduling delay and the worst `SELECT 1` round trip.
+async fn patience(base: &str) -> TestResult<Patience> {
+    let pool = sqlx::PgPool::connect(base).await?;
+    Ok(Patience::with_round_trip(|| async {
+        // A failed statement is a round trip too.
+        let _ = sqlx::query("SELECT 1").execute(&pool).await;
+    })
+    .await)
+}
 
 fn request(key: &str, owner: &str, ttl: Duration) -> TestResult<AcquireRequest> {
     Ok(AcquireRequest::new(
@@ -25,15 +49,16 @@ async fn postgres_specific() -> TestResult {
     let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
     let base = server.url("postgres");
     let result = async {
+        let p = patience(&base).await?;
         concurrent_schema_creation(&base).await?;
         fence_in_transaction(&base).await?;
-        tokens_are_drawn_only_when_the_key_is_ours_to_take(&base).await?;
-        a_pool_of_one_still_works_and_wakes_waiters(&base).await?;
-        closing_many_leases_does_not_queue_them_past_the_pools_timeout(&base).await?;
-        a_release_wakes_the_waiters_of_its_key_only(&base).await?;
+        tokens_are_drawn_only_when_the_key_is_ours_to_take(&base, p).await?;
+        a_pool_of_one_still_works_and_wakes_waiters(&base, p).await?;
+        closing_many_leases_does_not_queue_them_past_the_pools_timeout(&base, p).await?;
+        a_release_wakes_the_waiters_of_its_key_only(&base, p).await?;
         floors_and_plain_draws_racing_keep_tokens_unique_and_growing(&base).await?;
-        a_waiting_statement_times_out_and_the_pool_recovers(&base).await?;
-        a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base).await?;
+        a_waiting_statement_times_out_and_the_pool_recovers(&base, p).await?;
+        a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(&base, p).await?;
         a_schema_with_jsonb_data_is_upgraded(&base).await?;
         a_schema_from_before_read_write_locks_is_upgraded(&base).await?;
         the_sequences_end_is_a_typed_error_on_the_key(&base).await
@@ -58,7 +83,7 @@ async fn concurrent_schema_creation(base: &str) -> TestResult {
 /// token drawn before the row exists could be overtaken by a rival's whole
 /// acquire-and-release, and the insert that follows would carry a token
 /// lower than one already issued (I2).
-async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestResult {
+async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str, p: Patience) -> TestResult {
     let url = format!("{base}?table_prefix=order_");
     let backend = Arc::new(PostgresBackend::connect(&url).await?);
     let pool = sqlx::PgPool::connect(base).await?;
@@ -84,7 +109,7 @@ async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestR
         })
     };
     // Wait (bounded) until the rival is queued on the advisory lock.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(10));
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
@@ -96,7 +121,7 @@ async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestR
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the rival never waited for the key's lock"
+            "the rival never waited for the key's lock ({p})"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -113,8 +138,11 @@ async fn tokens_are_drawn_only_when_the_key_is_ours_to_take(base: &str) -> TestR
 
 /// The LISTEN session has a connection of its own: a backend whose pool has
 /// a single connection still runs lock statements and wakes its waiters.
-async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
-    let url = format!("{base}?table_prefix=one_&pool_max=1&acquire_timeout=2s");
+async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str, p: Patience) -> TestResult {
+    let url = format!(
+        "{base}?table_prefix=one_&pool_max=1&acquire_timeout={}",
+        ms(p.bound(Duration::from_secs(2)))
+    );
     let backend: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await?);
     let holder = fencelock_core::LockClient::builder(Arc::clone(&backend))
         .owner(Owner::new("holder")?)
@@ -132,23 +160,33 @@ async fn a_pool_of_one_still_works_and_wakes_waiters(base: &str) -> TestResult {
         waiter
             .lock("k")
             .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(20))
+            .wait(p.bound(Duration::from_secs(20)))
             .acquire()
             .await
     });
     held.release().await?;
-    let next = waiting.await??;
+    let next = waiting
+        .await?
+        .map_err(|e| format!("the waiter behind the release: {e} ({p})"))?;
     next.release().await?;
     Ok(())
 }
 
 /// `LockClient::close` frees thousands of leases through a pool of two
-/// connections whose checkout gives up after a second: the releases must
-/// not all wait for a connection at once (each would spend its checkout
-/// time in the queue), so every one succeeds and no lease is left.
-async fn closing_many_leases_does_not_queue_them_past_the_pools_timeout(base: &str) -> TestResult {
+/// connections whose checkout gives up after a second (a base figure): the
+/// releases must not all wait for a connection at once (each would spend
+/// its checkout time in the queue), so every one succeeds and no lease is
+/// left. The releases slow down on a busy machine by about the factor the
+/// timeouts grow by, so queueing them all still overruns the checkout.
+async fn closing_many_leases_does_not_queue_them_past_the_pools_timeout(
+    base: &str,
+    p: Patience,
+) -> TestResult {
     const LEASES: usize = 2_000;
-    let url = format!("{base}?table_prefix=close_&pool_max=2&acquire_timeout=1s&op_timeout=1s");
+    let timeout = ms(p.bound(Duration::from_secs(1)));
+    let url = format!(
+        "{base}?table_prefix=close_&pool_max=2&acquire_timeout={timeout}&op_timeout={timeout}"
+    );
     let backend: Arc<dyn Backend> = Arc::new(PostgresBackend::connect(&url).await?);
     let client = fencelock_core::LockClient::builder(Arc::clone(&backend))
         .owner(Owner::new("closer")?)
@@ -160,9 +198,16 @@ async fn closing_many_leases_does_not_queue_them_past_the_pools_timeout(base: &s
             .ttl(Duration::from_secs(60));
         guards.push(lock.acquire().await?);
     }
-    client.close().await?;
+    client
+        .close()
+        .await
+        .map_err(|e| format!("closing {LEASES} leases: {e} ({p})"))?;
     let left = backend.administer()?.list(Some("close-")).await?;
-    assert!(left.is_empty(), "{} leases left after close", left.len());
+    assert!(
+        left.is_empty(),
+        "{} leases left after close ({p})",
+        left.len()
+    );
     Ok(())
 }
 
@@ -190,7 +235,7 @@ async fn cycle(
 
 /// Releases of one key do not wake the waiters of another (each key has its
 /// own channel), and do wake the waiters of their own.
-async fn a_release_wakes_the_waiters_of_its_key_only(base: &str) -> TestResult {
+async fn a_release_wakes_the_waiters_of_its_key_only(base: &str, p: Patience) -> TestResult {
     let url = format!("{base}?table_prefix=wake_");
     let waiter = PostgresBackend::connect(&url).await?;
     let releaser = PostgresBackend::connect(&url).await?;
@@ -200,8 +245,8 @@ async fn a_release_wakes_the_waiters_of_its_key_only(base: &str) -> TestResult {
     for _ in 0..20 {
         cycle(&releaser, "a", "o", None).await?;
     }
-    let woken_a = tokio::time::timeout(Duration::from_secs(10), on_a.woken()).await;
-    assert!(matches!(woken_a, Ok(true)), "a's waiter: {woken_a:?}");
+    let woken_a = tokio::time::timeout(p.bound(Duration::from_secs(10)), on_a.woken()).await;
+    assert!(matches!(woken_a, Ok(true)), "a's waiter: {woken_a:?} ({p})");
     // a's waiter was woken, so a's notices have been read; b's waiter has
     // had every chance to see one by mistake.
     let woken_b = tokio::time::timeout(Duration::from_millis(500), on_b.woken()).await;
@@ -252,10 +297,14 @@ async fn floors_and_plain_draws_racing_keep_tokens_unique_and_growing(base: &str
 
 /// A statement kept waiting on a row lock gives up after `op_timeout`, and
 /// the abandoned connection does not stay in the pool (of one).
-async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> TestResult {
-    let op_timeout = Duration::from_secs(1);
+async fn a_waiting_statement_times_out_and_the_pool_recovers(
+    base: &str,
+    p: Patience,
+) -> TestResult {
+    let op_timeout = p.bound(Duration::from_secs(1));
     let backend = PostgresBackend::connect(&format!(
-        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout=1s&op_timeout=1s"
+        "{base}?table_prefix=tmo_&pool_max=1&acquire_timeout={0}&op_timeout={0}",
+        ms(op_timeout)
     ))
     .await?;
     let others = sqlx::PgPool::connect(base).await?;
@@ -269,7 +318,9 @@ async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> Test
             Ok(Box::new(tx) as Box<dyn Send>)
         })
     });
-    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold).await
+    timeouts::a_waiting_statement_times_out_and_the_pool_recovers(&backend, op_timeout, hold)
+        .await
+        .map_err(|e| format!("{e} ({p})").into())
 }
 
 /// Connecting runs no DDL when the schema is current: even a no-op `CREATE
@@ -277,6 +328,7 @@ async fn a_waiting_statement_times_out_and_the_pool_recovers(base: &str) -> Test
 /// locks table, and every renewal then queues behind that request.
 async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     base: &str,
+    p: Patience,
 ) -> TestResult {
     let url = format!("{base}?table_prefix=ddl_");
     let holder = PostgresBackend::connect(&url).await?;
@@ -292,7 +344,7 @@ async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     sqlx::query("LOCK TABLE ddl_locks IN ROW EXCLUSIVE MODE")
         .execute(&mut *writer)
         .await?;
-    let bound = Duration::from_secs(10);
+    let bound = p.bound(Duration::from_secs(10));
     let newcomer = tokio::spawn({
         let url = url.clone();
         async move { PostgresBackend::connect(&url).await }
@@ -321,8 +373,12 @@ async fn a_new_client_does_not_queue_behind_a_transaction_on_the_locks_table(
     .await;
     let connected = tokio::time::timeout(bound, newcomer).await;
     writer.rollback().await?;
-    renewed.map_err(|_| "a renewal queued behind a new client's schema setup")??;
-    connected.map_err(|_| "a new client queued behind a transaction on the locks table")???;
+    renewed.map_err(|_| {
+        format!("a renewal queued behind a new client's schema setup for {bound:?} ({p})")
+    })??;
+    connected.map_err(|_| {
+        format!("a new client queued behind a transaction on the locks table for {bound:?} ({p})")
+    })???;
     Ok(())
 }
 
@@ -470,16 +526,23 @@ async fn refusals_are_answered_at_once() -> TestResult {
 }
 
 /// Connecting to a server that accepts and never answers gives up after
-/// `connect_timeout`.
+/// `connect_timeout` (a base of 1 s).
 #[tokio::test]
 async fn connecting_to_a_silent_server_gives_up_in_time() -> TestResult {
-    let limit = Duration::from_secs(1);
+    let p = Patience::measure().await;
+    let limit = p.bound(Duration::from_secs(1));
     timeouts::connecting_to_a_silent_server_fails_in_time(
         limit,
-        |port| format!("postgres://u@127.0.0.1:{port}/db?connect_timeout=1s"),
+        |port| {
+            format!(
+                "postgres://u@127.0.0.1:{port}/db?connect_timeout={}",
+                ms(limit)
+            )
+        },
         |url| async move { PostgresBackend::connect(&url).await },
     )
     .await
+    .map_err(|e| format!("{e} ({p})").into())
 }
 
 /// The in-transaction fence, through the testkit's one test of it.

@@ -12,6 +12,10 @@
 //!   through `redis+cluster://` URLs.
 //! - `redis-sentinel`: a master, a replica and three Sentinels, through
 //!   `redis+sentinel://` URLs.
+//!
+//! Time: the cases are the test kit's; the harness measures a patience per
+//! case against the case's store and every case takes its TTLs and bounds
+//! from it (`fencelock_testkit::patience`). This file sets no figure.
 
 use std::process::ExitCode;
 

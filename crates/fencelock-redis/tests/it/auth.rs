@@ -3,6 +3,9 @@
 //! `unauthorized` within one round trip (not `internal` after the
 //! connection manager's retries), and a host the resolver does not know is
 //! `unavailable` as soon as the resolver says so.
+//!
+//! Time: the bounds ("at once", "when the resolver answers") are the shared
+//! check's (`fencelock_testkit::refusals`); this file sets no figure.
 
 use fencelock_core::Driver;
 use fencelock_testkit::{refusals, servers::redis::RedisServer, TestResult};

@@ -5,6 +5,14 @@
 //! replica that replaced it, `release_all` visiting every primary, and
 //! wake-ups that survive the death of the node the pub/sub connection was
 //! on.
+//!
+//! Time: a real cluster, so no paused clock. Each test measures a
+//! [`Patience`] against the cluster first and scales from base figures
+//! every `timeout` and `wait_timeout` in its URLs, every TTL a failover or
+//! a stopped primary must not outlast, and every wait and bound (the
+//! bounds a stopped primary must fail within follow the timeouts they
+//! check); failures name the patience. TTLs of 30 s and more that only
+//! have to outlive a few requests are left as they are.
 
 use std::time::Duration;
 
@@ -12,16 +20,20 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendAdmin, Error, LeaseId, LockKey, Owner, Renewal,
 };
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{servers::redis_cluster::RedisCluster, TestResult};
+use fencelock_testkit::{servers::redis_cluster::RedisCluster, Patience, TestResult};
+
+use crate::ms;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_over_every_primary_is_answered_in_order() -> TestResult {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let p = crate::patience(&cluster.url()).await?;
     // With `WAIT` for the replica of each primary written: after each
     // acquire on the key's primary, and once per slot of the batch.
     let backend = RedisBackend::connect(&format!(
-        "{}?prefix=batch&wait_replicas=1&wait_timeout=5s",
-        cluster.url()
+        "{}?prefix=batch&wait_replicas=1&wait_timeout={}",
+        cluster.url(),
+        ms(p.bound(Duration::from_secs(5)))
     ))
     .await?;
     let owner = Owner::new("batch")?;
@@ -57,7 +69,7 @@ async fn a_batch_over_every_primary_is_answered_in_order() -> TestResult {
             (8, Err(Error::NotHeld { .. })) => {}
             (8, other) => return Err(format!("the stale lease got {other:?}").into()),
             (_, Ok(g)) => assert_eq!(g.token, renewals[i].lease.token, "answer {i}"),
-            (_, Err(e)) => return Err(format!("renewal {i}: {e}").into()),
+            (_, Err(e)) => return Err(format!("renewal {i}: {e} ({p})").into()),
         }
     }
     assert_eq!(backend.list(None).await?.len(), 30);
@@ -82,6 +94,7 @@ async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
     let listed: Vec<String> = nodes.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let waiter = RedisBackend::connect(&format!("redis+cluster://{}", listed.join(","))).await?;
     let holder = RedisBackend::connect(&cluster.url()).await?;
+    let p = Patience::against(&holder).await;
 
     let key = LockKey::new("moving")?;
     let owner = Owner::new("holder")?;
@@ -93,7 +106,7 @@ async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
 
     // The reader notices the dead connection and reconnects to the next
     // listed node; until then subscribing fails transiently.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(30));
     let mut subscription = loop {
         match waiter.subscribe(&key).await {
             Ok(Some(s)) => break s,
@@ -102,7 +115,7 @@ async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
                 // Bounded retry while the reader reconnects.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(format!("subscribing after the kill: {e} ({p})").into()),
         }
     };
     holder
@@ -110,27 +123,33 @@ async fn wakeups_move_to_another_node_when_theirs_dies() -> TestResult {
         .await?;
     // The release is published on the key's primary and broadcast to every
     // node, the one the waiter now listens on included.
-    let woken = tokio::time::timeout(Duration::from_secs(10), subscription.woken()).await;
-    assert_eq!(woken.ok(), Some(true), "the waiter was not woken");
+    let woken = tokio::time::timeout(p.bound(Duration::from_secs(10)), subscription.woken()).await;
+    assert_eq!(woken.ok(), Some(true), "the waiter was not woken ({p})");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
-    let timeout = Duration::from_secs(1);
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
+    let p = crate::patience(&cluster.url()).await?;
+    let timeout = p.bound(Duration::from_secs(1));
     fencelock_testkit::timeouts::connecting_to_a_silent_server_fails_in_time(
         timeout,
-        |port| format!("redis+cluster://127.0.0.1:{port}?timeout=1s"),
+        |port| format!("redis+cluster://127.0.0.1:{port}?timeout={}", ms(timeout)),
         |url| async move { RedisBackend::connect(&url).await },
     )
-    .await?;
+    .await
+    .map_err(|e| format!("{e} ({p})"))?;
 
     // A primary that stops answering (SIGSTOP) without closing its
     // connections: a command for its slot fails transiently within the
     // timeout, whatever the cluster client retries meanwhile.
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
-    let backend =
-        RedisBackend::connect(&format!("{}?prefix=silent&timeout=1s", cluster.url())).await?;
+    let backend = RedisBackend::connect(&format!(
+        "{}?prefix=silent&timeout={}",
+        cluster.url(),
+        ms(timeout)
+    ))
+    .await?;
     let key = LockKey::new("silent")?;
     let primary = cluster.primary_of(cluster.keyslot("silent:{silent}")?)?;
     let request = AcquireRequest::new(key, Owner::new("o")?, Duration::from_secs(30));
@@ -141,12 +160,12 @@ async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
     cluster.resume(primary)?;
     match outcome {
         Err(e) if e.is_transient() => {}
-        other => return Err(format!("expected a transient error, got {other:?}").into()),
+        other => return Err(format!("expected a transient error, got {other:?} ({p})").into()),
     }
     let bound = timeout + fencelock_testkit::timeouts::SLACK;
     assert!(
         took <= bound,
-        "failed only after {took:?}, more than {bound:?}"
+        "failed only after {took:?}, more than {bound:?} ({p})"
     );
     Ok(())
 }
@@ -161,8 +180,9 @@ async fn a_silent_seed_or_primary_fails_within_the_timeout() -> TestResult {
 async fn a_stopped_primary_fails_only_its_own_part_of_a_batch() -> TestResult {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
     let backend = RedisBackend::connect(&format!("{}?prefix=part", cluster.url())).await?;
+    let p = Patience::against(&backend).await;
     let owner = Owner::new("part")?;
-    let ttl = Duration::from_secs(9);
+    let ttl = p.ttl(Duration::from_secs(9));
     // What the client's renewer waits for a batch at this TTL.
     let within = ttl / 3;
     let mut renewals = Vec::new();
@@ -180,7 +200,8 @@ async fn a_stopped_primary_fails_only_its_own_part_of_a_batch() -> TestResult {
     cluster.pause(stopped)?;
     let answers = tokio::time::timeout(within, backend.renew_many(&renewals)).await;
     cluster.resume(stopped)?;
-    let answers = answers.map_err(|_| format!("the batch got no answer within {within:?}"))??;
+    let answers =
+        answers.map_err(|_| format!("the batch got no answer within {within:?} ({p})"))??;
     assert_eq!(answers.len(), renewals.len());
     for ((renewal, primary), answer) in renewals.iter().zip(&primaries).zip(&answers) {
         let key = &renewal.lease.key;
@@ -188,7 +209,9 @@ async fn a_stopped_primary_fails_only_its_own_part_of_a_batch() -> TestResult {
             Ok(g) if *primary != stopped => assert_eq!(g.token, renewal.lease.token, "{key}"),
             Err(e) if *primary == stopped && e.is_transient() => {}
             other => {
-                return Err(format!("{key} on {primary} (stopped: {stopped}) got {other:?}").into())
+                return Err(
+                    format!("{key} on {primary} (stopped: {stopped}) got {other:?} ({p})").into(),
+                )
             }
         }
     }
@@ -231,14 +254,18 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_primary_is_followed_to_its_promoted_replica() -> TestResult {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await??;
-    let url = format!("{}?prefix=follow&timeout=1s", cluster.url());
+    let p = crate::patience(&cluster.url()).await?;
+    let timeout = ms(p.bound(Duration::from_secs(1)));
+    let url = format!("{}?prefix=follow&timeout={timeout}", cluster.url());
     // The grant waits for the replica (`WAIT`): the lease must be on it
     // before the stop. The client under test does not: once the replica is
     // promoted, no node is left to acknowledge its writes.
-    let acquirer = RedisBackend::connect(&format!("{url}&wait_replicas=1&wait_timeout=1s")).await?;
+    let acquirer =
+        RedisBackend::connect(&format!("{url}&wait_replicas=1&wait_timeout={timeout}")).await?;
     let backend = RedisBackend::connect(&url).await?;
     let owner = Owner::new("follow")?;
-    let ttl = Duration::from_secs(30);
+    // The lease must outlive the failover and the renewal that follows it.
+    let ttl = p.ttl(Duration::from_secs(30));
     let held = LockKey::new("held")?;
     let stopped = cluster.primary_of(cluster.keyslot("follow:{held}")?)?;
     let mut fresh = None;
@@ -258,7 +285,7 @@ async fn a_stopped_primary_is_followed_to_its_promoted_replica() -> TestResult {
     backend.renew(&lease, ttl).await?;
 
     cluster.pause(stopped)?;
-    let patience = Duration::from_secs(20);
+    let patience = p.bound(Duration::from_secs(20));
     let renewed = through_failover(patience, || backend.renew(&lease, ttl)).await;
     let new_caller = AcquireRequest::new(fresh, owner.clone(), ttl);
     let granted = through_failover(patience, || backend.try_acquire(&new_caller)).await;
@@ -266,11 +293,16 @@ async fn a_stopped_primary_is_followed_to_its_promoted_replica() -> TestResult {
     let promoted = cluster.primary_of(cluster.keyslot("follow:{held}")?);
     cluster.resume(stopped)?;
 
-    let renewed = renewed??;
+    let renewed = renewed
+        .map_err(|e| format!("{e} ({p})"))?
+        .map_err(|e| format!("the renewal through the failover: {e} ({p})"))?;
     assert_eq!(renewed.token, lease.token, "renewed as the same grant");
+    let granted = granted
+        .map_err(|e| format!("{e} ({p})"))?
+        .map_err(|e| format!("the new caller through the failover: {e} ({p})"))?;
     assert!(
-        matches!(granted??, Acquire::Granted(_)),
-        "a free key of the stopped primary's slots was not granted"
+        matches!(granted, Acquire::Granted(_)),
+        "a free key of the stopped primary's slots was not granted ({p})"
     );
     assert_ne!(promoted?, stopped, "the replica took the slots over");
     Ok(())

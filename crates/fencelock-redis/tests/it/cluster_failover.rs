@@ -8,6 +8,13 @@
 //!   after the promotion every key is granted again with a token above all
 //!   its earlier ones (the `TIME` floor, whatever the replica had received),
 //!   and `list` (a SCAN per primary) still finds the held keys.
+//!
+//! Time: a real cluster killed for real, so no paused clock. A
+//! [`Patience`] measured against the cluster first scales the URL's
+//! `timeout` (a base of 2 s), the wait for each grant after the failover (a
+//! base of 30 s) and the leases that must outlive the failover and every
+//! key's regrant, so that `list` still finds them (a base of 60 s). The
+//! `failover` run's own figures are the test kit's.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -18,7 +25,7 @@ use fencelock_redis::RedisBackend;
 use fencelock_testkit::{
     failover::{leader_failover, Ensemble, Hook},
     servers::redis_cluster::RedisCluster,
-    TestResult,
+    Patience, TestResult,
 };
 
 struct Cluster {
@@ -54,16 +61,23 @@ impl Ensemble for Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_failover_keeps_exclusion_and_token_order() -> TestResult {
     let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await??);
-    let url = format!("{}?prefix=failover&timeout=2s", cluster.url());
+    let p = crate::patience(&cluster.url()).await?;
+    let url = format!(
+        "{}?prefix=failover&timeout={}",
+        cluster.url(),
+        crate::ms(p.bound(Duration::from_secs(2)))
+    );
     let slot = cluster.keyslot("failover:{cluster-hot}")?;
     let ensemble = Arc::new(Cluster { cluster, url, slot });
-    let run = leader_failover(ensemble as Arc<dyn Ensemble>, "cluster-hot").await?;
+    let run = leader_failover(ensemble as Arc<dyn Ensemble>, "cluster-hot")
+        .await
+        .map_err(|e| format!("{e} ({p})"))?;
     eprintln!("{run}");
     Ok(())
 }
 
-fn request(key: &LockKey, owner: &Owner) -> AcquireRequest {
-    AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(60))
+fn request(key: &LockKey, owner: &Owner, p: Patience) -> AcquireRequest {
+    AcquireRequest::new(key.clone(), owner.clone(), p.ttl(Duration::from_secs(60)))
 }
 
 /// A grant of `key`, retried through the failover; `None` if still held.
@@ -71,17 +85,18 @@ async fn grant_after_failover(
     b: &RedisBackend,
     key: &LockKey,
     owner: &Owner,
+    p: Patience,
 ) -> TestResult<Option<FencingToken>> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(30));
     loop {
-        let last = match b.try_acquire(&request(key, owner)).await {
+        let last = match b.try_acquire(&request(key, owner, p)).await {
             Ok(Acquire::Granted(g)) => return Ok(Some(g.token)),
             Ok(Acquire::Held(_)) => return Ok(None),
             Err(e) if e.is_transient() => e.to_string(),
             Err(e) => return Err(e.into()),
         };
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("no answer for {key} after the failover: {last}").into());
+            return Err(format!("no answer for {key} after the failover: {last} ({p})").into());
         }
         // Bounded retry while the client refreshes its slot map.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -92,6 +107,7 @@ async fn grant_after_failover(
 async fn tokens_grow_per_key_on_the_promoted_replica() -> TestResult {
     let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await??);
     let backend = RedisBackend::connect(&format!("{}?prefix=promote", cluster.url())).await?;
+    let p = Patience::against(&backend).await;
     let owner = Owner::new("before")?;
     let keys: Vec<LockKey> = (0..30)
         .map(|i| LockKey::new(format!("promote-{i}")))
@@ -113,7 +129,7 @@ async fn tokens_grow_per_key_on_the_promoted_replica() -> TestResult {
     let mut held = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         for round in 0..5 {
-            let Acquire::Granted(g) = backend.try_acquire(&request(key, &owner)).await? else {
+            let Acquire::Granted(g) = backend.try_acquire(&request(key, &owner, p)).await? else {
                 return Err(format!("{key} was not free").into());
             };
             highest.insert(key.clone(), g.token);
@@ -143,7 +159,7 @@ async fn tokens_grow_per_key_on_the_promoted_replica() -> TestResult {
     let after = Owner::new("after")?;
     let mut regranted = 0;
     for key in &keys {
-        match grant_after_failover(&backend, key, &after).await? {
+        match grant_after_failover(&backend, key, &after, p).await? {
             Some(token) => {
                 regranted += 1;
                 assert!(
@@ -162,6 +178,6 @@ async fn tokens_grow_per_key_on_the_promoted_replica() -> TestResult {
     );
     // `list` scans every primary, the promoted one included.
     let listed = backend.list(None).await?;
-    assert_eq!(listed.len(), keys.len(), "list after the failover");
+    assert_eq!(listed.len(), keys.len(), "list after the failover ({p})");
     Ok(())
 }

@@ -1,5 +1,9 @@
 //! Token counters of idle keys expire, and a re-seeded counter continues
 //! above every token issued before.
+//!
+//! Time: no verdict here depends on elapsed time: the week-long expiry is
+//! read from the server (`PTTL`) and its end is simulated by deleting the
+//! counter; each 30 s lease is released at once.
 
 use std::time::Duration;
 

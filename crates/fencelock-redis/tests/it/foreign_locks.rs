@@ -11,6 +11,13 @@
 //! it does not hold leaves fencelock's lease alone; tokens keep growing
 //! across the foreign holders; and a fencelock waiter is granted the key
 //! when the foreign holder's lease ends.
+//!
+//! Time: a real server and real foreign processes, so no paused clock. A
+//! [`Patience`] measured against the server at the start scales the
+//! leases that must live through a round (a base of 30 s: each round waits
+//! on the foreign process several times) and the waiter's wait for the
+//! short foreign lease to end (a base of 20 s). That lease (500 ms) is
+//! meant to end; nothing asserts how soon.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -24,7 +31,7 @@ use fencelock_core::{
     Acquire, AcquireRequest, Backend, BackendAdmin, Error, FencingToken, LockClient, LockKey, Owner,
 };
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{servers::redis::RedisServer, TestResult};
+use fencelock_testkit::{servers::redis::RedisServer, Patience, TestResult};
 
 /// The shared cargo target, where `.ci/run` installs the foreign clients.
 fn target_dir() -> PathBuf {
@@ -132,14 +139,15 @@ impl Drop for Foreign {
 }
 
 const ROUNDS: usize = 20;
-const TTL: Duration = Duration::from_secs(30);
 
 async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestResult {
     let url = format!("{}?layout=plain&prefix=interop", redis.url());
     let backend = RedisBackend::connect(&url).await?;
+    let p = Patience::against(&backend).await;
+    let ttl = p.ttl(Duration::from_secs(30));
     let key = LockKey::new(format!("jobs:{}", foreign.name.replace(' ', "-")))?;
     let owner = Owner::new("fencelock-holder")?;
-    let request = AcquireRequest::new(key.clone(), owner.clone(), TTL);
+    let request = AcquireRequest::new(key.clone(), owner.clone(), ttl);
     let mut last = FencingToken(0);
     for round in 0..ROUNDS {
         if round % 2 == 0 {
@@ -153,7 +161,7 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
                 );
             }
             last = grant.token;
-            if foreign.acquire(key.as_str(), TTL)? {
+            if foreign.acquire(key.as_str(), ttl)? {
                 return Err(
                     format!("round {round}: {} took a key fencelock holds", foreign.name).into(),
                 );
@@ -166,12 +174,12 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
             let info = backend
                 .inspect(&key)
                 .await?
-                .ok_or("fencelock's lease is gone")?;
+                .ok_or_else(|| format!("round {round}: fencelock's lease is gone ({p})"))?;
             if info.owner != owner || info.token != grant.token {
                 return Err(format!("round {round}: inspect shows {info:?}").into());
             }
             backend.release(&request.lease(grant.token)).await?;
-            if !foreign.acquire(key.as_str(), TTL)? {
+            if !foreign.acquire(key.as_str(), ttl)? {
                 return Err(
                     format!("round {round}: {} was refused a free key", foreign.name).into(),
                 );
@@ -179,7 +187,7 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
             foreign.release(key.as_str())?;
         } else {
             // The foreign client first.
-            if !foreign.acquire(key.as_str(), TTL)? {
+            if !foreign.acquire(key.as_str(), ttl)? {
                 return Err(
                     format!("round {round}: {} was refused a free key", foreign.name).into(),
                 );
@@ -197,7 +205,7 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
             if holder.owner.as_str() != "foreign"
                 || holder.token != FencingToken(0)
                 || holder.kind.as_deref() != Some("foreign")
-                || holder.expires_in > TTL
+                || holder.expires_in > ttl
             {
                 return Err(
                     format!("round {round}: the foreign holder shows as {holder:?}").into(),
@@ -213,7 +221,7 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
                 }
             }
             if !foreign.release(key.as_str())? {
-                return Err(format!("round {round}: {} lost its lock", foreign.name).into());
+                return Err(format!("round {round}: {} lost its lock ({p})", foreign.name).into());
             }
             let Acquire::Granted(grant) = backend.try_acquire(&request).await? else {
                 return Err(format!("round {round}: fencelock was refused a freed key").into());
@@ -236,9 +244,10 @@ async fn exclusion_both_ways(redis: &RedisServer, mut foreign: Foreign) -> TestR
     let client = LockClient::new(Arc::new(backend) as Arc<dyn Backend>);
     let guard = client
         .lock(key.as_str())
-        .wait(Duration::from_secs(20))
+        .wait(p.bound(Duration::from_secs(20)))
         .acquire()
-        .await?;
+        .await
+        .map_err(|e| format!("waiting for the foreign lease to end: {e} ({p})"))?;
     if guard.token() <= last {
         return Err(format!("token {:?} after {last:?}", guard.token()).into());
     }

@@ -17,3 +17,16 @@ mod sentinel_patience;
 mod timeouts;
 mod wait;
 mod wakeups;
+
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{Patience, TestResult};
+
+/// The budget of a test against the deployment at `url` (a server, a
+/// cluster or a Sentinel set): the machine's scheduling delay and the worst
+/// round trip through a backend opened on `url` as it is.
+pub(crate) async fn patience(url: &str) -> TestResult<Patience> {
+    let probe = RedisBackend::connect(url).await?;
+    Ok(Patience::against(&probe).await)
+}
+
+pub(crate) use fencelock_testkit::patience::ms;

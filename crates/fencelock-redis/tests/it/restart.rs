@@ -1,12 +1,18 @@
 //! Restart-safe tokens: `kill -9` a Redis without persistence, start it again
 //! on the same port, and the next grant's token is above every token issued
 //! before the crash (the counter is re-seeded from the server's TIME).
+//!
+//! Time: a real server killed and started again, so no paused clock. The
+//! only bound, how long the grants after the restart may take to come
+//! back, is a base of 30 s scaled by a [`Patience`] measured against the
+//! server at the start. The leases' 60 s TTL takes no part: the crash
+//! loses them, and each grant before it is released at once.
 
 use std::time::Duration;
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, FencingToken, LeaseId, LockKey, Owner};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{servers::redis::RedisServer, TestResult};
+use fencelock_testkit::{servers::redis::RedisServer, Patience, TestResult};
 
 fn request(key: &LockKey, owner: &Owner) -> AcquireRequest {
     AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(60))
@@ -17,8 +23,9 @@ async fn grant_after_restart(
     b: &RedisBackend,
     key: &LockKey,
     owner: &Owner,
+    p: Patience,
 ) -> TestResult<FencingToken> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(30));
     loop {
         let last = match b.try_acquire(&request(key, owner)).await {
             Ok(Acquire::Granted(g)) => return Ok(g.token),
@@ -27,7 +34,7 @@ async fn grant_after_restart(
             Err(e) => return Err(e.into()),
         };
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("no grant on {key} after the restart: {last}").into());
+            return Err(format!("no grant on {key} after the restart: {last} ({p})").into());
         }
         // Bounded retry while the connection manager reconnects.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -38,6 +45,7 @@ async fn grant_after_restart(
 async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
     let server = RedisServer::start()?;
     let backend = RedisBackend::connect(&server.url()).await?;
+    let p = Patience::against(&backend).await;
     let owner = Owner::new("before-crash")?;
     let keys: Vec<LockKey> = (0..5)
         .map(|i| LockKey::new(format!("restart-{i}")))
@@ -63,7 +71,7 @@ async fn tokens_grow_across_kill_9_without_persistence() -> TestResult {
     server.start_again(0)?;
     let after = Owner::new("after-crash")?;
     for key in &keys {
-        let token = grant_after_restart(&backend, key, &after).await?;
+        let token = grant_after_restart(&backend, key, &after, p).await?;
         assert!(
             token > highest,
             "{key}: token {token} after the crash is not above {highest}"

@@ -15,15 +15,20 @@
 //!
 //! Either way the new master's tokens stay above the old one's (the `TIME`
 //! floor of the acquire script, whatever the replica had received).
+//!
+//! Time: real servers and Sentinels, so no paused clock. A [`Patience`]
+//! measured against the set first scales the URL's `timeout` (a base of
+//! 2 s) and the wait for the Sentinels to name a new master (a base of
+//! 30 s). The `failover` run's own figures are the test kit's.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use fencelock_core::Backend;
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{
     failover::{leader_failover, Ensemble, Hook},
     servers::redis_sentinel::RedisSentinel,
-    TestResult,
+    Patience, TestResult,
 };
 
 struct Sentinels {
@@ -31,6 +36,7 @@ struct Sentinels {
     url: String,
     /// `SENTINEL FAILOVER` rather than SIGKILL.
     graceful: bool,
+    patience: Patience,
 }
 
 impl Ensemble for Sentinels {
@@ -44,18 +50,19 @@ impl Ensemble for Sentinels {
     /// agree on, once a failover has finished.
     fn leader(&self, dead: Option<usize>) -> Hook<'_, usize> {
         let set = Arc::clone(&self.set);
+        let p = self.patience;
         Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(30));
             loop {
                 let s = Arc::clone(&set);
                 let port = tokio::task::spawn_blocking(move || s.master_port()).await?;
                 match port {
                     Ok(port) if Some(usize::from(port)) != dead => return Ok(usize::from(port)),
                     _ if tokio::time::Instant::now() > deadline => {
-                        return Err("no new master".into())
+                        return Err(format!("no new master ({p})").into())
                     }
                     // Polls the Sentinels' view, bounded by the deadline.
-                    _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
         })
@@ -77,9 +84,21 @@ impl Ensemble for Sentinels {
 
 async fn run(graceful: bool, key: &str) -> TestResult {
     let set = Arc::new(tokio::task::spawn_blocking(RedisSentinel::start).await??);
-    let url = format!("{}?prefix=failover&timeout=2s", set.url());
-    let ensemble = Arc::new(Sentinels { set, url, graceful });
-    let run = leader_failover(ensemble as Arc<dyn Ensemble>, key).await?;
+    let patience = crate::patience(&set.url()).await?;
+    let url = format!(
+        "{}?prefix=failover&timeout={}",
+        set.url(),
+        crate::ms(patience.bound(Duration::from_secs(2)))
+    );
+    let ensemble = Arc::new(Sentinels {
+        set,
+        url,
+        graceful,
+        patience,
+    });
+    let run = leader_failover(ensemble as Arc<dyn Ensemble>, key)
+        .await
+        .map_err(|e| format!("{e} ({patience})"))?;
     eprintln!("{run}");
     Ok(())
 }

@@ -1,5 +1,8 @@
 //! The optional `WAIT` after acquire: on a server without replicas, asking
 //! for one replica makes the acquire fail transiently and leaves no lease.
+//!
+//! Time: no verdict here depends on elapsed time: with no replica the
+//! `WAIT` comes back short whatever its 20 ms timeout.
 
 use std::time::Duration;
 

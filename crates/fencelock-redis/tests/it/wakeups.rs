@@ -2,12 +2,16 @@
 //! its own channel, subscribed while a waiter exists and unsubscribed after,
 //! so a process that does not wait is never woken by other processes'
 //! releases.
+//!
+//! Time: a real server, so no paused clock. The waits for the wake-up and
+//! for the background `UNSUBSCRIBE` are bases of 10 s scaled by a
+//! [`Patience`] measured against the server at the start.
 
 use std::time::Duration;
 
 use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{servers::redis::RedisServer, TestResult};
+use fencelock_testkit::{servers::redis::RedisServer, Patience, TestResult};
 
 /// Subscribers of the release channel of user key `k`, as the server counts
 /// them (default prefix `fencelock`).
@@ -28,6 +32,7 @@ async fn a_key_channel_is_subscribed_only_while_someone_waits_for_it() -> TestRe
         .await?;
     let holder = RedisBackend::connect(&server.url()).await?;
     let waiter = RedisBackend::connect(&server.url()).await?;
+    let p = Patience::against(&holder).await;
     let key = LockKey::new("job")?;
     let owner = Owner::new("holder")?;
     let request = AcquireRequest::new(key.clone(), owner.clone(), Duration::from_secs(30));
@@ -50,16 +55,16 @@ async fn a_key_channel_is_subscribed_only_while_someone_waits_for_it() -> TestRe
     holder
         .release(&LeaseId::new(key.clone(), owner.clone(), grant.token))
         .await?;
-    let woken = tokio::time::timeout(Duration::from_secs(10), subscription.woken()).await;
-    assert_eq!(woken.ok(), Some(true), "the waiter was not woken");
+    let woken = tokio::time::timeout(p.bound(Duration::from_secs(10)), subscription.woken()).await;
+    assert_eq!(woken.ok(), Some(true), "the waiter was not woken ({p})");
 
     drop(subscription);
     // The UNSUBSCRIBE is sent in the background after the last waiter left.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + p.bound(Duration::from_secs(10));
     while listeners(&mut admin, "job").await? != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "still subscribed with no waiter left"
+            "still subscribed with no waiter left ({p})"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

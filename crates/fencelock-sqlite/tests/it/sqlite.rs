@@ -1,5 +1,14 @@
 //! SQLite-specific behaviour: the host clock, schema creation, the
 //! in-transaction fence and URL options.
+//!
+//! Time: the database is a real file that real connections lock, and
+//! SQLite's busy handler sleeps on the real clock, so none of these can run
+//! on tokio's paused clock. Only the racing first opens have a bound that a
+//! busy machine could overrun (the busy timeout each open waits within):
+//! it is a base figure scaled by a [`Patience`] measured at the start. The
+//! other tests' leases (600 s and more) are checked against margins of
+//! minutes, and the renewers and inspectors that race take a writer kept
+//! out past the busy timeout as the transient error it is.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -13,7 +22,7 @@ use fencelock_sqlite::{ensure_schema, SqliteBackend, SqliteDriver, SqliteFence, 
 use fencelock_testkit::{
     async_trait,
     txfence::{self, FenceTransaction, TransactionalFence},
-    TestResult,
+    Patience, TestResult,
 };
 use rusqlite::Connection;
 
@@ -126,10 +135,13 @@ async fn wall_clock_times_take_no_part_in_decisions() {
 
 /// Switching a new file to WAL needs an exclusive lock, and SQLite answers
 /// "database is locked" at once there instead of calling the busy handler;
-/// the open must wait for its busy timeout like every other statement.
-/// Many rounds, because one round of 16 racing opens rarely collides.
+/// the open must wait for its busy timeout (the default 5 s, as a base
+/// figure) like every other statement. Many rounds, because one round of
+/// 16 racing opens rarely collides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_opens_of_one_file_all_succeed() {
+    let p = Patience::measure().await;
+    let busy_timeout = p.bound(Duration::from_secs(5));
     let dir = tempfile::tempdir().unwrap();
     for round in 0..100 {
         let path = Arc::new(dir.path().join(format!("locks-{round}.db")));
@@ -137,13 +149,16 @@ async fn concurrent_first_opens_of_one_file_all_succeed() {
             .map(|_| {
                 let path = Arc::clone(&path);
                 tokio::spawn(async move {
-                    SqliteBackend::connect_with(SqliteOptions::new(&*path)).await
+                    SqliteBackend::connect_with(
+                        SqliteOptions::new(&*path).busy_timeout(busy_timeout),
+                    )
+                    .await
                 })
             })
             .collect();
         for open in opens {
             if let Err(e) = open.await.unwrap() {
-                panic!("round {round}: {e}");
+                panic!("round {round}: {e} (busy timeout {busy_timeout:?}, {p})");
             }
         }
     }

@@ -3,6 +3,9 @@
 //! (the layout's keys are paths under the chroot, so the `prefix=` option
 //! that isolates cases elsewhere would not), as far as the layout's
 //! capabilities go (no read-write locks).
+//!
+//! Time: as in `main.rs`, the harness's patience per case; this file sets
+//! no figure.
 
 use fencelock_core::{Backend, Driver};
 use fencelock_testkit::servers::{url_factory::UrlFactory, zookeeper::ZkServer};

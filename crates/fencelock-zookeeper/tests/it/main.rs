@@ -13,3 +13,14 @@ mod reconnect;
 mod release;
 mod timeouts;
 mod wake;
+
+use fencelock_testkit::{Patience, TestResult};
+use fencelock_zookeeper::ZkBackend;
+
+/// The budget of a test against the ZooKeeper at `url`: the machine's
+/// scheduling delay and the worst round trip through a backend opened on
+/// `url`.
+pub(crate) async fn patience(url: &str) -> TestResult<Patience> {
+    let probe = ZkBackend::connect(url).await?;
+    Ok(Patience::against(&probe).await)
+}

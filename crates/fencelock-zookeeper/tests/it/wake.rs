@@ -2,6 +2,11 @@
 //! lease node of its key and, on a renewal (a data change), sets its watch
 //! again. A node gone by then must wake it: the oldest node left may be the
 //! waiter's own queue entry, whose watch never fires for it.
+//!
+//! Time: a real server, so no paused clock. The wait for the wake-up is a
+//! base of 10 s scaled by a patience measured against the server first;
+//! the 30 s leases only have to outlive a few requests. The waiter
+//! subscribes before the release it waits for.
 
 use std::{sync::Arc, time::Duration};
 
@@ -11,7 +16,8 @@ use fencelock_zookeeper::{ZkBackend, DEFAULT_PREFIX};
 use tokio::time::timeout;
 use zookeeper_client as zk;
 
-/// Bound on waiting for what must happen; never a timing assertion.
+/// Bound on waiting for what must happen, as a base figure; never a
+/// timing assertion.
 const BOUND: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(30);
 
@@ -23,6 +29,8 @@ const TTL: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_renewed_and_deleted_at_once_wakes_the_waiter_behind_it() -> TestResult {
     let zk = tokio::task::spawn_blocking(ZkServer::start).await??;
+    let p = crate::patience(&zk.url()).await?;
+    let bound = p.bound(BOUND);
     let holder: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&zk.url()).await?);
     let waiter: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&zk.url()).await?);
     let look = zk::Client::connect(zk.url().trim_start_matches("zk://")).await?;
@@ -59,10 +67,10 @@ async fn a_holder_renewed_and_deleted_at_once_wakes_the_waiter_behind_it() -> Te
     release.add_delete(&first, None)?;
     release.commit().await?;
 
-    match timeout(BOUND, wakeups.woken()).await {
+    match timeout(bound, wakeups.woken()).await {
         Ok(true) => {}
         Ok(false) => return Err("the wake-ups ended".into()),
-        Err(_) => return Err(format!("the waiter was not woken within {BOUND:?}").into()),
+        Err(_) => return Err(format!("the waiter was not woken within {bound:?} ({p})").into()),
     }
     let Acquire::Granted(_) = waiter.try_acquire(&queued).await? else {
         return Err("woken, the waiter was not granted the key".into());

@@ -96,9 +96,13 @@ pub struct ScorecardArgs {
     #[arg(long, requires = "topology")]
     pub isolate: Option<String>,
 
-    /// The holders' lease in a partition [default: three times the
-    /// engine's failover time across the topology's longest round trip].
-    #[arg(long, requires = "topology", value_parser = crate::ttl)]
+    /// The holders' lease [default: in a partition, three times the
+    /// engine's failover time across the topology's longest round trip;
+    /// for a shape, three times its failover time, at least 3 s]. A
+    /// shape's holders never get less than three failover times, the
+    /// lease a single fault must cost nothing at; a longer one suits a
+    /// busy machine.
+    #[arg(long, value_parser = crate::ttl)]
     pub ttl: Option<Duration>,
 }
 
@@ -554,6 +558,8 @@ pub struct Case {
     component: String,
     /// The holders' lease.
     ttl_ms: u64,
+    /// The shape's failover time for this fault, which bounds the window.
+    failover_ms: u64,
     holders: usize,
     unnecessary_losses: usize,
     /// Calls of new callers and waiters.
@@ -639,7 +645,7 @@ async fn scorecard(args: ScorecardArgs, out: Output) -> Result<Verdict, Error> {
                 shape.name(),
                 fault_name(fault)
             ));
-            let case = run_case(shape, fault)
+            let case = run_case(shape, fault, args.ttl)
                 .await
                 .map_err(|e| Error::InvalidArgument(format!("{}: {e}", shape.name())))?;
             out.note(format!(
@@ -761,12 +767,16 @@ pub(crate) fn client(
         .build()
 }
 
-async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
+/// One shape under one fault; the holders' lease is `at_least` where that
+/// is longer than three failover times and 3 s.
+async fn run_case(shape: Shape, fault: Fault, at_least: Option<Duration>) -> TestResult<Case> {
     let run = format!("scorecard-{}", std::process::id());
     let mut deployment = Deployment::start(shape, fault, &format!("{run}:held:0")).await?;
     let url = deployment.url();
     let failover = shape.failover(fault);
-    let ttl = (failover * 3).max(Duration::from_secs(3));
+    let ttl = (failover * 3)
+        .max(Duration::from_secs(3))
+        .max(at_least.unwrap_or_default());
     let patience = failover * (STOP_FOR + 2) + ttl;
 
     let backend = fencelock::open_backend(&url).await?;
@@ -870,6 +880,7 @@ async fn run_case(shape: Shape, fault: Fault) -> TestResult<Case> {
         fault,
         component,
         ttl_ms: ms(ttl),
+        failover_ms: ms(failover),
         holders: HOLDERS,
         unnecessary_losses: losses,
         calls: calls.probes.len() + WAITERS,

@@ -2,15 +2,28 @@
 //! JSON report with sane fields, on SQLite and on the server engines (each a
 //! throwaway server), with the raw baseline where it applies, and `handoff`
 //! through `fencelock serve`. Never asserts a speed.
+//!
+//! Time: real servers and processes. What a run shows depends on what it
+//! completes within its `--duration` and on its leases outliving its
+//! renewals, so each test measures a [`Patience`] first and scales from it
+//! every `--duration` and `--ttl` it passes (the bases are the figures
+//! written beside them); a failure names the budget. The figures a run
+//! measures are `fencelock bench`'s to report, never asserted.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use crate::support;
+use crate::support::{self, ms, patience};
 
-use std::process::{Command, Output};
+use std::{
+    process::{Command, Output},
+    time::Duration,
+};
 
-use fencelock_testkit::servers::{
-    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+    },
+    Patience,
 };
 use serde_json::Value;
 
@@ -28,12 +41,17 @@ fn run(url: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `base` scaled by `p`, as a duration flag.
+fn scaled(p: &Patience, base_ms: u64) -> String {
+    ms(p.bound(Duration::from_millis(base_ms)))
+}
+
 /// Runs a scenario and returns its report, checked for exit 0 and one JSON
 /// object on stdout.
-fn bench(url: &str, args: &[&str]) -> Value {
+fn bench(url: &str, args: &[&str], p: &Patience) -> Value {
     let out = run(url, args);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr} [{p}]");
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.trim().lines().count(), 1, "one JSON line: {text}");
     serde_json::from_str(&text).unwrap()
@@ -73,7 +91,7 @@ fn sane_with_baseline(report: &Value) {
 
 /// `cycle`, `handoff` and `semaphore` with the raw baseline, and
 /// `failover`, as on every engine.
-fn on_every_engine(url: &str, backend: &str) {
+fn on_every_engine(url: &str, backend: &str, p: &Patience) {
     let cycle = bench(
         url,
         &[
@@ -82,17 +100,28 @@ fn on_every_engine(url: &str, backend: &str) {
             "--clients",
             "2",
             "--duration",
-            "400ms",
+            &scaled(p, 400),
             "--baseline",
         ],
+        p,
     );
     assert_eq!(cycle["backend"], backend);
-    assert_eq!(cycle["fencelock"]["success_rate"], 1.0, "own keys: {cycle}");
-    assert_eq!(cycle["fencelock"]["errors"], 0, "{cycle}");
+    assert_eq!(
+        cycle["fencelock"]["success_rate"], 1.0,
+        "own keys: {cycle} [{p}]"
+    );
+    assert_eq!(cycle["fencelock"]["errors"], 0, "{cycle} [{p}]");
     sane_with_baseline(&cycle);
     let handoff = bench(
         url,
-        &["--scenario", "handoff", "--duration", "600ms", "--baseline"],
+        &[
+            "--scenario",
+            "handoff",
+            "--duration",
+            &scaled(p, 600),
+            "--baseline",
+        ],
+        p,
     );
     sane_with_baseline(&handoff);
 
@@ -104,39 +133,45 @@ fn on_every_engine(url: &str, backend: &str) {
             "--permits",
             "3",
             "--duration",
-            "400ms",
+            &scaled(p, 400),
             "--baseline",
         ],
+        p,
     );
     assert_eq!(semaphore["permits"], 3, "{semaphore}");
     // Two clients, three permits: a permit is always free.
-    assert_eq!(semaphore["fencelock"]["success_rate"], 1.0, "{semaphore}");
+    assert_eq!(
+        semaphore["fencelock"]["success_rate"], 1.0,
+        "{semaphore} [{p}]"
+    );
     sane_with_baseline(&semaphore);
 
-    failover(url);
+    failover(url, p);
 }
 
 /// One round at least: the killed leader's lease was still on the backend
-/// (SIGKILL released nothing), and the standby was elected after it.
-fn failover(url: &str) {
+/// (SIGKILL released nothing), and the standby was elected after it. The
+/// lease (base 1 s) outlasts the standby's start on a busy machine too.
+fn failover(url: &str, p: &Patience) {
     let report = bench(
         url,
         &[
             "--scenario",
             "failover",
             "--ttl",
-            "1s",
+            &scaled(p, 1000),
             "--duration",
-            "500ms",
+            &scaled(p, 500),
         ],
+        p,
     );
     sane(&report["fencelock"]);
-    assert_eq!(report["fencelock"]["errors"], 0, "{report}");
+    assert_eq!(report["fencelock"]["errors"], 0, "{report} [{p}]");
     let f_over = &report["failover"];
     let rounds = f(f_over, "rounds");
-    assert!(rounds >= 1.0, "{report}");
+    assert!(rounds >= 1.0, "{report} [{p}]");
     assert_eq!(f(&f_over["lease_left_ms"], "samples"), rounds, "{report}");
-    assert!(f(&f_over["lease_left_ms"], "p50") > 0.0, "{report}");
+    assert!(f(&f_over["lease_left_ms"], "p50") > 0.0, "{report} [{p}]");
     assert_eq!(f(&f_over["after_expiry_ms"], "samples"), rounds, "{report}");
 }
 
@@ -144,7 +179,8 @@ fn failover(url: &str) {
 fn every_scenario_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    on_every_engine(&url, "sqlite");
+    let p = patience();
+    on_every_engine(&url, "sqlite", &p);
 
     let contended = bench(
         &url,
@@ -154,17 +190,19 @@ fn every_scenario_on_sqlite() {
             "--clients",
             "4",
             "--duration",
-            "400ms",
+            &scaled(&p, 400),
             "--baseline",
         ],
+        &p,
     );
     assert_eq!(contended["clients"], 4);
     sane_with_baseline(&contended);
 
-    // TTL 3 s, renewed every second: each lock's first renewal is due
-    // within a second of the run's start, and the run lasts three, so a
-    // renewal batch whose commit waits out an fsync stall of up to two
-    // seconds (other tests' servers share the disk) still counts.
+    // TTL 3 s (base), renewed every third of it: each lock's first
+    // renewal is due within a third of the TTL of the run's start, and the
+    // run lasts a TTL, so a renewal batch whose commit waits out an fsync
+    // stall of up to two thirds of it (other tests' servers share the
+    // disk) still counts. Both scale alike.
     let renew = bench(
         &url,
         &[
@@ -173,16 +211,17 @@ fn every_scenario_on_sqlite() {
             "--keys",
             "20",
             "--ttl",
-            "3s",
+            &scaled(&p, 3000),
             "--duration",
-            "3s",
+            &scaled(&p, 3000),
         ],
+        &p,
     );
     sane(&renew["fencelock"]);
     let r = &renew["renewals"];
-    assert!(f(r, "renewed") >= 20.0, "{renew}");
-    assert_eq!(r["lost"], 0, "{renew}");
-    assert_eq!(r["still_held"], 20, "{renew}");
+    assert!(f(r, "renewed") >= 20.0, "{renew} [{p}]");
+    assert_eq!(r["lost"], 0, "{renew} [{p}]");
+    assert_eq!(r["still_held"], 20, "{renew} [{p}]");
 
     let hold = bench(
         &url,
@@ -192,20 +231,21 @@ fn every_scenario_on_sqlite() {
             "--keys",
             "200",
             "--ttl",
-            "3s",
+            &scaled(&p, 3000),
             "--duration",
-            "1s",
+            &scaled(&p, 1000),
         ],
+        &p,
     );
     sane(&hold["fencelock"]);
     let h = &hold["hold"];
-    assert_eq!(h["locks"], 200, "{hold}");
+    assert_eq!(h["locks"], 200, "{hold} [{p}]");
     assert!(f(h, "rss_held_bytes") > 0.0, "{hold}");
     assert!(
         f(h, "bytes_per_lock").is_finite() && f(h, "cpu_seconds") >= 0.0,
         "{hold}"
     );
-    assert_eq!(hold["renewals"]["still_held"], 200, "{hold}");
+    assert_eq!(hold["renewals"]["still_held"], 200, "{hold} [{p}]");
 }
 
 /// `handoff` through `fencelock serve` over SQLite: the waiter is inside
@@ -213,14 +253,16 @@ fn every_scenario_on_sqlite() {
 /// none fails. What they cost is docs/benchmarks.md's, never asserted.
 #[test]
 fn handoff_through_the_service() {
+    let p = patience();
     let service = support::LockService::start(&[]);
     let handoff = bench(
         &service.url,
-        &["--scenario", "handoff", "--duration", "600ms"],
+        &["--scenario", "handoff", "--duration", &scaled(&p, 600)],
+        &p,
     );
     assert_eq!(handoff["backend"], "http", "{handoff}");
     sane(&handoff["fencelock"]);
-    assert_eq!(handoff["fencelock"]["errors"], 0, "{handoff}");
+    assert_eq!(handoff["fencelock"]["errors"], 0, "{handoff} [{p}]");
 }
 
 #[test]
@@ -259,7 +301,7 @@ fn failover_needs_a_backend_processes_share() {
 #[test]
 fn redis() {
     let server = RedisServer::start().unwrap();
-    on_every_engine(&server.url(), "redis");
+    on_every_engine(&server.url(), "redis", &patience());
 }
 
 #[test]
@@ -268,6 +310,7 @@ fn postgres() {
     on_every_engine(
         &format!("{}?table_prefix=bench_", server.url("postgres")),
         "postgres",
+        &patience(),
     );
 }
 
@@ -277,11 +320,12 @@ fn mariadb() {
     on_every_engine(
         &format!("{}?table_prefix=bench_", server.url("mysql")),
         "mysql",
+        &patience(),
     );
 }
 
 #[test]
 fn etcd() {
     let server = EtcdCluster::start().unwrap();
-    on_every_engine(&server.url(), "etcd");
+    on_every_engine(&server.url(), "etcd", &patience());
 }

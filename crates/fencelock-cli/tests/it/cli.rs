@@ -1,5 +1,15 @@
 //! The `fencelock` binary, run as separate processes against one SQLite
 //! file, as users run it.
+//!
+//! Time: real processes, so each test whose verdict needs a lease to
+//! outlast its next commands, or a process to act within a bound, measures
+//! a [`Patience`](fencelock_testkit::Patience) first and scales from it
+//! the TTLs it passes (base [`LEASE`], 3 s for the force-released run) and
+//! its bounds (bases beside each); a failure names the budget. A lease
+//! that is meant to run out (300 ms, `-t 1s`) keeps its figure: it only
+//! has to end, and the wait for that is a scaled bound. The `1m` of
+//! `acquire_prints_owner_and_token_that_release_accepts` is the figure it
+//! checks the printing of, and needs one command after it.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -9,7 +19,14 @@ use std::{
     time::Duration,
 };
 
+use fencelock_testkit::Patience;
+
+use crate::support::{ms, patience};
+
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// The base of a lease that must outlast the test's next few commands
+/// (the CLI's default TTL).
+const LEASE: Duration = Duration::from_secs(30);
 
 fn fencelock(db: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
@@ -58,12 +75,15 @@ fn field(out: &Output, name: &str) -> String {
 fn fifty_concurrent_acquire_processes_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
+    // The winner's lease outlasts the other 49 processes' start-up.
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
     // Create the schema first so the race is about the lock, not the DDL
     // (`cleanup` writes; `list` only reads, and creates nothing).
     assert_eq!(code(&run(&db, &["cleanup"])), 0);
     let children: Vec<_> = (0..50)
         .map(|_| {
-            fencelock(&db, &["acquire", "K", "--ttl", "30s", "--wait", "0s"])
+            fencelock(&db, &["acquire", "K", "--ttl", &ttl, "--wait", "0s"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -74,15 +94,25 @@ fn fifty_concurrent_acquire_processes_one_winner() {
         .into_iter()
         .map(|c| code(&c.wait_with_output().unwrap()))
         .collect();
-    assert_eq!(codes.iter().filter(|&&c| c == 0).count(), 1, "{codes:?}");
-    assert_eq!(codes.iter().filter(|&&c| c == 75).count(), 49, "{codes:?}");
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 0).count(),
+        1,
+        "{codes:?} [{p}]"
+    );
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 75).count(),
+        49,
+        "{codes:?} [{p}]"
+    );
 }
 
 #[test]
 fn tokens_grow_across_release_expiry_cleanup_and_processes() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
-    let t1 = token(&run(&db, &["acquire", "K", "--owner", "a"]));
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let t1 = token(&run(&db, &["acquire", "K", "--owner", "a", "--ttl", &ttl]));
     let released = run(
         &db,
         &["release", "K", "--owner", "a", "--token", &t1.to_string()],
@@ -93,14 +123,18 @@ fn tokens_grow_across_release_expiry_cleanup_and_processes() {
         &["acquire", "K", "--owner", "b", "--ttl", "300ms"],
     ));
     // Wait out the 300 ms lease: poll until it is free, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let bound = p.bound(Duration::from_secs(10));
+    let deadline = std::time::Instant::now() + bound;
     while code(&run(&db, &["inspect", "K"])) == 0 {
-        assert!(std::time::Instant::now() < deadline, "lease never expired");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lease never expired within {bound:?} [{p}]"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let cleanup = run(&db, &["--json", "cleanup"]);
     assert_eq!(stdout(&cleanup), r#"{"removed":1}"#);
-    let t3 = token(&run(&db, &["acquire", "K", "--owner", "c"]));
+    let t3 = token(&run(&db, &["acquire", "K", "--owner", "c", "--ttl", &ttl]));
     assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
     // A stale holder cannot renew or release its successor's lease.
     let stale = run(
@@ -122,7 +156,7 @@ fn tokens_grow_across_release_expiry_cleanup_and_processes() {
             "1m",
         ],
     );
-    assert_eq!(code(&renewed), 0, "{}", stderr(&renewed));
+    assert_eq!(code(&renewed), 0, "{} [{p}]", stderr(&renewed));
 }
 
 #[test]
@@ -155,9 +189,15 @@ fn run_passes_the_lock_to_the_command_and_its_exit_code_back() {
 fn run_exits_75_when_the_lock_is_held_and_reports_the_holder() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
-    token(&run(&db, &["acquire", "job", "--owner", "holder"]));
+    // The holder's lease outlasts the run's whole wait.
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    token(&run(
+        &db,
+        &["acquire", "job", "--owner", "holder", "--ttl", &ttl],
+    ));
     let out = run(&db, &["run", "job", "--wait", "1500ms", "--", "true"]);
-    assert_eq!(code(&out), 75);
+    assert_eq!(code(&out), 75, "{} [{p}]", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("waiting: job is held by holder"), "{err}");
     assert!(err.contains("not acquired"), "{err}");
@@ -170,13 +210,16 @@ fn run_stops_the_command_when_the_lock_is_force_released() {
     let pidfile = dir.path().join("grandchild.pid");
     // A shell whose child would outlive it if only the shell were signalled.
     let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+    // Renewed in time until the force-release, so that the loss is that.
+    let p = patience();
+    let ttl = ms(p.ttl(Duration::from_secs(3)));
     let holder = fencelock(
         &db,
         &[
             "run",
             "K",
             "--ttl",
-            "3s",
+            &ttl,
             "--kill-after",
             "2s",
             "--",
@@ -189,35 +232,36 @@ fn run_stops_the_command_when_the_lock_is_force_released() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + p.bound(Duration::from_secs(10));
     while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the command never started"
+            "the command never started [{p}]"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     let forced = run(&db, &["force-release", "K"]);
     assert_eq!(code(&forced), 0, "{}", stderr(&forced));
     let out = holder.wait_with_output().unwrap();
-    assert_eq!(code(&out), 76, "{}", stderr(&out));
+    assert_eq!(code(&out), 76, "{} [{p}]", stderr(&out));
     let err = stderr(&out);
     let lost: Vec<&str> = err.lines().filter(|l| l.contains("lost")).collect();
-    assert_eq!(lost.len(), 1, "{err}");
-    assert!(lost[0].contains("lost lock K"), "{err}");
+    assert_eq!(lost.len(), 1, "{err} [{p}]");
+    assert!(lost[0].contains("lost lock K"), "{err} [{p}]");
     let grandchild: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    let alive = still_alive(grandchild);
-    assert!(!alive, "the command's child survived the loss");
+    let alive = still_alive(grandchild, &p);
+    assert!(!alive, "the command's child survived the loss [{p}]");
 }
 
-fn still_alive(pid: i32) -> bool {
+/// Whether `pid` still runs `patience.bound(5 s)` from now.
+fn still_alive(pid: i32, patience: &Patience) -> bool {
     // kill -0 reports whether the process exists; a zombie reaped by init
     // disappears shortly after its parent dies.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + patience.bound(Duration::from_secs(5));
     loop {
         let exists = Command::new("kill")
             .args(["-0", &pid.to_string()])
@@ -256,11 +300,12 @@ fn run_forwards_sigterm_and_releases() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let p = patience();
+    let deadline = std::time::Instant::now() + p.bound(Duration::from_secs(10));
     while !ready.exists() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the command never started"
+            "the command never started [{p}]"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -473,9 +518,12 @@ fn read_only_commands_create_no_store() {
 fn json_failures_print_error_and_code() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
+    // The lease outlasts the failures below that find it held.
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
     let taken = run(
         &db,
-        &["--json", "acquire", "k", "--ttl", "30s", "--owner", "a"],
+        &["--json", "acquire", "k", "--ttl", &ttl, "--owner", "a"],
     );
     assert_eq!(code(&taken), 0, "{}", stderr(&taken));
     let failure = |args: &[&str]| -> (i32, serde_json::Value) {
@@ -495,7 +543,11 @@ fn json_failures_print_error_and_code() {
         (code(&out), value)
     };
     let (exit, held) = failure(&["--json", "acquire", "k"]);
-    assert_eq!((exit, held["code"].as_str()), (75, Some("held")), "{held}");
+    assert_eq!(
+        (exit, held["code"].as_str()),
+        (75, Some("held")),
+        "{held} [{p}]"
+    );
     assert_eq!(held["holder"]["owner"], "a", "{held}");
     let (exit, gone) = failure(&["--json", "release", "k", "--owner", "b", "--token", "1"]);
     assert_eq!(

@@ -3,6 +3,14 @@
 //! processes than the server's `max_connections` all succeed, because "too
 //! many connections" is transient and retried (within `connect_timeout`
 //! when connecting, within `--wait` when acquiring).
+//!
+//! Time: real processes and servers. How long the retries of "too many
+//! connections" may go on is the processes' `connect_timeout` (base: its
+//! default, 5 s) and `--wait` (30 s), and their locks must outlast the
+//! releases (60 s): all three are scaled from a
+//! [`Patience`](fencelock_testkit::Patience) measured first, so that sixty
+//! processes queueing for twelve connections on a busy machine still all
+//! get theirs; a failure names the budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -15,9 +23,12 @@ use std::{
         Arc,
     },
     thread,
+    time::Duration,
 };
 
 use fencelock_testkit::servers::{mariadb::MariaDbServer, postgres::PostgresServer};
+
+use crate::support::{ms, patience};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
@@ -98,9 +109,19 @@ fn via(url: &str, from: u16, port: u16) -> String {
 fn one_shot_commands_use_one_connection(url: &str, port: u16) {
     let relay = CountingRelay::start(port);
     let url = via(url, port, relay.port);
+    // Held until the release below.
+    let ttl = ms(patience().ttl(Duration::from_secs(60)));
     let mut before = relay.accepted();
     for args in [
-        &["--json", "acquire", "one", "--owner", "me", "--ttl", "60s"][..],
+        &[
+            "--json",
+            "acquire",
+            "one",
+            "--owner",
+            "me",
+            "--ttl",
+            ttl.as_str(),
+        ][..],
         &["--json", "inspect", "one"][..],
     ] {
         let out = fencelock(&url, args).output().unwrap();
@@ -139,6 +160,15 @@ fn one_shot_commands_use_one_connection(url: &str, port: u16) {
 /// More processes than the server has connections, each acquiring and
 /// then releasing a key of its own: all succeed.
 fn more_processes_than_connections_all_succeed(url: &str) {
+    let p = patience();
+    let url = &format!(
+        "{url}?connect_timeout={}",
+        ms(p.bound(Duration::from_secs(5)))
+    );
+    let (ttl, wait) = (
+        ms(p.ttl(Duration::from_secs(60))),
+        ms(p.bound(Duration::from_secs(30))),
+    );
     let spawn_all = |args: &dyn Fn(usize) -> Vec<String>| -> Vec<Output> {
         let children: Vec<_> = (0..PROCESSES)
             .map(|i| {
@@ -162,14 +192,14 @@ fn more_processes_than_connections_all_succeed(url: &str) {
         ]
         .into_iter()
         .map(str::to_owned)
-        .chain(["--ttl", "60s", "--wait", "30s"].map(str::to_owned))
+        .chain(["--ttl", ttl.as_str(), "--wait", wait.as_str()].map(str::to_owned))
         .collect()
     });
     let tokens: Vec<String> = acquired
         .iter()
         .enumerate()
         .map(|(i, out)| {
-            ok(&format!("acquire k{i}"), out)["token"]
+            ok(&format!("acquire k{i} [{p}]"), out)["token"]
                 .as_u64()
                 .unwrap()
                 .to_string()
@@ -187,7 +217,7 @@ fn more_processes_than_connections_all_succeed(url: &str) {
         ]
     });
     for (i, out) in released.iter().enumerate() {
-        ok(&format!("release k{i}"), out);
+        ok(&format!("release k{i} [{p}]"), out);
     }
 }
 

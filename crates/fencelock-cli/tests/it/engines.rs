@@ -1,6 +1,15 @@
 //! The `fencelock` binary against every server engine, each a throwaway
 //! server the test kit starts: racing processes on an expired key, and
 //! tokens across release, expiry and cleanup.
+//!
+//! Time: real processes and servers. Each engine's run measures a
+//! [`Patience`] first and scales from it the racers' lease (base 30 s: the
+//! winner's must outlast the 49 others' start), the bound of each wait for
+//! a lease to run out (20 s), and the Curator layout's session timeout
+//! (4 s, in whole even seconds) with the job that must outlast its grant;
+//! a failure names the budget. A lease meant to run out (300 ms) keeps its
+//! figure, and so does the one-shot default TTL a release or cleanup right
+//! after needs.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -9,10 +18,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fencelock_testkit::servers::{
-    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-    zookeeper::ZkServer,
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
+        zookeeper::ZkServer,
+    },
+    Patience,
 };
+
+use crate::support::{ms, patience};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
@@ -44,19 +58,20 @@ fn token(out: &Output) -> u64 {
         .unwrap_or_else(|| panic!("no token in {line:?}"))
 }
 
-fn wait_until_free(url: &str, key: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+fn wait_until_free(url: &str, key: &str, p: &Patience) {
+    let deadline = Instant::now() + p.bound(Duration::from_secs(20));
     while code(&run(url, &["inspect", key])) == 0 {
-        assert!(Instant::now() < deadline, "{key} never expired");
+        assert!(Instant::now() < deadline, "{key} never expired [{p}]");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// Runs 50 `fencelock acquire KEY` processes at once; returns their outputs.
-fn race(url: &str, key: &str) -> Vec<Output> {
+fn race(url: &str, key: &str, p: &Patience) -> Vec<Output> {
+    let ttl = ms(p.ttl(Duration::from_secs(30)));
     let racers: Vec<_> = (0..50)
         .map(|_| {
-            fencelock(url, &["acquire", key, "--ttl", "30s", "--wait", "0s"])
+            fencelock(url, &["acquire", key, "--ttl", &ttl, "--wait", "0s"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -71,17 +86,17 @@ fn race(url: &str, key: &str) -> Vec<Output> {
 
 /// Exactly one of the racers exited 0 and the 49 others 75; the winner's
 /// token.
-fn single_winner(round: &str, outs: &[Output]) -> u64 {
+fn single_winner(round: &str, outs: &[Output], p: &Patience) -> u64 {
     let codes: Vec<i32> = outs.iter().map(code).collect();
     for o in outs.iter().filter(|o| code(o) != 0 && code(o) != 75) {
         eprintln!("unexpected: {}", String::from_utf8_lossy(&o.stderr));
     }
     let winners: Vec<&Output> = outs.iter().filter(|o| code(o) == 0).collect();
-    assert_eq!(winners.len(), 1, "{round}: {codes:?}");
+    assert_eq!(winners.len(), 1, "{round}: {codes:?} [{p}]");
     assert_eq!(
         codes.iter().filter(|&&c| c == 75).count(),
         49,
-        "{round}: {codes:?}"
+        "{round}: {codes:?} [{p}]"
     );
     token(winners[0])
 }
@@ -89,20 +104,24 @@ fn single_winner(round: &str, outs: &[Output]) -> u64 {
 /// 50 `fencelock acquire` processes on a free key, and three times on a key
 /// whose lease has expired: one exits 0, 49 exit 75, and a takeover's token
 /// is higher than the expired lease's.
-fn fifty_processes_on_a_free_and_an_expired_key(url: &str) {
-    single_winner("free key", &race(url, "race-free"));
+fn fifty_processes_on_a_free_and_an_expired_key(url: &str, p: &Patience) {
+    single_winner("free key", &race(url, "race-free", p), p);
     for round in 0..3 {
         let key = format!("race-{round}");
         let expired = token(&run(url, &["acquire", &key, "--ttl", "300ms"]));
-        wait_until_free(url, &key);
-        let winner = single_winner(&format!("expired key, round {round}"), &race(url, &key));
+        wait_until_free(url, &key, p);
+        let winner = single_winner(
+            &format!("expired key, round {round}"),
+            &race(url, &key, p),
+            p,
+        );
         assert!(winner > expired);
     }
 }
 
 /// Tokens printed by the CLI grow across release, expiry and a cleanup that
 /// deleted the released and expired rows.
-fn tokens_grow_across_cleanup(url: &str) {
+fn tokens_grow_across_cleanup(url: &str, p: &Patience) {
     let t1 = token(&run(url, &["acquire", "K", "--owner", "a"]));
     let released = run(
         url,
@@ -113,7 +132,7 @@ fn tokens_grow_across_cleanup(url: &str) {
         url,
         &["acquire", "K", "--owner", "b", "--ttl", "300ms"],
     ));
-    wait_until_free(url, "K");
+    wait_until_free(url, "K", p);
     assert_eq!(code(&run(url, &["cleanup"])), 0);
     let stats = run(url, &["--json", "stats"]);
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
@@ -139,8 +158,9 @@ fn short_ttls(url: &str) -> Duration {
 }
 
 fn exercise(url: &str) -> Duration {
-    fifty_processes_on_a_free_and_an_expired_key(url);
-    tokens_grow_across_cleanup(url);
+    let p = patience();
+    fifty_processes_on_a_free_and_an_expired_key(url, &p);
+    tokens_grow_across_cleanup(url, &p);
     short_ttls(url)
 }
 
@@ -186,20 +206,26 @@ fn zookeeper() {
 #[test]
 fn zookeeper_curator_layout_is_held_by_its_process() {
     let server = ZkServer::start().unwrap();
-    // The server's tickTime is 2 s, so 4 s is the shortest session.
-    let url = format!("{}?layout=curator&session_timeout=4s", server.url());
+    let p = patience();
+    // The server's tickTime is 2 s, so 4 s is the shortest session and
+    // 40 s the longest; whole even seconds, so that the grant (half the
+    // session) is whole seconds too, and below the 30 s asked.
+    let pairs = p.bound(Duration::from_secs(4)).as_millis().div_ceil(2000);
+    let session = (u64::try_from(pairs).unwrap() * 2).clamp(4, 40);
+    let grant = session / 2;
+    let url = format!("{}?layout=curator&session_timeout={session}s", server.url());
     let refused = run(&url, &["acquire", "one-shot", "--ttl", "30s"]);
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(code(&refused), 2, "{said}");
     assert!(said.contains("fencelock run"), "{said}");
+    // The job outlasts two grants and a half: renewed in step, or lost.
+    let job = format!("sleep {}", grant * 5 / 2);
     let held = run(
         &url,
-        &["run", "held", "--ttl", "30s", "--", "sh", "-c", "sleep 5"],
+        &["run", "held", "--ttl", "30s", "--", "sh", "-c", &job],
     );
     let said = String::from_utf8_lossy(&held.stderr);
-    assert_eq!(code(&held), 0, "{said}");
-    assert!(
-        said.contains("granted 2s for --ttl 30s (its most; renewed in step)"),
-        "{said}"
-    );
+    assert_eq!(code(&held), 0, "{said} [{p}]");
+    let expected = format!("granted {grant}s for --ttl 30s (its most; renewed in step)");
+    assert!(said.contains(&expected), "{said} [{p}]");
 }

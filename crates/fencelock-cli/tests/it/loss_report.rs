@@ -2,6 +2,13 @@
 //! the loss is the last line on stderr (no "renewal failed; retrying while
 //! the lease is still trusted" after it, from a renewal still in flight),
 //! and no backend error repeats its "redis backend:" prefix.
+//!
+//! Time: a real process and server. The holder must keep its lease until
+//! the outage (so that the loss is the outage's), its job must outlast the
+//! loss, and the test waits for it to take the key: the lease (base 1 s),
+//! the job (30 s) and the wait (20 s) are scaled from a
+//! [`Patience`](fencelock_testkit::Patience) measured first; a failure
+//! names the budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -12,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::fencelock_at as fencelock;
+use support::{fencelock_at as fencelock, ms, patience};
 
 use fencelock_testkit::{proxy::ProxiedUrl, servers::redis::RedisServer};
 
@@ -22,13 +29,16 @@ fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let proxied = runtime.block_on(ProxiedUrl::start(&server.url())).unwrap();
     let url = proxied.url().to_owned();
-    // Renewed every third of a second; the job would run 30 s.
-    let holder = fencelock(&url, &["run", "K", "--ttl", "1s", "--", "sleep", "30"])
+    let p = patience();
+    // Renewed every third of its lease; the job would run far longer.
+    let ttl = ms(p.ttl(Duration::from_secs(1)));
+    let job = p.bound(Duration::from_secs(30)).as_secs().to_string();
+    let holder = fencelock(&url, &["run", "K", "--ttl", &ttl, "--", "sleep", &job])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + p.bound(Duration::from_secs(20));
     while fencelock(&url, &["inspect", "K"])
         .output()
         .unwrap()
@@ -36,7 +46,7 @@ fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {
         .code()
         != Some(0)
     {
-        assert!(Instant::now() < deadline, "the holder never took K");
+        assert!(Instant::now() < deadline, "the holder never took K [{p}]");
         std::thread::sleep(Duration::from_millis(50));
     }
     // The outage: live connections reset (renewals fail with an I/O error,
@@ -46,7 +56,7 @@ fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {
     proxied.reset_all();
     let out = holder.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert_eq!(out.status.code(), Some(76), "{stderr} [{p}]");
     assert!(!stderr.contains("redis backend: redis backend"), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();
     assert!(
@@ -55,6 +65,6 @@ fn a_lost_lock_is_reported_last_and_redis_errors_name_their_backend_once() {
     );
     assert!(
         stderr.contains("renewal failed"),
-        "the outage was not seen before the loss: {stderr}"
+        "the outage was not seen before the loss: {stderr} [{p}]"
     );
 }

@@ -1,13 +1,20 @@
 //! `fencelock run K1 K2 … -- CMD`: several keys, all or none, from the
 //! shell, on the default SQLite store.
+//!
+//! Time: real processes. A lease that must last until the test ends it
+//! (the other owner's, the force-released run's: base 30 s and 3 s) and
+//! the wait for the run's command to start (20 s) are scaled from a
+//! [`Patience`](fencelock_testkit::Patience) measured first; a failure
+//! names the budget. A `--wait` that must run out (`300ms` on a held key)
+//! keeps its figure.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use crate::support;
 
-use std::process::Stdio;
+use std::{process::Stdio, time::Duration};
 
-use support::{code, field, stderr, stdout, Store, BIN};
+use support::{code, field, ms, patience, stderr, stdout, Store, BIN};
 
 #[test]
 fn run_holds_every_key_and_exports_each_token_in_sorted_order() {
@@ -35,9 +42,14 @@ fn run_holds_every_key_and_exports_each_token_in_sorted_order() {
 #[test]
 fn run_exits_75_when_any_key_is_held_and_keeps_none() {
     let s = Store::new();
-    field(&s.run(&["acquire", "b", "--owner", "other"]), "token");
+    let p = patience();
+    let ttl = ms(p.ttl(Duration::from_secs(30)));
+    field(
+        &s.run(&["acquire", "b", "--owner", "other", "--ttl", &ttl]),
+        "token",
+    );
     let out = s.run(&["run", "c", "a", "b", "--wait", "300ms", "--", "true"]);
-    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    assert_eq!(code(&out), 75, "{} [{p}]", stderr(&out));
     assert!(
         stderr(&out).contains("b is held by other"),
         "{}",
@@ -53,13 +65,17 @@ fn losing_one_key_stops_the_command() {
     let s = Store::new();
     let started = s.dir.path().join("started");
     let script = format!("echo yes > {}; sleep 60", started.display());
+    // Both keys renewed in time until the force-release, so that the loss
+    // is that.
+    let p = patience();
+    let ttl = ms(p.ttl(Duration::from_secs(3)));
     let holder = s
         .command(&[
             "run",
             "x",
             "y",
             "--ttl",
-            "3s",
+            &ttl,
             "--kill-after",
             "2s",
             "--",
@@ -71,11 +87,15 @@ fn losing_one_key_stops_the_command() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    s.wait_for_file(&started);
+    s.wait_for_file(&started, &p);
     let forced = s.run(&["force-release", "y"]);
-    assert_eq!(code(&forced), 0, "{}", stderr(&forced));
+    assert_eq!(code(&forced), 0, "{} [{p}]", stderr(&forced));
     let out = holder.wait_with_output().unwrap();
-    assert_eq!(code(&out), 76, "{}", stderr(&out));
-    assert!(stderr(&out).contains("lost lock y"), "{}", stderr(&out));
+    assert_eq!(code(&out), 76, "{} [{p}]", stderr(&out));
+    assert!(
+        stderr(&out).contains("lost lock y"),
+        "{} [{p}]",
+        stderr(&out)
+    );
     assert_eq!(code(&s.run(&["inspect", "x"])), 1, "x stayed held");
 }

@@ -20,6 +20,14 @@
 //! which no real machine does. Figures (time to re-acquire after a crash)
 //! print with `--nocapture` and are recorded in `docs/faults.md`; they are
 //! never asserted.
+//!
+//! Time: real processes and servers. Each engine's run measures a
+//! [`Patience`] first and scales from it the scenarios' lease (base
+//! [`TTL`], rounded up to whole seconds for etcd's sake), and with it the
+//! phases measured in leases, the waits for a lease to end and the bounds
+//! of the polls (bases beside each); a failure names the budget. The lower
+//! bounds (a lease lasted its TTL, a re-acquisition came after the
+//! reported end) hold whatever the load.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -29,23 +37,53 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use fencelock_testkit::servers::{
-    etcd::EtcdCluster, find_binary, mariadb::MariaDbServer, postgres::PostgresServer,
-    redis::RedisServer,
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster, find_binary, mariadb::MariaDbServer, postgres::PostgresServer,
+        redis::RedisServer,
+    },
+    Patience,
 };
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
 
+use crate::support::{ms, patience, whole_secs};
+
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
-/// Lease length of the scenarios: several renewals per phase, and what etcd
-/// grants anyway for anything shorter.
+/// The base of the scenarios' lease: several renewals per phase, and what
+/// etcd grants anyway for anything shorter.
 const TTL: Duration = Duration::from_secs(2);
-const TTL_ARG: &str = "2s";
 /// One hour, the step.
 const STEP_SECS: u64 = 3600;
+
+/// An engine run's time: the budget measured at its start and the lease
+/// scaled from it.
+struct Budget {
+    p: Patience,
+    ttl: Duration,
+    /// `ttl` as `--ttl` takes it.
+    ttl_arg: String,
+}
+
+impl Budget {
+    fn measure() -> Self {
+        let p = patience();
+        let ttl = whole_secs(p.ttl(TTL));
+        Self {
+            p,
+            ttl,
+            ttl_arg: ms(ttl),
+        }
+    }
+
+    /// A `--wait` or `--ttl` whose base is `base`, as the flag takes it.
+    fn flag(&self, base: Duration) -> String {
+        ms(self.p.bound(base))
+    }
+}
 
 /// A wall clock for `fencelock` processes that the test can step while they
 /// run.
@@ -179,18 +217,18 @@ impl Drop for Holder {
     }
 }
 
-/// Polls until `key` is held, for at most 20 s; the lease.
-fn wait_until_held(url: &str, key: &str, holder: &mut Child) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// Polls until `key` is held, for at most `p.bound(20 s)`; the lease.
+fn wait_until_held(url: &str, key: &str, holder: &mut Child, p: &Patience) -> serde_json::Value {
+    let deadline = Instant::now() + p.bound(Duration::from_secs(20));
     loop {
         if let Some(lease) = inspect(url, None, key) {
             return lease;
         }
         assert!(
             holder.try_wait().unwrap().is_none(),
-            "the holder of {key} exited before taking it"
+            "the holder of {key} exited before taking it [{p}]"
         );
-        assert!(Instant::now() < deadline, "{key} was never taken");
+        assert!(Instant::now() < deadline, "{key} was never taken [{p}]");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -200,7 +238,9 @@ fn wait_until_held(url: &str, key: &str, holder: &mut Child) -> serde_json::Valu
 /// the lease keeps its token, and the holder's command ends normally (the
 /// lock was never lost). Then leases taken and awaited across a 2 h skew
 /// between two processes last their TTL: not less, and not an hour more.
-fn clock_step(url: &str) {
+fn clock_step(url: &str, budget: &Budget) {
+    let Budget { p, ttl, ttl_arg } = budget;
+    let ttl = *ttl;
     let dir = tempfile::tempdir().unwrap();
     let stop = dir.path().join("stop");
     let holder_clock = SteppedClock::new("+0");
@@ -216,7 +256,7 @@ fn clock_step(url: &str) {
                 url,
                 Some(&holder_clock),
                 &[
-                    "run", "stepped", "--ttl", TTL_ARG, "--", "sh", "-c", script, "sh",
+                    "run", "stepped", "--ttl", ttl_arg, "--", "sh", "-c", script, "sh",
                 ],
             )
             .arg(&stop)
@@ -226,28 +266,30 @@ fn clock_step(url: &str) {
             .unwrap(),
         ),
     };
-    let held = lease_token(&wait_until_held(url, "stepped", holder.child()));
+    let held = lease_token(&wait_until_held(url, "stepped", holder.child(), p));
     for (holder_offset, rival_offset) in [("+1h", "-1h"), ("-1h", "+1h")] {
         holder_clock.set(holder_offset);
         rival_clock.set(rival_offset);
         // Longer than the TTL: several renewals happen under the step.
-        let phase_end = Instant::now() + TTL + TTL / 4;
+        let phase_end = Instant::now() + ttl + ttl / 4;
         let mut attempts = 0;
         while Instant::now() < phase_end {
             let out = run(url, Some(&rival_clock), &["acquire", "stepped"]);
             assert_eq!(
                 code(&out),
                 75,
-                "holder {holder_offset}, rival {rival_offset}: the rival's acquire gave {}: {}",
+                "holder {holder_offset}, rival {rival_offset}: the rival's acquire gave {}: {} \
+                 [{p}]",
                 code(&out),
                 String::from_utf8_lossy(&out.stderr)
             );
             attempts += 1;
-            let lease = inspect(url, Some(&rival_clock), "stepped").expect("lease vanished");
-            assert_eq!(lease_token(&lease), held, "the lease changed hands");
+            let lease = inspect(url, Some(&rival_clock), "stepped")
+                .unwrap_or_else(|| panic!("lease vanished [{p}]"));
+            assert_eq!(lease_token(&lease), held, "the lease changed hands [{p}]");
             // The countdown comes from the backend's clock, not the
             // reader's stepped one.
-            assert!(expires_in(&lease) <= TTL, "expires in {lease}");
+            assert!(expires_in(&lease) <= ttl, "expires in {lease}");
         }
         assert!(attempts > 0);
     }
@@ -256,7 +298,7 @@ fn clock_step(url: &str) {
     assert_eq!(
         code(&out),
         0,
-        "the stepped holder lost its lock: {}",
+        "the stepped holder lost its lock: {} [{p}]",
         String::from_utf8_lossy(&out.stderr)
     );
     let seen: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
@@ -264,9 +306,12 @@ fn clock_step(url: &str) {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs();
+    // Far from the step either way: the delay between the command's
+    // reading and this one, scaled from a minute.
+    let near = p.bound(Duration::from_secs(60)).as_secs();
     assert!(
-        seen.abs_diff(real - STEP_SECS) < 60,
-        "the holder's command saw {seen}, real time is {real}: the step did not reach it"
+        seen.abs_diff(real - STEP_SECS) < near,
+        "the holder's command saw {seen}, real time is {real}: the step did not reach it [{p}]"
     );
 
     for (taker, waiter) in [("+1h", "-1h"), ("-1h", "+1h")] {
@@ -277,21 +322,23 @@ fn clock_step(url: &str) {
         let first = token(&run(
             url,
             Some(&taker_clock),
-            &["acquire", &key, "--ttl", TTL_ARG],
+            &["acquire", &key, "--ttl", ttl_arg],
         ));
         let refused = run(url, Some(&waiter_clock), &["acquire", &key]);
-        assert_eq!(code(&refused), 75, "taker {taker}: not excluded");
+        assert_eq!(code(&refused), 75, "taker {taker}: not excluded [{p}]");
+        // The wait covers the lease's end.
+        let wait = budget.flag(Duration::from_secs(20));
         let second = token(&run(
             url,
             Some(&waiter_clock),
-            &["acquire", &key, "--ttl", "30s", "--wait", "20s"],
+            &["acquire", &key, "--ttl", "30s", "--wait", &wait],
         ));
         // The lease started after `before` on the backend's clock, so it
         // cannot have ended sooner than a TTL later (1% for clock rates).
         let lasted = before.elapsed();
         assert!(
-            lasted >= TTL.mul_f64(0.99),
-            "taker {taker}: a {TTL:?} lease ended after {lasted:?}"
+            lasted >= ttl.mul_f64(0.99),
+            "taker {taker}: a {ttl:?} lease ended after {lasted:?}"
         );
         assert!(second > first, "{second} after {first}");
     }
@@ -320,7 +367,8 @@ impl Drop for Orphan {
 /// waiting for the lock gets it once the lease has run out on the backend,
 /// and not before. Returns how long after the kill that was, and how long
 /// after the earliest end of the lease the backend had reported.
-fn holder_crash(url: &str) -> (Duration, Duration) {
+fn holder_crash(url: &str, budget: &Budget) -> (Duration, Duration) {
+    let p = &budget.p;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("child.pid");
     let _orphan = Orphan(pidfile.clone());
@@ -333,7 +381,7 @@ fn holder_crash(url: &str) -> (Duration, Duration) {
                     "run",
                     "crashed",
                     "--ttl",
-                    TTL_ARG,
+                    &budget.ttl_arg,
                     "--",
                     "sh",
                     "-c",
@@ -348,12 +396,13 @@ fn holder_crash(url: &str) -> (Duration, Duration) {
             .unwrap(),
         ),
     };
-    let first = lease_token(&wait_until_held(url, "crashed", holder.child()));
+    let first = lease_token(&wait_until_held(url, "crashed", holder.child(), p));
 
     // The backend's view just before the crash; renewals after the question
     // only move the end later.
     let asked = Instant::now();
-    let lease = inspect(url, None, "crashed").expect("the lease vanished before the crash");
+    let lease = inspect(url, None, "crashed")
+        .unwrap_or_else(|| panic!("the lease vanished before the crash [{p}]"));
     assert_eq!(lease_token(&lease), first);
     let earliest_end = asked + expires_in(&lease);
     let mut crashed = holder.take();
@@ -361,10 +410,12 @@ fn holder_crash(url: &str) -> (Duration, Duration) {
     crashed.wait().unwrap();
     let killed = Instant::now();
 
+    // The wait covers the crashed holder's lease.
+    let wait = budget.flag(Duration::from_secs(20));
     let out = run(
         url,
         None,
-        &["acquire", "crashed", "--ttl", "30s", "--wait", "20s"],
+        &["acquire", "crashed", "--ttl", "30s", "--wait", &wait],
     );
     let reacquired = Instant::now();
     assert!(token(&out) > first);
@@ -383,11 +434,13 @@ fn exercise(engine: &str, url: &str) {
     // (`cleanup`: `list` only reads, and creates nothing.)
     let out = run(url, None, &["cleanup"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    clock_step(url);
-    let (after_kill, after_end) = holder_crash(url);
+    let budget = Budget::measure();
+    clock_step(url, &budget);
+    let (after_kill, after_end) = holder_crash(url, &budget);
     println!(
-        "holder crash [{engine}]: re-acquired {after_kill:?} after SIGKILL of a {TTL:?} holder, \
-         {after_end:?} after the lease's reported end"
+        "holder crash [{engine}]: re-acquired {after_kill:?} after SIGKILL of a {:?} holder, \
+         {after_end:?} after the lease's reported end [{}]",
+        budget.ttl, budget.p
     );
 }
 

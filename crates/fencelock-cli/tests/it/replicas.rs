@@ -7,22 +7,35 @@
 //! holds is lost, a new client gets its lock at once, the waiters are
 //! granted once the holders release, and every token is above the one
 //! before it on its key.
+//!
+//! Time: real servers and replicas. Each scenario measures a [`Patience`]
+//! against the replicas (scheduling delay and round trip) before the fault
+//! and scales from it the holders' lease (base [`TTL`]), and with it the
+//! time it watches them renew (three leases), the waiters' wait and the
+//! newcomer's bound; a failure names the budget. The newcomer's bound
+//! stays below the 30 s a request to the sick replica would take: that is
+//! what it tells apart.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::{path::Path, time::Duration};
 
 use fencelock::{LockClient, LockGuard, Owner};
-use fencelock_testkit::servers::{
-    postgres::PostgresServer,
-    redis::RedisServer,
-    replicas::{Haproxy, ServeReplicas},
+use fencelock_testkit::{
+    servers::{
+        postgres::PostgresServer,
+        redis::RedisServer,
+        replicas::{Haproxy, ServeReplicas},
+    },
+    Patience,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-/// Short leases, so that a renewal lost with the replica would show as a
-/// loss within the test.
+/// The base of the holders' lease: short, so that a renewal lost with the
+/// replica would show as a loss within the test.
 const TTL: Duration = Duration::from_secs(3);
+/// What a request to the sick replica would wait before it timed out.
+const SICK_REPLICA_TIMEOUT: Duration = Duration::from_secs(30);
 const HOLDERS: usize = 6;
 
 async fn client(url: &str, owner: &str) -> LockClient {
@@ -61,26 +74,29 @@ async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, f
         .with_test_writer()
         .try_init();
     let holders = client(url, "holder").await;
+    let p = Patience::against(&**holders.backend()).await;
+    let ttl = p.ttl(TTL);
     let mut guards: Vec<LockGuard> = Vec::new();
     for i in 0..HOLDERS {
         guards.push(
             holders
                 .lock(format!("order:{i}"))
-                .ttl(TTL)
+                .ttl(ttl)
                 .acquire()
                 .await
                 .unwrap(),
         );
     }
     let mut waiters = Vec::new();
+    let wait = p.bound(Duration::from_secs(60));
     for i in 0..HOLDERS {
         let url = url.to_owned();
         waiters.push(tokio::spawn(async move {
             let waiter = client(&url, &format!("waiter-{i}")).await;
             let guard = waiter
                 .lock(format!("order:{i}"))
-                .ttl(TTL)
-                .wait(Duration::from_secs(60))
+                .ttl(ttl)
+                .wait(wait)
                 .acquire()
                 .await;
             (waiter, guard)
@@ -96,26 +112,31 @@ async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, f
     let renewals_before: Vec<_> = guards.iter().map(|g| g.expires_at()).collect();
     let started = tokio::time::Instant::now();
     // A new client, which knows nothing of the fault, gets a free key well
-    // before a request to the sick replica would have timed out (30 s).
+    // before a request to the sick replica would have timed out.
     if via == Via::EveryAddress {
-        let newcomer = tokio::time::timeout(Duration::from_secs(10), async {
+        let bound = p
+            .bound(Duration::from_secs(10))
+            .min(SICK_REPLICA_TIMEOUT * 5 / 6);
+        let newcomer = tokio::time::timeout(bound, async {
             let fresh = client(url, "newcomer").await;
-            let guard = fresh.lock("newcomer").ttl(TTL).acquire().await.unwrap();
+            let guard = fresh.lock("newcomer").ttl(ttl).acquire().await.unwrap();
             guard.release().await.unwrap();
         })
         .await;
         assert!(
             newcomer.is_ok(),
-            "a new client got no lock within 10 s of the fault"
+            "a new client got no lock within {bound:?} of the fault [{p}]"
         );
     }
-    tokio::time::sleep_until(started + TTL * 3).await;
+    tokio::time::sleep_until(started + ttl * 3).await;
     let direct = client(backend, "observer").await;
     for (guard, before) in guards.iter().zip(renewals_before) {
-        guard.check().unwrap();
+        guard
+            .check()
+            .unwrap_or_else(|e| panic!("{}: {e} [{p}]", guard.key()));
         assert!(
             guard.expires_at() > before,
-            "{} was not renewed after the kill",
+            "{} was not renewed after the kill [{p}]",
             guard.key()
         );
         let held = direct
@@ -127,7 +148,7 @@ async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, f
         assert_eq!(
             (&held.owner, held.token),
             (guard.owner(), guard.token()),
-            "the backend lost or changed {}",
+            "the backend lost or changed {} [{p}]",
             guard.key()
         );
     }
@@ -144,7 +165,7 @@ async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, f
     }
     for (waiter, before) in waiters.into_iter().zip(tokens) {
         let (_client, guard) = waiter.await.unwrap();
-        let guard = guard.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("a waiter: {e} [{p}]"));
         assert!(
             guard.token() > before,
             "{}: token {} after {before}",
@@ -157,7 +178,7 @@ async fn survive(replicas: &ServeReplicas, url: &str, via: Via, backend: &str, f
     if fault == Fault::Kill {
         replicas.start_again(0).unwrap();
     }
-    let again = holders.lock("order:0").ttl(TTL).acquire().await.unwrap();
+    let again = holders.lock("order:0").ttl(ttl).acquire().await.unwrap();
     let last = direct
         .backend()
         .inspect(again.key())

@@ -1,5 +1,12 @@
 //! `fencelock acquire|run KEY --shared`: the reader's side of a read-write
 //! lock from the shell, on the default SQLite store.
+//!
+//! Time: real processes. Each test measures a
+//! [`Patience`](fencelock_testkit::Patience) first and scales from it the
+//! leases that must outlast its commands (base [`LEASE`]), the waits that
+//! must cover another holder's turn, and its bounds, the shell's own
+//! included (bases beside each); a failure names the budget. A `--wait`
+//! that must run out (`200ms` while readers hold) keeps its figure.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -7,7 +14,10 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use support::{code, field, stderr, stdout, Store};
+use support::{code, field, ms, patience, stderr, stdout, Store};
+
+/// The base of a lease that must outlast the test's commands.
+const LEASE: Duration = Duration::from_secs(60);
 
 fn json(out: &std::process::Output) -> serde_json::Value {
     assert_eq!(code(out), 0, "{}", stderr(out));
@@ -21,8 +31,10 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 #[test]
 fn two_shared_holders_at_once_and_the_exclusive_is_refused() {
     let s = Store::new();
-    let a = s.run(&["acquire", "K", "--shared", "--owner", "a", "--ttl", "60s"]);
-    let b = s.run(&["acquire", "K", "--shared", "--owner", "b", "--ttl", "60s"]);
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let a = s.run(&["acquire", "K", "--shared", "--owner", "a", "--ttl", &ttl]);
+    let b = s.run(&["acquire", "K", "--shared", "--owner", "b", "--ttl", &ttl]);
     assert_eq!(field(&a, "mode"), "shared");
     let (ta, tb): (u64, u64) = (
         field(&a, "token").parse().unwrap(),
@@ -31,7 +43,7 @@ fn two_shared_holders_at_once_and_the_exclusive_is_refused() {
     assert!(tb > ta, "{ta} {tb}");
 
     let exclusive = s.run(&["acquire", "K"]);
-    assert_eq!(code(&exclusive), 75, "{}", stderr(&exclusive));
+    assert_eq!(code(&exclusive), 75, "{} [{p}]", stderr(&exclusive));
     assert!(
         stderr(&exclusive).contains("read-held by"),
         "{}",
@@ -48,7 +60,7 @@ fn two_shared_holders_at_once_and_the_exclusive_is_refused() {
         .iter()
         .map(|h| h["token"].as_u64().unwrap())
         .collect();
-    assert_eq!(holders, [ta, tb], "{shown}");
+    assert_eq!(holders, [ta, tb], "{shown} [{p}]");
     let listed = json(&s.run(&["--json", "list", "K"]));
     let modes: Vec<&str> = listed
         .as_array()
@@ -68,9 +80,9 @@ fn two_shared_holders_at_once_and_the_exclusive_is_refused() {
         let out = s.run(&[
             "release", "K", "--owner", owner, "--token", token, "--shared",
         ]);
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert_eq!(code(&out), 0, "{} [{p}]", stderr(&out));
     }
-    let writer = s.run(&["--json", "acquire", "K", "--ttl", "60s"]);
+    let writer = s.run(&["--json", "acquire", "K", "--ttl", &ttl]);
     let writer = json(&writer);
     assert_eq!(writer["mode"], "exclusive");
     assert!(writer["token"].as_u64().unwrap() > tb.parse::<u64>().unwrap());
@@ -86,12 +98,18 @@ fn two_shared_holders_at_once_and_the_exclusive_is_refused() {
 fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
     let s = Store::new();
     let dir = s.dir.path().display().to_string();
+    let p = patience();
+    // The shell's bounds, in its 50 ms rounds: 30 s (base) for the other
+    // reader to come in, 60 s in all for the go.
+    let rounds = |base: u64| p.bound(Duration::from_secs(base)).as_millis() / 50;
+    let (meet, go) = (rounds(30), rounds(60));
     let rendezvous = format!(
         "touch {dir}/in-$$; i=0; \
          while [ \"$(ls {dir} | grep -c '^in-')\" -lt 2 ]; do \
-           i=$((i+1)); [ $i -gt 600 ] && exit 9; sleep 0.05; done; \
-         while [ ! -e {dir}/go ]; do i=$((i+1)); [ $i -gt 1200 ] && exit 8; sleep 0.05; done"
+           i=$((i+1)); [ $i -gt {meet} ] && exit 9; sleep 0.05; done; \
+         while [ ! -e {dir}/go ]; do i=$((i+1)); [ $i -gt {go} ] && exit 8; sleep 0.05; done"
     );
+    let reader_wait = ms(p.bound(Duration::from_secs(30)));
     let readers: Vec<_> = (0..2)
         .map(|_| {
             s.command(&[
@@ -99,7 +117,7 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
                 "K",
                 "--shared",
                 "--wait",
-                "30s",
+                &reader_wait,
                 "--",
                 "sh",
                 "-c",
@@ -110,7 +128,7 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
         })
         .collect();
     // Both readers are inside once both files exist.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + p.bound(Duration::from_secs(30));
     while std::fs::read_dir(s.dir.path())
         .unwrap()
         .filter(|e| {
@@ -125,16 +143,18 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
     {
         assert!(
             Instant::now() < deadline,
-            "the two readers never overlapped"
+            "the two readers never overlapped [{p}]"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let writer_wait = ms(p.bound(Duration::from_secs(60)));
+    let ttl = ms(p.ttl(LEASE));
     let writer = s
         .command(&[
             "run",
             "K",
             "--wait",
-            "60s",
+            &writer_wait,
             "--",
             "sh",
             "-c",
@@ -145,9 +165,9 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
         .unwrap();
     // Once the writer has posted its intent, a new reader is refused even
     // though only readers hold the key.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + p.bound(Duration::from_secs(30));
     loop {
-        let late = s.run(&["acquire", "K", "--shared", "--ttl", "60s"]);
+        let late = s.run(&["acquire", "K", "--shared", "--ttl", &ttl]);
         if code(&late) == 75 {
             break;
         }
@@ -164,7 +184,7 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
         assert_eq!(code(&out), 0, "{}", stderr(&out));
         assert!(
             Instant::now() < deadline,
-            "new readers kept coming past a waiting writer"
+            "new readers kept coming past a waiting writer [{p}]"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -173,10 +193,10 @@ fn shared_runs_overlap_and_a_waiting_exclusive_run_stops_new_readers() {
     std::fs::write(s.dir.path().join("go"), "").unwrap();
     for reader in readers {
         let out = reader.wait_with_output().unwrap();
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert_eq!(code(&out), 0, "{} [{p}]", stderr(&out));
     }
     let out = writer.wait_with_output().unwrap();
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(code(&out), 0, "{} [{p}]", stderr(&out));
     let top = held["holders"]
         .as_array()
         .unwrap()

@@ -1,27 +1,49 @@
 //! `fencelock acquire|run KEY --permits N`: semaphore permits from the
 //! shell, on the default SQLite store.
+//!
+//! Time: real processes. Each test whose permits must stay held through
+//! its later commands measures a
+//! [`Patience`](fencelock_testkit::Patience) first and gives them a TTL
+//! scaled from [`LEASE`] (the CLI's default); the ten racing runs' wait is
+//! scaled from 60 s; a failure names the budget. A `--wait` that must run
+//! out (`300ms` on a full semaphore) keeps its figure.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use crate::support;
 
-use std::process::Stdio;
+use std::{process::Stdio, time::Duration};
 
-use support::{acquired_key, code, field, stderr, stdout, Store};
+use support::{acquired_key, code, field, ms, patience, stderr, stdout, Store};
+
+/// The base of a permit's lease that must outlast the test's commands.
+const LEASE: Duration = Duration::from_secs(30);
 
 #[test]
 fn acquire_with_permits_prints_the_permit_key_and_token() {
     let s = Store::new();
-    let first = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let take = [
+        "acquire",
+        "S",
+        "--permits",
+        "2",
+        "--owner",
+        "a",
+        "--ttl",
+        ttl.as_str(),
+    ];
+    let first = s.run(&take);
     assert_eq!(acquired_key(&first), "fencelock/semaphore/S/0");
     assert_eq!(field(&first, "permit"), "0/2");
-    let second = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
+    let second = s.run(&take);
     assert_eq!(acquired_key(&second), "fencelock/semaphore/S/1");
     assert_eq!(field(&second, "permit"), "1/2");
     let t1: u64 = field(&second, "token").parse().unwrap();
 
     let full = s.run(&["acquire", "S", "--permits", "2"]);
-    assert_eq!(code(&full), 75, "{}", stderr(&full));
+    assert_eq!(code(&full), 75, "{} [{p}]", stderr(&full));
     assert!(
         stderr(&full).contains("all 2 permits of S were held"),
         "{}",
@@ -51,10 +73,15 @@ fn acquire_with_permits_prints_the_permit_key_and_token() {
 #[test]
 fn another_number_of_permits_is_a_usage_error() {
     let s = Store::new();
-    field(&s.run(&["acquire", "S", "--permits", "2"]), "token");
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    field(
+        &s.run(&["acquire", "S", "--permits", "2", "--ttl", &ttl]),
+        "token",
+    );
     for n in ["3", "1"] {
         let out = s.run(&["acquire", "S", "--permits", n]);
-        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert_eq!(code(&out), 2, "{} [{p}]", stderr(&out));
         let expected = format!("semaphore S has 2 permits, not {n}");
         assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
     }
@@ -67,8 +94,20 @@ fn another_number_of_permits_is_a_usage_error() {
 #[test]
 fn another_number_of_permits_beside_a_permit_off_slot_0_is_a_usage_error() {
     let s = Store::new();
-    let first = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
-    let second = s.run(&["acquire", "S", "--permits", "2", "--owner", "a"]);
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let take = [
+        "acquire",
+        "S",
+        "--permits",
+        "2",
+        "--owner",
+        "a",
+        "--ttl",
+        ttl.as_str(),
+    ];
+    let first = s.run(&take);
+    let second = s.run(&take);
     assert_eq!(acquired_key(&second), "fencelock/semaphore/S/1");
     let released = s.run(&[
         "release",
@@ -86,7 +125,7 @@ fn another_number_of_permits_beside_a_permit_off_slot_0_is_a_usage_error() {
         &["run", "S", "--permits", "1", "--", "true"][..],
     ] {
         let out = s.run(args);
-        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert_eq!(code(&out), 2, "{args:?}: {} [{p}]", stderr(&out));
         assert!(
             stderr(&out).contains("semaphore S has 2 permits, not 1"),
             "{}",
@@ -136,7 +175,12 @@ fn run_with_permits_passes_the_permit_and_releases_it() {
     assert_eq!(fields[2], "fencelock/semaphore/S/0", "{printed}");
     assert_eq!(code(&s.run(&["inspect", "fencelock/semaphore/S/0"])), 1);
 
-    field(&s.run(&["acquire", "S", "--permits", "1"]), "token");
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    field(
+        &s.run(&["acquire", "S", "--permits", "1", "--ttl", &ttl]),
+        "token",
+    );
     let out = s.run(&[
         "run",
         "S",
@@ -147,7 +191,7 @@ fn run_with_permits_passes_the_permit_and_releases_it() {
         "--",
         "true",
     ]);
-    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    assert_eq!(code(&out), 75, "{} [{p}]", stderr(&out));
 }
 
 /// Ten processes share three permits: each records how many permit files
@@ -165,6 +209,9 @@ fn concurrent_runs_never_exceed_the_permits() {
         slots = slots.display(),
         seen = seen.display()
     );
+    // Covers the nine turns before the last one's.
+    let p = patience();
+    let wait = ms(p.bound(Duration::from_secs(60)));
     let children: Vec<_> = (0..10)
         .map(|_| {
             s.command(&[
@@ -173,7 +220,7 @@ fn concurrent_runs_never_exceed_the_permits() {
                 "--permits",
                 "3",
                 "--wait",
-                "60s",
+                &wait,
                 "--",
                 "sh",
                 "-c",
@@ -187,7 +234,7 @@ fn concurrent_runs_never_exceed_the_permits() {
         .collect();
     for child in children {
         let out = child.wait_with_output().unwrap();
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert_eq!(code(&out), 0, "{} [{p}]", stderr(&out));
     }
     let counts: Vec<u32> = std::fs::read_to_string(&seen)
         .unwrap()

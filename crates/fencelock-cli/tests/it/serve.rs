@@ -1,14 +1,24 @@
 //! `fencelock serve` and the CLI through it: `--url http://…` runs commands
 //! under locks the service grants, tokens are required and never echoed,
 //! and SIGTERM shuts the service down cleanly.
+//!
+//! Time: real processes. A lease that must outlast the test's later
+//! commands (a restart of the service included) gets a TTL scaled from
+//! [`LEASE`], and the wait for a `serve` to refuse is scaled from 20 s, by
+//! a [`Patience`](fencelock_testkit::Patience) measured first; a failure
+//! names the budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use crate::support;
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
-use support::{code, stderr, stdout, LockService, BIN};
+use fencelock_testkit::Patience;
+use support::{code, ms, patience, stderr, stdout, LockService, BIN};
+
+/// The base of a lease that must outlast the test's later commands.
+const LEASE: Duration = Duration::from_secs(60);
 
 const ADMIN: &str = "admin-secret-0123456789";
 const CLIENT: &str = "client-secret-0123456789";
@@ -54,10 +64,12 @@ fn the_cli_runs_commands_under_locks_of_the_service() {
     let first: u64 = line["job:1 ".len()..].parse().unwrap();
 
     // A lock held through the service is held for everyone.
-    let held = through(&url, &["acquire", "job:1", "--owner", "w1", "--ttl", "1m"]);
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let held = through(&url, &["acquire", "job:1", "--owner", "w1", "--ttl", &ttl]);
     assert_eq!(code(&held), 0, "{}", stderr(&held));
     let blocked = through(&url, &["run", "job:1", "--", "true"]);
-    assert_eq!(code(&blocked), 75, "{}", stderr(&blocked));
+    assert_eq!(code(&blocked), 75, "{} [{p}]", stderr(&blocked));
     let inspect = through(&url, &["--json", "inspect", "job:1"]);
     let info: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
     assert_eq!(info["owner"], "w1");
@@ -69,7 +81,7 @@ fn the_cli_runs_commands_under_locks_of_the_service() {
     assert!(stderr(&refused).contains("admin"), "{}", stderr(&refused));
     let admin = with_token(&service.url, ADMIN);
     let removed = through(&admin, &["force-release", "job:1"]);
-    assert_eq!(code(&removed), 0, "{}", stderr(&removed));
+    assert_eq!(code(&removed), 0, "{} [{p}]", stderr(&removed));
 
     // A wrong token is refused, and no token is ever printed.
     let wrong = with_token(&service.url, "wrong-secret-0123456789");
@@ -83,7 +95,9 @@ fn the_cli_runs_commands_under_locks_of_the_service() {
 #[test]
 fn sigterm_shuts_the_service_down_cleanly() {
     let mut service = LockService::start(&[]);
-    let out = through(&service.url, &["acquire", "k", "--ttl", "1m"]);
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
+    let out = through(&service.url, &["acquire", "k", "--ttl", &ttl]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(service.child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
@@ -92,7 +106,7 @@ fn sigterm_shuts_the_service_down_cleanly() {
     // The leases live in the backend, not in the service.
     let again = LockService::start_on(&service.store, &[]);
     let out = through(&again.url, &["--json", "inspect", "k"]);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(code(&out), 0, "{} [{p}]", stderr(&out));
 }
 
 #[test]
@@ -221,14 +235,18 @@ fn serve_reads_its_options_from_a_config_file() {
 #[test]
 fn serve_refuses_a_public_address_without_tokens_and_a_readable_token_file() {
     use std::os::unix::fs::PermissionsExt;
-    let public = refusal(Command::new(BIN).env_remove("FENCELOCK_URL").args([
-        "--url",
-        "mem://",
-        "serve",
-        "--ephemeral",
-        "--listen",
-        "0.0.0.0:0",
-    ]));
+    let p = patience();
+    let public = refusal(
+        Command::new(BIN).env_remove("FENCELOCK_URL").args([
+            "--url",
+            "mem://",
+            "serve",
+            "--ephemeral",
+            "--listen",
+            "0.0.0.0:0",
+        ]),
+        &p,
+    );
     assert_eq!(code(&public), 2, "{}", stderr(&public));
     let why = stderr(&public);
     assert!(
@@ -266,6 +284,7 @@ fn serve_refuses_a_public_address_without_tokens_and_a_readable_token_file() {
             ])
             .arg("--token-file")
             .arg(&tokens),
+        &p,
     );
     assert_eq!(code(&readable), 2, "{}", stderr(&readable));
     let why = stderr(&readable);
@@ -291,19 +310,19 @@ fn serve_refuses_a_public_address_without_tokens_and_a_readable_token_file() {
 }
 
 /// Runs a `serve` that must refuse to start: its output once it exited, or
-/// a failure if it still runs after a bound (it served instead).
-fn refusal(command: &mut Command) -> std::process::Output {
+/// a failure if it still runs after `p.bound(20 s)` (it served instead).
+fn refusal(command: &mut Command, p: &Patience) -> std::process::Output {
     let mut child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + p.bound(Duration::from_secs(20));
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
             let out = child.wait_with_output().unwrap();
-            panic!("served instead of refusing: {}", stdout(&out));
+            panic!("served instead of refusing [{p}]: {}", stdout(&out));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -315,10 +334,13 @@ fn refusal(command: &mut Command) -> std::process::Output {
 #[test]
 fn list_comes_in_pages() {
     let service = LockService::start(&[]);
+    // Every lock is still held when the last page is read.
+    let p = patience();
+    let ttl = ms(p.ttl(LEASE));
     for i in 0..5 {
         let out = through(
             &service.url,
-            &["acquire", &format!("page:{i}"), "--ttl", "1m"],
+            &["acquire", &format!("page:{i}"), "--ttl", &ttl],
         );
         assert_eq!(code(&out), 0, "{}", stderr(&out));
     }
@@ -340,5 +362,9 @@ fn list_comes_in_pages() {
             None => break,
         }
     }
-    assert_eq!(seen, ["page:0", "page:1", "page:2", "page:3", "page:4"]);
+    assert_eq!(
+        seen,
+        ["page:0", "page:1", "page:2", "page:3", "page:4"],
+        "[{p}]"
+    );
 }

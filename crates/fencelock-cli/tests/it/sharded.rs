@@ -2,15 +2,23 @@
 //! through a move (docs/sharding.md): a lease taken by a process on one
 //! step is renewed and released by a process on the next, and a process two
 //! steps behind is refused with exit 2.
+//!
+//! Time: real processes. The lease must outlast the commands that renew
+//! and release it, so its TTL is scaled from 60 s by a
+//! [`Patience`](fencelock_testkit::Patience) measured first; a failure
+//! names the budget.
 #![cfg(feature = "sharded")]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
 use std::{
     path::Path,
     process::{Command, Output},
+    time::Duration,
 };
 
 use fencelock::sharded::{Shard, ShardMap};
+
+use crate::support::{ms, patience};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
@@ -71,9 +79,11 @@ fn a_lease_of_join_is_renewed_and_released_on_handover_and_old_maps_exit_2() {
         .map(|i| format!("job:{i}"))
         .find(|k| new.owner(k).name == "b")
         .unwrap();
+    let p = patience();
+    let ttl = ms(p.ttl(Duration::from_secs(60)));
     let taken = run(
         &steps[1],
-        &["acquire", &key, "--owner", "holder", "--ttl", "60s"],
+        &["acquire", &key, "--owner", "holder", "--ttl", &ttl],
     );
     assert_eq!(code(&taken), 0, "{}", text(&taken));
     let token = text(&taken)
@@ -83,7 +93,7 @@ fn a_lease_of_join_is_renewed_and_released_on_handover_and_old_maps_exit_2() {
         .to_owned();
     for step in &steps[1..3] {
         let shown = run(step, &["inspect", &key]);
-        assert_eq!(code(&shown), 0, "{}", text(&shown));
+        assert_eq!(code(&shown), 0, "{} [{p}]", text(&shown));
         assert!(
             text(&shown).contains(&format!("(token {token})")),
             "{}",
@@ -93,11 +103,11 @@ fn a_lease_of_join_is_renewed_and_released_on_handover_and_old_maps_exit_2() {
     let lease = ["--owner", "holder", "--token", &token];
     let renewed = run(
         &steps[2],
-        &[&["renew", &key, "--ttl", "60s"][..], &lease].concat(),
+        &[&["renew", &key, "--ttl", &ttl][..], &lease].concat(),
     );
-    assert_eq!(code(&renewed), 0, "{}", text(&renewed));
+    assert_eq!(code(&renewed), 0, "{} [{p}]", text(&renewed));
     let released = run(&steps[2], &[&["release", &key][..], &lease].concat());
-    assert_eq!(code(&released), 0, "{}", text(&released));
+    assert_eq!(code(&released), 0, "{} [{p}]", text(&released));
     assert_eq!(code(&run(&steps[1], &["inspect", &key])), 1);
     // Handover has used the shards: the old map is two steps behind.
     let old = run(&steps[0], &["acquire", &key, "--owner", "old"]);

@@ -1,5 +1,7 @@
 //! What the CLI tests share: the binary on a SQLite file of their own,
-//! reading its output, and a `fencelock serve` process.
+//! reading its output, a `fencelock serve` process, and the measured time
+//! budget ([`patience`]) from which a test takes the TTLs, waits and bounds
+//! it gives the processes it starts.
 
 #![allow(dead_code)] // each test file uses part of it
 
@@ -9,7 +11,30 @@ use std::{
     time::{Duration, Instant},
 };
 
+use fencelock_testkit::Patience;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// The machine's time budget now (`fencelock_testkit::patience`), for a
+/// test that is no async function: measured on a runtime of its own. The
+/// processes a test starts share the machine it measures, so their TTLs
+/// and the test's bounds take their figures from it.
+pub fn patience() -> Patience {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(Patience::measure())
+}
+
+pub use fencelock_testkit::patience::ms;
+
+/// `d` rounded up to whole seconds: for a TTL whose server has a
+/// one-second resolution (etcd), so that the lease granted is the one the
+/// test asked for.
+pub fn whole_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
 
 /// A temporary directory holding the test's lock file.
 pub struct Store {
@@ -32,13 +57,15 @@ impl Store {
         self.command(args).output().expect("fencelock runs")
     }
 
-    /// Waits (bounded) until `path` exists and is not empty.
-    pub fn wait_for_file(&self, path: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+    /// Waits until `path` exists and is not empty, for at most
+    /// `patience.bound(20 s)`.
+    pub fn wait_for_file(&self, path: &Path, patience: &Patience) {
+        let bound = patience.bound(Duration::from_secs(20));
+        let deadline = Instant::now() + bound;
         while std::fs::read_to_string(path).map_or(true, |s| s.trim().is_empty()) {
             assert!(
                 Instant::now() < deadline,
-                "{} never appeared",
+                "{} never appeared within {bound:?} [{patience}]",
                 path.display()
             );
             std::thread::sleep(Duration::from_millis(20));

@@ -1,5 +1,8 @@
 //! `fencelock run` with a terminal: an interactive command reads it, and a
 //! stopped command is reported rather than renewed in silence.
+//!
+//! Time: real processes. The bound on each step (base [`BOUND`]) is
+//! scaled from a [`Patience`] measured first; a failure names the budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -12,8 +15,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use fencelock_testkit::Patience;
+
+use crate::support::patience;
+
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-/// Generous: both commands finish at once when they work.
+/// The base of every bound: generous, both commands finish at once when
+/// they work.
 const BOUND: Duration = Duration::from_secs(20);
 
 /// Kills the process if the test fails before it exits.
@@ -42,13 +50,15 @@ fn reader(mut source: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
 }
 
 /// Collects output until a whole line contains `needle`, or fails at
-/// `BOUND`; returns that line.
+/// `p.bound(BOUND)`; returns that line.
 fn read_line_with(
     rx: &mpsc::Receiver<Vec<u8>>,
     seen: &mut String,
     needle: &str,
     started: Instant,
+    p: &Patience,
 ) -> String {
+    let bound = p.bound(BOUND);
     loop {
         let line = seen
             .split_inclusive('\n')
@@ -56,20 +66,24 @@ fn read_line_with(
         if let Some(line) = line {
             return line.trim_end().to_owned();
         }
-        let left = BOUND.saturating_sub(started.elapsed());
+        let left = bound.saturating_sub(started.elapsed());
         match rx.recv_timeout(left) {
             Ok(chunk) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-            Err(_) => panic!("no {needle:?} within {BOUND:?}; output so far: {seen:?}"),
+            Err(_) => panic!("no {needle:?} within {bound:?} [{p}]; output so far: {seen:?}"),
         }
     }
 }
 
-fn exit_code(child: &mut Child, started: Instant) -> i32 {
+fn exit_code(child: &mut Child, started: Instant, p: &Patience) -> i32 {
+    let bound = p.bound(BOUND);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return status.code().expect("exited normally");
         }
-        assert!(started.elapsed() < BOUND, "still running after {BOUND:?}");
+        assert!(
+            started.elapsed() < bound,
+            "still running after {bound:?} [{p}]"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -81,6 +95,7 @@ fn sqlite_url(dir: &Path) -> String {
 #[test]
 fn an_interactive_command_reads_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
+    let p = patience();
     let pty = nix::pty::openpty(None, None).unwrap();
     // A new session whose controlling terminal is the pty, as a login shell
     // would have it: fencelock starts in the terminal's foreground group.
@@ -102,13 +117,14 @@ fn an_interactive_command_reads_the_terminal() {
     let rx = reader(master.try_clone().unwrap());
     master.write_all(b"hello\n").unwrap();
     let mut seen = String::new();
-    read_line_with(&rx, &mut seen, "got:hello", started);
-    assert_eq!(exit_code(&mut child.0, started), 0, "{seen}");
+    read_line_with(&rx, &mut seen, "got:hello", started, &p);
+    assert_eq!(exit_code(&mut child.0, started, &p), 0, "{seen}");
 }
 
 #[test]
 fn a_stopped_command_is_reported() {
     let dir = tempfile::tempdir().unwrap();
+    let p = patience();
     let mut child = Reaped(
         Command::new(BIN)
             .args(["run", "k", "--", "sh", "-c", "kill -STOP $$; echo resumed"])
@@ -123,7 +139,7 @@ fn a_stopped_command_is_reported() {
     let started = Instant::now();
     let rx = reader(child.0.stderr.take().unwrap());
     let mut seen = String::new();
-    let line = read_line_with(&rx, &mut seen, "is stopped", started);
+    let line = read_line_with(&rx, &mut seen, "is stopped", started, &p);
     assert!(line.contains("SIGSTOP"), "{line}");
     // The message names the process to resume.
     let pid = line
@@ -133,7 +149,7 @@ fn a_stopped_command_is_reported() {
         .unwrap();
     let resumed = Command::new("kill").args(["-CONT", pid]).status().unwrap();
     assert!(resumed.success(), "{line}");
-    assert_eq!(exit_code(&mut child.0, started), 0, "{seen}");
+    assert_eq!(exit_code(&mut child.0, started, &p), 0, "{seen}");
     let mut out = String::new();
     child
         .0

@@ -5,6 +5,11 @@
 //! These tests need `unshare -T`, i.e. root (or CAP_SYS_ADMIN) and a kernel
 //! with time namespaces. Without them they fail with the reason: a skipped
 //! test would hide a double grant.
+//!
+//! Time: real processes. The first lease must outlast the second process's
+//! start, so its TTL is scaled from 60 s by a
+//! [`Patience`](fencelock_testkit::Patience) measured first (at most 16
+//! minutes, still far inside the offset); a failure names the budget.
 
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
@@ -12,17 +17,20 @@
 use std::{
     path::Path,
     process::{Command, Output},
+    time::Duration,
 };
+
+use crate::support::{ms, patience};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 
-/// Far beyond the 60 s lease: a clock offset by this much sees the lease
-/// long expired, or renewed in its far future.
+/// Far beyond the lease (60 s, scaled): a clock offset by this much sees
+/// the lease long expired, or renewed in its far future.
 const OFFSET_SECS: &str = "3600";
 
-/// `fencelock acquire KEY --ttl 60s`, optionally inside a fresh time
+/// `fencelock acquire KEY --ttl TTL`, optionally inside a fresh time
 /// namespace whose boot-time clock runs `OFFSET_SECS` ahead.
-fn acquire(db: &Path, owner: &str, in_namespace: bool) -> Output {
+fn acquire(db: &Path, owner: &str, in_namespace: bool, ttl: &str) -> Output {
     let mut cmd = if in_namespace {
         let mut cmd = Command::new("unshare");
         cmd.args(["-T", "--boottime", OFFSET_SECS, BIN]);
@@ -33,7 +41,7 @@ fn acquire(db: &Path, owner: &str, in_namespace: bool) -> Output {
     cmd.env("FENCELOCK_URL", format!("sqlite://{}", db.display()))
         .env_remove("RUST_LOG")
         .args([
-            "acquire", "k", "--ttl", "60s", "--wait", "0s", "--owner", owner,
+            "acquire", "k", "--ttl", ttl, "--wait", "0s", "--owner", owner,
         ]);
     cmd.output().expect("the command starts")
 }
@@ -73,19 +81,21 @@ fn check_order(first_in_namespace: bool) {
     require_time_namespaces();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locks.db");
-    let first = acquire(&db, "first", first_in_namespace);
+    let p = patience();
+    let ttl = ms(p.ttl(Duration::from_secs(60)));
+    let first = acquire(&db, "first", first_in_namespace, &ttl);
     assert_eq!(
         first.status.code(),
         Some(0),
         "the first acquire failed: {}",
         String::from_utf8_lossy(&first.stderr)
     );
-    let second = acquire(&db, "second", !first_in_namespace);
+    let second = acquire(&db, "second", !first_in_namespace, &ttl);
     assert_eq!(
         second.status.code(),
         Some(75),
-        "a process {} the time namespace took a key held for 60 s by one {} it \
-         (stdout {:?}, stderr {:?})",
+        "a process {} the time namespace took a key held for {ttl} by one {} it \
+         (stdout {:?}, stderr {:?}) [{p}]",
         if first_in_namespace {
             "outside"
         } else {

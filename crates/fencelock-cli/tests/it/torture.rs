@@ -15,36 +15,81 @@
 //! server is slow to start: zero violations, faults injected, writes
 //! admitted, and the shape each workload must show (permits used at once,
 //! readers admitted, several terms, several keys).
+//!
+//! Time: real servers and processes. The nemesis spaces its faults in
+//! leases, and what a run must show (faults injected, writes admitted, the
+//! workload's shape) needs the run to last several of them and each
+//! recovery to fit, so each test measures a [`Patience`] first and scales
+//! from it both the workers' `--ttl` (base [`TTL`]) and the run's
+//! `--duration` (the base each test names) by the same factor: a busy
+//! machine gets longer leases and as many faults in a longer run. A
+//! failure names the budget. Zero violations is no matter of time.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
-use crate::support;
+use crate::support::{self, ms, patience};
 
-use fencelock_testkit::servers::{
-    etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, zookeeper::ZkServer,
+use fencelock_testkit::{
+    servers::{
+        etcd::EtcdCluster, mariadb::MariaDbServer, postgres::PostgresServer, zookeeper::ZkServer,
+    },
+    Patience,
 };
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// The base of the workers' lease: short, so that faults (spaced in
+/// leases) come often.
+const TTL: Duration = Duration::from_secs(1);
 
-/// Runs `fencelock torture ARGS --report FILE`; the exit code and report.
-fn torture(args: &[&str]) -> (i32, Value) {
+/// A run's time: its base duration in seconds, scaled with the lease by
+/// the budget measured when it was made.
+#[derive(Clone, Copy)]
+struct Run {
+    secs: u64,
+    patience: Patience,
+}
+
+impl Run {
+    /// A run of `secs` seconds on a quiet machine.
+    fn of(secs: u64) -> Self {
+        Self {
+            secs,
+            patience: patience(),
+        }
+    }
+
+    /// `--duration D --ttl T`, scaled.
+    fn args(&self) -> [String; 4] {
+        let p = &self.patience;
+        [
+            "--duration".into(),
+            ms(p.bound(Duration::from_secs(self.secs))),
+            "--ttl".into(),
+            ms(p.ttl(TTL)),
+        ]
+    }
+}
+
+/// Runs `fencelock torture ARGS --report FILE` for `run`; the exit code
+/// and report.
+fn torture(run: Run, args: &[&str]) -> (i32, Value) {
     let dir = tempfile::tempdir().unwrap();
-    torture_in(dir.path(), args)
+    torture_in(dir.path(), run, args)
 }
 
 /// Runs `fencelock torture ARGS --history FILE` and has the outside
 /// checker (Porcupine, `crates/fencelock-lab/porcupine`, run with `go` from
 /// PATH; a missing Go fails the test) check that history: it must agree
 /// with our checker and, with `expect_violations`, find violations.
-fn torture_checked_outside(args: &[&str], expect_violations: bool) -> (i32, Value) {
+fn torture_checked_outside(run: Run, args: &[&str], expect_violations: bool) -> (i32, Value) {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.json");
     let mut args = args.to_vec();
     args.extend(["--history", history.to_str().unwrap()]);
-    let result = torture_in(dir.path(), &args);
+    let result = torture_in(dir.path(), run, &args);
     let checker = concat!(env!("CARGO_MANIFEST_DIR"), "/../fencelock-lab/porcupine");
     let out = Command::new("go")
         .current_dir(checker)
@@ -75,13 +120,14 @@ fn torture_checked_outside(args: &[&str], expect_violations: bool) -> (i32, Valu
     result
 }
 
-fn torture_in(dir: &std::path::Path, args: &[&str]) -> (i32, Value) {
+fn torture_in(dir: &std::path::Path, run: Run, args: &[&str]) -> (i32, Value) {
     let report = dir.join("report.json");
     let out = Command::new(BIN)
         .env_remove("FENCELOCK_URL")
         .env_remove("RUST_LOG")
         .arg("torture")
         .args(args)
+        .args(run.args())
         .arg("--report")
         .arg(&report)
         .output()
@@ -89,10 +135,11 @@ fn torture_in(dir: &std::path::Path, args: &[&str]) -> (i32, Value) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let code = out.status.code().expect("exited normally");
+    let p = run.patience;
     let text = std::fs::read_to_string(&report)
-        .unwrap_or_else(|e| panic!("no report ({e}); exit {code}\n{stdout}\n{stderr}"));
+        .unwrap_or_else(|e| panic!("no report ({e}); exit {code} [{p}]\n{stdout}\n{stderr}"));
     // Shown when an assertion below fails.
-    eprintln!("{stdout}\n{stderr}");
+    eprintln!("{stdout}\n{stderr}\n[{p}]");
     (code, serde_json::from_str(&text).unwrap())
 }
 
@@ -124,19 +171,8 @@ fn assert_survived(code: i32, report: &Value) {
 /// write must be refused, and is counted.
 #[test]
 fn sqlite_pauses() {
-    let (code, report) = torture_checked_outside(
-        &[
-            "--server",
-            "sqlite",
-            "--duration",
-            "45s",
-            "--ttl",
-            "1s",
-            "--seed",
-            "1",
-        ],
-        false,
-    );
+    let (code, report) =
+        torture_checked_outside(Run::of(45), &["--server", "sqlite", "--seed", "1"], false);
     assert_survived(code, &report);
     assert!(faults(&report, "pause") > 0);
     assert!(
@@ -166,16 +202,13 @@ fn no_two_holders(report: &Value) {
 #[test]
 fn sqlite_unfenced_pauses_lose_updates() {
     let (code, report) = torture_checked_outside(
+        Run::of(30),
         &[
             "--server",
             "sqlite",
             "--unfenced",
             "--faults",
             "pause",
-            "--duration",
-            "30s",
-            "--ttl",
-            "1s",
             "--seed",
             "1",
         ],
@@ -192,16 +225,7 @@ fn sqlite_unfenced_pauses_lose_updates() {
 
 /// Seed 2 draws pause, partition, partition, restart, latency, reset.
 fn server(kind: &str) {
-    let (code, report) = torture(&[
-        "--server",
-        kind,
-        "--duration",
-        "45s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "2",
-    ]);
+    let (code, report) = torture(Run::of(45), &["--server", kind, "--seed", "2"]);
     assert_survived(code, &report);
     for kind in ["pause", "partition", "restart"] {
         assert!(faults(&report, kind) > 0, "no {kind} fault");
@@ -236,18 +260,17 @@ fn redis_all_faults() {
 /// partition, …
 #[test]
 fn redlock_node_kills_restarts_and_pauses() {
-    let (code, report) = torture(&[
-        "--server",
-        "redlock",
-        "--faults",
-        "restart,leader,partition,pause",
-        "--duration",
-        "60s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "42",
-    ]);
+    let (code, report) = torture(
+        Run::of(60),
+        &[
+            "--server",
+            "redlock",
+            "--faults",
+            "restart,leader,partition,pause",
+            "--seed",
+            "42",
+        ],
+    );
     assert_survived(code, &report);
     for kind in ["restart", "leader", "pause"] {
         assert!(faults(&report, kind) > 0, "no {kind} fault");
@@ -258,16 +281,7 @@ fn redlock_node_kills_restarts_and_pauses() {
 /// at least 2 s, so faults come half as often as above.
 #[test]
 fn etcd_cluster_all_faults_with_leader_kills() {
-    let (code, report) = torture(&[
-        "--server",
-        "etcd-cluster",
-        "--duration",
-        "60s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "28",
-    ]);
+    let (code, report) = torture(Run::of(60), &["--server", "etcd-cluster", "--seed", "28"]);
     assert_survived(code, &report);
     for kind in ["pause", "leader"] {
         assert!(faults(&report, kind) > 0, "no {kind} fault");
@@ -280,18 +294,17 @@ fn etcd_cluster_all_faults_with_leader_kills() {
 /// through every failover.
 #[test]
 fn redis_sentinel_master_failovers() {
-    let (code, report) = torture(&[
-        "--server",
-        "redis-sentinel",
-        "--faults",
-        "leader,pause,restart",
-        "--duration",
-        "60s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "7",
-    ]);
+    let (code, report) = torture(
+        Run::of(60),
+        &[
+            "--server",
+            "redis-sentinel",
+            "--faults",
+            "leader,pause,restart",
+            "--seed",
+            "7",
+        ],
+    );
     assert_survived(code, &report);
     assert!(faults(&report, "leader") > 0, "no failover");
 }
@@ -300,19 +313,18 @@ fn redis_sentinel_master_failovers() {
 /// workers believing they hold the lock at once.
 #[test]
 fn redis_sentinel_unfenced_failovers_overlap() {
-    let (_, report) = torture(&[
-        "--server",
-        "redis-sentinel",
-        "--unfenced",
-        "--faults",
-        "leader,pause",
-        "--duration",
-        "45s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "7",
-    ]);
+    let (_, report) = torture(
+        Run::of(45),
+        &[
+            "--server",
+            "redis-sentinel",
+            "--unfenced",
+            "--faults",
+            "leader,pause",
+            "--seed",
+            "7",
+        ],
+    );
     assert!(faults(&report, "leader") > 0, "no failover: {report:#}");
     assert!(
         count(&report, &["results", "overlaps"]) > 0
@@ -376,19 +388,18 @@ fn inapplicable_faults_are_usage_errors() {
 /// at least three: the key has then moved to the new shard.
 #[test]
 fn sharded_reshards_keep_exclusion_without_the_fence() {
-    let (code, report) = torture(&[
-        "--server",
-        "sharded",
-        "--faults",
-        "reshard",
-        "--unfenced",
-        "--duration",
-        "25s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "8",
-    ]);
+    let (code, report) = torture(
+        Run::of(25),
+        &[
+            "--server",
+            "sharded",
+            "--faults",
+            "reshard",
+            "--unfenced",
+            "--seed",
+            "8",
+        ],
+    );
     assert_survived(code, &report);
     assert!(faults(&report, "reshard") >= 3, "{report:#}");
 }
@@ -399,16 +410,7 @@ fn sharded_reshards_keep_exclusion_without_the_fence() {
 #[test]
 fn http_service_all_faults() {
     let service = support::LockService::start(&[]);
-    let (code, report) = torture(&[
-        "--url",
-        &service.url,
-        "--duration",
-        "30s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "2",
-    ]);
+    let (code, report) = torture(Run::of(30), &["--url", &service.url, "--seed", "2"]);
     assert_survived(code, &report);
     for kind in ["pause", "partition"] {
         assert!(faults(&report, kind) > 0, "no {kind} fault");
@@ -419,32 +421,21 @@ fn http_service_all_faults() {
 /// violations.
 const WORKLOADS: [&str; 4] = ["semaphore", "rwlock", "election", "multi"];
 
-/// Runs each workload for `secs` seconds against `target` (`--server KIND`
-/// or `--url URL`) with `faults` (empty: every fault that applies).
-fn workloads(target: &[&str], faults: &str, secs: u32) {
+/// Runs each workload for `secs` seconds (scaled) against `target`
+/// (`--server KIND` or `--url URL`) with `faults` (empty: every fault that
+/// applies).
+fn workloads(target: &[&str], faults: &str, secs: u64) {
     workloads_of(&WORKLOADS, target, faults, secs);
 }
 
-fn workloads_of(list: &[&str], target: &[&str], faults: &str, secs: u32) {
-    let duration = format!("{secs}s");
+fn workloads_of(list: &[&str], target: &[&str], faults: &str, secs: u64) {
     for &workload in list {
         let mut args = target.to_vec();
-        args.extend([
-            "--workload",
-            workload,
-            "--permits",
-            "2",
-            "--duration",
-            &duration,
-            "--ttl",
-            "1s",
-            "--seed",
-            "2",
-        ]);
+        args.extend(["--workload", workload, "--permits", "2", "--seed", "2"]);
         if !faults.is_empty() {
             args.extend(["--faults", faults]);
         }
-        let (code, report) = torture(&args);
+        let (code, report) = torture(Run::of(secs), &args);
         assert_survived(code, &report);
         assert_eq!(report["config"]["workload"], workload, "{report:#}");
         let results = &report["results"];
@@ -524,21 +515,20 @@ fn workloads_on_the_http_service() {
 /// checker must say so.
 #[test]
 fn sqlite_unfenced_semaphore_is_caught() {
-    let (code, report) = torture(&[
-        "--server",
-        "sqlite",
-        "--workload",
-        "semaphore",
-        "--permits",
-        "2",
-        "--unfenced",
-        "--duration",
-        "10s",
-        "--ttl",
-        "1s",
-        "--seed",
-        "1",
-    ]);
+    let (code, report) = torture(
+        Run::of(10),
+        &[
+            "--server",
+            "sqlite",
+            "--workload",
+            "semaphore",
+            "--permits",
+            "2",
+            "--unfenced",
+            "--seed",
+            "1",
+        ],
+    );
     assert!(count(&report, &["violations"]) > 0, "{report:#}");
     assert_eq!(code, 3, "violations exit 3");
 }

@@ -5,6 +5,10 @@
 //!
 //! The binary runs the other layouts' suites too (`etcd_layout.rs`,
 //! `serve.rs`): one link for all.
+//!
+//! Time: the harness measures a budget against each case's store and the
+//! cases take their TTLs and bounds from it (`fencelock_testkit::suite`,
+//! `fencelock_testkit::patience`); nothing here is a figure of time.
 
 mod etcd_layout;
 mod serve;

@@ -8,6 +8,12 @@
 //!   requests it handled.
 //! - `balance=all`: every endpoint that answers, so a member cut off by a
 //!   silent network is left out.
+//!
+//! Time: real clusters. Each test measures a [`Patience`] against its
+//! cluster first and scales from it the bound of each wait for the client
+//! to move on (15 s, 30 s) and the request `timeout` the silent member
+//! costs (base 1 s); a failure names the budget. The counts of requests
+//! per member are no matter of time.
 
 use std::time::Duration;
 
@@ -16,9 +22,15 @@ use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{
     proxy::{with_endpoints, ProxiedUrl},
     servers::etcd::EtcdCluster,
-    TestResult,
+    Patience, TestResult,
 };
 use tokio::time::Instant;
+
+/// A budget measured against `url`'s cluster.
+async fn measured(url: &str) -> TestResult<Patience> {
+    let probe = EtcdBackend::connect(url).await?;
+    Ok(Patience::against(&probe).await)
+}
 
 /// Txns each member has handled.
 fn txns(cluster: &EtcdCluster) -> TestResult<Vec<u64>> {
@@ -52,6 +64,7 @@ async fn cycles(b: &EtcdBackend, rounds: usize) -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn balance_first_sends_every_request_to_the_first_member_that_answers() -> TestResult {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start_members(3)).await??;
+    let p = measured(&cluster.url()).await?;
     let addrs: Vec<_> = (0..3).map(|i| cluster.slot(i).addr()).collect();
     // Member 2 first, then 0, then 1.
     let url = with_endpoints(&cluster.url(), &[addrs[2], addrs[0], addrs[1]])?;
@@ -66,10 +79,13 @@ async fn balance_first_sends_every_request_to_the_first_member_that_answers() ->
     // Member 2 gone: the requests move to member 0, the next in order,
     // within a few probes.
     cluster.kill(2)?;
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let bound = p.bound(Duration::from_secs(15));
+    let deadline = Instant::now() + bound;
     while cycles(&b, 1).await.is_err() {
         if Instant::now() >= deadline {
-            return Err("no grant within 15 s of the first member's death".into());
+            return Err(
+                format!("no grant within {bound:?} of the first member's death [{p}]").into(),
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -107,7 +123,12 @@ async fn fresh_cycle(b: &EtcdBackend, n: usize) -> TestResult {
 async fn balance_all_leaves_out_a_member_that_does_not_answer() -> TestResult {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start_members(3)).await??;
     let proxied = ProxiedUrl::start(&cluster.url()).await?;
-    let url = format!("{}?timeout=1s", proxied.url());
+    let p = measured(proxied.url()).await?;
+    let url = format!(
+        "{}?timeout={}ms",
+        proxied.url(),
+        p.bound(Duration::from_secs(1)).as_millis()
+    );
     let before = EtcdBackend::connect(&url).await?;
     for n in 0..3 {
         fresh_cycle(&before, n).await?;
@@ -116,10 +137,13 @@ async fn balance_all_leaves_out_a_member_that_does_not_answer() -> TestResult {
 
     let opened = EtcdBackend::connect(&url).await?;
     for n in 100..120 {
-        fresh_cycle(&opened, n).await?;
+        fresh_cycle(&opened, n)
+            .await
+            .map_err(|e| format!("a client opened after the cut: {e} [{p}]"))?;
     }
 
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let bound = p.bound(Duration::from_secs(30));
+    let deadline = Instant::now() + bound;
     let (mut n, mut in_a_row) = (200, 0);
     while in_a_row < 20 {
         n += 1;
@@ -128,7 +152,7 @@ async fn balance_all_leaves_out_a_member_that_does_not_answer() -> TestResult {
             Err(_) => in_a_row = 0,
         }
         if Instant::now() >= deadline {
-            return Err(format!("{in_a_row} cycles in a row granted after 30 s").into());
+            return Err(format!("{in_a_row} cycles in a row granted after {bound:?} [{p}]").into());
         }
     }
     proxied.proxies()[2].controls().heal();

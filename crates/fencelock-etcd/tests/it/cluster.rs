@@ -3,8 +3,13 @@
 //! run: no overlapping grants, tokens strictly growing, acquisition
 //! resuming). Also checks the server's own history of the key: no two
 //! grants overlapped there either, and every token is a create.
+//!
+//! Time: a real cluster. The failover run measures its own budget and
+//! scales its workers' leases and bounds (`fencelock_testkit::failover`);
+//! the clients' request `timeout` (base 2 s) is scaled here from a
+//! [`Patience`] measured first. The server's history is no matter of time.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use etcd_client::{Client, EventType, WatchOptions};
 use fencelock_core::Backend;
@@ -12,7 +17,7 @@ use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{
     failover::{leader_failover, Ensemble, Failover, Hook},
     servers::etcd::EtcdCluster,
-    TestResult,
+    Patience, TestResult,
 };
 
 struct Etcd {
@@ -57,7 +62,13 @@ async fn leader(cluster: &EtcdCluster) -> TestResult<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_failover_keeps_exclusion_and_token_order() -> TestResult {
     let cluster = Arc::new(tokio::task::spawn_blocking(|| EtcdCluster::start_members(3)).await??);
-    let url = format!("{}?prefix=cluster&timeout=2s", cluster.url());
+    let p = Patience::measure().await;
+    eprintln!("time budget: {p}");
+    let url = format!(
+        "{}?prefix=cluster&timeout={}ms",
+        cluster.url(),
+        p.bound(Duration::from_secs(2)).as_millis()
+    );
     let etcd = Arc::new(Etcd { cluster, url });
     let run = leader_failover(Arc::clone(&etcd) as Arc<dyn Ensemble>, "cluster-hot").await?;
     etcd.server_history_agrees(&run).await?;

@@ -1,17 +1,33 @@
 //! `layout=etcd` specifics that the conformance suite does not see: the
 //! keys as etcd's clients find them, and a grant renewed by two processes.
+//!
+//! Time: a real etcd. The grants must outlive the test's requests, so
+//! their lease (base [`TTL`], in whole seconds as etcd grants them) is
+//! scaled from a [`Patience`] measured against the backend first.
 
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use fencelock_core::{Acquire, AcquireRequest, Backend, LeaseId, LockKey, Owner};
 use fencelock_etcd::EtcdLayoutBackend;
-use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
+use fencelock_testkit::{servers::etcd::EtcdCluster, Patience, TestResult};
 
 const TTL: Duration = Duration::from_secs(10);
 
-async fn granted(b: &EtcdLayoutBackend, key: &str, owner: &str) -> TestResult<LeaseId> {
-    let request = AcquireRequest::new(LockKey::new(key)?, Owner::new(owner)?, TTL);
+/// [`TTL`] scaled by a budget measured against `b`, in whole seconds.
+async fn ttl(b: &EtcdLayoutBackend) -> Duration {
+    let p = Patience::against(b).await;
+    eprintln!("time budget: {p}");
+    Duration::from_secs(p.ttl(TTL).as_secs_f64().ceil() as u64)
+}
+
+async fn granted(
+    b: &EtcdLayoutBackend,
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> TestResult<LeaseId> {
+    let request = AcquireRequest::new(LockKey::new(key)?, Owner::new(owner)?, ttl);
     match b.try_acquire(&request).await? {
         Acquire::Granted(g) => Ok(request.lease(g.token)),
         held => Err(format!("{key} not granted: {held:?}").into()),
@@ -23,11 +39,12 @@ async fn a_lock_and_an_election_are_keys_under_their_etcd_name() -> TestResult {
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await??;
     let b = EtcdLayoutBackend::connect(&format!("{}?layout=etcd", etcd.url())).await?;
     let mut raw = Client::connect([etcd.url().replace("etcd://", "http://")], None).await?;
+    let ttl = ttl(&b).await;
     for (key, name) in [
         ("jobs/nightly", "jobs/nightly/"),
         ("fencelock/election/scheduler", "scheduler/"),
     ] {
-        let grant = granted(&b, key, "owner-a").await?;
+        let grant = granted(&b, key, "owner-a", ttl).await?;
         let found = raw.get(name, Some(GetOptions::new().with_prefix())).await?;
         let [kv] = found.kvs() else {
             return Err(format!("{name}: {:?}", found.kvs()).into());
@@ -60,11 +77,12 @@ async fn a_grant_renewed_by_another_process_stays_one_grant_for_both() -> TestRe
         EtcdLayoutBackend::connect(&url).await?,
         EtcdLayoutBackend::connect(&url).await?,
     );
-    let grant = granted(&first, "shared/renewal", "owner-a").await?;
+    let ttl = ttl(&first).await;
+    let grant = granted(&first, "shared/renewal", "owner-a", ttl).await?;
     // The other process moves the key to a lease of its own; the first
     // finds it off its lease and moves it back. The token never changes.
     for b in [&second, &first, &second] {
-        let renewed = b.renew(&grant, TTL).await?;
+        let renewed = b.renew(&grant, ttl).await?;
         assert_eq!(renewed.token, grant.token);
     }
     let info = first.inspect(&grant.key).await?.ok_or("not held")?;
@@ -72,9 +90,9 @@ async fn a_grant_renewed_by_another_process_stays_one_grant_for_both() -> TestRe
     // A stranger with the token, or the owner with another token, is not
     // the grant.
     let stranger = LeaseId::new(grant.key.clone(), Owner::new("owner-b")?, grant.token);
-    assert!(first.renew(&stranger, TTL).await.is_err());
+    assert!(first.renew(&stranger, ttl).await.is_err());
     first.release(&grant).await?;
-    assert!(second.renew(&grant, TTL).await.is_err());
+    assert!(second.renew(&grant, ttl).await.is_err());
     assert!(first.inspect(&grant.key).await?.is_none());
     Ok(())
 }

@@ -8,6 +8,14 @@
 //! no one is inside *and* the entrant's token (its key's create revision)
 //! is above the last one admitted, in one Txn. A refused entry is a
 //! violation of exclusion or of token order.
+//!
+//! Time: a real etcd and real foreign processes. Each test measures a
+//! [`Patience`] against its etcd first and scales from it fencelock's
+//! leases (10 s), its waits (60 s) and every bound on a foreign process
+//! (base [`WAKE`], 120 s for a whole run); a failure names the budget. The
+//! 300 ms in which a waiter must print nothing while the other side holds
+//! is a check that nothing happens, which load cannot make fail, and keeps
+//! its figure.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -20,13 +28,17 @@ use std::{
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use fencelock_core::{Backend, Error, LockClient, Owner};
 use fencelock_etcd::EtcdLayoutBackend;
-use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
+use fencelock_testkit::{servers::etcd::EtcdCluster, Patience, TestResult};
 use tokio::sync::mpsc;
 
 const MARKER: &str = "interop/inside";
 const LAST: &str = "interop/last";
-/// How long a woken waiter may take to report its grant.
+/// The base of how long a woken waiter may take to report its grant.
 const WAKE: Duration = Duration::from_secs(15);
+/// The base of fencelock's leases.
+const TTL: Duration = Duration::from_secs(10);
+/// The base of fencelock's waits for the other side's turn.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// The Go program, built once per test binary.
 fn go_helper() -> TestResult<PathBuf> {
@@ -165,10 +177,10 @@ async fn backend(etcd: &EtcdCluster) -> TestResult<Arc<dyn Backend>> {
     Ok(Arc::new(EtcdLayoutBackend::connect(&url).await?))
 }
 
-fn client(backend: &Arc<dyn Backend>, owner: &str) -> TestResult<LockClient> {
+fn client(backend: &Arc<dyn Backend>, owner: &str, p: &Patience) -> TestResult<LockClient> {
     Ok(LockClient::builder(Arc::clone(backend))
         .owner(Owner::new(owner)?)
-        .ttl(Duration::from_secs(10))
+        .ttl(p.ttl(TTL))
         .build()?)
 }
 
@@ -204,10 +216,16 @@ async fn enter_and_leave(c: &mut Client, who: &str, token: u64) -> TestResult {
     Ok(())
 }
 
-/// Waits until `key`'s queue shows an entry whose owner satisfies `is`.
-async fn queued(backend: &Arc<dyn Backend>, key: &str, is: impl Fn(&str) -> bool) -> TestResult {
+/// Waits until `key`'s queue shows an entry whose owner satisfies `is`,
+/// for at most `p.bound(WAKE)`.
+async fn queued(
+    backend: &Arc<dyn Backend>,
+    key: &str,
+    is: impl Fn(&str) -> bool,
+    p: &Patience,
+) -> TestResult {
     let key = fencelock_core::LockKey::new(key)?;
-    let deadline = tokio::time::Instant::now() + WAKE;
+    let deadline = tokio::time::Instant::now() + p.bound(WAKE);
     loop {
         if backend
             .fair_queue()
@@ -220,7 +238,7 @@ async fn queued(backend: &Arc<dyn Backend>, key: &str, is: impl Fn(&str) -> bool
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("no such waiter queued on {key}").into());
+            return Err(format!("no such waiter queued on {key} [{p}]").into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -244,8 +262,14 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await??;
     let mut sections = start_sections(&etcd).await?;
     let b = backend(&etcd).await?;
-    let fencelock = client(&b, "fencelock-rounds")?;
+    let p = Patience::against(&*b).await;
+    // Shown with any failure below.
+    eprintln!("time budget: {p}");
+    let (wake, wait) = (p.bound(WAKE), p.bound(WAIT));
+    let fencelock = client(&b, "fencelock-rounds", &p)?;
     const ROUNDS: usize = 40;
+    // The most a whole run of rounds may take.
+    let run_bound = p.bound(Duration::from_secs(120));
     let name = "jobs/nightly";
 
     let mut go_rounds = Foreign::spawn(go(
@@ -257,6 +281,7 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
     )?)?;
     let critical = go_helper()?;
     let endpoints = endpoint(&etcd);
+    let stuck_after = run_bound.as_secs().to_string();
     let etcdctl_rounds = {
         let binary = fencelock_testkit::servers::find_binary("etcdctl", &[], "etcd-client")?;
         tokio::task::spawn_blocking(move || -> TestResult<Vec<u64>> {
@@ -265,7 +290,7 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
             let round = || {
                 let mut command = Command::new("timeout");
                 command
-                    .arg("120")
+                    .arg(&stuck_after)
                     .arg(&binary)
                     .env("ETCDCTL_API", "3")
                     .arg(format!("--endpoints={endpoints}"))
@@ -308,21 +333,25 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
 
     // Both sides run their rounds at once, so that grants alternate
     // between them through the one queue.
-    assert_eq!(go_rounds.line(WAKE).await?, "READY");
+    assert_eq!(go_rounds.line(wake).await?, "READY");
     let mut ours = Vec::new();
     for _ in 0..ROUNDS {
         let guard = fencelock
             .lock(name)
-            .wait(Duration::from_secs(60))
+            .wait(wait)
             .acquire()
-            .await?;
+            .await
+            .map_err(|e| format!("{e} [{p}]"))?;
         enter_and_leave(&mut sections, "fencelock", guard.token().get()).await?;
         ours.push(guard.token().get());
         guard.release().await?;
     }
     let mut theirs = Vec::new();
     for _ in 0..ROUNDS {
-        let line = go_rounds.line(Duration::from_secs(120)).await?;
+        let line = go_rounds
+            .line(run_bound)
+            .await
+            .map_err(|e| format!("{e} [{p}]"))?;
         let token: u64 = line
             .split_whitespace()
             .nth(2)
@@ -360,7 +389,11 @@ async fn go_mutex_etcdctl_lock_and_fencelock_exclude_each_other_over_many_rounds
 async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await??;
     let b = backend(&etcd).await?;
-    let fencelock = client(&b, "fencelock-waiter")?;
+    let p = Patience::against(&*b).await;
+    // Shown with any failure below.
+    eprintln!("time budget: {p}");
+    let (wake, wait) = (p.bound(WAKE), p.bound(WAIT));
+    let fencelock = client(&b, "fencelock-waiter", &p)?;
     let name = "reports";
     let key = fencelock_core::LockKey::new(name)?;
 
@@ -368,12 +401,12 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     // release.
     let guard = fencelock.lock(name).acquire().await?;
     let mut go_waiter = Foreign::spawn(go(&etcd, "hold", &["-name", name])?)?;
-    assert_eq!(go_waiter.line(WAKE).await?, "WAITING");
-    queued(&b, name, foreign).await?;
+    assert_eq!(go_waiter.line(wake).await?, "WAITING");
+    queued(&b, name, foreign, &p).await?;
     go_waiter.quiet_for(Duration::from_millis(300)).await?;
     let fencelock_token = guard.token().get();
     guard.release().await?;
-    let locked = go_waiter.line(WAKE).await?;
+    let locked = go_waiter.line(wake).await?;
     let go_token = token_in(&locked)?;
     assert!(
         go_token > fencelock_token,
@@ -398,32 +431,30 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     let waiting = {
         let fencelock = fencelock.clone();
         tokio::spawn(async move {
-            let guard = fencelock
-                .lock(name)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await?;
+            let guard = fencelock.lock(name).wait(wait).acquire().await?;
             let token = guard.token().get();
             guard.release().await?;
             fencelock_core::Result::<u64>::Ok(token)
         })
     };
-    queued(&b, name, |o| o == "fencelock-waiter").await?;
+    queued(&b, name, |o| o == "fencelock-waiter", &p).await?;
     assert!(!waiting.is_finished(), "fencelock took the lock Go holds");
     go_waiter.say("release")?;
-    assert_eq!(go_waiter.line(WAKE).await?, "UNLOCKED");
-    let woken = tokio::time::timeout(WAKE, waiting).await???;
+    assert_eq!(go_waiter.line(wake).await?, "UNLOCKED");
+    let woken = tokio::time::timeout(wake, waiting)
+        .await
+        .map_err(|_| format!("fencelock's waiter not woken within {wake:?} [{p}]"))???;
     assert!(woken > go_token);
     go_waiter.finish()?;
 
     // The same with etcdctl lock, which holds until interrupted.
     let guard = fencelock.lock(name).acquire().await?;
     let mut etcdctl_waiter = Foreign::spawn(etcdctl(&etcd, &["lock", name])?)?;
-    queued(&b, name, foreign).await?;
+    queued(&b, name, foreign, &p).await?;
     etcdctl_waiter.quiet_for(Duration::from_millis(300)).await?;
     let before = guard.token().get();
     guard.release().await?;
-    let held_key = etcdctl_waiter.line(WAKE).await?;
+    let held_key = etcdctl_waiter.line(wake).await?;
     assert!(held_key.starts_with("reports/"), "{held_key}");
     let holder = b
         .inspect(&key)
@@ -433,23 +464,21 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
     let waiting = {
         let fencelock = fencelock.clone();
         tokio::spawn(async move {
-            let guard = fencelock
-                .lock(name)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await?;
+            let guard = fencelock.lock(name).wait(wait).acquire().await?;
             let token = guard.token().get();
             guard.release().await?;
             fencelock_core::Result::<u64>::Ok(token)
         })
     };
-    queued(&b, name, |o| o == "fencelock-waiter").await?;
+    queued(&b, name, |o| o == "fencelock-waiter", &p).await?;
     assert!(
         !waiting.is_finished(),
         "fencelock took the lock etcdctl holds"
     );
     etcdctl_waiter.interrupt()?;
-    let woken = tokio::time::timeout(WAKE, waiting).await???;
+    let woken = tokio::time::timeout(wake, waiting)
+        .await
+        .map_err(|_| format!("fencelock's waiter not woken within {wake:?} [{p}]"))???;
     assert!(woken > holder.token.get());
     Ok(())
 }
@@ -458,15 +487,19 @@ async fn a_waiter_of_each_kind_is_woken_by_the_others_release() -> TestResult {
 async fn etcdctl_elect_go_election_and_fencelock_elect_see_one_leader() -> TestResult {
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await??;
     let b = backend(&etcd).await?;
-    let fencelock = client(&b, "fencelock-candidate")?;
+    let p = Patience::against(&*b).await;
+    // Shown with any failure below.
+    eprintln!("time budget: {p}");
+    let wake = p.bound(WAKE);
+    let fencelock = client(&b, "fencelock-candidate", &p)?;
     let name = "scheduler";
-    let election = fencelock.election(name).ttl(Duration::from_secs(10));
+    let election = fencelock.election(name).ttl(p.ttl(TTL));
 
     // etcdctl leads: fencelock sees it, and its candidate waits.
     let mut etcdctl_leader = Foreign::spawn(etcdctl(&etcd, &["elect", name, "etcdctl-proposal"])?)?;
-    let leader_key = etcdctl_leader.line(WAKE).await?;
+    let leader_key = etcdctl_leader.line(wake).await?;
     assert!(leader_key.starts_with("scheduler/"), "{leader_key}");
-    assert_eq!(etcdctl_leader.line(WAKE).await?, "etcdctl-proposal");
+    assert_eq!(etcdctl_leader.line(wake).await?, "etcdctl-proposal");
     let seen = election.leader().await?.ok_or("fencelock sees no leader")?;
     assert!(foreign(seen.owner.as_str()), "{seen:?}");
     assert_eq!(
@@ -480,10 +513,12 @@ async fn etcdctl_elect_go_election_and_fencelock_elect_see_one_leader() -> TestR
             fencelock_core::Result::<fencelock_core::Leadership>::Ok(leadership)
         })
     };
-    queued(&b, name, |o| o == "fencelock-candidate").await?;
+    queued(&b, name, |o| o == "fencelock-candidate", &p).await?;
     assert!(!campaign.is_finished(), "fencelock leads beside etcdctl");
     etcdctl_leader.interrupt()?;
-    let leadership = tokio::time::timeout(WAKE, campaign).await???;
+    let leadership = tokio::time::timeout(wake, campaign)
+        .await
+        .map_err(|_| format!("fencelock not elected within {wake:?} [{p}]"))???;
     assert!(leadership.term() > seen.term);
 
     // fencelock leads: Go's Leader and `etcdctl elect -l` see it, and a Go
@@ -493,23 +528,23 @@ async fn etcdctl_elect_go_election_and_fencelock_elect_see_one_leader() -> TestR
     assert_eq!(token_in(&line)?, leadership.term().get(), "{line}");
     assert!(line.contains("fencelock-candidate"), "{line}");
     let mut observer = Foreign::spawn(etcdctl(&etcd, &["elect", "-l", name])?)?;
-    let observed = observer.line(WAKE).await?;
+    let observed = observer.line(wake).await?;
     assert!(observed.starts_with("scheduler/"), "{observed}");
-    assert!(observer.line(WAKE).await?.contains("fencelock-candidate"));
+    assert!(observer.line(wake).await?.contains("fencelock-candidate"));
     drop(observer);
     let mut go_candidate =
         Foreign::spawn(go(&etcd, "campaign", &["-name", name, "-value", "go"])?)?;
-    assert_eq!(go_candidate.line(WAKE).await?, "CAMPAIGNING");
-    queued(&b, name, foreign).await?;
+    assert_eq!(go_candidate.line(wake).await?, "CAMPAIGNING");
+    queued(&b, name, foreign, &p).await?;
     go_candidate.quiet_for(Duration::from_millis(300)).await?;
     let term = leadership.term().get();
     leadership.resign().await?;
-    let led = go_candidate.line(WAKE).await?;
+    let led = go_candidate.line(wake).await?;
     assert!(token_in(&led)? > term, "{led} after term {term}");
     let seen = election.leader().await?.ok_or("no leader after Go won")?;
     assert_eq!(seen.value, Some(serde_json::json!({ "etcd_value": "go" })));
     go_candidate.say("resign")?;
-    assert_eq!(go_candidate.line(WAKE).await?, "RESIGNED");
+    assert_eq!(go_candidate.line(wake).await?, "RESIGNED");
     go_candidate.finish()?;
     Ok(())
 }

@@ -1,6 +1,11 @@
 //! The FIFO queue's entries (`src/queue.rs`, `docs/fairness.md`) against
 //! a real etcd: a waiter's attempt that reaches etcd after its wait left the
 //! queue does not put its entry back.
+//!
+//! Time: a real etcd. The late attempt's delay must outlast the leave sent
+//! after it (else the test proves nothing), and the holder's lease the
+//! test: both are scaled from a [`Patience`] measured against the direct
+//! backend first (bases 2 s and 30 s); a failure names the budget.
 
 use std::time::Duration;
 
@@ -9,7 +14,7 @@ use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::{
     proxy::{Direction, ProxiedUrl},
     servers::etcd::EtcdCluster,
-    TestResult,
+    Patience, TestResult,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +26,8 @@ async fn an_attempt_that_lands_after_the_wait_left_does_not_requeue() -> TestRes
     let waiter = EtcdBackend::connect(proxied.url()).await?;
     let direct = EtcdBackend::connect(&url).await?;
     let key = LockKey::new("k")?;
-    let ttl = Duration::from_secs(30);
+    let p = Patience::against(&direct).await;
+    let ttl = p.ttl(Duration::from_secs(30));
     let holder = AcquireRequest::new(key.clone(), Owner::new("holder")?, ttl);
     assert!(
         matches!(direct.try_acquire(&holder).await?, Acquire::Granted(_)),
@@ -40,8 +46,12 @@ async fn an_attempt_that_lands_after_the_wait_left_does_not_requeue() -> TestRes
 
     // The waiter's next attempt is on its way when its wait leaves (as
     // when a dropped wait's leave overtakes its last attempt): it reaches
-    // etcd two seconds later.
-    proxied.set_latency(Direction::ToServer, Duration::from_secs(2), Duration::ZERO);
+    // etcd seconds later.
+    proxied.set_latency(
+        Direction::ToServer,
+        p.bound(Duration::from_secs(2)),
+        Duration::ZERO,
+    );
     let late = tokio::spawn(async move {
         let answer = waiter.try_acquire(&attempt).await;
         (waiter, answer)
@@ -49,7 +59,7 @@ async fn an_attempt_that_lands_after_the_wait_left_does_not_requeue() -> TestRes
     direct.leave_queue(&key, &owner).await?;
     assert!(
         !late.is_finished(),
-        "the late attempt was answered before the leave: the test proves nothing"
+        "the late attempt was answered before the leave: the test proves nothing [{p}]"
     );
     let (_waiter, answer) = late.await?;
     assert!(matches!(answer?, Acquire::Held(_)), "the late attempt");

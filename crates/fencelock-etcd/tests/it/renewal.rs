@@ -3,6 +3,14 @@
 //! another TTL moves the grant to a lease of that TTL without changing its
 //! token, and grants of one TTL share one lease without sharing their fate
 //! when one of them is deleted, moved or released.
+//!
+//! Time: a real etcd. Each test measures a [`Patience`] against its
+//! backend first and takes every lease that must outlive its requests from
+//! it ([`ttl`]: the base scaled, in whole seconds as etcd grants them), the
+//! TTLs it compares included (they stay distinct, and the checks compare
+//! with the scaled figures), and the bound on a loss (two leases); a
+//! failure names the budget. The smallest TTL (1 ms, etcd's own minimum
+//! granted) is the figure under test and keeps it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,7 +20,25 @@ use fencelock_core::{
     LossReason, Owner, Renewal,
 };
 use fencelock_etcd::EtcdBackend;
-use fencelock_testkit::{servers::etcd::EtcdCluster, TestResult};
+use fencelock_testkit::{servers::etcd::EtcdCluster, Patience, TestResult};
+
+/// A budget measured against `backend`, shown with any failure.
+async fn measured(backend: &dyn Backend) -> Patience {
+    let p = Patience::against(backend).await;
+    eprintln!("time budget: {p}");
+    p
+}
+
+/// `base_secs` scaled by `p`, rounded up to whole seconds.
+fn ttl(p: &Patience, base_secs: u64) -> Duration {
+    let scaled = p.ttl(Duration::from_secs(base_secs));
+    Duration::from_secs(scaled.as_secs() + u64::from(scaled.subsec_nanos() > 0))
+}
+
+/// `d` in etcd's whole seconds.
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
 
 /// The raw etcd key of lock `key` under `prefix`.
 fn raw_key(prefix: &str, key: &str) -> String {
@@ -53,15 +79,14 @@ async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResul
     let etcd = EtcdCluster::start()?;
     let url = format!("{}?prefix=deleted", etcd.url());
     let backend: Arc<dyn Backend> = Arc::new(EtcdBackend::connect(&url).await?);
+    let p = measured(&*backend).await;
     let holder = LockClient::builder(Arc::clone(&backend))
         .owner(Owner::new("holder")?)
         .build()?;
-    // Renewed every second; trusted for ~2.7 s after each renewal.
-    let guard = holder
-        .lock("k")
-        .ttl(Duration::from_secs(3))
-        .acquire()
-        .await?;
+    // Renewed every third of the lease; trusted for ~0.9 of it after each
+    // renewal.
+    let lease = ttl(&p, 3);
+    let guard = holder.lock("k").ttl(lease).acquire().await?;
 
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
     let deleted = raw.delete(raw_key("deleted", "k"), None).await?;
@@ -69,9 +94,12 @@ async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResul
 
     // Without a check of the key, every keep-alive succeeds and the guard
     // never learns of the deletion: `lost()` would never complete.
-    let reason = tokio::time::timeout(Duration::from_secs(6), guard.lost())
+    let bound = lease * 2;
+    let reason = tokio::time::timeout(bound, guard.lost())
         .await
-        .map_err(|_| "the guard still believes it holds a deleted key after 6 s")?;
+        .map_err(|_| {
+            format!("the guard still believes it holds a deleted key after {bound:?} [{p}]")
+        })?;
     assert_eq!(reason, LossReason::Refused);
     assert!(guard.check().is_err());
 
@@ -88,8 +116,10 @@ async fn deleting_the_key_is_a_refused_renewal_and_frees_the_lock() -> TestResul
 async fn a_key_put_again_under_another_lease_is_not_renewed() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let backend = EtcdBackend::connect(&format!("{}?prefix=replaced", etcd.url())).await?;
+    let p = measured(&backend).await;
     let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
-    let grant = acquire(&backend, &key, &owner, Duration::from_secs(10)).await?;
+    // Alive until the renewal, so that what refuses it is the new key.
+    let grant = acquire(&backend, &key, &owner, ttl(&p, 10)).await?;
     // Someone deletes the key and writes it again (a new create revision)
     // while the holder's lease lives on.
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
@@ -113,43 +143,41 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
     let etcd = EtcdCluster::start()?;
     let url = format!("{}?prefix=ttl", etcd.url());
     let holder = EtcdBackend::connect(&url).await?;
+    let p = measured(&holder).await;
+    // Three TTLs, each a lease of its own: short, long, and between.
+    let (short, long, between) = (ttl(&p, 3), ttl(&p, 60), ttl(&p, 10));
     let (key, owner) = (LockKey::new("k")?, Owner::new("holder")?);
     let full = raw_key("ttl", "k");
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
 
-    let grant = acquire(&holder, &key, &owner, Duration::from_secs(3)).await?;
-    assert_eq!(grant.ttl, Duration::from_secs(3));
+    let grant = acquire(&holder, &key, &owner, short).await?;
+    assert_eq!(grant.ttl, short);
     let (created, first_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
     assert_eq!(FencingToken(u64::try_from(created)?), grant.token);
 
     // Longer.
     let renewed = holder
-        .renew(
-            &LeaseId::new(key.clone(), owner.clone(), grant.token),
-            Duration::from_secs(60),
-        )
-        .await?;
+        .renew(&LeaseId::new(key.clone(), owner.clone(), grant.token), long)
+        .await
+        .map_err(|e| format!("renewing the short grant: {e} [{p}]"))?;
     assert_eq!(renewed.token, grant.token);
-    assert_eq!(renewed.ttl, Duration::from_secs(60));
+    assert_eq!(renewed.ttl, long);
     let (created, lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
     assert_eq!(FencingToken(u64::try_from(created)?), grant.token);
     assert_ne!(lease, first_lease);
     let (granted, left) = lease_ttls(&mut raw, lease).await?;
-    assert_eq!(granted, 60);
-    assert!(left > 3, "the key's lease has {left} s left");
+    assert_eq!(granted, secs(long));
+    assert!(left > secs(short), "the key's lease has {left} s left");
     // The old lease is not revoked: other grants of that TTL may share it;
     // with none left it simply expires.
     let (first_granted, _) = lease_ttls(&mut raw, first_lease).await?;
-    assert_eq!(first_granted, 3);
+    assert_eq!(first_granted, secs(short));
 
     // The same TTL again keeps the lease.
     let again = holder
-        .renew(
-            &LeaseId::new(key.clone(), owner.clone(), grant.token),
-            Duration::from_secs(60),
-        )
+        .renew(&LeaseId::new(key.clone(), owner.clone(), grant.token), long)
         .await?;
-    assert_eq!(again.ttl, Duration::from_secs(60));
+    assert_eq!(again.ttl, long);
     assert_eq!(key_state(&mut raw, &full).await?.map(|s| s.1), Some(lease));
 
     // Another process (no cached lease) shortens it.
@@ -157,12 +185,12 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
     let shorter = other_process
         .renew(
             &LeaseId::new(key.clone(), owner.clone(), grant.token),
-            Duration::from_secs(10),
+            between,
         )
         .await?;
-    assert_eq!(shorter.ttl, Duration::from_secs(10));
+    assert_eq!(shorter.ttl, between);
     let (_, short_lease) = key_state(&mut raw, &full).await?.ok_or("no key")?;
-    assert_eq!(lease_ttls(&mut raw, short_lease).await?.0, 10);
+    assert_eq!(lease_ttls(&mut raw, short_lease).await?.0, secs(between));
     assert_ne!(short_lease, lease, "the grant stayed on the holder's lease");
 
     // The holder's remembered lease is gone now; its renewal finds the
@@ -182,10 +210,7 @@ async fn renew_with_another_ttl_moves_the_grant_to_a_lease_of_that_ttl() -> Test
         (&owner, FencingToken(grant.token.0 - 1)),
     ] {
         match holder
-            .renew(
-                &LeaseId::new(key.clone(), who.clone(), token),
-                Duration::from_secs(60),
-            )
+            .renew(&LeaseId::new(key.clone(), who.clone(), token), long)
             .await
         {
             Err(Error::NotHeld { .. }) => {}
@@ -256,9 +281,12 @@ async fn hold_all(
 async fn grants_of_one_ttl_share_one_lease() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let backend = EtcdBackend::connect(&format!("{}?prefix=shared", etcd.url())).await?;
+    let p = measured(&backend).await;
+    // Two TTLs, two leases.
+    let (one, another) = (ttl(&p, 30), ttl(&p, 60));
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
-    let held = hold_all(&backend, "shared", &["a", "b"], Duration::from_secs(30)).await?;
-    let other = hold_all(&backend, "shared", &["c"], Duration::from_secs(60)).await?;
+    let held = hold_all(&backend, "shared", &["a", "b"], one).await?;
+    let other = hold_all(&backend, "shared", &["c"], another).await?;
     let lease_of = |state: Option<(i64, i64)>| state.map(|(_, lease)| lease);
     let a = lease_of(key_state(&mut raw, &held[0].1).await?).ok_or("no a")?;
     let b = lease_of(key_state(&mut raw, &held[1].1).await?).ok_or("no b")?;
@@ -269,8 +297,8 @@ async fn grants_of_one_ttl_share_one_lease() -> TestResult {
     // One keep-alive renews both; the batch answers each, in order.
     let answers = backend
         .renew_many(&[
-            Renewal::new(held[1].0.clone(), Duration::from_secs(30)),
-            Renewal::new(held[0].0.clone(), Duration::from_secs(30)),
+            Renewal::new(held[1].0.clone(), one),
+            Renewal::new(held[0].0.clone(), one),
         ])
         .await?;
     assert_eq!(answers.len(), 2);
@@ -290,8 +318,8 @@ async fn grants_of_one_ttl_share_one_lease() -> TestResult {
 async fn a_deleted_or_moved_key_is_not_held_for_its_lock_alone() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let backend = EtcdBackend::connect(&format!("{}?prefix=fate", etcd.url())).await?;
+    let ttl = ttl(&measured(&backend).await, 30);
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
-    let ttl = Duration::from_secs(30);
     let held = hold_all(&backend, "fate", &["gone", "moved", "kept"], ttl).await?;
     raw.delete(held[0].1.clone(), None).await?;
     // Someone attaches one key to a lease of their own.
@@ -338,8 +366,8 @@ async fn a_deleted_or_moved_key_is_not_held_for_its_lock_alone() -> TestResult {
 async fn releasing_one_grant_leaves_the_others_on_the_lease() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let backend = EtcdBackend::connect(&format!("{}?prefix=release", etcd.url())).await?;
+    let ttl = ttl(&measured(&backend).await, 30);
     let mut raw = Client::connect([etcd.endpoint(0)], None).await?;
-    let ttl = Duration::from_secs(30);
     let held = hold_all(&backend, "release", &["a", "b"], ttl).await?;
     let (_, lease) = key_state(&mut raw, &held[1].1).await?.ok_or("no b")?;
     backend.release(&held[0].0).await?;
@@ -386,6 +414,9 @@ async fn a_lock_cycle_is_one_txn_and_one_delete_txn() -> TestResult {
     let etcd = EtcdCluster::start()?;
     let endpoint = etcd.endpoint(0);
     let backend = EtcdBackend::connect(&format!("{}?prefix=cycle", etcd.url())).await?;
+    // One shared lease outlives the twenty cycles: a second would be a
+    // second LeaseGrant.
+    let lease = ttl(&measured(&backend).await, 30);
     let owner = Owner::new("cycler")?;
     let before = [
         started(&endpoint, "LeaseGrant").await?,
@@ -394,7 +425,7 @@ async fn a_lock_cycle_is_one_txn_and_one_delete_txn() -> TestResult {
     ];
     for i in 0..20 {
         let key = LockKey::new(format!("k{i}"))?;
-        let grant = acquire(&backend, &key, &owner, Duration::from_secs(30)).await?;
+        let grant = acquire(&backend, &key, &owner, lease).await?;
         backend
             .release(&LeaseId::new(key, owner.clone(), grant.token))
             .await?;

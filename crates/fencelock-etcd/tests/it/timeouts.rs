@@ -1,6 +1,9 @@
 //! The `timeout` URL option against an etcd that stops answering: connecting
 //! and every operation fail transiently within it (the shared check in
 //! `fencelock_testkit::timeouts`).
+//!
+//! Time: the 1 s is the figure under test; the shared check allows beyond
+//! it a slack scaled from a budget it measures (`timeouts::slack`).
 
 use std::time::Duration;
 

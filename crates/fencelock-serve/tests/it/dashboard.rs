@@ -4,21 +4,34 @@
 //! The service runs in-process on a random loopback port over a SQLite file,
 //! with a client and an admin token. Every wait is for what the page shows,
 //! polled within a deadline that only bounds a failure.
+//!
+//! Time: a real browser and service. Each fixture measures a
+//! [`Patience`] when it starts, and every wait for the page is bounded by
+//! [`WAIT`] scaled from it ([`wait`]); a failure names the budget. The
+//! leases the tests take (a minute) outlive the page's few seconds by far
+//! and keep their figures, which the page shows; the traffic's 100 ms pace
+//! is the plots' input, not a bound.
 
 use std::{sync::Arc, time::Duration};
 
 use fencelock_core::{LockClient, LockKey, MemoryFence, ELECTION_PREFIX};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
 use fencelock_sqlite::SqliteBackend;
-use fencelock_testkit::{browser::Browser, TestResult};
+use fencelock_testkit::{browser::Browser, patience, Patience, TestResult};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
 const ADMIN: &str = "admin-0123456789abcdef";
 const CLIENT: &str = "client-0123456789abcdef";
-/// Bounds each wait for the page; reached only when the page is wrong.
+/// The base of each wait for the page; reached only when the page is
+/// wrong.
 const WAIT: Duration = Duration::from_secs(30);
+
+/// [`WAIT`] scaled by the budget the fixture measured.
+fn wait() -> Duration {
+    patience::current().bound(WAIT)
+}
 
 /// The service over a SQLite file, and a library client of the same file.
 struct Fixture {
@@ -30,6 +43,10 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> TestResult<Self> {
+        // The budget every wait of the test takes its bound from, shown with
+        // any failure.
+        let p = Patience::measure().await;
+        eprintln!("time budget: {p}");
         let dir = tempfile::tempdir()?;
         let url = format!("sqlite://{}", dir.path().join("locks.db").display());
         let client = LockClient::new(Arc::new(SqliteBackend::connect(&url).await?));
@@ -142,7 +159,7 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
     browser
         .wait_for(
             "the page to ask for a token",
-            WAIT,
+            wait(),
             "return document.getElementById('status').dataset.state === 'auth';",
             vec![],
         )
@@ -151,7 +168,7 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
     browser
         .wait_for(
             "the tables to say that a token is needed",
-            WAIT,
+            wait(),
             "return ['locks', 'elections', 'semaphores'].every(id => { \
                const p = document.getElementById(id + '-empty'); \
                return !p.hidden && p.textContent.includes('needs a token'); });",
@@ -162,7 +179,7 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
     browser
         .wait_for(
             "the event stream to be live",
-            WAIT,
+            wait(),
             "return document.getElementById('status').dataset.state === 'live';",
             vec![],
         )
@@ -173,7 +190,7 @@ async fn open_page(browser: &Browser, fixture: &Fixture, path: &str, token: &str
 /// Types `token` into the page's token field and submits it.
 async fn use_token(browser: &Browser, token: &str) -> TestResult {
     browser
-        .on_element("#token", WAIT, |field| async move {
+        .on_element("#token", wait(), |field| async move {
             field.clear().await?;
             field.send_keys(token).await
         })
@@ -181,14 +198,14 @@ async fn use_token(browser: &Browser, token: &str) -> TestResult {
     browser
         .on_element(
             "#token-form button[type=submit]",
-            WAIT,
+            wait(),
             |button| async move { button.click().await },
         )
         .await?;
     browser
         .wait_for(
             "the page to keep the token",
-            WAIT,
+            wait(),
             "return sessionStorage.getItem('fencelock.token') === arguments[0];",
             vec![json!(token)],
         )
@@ -200,11 +217,11 @@ async fn use_token(browser: &Browser, token: &str) -> TestResult {
 /// confirmation; returns its question.
 async fn force_release(browser: &Browser, table: &str, key: &str) -> TestResult<String> {
     browser
-        .on_element(&release_button(table, key), WAIT, |button| async move {
+        .on_element(&release_button(table, key), wait(), |button| async move {
             button.click().await
         })
         .await?;
-    browser.accept_dialog(WAIT).await
+    browser.accept_dialog(wait()).await
 }
 
 /// The cells' text of the row of `key` in table `arguments[0]` once it shows
@@ -233,7 +250,7 @@ async fn row(browser: &Browser, table: &str, key: &str, token: u64) -> TestResul
     let found = browser
         .wait_for(
             &format!("{key} with token {token} in #{table}"),
-            WAIT,
+            wait(),
             ROW,
             vec![json!(table), json!(key), json!(token)],
         )
@@ -251,7 +268,7 @@ async fn shown(browser: &Browser, filter: &str, counts: [u64; 3]) -> TestResult 
     browser
         .wait_for(
             &format!("{counts:?} rows with filter {filter}"),
-            WAIT,
+            wait(),
             "return ['locks', 'elections', 'semaphores']
                  .map((t) => document.querySelectorAll('#' + t + ' tbody tr').length)
                  .every((n, i) => n === arguments[0][i]);",
@@ -317,7 +334,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     type_prefix(&browser, "fencelock/").await?;
     shown(&browser, "prefix fencelock/", [0, 1, 1]).await?;
     browser
-        .on_element("#filter-prefix", WAIT, |field| async move {
+        .on_element("#filter-prefix", wait(), |field| async move {
             field.clear().await
         })
         .await?;
@@ -343,7 +360,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     browser
         .wait_for(
             "the released lock to go",
-            WAIT,
+            wait(),
             NO_ROW,
             vec![json!("locks"), json!(key)],
         )
@@ -351,7 +368,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     browser
         .wait_for(
             "a released event",
-            WAIT,
+            wait(),
             LOGGED,
             vec![json!("released"), json!(key)],
         )
@@ -395,7 +412,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     browser
         .wait_for(
             "the page to report the refusal",
-            WAIT,
+            wait(),
             "return document.getElementById('notice').textContent.includes('admin token');",
             vec![],
         )
@@ -416,7 +433,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     browser
         .wait_for(
             "the force-released lock to go",
-            WAIT,
+            wait(),
             NO_ROW,
             vec![json!("locks"), json!(key)],
         )
@@ -424,7 +441,7 @@ async fn the_page_follows_locks_and_force_releases_them() -> TestResult {
     browser
         .wait_for(
             "a lost event",
-            WAIT,
+            wait(),
             LOGGED,
             vec![json!("lost"), json!(key)],
         )
@@ -477,7 +494,7 @@ async fn cell_until(
     let found = browser
         .wait_for(
             &format!("{column} of {key} in #{table} to satisfy {test}"),
-            WAIT,
+            wait(),
             &script,
             vec![json!(table), json!(key), json!(column)],
         )
@@ -501,7 +518,7 @@ const HELD_MATCHES_ROWS: &str = r#"
 /// which fire the input events the page listens to).
 async fn set_prefix(browser: &Browser, text: &str) -> TestResult {
     browser
-        .on_element("#filter-prefix", WAIT, |field| async move {
+        .on_element("#filter-prefix", wait(), |field| async move {
             let current = field.prop("value").await?.unwrap_or_default();
             field
                 .send_keys(&"\u{E003}".repeat(current.chars().count()))
@@ -517,7 +534,7 @@ async fn set_prefix(browser: &Browser, text: &str) -> TestResult {
 /// Types `keys` into the prefix filter as it stands.
 async fn type_prefix(browser: &Browser, keys: &str) -> TestResult {
     browser
-        .on_element("#filter-prefix", WAIT, |field| async move {
+        .on_element("#filter-prefix", wait(), |field| async move {
             field.send_keys(keys).await
         })
         .await
@@ -527,7 +544,7 @@ async fn type_prefix(browser: &Browser, keys: &str) -> TestResult {
 /// the kinds it shows change).
 async fn select_kind(browser: &Browser, kind: &str) -> TestResult {
     browser
-        .on_element("#filter-kind", WAIT, |select| async move {
+        .on_element("#filter-kind", wait(), |select| async move {
             select.select_by_value(kind).await.map(drop)
         })
         .await
@@ -558,7 +575,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "Waiting here to say 2 with the table",
-            WAIT,
+            wait(),
             "return document.getElementById('stat-waiters').textContent === '2' \
                && document.getElementById('waiters-count').textContent === '(2)';",
             vec![],
@@ -644,7 +661,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "Held to equal 2 rows",
-            WAIT,
+            wait(),
             HELD_MATCHES_ROWS,
             vec![json!(2)],
         )
@@ -653,7 +670,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "Held to equal 1 row",
-            WAIT,
+            wait(),
             HELD_MATCHES_ROWS,
             vec![json!(1)],
         )
@@ -671,7 +688,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
         browser
             .wait_for(
                 &format!("the acquisition of {key} in the log"),
-                WAIT,
+                wait(),
                 LOGGED,
                 vec![json!("acquired"), json!(key)],
             )
@@ -682,7 +699,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "only alpha: events",
-            WAIT,
+            wait(),
             "const keys = (() => { EVENT_KEYS })(); return keys.length > 0 && keys.every((k) => k.startsWith('alpha:'));"
                 .replace("EVENT_KEYS", EVENT_KEYS)
                 .as_str(),
@@ -694,7 +711,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "only the beta lease's events",
-            WAIT,
+            wait(),
             "const keys = (() => { EVENT_KEYS })(); return keys.length > 0 && keys.every((k) => k === 'beta:1');"
                 .replace("EVENT_KEYS", EVENT_KEYS)
                 .as_str(),
@@ -705,7 +722,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "every event again",
-            WAIT,
+            wait(),
             "const keys = (() => { EVENT_KEYS })(); return keys.includes('alpha:1') && keys.includes('beta:1') && keys.includes('queue:1');"
                 .replace("EVENT_KEYS", EVENT_KEYS)
                 .as_str(),
@@ -721,7 +738,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     let acquired = browser
         .wait_for(
             "the acquisitions in the rate plot",
-            WAIT,
+            wait(),
             PLOT_TOTAL,
             vec![json!("#plot-rates polyline.series-acquired"), json!(4)],
         )
@@ -731,7 +748,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     let waited = browser
         .wait_for(
             "the waits in the wait plot",
-            WAIT,
+            wait(),
             PLOT_TOTAL,
             vec![json!("#plot-wait"), json!(4)],
         )
@@ -751,7 +768,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "the rate plot to count one more acquisition",
-            WAIT,
+            wait(),
             PLOT_TOTAL,
             vec![
                 json!("#plot-rates polyline.series-acquired"),
@@ -762,7 +779,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "the wait plot to count one more wait",
-            WAIT,
+            wait(),
             PLOT_TOTAL,
             vec![json!("#plot-wait"), json!(waited + 1)],
         )
@@ -770,7 +787,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "the hold plot to count the release",
-            WAIT,
+            wait(),
             PLOT_TOTAL,
             vec![json!("#plot-hold"), json!(1)],
         )
@@ -805,7 +822,12 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
         return rows.length >= 2 ? rows : null;
     "#;
     let before = browser
-        .wait_for("the loss and the fenced-out write", WAIT, INCIDENTS, vec![])
+        .wait_for(
+            "the loss and the fenced-out write",
+            wait(),
+            INCIDENTS,
+            vec![],
+        )
         .await?;
     assert_eq!(
         before,
@@ -818,13 +840,13 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "the event stream to be live after the reload",
-            WAIT,
+            wait(),
             "return document.getElementById('status').dataset.state === 'live';",
             vec![],
         )
         .await?;
     let after = browser
-        .wait_for("the list after the reload", WAIT, INCIDENTS, vec![])
+        .wait_for("the list after the reload", wait(), INCIDENTS, vec![])
         .await?;
     assert_eq!(after, before);
     let logged = browser
@@ -862,7 +884,7 @@ async fn the_page_shows_waiters_standbys_renewals_losses_and_plots() -> TestResu
     browser
         .wait_for(
             "no waiter left",
-            WAIT,
+            wait(),
             "return document.querySelectorAll('#waiters tbody tr').length === 0 \
                && !document.getElementById('waiters-empty').hidden;",
             vec![],
@@ -944,7 +966,7 @@ async fn screenshot() -> TestResult {
     let seen = browser
         .wait_for(
             "every lease on the page",
-            WAIT,
+            wait(),
             HELD_MATCHES_ROWS,
             vec![json!(expected)],
         )
@@ -971,7 +993,7 @@ async fn screenshot() -> TestResult {
     let seen = browser
         .wait_for(
             "the waiters and the standby",
-            WAIT,
+            wait(),
             "const rows = document.querySelectorAll('#waiters tbody tr').length; \
              const standbys = document.querySelector('#elections [data-standbys]'); \
              const text = standbys ? standbys.textContent : null; \
@@ -998,7 +1020,7 @@ async fn screenshot() -> TestResult {
     browser
         .wait_for(
             "the fenced-out writes in the kept list",
-            WAIT,
+            wait(),
             "return document.querySelector('#incidents tbody tr.incident-fenced_out') !== null;",
             vec![],
         )
@@ -1019,7 +1041,7 @@ async fn screenshot() -> TestResult {
     browser
         .wait_for(
             "the page to scroll",
-            WAIT,
+            wait(),
             "return window.scrollY > 0;",
             vec![],
         )
@@ -1131,7 +1153,7 @@ async fn the_page_parses_split_events_and_merges_late_snapshots() -> TestResult 
     browser
         .wait_for(
             "the page's first reads to end",
-            WAIT,
+            wait(),
             "return document.getElementById('status').dataset.state === 'auth' && snapshotsInFlight === 0;",
             vec![],
         )

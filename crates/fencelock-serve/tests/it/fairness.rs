@@ -2,6 +2,13 @@
 //! model"): a burst of one client's requests waits for that client's own
 //! turns, and neither another client's calls nor the client's own renewals
 //! wait for it; a long poll holds no turn.
+//!
+//! Time: no wait here is bounded by a clock: each step waits for what the
+//! gated backend reports (turns in flight, attempts made). The leases and
+//! the long poll's wait (30 s, in a SQLite file of the test's own) outlive
+//! the test's local steps by far and keep their figures; a long poll that
+//! kept its turn would hold the release for the whole wait and fail the
+//! test on any machine.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

@@ -1,6 +1,12 @@
 //! Fences that cannot be bricked (`docs/http.md`, "Threat model"): a
 //! token no grant can have issued is refused at a fence and at the fenced
 //! store, so one request cannot refuse every later holder at a resource.
+//!
+//! Time: a real service on a real socket. The wait for the reset on the
+//! event stream is bounded by 10 s scaled from a
+//! [`Patience`](fencelock_testkit::Patience) measured first; a failure
+//! names the budget. The leases (30 s, in the service's own memory store)
+//! outlive the test's few local requests by far and keep their figures.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -170,6 +176,7 @@ async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
             fencelock_serve::Tokens::parse(&format!("admin {ADMIN}\nclient {CLIENT}\n")).unwrap(),
         )
         .build();
+    let p = fencelock_testkit::Patience::measure().await;
     let (_server, base) = serve(service).await;
     let http = reqwest::Client::new();
     let call = |token: &'static str, method: Method, path: &'static str, body: Value| {
@@ -227,13 +234,13 @@ async fn only_an_admin_resets_a_fence_and_the_event_stream_says_so() {
     assert_eq!(status, StatusCode::OK, "{answer}");
 
     let mut seen = String::new();
-    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+    tokio::time::timeout(p.bound(std::time::Duration::from_secs(10)), async {
         while !seen.contains("event: reset") {
             let chunk = events.chunk().await.unwrap().expect("the stream ended");
             seen.push_str(&String::from_utf8_lossy(&chunk));
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no reset on the event stream: {seen}"));
+    .unwrap_or_else(|_| panic!("no reset on the event stream [{p}]: {seen}"));
     assert!(seen.contains(&format!("\"token\":{MAX}")), "{seen}");
 }

@@ -2,6 +2,13 @@
 //! model"): oversize bodies, one owner rule for every role, an unreadable
 //! `Last-Event-ID`, events replayable after every follower left, and a
 //! certificate error that says what is wrong.
+//!
+//! Time: a real service on a real socket. Each test measures a
+//! [`Patience`] when it starts the service and scales from it the bound on
+//! an event that must come (base [`EVENT_BOUND`]) and the leases that must
+//! outlive the test (30 s); a failure names the budget. The service's own
+//! 10 s body time-out is the figure under test. The second without a
+//! follower is the scenario (a page reloaded), not a wait for anything.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -10,6 +17,7 @@ use std::{sync::Arc, time::Duration};
 use eventsource_stream::Eventsource;
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
 use fencelock_serve::{ServerHandle, Service, Tokens};
+use fencelock_testkit::Patience;
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -18,17 +26,23 @@ use crate::support::{self, serve};
 
 const ADMIN: &str = "admin-0123456789abcdef";
 const CLIENT: &str = "client-0123456789abcdef";
-/// Bound on waiting for an event that must come; never a timing assertion.
+/// The base of the bound on waiting for an event that must come; never a
+/// timing assertion.
 const EVENT_BOUND: Duration = Duration::from_secs(10);
+/// The base of a lease that must outlive the test.
+const LEASE: Duration = Duration::from_secs(30);
 
 struct Api {
     base: String,
     direct: LockClient,
+    /// The budget measured when it started.
+    p: Patience,
     _server: ServerHandle,
 }
 
 impl Api {
     async fn start() -> Self {
+        let p = Patience::measure().await;
         let client = LockClient::new(Arc::new(MemoryBackend::new()));
         let service = Service::builder(client.clone())
             .fence(Arc::new(MemoryFence::new()))
@@ -39,8 +53,14 @@ impl Api {
         Self {
             base,
             direct: client,
+            p,
             _server: server,
         }
+    }
+
+    /// `LEASE` scaled, in the API's milliseconds.
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.p.ttl(LEASE).as_millis()).unwrap()
     }
 
     fn request(&self, token: &str, method: Method, path: &str) -> reqwest::RequestBuilder {
@@ -75,10 +95,11 @@ impl Api {
 
 async fn next(
     events: &mut (impl futures_util::Stream<Item = eventsource_stream::Event> + Unpin),
+    p: &Patience,
 ) -> eventsource_stream::Event {
-    tokio::time::timeout(EVENT_BOUND, events.next())
+    tokio::time::timeout(p.bound(EVENT_BOUND), events.next())
         .await
-        .expect("no event")
+        .unwrap_or_else(|_| panic!("no event [{p}]"))
         .expect("the stream ended")
 }
 
@@ -132,7 +153,7 @@ async fn an_unreadable_last_event_id_gets_resync() {
     let api = Api::start().await;
     let id = reqwest::header::HeaderValue::from_bytes(b"caf\xe9-1").unwrap();
     let mut events = api.follow(Some(id)).await;
-    assert_eq!(next(&mut events).await.event, "resync");
+    assert_eq!(next(&mut events, &api.p).await.event, "resync");
 }
 
 /// Nobody follows the stream for a while: a follower that comes back
@@ -147,11 +168,11 @@ async fn events_stay_replayable_after_every_follower_left() {
             ADMIN,
             Method::POST,
             "/v1/locks/before/acquire",
-            json!({"owner": "w", "ttl_ms": 30000}),
+            json!({"owner": "w", "ttl_ms": api.lease_ms()}),
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let last = next(&mut events).await;
+    let last = next(&mut events, &api.p).await;
     assert_eq!(last.event, "acquired");
     drop(events);
     // The stream has no follower now; the service keeps looking.
@@ -160,14 +181,14 @@ async fn events_stay_replayable_after_every_follower_left() {
             ADMIN,
             Method::POST,
             "/v1/locks/through/acquire",
-            json!({"owner": "w", "ttl_ms": 30000}),
+            json!({"owner": "w", "ttl_ms": api.lease_ms()}),
         )
         .await;
     assert_eq!(status, StatusCode::OK);
     let outside = api
         .direct
         .lock("outside")
-        .ttl(Duration::from_secs(30))
+        .ttl(api.p.ttl(LEASE))
         .acquire()
         .await
         .unwrap();
@@ -182,8 +203,8 @@ async fn events_stay_replayable_after_every_follower_left() {
         .await;
     let mut keys = Vec::new();
     for _ in 0..2 {
-        let e = next(&mut resumed).await;
-        assert_eq!(e.event, "acquired", "{e:?}");
+        let e = next(&mut resumed, &api.p).await;
+        assert_eq!(e.event, "acquired", "{e:?} [{}]", api.p);
         let body: Value = serde_json::from_str(&e.data).unwrap();
         keys.push(body["key"].as_str().unwrap().to_owned());
     }
@@ -213,11 +234,11 @@ async fn a_body_that_never_arrives_is_a_408() {
         .unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(
-        Duration::from_secs(10) + EVENT_BOUND,
+        Duration::from_secs(10) + api.p.bound(EVENT_BOUND),
         socket.read_to_end(&mut answer),
     )
     .await
-    .expect("the connection outlived the body's time-out")
+    .unwrap_or_else(|_| panic!("the connection outlived the body's time-out [{}]", api.p))
     .unwrap();
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");

@@ -3,6 +3,8 @@
 //! service over the same backend sees the same ones, and limits are 400s.
 //! Real services on loopback ports over one SQLite file, and over a
 //! throwaway Redis for the admin's reset.
+//!
+//! Time: nothing here depends on elapsed time: no lease, wait or bound.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

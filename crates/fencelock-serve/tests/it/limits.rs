@@ -2,6 +2,15 @@
 //! limits"): a flood of idle or half-sent sockets never keeps `/healthz`
 //! out, idle and slow connections are closed after their timeouts, and long
 //! polls and event streams outlive both.
+//!
+//! Time: a real server on real sockets (tokio's paused clock would fire
+//! the server's own timeouts while the sockets' bytes are still on their
+//! way). Each test measures a [`Patience`] first and scales from it the
+//! short timeouts it gives the server (bases [`HEADER`] and [`IDLE`]: a
+//! kept-alive connection idles between the two, and on a busy machine a
+//! fixed gap would close it early) and the slack allowed beyond them (base
+//! [`SLACK`]); a failure names the budget. A check that a stream stays
+//! open (200 ms) is one load cannot fail.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -9,6 +18,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use fencelock_core::{LockClient, MemoryBackend, MemoryFence};
 use fencelock_serve::{Limits, Server, ServerHandle, Service};
+use fencelock_testkit::Patience;
 use futures_util::StreamExt;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -16,11 +26,15 @@ use tokio::{
     time::Instant,
 };
 
-/// Slack on top of a timeout before a socket must have been closed: a
-/// bound on a loaded machine, never a measurement.
+/// The base of the slack on top of a timeout before a socket must have
+/// been closed: a bound on a loaded machine, never a measurement.
 const SLACK: Duration = Duration::from_secs(5);
 
 struct Running {
+    /// The budget measured when it started.
+    p: Patience,
+    /// `SLACK` scaled.
+    slack: Duration,
     _handle: ServerHandle,
     addr: std::net::SocketAddr,
     /// The base URL and a client that trusts the server (its CA under TLS).
@@ -29,7 +43,12 @@ struct Running {
     _dir: Option<tempfile::TempDir>,
 }
 
-async fn start(limits: Limits, tls: bool) -> Running {
+/// A budget measured now.
+async fn measured() -> Patience {
+    Patience::measure().await
+}
+
+async fn start(limits: Limits, tls: bool, p: Patience) -> Running {
     let service = Service::builder(LockClient::new(Arc::new(MemoryBackend::new())))
         .fence(Arc::new(MemoryFence::new()))
         .build();
@@ -61,6 +80,8 @@ async fn start(limits: Limits, tls: bool) -> Running {
         (format!("http://{addr}"), http, None)
     };
     Running {
+        p,
+        slack: p.bound(SLACK),
         _handle: server.spawn(),
         addr,
         base,
@@ -91,10 +112,13 @@ async fn closed_by(socket: &mut TcpStream, by: Instant) -> bool {
 }
 
 async fn healthz(run: &Running) -> reqwest::StatusCode {
-    let answer = tokio::time::timeout(SLACK, run.http.get(format!("{}/healthz", run.base)).send())
-        .await
-        .expect("/healthz did not answer under the flood")
-        .unwrap();
+    let answer = tokio::time::timeout(
+        run.slack,
+        run.http.get(format!("{}/healthz", run.base)).send(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("/healthz did not answer under the flood [{}]", run.p))
+    .unwrap();
     answer.status()
 }
 
@@ -128,6 +152,7 @@ async fn a_flood_never_keeps_healthz_out(tls: bool) {
             ..Limits::default()
         },
         tls,
+        measured().await,
     )
     .await;
     let mut sockets = flood(run.addr, 100, 50).await;
@@ -135,7 +160,7 @@ async fn a_flood_never_keeps_healthz_out(tls: bool) {
     // A second flood after the first: still answered.
     sockets.extend(flood(run.addr, 50, 0).await);
     assert_eq!(healthz(&run).await, reqwest::StatusCode::OK);
-    let by = Instant::now() + SLACK;
+    let by = Instant::now() + run.slack;
     let mut closed = 0;
     for socket in &mut sockets {
         if closed_by(socket, by).await {
@@ -145,8 +170,9 @@ async fn a_flood_never_keeps_healthz_out(tls: bool) {
     let open = sockets.len() - closed;
     assert!(
         open <= max,
-        "{open} of {} flooding sockets still open; the cap is {max}",
-        sockets.len()
+        "{open} of {} flooding sockets still open; the cap is {max} [{}]",
+        sockets.len(),
+        run.p
     );
 }
 
@@ -160,27 +186,33 @@ async fn a_flood_of_idle_and_slow_sockets_never_keeps_healthz_out_over_tls() {
     a_flood_never_keeps_healthz_out(true).await;
 }
 
+/// The bases of the short timeouts the server is given.
 const HEADER: Duration = Duration::from_secs(1);
 const IDLE: Duration = Duration::from_secs(4);
 
-fn short() -> Limits {
-    Limits {
-        header_read_timeout: HEADER,
-        idle_timeout: IDLE,
+/// The short timeouts scaled by `p`: (limits, header-read, idle).
+fn short(p: &Patience) -> (Limits, Duration, Duration) {
+    let (header, idle) = (p.bound(HEADER), p.bound(IDLE));
+    let limits = Limits {
+        header_read_timeout: header,
+        idle_timeout: idle,
         ..Limits::default()
-    }
+    };
+    (limits, header, idle)
 }
 
 /// A socket that never sends a request, and one that stops in the middle
 /// of its head, are closed within the header-read timeout (plus slack).
 async fn silent_and_slow_sockets_are_closed(tls: bool) {
-    let run = start(short(), tls).await;
+    let p = measured().await;
+    let (limits, header, _) = short(&p);
+    let run = start(limits, tls, p).await;
     let mut sockets = flood(run.addr, 1, 1).await;
-    let by = Instant::now() + HEADER + SLACK;
+    let by = Instant::now() + header + run.slack;
     for (i, socket) in sockets.iter_mut().enumerate() {
         assert!(
             closed_by(socket, by).await,
-            "socket {i} (0: silent, 1: half a head) outlived the header-read timeout"
+            "socket {i} (0: silent, 1: half a head) outlived the header-read timeout [{p}]"
         );
     }
 }
@@ -200,7 +232,9 @@ async fn silent_sockets_are_closed_after_the_header_read_timeout_over_tls() {
 /// idle for the idle timeout.
 #[tokio::test]
 async fn a_kept_alive_connection_is_closed_after_the_idle_timeout() {
-    let run = start(short(), false).await;
+    let p = measured().await;
+    let (limits, header, idle) = short(&p);
+    let run = start(limits, false, p).await;
     let mut socket = TcpStream::connect(run.addr).await.unwrap();
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
     let mut answer = [0u8; 4096];
@@ -208,14 +242,14 @@ async fn a_kept_alive_connection_is_closed_after_the_idle_timeout() {
         socket.write_all(request).await.unwrap();
         let n = socket.read(&mut answer).await.unwrap();
         let head = String::from_utf8_lossy(&answer[..n]);
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head} [{p}]");
         // Twice the header-read timeout, half the idle one.
-        tokio::time::sleep(HEADER * 2).await;
+        tokio::time::sleep(header * 2).await;
     }
-    let by = Instant::now() + IDLE + SLACK;
+    let by = Instant::now() + idle + run.slack;
     assert!(
         closed_by(&mut socket, by).await,
-        "still open after the idle timeout"
+        "still open after the idle timeout [{p}]"
     );
 }
 
@@ -223,7 +257,9 @@ async fn a_kept_alive_connection_is_closed_after_the_idle_timeout() {
 /// outlive the idle and header-read timeouts.
 #[tokio::test]
 async fn long_polls_and_event_streams_outlive_the_idle_timeout() {
-    let run = start(short(), false).await;
+    let p = measured().await;
+    let (limits, header, idle) = short(&p);
+    let run = start(limits, false, p).await;
     let acquire = |owner: &'static str, wait_ms: u64| {
         run.http
             .post(format!("{}/v1/locks/k/acquire", run.base))
@@ -241,11 +277,11 @@ async fn long_polls_and_event_streams_outlive_the_idle_timeout() {
     assert_eq!(grant.status(), 200);
     let grant: serde_json::Value = grant.json().await.unwrap();
     let waited = Instant::now();
-    let poll = acquire("b", u64::try_from((IDLE + HEADER).as_millis()).unwrap())
+    let poll = acquire("b", u64::try_from((idle + header).as_millis()).unwrap())
         .await
         .unwrap();
-    assert_eq!(poll.status(), 409, "{:?}", poll.text().await);
-    assert!(waited.elapsed() >= IDLE, "{:?}", waited.elapsed());
+    assert_eq!(poll.status(), 409, "{:?} [{p}]", poll.text().await);
+    assert!(waited.elapsed() >= idle, "{:?}", waited.elapsed());
     // The stream, quiet since the first grant for longer than the idle
     // timeout, still delivers: the first grant, then a release.
     let mut seen = String::new();
@@ -256,14 +292,14 @@ async fn long_polls_and_event_streams_outlive_the_idle_timeout() {
         .await
         .unwrap();
     assert_eq!(released.status(), 200);
-    tokio::time::timeout(SLACK, async {
+    tokio::time::timeout(run.slack, async {
         while !seen.contains("event: released") {
             let chunk = events.next().await.expect("the stream ended").unwrap();
             seen.push_str(&String::from_utf8_lossy(&chunk));
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no release on the stream: {seen}"));
+    .unwrap_or_else(|_| panic!("no release on the stream [{p}]: {seen}"));
 }
 
 /// A cap filled by requests in flight (event streams here; long polls
@@ -280,6 +316,7 @@ async fn a_cap_full_of_busy_connections_still_answers_healthz() {
             ..Limits::default()
         },
         false,
+        measured().await,
     )
     .await;
     let mut streams = Vec::new();
@@ -294,11 +331,13 @@ async fn a_cap_full_of_busy_connections_still_answers_healthz() {
         streams.push(stream);
     }
     assert_eq!(healthz(&run).await, 200);
-    let refused =
-        tokio::time::timeout(SLACK, run.http.get(format!("{}/v1/locks", run.base)).send())
-            .await
-            .expect("a request over a full cap did not answer")
-            .unwrap();
+    let refused = tokio::time::timeout(
+        run.slack,
+        run.http.get(format!("{}/v1/locks", run.base)).send(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("a request over a full cap did not answer [{}]", run.p))
+    .unwrap();
     assert_eq!(refused.status(), 503);
     let body: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(body["code"], "unavailable", "{body}");

@@ -2,6 +2,9 @@
 //! label of `fencelock_backend_held` takes at most the configured number of
 //! values, the rest counted as `other`, and a kind's series goes with its
 //! last lease.
+//!
+//! Time: the leases (60 s, in the service's own memory store) outlive the
+//! test's local requests by far and keep their figures; no wait or bound.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

@@ -6,6 +6,14 @@
 //! of due keys elsewhere); notices lost while the notification connection
 //! was down are made up for; and a backend without notices still works by
 //! listing. Real servers from the test kit.
+//!
+//! Time: real servers. Each test measures a [`Patience`] against its
+//! direct client first and scales from it the bound on an event that must
+//! come (base [`EVENT_BOUND`]), the leases that must outlive the test
+//! (30 s), and the short leases whose grant the service must see before
+//! their expiry (300 ms: a notice or listing that comes later than the
+//! lease's end finds nothing to report acquired); a failure names the
+//! budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -21,14 +29,26 @@ use fencelock_testkit::{
     servers::{
         etcd::EtcdCluster, postgres::PostgresServer, redis::RedisServer, zookeeper::ZkServer,
     },
-    TestResult,
+    Patience, TestResult,
 };
 use fencelock_zookeeper::ZkBackend;
 use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
-/// Bound on waiting for an event that must come; never a timing assertion.
+/// The base of the bound on waiting for an event that must come; never a
+/// timing assertion.
 const EVENT_BOUND: Duration = Duration::from_secs(10);
+/// The base of a lease that must outlive the test.
+const LEASE: Duration = Duration::from_secs(30);
+/// The base of a lease meant to expire under the follower's eyes.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// A budget measured against `direct`, shown with any failure.
+async fn measured(direct: &dyn Backend) -> Patience {
+    let p = Patience::against(direct).await;
+    eprintln!("time budget: {p}");
+    p
+}
 /// Far beyond the test: every event seen came from a notice (or, for the
 /// state before the first follower, from the one listing that seeds it).
 const NEVER: Duration = Duration::from_secs(3600);
@@ -57,9 +77,9 @@ async fn follow(service_side: Arc<dyn Backend>, interval: Duration) -> (ServerHa
 }
 
 /// The next event about `key` (`resync` and other keys skipped), as
-/// `(type, body)`.
-async fn next_of(events: &mut Events, key: &str) -> (String, Value) {
-    tokio::time::timeout(EVENT_BOUND, async {
+/// `(type, body)`, within `p.bound(EVENT_BOUND)`.
+async fn next_of(events: &mut Events, key: &str, p: &Patience) -> (String, Value) {
+    tokio::time::timeout(p.bound(EVENT_BOUND), async {
         loop {
             let event = events.next().await.expect("the stream ended").unwrap();
             if event.event == "resync" {
@@ -72,7 +92,7 @@ async fn next_of(events: &mut Events, key: &str) -> (String, Value) {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no event about {key} arrived"))
+    .unwrap_or_else(|_| panic!("no event about {key} arrived [{p}]"))
 }
 
 /// Takes `key` directly on `direct` for `ttl`; the lease.
@@ -90,17 +110,18 @@ async fn direct_changes_and_expiries_arrive_without_listing(
     service_side: Arc<dyn Backend>,
     direct: Arc<dyn Backend>,
 ) -> TestResult {
+    let p = measured(direct.as_ref()).await;
     let (_server, mut events) = follow(service_side, NEVER).await;
 
-    let lease = take(direct.as_ref(), "outside", Duration::from_secs(30)).await?;
+    let lease = take(direct.as_ref(), "outside", p.ttl(LEASE)).await?;
     let token = lease.token.get();
-    let (kind, body) = next_of(&mut events, "outside").await;
+    let (kind, body) = next_of(&mut events, "outside", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("acquired", Some(token))
     );
     direct.release(&lease).await?;
-    let (kind, body) = next_of(&mut events, "outside").await;
+    let (kind, body) = next_of(&mut events, "outside", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("released", Some(token))
@@ -108,13 +129,13 @@ async fn direct_changes_and_expiries_arrive_without_listing(
 
     // Nobody announces an expiry: the service reads the key when its known
     // lease should have ended, and says so.
-    let token = take(direct.as_ref(), "short", Duration::from_millis(300))
+    let token = take(direct.as_ref(), "short", p.ttl(SHORT))
         .await?
         .token
         .get();
-    let (kind, _) = next_of(&mut events, "short").await;
-    assert_eq!(kind, "acquired");
-    let (kind, body) = next_of(&mut events, "short").await;
+    let (kind, _) = next_of(&mut events, "short", &p).await;
+    assert_eq!(kind, "acquired", "[{p}]");
+    let (kind, body) = next_of(&mut events, "short", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("expired", Some(token))
@@ -173,14 +194,12 @@ async fn a_change_made_while_the_etcd_watch_was_down_still_arrives() -> TestResu
     let follower = (leader + 1) % etcd.len();
     let service_side = EtcdBackend::connect(&at(follower)).await?;
     let direct = EtcdBackend::connect(&at(leader)).await?;
+    let p = measured(&direct).await;
     let (_server, mut events) = follow(Arc::new(service_side), NEVER).await;
     etcd.kill(follower)?;
-    let token = take(&direct, "during", Duration::from_secs(30))
-        .await?
-        .token
-        .get();
+    let token = take(&direct, "during", p.ttl(LEASE)).await?.token.get();
     etcd.start_again(follower)?;
-    let (kind, body) = next_of(&mut events, "during").await;
+    let (kind, body) = next_of(&mut events, "during", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("acquired", Some(token))
@@ -195,6 +214,7 @@ async fn a_change_made_while_redis_notices_were_cut_off_still_arrives() -> TestR
     let server = RedisServer::start()?;
     let service_side = RedisBackend::connect(&server.url()).await?;
     let direct = RedisBackend::connect(&server.url()).await?;
+    let p = measured(&direct).await;
     let (_server, mut events) = follow(Arc::new(service_side), NEVER).await;
     let mut admin = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
@@ -206,11 +226,8 @@ async fn a_change_made_while_redis_notices_were_cut_off_still_arrives() -> TestR
         .arg("pubsub")
         .query_async(&mut admin)
         .await?;
-    let token = take(&direct, "during", Duration::from_secs(30))
-        .await?
-        .token
-        .get();
-    let (kind, body) = next_of(&mut events, "during").await;
+    let token = take(&direct, "during", p.ttl(LEASE)).await?.token.get();
+    let (kind, body) = next_of(&mut events, "during", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("acquired", Some(token))
@@ -227,14 +244,12 @@ async fn a_backend_without_notices_is_listed() -> TestResult {
     let service_side = fencelock_sqlite::SqliteBackend::connect(&url).await?;
     assert!(service_side.changes().await?.is_none());
     let direct = fencelock_sqlite::SqliteBackend::connect(&url).await?;
+    let p = measured(&direct).await;
     let (_server, mut events) = follow(Arc::new(service_side), Duration::from_millis(50)).await;
-    let token = take(&direct, "listed", Duration::from_millis(300))
-        .await?
-        .token
-        .get();
-    let (kind, _) = next_of(&mut events, "listed").await;
-    assert_eq!(kind, "acquired");
-    let (kind, body) = next_of(&mut events, "listed").await;
+    let token = take(&direct, "listed", p.ttl(SHORT)).await?.token.get();
+    let (kind, _) = next_of(&mut events, "listed", &p).await;
+    assert_eq!(kind, "acquired", "[{p}]");
+    let (kind, body) = next_of(&mut events, "listed", &p).await;
     assert_eq!(
         (kind.as_str(), body["token"].as_u64()),
         ("expired", Some(token))

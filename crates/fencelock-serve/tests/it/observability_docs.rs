@@ -2,6 +2,9 @@
 //! every metric they query is one the library documents or the service's
 //! `/metrics` exports (with its HELP text), so that a renamed metric
 //! cannot leave a dashboard panel or an alert silently empty.
+//!
+//! Time: the lease (10 s, in the service's own memory store) only has to
+//! exist when `/metrics` is read right after; no wait or bound.
 
 use std::{collections::BTreeMap, collections::BTreeSet, path::PathBuf, sync::Arc};
 

@@ -1,6 +1,10 @@
 //! Limits that protect the other clients (`docs/http.md`, "Threat model"):
 //! an all-or-nothing acquisition takes a bounded number of keys, and the
 //! listings come in pages.
+//!
+//! Time: the leases (30 s, in the service's own memory store) outlive the
+//! test's few local requests by far and keep their figures; no wait or
+//! bound.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

@@ -5,6 +5,9 @@
 //!
 //! Over SQLite, so that the `backend="sqlite"` series counts this module's
 //! renewals only (the recorder is the process's; other modules use memory).
+//!
+//! Time: the lease (60 s, in a SQLite file of the test's own) outlives the
+//! test's few local requests by far and keeps its figure; no wait or bound.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

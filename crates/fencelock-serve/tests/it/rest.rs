@@ -1,5 +1,14 @@
 //! The REST contract of `docs/http.md`, against a real server on a loopback
 //! port over the memory backend.
+//!
+//! Time: a real service on a real socket. Each test's service measures a
+//! [`Patience`] when it starts, and every wait for something that must
+//! come (an event, a waiter in the statistics, an activity entry) is
+//! bounded by [`EVENT_BOUND`] scaled from it ([`event_bound`]); a failure
+//! names the budget. The leases (30 s and more, in the service's own
+//! memory store) outlive a test's few local requests by far and keep
+//! their figures, which many answers are checked against; the 200 ms
+//! without a follower is the scenario, not a wait for anything.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -8,6 +17,7 @@ use std::{sync::Arc, time::Duration};
 use eventsource_stream::Eventsource;
 use fencelock_core::{Backend, LockClient, LockKey, MemoryBackend, MemoryFence};
 use fencelock_serve::{Server, ServerHandle, Service, Tokens};
+use fencelock_testkit::{patience, Patience};
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -16,8 +26,14 @@ const ADMIN: &str = "admin-0123456789abcdef";
 const CLIENT: &str = "client-0123456789abcdef";
 /// A second client, in a namespace of its own.
 const OTHER: &str = "other-0123456789abcdef";
-/// Bound on waiting for an event that must come; never a timing assertion.
+/// The base of the bound on waiting for an event that must come; never a
+/// timing assertion.
 const EVENT_BOUND: Duration = Duration::from_secs(10);
+
+/// [`EVENT_BOUND`] scaled by the budget the test's service measured.
+fn event_bound() -> Duration {
+    patience::current().bound(EVENT_BOUND)
+}
 
 struct Api {
     base: String,
@@ -36,6 +52,9 @@ impl Api {
 
     /// A service over `backend`.
     async fn over(backend: Arc<dyn Backend>, tokens: bool) -> Self {
+        // The budget the test's bounds take, shown with any failure.
+        let p = Patience::measure().await;
+        eprintln!("time budget: {p}");
         let client = LockClient::new(backend);
         let direct = client.clone();
         let mut service = Service::builder(client)
@@ -567,7 +586,7 @@ async fn expect_events(
 ) -> Vec<Value> {
     let mut seen = Vec::new();
     let mut want = kinds.iter().peekable();
-    tokio::time::timeout(EVENT_BOUND, async {
+    tokio::time::timeout(event_bound(), async {
         while let Some(kind) = want.peek() {
             let event = events.next().await.expect("the stream ended").unwrap();
             let body: Value = serde_json::from_str(&event.data).unwrap();
@@ -677,7 +696,7 @@ async fn the_services_own_grants_carry_the_lease_and_a_watch_reads_nothing() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{grant}");
-    let change = tokio::time::timeout(EVENT_BOUND, watch.next())
+    let change = tokio::time::timeout(event_bound(), watch.next())
         .await
         .unwrap()
         .unwrap()
@@ -751,7 +770,7 @@ async fn a_long_poll_is_woken_by_the_release_and_counted_as_a_waiter() {
         })
     };
     // The waiter shows in the statistics while it waits.
-    tokio::time::timeout(EVENT_BOUND, async {
+    tokio::time::timeout(event_bound(), async {
         loop {
             let (_, stats) = api.send(Method::GET, "/v1/stats", None).await;
             if stats["waiters"] == 1 {
@@ -994,7 +1013,7 @@ async fn a_follower_resumes_from_its_last_event_id() {
     let mut keeper = follow(&api, "").await;
     let mut events = follow(&api, "").await;
     let (_, first) = api.acquire("resume-1", json!({"ttl_ms": 30000})).await;
-    let last = tokio::time::timeout(EVENT_BOUND, events.next())
+    let last = tokio::time::timeout(event_bound(), events.next())
         .await
         .unwrap()
         .unwrap()
@@ -1022,7 +1041,7 @@ async fn a_follower_resumes_from_its_last_event_id() {
     let mut resumed = resumed.bytes_stream().eventsource();
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let e = tokio::time::timeout(EVENT_BOUND, resumed.next())
+        let e = tokio::time::timeout(event_bound(), resumed.next())
             .await
             .unwrap()
             .unwrap()
@@ -1054,7 +1073,7 @@ async fn a_follower_resumes_from_its_last_event_id() {
         .await
         .unwrap();
     let mut stranger = stranger.bytes_stream().eventsource();
-    let e = tokio::time::timeout(EVENT_BOUND, stranger.next())
+    let e = tokio::time::timeout(event_bound(), stranger.next())
         .await
         .unwrap()
         .unwrap()
@@ -1170,7 +1189,7 @@ async fn several_keys_are_taken_all_or_nothing() {
 /// `EVENT_BOUND`, which only bounds a failure); returns that answer.
 async fn activity_until(api: &Api, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
-    let found = tokio::time::timeout(EVENT_BOUND, async {
+    let found = tokio::time::timeout(event_bound(), async {
         loop {
             let (status, body) = api.send(Method::GET, "/v1/activity", None).await;
             assert_eq!(status, StatusCode::OK, "{body}");

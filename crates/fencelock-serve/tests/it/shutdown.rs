@@ -2,6 +2,13 @@
 //! that sends their client elsewhere, and the server is done well inside a
 //! supervisor's stop timeout (`docs/http.md`, "Connections and their
 //! limits").
+//!
+//! Time: real services on real sockets. Each test measures a [`Patience`]
+//! first and scales from it the waits for a long poll to show or a waiter
+//! to be granted, and the bound on a shutdown (base [`STOP_BOUND`]); the
+//! latter stays below [`NEVER_WAITED`], the shortest long-poll stretch a
+//! shutdown must not wait out, which is what it tells apart. A failure
+//! names the budget.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
@@ -10,11 +17,21 @@ use std::{sync::Arc, time::Duration};
 use fencelock_core::{Backend, LockClient, MemoryBackend, MemoryFence};
 use fencelock_http::HttpBackend;
 use fencelock_serve::{Server, ServerHandle, Service};
+use fencelock_testkit::Patience;
 use tokio::time::Instant;
 
 /// What systemd allows the unit shipped in deploy/ less a margin: a
-/// shutdown must be done by then, whatever is pending.
+/// shutdown must be done by then, whatever is pending (the base of the
+/// bound).
 const STOP_BOUND: Duration = Duration::from_secs(10);
+/// Less than a long poll's stretch (a third of its TTL, at most 20 s): a
+/// shutdown that waited for one would take that long.
+const NEVER_WAITED: Duration = Duration::from_secs(15);
+
+/// The bound on a shutdown: [`STOP_BOUND`] scaled, below [`NEVER_WAITED`].
+fn stop_bound(p: &Patience) -> Duration {
+    p.bound(STOP_BOUND).min(NEVER_WAITED)
+}
 
 async fn replica(backend: Arc<MemoryBackend>) -> (ServerHandle, String) {
     let backend: Arc<dyn Backend> = backend;
@@ -28,9 +45,10 @@ async fn replica(backend: Arc<MemoryBackend>) -> (ServerHandle, String) {
     (server.spawn(), addr)
 }
 
-/// Waits until `addr` counts `n` long polls.
-async fn waiters(http: &reqwest::Client, addr: &str, n: u64) {
-    tokio::time::timeout(STOP_BOUND, async {
+/// Waits until `addr` counts `n` long polls, for at most
+/// `p.bound(STOP_BOUND)`.
+async fn waiters(http: &reqwest::Client, addr: &str, n: u64, p: &Patience) {
+    tokio::time::timeout(p.bound(STOP_BOUND), async {
         loop {
             let stats: serde_json::Value = http
                 .get(format!("http://{addr}/v1/stats"))
@@ -47,11 +65,12 @@ async fn waiters(http: &reqwest::Client, addr: &str, n: u64) {
         }
     })
     .await
-    .expect("the long poll never showed in /v1/stats");
+    .unwrap_or_else(|_| panic!("the long poll never showed in /v1/stats [{p}]"));
 }
 
 #[tokio::test]
 async fn a_shutdown_answers_a_60_s_long_poll_at_once_and_ends_quickly() {
+    let p = Patience::measure().await;
     let (handle, addr) = replica(Arc::new(MemoryBackend::new())).await;
     let http = reqwest::Client::new();
     let acquire = |owner: &'static str, wait_ms: u64| {
@@ -71,12 +90,13 @@ async fn a_shutdown_answers_a_60_s_long_poll_at_once_and_ends_quickly() {
                 .await
         }
     });
-    waiters(&http, &addr, 2).await;
+    waiters(&http, &addr, 2, &p).await;
 
     let stopping = Instant::now();
-    tokio::time::timeout(STOP_BOUND, handle.shutdown())
+    let bound = stop_bound(&p);
+    tokio::time::timeout(bound, handle.shutdown())
         .await
-        .expect("the shutdown waited for the long polls");
+        .unwrap_or_else(|_| panic!("the shutdown waited for the long polls [{p}]"));
     for answer in [poll.await.unwrap().unwrap(), all.await.unwrap().unwrap()] {
         assert_eq!(answer.status(), 503);
         assert_eq!(answer.headers()["retry-after"], "1");
@@ -84,7 +104,7 @@ async fn a_shutdown_answers_a_60_s_long_poll_at_once_and_ends_quickly() {
         assert_eq!(body["code"], "unavailable", "{body}");
         assert_eq!(body["retry_after_ms"], 1000, "{body}");
     }
-    assert!(stopping.elapsed() < STOP_BOUND);
+    assert!(stopping.elapsed() < bound, "[{p}]");
 }
 
 /// A library client given two replicas, waiting through the first, keeps
@@ -93,6 +113,7 @@ async fn a_shutdown_answers_a_60_s_long_poll_at_once_and_ends_quickly() {
 /// longer takes connections.
 #[tokio::test]
 async fn a_waiting_client_moves_to_the_other_replica_when_its_replica_shuts_down() {
+    let p = Patience::measure().await;
     let backend = Arc::new(MemoryBackend::new());
     let (first, first_addr) = replica(Arc::clone(&backend)).await;
     let (_second, second_addr) = replica(Arc::clone(&backend)).await;
@@ -116,17 +137,17 @@ async fn a_waiting_client_moves_to_the_other_replica_when_its_replica_shuts_down
             .acquire()
             .await
     });
-    waiters(&reqwest::Client::new(), &first_addr, 1).await;
-    tokio::time::timeout(STOP_BOUND, first.shutdown())
+    waiters(&reqwest::Client::new(), &first_addr, 1, &p).await;
+    tokio::time::timeout(stop_bound(&p), first.shutdown())
         .await
-        .expect("the shutdown waited for the long poll");
+        .unwrap_or_else(|_| panic!("the shutdown waited for the long poll [{p}]"));
     // The waiter asks the second replica now.
-    waiters(&reqwest::Client::new(), &second_addr, 1).await;
+    waiters(&reqwest::Client::new(), &second_addr, 1, &p).await;
     let token = holder.token();
     holder.release().await.unwrap();
-    let guard = tokio::time::timeout(STOP_BOUND, waiter)
+    let guard = tokio::time::timeout(p.bound(STOP_BOUND), waiter)
         .await
-        .expect("the waiter was not granted after the release")
+        .unwrap_or_else(|_| panic!("the waiter was not granted after the release [{p}]"))
         .unwrap()
         .unwrap();
     assert!(guard.token() > token);

@@ -1,5 +1,8 @@
 //! HTTPS: the service with `--tls-cert/--tls-key`, and the `https://`
 //! backend trusting a private CA through `ca_file`.
+//!
+//! Time: the lease (10 s, in the service's own memory store) outlives the
+//! test's two local requests and keeps its figure; no wait or bound.
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 

@@ -1,5 +1,9 @@
 package fencelock
 
+// Time: (b) the leases, waits and bounds are base figures scaled by the
+// test's measured patience (patience_test.go); the standby is waited for
+// on its event stream, not given a sleep to get there.
+
 import (
 	"context"
 	"encoding/json"
@@ -8,10 +12,12 @@ import (
 )
 
 func TestElection(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	a := newClient(t, s.url)
 	b := newClient(t, s.url)
-	ctx := ctxT(t, 30*time.Second)
+	streams := eventStreams(b)
+	ctx := ctxT(t, pat.scale(30*time.Second))
 	ea, eb := a.Election("scheduler"), b.Election("scheduler")
 	changes, err := eb.Observe(ctx)
 	if err != nil {
@@ -20,13 +26,13 @@ func TestElection(t *testing.T) {
 	if ch := <-changes; ch.Leader != nil {
 		t.Fatalf("first change %+v, want vacant", ch)
 	}
-	lead, err := ea.Campaign(ctx, TTL(2*time.Second), Data(map[string]string{"addr": "10.0.0.1:80"}))
+	lead, err := ea.Campaign(ctx, TTL(pat.scale(2*time.Second)), Data(map[string]string{"addr": "10.0.0.1:80"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ch := <-changes
 	if ch.Leader == nil || ch.Leader.Term != lead.Token() {
-		t.Fatalf("observed %+v, want term %d", ch, lead.Token())
+		t.Fatalf("observed %+v, want term %d [%v]", ch, lead.Token(), pat)
 	}
 	l, err := eb.Leader(ctx)
 	var v map[string]string
@@ -34,27 +40,30 @@ func TestElection(t *testing.T) {
 		t.Fatalf("leader %+v %v", l, err)
 	}
 	// A standby is elected when the leader resigns, with a higher term.
+	// The standby waits on its own event stream once it found the term
+	// held (Observe opened one already).
+	observing := streams()
 	standby := make(chan *Lock, 1)
 	go func() {
-		l, err := eb.Campaign(ctx, TTL(2*time.Second), Wait(10*time.Second))
+		l, err := eb.Campaign(ctx, TTL(pat.scale(2*time.Second)), Wait(pat.scale(10*time.Second)))
 		if err != nil {
-			t.Error(err)
+			t.Errorf("standby: %v [%v]", err, pat)
 		}
 		standby <- l
 	}()
-	time.Sleep(200 * time.Millisecond)
+	pat.waitFor(t, 10*time.Second, "the standby waiting on its event stream", func() bool { return streams() > observing })
 	if err := lead.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	next := <-standby
 	if next == nil || next.Token() <= lead.Token() {
-		t.Fatalf("standby %v after term %d", next, lead.Token())
+		t.Fatalf("standby %v after term %d [%v]", next, lead.Token(), pat)
 	}
 	if ch := <-changes; ch.Leader != nil || ch.PreviousTerm != lead.Token() {
-		t.Fatalf("observed %+v, want vacancy after %d", ch, lead.Token())
+		t.Fatalf("observed %+v, want vacancy after %d [%v]", ch, lead.Token(), pat)
 	}
 	if ch := <-changes; ch.Leader == nil || ch.Leader.Term != next.Token() {
-		t.Fatalf("observed %+v, want term %d", ch, next.Token())
+		t.Fatalf("observed %+v, want term %d [%v]", ch, next.Token(), pat)
 	}
 	// Interoperates with the CLI: `fencelock leader` sees the Go leader.
 	code, out := cli(t, nil, "--url", s.url, "leader", "scheduler", "--json")

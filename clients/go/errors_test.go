@@ -1,5 +1,11 @@
 package fencelock
 
+// Time: (b) every TTL, wait and bound is a base figure scaled by the
+// test's measured patience (patience_test.go). A deadline the test sets to
+// see it honoured stays as it is; only the slack allowed past it is
+// scaled, and it stays far below the retries or the 10 s request timeout
+// it tells apart. "Not before the deadline" needs no scaling.
+
 import (
 	"context"
 	"errors"
@@ -14,9 +20,13 @@ import (
 // Bad input is a typed error, never a retry, and never past the caller's
 // deadline.
 func TestBadInputGivesTypedErrors(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", true)
 	c := newClient(t, s.url, WithToken(clientToken))
-	ctx := ctxT(t, 5*time.Second)
+	// A retry would go on until ctx ends: the bound of one call is a fifth
+	// of it.
+	ctx := ctxT(t, pat.scale(5*time.Second))
+	bound := pat.scale(time.Second)
 	cases := []struct {
 		name string
 		call func() error
@@ -39,8 +49,8 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		if !errors.Is(err, tc.want) || !errors.As(err, &e) || e.Code != tc.code {
 			t.Errorf("%s: %v (want %v, code %s)", tc.name, err, tc.want, tc.code)
 		}
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("%s took %v", tc.name, took)
+		if took := time.Since(start); took > bound {
+			t.Errorf("%s took %v, more than %v [%v]", tc.name, took, bound, pat)
 		}
 	}
 	bad := newClient(t, s.url, WithToken("not-a-token-at-all-0000"))
@@ -95,9 +105,10 @@ func TestEveryRefusedInputIsErrInvalid(t *testing.T) {
 		t.Errorf("a bad URL's password is shown: %v", err)
 	}
 
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
-	ctx := ctxT(t, 5*time.Second)
+	ctx := ctxT(t, pat.scale(5*time.Second))
 	// A free key: a negative wait used to become Wait(0) and acquire it.
 	if l, err := c.Acquire(ctx, "negative-wait", Wait(-time.Second)); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Wait(-1s): %v, want ErrInvalid", err)
@@ -123,6 +134,11 @@ func TestEveryRefusedInputIsErrInvalid(t *testing.T) {
 
 // A dead or hung service gives ErrUnavailable within the caller's deadline.
 func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
+	pat := measurePatience()
+	// What a call may take past its deadline (or the client's timeout):
+	// 200 ms on a quiet machine, far below the 10 s request timeout a
+	// call that ignored its deadline would wait for.
+	slack := pat.scale(200 * time.Millisecond)
 	dead := newClient(t, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
 	start := time.Now()
 	if _, err := dead.TryAcquire(context.Background(), "k"); !errors.Is(err, ErrUnavailable) {
@@ -135,8 +151,8 @@ func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("acquire against a dead service: %v", err)
 	}
-	if took > 600*time.Millisecond {
-		t.Fatalf("took %v past a 400 ms deadline", took)
+	if took > 400*time.Millisecond+slack {
+		t.Fatalf("took %v past a 400 ms deadline (slack %v) [%v]", took, slack, pat)
 	}
 
 	// Hung: the service is paused.
@@ -148,8 +164,8 @@ func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
 	defer cancel2()
 	start = time.Now()
 	_, err = hung.Acquire(ctx2, "k")
-	if took := time.Since(start); took > 500*time.Millisecond {
-		t.Fatalf("took %v past a 300 ms deadline", took)
+	if took := time.Since(start); took > 300*time.Millisecond+slack {
+		t.Fatalf("took %v past a 300 ms deadline (slack %v) [%v]", took, slack, pat)
 	}
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("acquire against a hung service: %v", err)
@@ -159,16 +175,17 @@ func TestADeadServiceGivesTypedErrorsInTime(t *testing.T) {
 	if _, err := hung2.TryAcquire(context.Background(), "k"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("try against a hung service: %v", err)
 	}
-	if took := time.Since(start); took > 400*time.Millisecond {
-		t.Fatalf("WithTimeout(200ms) took %v", took)
+	if took := time.Since(start); took > 200*time.Millisecond+slack {
+		t.Fatalf("WithTimeout(200ms) took %v (slack %v) [%v]", took, slack, pat)
 	}
 }
 
 // Run holds the lock for the function, releases after, and reports a loss.
 func TestRun(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
-	ctx := ctxT(t, 20*time.Second)
+	ctx := ctxT(t, pat.scale(20*time.Second))
 	var token uint64
 	err := c.Run(ctx, "run", func(ctx context.Context, l *Lock) error {
 		token = l.Token()
@@ -176,9 +193,9 @@ func TestRun(t *testing.T) {
 			return fmt.Errorf("not exclusive: %v", err)
 		}
 		return c.KVPut(ctx, "run", l.Token(), "done")
-	}, TTL(time.Second))
+	}, TTL(pat.scale(time.Second)))
 	if err != nil || token == 0 {
-		t.Fatal(err)
+		t.Fatalf("Run: %v [%v]", err, pat)
 	}
 	if _, err := c.Inspect(ctx, "run"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("not released after Run: %v", err)
@@ -194,27 +211,29 @@ func TestRun(t *testing.T) {
 		}
 		<-ctx.Done()
 		return context.Cause(ctx)
-	}, TTL(600*time.Millisecond))
+	}, TTL(pat.scale(600*time.Millisecond)))
 	if !errors.Is(err, ErrLost) {
-		t.Fatalf("Run after a loss: %v", err)
+		t.Fatalf("Run after a loss: %v [%v]", err, pat)
 	}
 }
 
 // The LockManager adapter.
 func TestManager(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
 	var m LockManager = NewManager(c)
-	ctx := ctxT(t, 20*time.Second)
-	if ok, err := m.TryLock(ctx, "m", time.Second); !ok || err != nil {
+	ctx := ctxT(t, pat.scale(20*time.Second))
+	ttl := pat.scale(time.Second)
+	if ok, err := m.TryLock(ctx, "m", ttl); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if ok, err := m.TryLock(ctx, "m", time.Second); ok || err != nil {
-		t.Fatal("second TryLock", ok, err)
+	if ok, err := m.TryLock(ctx, "m", ttl); ok || err != nil {
+		t.Fatal("second TryLock", ok, err, pat)
 	}
 	other := NewManager(newClient(t, s.url))
-	if ok, err := other.TryLock(ctx, "m", time.Second); ok || err != nil {
-		t.Fatal("other TryLock", ok, err)
+	if ok, err := other.TryLock(ctx, "m", ttl); ok || err != nil {
+		t.Fatal("other TryLock", ok, err, pat)
 	}
 	tok, err := m.GetFencingToken(ctx, "m")
 	if err != nil || tok == 0 {
@@ -223,8 +242,8 @@ func TestManager(t *testing.T) {
 	if locked, err := m.IsLocked(ctx, "m"); !locked || err != nil {
 		t.Fatal(locked, err)
 	}
-	if err := m.Renew(ctx, "m", 2*time.Second); err != nil {
-		t.Fatal(err)
+	if err := m.Renew(ctx, "m", pat.scale(2*time.Second)); err != nil {
+		t.Fatal(err, pat)
 	}
 	if err := m.Unlock(ctx, "m"); err != nil {
 		t.Fatal(err)
@@ -235,7 +254,7 @@ func TestManager(t *testing.T) {
 	if locked, err := m.IsLocked(ctx, "m"); locked || err != nil {
 		t.Fatal(locked, err)
 	}
-	if err := other.Lock(ctx, "m", time.Second); err != nil {
+	if err := other.Lock(ctx, "m", ttl); err != nil {
 		t.Fatal(err)
 	}
 	if tok2, _ := other.GetFencingToken(ctx, "m"); tok2 <= tok {
@@ -250,6 +269,7 @@ func TestManager(t *testing.T) {
 // goroutine behind: not the renewer, not a waiter's event stream, not a
 // connection.
 func TestNoGoroutineLeaks(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	time.Sleep(50 * time.Millisecond)
 	before := runtime.NumGoroutine()
@@ -258,13 +278,15 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx := ctxT(t, 20*time.Second)
-		a, err := c.Acquire(ctx, "leak", TTL(300*time.Millisecond))
+		ctx := ctxT(t, pat.scale(20*time.Second))
+		a, err := c.Acquire(ctx, "leak", TTL(pat.scale(300*time.Millisecond)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		waited := make(chan error, 1)
-		wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		// The waiter's deadline: long enough for its event stream, and the
+		// test's, to open first.
+		wctx, wcancel := context.WithTimeout(ctx, pat.scale(500*time.Millisecond))
 		defer wcancel()
 		go func() { _, err := c.Acquire(wctx, "leak"); waited <- err }()
 		events, err := c.Events(wctx, EventFilter{Prefix: "le"})
@@ -272,11 +294,11 @@ func TestNoGoroutineLeaks(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := <-waited; !errors.Is(err, ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("waiter: %v", err)
+			t.Fatalf("waiter: %v [%v]", err, pat)
 		}
 		for range events {
 		}
-		held, err := c.Acquire(ctx, "leak2", TTL(time.Second))
+		held, err := c.Acquire(ctx, "leak2", TTL(pat.scale(time.Second)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +308,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		}
 		var lost *LostError
 		if !errors.As(context.Cause(held.Context()), &lost) || lost.Reason != "closed" {
-			t.Fatalf("held lock after Close: %v", context.Cause(held.Context()))
+			t.Fatalf("held lock after Close: %v [%v]", context.Cause(held.Context()), pat)
 		}
 		if _, err := c.TryAcquire(ctx, "leak3"); !errors.Is(err, ErrClosed) {
 			t.Fatalf("after Close: %v", err)
@@ -298,12 +320,12 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		_ = probe.Close()
 	}()
 	http.DefaultClient.CloseIdleConnections()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(pat.scale(3 * time.Second))
 	for runtime.NumGoroutine() > before {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
 			n := runtime.Stack(buf, true)
-			t.Fatalf("%d goroutines before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:n])
+			t.Fatalf("%d goroutines before, %d after [%v]:\n%s", before, runtime.NumGoroutine(), pat, buf[:n])
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

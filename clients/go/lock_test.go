@@ -1,5 +1,13 @@
 package fencelock
 
+// Time: (b) every TTL, wait, hold and bound is a base figure scaled by the
+// test's measured patience (patience_test.go): a scaled TTL comes with a
+// hold scaled alike, so a hold still spans as many renewal periods. A
+// waiter is waited for where it waits (its event stream, the service's
+// count of long polls), not given a sleep to get there. The renewal
+// requests counted are those of the hold alone, whatever the machine's
+// speed while the locks were taken.
+
 import (
 	"context"
 	"errors"
@@ -22,13 +30,17 @@ var acquiredRe = regexp.MustCompile(` token=(\d+) owner=(\S+)`)
 func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
+			pat := measurePatience()
 			s := startService(t, backend, false)
 			c := newClient(t, s.url)
-			ctx := ctxT(t, 60*time.Second)
+			streams := eventStreams(c)
+			ctx := ctxT(t, pat.scale(60*time.Second))
 			key := "jobs/nightly report"
+			// A duration for the CLI: base scaled, in milliseconds.
+			cliDuration := func(base time.Duration) string { return fmt.Sprintf("%dms", pat.scale(base).Milliseconds()) }
 
 			// Go holds: the CLI is refused.
-			g1, err := c.Acquire(ctx, key, TTL(5*time.Second), Wait(0))
+			g1, err := c.Acquire(ctx, key, TTL(pat.scale(5*time.Second)), Wait(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -43,7 +55,7 @@ func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 			}
 
 			// The CLI holds: Go is refused and sees the holder.
-			code, out := cli(t, nil, "--url", s.url, "acquire", key, "--ttl", "30s")
+			code, out := cli(t, nil, "--url", s.url, "acquire", key, "--ttl", cliDuration(30*time.Second))
 			m := acquiredRe.FindStringSubmatch(out)
 			if code != 0 || m == nil {
 				t.Fatalf("CLI acquire: exit %d, %q", code, out)
@@ -58,16 +70,18 @@ func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 				t.Fatalf("TryAcquire of a key the CLI holds: %v (%+v)", err, e)
 			}
 
-			// A Go waiter gets it when the CLI releases.
+			// A Go waiter gets it when the CLI releases: released once the
+			// waiter waits on the key's event stream.
+			opened := streams()
 			got := make(chan *Lock, 1)
 			go func() {
-				l, err := c.Acquire(ctx, key, Wait(20*time.Second))
+				l, err := c.Acquire(ctx, key, Wait(pat.scale(20*time.Second)))
 				if err != nil {
-					t.Error(err)
+					t.Errorf("Go waiter: %v [%v]", err, pat)
 				}
 				got <- l
 			}()
-			time.Sleep(200 * time.Millisecond)
+			pat.waitFor(t, 10*time.Second, "the Go waiter waiting on its event stream", func() bool { return streams() > opened })
 			if code, out := cli(t, nil, "--url", s.url, "release", key, "--owner", m[2], "--token", m[1]); code != 0 {
 				t.Fatalf("CLI release: exit %d %s", code, out)
 			}
@@ -79,17 +93,26 @@ func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 				t.Fatalf("Go token %d not above the CLI's %d", g3.Token(), t2)
 			}
 
-			// `fencelock run` waits for Go's lock and gets a higher token.
+			// `fencelock run` waits for Go's lock and gets a higher token. It
+			// waits by long polls of the service (http:// backend), which the
+			// service counts.
 			done := make(chan string, 1)
 			go func() {
-				code, out := cli(t, nil, "--url", s.url, "run", key, "--wait", "20s", "--", "sh", "-c", "echo token=$FENCELOCK_TOKEN")
+				code, out := cli(t, nil, "--url", s.url, "run", key, "--wait", cliDuration(20*time.Second), "--", "sh", "-c", "echo token=$FENCELOCK_TOKEN")
 				done <- fmt.Sprintf("%d %s", code, out)
 			}()
-			time.Sleep(300 * time.Millisecond)
-			select {
-			case r := <-done:
-				t.Fatalf("fencelock run did not wait for the Go lock: %s", r)
-			default:
+			var ran string
+			pat.waitFor(t, 10*time.Second, "fencelock run waiting for the Go lock", func() bool {
+				select {
+				case ran = <-done:
+					return true
+				default:
+				}
+				st, err := c.Stats(ctx)
+				return err == nil && st.Waiters > 0
+			})
+			if ran != "" {
+				t.Fatalf("fencelock run did not wait for the Go lock: %s", ran)
 			}
 			if err := g3.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -98,11 +121,11 @@ func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 			var code4 int
 			var t4 uint64
 			if _, err := fmt.Sscanf(r, "%d token=%d", &code4, &t4); err != nil || code4 != 0 || t4 <= g3.Token() {
-				t.Fatalf("fencelock run after the Go release: %q (Go token %d)", r, g3.Token())
+				t.Fatalf("fencelock run after the Go release: %q (Go token %d) [%v]", r, g3.Token(), pat)
 			}
 
 			// And Go again, above everything.
-			g5, err := c.Acquire(ctx, key, Wait(5*time.Second))
+			g5, err := c.Acquire(ctx, key, Wait(pat.scale(5*time.Second)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,20 +141,22 @@ func TestExclusionAndTokensWithTheRustCLI(t *testing.T) {
 
 // A held lock is renewed in the background past its TTL.
 func TestRenewalKeepsTheLock(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
-	ctx := ctxT(t, 30*time.Second)
-	l, err := c.Acquire(ctx, "renewed", TTL(300*time.Millisecond))
+	ctx := ctxT(t, pat.scale(30*time.Second))
+	l, err := c.Acquire(ctx, "renewed", TTL(pat.scale(300*time.Millisecond)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := l.Deadline()
-	time.Sleep(1200 * time.Millisecond)
+	// Held for four TTLs: the deadline moves on by at least two.
+	time.Sleep(pat.scale(1200 * time.Millisecond))
 	if !l.Valid() || l.Context().Err() != nil {
-		t.Fatalf("lock lost while renewing: %v", l.Err())
+		t.Fatalf("lock lost while renewing: %v [%v]", l.Err(), pat)
 	}
-	if !l.Deadline().After(first.Add(700 * time.Millisecond)) {
-		t.Fatalf("deadline did not move: %v then %v", first, l.Deadline())
+	if !l.Deadline().After(first.Add(pat.scale(700 * time.Millisecond))) {
+		t.Fatalf("deadline did not move: %v then %v [%v]", first, l.Deadline(), pat)
 	}
 	info, err := c.Inspect(ctx, "renewed")
 	if err != nil || info.Token != l.Token() {
@@ -177,32 +202,36 @@ func (c *countingTransport) get(family string) int {
 // Many locks renew in a few batched requests (POST /v1/renew), not one
 // request each, and every one of them stays valid.
 func TestManyLocksRenewInBatches(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	counting := &countingTransport{counts: map[string]int{}}
 	c := newClient(t, s.url, WithHTTPClient(&http.Client{Transport: counting}))
-	ctx := ctxT(t, 60*time.Second)
+	ctx := ctxT(t, pat.scale(60*time.Second))
 	const n = 200
 	locks := make([]*Lock, n)
 	for i := range locks {
-		l, err := c.Acquire(ctx, fmt.Sprintf("batch-%d", i), TTL(900*time.Millisecond))
+		l, err := c.Acquire(ctx, fmt.Sprintf("batch-%d", i), TTL(pat.scale(900*time.Millisecond)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		locks[i] = l
 	}
-	// Held for several renewal periods (a third of the TTL each).
-	time.Sleep(3 * time.Second)
+	// Counted from here: while the locks were taken (as slowly as the
+	// machine goes) the first ones renewed beside the acquisitions.
+	batches0, single0 := counting.get("/v1/renew"), counting.get("/v1/locks/*/renew")
+	// Held for ten renewal periods (a third of the TTL each).
+	time.Sleep(pat.scale(3 * time.Second))
 	for _, l := range locks {
 		if !l.Valid() {
-			t.Fatalf("%s lost while renewing: %v", l.Key(), l.Err())
+			t.Fatalf("%s lost while renewing: %v [%v]", l.Key(), l.Err(), pat)
 		}
 	}
-	batches, single := counting.get("/v1/renew"), counting.get("/v1/locks/*/renew")
-	t.Logf("%d locks: %d batched and %d single renewal requests", n, batches, single)
-	// Each lock renewed about nine times: one request each would be some
-	// 1,800 requests.
+	batches, single := counting.get("/v1/renew")-batches0, counting.get("/v1/locks/*/renew")-single0
+	t.Logf("%d locks: %d batched and %d single renewal requests while held [%v]", n, batches, single, pat)
+	// Each lock renewed about ten times: one request each would be some
+	// 2,000 requests.
 	if batches == 0 || batches+single > n*2 {
-		t.Fatalf("%d batched and %d single renewal requests for %d locks", batches, single, n)
+		t.Fatalf("%d batched and %d single renewal requests for %d locks [%v]", batches, single, n, pat)
 	}
 	for _, l := range locks {
 		if err := l.Release(ctx); err != nil {
@@ -214,14 +243,16 @@ func TestManyLocksRenewInBatches(t *testing.T) {
 // Readers share a key and keep renewing; a writer waits for them all, then
 // holds alone with a higher token than every reader's.
 func TestSharedReadersExcludeAWriter(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
-	ctx := ctxT(t, 30*time.Second)
-	r1, err := c.Acquire(ctx, "table", Shared(), TTL(300*time.Millisecond))
+	ctx := ctxT(t, pat.scale(30*time.Second))
+	ttl := pat.scale(300 * time.Millisecond)
+	r1, err := c.Acquire(ctx, "table", Shared(), TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := c.TryAcquire(ctx, "table", Shared(), TTL(300*time.Millisecond))
+	r2, err := c.TryAcquire(ctx, "table", Shared(), TTL(ttl))
 	if err != nil {
 		t.Fatalf("a second reader was refused: %v", err)
 	}
@@ -229,9 +260,9 @@ func TestSharedReadersExcludeAWriter(t *testing.T) {
 		t.Fatalf("a writer beside readers: %v", err)
 	}
 	// Renewals of the readers' leases (three TTLs).
-	time.Sleep(900 * time.Millisecond)
+	time.Sleep(3 * ttl)
 	if !r1.Valid() || !r2.Valid() {
-		t.Fatalf("readers lost their leases: %v / %v", r1.Err(), r2.Err())
+		t.Fatalf("readers lost their leases: %v / %v [%v]", r1.Err(), r2.Err(), pat)
 	}
 	if err := r1.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -239,7 +270,7 @@ func TestSharedReadersExcludeAWriter(t *testing.T) {
 	if err := r2.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w, err := c.Acquire(ctx, "table", Wait(5*time.Second))
+	w, err := c.Acquire(ctx, "table", Wait(pat.scale(5*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

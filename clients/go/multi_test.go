@@ -1,5 +1,11 @@
 package fencelock
 
+// Time: (b) every TTL, wait and bound is a base figure scaled by the
+// test's measured patience (patience_test.go); the hand-off's bound stays
+// far below the holder's lease end, where a waiter not woken would get the
+// permit. The waiter is released to once it waits on its event stream,
+// not after a sleep.
+
 import (
 	"context"
 	"errors"
@@ -8,15 +14,18 @@ import (
 )
 
 func TestSemaphore(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
-	ctx := ctxT(t, 30*time.Second)
+	streams := eventStreams(c)
+	ctx := ctxT(t, pat.scale(30*time.Second))
+	ttl := pat.scale(5 * time.Second)
 	sem := c.Semaphore("encoders", 2)
-	p1, err := sem.Acquire(ctx, TTL(5*time.Second), Wait(0))
+	p1, err := sem.Acquire(ctx, TTL(ttl), Wait(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := sem.Acquire(ctx, TTL(5*time.Second), Wait(0))
+	p2, err := sem.Acquire(ctx, TTL(ttl), Wait(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,15 +42,16 @@ func TestSemaphore(t *testing.T) {
 	if held, err := sem.Holders(ctx); err != nil || len(held) != 2 {
 		t.Fatalf("holders %v %v", held, err)
 	}
+	opened := streams()
 	got := make(chan *Lock, 1)
 	go func() {
-		p, err := sem.Acquire(ctx, TTL(5*time.Second), Wait(10*time.Second))
+		p, err := sem.Acquire(ctx, TTL(ttl), Wait(pat.scale(10*time.Second)))
 		if err != nil {
-			t.Error(err)
+			t.Errorf("waiter: %v [%v]", err, pat)
 		}
 		got <- p
 	}()
-	time.Sleep(300 * time.Millisecond)
+	pat.waitFor(t, 10*time.Second, "the waiter waiting on the semaphore's event stream", func() bool { return streams() > opened })
 	released := time.Now()
 	if err := p2.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -50,20 +60,22 @@ func TestSemaphore(t *testing.T) {
 	if p3 == nil {
 		t.FailNow()
 	}
-	t.Logf("permit handed off in %v", time.Since(released))
-	if time.Since(released) > 400*time.Millisecond || p3.Key() != p2.Key() || p3.Token() <= p2.Token() {
-		t.Fatalf("permit %v after %v", p3, time.Since(released))
+	handoff := time.Since(released)
+	t.Logf("permit handed off in %v [%v]", handoff, pat)
+	if bound := pat.scale(400 * time.Millisecond); handoff > bound || p3.Key() != p2.Key() || p3.Token() <= p2.Token() {
+		t.Fatalf("permit %v after %v (bound %v) [%v]", p3, handoff, bound, pat)
 	}
 	_ = p1.Release(ctx)
 	_ = p3.Release(ctx)
 }
 
 func TestAcquireAll(t *testing.T) {
+	pat := measurePatience()
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
 	admin := newClient(t, s.url)
-	ctx := ctxT(t, 30*time.Second)
-	m, err := c.AcquireAll(ctx, []string{"b", "a"}, TTL(time.Second))
+	ctx := ctxT(t, pat.scale(30*time.Second))
+	m, err := c.AcquireAll(ctx, []string{"b", "a"}, TTL(pat.scale(time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +84,7 @@ func TestAcquireAll(t *testing.T) {
 	}
 	// All or none: c is not kept when a is held.
 	if _, err := c.AcquireAll(ctx, []string{"c", "a"}, Wait(200*time.Millisecond)); !errors.Is(err, ErrNotAcquired) {
-		t.Fatalf("overlapping set: %v", err)
+		t.Fatalf("overlapping set: %v [%v]", err, pat)
 	}
 	if _, err := c.Inspect(ctx, "c"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("c left held: %v", err)
@@ -82,8 +94,8 @@ func TestAcquireAll(t *testing.T) {
 	}
 	select {
 	case <-m.Context().Done():
-	case <-time.After(2 * time.Second):
-		t.Fatal("losing one lock did not cancel the set's context")
+	case <-time.After(pat.scale(2 * time.Second)):
+		t.Fatalf("losing one lock did not cancel the set's context [%v]", pat)
 	}
 	if !errors.Is(context.Cause(m.Context()), ErrLost) {
 		t.Fatalf("cause %v", context.Cause(m.Context()))

@@ -1,5 +1,8 @@
 package fencelock
 
+// Time: (b) the test's only figure, its context's bound, is scaled by its
+// measured patience (patience_test.go).
+
 import (
 	"errors"
 	"testing"
@@ -13,10 +16,11 @@ import (
 func TestResetIsTheAdminsAndForgetsTokensAndValue(t *testing.T) {
 	for _, backend := range []string{"sqlite", "redis"} {
 		t.Run(backend, func(t *testing.T) {
+			pat := measurePatience()
 			s := startService(t, backend, true)
 			c := newClient(t, s.url, WithToken(clientToken))
 			admin := newClient(t, s.url, WithToken(adminToken))
-			ctx := ctxT(t, 20*time.Second)
+			ctx := ctxT(t, pat.scale(20*time.Second))
 
 			// Tokens the store issued: a fence that shares it refuses others.
 			p := issuedTokens(t, ctx, c, "printer", 3)

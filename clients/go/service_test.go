@@ -1,16 +1,22 @@
 package fencelock
 
+// Time: (b) the helpers' bounds (a server's start, a CLI run) are base
+// figures scaled by the last budget the test measured (currentPatience,
+// patience_test.go); ctxT takes a figure the test has scaled.
+
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -88,7 +94,8 @@ func startRedis(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
+	pat := currentPatience()
+	deadline := time.Now().Add(pat.scale(10 * time.Second))
 	for {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
@@ -96,7 +103,7 @@ func startRedis(t testing.TB) string {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not start on port %d", port)
+			t.Fatalf("redis-server did not start on port %d [%v]", port, pat)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -155,10 +162,11 @@ func startService(t testing.TB, backend string, tokens bool) *service {
 			}
 		}
 	}()
+	pat := currentPatience()
 	select {
 	case s.url = <-found:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("fencelock serve did not say where it listens; stderr:\n%s", s.stderr.String())
+	case <-time.After(pat.scale(20 * time.Second)):
+		t.Fatalf("fencelock serve did not say where it listens [%v]; stderr:\n%s", pat, s.stderr.String())
 	}
 	return s
 }
@@ -190,10 +198,10 @@ func newClient(t testing.TB, url string, opts ...Option) *Client {
 // cli runs the Rust CLI and returns its exit code and stdout.
 func cli(t testing.TB, env []string, args ...string) (int, string) {
 	t.Helper()
-	return cliWithin(t, 30*time.Second, env, args...)
+	return cliWithin(t, currentPatience().scale(30*time.Second), env, args...)
 }
 
-// cliWithin is cli with the command killed after limit.
+// cliWithin is cli with the command killed after limit (a scaled figure).
 func cliWithin(t testing.TB, limit time.Duration, env []string, args ...string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
@@ -236,6 +244,42 @@ func issuedTokens(t testing.TB, ctx context.Context, c *Client, key string, n in
 	return tokens
 }
 
+// eventStreams counts the event streams c has opened (GET /v1/events whose
+// head came back). A waiter opens its key's stream once it found the key
+// held, and tries once more after the head: a release after the count rose
+// reaches the waiter through the stream. A test waits for that count
+// instead of sleeping and hoping the waiter is there by then. Call it
+// before c sends anything.
+func eventStreams(c *Client) func() int {
+	counter := &streamCounter{next: c.http.Transport}
+	if counter.next == nil {
+		counter.next = http.DefaultTransport
+	}
+	c.http.Transport = counter
+	return func() int { return int(counter.opened.Load()) }
+}
+
+type streamCounter struct {
+	next   http.RoundTripper
+	opened atomic.Int64
+}
+
+func (s *streamCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.next.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusOK && strings.HasSuffix(req.URL.Path, "/v1/events") {
+		s.opened.Add(1)
+	}
+	return resp, err
+}
+
+// CloseIdleConnections is the wrapped transport's, which Client.Close calls.
+func (s *streamCounter) CloseIdleConnections() {
+	if c, ok := s.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// ctxT is a context ended after d (a scaled figure) or with the test.
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

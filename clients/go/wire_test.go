@@ -1,5 +1,11 @@
 package fencelock
 
+// Time: (b) the contexts and bounds are base figures scaled by the test's
+// measured patience (patience_test.go). The deadlines a test sets to see
+// them honoured (200 ms) stay as they are; the bound on a cancelled
+// request is scaled, and the request timeout it tells apart from is set
+// far beyond it.
+
 import (
 	"context"
 	"errors"
@@ -150,12 +156,13 @@ func (w *wire) idleCount() int {
 }
 
 // overProxy starts a service over SQLite behind a fault proxy and a
-// client that reaches it through the proxy, with a 30 s context.
-func overProxy(t *testing.T) (*service, *faultProxy, *Client, context.Context) {
+// client (with opts) that reaches it through the proxy, with a context of
+// 30 s scaled by pat.
+func overProxy(t *testing.T, pat patience, opts ...Option) (*service, *faultProxy, *Client, context.Context) {
 	t.Helper()
 	s := startService(t, "sqlite", false)
 	p := newFaultProxy(t, s.url)
-	return s, p, newClient(t, p.url()), ctxT(t, 30*time.Second)
+	return s, p, newClient(t, p.url(), opts...), ctxT(t, pat.scale(30*time.Second))
 }
 
 // The pooled path serves plain http:// with the client's own transport
@@ -187,7 +194,7 @@ func TestWireOnlyWithoutACallersClient(t *testing.T) {
 
 // Cycles go over one connection, kept alive between requests.
 func TestWireReusesOneConnection(t *testing.T) {
-	_, p, c, ctx := overProxy(t)
+	_, p, c, ctx := overProxy(t, measurePatience())
 	for i := 0; i < 20; i++ {
 		l, err := c.TryAcquire(ctx, "wire/reuse")
 		if err != nil {
@@ -209,7 +216,8 @@ func TestWireReusesOneConnection(t *testing.T) {
 // before a request is sent on it: the release goes over a new connection
 // and is done on the service.
 func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
-	s, p, c, ctx := overProxy(t)
+	pat := measurePatience()
+	s, p, c, ctx := overProxy(t, pat)
 	l, err := c.TryAcquire(ctx, "wire/dropped")
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +230,7 @@ func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
 	c.wire.mu.Unlock()
 	for alive() == nil {
 		if ctx.Err() != nil {
-			t.Fatal("the dropped connection never read as closed")
+			t.Fatalf("the dropped connection never read as closed [%v]", pat)
 		}
 		runtime.Gosched()
 	}
@@ -241,7 +249,7 @@ func TestWireRedialsAfterTheServiceDroppedAConnection(t *testing.T) {
 // POST) is not sent again, since the service may have granted it; the
 // caller gets ErrUnavailable. A GET is sent again over a new connection.
 func TestWireNeverResendsAPost(t *testing.T) {
-	_, p, c, ctx := overProxy(t)
+	_, p, c, ctx := overProxy(t, measurePatience())
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +286,11 @@ func TestWireNeverResendsAPost(t *testing.T) {
 // goroutine; a context's deadline and the client's timeout likewise, as
 // ErrUnavailable matching context.DeadlineExceeded.
 func TestWireCancelMidRequest(t *testing.T) {
-	_, p, c, ctx := overProxy(t)
+	pat := measurePatience()
+	// A cancelled request ends within bound; the request timeout, which
+	// would end it otherwise, is four times as long.
+	bound := pat.scale(5 * time.Second)
+	_, p, c, ctx := overProxy(t, pat, WithTimeout(4*bound))
 	short := newClient(t, p.url(), WithTimeout(200*time.Millisecond))
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
@@ -294,14 +306,14 @@ func TestWireCancelMidRequest(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled acquire: %v, want context.Canceled", err)
 	}
-	// Far under the request timeout (10 s), which would end it otherwise.
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("cancelled acquire returned after %v", took)
+	// Far under the request timeout, which would end it otherwise.
+	if took := time.Since(start); took > bound {
+		t.Fatalf("cancelled acquire returned after %v, more than %v [%v]", took, bound, pat)
 	}
 	select {
 	case <-p.stalled:
 	case <-ctx.Done():
-		t.Fatal("the client kept the stalled connection open")
+		t.Fatalf("the client kept the stalled connection open [%v]", pat)
 	}
 
 	p.next("stall")
@@ -313,7 +325,7 @@ func TestWireCancelMidRequest(t *testing.T) {
 	select {
 	case <-p.stalled:
 	case <-ctx.Done():
-		t.Fatal("the client kept the stalled connection open")
+		t.Fatalf("the client kept the stalled connection open [%v]", pat)
 	}
 	p.next("stall")
 	if _, err := short.TryAcquire(context.Background(), "wire/cancel"); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrUnavailable) {
@@ -322,16 +334,16 @@ func TestWireCancelMidRequest(t *testing.T) {
 	select {
 	case <-p.stalled:
 	case <-ctx.Done():
-		t.Fatal("the client kept the stalled connection open")
+		t.Fatalf("the client kept the stalled connection open [%v]", pat)
 	}
 	if n := c.wire.idleCount() + short.wire.idleCount(); n != 0 {
 		t.Fatalf("%d idle connections after three ended requests, want 0", n)
 	}
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(pat.scale(3 * time.Second))
 	for runtime.NumGoroutine() > before {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+			t.Fatalf("%d goroutines before, %d after [%v]:\n%s", before, runtime.NumGoroutine(), pat, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -372,7 +384,7 @@ func TestWireConnectionClose(t *testing.T) {
 		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":7,"ttl_ms":30000,"expires_in_ms":30000}`)
 	}))
 	c := newClient(t, srv.URL)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := ctxT(t, measurePatience().scale(10*time.Second))
 	for i := 0; i < 3; i++ {
 		info, err := c.Inspect(ctx, "k")
 		if err != nil {
@@ -400,7 +412,7 @@ func TestWireSkipsInformationalAnswers(t *testing.T) {
 		_, _ = io.WriteString(w, `{"key":"k","owner":"o","token":9,"ttl_ms":30000,"expires_in_ms":30000}`)
 	}))
 	c := newClient(t, srv.URL)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := ctxT(t, measurePatience().scale(10*time.Second))
 	for i := 0; i < 3; i++ {
 		info, err := c.Inspect(ctx, "k")
 		if err != nil {

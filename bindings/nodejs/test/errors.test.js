@@ -3,6 +3,10 @@
 // each code has its class, the message is the Rust error's own text, and
 // the same holds for a rejection, a synchronous throw and an argument the
 // native half refuses before any backend call.
+//
+// Time: (b) the one lease a test needs held across its steps has a TTL
+// scaled by the patience measured at its start (test/patience.js); the
+// other leases are released at once or refused. Nothing asserts a time.
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
@@ -18,6 +22,7 @@ const {
   NotAcquiredError,
 } = require('..')
 const { startServer } = require('./servers.js')
+const { measurePatience } = require('./patience.js')
 
 /** The last fencing token a counter can give (2^53 − 1). */
 const LAST_TOKEN = 2n ** 53n - 1n
@@ -66,10 +71,15 @@ describe('errors from the native half', () => {
   })
 
   it('a held key is NotAcquiredError', async () => {
-    const guard = await client.acquire('held', { ttl: '10s' })
+    const patience = await measurePatience()
+    const guard = await client.acquire('held', { ttl: patience.duration(10_000) })
     const other = await connect(server.url, { owner: 'other' })
     try {
-      await assert.rejects(other.acquire('held', { wait: 0 }), (err) => err instanceof NotAcquiredError && err.code === 'not_acquired')
+      await assert.rejects(
+        other.acquire('held', { wait: 0 }),
+        (err) => err instanceof NotAcquiredError && err.code === 'not_acquired',
+        `${patience}`,
+      )
     } finally {
       await other.close()
       await guard.release()

@@ -1,6 +1,12 @@
 'use strict'
 // What happens to leases when a process exits without releasing, when a
 // guard is collected without release, and with 10,000 held locks.
+//
+// Time: (b) every TTL that must outlast a test's steps, every wait that
+// must be long enough and every hold is a base figure scaled by the
+// patience measured at the test's start (test/patience.js), in the child
+// processes too; a wait that tells a release from an expiry stays shorter
+// than the TTL, as its base is. Nothing asserts a time.
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
@@ -8,6 +14,7 @@ const { execFile } = require('node:child_process')
 const path = require('node:path')
 const { connect } = require('..')
 const { startServer } = require('./servers.js')
+const { measurePatience, MAX_FACTOR } = require('./patience.js')
 
 const PACKAGE = path.join(__dirname, '..')
 
@@ -33,18 +40,19 @@ describe('lifetime', () => {
     ['process.exit() is called', 'process.exit(0)'],
   ]) {
     it(`releases the leases still held when ${how} without close()`, async () => {
+      const patience = await measurePatience()
       const key = `exit:${how}`
       const out = await node([], `
         const { connect } = require('.')
         connect(${JSON.stringify(server.url)}).then(async (client) => {
-          const guard = await client.acquire(${JSON.stringify(key)}, { ttl: '60s' })
+          const guard = await client.acquire(${JSON.stringify(key)}, { ttl: ${patience.scale(60_000)} })
           console.log(String(guard.token))
           ${end}
         })`)
       const token = BigInt(out.trim())
       const client = await connect(server.url)
       try {
-        assert.equal(await client.inspect(key), null, 'the lease outlived the process')
+        assert.equal(await client.inspect(key), null, `the lease outlived the process [${patience}]`)
         const next = await client.acquire(key, { ttl: '5s', wait: 0 })
         assert.ok(next.token > token)
       } finally {
@@ -54,7 +62,9 @@ describe('lifetime', () => {
   }
 
   it('leaves leases that expire when a process is killed without releasing', async () => {
-    const ttl = 1500
+    const patience = await measurePatience()
+    // Outlasts the child's exit and the inspect below.
+    const ttl = patience.scale(1500)
     const out = await node([], `
       const { connect } = require('.')
       connect(${JSON.stringify(server.url)}).then(async (client) => {
@@ -68,22 +78,23 @@ describe('lifetime', () => {
     const token = BigInt(out.trim())
     const client = await connect(server.url)
     const held = await client.inspect('exit:k')
-    assert.ok(held !== null, 'the lease ended with the process')
+    assert.ok(held !== null, `the lease ended with the process [${patience}]`)
     assert.equal(held.token, token)
     // Granted once the lease expires, well within the wait.
-    const next = await client.acquire('exit:k', { ttl: '5s', wait: '10s' })
+    const next = await client.acquire('exit:k', { ttl: '5s', wait: patience.duration(10_000) })
     assert.ok(next.token > token)
     await client.close()
   })
 
   it('releases a guard collected without release(), with no renewal left running', async () => {
+    const patience = await measurePatience()
     const out = await node(['--expose-gc'], `
       const { connect } = require('.')
       connect(${JSON.stringify(server.url)}).then(async (client) => {
         let collected = false
         const registry = new FinalizationRegistry(() => { collected = true })
         await (async () => {
-          const guard = await client.acquire('gc:k', { ttl: '60s' })
+          const guard = await client.acquire('gc:k', { ttl: ${patience.scale(60_000)} })
           void guard.lost // a pending loss promise must not keep it alive
           registry.register(guard, 'guard')
         })()
@@ -93,18 +104,21 @@ describe('lifetime', () => {
         }
         if (!collected) throw new Error('the guard was not collected')
         // Released in the background: another owner gets it long before the 60 s TTL.
-        const next = await client.acquire('gc:k', { ttl: '5s', wait: '10s', owner: 'next' })
+        const next = await client.acquire('gc:k', { ttl: '5s', wait: ${patience.scale(10_000)}, owner: 'next' })
         console.log(String(next.token))
         await client.close()
       }).catch((err) => { console.error(err); process.exit(1) })`)
     assert.ok(BigInt(out.trim()) > 1n)
   })
 
-  it('renews 10,000 held locks in one process without loss', { timeout: 300_000 }, async () => {
+  // The test's timeout is only a hang guard: its figures are scaled once
+  // measured, so it allows the largest factor.
+  it('renews 10,000 held locks in one process without loss', { timeout: MAX_FACTOR * 300_000 }, async () => {
+    const patience = await measurePatience()
     const client = await connect(server.url)
     // 10,000 renewals per renewal period (a third of the TTL) from a debug
     // build on a shared CI machine: 10 s leases, renewed every 3.3 s.
-    const ttl = 10_000
+    const ttl = patience.scale(10_000)
     const guards = []
     for (let i = 0; i < 10_000; i += 500) {
       const batch = []
@@ -116,8 +130,8 @@ describe('lifetime', () => {
     // Renewal happens only as time passes: hold for two and a half TTLs,
     // so that every lease outlives its first grant several renewals over.
     await new Promise((resolve) => setTimeout(resolve, 2.5 * ttl))
-    assert.deepEqual(lost, [])
-    assert.ok(guards.every((g) => g.isValid))
+    assert.deepEqual(lost, [], `${patience}`)
+    assert.ok(guards.every((g) => g.isValid), `${patience}`)
     assert.equal((await client.stats()).held, 10_000)
     // Released 500 at a time: close() sends all 10,000 releases at once, and
     // on a loaded machine some outlast the 5 s operation timeout (those

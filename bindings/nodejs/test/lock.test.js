@@ -1,11 +1,18 @@
 'use strict'
 // The binding against real servers the tests start (test/servers.js):
 // SQLite, Redis and PostgreSQL, and the Rust CLI on the same keys.
+//
+// Time: (b) every TTL that must outlast a test's steps (the CLI's too)
+// and every wait that must be long enough is a base figure scaled by the
+// patience measured at the test's start (test/patience.js). The one bound
+// asserted, that an unreachable host fails rather than hangs, scales its
+// base of 15 s.
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { connect, openFence, NotAcquiredError, InvalidInputError, FencelockError, StaleTokenError, LockLostError } = require('..')
 const { startServer, cli } = require('./servers.js')
+const { measurePatience } = require('./patience.js')
 
 const tokenOf = (stdout) => {
   const m = /token=(\d+) owner=(\S+)/.exec(stdout)
@@ -20,25 +27,27 @@ for (const engine of ['sqlite', 'redis', 'postgres']) {
     after(async () => { await server.stop() })
 
     it('excludes the Rust CLI and is excluded by it, with growing tokens both ways', async () => {
+      const patience = await measurePatience()
+      const ttl = patience.duration(30_000)
       const client = await connect(server.url)
-      const first = await client.acquire('interop', { ttl: '30s', wait: 0 })
-      const refused = await cli(server.url, 'acquire', 'interop', '--ttl', '30s')
-      assert.equal(refused.code, 75, refused.stderr)
+      const first = await client.acquire('interop', { ttl, wait: 0 })
+      const refused = await cli(server.url, 'acquire', 'interop', '--ttl', ttl)
+      assert.equal(refused.code, 75, `${refused.stderr} [${patience}]`)
       await first.release()
 
-      const byCli = await cli(server.url, 'acquire', 'interop', '--ttl', '30s')
+      const byCli = await cli(server.url, 'acquire', 'interop', '--ttl', ttl)
       assert.equal(byCli.code, 0, byCli.stderr)
       const held = tokenOf(byCli.stdout)
       assert.ok(held.token > first.token, `${held.token} after ${first.token}`)
       await assert.rejects(client.acquire('interop', { ttl: 1000, wait: 0 }), (err) => {
-        assert.ok(err instanceof NotAcquiredError)
+        assert.ok(err instanceof NotAcquiredError, `${err} [${patience}]`)
         assert.equal(err.code, 'not_acquired')
         return true
       })
       const released = await cli(server.url, 'release', 'interop', '--owner', held.owner, '--token', String(held.token))
       assert.equal(released.code, 0, released.stderr)
 
-      const next = await client.acquire('interop', { ttl: 30_000, wait: '5s' })
+      const next = await client.acquire('interop', { ttl: 30_000, wait: patience.duration(5_000) })
       assert.ok(next.token > held.token, `${next.token} after ${held.token}`)
       assert.equal(typeof next.token, 'bigint')
       assert.equal(next.owner, client.owner)
@@ -104,24 +113,28 @@ for (const engine of ['sqlite', 'redis', 'postgres']) {
     })
 
     it('close() releases every lock, signals the loss and refuses new locks', async () => {
+      const patience = await measurePatience()
       const client = await connect(server.url)
-      const guards = await Promise.all(['a', 'b', 'c'].map((k) => client.acquire(`close:${k}`, { ttl: '60s' })))
+      // Long enough that the next holder gets them by the release, never by expiry.
+      const ttl = patience.duration(60_000)
+      const guards = await Promise.all(['a', 'b', 'c'].map((k) => client.acquire(`close:${k}`, { ttl })))
       await client.close()
       for (const guard of guards) assert.equal(await guard.lost, 'closed')
       const other = await connect(server.url)
       for (const guard of guards) {
         const next = await other.acquire(guard.key, { ttl: '5s', wait: 0 })
-        assert.ok(next.token > guard.token)
+        assert.ok(next.token > guard.token, `${next.token} after ${guard.token} [${patience}]`)
       }
       await assert.rejects(client.acquire('close:d'), (err) => err instanceof FencelockError && err.code === 'unavailable')
       await other.close()
     })
 
     it('runs work under the lock and releases it', async () => {
+      const patience = await measurePatience()
       const client = await connect(server.url)
       const fence = await openFence(server.url)
-      const token = await client.run('run:k', { ttl: '10s' }, async (signal, guard) => {
-        assert.equal(signal.aborted, false)
+      const token = await client.run('run:k', { ttl: patience.duration(10_000) }, async (signal, guard) => {
+        assert.equal(signal.aborted, false, `${patience}`)
         await fence.admit('run:resource', guard.token)
         return guard.token
       })
@@ -134,6 +147,10 @@ for (const engine of ['sqlite', 'redis', 'postgres']) {
 
 describe('unreachable host', () => {
   it('rejects with a typed error within the wait', async () => {
+    const patience = await measurePatience()
+    // Far beyond the wait (1 s) and the operation timeout (2 s), far short
+    // of a hang.
+    const bound = patience.scale(15_000)
     const started = Date.now()
     await assert.rejects(
       (async () => {
@@ -146,6 +163,7 @@ describe('unreachable host', () => {
         return true
       },
     )
-    assert.ok(Date.now() - started < 15_000)
+    const took = Date.now() - started
+    assert.ok(took < bound, `took ${took} ms, more than ${bound} ms [${patience}]`)
   })
 })

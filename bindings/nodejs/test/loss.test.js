@@ -1,11 +1,19 @@
 'use strict'
 // Loss before expiry (docs/semantics.md, I5): the Redis server is paused
 // past the TTL; the binding gets the Rust client's loss deadline.
+//
+// Time: (b) the TTL, the operation timeout and the wait are base figures
+// scaled by the patience measured at the test's start (test/patience.js).
+// "Lost before the lease ended" is checked against the lease's end as the
+// backend last reported it (guard.expiresAt, on this machine's clock),
+// not against the first grant plus the TTL, which a renewal before the
+// pause (however late the pause comes) moves on.
 
 const { describe, it, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { connect, LockLostError } = require('..')
 const { startServer } = require('./servers.js')
+const { measurePatience } = require('./patience.js')
 
 describe('redis paused past the TTL', () => {
   let server
@@ -13,10 +21,10 @@ describe('redis paused past the TTL', () => {
   after(async () => { await server.stop() })
 
   it('signals the loss before the lease ends, aborts run, and the next token is higher', async () => {
-    const ttl = 2000
-    const client = await connect(server.url, { opTimeout: '500ms' })
+    const patience = await measurePatience()
+    const ttl = patience.scale(2000)
+    const client = await connect(server.url, { opTimeout: patience.duration(500) })
     const guard = await client.acquire('loss:k', { ttl })
-    const granted = Date.now()
     const events = []
     guard.on('lost', (reason) => events.push(reason))
 
@@ -30,9 +38,12 @@ describe('redis paused past the TTL', () => {
 
     await server.command('pause')
     const reason = await guard.lost
-    const lostAfter = Date.now() - granted
-    assert.ok(lostAfter < ttl, `lost after ${lostAfter} ms, not before the ${ttl} ms lease ended`)
-    assert.equal(reason, 'deadline')
+    const lostAt = Date.now()
+    // The end of the last grant the backend confirmed: a renewal it took
+    // but whose answer the pause held back only ends the lease later.
+    const ends = guard.expiresAt.getTime()
+    assert.ok(lostAt < ends, `lost ${lostAt - ends} ms after the lease ended [${patience}]`)
+    assert.equal(reason, 'deadline', `${patience}`)
     assert.deepEqual(events, ['deadline'])
     assert.equal(guard.isValid, false)
     assert.throws(() => guard.check(), LockLostError)
@@ -42,7 +53,7 @@ describe('redis paused past the TTL', () => {
 
     await server.command('resume')
     const other = await connect(server.url)
-    const next = await other.acquire('loss:k', { ttl, wait: '10s' })
+    const next = await other.acquire('loss:k', { ttl, wait: patience.duration(10_000) })
     assert.ok(next.token > guard.token, `${next.token} after ${guard.token}`)
     await next.release()
     await other.close()

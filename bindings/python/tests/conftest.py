@@ -1,1 +1,1 @@
-pytest_plugins = ["servers"]
+pytest_plugins = ["servers", "patience"]

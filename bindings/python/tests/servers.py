@@ -4,6 +4,10 @@ temporary data directory, one JSON line, then ``pause``/``resume``/``kill``/
 ``start`` on stdin). Closing its stdin stops the server and deletes its data.
 
 A missing launcher or CLI binary fails the tests; it is never a skip.
+
+Time: (b) the helpers' bounds (a CLI run, a request to the service, a
+server's stop) are base figures scaled by the last budget the test measured
+(``Patience.current()``, tests/patience.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import urllib.request
 from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
+
+from patience import Patience
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -65,7 +71,7 @@ class Server:
     def stop(self) -> None:
         assert self._process.stdin is not None
         self._process.stdin.close()
-        self._process.wait(timeout=60)
+        self._process.wait(timeout=Patience.current().scale(60))
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +109,8 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     binary = need(CLI, "cargo build -p fencelock-cli --all-features")
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
     env["FENCELOCK_URL"] = url
-    return subprocess.run([binary, "--json", *args], capture_output=True, text=True, env=env, timeout=120)
+    timeout = Patience.current().scale(120)
+    return subprocess.run([binary, "--json", *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def cli_json(url: str, *args: str) -> dict:  # type: ignore[type-arg]
@@ -160,14 +167,14 @@ class Service:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
+            with urllib.request.urlopen(request, timeout=Patience.current().scale(30)) as answer:
                 return int(answer.status), json.loads(answer.read())
         except urllib.error.HTTPError as refused:
             return refused.code, json.loads(refused.read())
 
     def stop(self) -> None:
         self._process.terminate()
-        self._process.wait(timeout=60)
+        self._process.wait(timeout=Patience.current().scale(60))
         assert self._process.stdout is not None
         self._process.stdout.close()
         self._directory.cleanup()

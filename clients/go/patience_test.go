@@ -155,9 +155,12 @@ func patienceFloor() float64 {
 }
 
 // scale is the figure (a TTL, a wait, a bound) whose base is base on this
-// machine now: base times the factor, never less than base.
+// machine now: base times the factor, never less than base, rounded up to
+// the millisecond (the service counts leases in whole milliseconds, and a
+// fraction of one would be granted a shade less than asked).
 func (p patience) scale(base time.Duration) time.Duration {
-	return time.Duration(float64(base) * p.factor)
+	scaled := time.Duration(float64(base) * p.factor)
+	return (scaled + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
 func (p patience) String() string {

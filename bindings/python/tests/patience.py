@@ -154,8 +154,10 @@ class Patience:
 
     def scale(self, base: float) -> float:
         """A figure (a TTL, a wait, a bound, in seconds) whose base is
-        ``base``: never less than the base."""
-        return base * self.factor
+        ``base``: never less than the base, rounded up to the millisecond
+        (engines count leases in whole milliseconds, and a fraction of one
+        would be granted a shade less than asked)."""
+        return math.ceil(round(base * self.factor * 1000, 6)) / 1000
 
     def duration(self, base: float) -> str:
         """:meth:`scale` as a duration string for the CLI (``"2300ms"``)."""

@@ -181,8 +181,13 @@ impl Patience {
         self.scale(base)
     }
 
+    /// `base` times the factor, rounded up to the millisecond: engines and
+    /// the service's wire count leases in whole milliseconds, and a figure
+    /// with a fraction of one would be granted a shade less than asked.
     fn scale(&self, base: Duration) -> Duration {
-        base.mul_f64(self.factor)
+        let scaled = base.mul_f64(self.factor);
+        let millis = u64::try_from(scaled.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        Duration::from_millis(millis)
     }
 
     /// Runs `future` with this budget as the [`current`] one.
@@ -266,6 +271,11 @@ mod tests {
             1.0,
         );
         assert!((busy.factor() - 3.0).abs() < 1e-9, "{busy}");
+        let odd = Patience::of(Duration::from_micros(12_345), None, 1.0);
+        assert_eq!(
+            odd.ttl(Duration::from_millis(100)),
+            Duration::from_millis(224)
+        );
         assert_eq!(
             busy.ttl(Duration::from_millis(400)),
             Duration::from_millis(1200)

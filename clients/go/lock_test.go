@@ -145,17 +145,20 @@ func TestRenewalKeepsTheLock(t *testing.T) {
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
 	ctx := ctxT(t, pat.scale(30*time.Second))
-	l, err := c.Acquire(ctx, "renewed", TTL(pat.scale(300*time.Millisecond)))
+	// A base of a second: the service answers a renewal under -race on a
+	// loaded machine in a few hundred milliseconds, more than a shorter
+	// lease's trusted time leaves after its renewal period.
+	l, err := c.Acquire(ctx, "renewed", TTL(pat.scale(time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := l.Deadline()
 	// Held for four TTLs: the deadline moves on by at least two.
-	time.Sleep(pat.scale(1200 * time.Millisecond))
+	time.Sleep(pat.scale(4 * time.Second))
 	if !l.Valid() || l.Context().Err() != nil {
 		t.Fatalf("lock lost while renewing: %v [%v]", l.Err(), pat)
 	}
-	if !l.Deadline().After(first.Add(pat.scale(700 * time.Millisecond))) {
+	if !l.Deadline().After(first.Add(pat.scale(2300 * time.Millisecond))) {
 		t.Fatalf("deadline did not move: %v then %v [%v]", first, l.Deadline(), pat)
 	}
 	info, err := c.Inspect(ctx, "renewed")
@@ -210,7 +213,7 @@ func TestManyLocksRenewInBatches(t *testing.T) {
 	const n = 200
 	locks := make([]*Lock, n)
 	for i := range locks {
-		l, err := c.Acquire(ctx, fmt.Sprintf("batch-%d", i), TTL(pat.scale(900*time.Millisecond)))
+		l, err := c.Acquire(ctx, fmt.Sprintf("batch-%d", i), TTL(pat.scale(3*time.Second)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +223,7 @@ func TestManyLocksRenewInBatches(t *testing.T) {
 	// machine goes) the first ones renewed beside the acquisitions.
 	batches0, single0 := counting.get("/v1/renew"), counting.get("/v1/locks/*/renew")
 	// Held for ten renewal periods (a third of the TTL each).
-	time.Sleep(pat.scale(3 * time.Second))
+	time.Sleep(pat.scale(10 * time.Second))
 	for _, l := range locks {
 		if !l.Valid() {
 			t.Fatalf("%s lost while renewing: %v [%v]", l.Key(), l.Err(), pat)
@@ -247,7 +250,8 @@ func TestSharedReadersExcludeAWriter(t *testing.T) {
 	s := startService(t, "sqlite", false)
 	c := newClient(t, s.url)
 	ctx := ctxT(t, pat.scale(30*time.Second))
-	ttl := pat.scale(300 * time.Millisecond)
+	// A base of a second, as in TestRenewalKeepsTheLock.
+	ttl := pat.scale(time.Second)
 	r1, err := c.Acquire(ctx, "table", Shared(), TTL(ttl))
 	if err != nil {
 		t.Fatal(err)

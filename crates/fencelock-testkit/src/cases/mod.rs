@@ -203,13 +203,17 @@ pub(crate) use ensure;
 // case's measured budget (`crate::patience`): the harness measures one
 // against the case's store and runs the case in its scope.
 
-/// A lease long enough never to expire during a case.
+/// A lease long enough never to expire during a case. Not scaled: a
+/// minute outlasts any case's steps, and it is the longest lease some
+/// layouts grant (Redlock's `max_ttl`, a restarted node's quarantine).
 pub(crate) fn long_ttl() -> Duration {
-    patient(Duration::from_secs(60))
+    Duration::from_secs(60)
 }
+/// The base of [`short_ttl`]: what a quiet machine needs.
+pub(crate) const SHORT_TTL_BASE: Duration = Duration::from_millis(400);
 /// A lease a case waits out. Backends may grant more (etcd: about 2 s).
 pub(crate) fn short_ttl() -> Duration {
-    patient(Duration::from_millis(400))
+    patient(SHORT_TTL_BASE)
 }
 /// A renewed lease: short enough that renewal matters within a case, long
 /// enough that a slow disk cannot delay a renewal past the trusted window.

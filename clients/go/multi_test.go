@@ -75,7 +75,10 @@ func TestAcquireAll(t *testing.T) {
 	c := newClient(t, s.url)
 	admin := newClient(t, s.url)
 	ctx := ctxT(t, pat.scale(30*time.Second))
-	m, err := c.AcquireAll(ctx, []string{"b", "a"}, TTL(pat.scale(time.Second)))
+	// A base of 3 s: the loss of b is noticed at the next renewal (a third
+	// of it), while a's own lease must not end by its deadline meanwhile
+	// on a loaded machine, or a is lost too and left for its expiry.
+	m, err := c.AcquireAll(ctx, []string{"b", "a"}, TTL(pat.scale(3*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +97,7 @@ func TestAcquireAll(t *testing.T) {
 	}
 	select {
 	case <-m.Context().Done():
-	case <-time.After(pat.scale(2 * time.Second)):
+	case <-time.After(pat.scale(3 * time.Second)):
 		t.Fatalf("losing one lock did not cancel the set's context [%v]", pat)
 	}
 	if !errors.Is(context.Cause(m.Context()), ErrLost) {

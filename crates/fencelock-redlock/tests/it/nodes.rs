@@ -60,6 +60,26 @@ async fn patience(set: &RedisSet) -> TestResult<Patience> {
     .await)
 }
 
+/// `set`'s URL with each node given `node_timeout` and leases at most
+/// `max_ttl`, both as scaled figures.
+fn set_url(set: &RedisSet, node_timeout: Duration, max_ttl: Duration) -> String {
+    format!(
+        "{}?node_timeout={}&max_ttl={}",
+        set.url(),
+        ms(node_timeout),
+        ms(max_ttl)
+    )
+}
+
+/// A backend over [`set_url`].
+async fn open_set(
+    set: &RedisSet,
+    node_timeout: Duration,
+    max_ttl: Duration,
+) -> TestResult<RedlockBackend> {
+    open(&set_url(set, node_timeout, max_ttl)).await
+}
+
 /// Whether node `i` of `set` is formed (its redlock marker has
 /// `votes_from`), read with a plain connection.
 async fn formed(set: &RedisSet, i: usize) -> TestResult<bool> {
@@ -159,13 +179,7 @@ async fn acquisitions_continue_with_one_node_killed() -> TestResult {
     // With a node dead every grant needs both others within node_timeout.
     let ttl = p.ttl(Duration::from_secs(2));
     let node_timeout = p.bound(Duration::from_millis(300));
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(node_timeout),
-        ms(ttl)
-    ))
-    .await?;
+    let b = open_set(&set, node_timeout, ttl).await?;
     let req = request("k", "a", ttl)?;
     let mut last = granted(b.try_acquire(&req).await?)?;
     b.release(&req.lease(last)).await?;
@@ -200,11 +214,10 @@ async fn acquisitions_continue_with_one_node_killed() -> TestResult {
 async fn a_node_restarted_empty_neither_votes_in_quarantine_nor_lowers_tokens() -> TestResult {
     let set = RedisSet::start(3)?;
     let p = patience(&set).await?;
-    let url = format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(300))),
-        ms(p.ttl(Duration::from_secs(4)))
+    let url = set_url(
+        &set,
+        p.bound(Duration::from_millis(300)),
+        p.ttl(Duration::from_secs(4)),
     );
     let b = open(&url).await?;
     // A's lease must outlive node 1's restart and rejoin, and B's try.
@@ -259,13 +272,7 @@ async fn a_minority_partition_is_tolerated_and_a_majority_one_is_refused() -> Te
     let p = patience(&set).await?;
     let ttl = p.ttl(Duration::from_secs(5));
     let direct = open(&format!("{}?max_ttl={}", set.url(), ms(ttl))).await?;
-    let proxied = ProxiedUrl::start(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_secs(1))),
-        ms(ttl)
-    ))
-    .await?;
+    let proxied = ProxiedUrl::start(&set_url(&set, p.bound(Duration::from_secs(1)), ttl)).await?;
     let b = open(proxied.url()).await?;
     let req = request("p", "a", ttl)?;
     // Formed while every node is reachable.
@@ -388,13 +395,7 @@ async fn a_majority_restarted_empty_waits_for_every_node_to_answer() -> TestResu
     let set = RedisSet::start(3)?;
     let p = patience(&set).await?;
     let max_ttl = p.ttl(Duration::from_secs(1));
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(300))),
-        ms(max_ttl)
-    ))
-    .await?;
+    let b = open_set(&set, p.bound(Duration::from_millis(300)), max_ttl).await?;
     let high = request("key", "h", max_ttl)?.with_min_token(Some(FencingToken(1 << 52)));
     let token_high = granted(b.try_acquire(&high).await?)?;
     b.release(&high.lease(token_high)).await?;
@@ -431,13 +432,7 @@ async fn every_node_restarted_empty_forms_anew_with_tokens_from_the_clocks() -> 
     let set = RedisSet::start(3)?;
     let p = patience(&set).await?;
     let ttl = p.ttl(Duration::from_secs(2));
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(300))),
-        ms(ttl)
-    ))
-    .await?;
+    let b = open_set(&set, p.bound(Duration::from_millis(300)), ttl).await?;
     let req = request("key", "a", ttl)?;
     let before = granted(b.try_acquire(&req).await?)?;
     for i in 0..3 {
@@ -487,13 +482,7 @@ async fn a_node_that_lost_its_data_joins_a_majority_that_never_granted_in_quaran
             .query_async::<()>(&mut conn)
             .await?;
     }
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(300))),
-        ms(max_ttl)
-    ))
-    .await?;
+    let b = open_set(&set, p.bound(Duration::from_millis(300)), max_ttl).await?;
     // Nodes 1 and 2 grant; node 0 joins on the way, or, if its answer came
     // after the majority's, in the background or at a later acquisition.
     let ttl = p.ttl(Duration::from_secs(1));
@@ -598,13 +587,7 @@ async fn dead_nodes_cost_no_node_timeout(n: usize, dead: &[usize], death: Death)
     let p = patience(&set).await?;
     let node_timeout = p.bound(Duration::from_secs(10));
     let ttl = p.ttl(Duration::from_secs(5));
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(node_timeout),
-        ms(ttl)
-    ))
-    .await?;
+    let b = open_set(&set, node_timeout, ttl).await?;
     let warm = request("warm", "w", ttl)?;
     let mut last = granted(b.try_acquire(&warm).await?)?;
     b.release(&warm.lease(last)).await?;
@@ -676,13 +659,7 @@ async fn a_late_grant_is_undone() -> TestResult {
     // Node 2's way: long enough that the attempt ends, and the test reads
     // node 2, before the grant lands there on a busy machine too.
     let one_way = p.bound(Duration::from_secs(1));
-    let proxied = ProxiedUrl::start(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_secs(10))),
-        ms(ttl)
-    ))
-    .await?;
+    let proxied = ProxiedUrl::start(&set_url(&set, p.bound(Duration::from_secs(10)), ttl)).await?;
     let b = open(proxied.url()).await?;
     let warm = request("warm", "w", p.ttl(Duration::from_secs(5)))?;
     let t = granted(b.try_acquire(&warm).await?)?;
@@ -745,13 +722,8 @@ async fn nodes_that_open_slower_than_node_timeout_are_used() -> TestResult {
     let set = RedisSet::start(3)?;
     let p = patience(&set).await?;
     let ttl = p.ttl(Duration::from_secs(5));
-    let proxied = ProxiedUrl::start(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(700))),
-        ms(ttl)
-    ))
-    .await?;
+    let proxied =
+        ProxiedUrl::start(&set_url(&set, p.bound(Duration::from_millis(700)), ttl)).await?;
     // Every reply a base of 300 ms late: one round trip fits in
     // node_timeout, the three or more of opening do not.
     proxied.set_latency(
@@ -777,13 +749,7 @@ async fn a_node_that_comes_back_is_used_again() -> TestResult {
     let set = RedisSet::start_persistent(3)?;
     let p = patience(&set).await?;
     let ttl = p.ttl(Duration::from_secs(5));
-    let b = open(&format!(
-        "{}?node_timeout={}&max_ttl={}",
-        set.url(),
-        ms(p.bound(Duration::from_millis(300))),
-        ms(ttl)
-    ))
-    .await?;
+    let b = open_set(&set, p.bound(Duration::from_millis(300)), ttl).await?;
     let req = request("back", "a", ttl)?;
     let mut last = granted(b.try_acquire(&req).await?)?;
     b.release(&req.lease(last)).await?;
